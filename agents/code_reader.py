@@ -1,0 +1,53 @@
+"""code_reader: copies the model into the workspace, scans it for hazards (libcst) with file:line
+evidence and citations, and finds how to run it (npuport.yaml, or config.json + auto_map)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from agents.entry import EntryNotFound, discover_entry
+from agents.planner import new_run_id
+from agents.scanner import scan_tree
+from agents.trace import step
+from agents.workspace import Workspace, WorkspaceError, tree_digest
+from knowledge.home import npuport_home
+
+
+def code_reader_node(state: dict[str, Any]) -> dict[str, Any]:
+    req = state["request"]
+    original = Path(req["model_path"])
+    workdir = Path(state.get("workdir") or npuport_home() / "workspaces" / new_run_id(req["model_path"]))
+    py_files = [p for p in original.rglob("*.py") if ".git" not in p.parts]
+    if not py_files:
+        reason = f"{original} holds no Python files, so there is no model source to port"
+        return {"status": "failed", "reason": reason, "trace": [step("code_reader", reason)]}
+    try:
+        ws = Workspace.create(original, workdir)
+    except WorkspaceError as exc:
+        return {"status": "failed", "reason": str(exc), "trace": [step("code_reader", str(exc))]}
+    scan = scan_tree(ws.model_dir)
+    findings = [f.model_dump(mode="json") for f in scan.findings]
+    if scan.parse_errors:
+        first = scan.parse_errors[0]
+        reason = f"syntax error in the model: {first}"
+        return {"status": "failed", "reason": reason, "workdir": str(workdir), "findings": findings,
+                "original_digest": tree_digest(original), "trace": [step("code_reader", reason)]}
+    try:
+        entry = discover_entry(ws.model_dir)
+    except EntryNotFound as exc:
+        reason = f"cannot find how to run the model: {exc}"
+        return {"status": "failed", "reason": reason, "workdir": str(workdir), "findings": findings,
+                "original_digest": tree_digest(original), "trace": [step("code_reader", reason)]}
+    by_hazard: dict[str, int] = {}
+    for f in scan.findings:
+        by_hazard[f.hazard] = by_hazard.get(f.hazard, 0) + 1
+    hz = ", ".join(f"{h} x{n}" for h, n in sorted(by_hazard.items(), key=lambda kv: int(kv[0][1:]))) or "none"
+    return {
+        "workdir": str(workdir),
+        "original_digest": tree_digest(original),
+        "findings": findings,
+        "entry": entry.as_manifest_dict(),
+        "trace": [step("code_reader", f"{len(findings)} hazard finding(s) in {len(scan.files)} file(s): {hz}; "
+                       f"entry {entry.kind}", entry_kind=entry.kind, assumptions=list(entry.assumptions))],
+    }

@@ -1,0 +1,52 @@
+"""environment: resolves the target (and, for ascend-sim, the op-support matrix of the chosen
+torch_npu build) once per port, and says which and why."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from agents.trace import step
+from sandbox.targets import Target, TargetError, resolve_target
+
+
+def matrix_for(version: str) -> tuple[str | None, str]:
+    """Path of the op-support matrix JSON for a torch_npu version, built from the wheel when needed.
+    Without a matrix the emulator falls back to its small built-in policy, and the report says so."""
+    try:
+        from knowledge import op_matrix
+    except ImportError as exc:  # knowledge.op_matrix is optional at this layer
+        return None, f"no op-support matrix module ({exc})"
+    try:
+        path = op_matrix.ensure_matrix_file(version)
+    except Exception as exc:  # network or wheel problems must not stop the port
+        return None, f"op-support matrix for torch_npu {version} unavailable: {str(exc).splitlines()[0]}"
+    return str(path), f"op-support matrix of torch_npu {version} from {path}"
+
+
+def target_from_dict(d: dict[str, Any]) -> Target:
+    return Target(d["name"], d["device"], d.get("bootstrap"), d.get("options") or {}, d.get("env") or {}, d.get("reason", ""))
+
+
+def target_to_dict(t: Target) -> dict[str, Any]:
+    return {"name": t.name, "device": t.device, "bootstrap": t.bootstrap, "options": t.options, "env": t.env,
+            "reason": t.reason}
+
+
+def environment_node(state: dict[str, Any]) -> dict[str, Any]:
+    req = state["request"]
+    notes: list[str] = []
+    try:
+        target = resolve_target(req["target"], chip=req["chip"], torch_npu=req["torch_npu"], strict=req["strict"])
+    except TargetError as exc:
+        return {"status": "failed", "reason": str(exc), "trace": [step("environment", str(exc))]}
+    if target.name == "ascend-sim":
+        path, note = matrix_for(req["torch_npu"])
+        notes.append(note)
+        target = resolve_target("ascend-sim", chip=req["chip"], torch_npu=req["torch_npu"], strict=req["strict"],
+                                matrix_path=path)
+        if req["target"] == "auto":
+            target = Target(target.name, target.device, target.bootstrap, target.options, target.env,
+                            reason=f"auto: no usable NPU here; using the emulator ({note})")
+    summary = f"target {target.name} on device {target.device}" + (f" ({target.reason})" if target.reason else "")
+    return {"target": target_to_dict(target), "environment": {"notes": notes},
+            "trace": [step("environment", summary, notes=notes)]}

@@ -1,0 +1,60 @@
+"""executor: runs the patched model in a sandbox on the target and records the run."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from agents.environment import target_from_dict
+from agents.models import Frame, RunRecord, StructuredException
+from agents.trace import step
+from agents.workspace import Workspace
+from sandbox.process import Limits
+from sandbox.runner import HarnessRun, run_harness
+
+
+def _exception(result: dict[str, Any]) -> StructuredException | None:
+    exc = result.get("exception")
+    if not exc:
+        return None
+    return StructuredException(type=exc.get("type", "Exception"), message=exc.get("message", ""),
+                               frames=[Frame(**f) for f in exc.get("frames") or []])
+
+
+def record_of(run: HarnessRun, run_id: str, purpose: str, target: str) -> RunRecord:
+    res = run.result
+    outputs = res.get("outputs") or {}
+    status = run.status
+    return RunRecord(
+        id=run_id, purpose=purpose, target=target, ok=run.ok,  # type: ignore[arg-type]
+        status=status,  # type: ignore[arg-type]
+        wall_s=round(run.exec_result.wall_s, 3), result_path=str(run.run_dir / "result.json"),
+        outputs_digest=outputs.get("digest", ""), tokens=outputs.get("tokens"), timings=res.get("timings") or {},
+        exception=_exception(res), warnings=res.get("warnings") or [], op_stats=res.get("op_stats") or {},
+    )
+
+
+def limits_for(req: dict[str, Any]) -> Limits:
+    return Limits(wall_s=float(req.get("run_timeout_s", 300)))
+
+
+def executor_node(state: dict[str, Any]) -> dict[str, Any]:
+    req = state["request"]
+    ws = Workspace(Path(state["workdir"]))
+    target = target_from_dict(state["target"])
+    counters = dict(state.get("counters") or {})
+    n = counters.get("port_runs", 0) + 1
+    run_id = f"run-{n}"
+    run = run_harness(workdir=ws.root, model_dir=ws.model_dir, run_dir=ws.runs_dir / run_id,
+                      manifest=state["entry"], target=target, limits=limits_for(req))
+    rec = record_of(run, run_id, "port", target.name)
+    counters["port_runs"] = n
+    if rec.ok:
+        text = (run.result.get("outputs") or {}).get("text")
+        summary = f"{run_id} on {target.name}: ok in {rec.wall_s:.1f} s, tokens {rec.tokens}" + (f" {text!r}" if text else "")
+    else:
+        exc = rec.exception
+        where = next((f"{f.file}:{f.line}" for f in reversed(exc.frames) if f.in_model), "") if exc else ""
+        summary = f"{run_id} on {target.name}: {rec.status}: {exc.type if exc else ''}: {(exc.message if exc else '')[:200]}" + (
+            f" at {where}" if where else "")
+    return {"runs": [rec.model_dump(mode="json")], "counters": counters, "trace": [step("executor", summary)]}

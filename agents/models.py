@@ -1,0 +1,140 @@
+"""Typed records shared by agents, graph state, reports and the API.
+
+Every record has a stable ``id`` so reports and later steps can cite it. Large artefacts
+(tracebacks, logs, diffs) stay in the workspace; records carry paths and digests.
+Kept free of torch / chromadb imports so that ``graph`` and ``api`` import fast.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field
+
+
+class HazardCategory(StrEnum):
+    BLOCKS_RUNNING = "blocks running"
+    CHANGES_NUMBERS = "changes numbers"
+    SLOWS_DOWN = "slows down"
+
+
+class Severity(StrEnum):
+    HIGH = "high"
+    MEDIUM = "medium"
+    LOW = "low"
+
+
+class Citation(BaseModel):
+    """A fact from the knowledge base (or a recipe) that backs a finding, diagnosis or patch."""
+
+    source: str  # e.g. "recipe:H1", "torch_npu_docs/torch_npu-npu_rms_norm.md#..."
+    title: str = ""
+    excerpt: str = ""
+
+
+class Finding(BaseModel):
+    """One hazard found by the static scan (DESIGN §7)."""
+
+    id: str  # stable: "<hazard>-<file>-<line>-<rule>"
+    hazard: str  # "H1".."H11"
+    rule: str  # short machine name, e.g. "cuda-call", "flash-attn-import"
+    file: str  # relative to the model root, posix separators
+    line: int
+    col: int = 0
+    snippet: str = ""
+    message: str
+    category: HazardCategory
+    severity: Severity
+    citations: list[Citation] = Field(default_factory=list)
+    fixable: bool = True  # a codemod exists for it
+
+
+class Patch(BaseModel):
+    """One commit in the workspace."""
+
+    id: str
+    commit: str  # git sha in the workspace
+    summary: str  # commit subject
+    finding_ids: list[str] = Field(default_factory=list)
+    diagnosis_id: str | None = None
+    files: list[str] = Field(default_factory=list)
+    codemod: str = ""  # name of the codemod / recipe that produced it
+    citations: list[Citation] = Field(default_factory=list)
+
+
+class Frame(BaseModel):
+    file: str
+    line: int
+    func: str = ""
+    code: str = ""
+    in_model: bool = False  # the frame is in the model's own (workspace) files
+
+
+class StructuredException(BaseModel):
+    type: str
+    message: str
+    frames: list[Frame] = Field(default_factory=list)
+    traceback_path: str | None = None
+
+
+class RunRecord(BaseModel):
+    """One sandbox run, as the harness reported it."""
+
+    id: str
+    purpose: Literal["reference", "port", "benchmark", "inventory", "verify"]
+    target: str
+    ok: bool
+    status: Literal["ok", "error", "timeout", "killed", "crashed"]
+    wall_s: float
+    result_path: str  # harness result JSON in the workspace run dir
+    outputs_digest: str = ""
+    tokens: list[list[int]] | None = None
+    timings: dict[str, Any] = Field(default_factory=dict)
+    exception: StructuredException | None = None
+    warnings: list[str] = Field(default_factory=list)
+    op_stats: dict[str, Any] = Field(default_factory=dict)
+
+
+class Diagnosis(BaseModel):
+    """The debugger's reading of a failed run."""
+
+    id: str
+    run_id: str
+    signature: str  # stable failure signature, e.g. "missing-module:flash_attn"
+    kind: str  # "missing-cuda-module", "cuda-assert", "device-mismatch", "npu-dtype", ...
+    summary: str
+    file: str | None = None
+    line: int | None = None
+    fix: str | None = None  # name of the fix recipe / codemod to apply, None when none applies
+    params: dict[str, Any] = Field(default_factory=dict)
+    citations: list[Citation] = Field(default_factory=list)
+
+
+class Numerics(BaseModel):
+    """Validator verdict."""
+
+    verdict: Literal["match", "mismatch", "not-run"]
+    token_agreement: float = 0.0
+    reference_tokens: list[list[int]] | None = None
+    port_tokens: list[list[int]] | None = None
+    metrics: dict[str, Any] = Field(default_factory=dict)
+    first_diverging_module: str | None = None
+    detail: str = ""
+
+
+class TrialRecord(BaseModel):
+    id: str
+    params: dict[str, Any]
+    value: float | None
+    status: str
+    detail: str = ""
+
+
+class Tuning(BaseModel):
+    status: Literal["skipped", "done", "failed"] = "skipped"
+    best: dict[str, Any] = Field(default_factory=dict)
+    trials: list[TrialRecord] = Field(default_factory=list)
+    baseline: dict[str, Any] = Field(default_factory=dict)
+    tuned: dict[str, Any] = Field(default_factory=dict)
+    detail: str = ""

@@ -1,0 +1,144 @@
+"""reporter: writes the bundle (port.patch, patched tree, report.md, report.json, trace.jsonl)
+and decides the final status. A bundle is written for failed ports too: it says what is left."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+from agents.trace import step
+from agents.workspace import Workspace
+
+
+def final_status(state: dict[str, Any]) -> tuple[str, str]:
+    if state.get("status") == "failed":
+        return "failed", state.get("reason") or "failed"
+    numerics = state.get("numerics") or {}
+    if numerics.get("verdict") == "match":
+        return "validated", "the port runs on the target and its greedy tokens match the original"
+    return "failed", state.get("reason") or f"validation verdict {numerics.get('verdict', 'not-run')}"
+
+
+def _md_escape(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+def _fallback_text(op: str, info: Any) -> str:
+    return f"{op} x{info.get('count', '?')}" if isinstance(info, dict) else op
+
+
+def render_markdown(report: dict[str, Any]) -> str:
+    req = report["request"]
+    lines = [
+        f"# npuport report: {Path(req.get('model_path', '?')).name}",
+        "",
+        f"- **Status:** {report['status']} — {report['reason']}",
+        f"- **Target:** {report.get('target', {}).get('name', '?')} ({report.get('target', {}).get('reason', '')})",
+        f"- **Chip / torch_npu:** {req.get('chip')} / {req.get('torch_npu')}",
+        f"- **Sandbox runs:** {report['counters'].get('port_runs', 0)} of the port, "
+        f"{report['counters'].get('reference_runs', 0)} of the original (reference)",
+        f"- **Wall time:** {report['wall_s']:.1f} s",
+        "",
+        "## Findings",
+        "",
+    ]
+    if report["findings"]:
+        lines += ["| id | hazard | where | category | severity | what |", "|---|---|---|---|---|---|"]
+        for f in report["findings"]:
+            lines.append(f"| {f['id']} | {f['hazard']} | {f['file']}:{f['line']} | {f['category']} | {f['severity']} | "
+                         f"{_md_escape(f['message'])} |")
+    else:
+        lines.append("No hazards found.")
+    lines += ["", "## Patches (one commit each; `port.patch` is the whole diff)", ""]
+    for p in report["patches"]:
+        lines.append(f"- `{p['commit'][:8]}` {p['summary']} — files: {', '.join(p['files'])}; cites: "
+                     f"{', '.join(c['source'] for c in p['citations']) or '-'}")
+    if not report["patches"]:
+        lines.append("No patches.")
+    lines += ["", "## Sandbox runs", "", "| run | purpose | target | status | wall s | tokens | error |", "|---|---|---|---|---|---|---|"]
+    for r in report["runs"]:
+        exc = r.get("exception") or {}
+        err = f"{exc.get('type')}: {exc.get('message', '')[:120]}" if exc else ""
+        lines.append(f"| {r['id']} | {r['purpose']} | {r['target']} | {r['status']} | {r['wall_s']:.2f} | "
+                     f"{r.get('tokens')} | {_md_escape(err)} |")
+    lines += ["", "## Diagnoses", ""]
+    for d in report["diagnoses"]:
+        lines.append(f"- {d['id']} `{d['signature']}`: {d['summary']} — fix: {d.get('fix') or 'none'}")
+    if not report["diagnoses"]:
+        lines.append("None: no run failed.")
+    n = report.get("numerics") or {}
+    lines += ["", "## Validation", "", f"- verdict: **{n.get('verdict', 'not-run')}** — {n.get('detail', '')}",
+              f"- reference tokens (original, CPU float32 via device redirect): {n.get('reference_tokens')}",
+              f"- port tokens (on the target): {n.get('port_tokens')}"]
+    op = next((r.get("op_stats") for r in reversed(report["runs"]) if r["purpose"] == "port" and r.get("op_stats")), None)
+    if op:
+        fallbacks = ", ".join(_fallback_text(k, v) for k, v in (op.get("fallbacks") or {}).items()) or "none"
+        lines += ["", "## Op inventory (last port run)", "", f"- CPU fallbacks: {fallbacks}",
+                  f"- host syncs: {(op.get('host_syncs') or {}).get('total')}"]
+    t = report.get("tuning") or {}
+    lines += ["", "## Timings and tuning", "", f"- {t.get('detail', '')}",
+              f"- original (reference) run_s: {(t.get('baseline') or {}).get('run_s')}",
+              f"- port run_s: {(t.get('tuned') or {}).get('run_s')}", ""]
+    cites = sorted({c for p in report["patches"] for c in (x["source"] for x in p["citations"])}
+                   | {c["source"] for f in report["findings"] for c in f.get("citations", [])})
+    lines += ["## Citations", ""] + [f"- {c}" for c in cites] + [""]
+    return "\n".join(lines)
+
+
+def write_bundle(state: dict[str, Any], out_dir: Path, status: str, reason: str) -> dict[str, Any]:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    report = {
+        "status": status, "reason": reason, "request": state.get("request") or {}, "goal": state.get("goal", ""),
+        "plan": state.get("plan") or {}, "target": state.get("target") or {}, "entry": state.get("entry") or {},
+        "findings": state.get("findings") or [], "patches": state.get("patches") or [], "runs": state.get("runs") or [],
+        "diagnoses": state.get("diagnoses") or [], "numerics": state.get("numerics") or {},
+        "tuning": state.get("tuning") or {}, "counters": state.get("counters") or {},
+        "original_digest": state.get("original_digest"), "workdir": state.get("workdir"),
+        "wall_s": time.time() - (state.get("started_at") or time.time()),
+    }
+    files = {}
+    if state.get("workdir") and (Path(state["workdir"]) / "model" / ".git").exists():
+        ws = Workspace(Path(state["workdir"]))
+        (out_dir / "port.patch").write_text(ws.diff_from_original())
+        files["patch"] = str(out_dir / "port.patch")
+        patched = out_dir / "patched"
+        if patched.exists():
+            shutil.rmtree(patched)
+        ws.export_tree(patched)
+        files["patched_tree"] = str(patched)
+    (out_dir / "report.json").write_text(json.dumps(report, indent=1, default=str))
+    (out_dir / "report.md").write_text(render_markdown(report))
+    with (out_dir / "trace.jsonl").open("w") as fh:
+        for item in state.get("trace") or []:
+            fh.write(json.dumps(item, default=str) + "\n")
+    files.update({"report_md": str(out_dir / "report.md"), "report_json": str(out_dir / "report.json"),
+                  "trace": str(out_dir / "trace.jsonl")})
+    return {"dir": str(out_dir), "files": files}
+
+
+def default_out_dir(state: dict[str, Any]) -> Path:
+    req = state.get("request") or {}
+    if req.get("out_dir"):
+        return Path(req["out_dir"]).expanduser()
+    name = Path(req.get("model_path") or "model").name
+    return Path.cwd() / "npuport-out" / name
+
+
+def reporter_node(state: dict[str, Any]) -> dict[str, Any]:
+    status, reason = final_status(state)
+    out_dir = default_out_dir(state)
+    note = ""
+    try:
+        bundle = write_bundle(state, out_dir, status, reason)
+    except OSError as exc:
+        # A read-only or full output folder must not lose the report: write it beside the workspace.
+        fallback = Path(state["workdir"]) / "bundle" if state.get("workdir") else Path.cwd() / "npuport-report"
+        note = f"cannot write the bundle to {out_dir}: {exc.strerror or exc}; wrote it to {fallback}"
+        status, reason = "failed", note
+        bundle = write_bundle(state, fallback, status, reason)
+    bundle["note"] = note
+    return {"status": status, "reason": reason, "bundle": bundle,
+            "trace": [step("reporter", f"{status}: {reason}; bundle in {bundle['dir']}")]}

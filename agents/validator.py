@@ -1,0 +1,65 @@
+"""validator: compares the port's greedy tokens on the target with the original's semantics on the
+CPU in float32 (the original run under the cuda -> cpu device redirect)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from agents.executor import limits_for, record_of
+from agents.models import Numerics, RunRecord
+from agents.trace import step
+from agents.workspace import Workspace
+from sandbox.runner import run_harness
+from sandbox.targets import Target
+
+
+def token_agreement(ref: list[list[int]], port: list[list[int]]) -> float:
+    total = sum(len(r) for r in ref)
+    if total == 0 or len(ref) != len(port):
+        return 0.0
+    same = sum(a == b for r, p in zip(ref, port, strict=True) for a, b in zip(r, p, strict=False))
+    return same / total
+
+
+def compare_tokens(ref: list[list[int]] | None, port: list[list[int]] | None) -> Numerics:
+    if ref is None or port is None:
+        return Numerics(verdict="not-run", detail="no tokens to compare")
+    agreement = token_agreement(ref, port)
+    same = ref == port
+    detail = "greedy tokens identical" if same else f"greedy tokens differ: {agreement:.0%} agree"
+    return Numerics(verdict="match" if same else "mismatch", token_agreement=agreement,
+                    reference_tokens=ref, port_tokens=port, detail=detail)
+
+
+def reference_run(state: dict[str, Any]) -> RunRecord:
+    """The original as written, under the device redirect, on the CPU in float32."""
+    ws = Workspace(Path(state["workdir"]))
+    original = ws.root / "original"
+    ws.original_tree(original)
+    run = run_harness(workdir=ws.root, model_dir=original, run_dir=ws.runs_dir / "reference",
+                      manifest=state["entry"], target=Target("cpu", "cpu"), reference=True,
+                      limits=limits_for(state["request"]))
+    return record_of(run, "reference", "reference", "cpu (cuda->cpu redirect)")
+
+
+def validator_node(state: dict[str, Any]) -> dict[str, Any]:
+    runs = state.get("runs") or []
+    port = RunRecord(**runs[-1])
+    ref_dict = next((r for r in runs if r["purpose"] == "reference"), None)
+    new_runs: list[dict[str, Any]] = []
+    counters = dict(state.get("counters") or {})
+    if ref_dict is None:
+        ref = reference_run(state)
+        new_runs.append(ref.model_dump(mode="json"))
+        counters["reference_runs"] = counters.get("reference_runs", 0) + 1
+    else:
+        ref = RunRecord(**ref_dict)
+    if not ref.ok:
+        exc = ref.exception
+        detail = f"the original could not run under the device redirect: {exc.type}: {exc.message[:200]}" if exc else "reference failed"
+        numerics = Numerics(verdict="not-run", detail=detail)
+    else:
+        numerics = compare_tokens(ref.tokens, port.tokens)
+    return {"numerics": numerics.model_dump(mode="json"), "runs": new_runs, "counters": counters,
+            "trace": [step("validator", f"{numerics.verdict}: {numerics.detail} (reference {ref.tokens}, port {port.tokens})")]}

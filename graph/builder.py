@@ -1,0 +1,58 @@
+"""Builds the port state machine (DESIGN §3) and exports ``graph`` for LangGraph Studio.
+
+START -> planner -> environment -> code_reader -> patcher -> executor --ok--> validator --match--> tuner -> reporter
+                                                    ^            |fail            |mismatch
+                                                    +- debugger <+----------------+
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from langgraph.graph import END, START, StateGraph
+
+from agents.code_reader import code_reader_node
+from agents.debugger import debugger_node
+from agents.environment import environment_node
+from agents.executor import executor_node
+from agents.patcher import patcher_node
+from agents.planner import planner_node
+from agents.reporter import reporter_node
+from agents.tuner import tuner_node
+from agents.validator import validator_node
+from graph import routing
+from graph.state import PortState
+
+NODES = ("planner", "environment", "code_reader", "patcher", "executor", "validator", "debugger", "tuner", "reporter")
+
+
+def build_graph() -> StateGraph[Any]:
+    g: StateGraph[Any] = StateGraph(PortState)
+    g.add_node("planner", planner_node)
+    g.add_node("environment", environment_node)
+    g.add_node("code_reader", code_reader_node)
+    g.add_node("patcher", patcher_node)
+    g.add_node("executor", executor_node)
+    g.add_node("validator", validator_node)
+    g.add_node("debugger", debugger_node)
+    g.add_node("tuner", tuner_node)
+    g.add_node("reporter", reporter_node)
+    g.add_edge(START, "planner")
+    g.add_conditional_edges("planner", routing.after_planner)
+    g.add_conditional_edges("environment", routing.after_environment)
+    g.add_conditional_edges("code_reader", routing.after_code_reader)
+    g.add_edge("patcher", "executor")
+    g.add_conditional_edges("executor", routing.after_executor)
+    g.add_conditional_edges("validator", routing.after_validator)
+    g.add_conditional_edges("debugger", routing.after_debugger)
+    g.add_edge("tuner", "reporter")
+    g.add_edge("reporter", END)
+    return g
+
+
+def compile_graph(checkpointer: Any = None) -> Any:
+    return build_graph().compile(checkpointer=checkpointer, name="npuport")
+
+
+# LangGraph Studio / `langgraph dev` loads this (langgraph.json); it brings its own checkpointer.
+graph = compile_graph()

@@ -1,0 +1,39 @@
+"""Conditional routing as pure functions of the state."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+
+def _failed(state: dict[str, Any]) -> bool:
+    return state.get("status") == "failed"
+
+
+def after_planner(state: dict[str, Any]) -> Literal["environment", "reporter"]:
+    return "reporter" if _failed(state) else "environment"
+
+
+def after_environment(state: dict[str, Any]) -> Literal["code_reader", "reporter"]:
+    return "reporter" if _failed(state) else "code_reader"
+
+
+def after_code_reader(state: dict[str, Any]) -> Literal["patcher", "reporter"]:
+    return "reporter" if _failed(state) else "patcher"
+
+
+def after_executor(state: dict[str, Any]) -> Literal["validator", "debugger"]:
+    runs = state.get("runs") or []
+    return "validator" if runs and runs[-1].get("ok") else "debugger"
+
+
+def after_validator(state: dict[str, Any]) -> Literal["tuner", "debugger", "reporter"]:
+    verdict = (state.get("numerics") or {}).get("verdict")
+    if verdict == "match":
+        return "tuner"
+    if verdict == "mismatch":
+        return "debugger"
+    return "reporter"  # the reference could not run: nothing to compare against
+
+
+def after_debugger(state: dict[str, Any]) -> Literal["patcher", "reporter"]:
+    return "patcher" if state.get("pending_diagnosis") and not _failed(state) else "reporter"

@@ -1,0 +1,254 @@
+"""The in-sandbox harness: loads a model through its manifest entry, runs fixed inputs, and writes
+a result JSON (outputs, timings it measured itself, warnings, op statistics, structured exception).
+
+Run as ``python -I -m sandbox.harness SPEC.json``. It never trusts patched code with timing: the
+clock lives here. Contract: docs/architecture.md ("Harness contract").
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import json
+import os
+import sys
+import time
+import traceback
+import warnings
+import zlib
+from collections import Counter
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+MAX_STUB_RETRIES = 8
+
+
+def _load_attr(spec: str, model_dir: Path) -> Any:
+    module_name, _, attr = spec.partition(":")
+    if not attr:
+        module_name, _, attr = spec.rpartition(".")
+    module = importlib.import_module(module_name)
+    obj: Any = module
+    for part in attr.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def _import_with_stubs(fn: Any, redirect: bool, stubbed: list[str]) -> Any:
+    """Call ``fn`` (an import); under the reference redirect, stub CUDA-only modules that the original
+    imports unguarded and try again."""
+    from sandbox import redirect as rd
+
+    for _ in range(MAX_STUB_RETRIES):
+        try:
+            return fn()
+        except ModuleNotFoundError as exc:
+            root = (exc.name or "").split(".")[0]
+            if not redirect or root not in rd.CUDA_ONLY_MODULES or root in stubbed:
+                raise
+            stubbed.append(root)
+            rd.stub_module(exc.name or root)
+            _forget_model_modules()
+    return fn()
+
+
+_model_dir_str = ""
+
+
+def _forget_model_modules() -> None:
+    for name, mod in list(sys.modules.items()):
+        f = getattr(mod, "__file__", None) or ""
+        if _model_dir_str and f.startswith(_model_dir_str):
+            del sys.modules[name]
+
+
+def seed_parameters(model: Any, seed: int) -> None:
+    """Give every parameter and floating buffer values that depend only on its name and the seed, so
+    the original and the port (whose module construction order may differ) get the same weights."""
+    import torch
+
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            g = torch.Generator().manual_seed((zlib.crc32(name.encode()) + seed) % (2**31))
+            if p.dim() >= 2:
+                fan_in = p[0].numel()
+                vals = torch.randn(p.shape, generator=g) / (fan_in**0.5)
+            elif name.endswith("bias"):
+                vals = torch.randn(p.shape, generator=g) * 0.02
+            elif name.endswith("weight"):  # norm scales
+                vals = 1.0 + torch.randn(p.shape, generator=g) * 0.05
+            else:
+                vals = torch.randn(p.shape, generator=g) * 0.5
+            p.copy_(vals.to(p.dtype))
+
+
+def _frames(exc: BaseException, model_dir: Path) -> list[dict[str, Any]]:
+    out = []
+    for fs in traceback.extract_tb(exc.__traceback__):
+        fname = fs.filename
+        in_model = fname.startswith(str(model_dir))
+        rel = os.path.relpath(fname, model_dir) if in_model else fname
+        out.append({"file": rel, "line": fs.lineno or 0, "func": fs.name, "code": (fs.line or "").strip(),
+                    "in_model": in_model})
+    return out
+
+
+def _to_device(value: Any, device: str) -> Any:
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        return value.to(device)
+    return value
+
+
+def _digest_tokens(tokens: list[list[int]]) -> str:
+    return hashlib.sha256(json.dumps(tokens).encode()).hexdigest()[:16]
+
+
+def _synchronize(device: str) -> None:
+    import torch
+
+    if device.startswith("npu") and hasattr(torch, "npu"):
+        torch.npu.synchronize()
+    elif device.startswith("cuda") and torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def run(spec: dict[str, Any]) -> dict[str, Any]:
+    global _model_dir_str
+    import torch
+
+    model_dir = Path(spec["model_dir"]).resolve()
+    _model_dir_str = str(model_dir)
+    device: str = spec["device"]
+    seed = int(spec.get("seed", 0))
+    manifest = spec["manifest"]
+    result: dict[str, Any] = {"ok": False, "outputs": {}, "timings": {}, "warnings": [], "op_stats": {},
+                              "exception": None, "stubbed_modules": []}
+    warning_counts: Counter[str] = Counter()
+    original_showwarning = warnings.showwarning
+
+    def record_warning(message: Any, category: Any, filename: str, lineno: int, file: Any = None, line: Any = None) -> None:
+        warning_counts[f"{category.__name__}: {message}"] += 1
+
+    warnings.showwarning = record_warning  # type: ignore[assignment]
+    warnings.simplefilter("default")
+    bootstrap: ModuleType | None = None
+    t0 = time.perf_counter()
+    try:
+        if spec.get("threads"):
+            torch.set_num_threads(int(spec["threads"]))
+        if spec.get("redirect") == "cuda->cpu":
+            from sandbox import redirect
+
+            redirect.install()
+        target = spec.get("target") or {}
+        if target.get("bootstrap"):
+            mod_name, _, fn_name = target["bootstrap"].partition(":")
+            bootstrap = importlib.import_module(mod_name)
+            getattr(bootstrap, fn_name)(target.get("options") or {})
+        sys.path.insert(0, str(model_dir))
+        config: dict[str, Any] = json.loads((model_dir / manifest.get("config", "config.json")).read_text())
+        if spec.get("shrink"):
+            config.update(manifest.get("shrink") or {})
+        config.update(spec.get("config_overrides") or {})
+        stubbed: list[str] = result["stubbed_modules"]
+        redirect_on = spec.get("redirect") == "cuda->cpu"
+        cls = _import_with_stubs(lambda: _load_attr(manifest["entry"]["class"], model_dir), redirect_on, stubbed)
+        torch.manual_seed(seed)
+        model = cls(config)
+        seed_parameters(model, seed)
+        model.eval()
+        if spec.get("dtype"):
+            model.to(getattr(torch, spec["dtype"]))
+        model.to(device)
+        inputs_fn = _load_attr(manifest["inputs"], model_dir)
+        inputs = {k: _to_device(v, device) for k, v in inputs_fn(config, seed).items()}
+        run_cfg = manifest.get("run") or {}
+        method = getattr(model, run_cfg.get("method", "generate"))
+        kwargs = dict(run_cfg.get("kwargs") or {})
+        kwargs.update(spec.get("run_kwargs") or {})
+        if bootstrap is not None and hasattr(bootstrap, "begin_step"):
+            counter = {"n": 0}
+            b = bootstrap
+
+            def pre(_m: Any, _a: Any) -> None:
+                counter["n"] += 1
+                b.begin_step(f"forward-{counter['n']}")
+
+            def post(_m: Any, _a: Any, _o: Any) -> None:
+                b.end_step()
+
+            model.register_forward_pre_hook(pre)
+            model.register_forward_hook(post)
+        captured: dict[str, Any] = {}
+        handles = []
+        for name in spec.get("capture") or []:
+            sub = model.get_submodule(name) if name else model
+
+            def hook(_m: Any, _a: Any, out: Any, _name: str = name) -> None:
+                if _name in captured:
+                    return  # first call only: the prefill
+                t = out[0] if isinstance(out, tuple | list) else out
+                if isinstance(t, torch.Tensor):
+                    captured[_name] = t.detach().to("cpu", torch.float32)
+
+            handles.append(sub.register_forward_hook(hook))
+        result["timings"]["load_s"] = time.perf_counter() - t0
+        output: Any = None
+        with torch.no_grad():
+            for _ in range(int(spec.get("warmup", 0))):
+                method(**inputs, **kwargs)
+            _synchronize(device)
+            run_s = []
+            for _ in range(max(1, int(spec.get("repeats", 1)))):
+                start = time.perf_counter()
+                output = method(**inputs, **kwargs)
+                _synchronize(device)
+                run_s.append(time.perf_counter() - start)
+        for h in handles:
+            h.remove()
+        result["timings"]["run_s"] = run_s
+        if isinstance(output, dict):
+            output = output.get("tokens", output.get("sequences"))
+        tokens = output.detach().to("cpu").tolist() if isinstance(output, torch.Tensor) else output
+        result["outputs"]["tokens"] = tokens
+        result["outputs"]["digest"] = _digest_tokens(tokens)
+        result["outputs"]["new_tokens"] = sum(len(r) for r in tokens)
+        if manifest.get("decode"):
+            decode = _load_attr(manifest["decode"], model_dir)
+            result["outputs"]["text"] = [decode(config, row) for row in tokens]
+        if captured and spec.get("capture_path"):
+            torch.save(captured, spec["capture_path"])
+            result["outputs"]["capture_path"] = spec["capture_path"]
+        result["ok"] = True
+    except BaseException as exc:  # the harness reports every failure as data
+        result["exception"] = {
+            "type": type(exc).__name__,
+            "message": str(exc),
+            "frames": _frames(exc, model_dir),
+            "traceback": "".join(traceback.format_exception(exc)),
+        }
+    finally:
+        warnings.showwarning = original_showwarning  # type: ignore[assignment]
+        if bootstrap is not None and hasattr(bootstrap, "op_report"):
+            try:
+                result["op_stats"] = bootstrap.op_report()
+            except Exception as exc:  # report the report's failure, keep the run's result
+                result["op_stats"] = {"error": repr(exc)}
+        result["warnings"] = [f"{msg} (x{n})" if n > 1 else msg for msg, n in warning_counts.items()]
+        result["timings"]["total_s"] = time.perf_counter() - t0
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    spec = json.loads(Path(argv[0]).read_text())
+    result = run(spec)
+    Path(spec["result_path"]).write_text(json.dumps(result, indent=1, default=str))
+    return 0 if result["ok"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

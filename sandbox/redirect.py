@@ -1,0 +1,151 @@
+"""Device redirect for running the ORIGINAL model's semantics on the CPU in float32.
+
+It does for cuda -> cpu what torch_npu's ``transfer_to_npu`` does for cuda -> npu: ``torch.cuda``
+calls answer as if a device were there, ``.cuda()`` and ``device="cuda"`` land on the CPU, and CUDA
+autocast is switched off (the reference is float32). CUDA-only libraries the original imports
+unguarded are replaced by stubs (see ``stub_module``) so that an unused import does not stop the
+reference run; calling anything in a stub raises, naming the library.
+"""
+
+from __future__ import annotations
+
+import sys
+import types
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch.overrides import TorchFunctionMode
+
+# Libraries that exist only for CUDA; an unguarded import of one of them is stubbed.
+CUDA_ONLY_MODULES = frozenset(
+    {
+        "flash_attn", "flash_attn_2_cuda", "flash_attn_interface", "xformers", "apex", "bitsandbytes",
+        "triton", "mamba_ssm", "causal_conv1d", "deepspeed", "fused_dense_lib", "rotary_emb",
+        "dropout_layer_norm", "vllm", "flashinfer", "liger_kernel", "transformer_engine",
+    }
+)
+
+
+class StubCalled(RuntimeError):
+    pass
+
+
+class _StubAttr:
+    """Any attribute of a stubbed module: callable, subscriptable, usable as a decorator target."""
+
+    def __init__(self, qualname: str) -> None:
+        self._qualname = qualname
+
+    def __getattr__(self, name: str) -> _StubAttr:
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return _StubAttr(f"{self._qualname}.{name}")
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        raise StubCalled(
+            f"{self._qualname} was called, but it belongs to a CUDA-only library that has no CPU "
+            "implementation; the reference run stubs such libraries only for unused imports"
+        )
+
+    def __getitem__(self, item: Any) -> _StubAttr:
+        return self
+
+
+def _module_getattr(qualname: str) -> Callable[[str], _StubAttr]:
+    def getattr_(attr: str) -> _StubAttr:
+        if attr.startswith("__"):
+            raise AttributeError(attr)  # __file__, __spec__ ... : look like a plain module
+        return _StubAttr(f"{qualname}.{attr}")
+
+    return getattr_
+
+
+def stub_module(name: str) -> types.ModuleType:
+    """Register a stub package for ``name`` (and its parents) in sys.modules."""
+    parts = name.split(".")
+    for i in range(1, len(parts) + 1):
+        sub = ".".join(parts[:i])
+        if sub in sys.modules:
+            continue
+        mod = types.ModuleType(sub, f"npuport stub for the CUDA-only module {sub}")
+        mod.__path__ = []  # a package, so submodule imports resolve to stubs too
+        mod.__getattr__ = _module_getattr(sub)  # type: ignore[method-assign]
+        mod.__npuport_stub__ = True  # type: ignore[attr-defined]
+        sys.modules[sub] = mod
+        if i > 1:
+            setattr(sys.modules[".".join(parts[: i - 1])], parts[i - 1], mod)
+    return sys.modules[name]
+
+
+def _is_cuda(device: Any) -> bool:
+    if isinstance(device, torch.device):
+        return device.type == "cuda"
+    if isinstance(device, str):
+        return device == "cuda" or device.startswith("cuda:")
+    return False
+
+
+def _to_cpu(device: Any) -> Any:
+    return torch.device("cpu") if _is_cuda(device) else device
+
+
+class CudaToCpuMode(TorchFunctionMode):
+    """Rewrites every ``device=`` argument (and ``Tensor.to``'s positional device) from cuda to cpu."""
+
+    def __torch_function__(self, func: Callable[..., Any], types: Any, args: tuple[Any, ...] = (), kwargs: Any = None) -> Any:
+        kwargs = dict(kwargs or {})
+        if "device" in kwargs:
+            kwargs["device"] = _to_cpu(kwargs["device"])
+        if args and func in (torch.Tensor.to, torch.Tensor.new_empty, torch.Tensor.new_zeros):
+            args = tuple(_to_cpu(a) if i > 0 else a for i, a in enumerate(args))
+        return func(*args, **kwargs)
+
+
+class _DisabledCudaAutocast(torch.autocast):
+    """torch.autocast that is a no-op for device_type='cuda' (reference numbers are float32)."""
+
+    def __init__(self, device_type: str, dtype: torch.dtype | None = None, enabled: bool = True,
+                 cache_enabled: bool | None = None) -> None:
+        if device_type == "cuda":
+            super().__init__("cpu", dtype=torch.bfloat16, enabled=False)
+        else:
+            super().__init__(device_type, dtype=dtype, enabled=enabled, cache_enabled=cache_enabled)
+
+
+def _cuda_amp_autocast(enabled: bool = True, dtype: torch.dtype = torch.float16, cache_enabled: bool = True) -> torch.autocast:
+    return torch.autocast("cpu", dtype=torch.bfloat16, enabled=False)
+
+
+_active: CudaToCpuMode | None = None
+
+
+def install() -> None:
+    """Install the redirect for the rest of this process (the harness process)."""
+    global _active
+    if _active is not None:
+        return
+
+    def tensor_cuda(self: torch.Tensor, device: Any = None, non_blocking: bool = False, **_: Any) -> torch.Tensor:
+        return self.to("cpu", non_blocking=non_blocking)
+
+    def module_cuda(self: torch.nn.Module, device: Any = None) -> torch.nn.Module:
+        return self
+
+    torch.Tensor.cuda = tensor_cuda  # type: ignore[method-assign]
+    torch.nn.Module.cuda = module_cuda  # type: ignore[method-assign]
+    cuda = torch.cuda
+    cuda.is_available = lambda: True  # type: ignore[assignment]
+    cuda.device_count = lambda: 1  # type: ignore[assignment]
+    cuda.current_device = lambda: 0  # type: ignore[assignment]
+    cuda.set_device = lambda *a, **k: None  # type: ignore[assignment]
+    cuda.synchronize = lambda *a, **k: None  # type: ignore[assignment]
+    cuda.empty_cache = lambda: None  # type: ignore[assignment]
+    cuda.manual_seed = lambda seed: None  # type: ignore[assignment]
+    cuda.manual_seed_all = lambda seed: None  # type: ignore[assignment]
+    cuda.get_device_name = lambda *a, **k: "cpu (npuport cuda->cpu redirect)"  # type: ignore[assignment]
+    cuda.is_bf16_supported = lambda *a, **k: True  # type: ignore[assignment]
+    torch.autocast = _DisabledCudaAutocast  # type: ignore[misc]
+    torch.cuda.amp.autocast = _cuda_amp_autocast  # type: ignore[assignment]
+    _active = CudaToCpuMode()
+    _active.__enter__()

@@ -1,0 +1,38 @@
+"""Shared fixtures. Reference data lives in ../shared/data beside the checkout (CI has a copy)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+EXAMPLES = REPO_ROOT / "examples"
+
+
+def _shared_data_dir() -> Path | None:
+    env = os.environ.get("NPUPORT_SHARED_DATA")
+    candidates = [Path(env)] if env else []
+    candidates.append(REPO_ROOT.parent / "shared" / "data")
+    for c in candidates:
+        if c.is_dir():
+            return c
+    return None
+
+
+@pytest.fixture(scope="session")
+def shared_data() -> Path:
+    d = _shared_data_dir()
+    if d is None:
+        pytest.skip("../shared/data (public Ascend reference data) is not beside this checkout")
+    return d
+
+
+@pytest.fixture()
+def npuport_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A private npuport home per test, so tests never touch the user's."""
+    home = tmp_path / "npuport-home"
+    home.mkdir()
+    monkeypatch.setenv("NPUPORT_HOME", str(home))
+    return home
