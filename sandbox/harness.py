@@ -64,22 +64,18 @@ def _forget_model_modules() -> None:
 
 
 def seed_parameters(model: Any, seed: int) -> None:
-    """Give every parameter and floating buffer values that depend only on its name and the seed, so
-    the original and the port (whose module construction order may differ) get the same weights."""
+    """Give every parameter values that depend only on its name and the seed, so the original and the
+    port (whose module construction order may differ) get the same weights. Each parameter keeps the
+    mean and spread of the model's own initialisation (gains, ones for norm scales, zero biases)."""
     import torch
 
     with torch.no_grad():
         for name, p in model.named_parameters():
             g = torch.Generator().manual_seed((zlib.crc32(name.encode()) + seed) % (2**31))
-            if p.dim() >= 2:
-                fan_in = p[0].numel()
-                vals = torch.randn(p.shape, generator=g) / (fan_in**0.5)
-            elif name.endswith("bias"):
-                vals = torch.randn(p.shape, generator=g) * 0.02
-            elif name.endswith("weight"):  # norm scales
-                vals = 1.0 + torch.randn(p.shape, generator=g) * 0.05
-            else:
-                vals = torch.randn(p.shape, generator=g) * 0.5
+            data = p.detach().float()
+            mean = float(data.mean()) if p.numel() else 0.0
+            std = float(data.std()) if p.numel() > 1 else 0.0
+            vals = mean + std * torch.randn(p.shape, generator=g)
             p.copy_(vals.to(p.dtype))
 
 
