@@ -17,7 +17,9 @@ def matrix_for(version: str) -> tuple[str | None, str]:
     except ImportError as exc:  # knowledge.op_matrix is optional at this layer
         return None, f"no op-support matrix module ({exc})"
     try:
-        path = op_matrix.ensure_matrix_file(version)
+        path = op_matrix.matrix_path(version)
+        if not path.is_file():
+            op_matrix.load_or_build(version)  # downloads the wheel once, reads it as files
     except Exception as exc:  # network or wheel problems must not stop the port
         return None, f"op-support matrix for torch_npu {version} unavailable: {str(exc).splitlines()[0]}"
     return str(path), f"op-support matrix of torch_npu {version} from {path}"

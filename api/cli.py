@@ -147,13 +147,14 @@ def ops_matrix(
     torch_npu: Annotated[str, typer.Option("--torch-npu", help="torch_npu version, e.g. 2.13.0")] = "2.13.0",
     wheel: Annotated[Path | None, typer.Option(help="a local torch_npu .whl instead of downloading")] = None,
     yaml: Annotated[list[Path] | None, typer.Option("--yaml", help="op-plugin op_plugin_functions yaml")] = None,
+    rebuild: Annotated[bool, typer.Option(help="rebuild even if a stored matrix exists")] = False,
     as_json: Annotated[bool, typer.Option("--json")] = False,
 ) -> None:
     """Build the op-support matrix of a torch_npu build from its wheel (and op-plugin yaml) and summarise it."""
     from knowledge import op_matrix
 
     try:
-        matrix = op_matrix.build_and_save(torch_npu, wheel=wheel, yaml_paths=list(yaml or []))
+        matrix = op_matrix.load_or_build(torch_npu, wheel=wheel, yaml_paths=list(yaml or []), rebuild=rebuild)
     except Exception as exc:
         raise _fail(f"cannot build the matrix for torch_npu {torch_npu}: {str(exc).splitlines()[0]}", 1) from exc
     if as_json:

@@ -1,0 +1,154 @@
+"""`npuport port` end to end through the real graph and real subprocess sandboxes, and every bad
+input of the walking-skeleton issue: each ends with a one-line error, a report, and an untouched
+original tree."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from agents.workspace import tree_digest
+from tests.conftest import EXAMPLES, REPO_ROOT
+from tests.tiny_models import write_tiny_model
+
+NPUPORT = [sys.executable, "-m", "api.cli"]
+
+
+def npuport(*args: str, home: Path, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    env = dict(os.environ, NPUPORT_HOME=str(home), COLUMNS="200")
+    return subprocess.run([*NPUPORT, *args], capture_output=True, text=True, timeout=timeout, env=env, cwd=REPO_ROOT)
+
+
+def _report(out: Path) -> dict:  # type: ignore[type-arg]
+    return json.loads((out / "report.json").read_text())
+
+
+@pytest.mark.slow
+def test_port_ocr_mini_on_cpu_end_to_end(tmp_path: Path, npuport_home: Path) -> None:
+    model = EXAMPLES / "ocr_mini"
+    before = tree_digest(model)
+    out = tmp_path / "bundle"
+    r = npuport("port", str(model), "--target", "cpu", "--out", str(out), home=npuport_home)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert tree_digest(model) == before, "the original tree was modified"
+    report = _report(out)
+    assert report["status"] == "validated"
+    assert report["numerics"]["verdict"] == "match"
+    hazards = {f["hazard"] for f in report["findings"]}
+    assert {"H1", "H2", "H3", "H5", "H6"} <= hazards
+    codemods = [p["codemod"] for p in report["patches"]]
+    assert codemods[:3] == ["guard-cuda-only-imports", "cuda-autocast", "device-agnostic"]
+    patch = (out / "port.patch").read_text()
+    assert "-from flash_attn import" in patch and "_npuport_device()" in patch
+    assert (out / "patched" / "modeling_ocr_mini.py").exists()
+    assert "validated" in r.stdout
+    # Sandbox runs of the port: 1 + failures that no recipe predicted (none here).
+    assert report["counters"]["port_runs"] == 1
+    trace = [json.loads(line) for line in (out / "trace.jsonl").read_text().splitlines()]
+    assert [t["agent"] for t in trace][:3] == ["planner", "environment", "code_reader"]
+
+
+def test_missing_path_is_a_one_line_error(tmp_path: Path, npuport_home: Path) -> None:
+    r = npuport("port", str(tmp_path / "nope"), "--target", "cpu", home=npuport_home)
+    assert r.returncode == 1
+    assert "does not exist" in r.stderr and "Traceback" not in r.stderr + r.stdout
+
+
+def test_folder_without_python(tmp_path: Path, npuport_home: Path) -> None:
+    model = tmp_path / "empty_model"
+    model.mkdir()
+    (model / "README.md").write_text("no code here\n")
+    out = tmp_path / "out"
+    r = npuport("port", str(model), "--target", "cpu", "--out", str(out), home=npuport_home)
+    assert r.returncode == 1 and "no Python files" in r.stderr
+    assert "Traceback" not in r.stderr + r.stdout
+    assert _report(out)["status"] == "failed"
+
+
+def test_syntax_error_in_model(tmp_path: Path, npuport_home: Path) -> None:
+    model = write_tiny_model(tmp_path / "m")
+    (model / "broken.py").write_text("def f(:\n    pass\n")
+    before = tree_digest(model)
+    out = tmp_path / "out"
+    r = npuport("port", str(model), "--target", "cpu", "--out", str(out), home=npuport_home)
+    assert r.returncode == 1 and "syntax error" in r.stderr and "broken.py" in r.stderr
+    assert "Traceback" not in r.stderr + r.stdout
+    assert tree_digest(model) == before
+    assert _report(out)["status"] == "failed"
+
+
+@pytest.mark.slow
+def test_model_that_crashes_for_reasons_unrelated_to_devices(tmp_path: Path, npuport_home: Path) -> None:
+    model = write_tiny_model(tmp_path / "m", twist="scale = 1 / 0")
+    before = tree_digest(model)
+    out = tmp_path / "out"
+    r = npuport("port", str(model), "--target", "cpu", "--out", str(out), home=npuport_home)
+    assert r.returncode == 1
+    assert "could not port because" in r.stderr and "ZeroDivisionError" in r.stderr
+    assert "Traceback" not in r.stderr
+    report = _report(out)
+    assert report["status"] == "failed" and report["diagnoses"][-1]["kind"] == "exception"
+    assert report["counters"]["port_runs"] == 1  # no recipe applies, so no blind retries
+    assert tree_digest(model) == before
+
+
+@pytest.mark.slow
+def test_entry_that_hangs_is_killed_by_the_timeout(tmp_path: Path, npuport_home: Path) -> None:
+    model = write_tiny_model(tmp_path / "m", twist="import time; time.sleep(600)")
+    out = tmp_path / "out"
+    r = npuport("port", str(model), "--target", "cpu", "--out", str(out), "--run-timeout", "5", home=npuport_home,
+                timeout=120)
+    assert r.returncode == 1
+    assert "wall-clock limit" in r.stderr and "Traceback" not in r.stderr
+    assert _report(out)["runs"][0]["status"] == "timeout"
+
+
+def _make_read_only(folder: Path) -> bool:
+    """chmod is not enough for root (CI runs as root): use the immutable attribute where possible."""
+    if os.geteuid() != 0:
+        folder.chmod(0o500)
+        return True
+    return subprocess.run(["chattr", "+i", str(folder)], capture_output=True).returncode == 0
+
+
+def _undo_read_only(folder: Path) -> None:
+    if os.geteuid() == 0:
+        subprocess.run(["chattr", "-i", str(folder)], capture_output=True)
+    folder.chmod(0o700)
+
+
+@pytest.mark.slow
+def test_read_only_output_folder(tmp_path: Path, npuport_home: Path) -> None:
+    model = write_tiny_model(tmp_path / "m")
+    out = tmp_path / "ro"
+    out.mkdir()
+    if not _make_read_only(out):
+        pytest.skip("this filesystem cannot make a folder read-only for root (chattr +i failed)")
+    try:
+        r = npuport("port", str(model), "--target", "cpu", "--out", str(out / "bundle"), home=npuport_home)
+    finally:
+        _undo_read_only(out)
+    assert r.returncode == 1 and "cannot write the bundle" in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr
+    fallback = next(npuport_home.glob("workspaces/*/bundle/report.json"))
+    assert json.loads(fallback.read_text())["status"] == "failed"
+
+
+@pytest.mark.slow
+def test_full_output_folder(tmp_path: Path, npuport_home: Path) -> None:
+    """/dev/full answers every write with ENOSPC, like a full disk: the bundle goes beside the workspace."""
+    model = write_tiny_model(tmp_path / "m")
+    out = tmp_path / "bundle"
+    out.mkdir()
+    (out / "report.json").symlink_to("/dev/full")
+    r = npuport("port", str(model), "--target", "cpu", "--out", str(out), home=npuport_home)
+    assert r.returncode == 1
+    assert "cannot write the bundle" in r.stderr and "No space left" in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr
+    fallback = next(npuport_home.glob("workspaces/*/bundle/report.json"))
+    assert json.loads(fallback.read_text())["status"] == "failed"
