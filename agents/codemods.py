@@ -186,6 +186,10 @@ class DeviceAgnostic(_Rewriter):
 
     def leave_SimpleString(self, original: cst.SimpleString, updated: cst.SimpleString) -> cst.BaseExpression:
         # Remaining "cuda" literals: device= keywords, .to("cuda"), device = "cuda" assignments.
+        if updated.evaluated_value == "CUDA_VISIBLE_DEVICES":
+            # Ascend selects cards with ASCEND_RT_VISIBLE_DEVICES; CUDA's variable means nothing there.
+            self.note(original, "CUDA_VISIBLE_DEVICES -> ASCEND_RT_VISIBLE_DEVICES")
+            return updated.with_changes(value=updated.value.replace("CUDA_VISIBLE_DEVICES", "ASCEND_RT_VISIBLE_DEVICES"))
         if self._in_autocast == 0 and self._in_comparison == 0 and _is_cuda_string(updated):
             self.note(original, '"cuda" -> _npuport_device()')
             return _DEVICE_CALL

@@ -18,8 +18,8 @@ from rich.table import Table
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="Port PyTorch models to Huawei Ascend NPUs.")
 ops_app = typer.Typer(no_args_is_help=True, help="Op inventory of a model, and op-support matrices of torch_npu builds.")
-console = Console(highlight=False)
-err = Console(stderr=True, highlight=False)
+console = Console(highlight=False, soft_wrap=True)
+err = Console(stderr=True, highlight=False, soft_wrap=True)
 
 EXAMPLES_DIR = Path(__file__).resolve().parents[1] / "examples"
 

@@ -9,28 +9,19 @@ from agents.policies.base import FixAction
 # Static fixes, applied in this order (imports first, so later codemods parse what will run).
 _FINDING_FIXES: list[tuple[str, set[str], set[str] | None]] = [
     # (codemod, hazards it fixes, rules it fixes or None for all rules of those hazards)
-    ("guard-cuda-only-imports", {"H3"}, None),
-    ("cuda-autocast", {"H2"}, None),
-    ("device-agnostic", {"H1", "H11"}, None),
-    ("float64-to-float32", {"H5"}, None),
+    ("guard-cuda-only-imports", {"H3"}, {"cuda-only-import", "unused-cuda-only-import"}),
+    ("cuda-autocast", {"H2"}, {"cuda-autocast"}),
+    ("device-agnostic", {"H1", "H11"}, {"cuda-call", "cuda-device-string", "torch-cuda-api", "cuda-visible-devices",
+                                        "device-fallback-to-cpu", "masked-scatter-device"}),
+    ("float64-to-float32", {"H5"}, {"float64"}),
 ]
-
-# Rules of a hazard that a codemod cannot (or should not) fix: they stay reported.
-_NOT_FIXED_BY_CODEMOD = {
-    "H3": {"optional-fused-path"},  # guarded by the import codemod; the path itself stays as written
-    "H5": {"bfloat16", "complex-dtype", "int64-index"},
-    "H11": {"cat-mixed-devices", "inplace-on-expanded-view"},
-}
-
 
 def _recipe(hazard: str, title: str) -> Citation:
     return Citation(source=f"recipe:{hazard}", title=title)
 
 
 def _fixable(f: Finding, hazards: set[str], rules: set[str] | None) -> bool:
-    if f.hazard not in hazards or not f.fixable:
-        return False
-    if f.rule in _NOT_FIXED_BY_CODEMOD.get(f.hazard, set()):
+    if f.hazard not in hazards:
         return False
     return rules is None or f.rule in rules
 
