@@ -400,6 +400,8 @@ def align_devices(source: str, *, line: int, **_: Any) -> CodemodResult:
     return _run(source, lambda _m: AlignDevices(line), [(SAME_DEVICE_HELPER, "def _npuport_same_device(")])
 
 
+from agents.policies.llm import llm_edit_codemod as _llm_edit  # noqa: E402  (no cycle: llm.py imports codemods lazily)
+
 # name -> (function, hazard, one-line description)
 CODEMODS: dict[str, tuple[Callable[..., CodemodResult], str, str]] = {
     "guard-cuda-only-imports": (guard_cuda_only_imports, "H3", "remove or guard imports of CUDA-only libraries"),
@@ -407,4 +409,5 @@ CODEMODS: dict[str, tuple[Callable[..., CodemodResult], str, str]] = {
     "device-agnostic": (device_agnostic, "H1", "device-agnostic code instead of hard-coded CUDA"),
     "float64-to-float32": (float64_to_float32, "H5", "compute in float32 where the code asked for float64"),
     "align-devices": (align_devices, "H11", "move torch.cat/stack inputs to one device"),
+    "llm-edit": (_llm_edit, "LLM", "an edit proposed by the LLM policy, validated (in the workspace, applies cleanly, parses)"),
 }

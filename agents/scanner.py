@@ -12,6 +12,7 @@ softmax(QK^T)V attention, the RMSNorm formula and the mixed-device ``torch.cat``
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 import fnmatch
 import re
@@ -274,7 +275,14 @@ def scan_source(source: str, path: str) -> list[Finding]:
     try:
         module = cst.parse_module(source)
     except cst.ParserSyntaxError as exc:
-        raise SourceSyntaxError(path, exc.raw_line, exc.raw_column, exc.message) from exc
+        # CPython's own message and line are what the user knows; libcst's point past the error
+        try:
+            ast.parse(source, filename=path)
+        except SyntaxError as py_exc:
+            raise SourceSyntaxError(path, py_exc.lineno or exc.raw_line, max((py_exc.offset or 1) - 1, 0),
+                                    py_exc.msg) from exc
+        raise SourceSyntaxError(path, exc.raw_line, exc.raw_column,
+                                f"libcst cannot parse this file: {exc.message}") from exc
     ctx = _Module(path, source, module)
     for family in FAMILIES:
         family(ctx)
@@ -953,7 +961,9 @@ def _h4_attention(ctx: _Module) -> None:
                     f"selects attn_implementation \"{value}\": it imports flash_attn and fails on Ascend; use "
                     "\"sdpa\" (or \"eager\")", BLOCKS, HIGH)
     chooses_impl = impl_nodes or any(r.qual.endswith("_attn_implementation") for r in ctx.refs)
-    uses_sdpa = "sdpa" in strings or any(r.qual.endswith("scaled_dot_product_attention") for r in ctx.refs)
+    # a registry lookup (transformers' ALL_ATTENTION_FUNCTIONS) includes sdpa
+    uses_sdpa = "sdpa" in strings or any(r.qual.endswith(("scaled_dot_product_attention", "ALL_ATTENTION_FUNCTIONS"))
+                                         for r in ctx.refs)
     if chooses_impl and not uses_sdpa:
         first = impl_nodes[0] if impl_nodes else next(r.node for r in ctx.refs
                                                       if r.qual.endswith("_attn_implementation"))
@@ -1098,16 +1108,29 @@ def _h6_loop(ctx: _Module, loop: cst.For) -> None:
     loop_vars: set[str] = set()
     for a in [loop, *[a for a, _ in ctx.ancestors(loop) if isinstance(a, cst.For)]]:
         loop_vars |= _range_loop_vars(a)
+    tensors = _tensor_names(ctx, loop)
     for node in _walk_nodes(loop.body):
         if isinstance(node, cst.AssignTarget | cst.AugAssign) and isinstance(node.target, cst.Subscript):
-            idx = {n.value for n in _walk_nodes(node.target.slice[0]) if isinstance(n, cst.Name)} \
-                if node.target.slice else set()
-            if idx & loop_vars:
+            target = node.target
+            idx = {n.value for el in target.slice for n in _walk_nodes(el) if isinstance(n, cst.Name)}
+            # a tensor made with torch.* here, or 2-D indexing: not a Python list filled by index
+            tensor_like = _dotted(target.value) in tensors or len(target.slice) >= 2
+            if idx & loop_vars and tensor_like:
                 ctx.add("H6", "elementwise-loop", outer,
-                        f"Python loop writes tensor elements one at a time (`{ctx.code(node.target).strip()} = "
+                        f"Python loop writes tensor elements one at a time (`{ctx.code(target).strip()} = "
                         f"...`){where}: each write is a tiny device op; build it with vectorised ops (arange "
                         "comparisons, tril/triu, masked_fill)", SLOWS, HIGH if hot else MEDIUM, False)
                 return
+
+
+def _tensor_names(ctx: _Module, node: cst.CSTNode) -> set[str]:
+    """Names assigned from a torch.* call in the function around node (or the module)."""
+    scope: cst.CSTNode = ctx.function_of(node) or ctx.module
+    out: set[str] = set()
+    for n in _walk_nodes(scope):
+        if isinstance(n, cst.Assign) and isinstance(n.value, cst.Call) and ctx.qual(n.value.func).startswith("torch."):
+            out |= {d for t in n.targets if (d := _dotted(t.target))}
+    return out
 
 
 def _outermost_range_loop(ctx: _Module, loop: cst.For) -> cst.For:
@@ -1435,6 +1458,7 @@ _MATMUL = {"matmul", "bmm", "mm", "einsum"}
 _VIEW_METHODS = {"view", "transpose", "permute", "unsqueeze", "squeeze", "narrow", "select", "t", "diagonal",
                  "as_strided", "unflatten", "movedim", "expand", "expand_as"}
 _CAT_FUNCS = {"torch.cat", "torch.concat", "torch.concatenate", "torch.stack", "torch.hstack", "torch.vstack"}
+_PLACE_WORDS = {"o:cpu": "the CPU", "o:cuda": "CUDA", "o:devvar": "a cuda-else-cpu device variable"}
 _METADATA_ATTRS = {"shape", "dtype", "ndim", "is_cuda", "requires_grad"}
 
 
@@ -1622,7 +1646,7 @@ class _Flow:
         risky = {"cpu", "devvar"} & named
         distinct = {s for s in per_el}
         if risky and len(distinct) >= 2:
-            places = {("unknown device" if not s else "/".join(sorted(o.removeprefix("o:") for o in s)))
+            places = {" or ".join(sorted(_PLACE_WORDS[o] for o in s)) if s else "wherever its input is"
                       for s in per_el}
             self.mixed_cats.append((e, places))
 

@@ -26,8 +26,9 @@ from graph.state import PortState
 NODES = ("planner", "environment", "code_reader", "patcher", "executor", "validator", "debugger", "tuner", "reporter")
 
 
-def build_graph() -> StateGraph[Any]:
-    g: StateGraph[Any] = StateGraph(PortState)
+def build_graph() -> Any:
+    # Nodes take the state as a plain dict; typing them against PortState adds nothing here.
+    g: Any = StateGraph(PortState)
     g.add_node("planner", planner_node)
     g.add_node("environment", environment_node)
     g.add_node("code_reader", code_reader_node)

@@ -7,6 +7,7 @@ otherwise the plain process sandbox is used and the result says so.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import resource
@@ -83,19 +84,16 @@ def _preexec(limits: Limits):  # type: ignore[no-untyped-def]
         resource.setrlimit(resource.RLIMIT_AS, (limits.address_space_mb * mb, limits.address_space_mb * mb))
         resource.setrlimit(resource.RLIMIT_CPU, (limits.cpu_s, limits.cpu_s + 5))
         resource.setrlimit(resource.RLIMIT_FSIZE, (limits.file_size_mb * mb, limits.file_size_mb * mb))
-        try:
+        # root in some containers cannot lower NPROC below the current count
+        with contextlib.suppress(ValueError, OSError):
             resource.setrlimit(resource.RLIMIT_NPROC, (limits.max_procs, limits.max_procs))
-        except (ValueError, OSError):
-            pass  # root in some containers cannot lower NPROC below the current count
 
     return apply
 
 
 def _kill_group(proc: subprocess.Popen[bytes]) -> None:
-    try:
+    with contextlib.suppress(ProcessLookupError):
         os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
 
 
 class ProcessSandbox:

@@ -132,8 +132,8 @@ def install() -> None:
     def module_cuda(self: torch.nn.Module, device: Any = None) -> torch.nn.Module:
         return self
 
-    torch.Tensor.cuda = tensor_cuda  # type: ignore[method-assign]
-    torch.nn.Module.cuda = module_cuda  # type: ignore[method-assign]
+    torch.Tensor.cuda = tensor_cuda  # type: ignore[method-assign,assignment]
+    torch.nn.Module.cuda = module_cuda  # type: ignore[method-assign,assignment]
     cuda = torch.cuda
     cuda.is_available = lambda: True  # type: ignore[assignment]
     cuda.device_count = lambda: 1  # type: ignore[assignment]
@@ -145,7 +145,7 @@ def install() -> None:
     cuda.manual_seed_all = lambda seed: None  # type: ignore[assignment]
     cuda.get_device_name = lambda *a, **k: "cpu (npuport cuda->cpu redirect)"  # type: ignore[assignment]
     cuda.is_bf16_supported = lambda *a, **k: True  # type: ignore[assignment]
-    torch.autocast = _DisabledCudaAutocast  # type: ignore[misc]
-    torch.cuda.amp.autocast = _cuda_amp_autocast  # type: ignore[assignment]
+    torch.autocast = _DisabledCudaAutocast  # type: ignore[misc,assignment]
+    torch.cuda.amp.autocast = _cuda_amp_autocast  # type: ignore[misc,assignment]
     _active = CudaToCpuMode()
     _active.__enter__()

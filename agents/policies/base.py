@@ -6,6 +6,8 @@ records, so the graph does not care which one is in charge.
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Protocol
 
 from pydantic import BaseModel, Field
@@ -38,3 +40,25 @@ class Policy(Protocol):
 
     def fix_for(self, diagnosis: Diagnosis) -> FixAction | None:
         ...
+
+
+@dataclass(frozen=True)
+class PolicyContext:
+    """What a policy may look at besides its arguments: the port's workspace and how to run it.
+    The rule policy ignores it; the LLM policy's tools (read_file, grep, run_in_sandbox) need it."""
+
+    workdir: Path | None = None
+    entry: dict[str, Any] = field(default_factory=dict)
+    target: dict[str, Any] = field(default_factory=dict)
+    request: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def model_dir(self) -> Path | None:
+        return self.workdir / "model" if self.workdir else None
+
+
+def policy_context(state: dict[str, Any]) -> PolicyContext:
+    """The context of a port, from the graph state (nodes pass it to ``get_policy``)."""
+    workdir = state.get("workdir")
+    return PolicyContext(workdir=Path(workdir) if workdir else None, entry=dict(state.get("entry") or {}),
+                         target=dict(state.get("target") or {}), request=dict(state.get("request") or {}))
