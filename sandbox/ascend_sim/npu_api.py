@@ -1,0 +1,387 @@
+"""`torch.npu` and `torch_npu` modules: the API surface ported code calls, backed by the emulator."""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import sys
+import time
+import types
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+
+from . import fused_ops, messages
+from .device import RT, NpuTensor, wrap
+
+_DEVICE_STATE = {"current": 0, "peak": 0}
+
+
+# --- device API (torch.npu.*) -------------------------------------------------------------------------
+
+
+def is_available() -> bool:
+    return True
+
+
+def device_count() -> int:
+    return 1
+
+
+def _index(device: Any) -> int:
+    if device is None:
+        return 0
+    if isinstance(device, int):
+        return device
+    d = torch.device(device) if not isinstance(device, torch.device) else device
+    return d.index or 0
+
+
+def set_device(device: Any) -> None:
+    idx = _index(device)
+    if idx != 0:
+        # The format a real host gives for a bad device id (torch_npu error-code suffix).
+        raise RuntimeError(
+            "Initialize: NPU function error: c10_npu::SetDevice(device_id_), error code is 107001"
+            + messages.error_suffix(0, 100)
+            + f"\n[Error]: Invalid device ID. set drv device={idx}, valid device range is [0, 1)"
+        )
+    _DEVICE_STATE["current"] = idx
+
+
+def current_device() -> int:
+    return int(_DEVICE_STATE["current"])
+
+
+def synchronize(device: Any = None) -> None:
+    RT.rec.sync("synchronize", depth=3)
+
+
+def empty_cache() -> None:
+    return None
+
+
+def get_device_name(device: Any = None) -> str:
+    return RT.profile.device_name
+
+
+class _Props:
+    def __init__(self) -> None:
+        p = RT.profile
+        self.name = p.device_name
+        self.total_memory = p.memory_gib * 1024**3
+        self.cube_core_num = p.ai_cores
+        self.vector_core_num = p.ai_cores * 2
+
+    def __repr__(self) -> str:
+        return f"_NPUDeviceProperties(name='{self.name}', total_memory={self.total_memory // 1024**2}MB)"
+
+
+def get_device_properties(device: Any = None) -> _Props:
+    return _Props()
+
+
+def get_device_capability(device: Any = None) -> None:
+    return None  # real torch_npu returns None too
+
+
+def memory_allocated(device: Any = None) -> int:
+    """Bytes held by live npu tensors (approximation: walks the GC for NpuTensor storages)."""
+    seen: set[int] = set()
+    total = 0
+    for obj in gc.get_objects():
+        if type(obj) is NpuTensor:
+            st = obj.elem.untyped_storage()
+            ptr = st.data_ptr()
+            if ptr not in seen:
+                seen.add(ptr)
+                total += st.nbytes()
+    _DEVICE_STATE["peak"] = max(_DEVICE_STATE["peak"], total)
+    return total
+
+
+def max_memory_allocated(device: Any = None) -> int:
+    return max(_DEVICE_STATE["peak"], memory_allocated())
+
+
+def memory_reserved(device: Any = None) -> int:
+    return memory_allocated()
+
+
+def max_memory_reserved(device: Any = None) -> int:
+    return max_memory_allocated()
+
+
+def reset_peak_memory_stats(device: Any = None) -> None:
+    _DEVICE_STATE["peak"] = 0
+
+
+def mem_get_info(device: Any = None) -> tuple[int, int]:
+    total = RT.profile.memory_gib * 1024**3
+    return total - memory_allocated(), total
+
+
+def manual_seed(seed: int) -> None:
+    # npu tensors draw from the CPU generator here. Not torch.manual_seed: that calls back into
+    # torch.npu.manual_seed_all.
+    torch.default_generator.manual_seed(int(seed))
+
+
+def manual_seed_all(seed: int) -> None:
+    torch.default_generator.manual_seed(int(seed))
+
+
+def seed() -> None:
+    torch.seed()
+
+
+def initial_seed() -> int:
+    return torch.initial_seed()
+
+
+def is_bf16_supported() -> bool:
+    return RT.profile.bf16
+
+
+def get_amp_supported_dtype() -> list[torch.dtype]:
+    return [torch.float16, torch.bfloat16] if RT.profile.bf16 else [torch.float16]
+
+
+def is_initialized() -> bool:
+    return True
+
+
+def _is_in_bad_fork() -> bool:
+    return False
+
+
+def set_compile_mode(jit_compile: bool = False) -> None:
+    return None  # kernels here are CPU kernels; nothing to compile
+
+
+@contextlib.contextmanager
+def device(idx: Any) -> Iterator[None]:
+    prev = current_device()
+    set_device(idx)
+    try:
+        yield
+    finally:
+        _DEVICE_STATE["current"] = prev
+
+
+class Event:
+    """Host-clock event: elapsed_time measures CPU execution (no async device here)."""
+
+    def __init__(
+        self, enable_timing: bool = False, blocking: bool = False, interprocess: bool = False
+    ) -> None:
+        self._t: float | None = None
+
+    def record(self, stream: Any = None) -> None:
+        self._t = time.perf_counter()
+
+    def synchronize(self) -> None:
+        return None
+
+    def query(self) -> bool:
+        return True
+
+    def wait(self, stream: Any = None) -> None:
+        return None
+
+    def elapsed_time(self, end: Event) -> float:
+        if self._t is None or end._t is None:
+            raise RuntimeError("Event was not recorded")
+        return (end._t - self._t) * 1000.0
+
+
+class Stream:
+    def __init__(self, device: Any = None, priority: int = 0) -> None:
+        self.device_index = 0
+
+    @property
+    def device(self) -> torch.device:
+        return torch.device("npu", 0)
+
+    def synchronize(self) -> None:
+        synchronize()
+
+    def wait_stream(self, other: Stream) -> None:
+        return None
+
+    def wait_event(self, event: Event) -> None:
+        return None
+
+    def record_event(self, event: Event | None = None) -> Event:
+        ev = event or Event()
+        ev.record()
+        return ev
+
+    def query(self) -> bool:
+        return True
+
+
+_DEFAULT_STREAM = Stream()
+
+
+def current_stream(device: Any = None) -> Stream:
+    return _DEFAULT_STREAM
+
+
+def default_stream(device: Any = None) -> Stream:
+    return _DEFAULT_STREAM
+
+
+@contextlib.contextmanager
+def stream(s: Any) -> Iterator[None]:
+    yield
+
+
+def _autocast(enabled: bool = True, dtype: torch.dtype = torch.float16, cache_enabled: bool = True) -> Any:
+    return torch.autocast(device_type="npu", dtype=dtype, enabled=enabled, cache_enabled=cache_enabled)
+
+
+class _GradScaler(torch.amp.GradScaler):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.pop("device", None)
+        super().__init__("npu", *args, **kwargs)
+
+
+_API = (
+    "is_available",
+    "device_count",
+    "set_device",
+    "current_device",
+    "synchronize",
+    "empty_cache",
+    "get_device_name",
+    "get_device_properties",
+    "get_device_capability",
+    "memory_allocated",
+    "max_memory_allocated",
+    "memory_reserved",
+    "max_memory_reserved",
+    "reset_peak_memory_stats",
+    "mem_get_info",
+    "manual_seed",
+    "manual_seed_all",
+    "seed",
+    "initial_seed",
+    "is_bf16_supported",
+    "get_amp_supported_dtype",
+    "is_initialized",
+    "_is_in_bad_fork",
+    "set_compile_mode",
+    "device",
+    "Event",
+    "Stream",
+    "current_stream",
+    "default_stream",
+    "stream",
+)
+
+
+def _make_npu_module() -> types.ModuleType:
+    mod = types.ModuleType("torch_npu.npu")
+    for name in _API:
+        setattr(mod, name, globals()[name])
+    amp = types.ModuleType("torch_npu.npu.amp")
+    amp.autocast = _autocast  # type: ignore[attr-defined]
+    amp.GradScaler = _GradScaler  # type: ignore[attr-defined]
+    mod.amp = amp  # type: ignore[attr-defined]
+    config = types.SimpleNamespace(allow_internal_format=False)
+    mod.config = config  # type: ignore[attr-defined]
+    mod.matmul = types.SimpleNamespace(allow_hf32=False)  # type: ignore[attr-defined]
+    mod.conv = types.SimpleNamespace(allow_hf32=True)  # type: ignore[attr-defined]
+    mod.Event = Event  # type: ignore[attr-defined]
+    mod.Stream = Stream  # type: ignore[attr-defined]
+    return mod
+
+
+# --- torch_npu custom ops -----------------------------------------------------------------------------
+
+
+def _custom(name: str, ref: Callable[..., Any]) -> Callable[..., Any]:
+    """Wrap a CPU reference so it takes npu tensors, returns npu tensors and counts as one NPU op."""
+    op_key = f"npu::{name}"
+
+    def call(*args: Any, **kwargs: Any) -> Any:
+        RT.custom_counts[op_key] = RT.custom_counts.get(op_key, 0) + 1
+        state: dict[str, Any] = {"npu": False, "cpu": None}
+        uargs = [_unwrap(a, state) for a in args]
+        ukw = {k: _unwrap(v, state) for k, v in kwargs.items()}
+        if state["npu"] and state["cpu"] is not None:
+            raise RuntimeError(messages.device_mismatch("npu:0", state["cpu"].device))
+        if state["npu"]:
+            _check_custom_dtypes(name, uargs, ukw)
+        out = ref(*uargs, **ukw)
+        return _rewrap(out) if state["npu"] else out
+
+    call.__name__ = name
+    call.__qualname__ = name
+    call.__doc__ = ref.__doc__
+    return call
+
+
+def _unwrap(a: Any, state: dict[str, Any]) -> Any:
+    if type(a) is NpuTensor:
+        state["npu"] = True
+        return a.elem
+    if isinstance(a, torch.Tensor):
+        if a.dim() > 0 and state["cpu"] is None:
+            state["cpu"] = a
+        return a
+    return a
+
+
+def _check_custom_dtypes(name: str, uargs: list[Any], ukw: dict[str, Any]) -> None:
+    if RT.profile.bf16:
+        return
+    for a in [*uargs, *ukw.values()]:
+        if isinstance(a, torch.Tensor) and a.dtype is torch.bfloat16:
+            exec_name = "aclnn" + "".join(p.capitalize() for p in name.removeprefix("npu_").split("_"))
+            allowed = [torch.float32, torch.float16]
+            raise RuntimeError(messages.dtype_not_supported(exec_name, "x", torch.bfloat16, allowed))
+
+
+def _rewrap(out: Any) -> Any:
+    if isinstance(out, torch.Tensor):
+        return wrap(out)
+    if isinstance(out, tuple):
+        return tuple(_rewrap(o) for o in out)
+    return out
+
+
+CUSTOM_OPS: dict[str, Callable[..., Any]] = {
+    "npu_fusion_attention": fused_ops.npu_fusion_attention,
+    "npu_prompt_flash_attention": fused_ops.npu_prompt_flash_attention,
+    "npu_rms_norm": fused_ops.npu_rms_norm,
+    "npu_rotary_mul": fused_ops.npu_rotary_mul,
+    "npu_moe_gating_top_k_softmax": fused_ops.npu_moe_gating_top_k_softmax,
+}
+
+
+def make_torch_npu(npu_mod: types.ModuleType, version: str) -> types.ModuleType:
+    tnpu = types.ModuleType("torch_npu")
+    tnpu.__version__ = version  # type: ignore[attr-defined]
+    tnpu.__file__ = __file__  # marks the emulator; real torch_npu lives in site-packages
+    tnpu.npu = npu_mod  # type: ignore[attr-defined]
+    tnpu._ascend_sim = True  # type: ignore[attr-defined]
+    for name, ref in CUSTOM_OPS.items():
+        setattr(tnpu, name, _custom(name, ref))
+    return tnpu
+
+
+def install_modules(version: str) -> tuple[types.ModuleType, types.ModuleType]:
+    npu_mod = sys.modules.get("torch_npu.npu")
+    tnpu = sys.modules.get("torch_npu")
+    if npu_mod is None or tnpu is None or not getattr(tnpu, "_ascend_sim", False):
+        npu_mod = _make_npu_module()
+        tnpu = make_torch_npu(npu_mod, version)
+        sys.modules["torch_npu"] = tnpu
+        sys.modules["torch_npu.npu"] = npu_mod
+        sys.modules["torch_npu.npu.amp"] = npu_mod.amp
+        sys.modules["torch.npu"] = npu_mod
+        sys.modules["torch.npu.amp"] = npu_mod.amp
+    return npu_mod, tnpu
