@@ -65,6 +65,8 @@ class RunSpec(BaseModel):
 
     method: str = Field(default="generate", pattern=r"^[A-Za-z_]\w*$")
     kwargs: dict[str, Any] = Field(default_factory=dict)
+    # The method called once per decode step (per-step op and host-sync counts); default: forward.
+    step: str | None = Field(default=None, pattern=r"^[A-Za-z_]\w*$")
 
 
 class Manifest(BaseModel):
@@ -92,6 +94,7 @@ class EntryInfo(BaseModel):
     decode_fn: str | None = None
     run_method: str = "generate"
     run_kwargs: dict[str, Any] = Field(default_factory=dict)
+    run_step: str | None = None
     shrink: dict[str, Any] = Field(default_factory=dict)
     assumptions: list[str] = Field(default_factory=list)
 
@@ -105,6 +108,8 @@ class EntryInfo(BaseModel):
         if self.decode_fn is not None:
             out["decode"] = self.decode_fn
         out["run"] = {"method": self.run_method, "kwargs": dict(self.run_kwargs)}
+        if self.run_step:
+            out["run"]["step"] = self.run_step
         out["shrink"] = dict(self.shrink)
         return out
 
@@ -164,7 +169,7 @@ def _from_manifest(root: Path) -> EntryInfo:
             _check_function(root, mod, fn, field=field)
     return EntryInfo(kind="manifest", name=m.name, module=module, module_file=module_file, class_name=cls,
                      config_path=m.config, inputs_fn=m.inputs, decode_fn=m.decode, run_method=m.run.method,
-                     run_kwargs=m.run.kwargs, shrink=m.shrink, assumptions=assumptions)
+                     run_kwargs=m.run.kwargs, run_step=m.run.step, shrink=m.shrink, assumptions=assumptions)
 
 
 def _from_auto_map(root: Path, config: dict[str, Any]) -> EntryInfo:

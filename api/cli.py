@@ -17,7 +17,6 @@ from rich.console import Console
 from rich.table import Table
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="Port PyTorch models to Huawei Ascend NPUs.")
-ops_app = typer.Typer(no_args_is_help=True, help="Op inventory of a model, and op-support matrices of torch_npu builds.")
 console = Console(highlight=False, soft_wrap=True)
 err = Console(stderr=True, highlight=False, soft_wrap=True)
 
@@ -141,28 +140,81 @@ def scan(
     console.print(f"entry: {entry if entry else entry_error}")
 
 
-@ops_app.command("matrix")
-def ops_matrix(
+@app.command()
+def ops(
+    what: Annotated[str, typer.Argument(help="a model folder, or 'matrix' to build a torch_npu op-support matrix")],
+    target: TargetOpt = "ascend-sim",
+    chip: ChipOpt = "910b",
     torch_npu: Annotated[str, typer.Option("--torch-npu", help="torch_npu version, e.g. 2.13.0")] = "2.13.0",
-    wheel: Annotated[Path | None, typer.Option(help="a local torch_npu .whl instead of downloading")] = None,
-    yaml: Annotated[list[Path] | None, typer.Option("--yaml", help="op-plugin op_plugin_functions yaml")] = None,
-    rebuild: Annotated[bool, typer.Option(help="rebuild even if a stored matrix exists")] = False,
-    as_json: Annotated[bool, typer.Option("--json")] = False,
+    strict: Annotated[bool, typer.Option(help="raise on CPU fallbacks (TORCH_NPU_FALLBACK_CPU_DISABLE=1)")] = False,
+    wheel: Annotated[Path | None, typer.Option(help="matrix: a local torch_npu .whl instead of downloading")] = None,
+    yaml: Annotated[list[Path] | None, typer.Option("--yaml", help="matrix: op-plugin op_plugin_functions yaml")] = None,
+    rebuild: Annotated[bool, typer.Option(help="matrix: rebuild even if a stored matrix exists")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="machine-readable output")] = False,
 ) -> None:
-    """Build the op-support matrix of a torch_npu build from its wheel (and op-plugin yaml) and summarise it."""
+    """Op inventory of a model on the target (NPU kernels, CPU fallbacks with call sites, dtype problems,
+    host syncs per step), or `ops matrix`: the op-support matrix of a torch_npu build."""
+    if what == "matrix":
+        _ops_matrix(torch_npu, wheel, list(yaml or []), rebuild, as_json)
+        return
+    model = Path(what)
+    if not model.is_dir():
+        raise _fail(f"{model} is not a model folder (or say 'matrix')", 1)
+    from agents.entry import EntryNotFound
+    from agents.inventory import op_inventory
+
+    try:
+        inv = op_inventory(model, target=target, chip=chip, torch_npu=torch_npu, strict=strict)
+    except EntryNotFound as exc:
+        raise _fail(f"cannot find how to run the model: {exc}", 1) from exc
+    if as_json:
+        sys.stdout.write(json.dumps(inv.as_dict(), indent=1, default=str) + "\n")
+    else:
+        _print_inventory(inv.as_dict())
+    if not inv.ok:
+        raise typer.Exit(1)
+
+
+def _print_inventory(inv: dict[str, Any]) -> None:
+    st = inv["op_stats"] or {}
+    console.print(f"[bold]op inventory[/] on {inv['target']} ({inv['reason']})")
+    console.print(f"chip {st.get('chip', '-')}, torch_npu {st.get('torch_npu', '-')}, matrix {st.get('matrix', '-')}")
+    if not inv["ok"]:
+        err.print(f"[red]the model failed on the target:[/] {inv['error']}")
+    npu_ops = st.get("npu_ops") or {}
+    console.print(f"ops with NPU kernels: {len(npu_ops)} distinct, {st.get('op_total', sum(npu_ops.values()))} calls")
+    fb = st.get("fallbacks") or {}
+    table = Table(title="CPU fallbacks")
+    for col in ("op", "calls", "call sites"):
+        table.add_column(col)
+    for op, info in sorted(fb.items()):
+        sites = ", ".join(f"{k} x{v}" for k, v in (info.get("sites") or {}).items())
+        table.add_row(op, str(info.get("count", "")), sites)
+    console.print(table if fb else "CPU fallbacks: none")
+    for ev in st.get("dtype_events") or []:
+        console.print(f"dtype: {ev.get('kind')} {ev.get('op')} {ev.get('dtype')} at {ev.get('site')} x{ev.get('count', 1)}")
+    syncs = st.get("host_syncs") or {}
+    console.print(f"host syncs: {syncs.get('total', 0)} in all")
+    for site, n in sorted((syncs.get("sites") or {}).items(), key=lambda kv: -kv[1]):
+        console.print(f"  {site} x{n}")
+    steps = st.get("steps") or []
+    if steps:
+        per = [s.get("host_syncs", 0) for s in steps]
+        console.print(f"per step ({len(steps)} steps): ops {steps[0].get('ops')}, host syncs {per}, "
+                      f"fallbacks {[s.get('fallbacks', 0) for s in steps]}")
+
+
+def _ops_matrix(torch_npu: str, wheel: Path | None, yaml: list[Path], rebuild: bool, as_json: bool) -> None:
     from knowledge import op_matrix
 
     try:
-        matrix = op_matrix.load_or_build(torch_npu, wheel=wheel, yaml_paths=list(yaml or []), rebuild=rebuild)
+        matrix = op_matrix.load_or_build(torch_npu, wheel=wheel, yaml_paths=yaml, rebuild=rebuild)
     except Exception as exc:
         raise _fail(f"cannot build the matrix for torch_npu {torch_npu}: {str(exc).splitlines()[0]}", 1) from exc
     if as_json:
         sys.stdout.write(json.dumps(matrix.summary(), indent=1, default=str) + "\n")
     else:
         console.print(op_matrix.format_summary(matrix))
-
-
-app.add_typer(ops_app, name="ops")
 
 
 def main() -> None:

@@ -90,6 +90,31 @@ def _frames(exc: BaseException, model_dir: Path) -> list[dict[str, Any]]:
     return out
 
 
+def _bracket_steps(model: Any, step_method: str | None, bootstrap: ModuleType) -> None:
+    """Per-step counters: bracket each call of the manifest's step method (one decode step), or each
+    top-level forward when the manifest names none."""
+    counter = {"n": 0}
+
+    def begin() -> None:
+        counter["n"] += 1
+        bootstrap.begin_step(f"step-{counter['n']}")
+
+    if step_method:
+        inner = getattr(model, step_method)
+
+        def stepped(*args: Any, **kwargs: Any) -> Any:
+            begin()
+            try:
+                return inner(*args, **kwargs)
+            finally:
+                bootstrap.end_step()
+
+        setattr(model, step_method, stepped)  # instance attribute: the class stays as written
+        return
+    model.register_forward_pre_hook(lambda _m, _a: begin())
+    model.register_forward_hook(lambda _m, _a, _o: bootstrap.end_step())
+
+
 def _to_device(value: Any, device: str) -> Any:
     import torch
 
@@ -135,22 +160,24 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
     try:
         if spec.get("threads"):
             torch.set_num_threads(int(spec["threads"]))
-        if spec.get("redirect") == "cuda->cpu":
-            from sandbox import redirect
-
-            redirect.install()
         target = spec.get("target") or {}
         if target.get("bootstrap"):
             mod_name, _, fn_name = target["bootstrap"].partition(":")
             bootstrap = importlib.import_module(mod_name)
             getattr(bootstrap, fn_name)(target.get("options") or {})
+        redirect_to = (spec.get("redirect") or "").partition("->")[2]
+        if redirect_to:
+            # After the target's bootstrap, so cuda can be redirected to its device.
+            from sandbox import redirect
+
+            redirect.install(redirect_to)
         sys.path.insert(0, str(model_dir))
         config: dict[str, Any] = json.loads((model_dir / manifest.get("config", "config.json")).read_text())
         if spec.get("shrink"):
             config.update(manifest.get("shrink") or {})
         config.update(spec.get("config_overrides") or {})
         stubbed: list[str] = result["stubbed_modules"]
-        redirect_on = spec.get("redirect") == "cuda->cpu"
+        redirect_on = bool(redirect_to)
         cls = _import_with_stubs(lambda: _load_attr(manifest["entry"]["class"], model_dir), redirect_on, stubbed)
         torch.manual_seed(seed)
         model = cls(config)
@@ -166,18 +193,7 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
         kwargs = dict(run_cfg.get("kwargs") or {})
         kwargs.update(spec.get("run_kwargs") or {})
         if bootstrap is not None and hasattr(bootstrap, "begin_step"):
-            counter = {"n": 0}
-            b = bootstrap
-
-            def pre(_m: Any, _a: Any) -> None:
-                counter["n"] += 1
-                b.begin_step(f"forward-{counter['n']}")
-
-            def post(_m: Any, _a: Any, _o: Any) -> None:
-                b.end_step()
-
-            model.register_forward_pre_hook(pre)
-            model.register_forward_hook(post)
+            _bracket_steps(model, run_cfg.get("step"), bootstrap)
         captured: dict[str, Any] = {}
         handles = []
         for name in spec.get("capture") or []:

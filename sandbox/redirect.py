@@ -86,66 +86,87 @@ def _is_cuda(device: Any) -> bool:
     return False
 
 
-def _to_cpu(device: Any) -> Any:
-    return torch.device("cpu") if _is_cuda(device) else device
+class CudaRedirectMode(TorchFunctionMode):
+    """Rewrites every ``device=`` argument (and ``Tensor.to``'s positional device) from cuda to the
+    redirect's device."""
 
+    def __init__(self, device: str) -> None:
+        super().__init__()
+        self.device = torch.device(device)
 
-class CudaToCpuMode(TorchFunctionMode):
-    """Rewrites every ``device=`` argument (and ``Tensor.to``'s positional device) from cuda to cpu."""
+    def _map(self, device: Any) -> Any:
+        return self.device if _is_cuda(device) else device
 
     def __torch_function__(self, func: Callable[..., Any], types: Any, args: tuple[Any, ...] = (), kwargs: Any = None) -> Any:
         kwargs = dict(kwargs or {})
         if "device" in kwargs:
-            kwargs["device"] = _to_cpu(kwargs["device"])
+            kwargs["device"] = self._map(kwargs["device"])
         if args and func in (torch.Tensor.to, torch.Tensor.new_empty, torch.Tensor.new_zeros):
-            args = tuple(_to_cpu(a) if i > 0 else a for i, a in enumerate(args))
+            args = tuple(self._map(a) if i > 0 else a for i, a in enumerate(args))
         return func(*args, **kwargs)
 
 
-class _DisabledCudaAutocast(torch.autocast):
-    """torch.autocast that is a no-op for device_type='cuda' (reference numbers are float32)."""
-
-    def __init__(self, device_type: str, dtype: torch.dtype | None = None, enabled: bool = True,
-                 cache_enabled: bool | None = None) -> None:
-        if device_type == "cuda":
-            super().__init__("cpu", dtype=torch.bfloat16, enabled=False)
-        else:
-            super().__init__(device_type, dtype=dtype, enabled=enabled, cache_enabled=cache_enabled)
+_OriginalAutocast = torch.autocast
 
 
-def _cuda_amp_autocast(enabled: bool = True, dtype: torch.dtype = torch.float16, cache_enabled: bool = True) -> torch.autocast:
-    return torch.autocast("cpu", dtype=torch.bfloat16, enabled=False)
+def _autocast_class(device: str) -> type:
+    class RedirectedAutocast(_OriginalAutocast):  # type: ignore[misc,valid-type]
+        """CUDA autocast: switched off for the CPU reference (its numbers are float32), moved to the
+        NPU as transfer_to_npu does."""
+
+        def __init__(self, device_type: str, dtype: torch.dtype | None = None, enabled: bool = True,
+                     cache_enabled: bool | None = None) -> None:
+            if device_type == "cuda" and device == "cpu":
+                super().__init__("cpu", dtype=torch.bfloat16, enabled=False)
+            elif device_type == "cuda":
+                super().__init__(device, dtype=dtype, enabled=enabled, cache_enabled=cache_enabled)
+            else:
+                super().__init__(device_type, dtype=dtype, enabled=enabled, cache_enabled=cache_enabled)
+
+    return RedirectedAutocast
 
 
-_active: CudaToCpuMode | None = None
+_active: CudaRedirectMode | None = None
 
 
-def install() -> None:
-    """Install the redirect for the rest of this process (the harness process)."""
+def install(device: str = "cpu") -> None:
+    """Install the redirect cuda -> ``device`` ("cpu" for the reference run, "npu" for the op
+    inventory of an unported model, like torch_npu's transfer_to_npu) for the rest of this process."""
     global _active
     if _active is not None:
         return
+    autocast_cls = _autocast_class(device)
 
-    def tensor_cuda(self: torch.Tensor, device: Any = None, non_blocking: bool = False, **_: Any) -> torch.Tensor:
-        return self.to("cpu", non_blocking=non_blocking)
+    def tensor_cuda(self: torch.Tensor, device_: Any = None, non_blocking: bool = False, **_: Any) -> torch.Tensor:
+        return self.to(device, non_blocking=non_blocking)
 
-    def module_cuda(self: torch.nn.Module, device: Any = None) -> torch.nn.Module:
-        return self
+    def module_cuda(self: torch.nn.Module, device_: Any = None) -> torch.nn.Module:
+        return self.to(device)
+
+    def cuda_amp_autocast(enabled: bool = True, dtype: torch.dtype = torch.float16, cache_enabled: bool = True) -> Any:
+        return autocast_cls("cuda", dtype=dtype, enabled=enabled, cache_enabled=cache_enabled)
 
     torch.Tensor.cuda = tensor_cuda  # type: ignore[method-assign,assignment]
     torch.nn.Module.cuda = module_cuda  # type: ignore[method-assign,assignment]
     cuda = torch.cuda
-    cuda.is_available = lambda: True  # type: ignore[assignment]
-    cuda.device_count = lambda: 1  # type: ignore[assignment]
-    cuda.current_device = lambda: 0  # type: ignore[assignment]
-    cuda.set_device = lambda *a, **k: None  # type: ignore[assignment]
-    cuda.synchronize = lambda *a, **k: None  # type: ignore[assignment]
-    cuda.empty_cache = lambda: None  # type: ignore[assignment]
-    cuda.manual_seed = lambda seed: None  # type: ignore[assignment]
-    cuda.manual_seed_all = lambda seed: None  # type: ignore[assignment]
-    cuda.get_device_name = lambda *a, **k: "cpu (npuport cuda->cpu redirect)"  # type: ignore[assignment]
-    cuda.is_bf16_supported = lambda *a, **k: True  # type: ignore[assignment]
-    torch.autocast = _DisabledCudaAutocast  # type: ignore[misc,assignment]
-    torch.cuda.amp.autocast = _cuda_amp_autocast  # type: ignore[misc,assignment]
-    _active = CudaToCpuMode()
+    npu = getattr(torch, "npu", None) if device == "npu" else None
+    if npu is not None:
+        for name in ("is_available", "device_count", "current_device", "set_device", "synchronize", "empty_cache",
+                     "manual_seed", "manual_seed_all", "get_device_name", "is_bf16_supported"):
+            if hasattr(npu, name):
+                setattr(cuda, name, getattr(npu, name))
+    else:
+        cuda.is_available = lambda: True  # type: ignore[assignment]
+        cuda.device_count = lambda: 1  # type: ignore[assignment]
+        cuda.current_device = lambda: 0  # type: ignore[assignment]
+        cuda.set_device = lambda *a, **k: None  # type: ignore[assignment]
+        cuda.synchronize = lambda *a, **k: None  # type: ignore[assignment]
+        cuda.empty_cache = lambda: None  # type: ignore[assignment]
+        cuda.manual_seed = lambda seed: None  # type: ignore[assignment]
+        cuda.manual_seed_all = lambda seed: None  # type: ignore[assignment]
+        cuda.get_device_name = lambda *a, **k: "cpu (npuport cuda->cpu redirect)"  # type: ignore[assignment]
+        cuda.is_bf16_supported = lambda *a, **k: True  # type: ignore[assignment]
+    torch.autocast = autocast_cls  # type: ignore[misc,assignment]
+    torch.cuda.amp.autocast = cuda_amp_autocast  # type: ignore[misc,assignment]
+    _active = CudaRedirectMode(device)
     _active.__enter__()

@@ -45,15 +45,18 @@ def run_harness(
     limits: Limits | None = None,
     sandbox: Sandbox | None = None,
     extra: dict[str, Any] | None = None,
+    redirect_cuda: bool = False,
 ) -> HarnessRun:
-    """Run the harness once. ``reference`` runs the original under the cuda -> cpu redirect."""
+    """Run the harness once. ``reference`` runs the original on the CPU under the cuda -> cpu
+    redirect; ``redirect_cuda`` runs unported code on the target with cuda redirected to its device
+    (what torch_npu's transfer_to_npu does), for an op inventory before porting."""
     run_dir.mkdir(parents=True, exist_ok=True)
     result_path = run_dir / "result.json"
     spec: dict[str, Any] = {
         "model_dir": str(model_dir.resolve()),
         "manifest": manifest,
         "device": "cuda" if reference else target.device,
-        "redirect": "cuda->cpu" if reference else None,
+        "redirect": "cuda->cpu" if reference else (f"cuda->{target.device.split(':')[0]}" if redirect_cuda else None),
         "target": None if reference else target.harness_target(),
         "seed": 0,
         "warmup": 0,

@@ -36,3 +36,18 @@ def npuport_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     home.mkdir()
     monkeypatch.setenv("NPUPORT_HOME", str(home))
     return home
+
+
+@pytest.fixture(scope="session")
+def session_home(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One npuport home for the session's tests that need the torch_npu 2.13.0 op-support matrix:
+    it is built once (from the wheel, cached in NPUPORT_WHEEL_CACHE) and reused."""
+    home = tmp_path_factory.mktemp("npuport-session-home")
+    os.environ.setdefault("NPUPORT_WHEEL_CACHE", str(Path.home() / ".cache" / "npuport-tests" / "wheels"))
+    return home
+
+
+@pytest.fixture()
+def sim_home(session_home: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setenv("NPUPORT_HOME", str(session_home))
+    return session_home
