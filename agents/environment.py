@@ -44,11 +44,11 @@ def environment_node(state: dict[str, Any]) -> dict[str, Any]:
     if target.name == "ascend-sim":
         path, note = matrix_for(req["torch_npu"])
         notes.append(note)
+        why = target.reason  # for auto: why the emulator was chosen
         target = resolve_target("ascend-sim", chip=req["chip"], torch_npu=req["torch_npu"], strict=req["strict"],
                                 matrix_path=path)
-        if req["target"] == "auto":
-            target = Target(target.name, target.device, target.bootstrap, target.options, target.env,
-                            reason=f"auto: no usable NPU here; using the emulator ({note})")
+        target = Target(target.name, target.device, target.bootstrap, target.options, target.env,
+                        reason=f"{why}; {note}")
     summary = f"target {target.name} on device {target.device}" + (f" ({target.reason})" if target.reason else "")
     return {"target": target_to_dict(target), "environment": {"notes": notes},
             "trace": [step("environment", summary, notes=notes)]}

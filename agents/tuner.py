@@ -1,25 +1,147 @@
-"""tuner: benchmarks the validated port and searches its configuration.
+"""tuner: benchmarks the validated port against the original as written and searches its
+configuration (batch size, dtype, attention implementation, torch.compile, threads, KV cache).
 
-The walking skeleton records the harness's own timings of the validated run and the reference
-run; the search over batch size, dtype, attention implementation, threads etc. plugs in here.
+Without ``tune`` in the request it records the harness timings of the validation runs. With it:
+constraints prune the target's space, npuport's search (agents/tuning/search.py) runs trials in the
+sandbox benchmark within the trial and time budgets, then the best configuration and the baseline
+(original, eager, batch 1, cuda->cpu redirect) are benchmarked at several concurrencies on the same
+host. Every trial lands in ``tuning.trials``.
 """
 
 from __future__ import annotations
 
+import json
+import os
+import platform
+import time
+from pathlib import Path
 from typing import Any
 
-from agents.models import Tuning
+from agents.environment import target_from_dict
+from agents.models import TrialRecord, Tuning
 from agents.trace import step
+from agents.tuning.constraints import NoFeasiblePoint
+from agents.tuning.measure import REPORT_CONCURRENCIES, TUNE_CONCURRENCY, PortBench, at, points_of
+from agents.tuning.search import Budget, Evaluate, TuneResult, npuport_search
+from agents.tuning.space import HostFacts, SearchSpace, model_facts, torch_space
+from agents.workspace import Workspace
+
+DEFAULT_TRIALS = 12
 
 
-def tuner_node(state: dict[str, Any]) -> dict[str, Any]:
+def budget_of(req: dict[str, Any]) -> Budget:
+    """Trials and seconds for the search: the request's ``tune_trials`` / ``tune_time_s`` when given,
+    else NPUPORT_TUNE_TRIALS / NPUPORT_TUNE_TIME_S, else 12 trials and half the port's wall budget."""
+    trials = req.get("tune_trials") or os.environ.get("NPUPORT_TUNE_TRIALS") or DEFAULT_TRIALS
+    secs = req.get("tune_time_s") or os.environ.get("NPUPORT_TUNE_TIME_S") or float(req.get("max_wall_s", 1800)) / 2
+    return Budget(max_trials=int(trials), max_seconds=float(secs))
+
+
+def facts_of(state: dict[str, Any]) -> HostFacts:
+    req = state["request"]
+    manifest = state.get("entry") or {}
+    model_dir = Path(state["workdir"]) / "model"
+    config_path = model_dir / manifest.get("config", "config.json")
+    config = json.loads(config_path.read_text()) if config_path.exists() else {}
+    facts = model_facts(config, has_custom_code=any(model_dir.glob("*.py")))
+    ref = (state.get("numerics") or {}).get("reference_tokens") or [[]]
+    facts.new_tokens = max(1, len(ref[0]))
+    return HostFacts(target=state["target"]["name"], chip=req.get("chip", "910b"), model=facts)
+
+
+def space_for(facts: HostFacts) -> SearchSpace:
+    # compile "reduce-overhead" is CUDA graphs; the constraint prunes it on the CPU, kept for npu.
+    return torch_space(facts, batches=[1, 2, 4, 8], compile_modes=["none", "default", "reduce-overhead"])
+
+
+def trial_records(result: TuneResult) -> list[TrialRecord]:
+    out = []
+    for t in result.trials:
+        o = t.outcome
+        parts = [t.note, f"{t.elapsed_s:.1f} s"]
+        if o.value is not None:
+            parts.append(f"spread {o.spread:.0%}")
+        if o.detail:
+            parts.append(o.detail[:300])
+        out.append(TrialRecord(id=f"trial-{t.index}", params=t.params, value=o.value, status=o.status,
+                               detail="; ".join(parts)))
+    return out
+
+
+def search(space: SearchSpace, facts: HostFacts, evaluate: Evaluate, budget: Budget) -> tuple[Tuning, TuneResult | None]:
+    """Run the search; an empty feasible space ends with status failed and the reason, nothing run."""
+    try:
+        result = npuport_search(space, facts, evaluate, budget)
+    except NoFeasiblePoint as exc:
+        return Tuning(status="failed", detail=str(exc)), None
+    tuning = Tuning(status="done" if result.best else "failed", trials=trial_records(result))
+    if result.best is None:
+        tuning.detail = f"no trial ran successfully ({len(result.trials)} tried; {result.stopped})"
+    else:
+        tuning.best = dict(result.best.params)
+    return tuning, result
+
+
+def _skeleton(state: dict[str, Any]) -> Tuning:
     runs = state.get("runs") or []
     port = next((r for r in reversed(runs) if r["purpose"] == "port" and r["ok"]), None)
     ref = next((r for r in runs if r["purpose"] == "reference" and r["ok"]), None)
-    tuning = Tuning(status="skipped", detail="tuning not requested" if not state["request"].get("tune")
-                    else "tuning is not available in this build; timings recorded from the validation runs")
+    tuning = Tuning(status="skipped", detail="tuning not requested; timings recorded from the validation runs")
     if port:
         tuning.tuned = {"run_s": (port.get("timings") or {}).get("run_s"), "target": port["target"]}
     if ref:
         tuning.baseline = {"run_s": (ref.get("timings") or {}).get("run_s"), "target": ref["target"]}
+    return tuning
+
+
+def tune_port(state: dict[str, Any], space: SearchSpace | None = None) -> Tuning:
+    req = state["request"]
+    ws = Workspace(Path(state["workdir"]))
+    original = ws.root / "original"
+    ws.original_tree(original)
+    target = target_from_dict(state["target"])
+    facts = facts_of(state)
+    space = space or space_for(facts)
+    ref_tokens = (state.get("numerics") or {}).get("reference_tokens")
+    bench = PortBench(workdir=ws.root, model_dir=ws.model_dir, original_dir=original, manifest=state["entry"],
+                      target=target, runs_dir=ws.runs_dir / "tuning", reference_tokens=ref_tokens,
+                      wall_s=float(req.get("run_timeout_s", 300)) * 2)
+    t0 = time.monotonic()
+    tuning, result = search(space, facts, bench.evaluator(), budget_of(req))
+    if result is None or not tuning.best:
+        return tuning
+    # Final measurements, same host, back to back: the tuned port and the original as written.
+    tuned_run = bench.port([{"id": "tuned", **tuning.best}], REPORT_CONCURRENCIES, "bench-tuned")
+    # The original serves one request at a time: its tokens/s hardly depends on concurrency, and each
+    # point costs concurrency x (warm-up + repeats) slow generations, so two points suffice.
+    base_run = bench.baseline(sorted({1, TUNE_CONCURRENCY}))
+    tuned_pts, base_pts = points_of(tuned_run), points_of(base_run)
+    host = {"machine": platform.machine(), "cores": facts.cores, "processor": platform.processor() or platform.machine()}
+    tuning.baseline = {"what": "original as written, eager, batch 1, cuda->cpu redirect, CPU float32",
+                       "config": {"batch": 1}, "target": "cpu (cuda->cpu redirect)", "points": base_pts,
+                       "tokens_per_s": at(base_pts, TUNE_CONCURRENCY),
+                       "error": "" if base_run.ok else base_run.error()}
+    tuned_tps = at(tuned_pts, TUNE_CONCURRENCY)
+    base_tps = tuning.baseline["tokens_per_s"]
+    tuning.tuned = {"config": tuning.best, "target": target.name, "points": tuned_pts, "tokens_per_s": tuned_tps,
+                    "concurrency": TUNE_CONCURRENCY, "speedup": (tuned_tps / base_tps) if tuned_tps and base_tps else None,
+                    "space": space.name, "stopped": result.stopped, "feasible_points": result.feasible,
+                    "pruned_points": result.pruned, "search_s": round(time.monotonic() - t0, 1), "host": host,
+                    "measured_on": f"{target.name} on this host ({host['machine']}, {host['cores']} cores)",
+                    "error": "" if tuned_run.ok else tuned_run.error()}
+    speed = f"{tuning.tuned['speedup']:.1f}x" if tuning.tuned["speedup"] else "n/a"
+    tuning.detail = (f"{len(tuning.trials)} trials ({result.stopped}); best {tuning.best}: "
+                     f"{tuned_tps or 0:.1f} tokens/s vs original {base_tps or 0:.1f} at concurrency {TUNE_CONCURRENCY} "
+                     f"({speed})")
+    return tuning
+
+
+def tuner_node(state: dict[str, Any]) -> dict[str, Any]:
+    if not (state.get("request") or {}).get("tune"):
+        tuning = _skeleton(state)
+    else:
+        try:
+            tuning = tune_port(state)
+        except Exception as exc:  # tuning must never lose a validated port
+            tuning = Tuning(status="failed", detail=f"tuning stopped: {type(exc).__name__}: {str(exc)[:300]}")
     return {"tuning": tuning.model_dump(mode="json"), "trace": [step("tuner", tuning.detail)]}

@@ -152,3 +152,21 @@ def test_full_output_folder(tmp_path: Path, npuport_home: Path) -> None:
     assert "Traceback" not in r.stderr
     fallback = next(npuport_home.glob("workspaces/*/bundle/report.json"))
     assert json.loads(fallback.read_text())["status"] == "failed"
+
+
+@pytest.mark.slow
+def test_port_ocr_mini_on_ascend_sim_via_auto(tmp_path: Path, sim_home: Path) -> None:
+    """No NPU here, so `auto` picks the emulator and says why; the port validates with no CPU fallbacks."""
+    model = EXAMPLES / "ocr_mini"
+    before = tree_digest(model)
+    out = tmp_path / "bundle"
+    r = npuport("port", str(model), "--target", "auto", "--out", str(out), home=sim_home)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "auto: torch_npu cannot be imported here" in r.stdout or "auto: torch_npu imports but sees no NPU" in r.stdout
+    report = _report(out)
+    assert report["target"]["name"] == "ascend-sim" and report["numerics"]["verdict"] == "match"
+    port_run = [x for x in report["runs"] if x["purpose"] == "port"][-1]
+    assert port_run["op_stats"]["target"] == "ascend-sim"
+    assert port_run["op_stats"]["matrix"].endswith("torch_npu-2.13.0.json")
+    assert port_run["op_stats"]["fallbacks"] == {}
+    assert tree_digest(model) == before

@@ -1,0 +1,1 @@
+"""Project data read at run time (compatibility tables)."""

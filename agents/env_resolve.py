@@ -1,0 +1,670 @@
+"""Environment resolution: which torch / torch_npu / CANN / vLLM / vllm-ascend / transformers a port
+runs on, what the model itself pins, where those disagree (in plain words), and the sandbox
+environment that honours the model's pins without touching the host's.
+
+The sandbox environment is a venv layered on the host: it sees every package the host sees (a
+``.pth`` file adds the host's site-packages and the npuport source root, after its own
+site-packages) and installs only the model's pins that the host does not satisfy. torch, torch_npu
+and vLLM are never installed there: the target decides them. Layered venvs are cached by a hash
+of what they install, under ``$NPUPORT_ENV_CACHE`` or ``$NPUPORT_HOME/envs``.
+
+    res = resolve(model_dir, "ascend-sim", "2.13.0")
+    python = ensure_env(res) or Path(sys.executable)   # run the harness with this interpreter
+"""
+
+from __future__ import annotations
+
+import ast
+import contextlib
+import fcntl
+import functools
+import hashlib
+import importlib.metadata as md
+import json
+import os
+import re
+import shlex
+import shutil
+import site
+import subprocess
+import sys
+import time
+import tomllib
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+from packaging.requirements import InvalidRequirement, Requirement
+from packaging.specifiers import SpecifierSet
+from packaging.utils import canonicalize_name
+from packaging.version import InvalidVersion, Version
+
+COMPAT_PATH = Path(__file__).with_name("data") / "compat.yaml"
+NPUPORT_ROOT = Path(__file__).resolve().parents[1]  # holds agents/, sandbox/, ... (goes on the env's path)
+MARKER = "npuport-env.json"
+NPU_TARGETS = ("npu", "ascend-sim", "auto")
+
+# The target decides these; a layered env never installs them (they come with the host or the NPU stack).
+FRAMEWORK = {"torch", "torchvision", "torchaudio", "torch-npu", "vllm", "vllm-ascend", "triton-ascend"}
+# Where a pin was found, most authoritative first (a lower rank wins a disagreement).
+_RANK = {"requirements": 0, "pyproject": 1, "setup.py": 1, "readme": 2}
+# pip options that take a value (so the value is not a requirement).
+_PIP_OPTS_WITH_VALUE = {
+    "-r", "--requirement", "-c", "--constraint", "-i", "--index-url", "--extra-index-url", "-f",
+    "--find-links", "-e", "--editable", "-t", "--target", "--prefix", "--root", "--trusted-host",
+    "--platform", "--python-version", "--implementation", "--abi", "--src", "--cache-dir", "--log",
+}
+_PIP_LINE = re.compile(r"\bpip3?(?:\.\d+)?\s+install\s+(?P<args>.+)")
+
+
+class EnvBuildError(RuntimeError):
+    """The layered environment could not be built (the message says what and why)."""
+
+
+@dataclass(frozen=True)
+class Pin:
+    name: str  # canonical name (PEP 503)
+    requirement: str  # as written, e.g. "transformers==4.46.3"
+    source: str  # "requirements.txt:3", "README.md:12", "setup.py", "pyproject.toml"
+    kind: str  # requirements | pyproject | setup.py | readme
+
+    @property
+    def specifier(self) -> SpecifierSet:
+        return Requirement(self.requirement).specifier
+
+
+@dataclass
+class Resolution:
+    model_dir: Path
+    target: str
+    torch_npu: str | None
+    stack: dict[str, str | None]  # python, torch, torch_npu, cann, transformers, vllm, vllm_ascend
+    pins: dict[str, str]  # canonical name -> requirement the port uses ("transformers==4.46.3")
+    found: list[Pin]  # every pin found in the model folder, with where
+    conflicts: list[str]  # plain words, one per conflict
+    notes: list[str]
+    dropped: dict[str, str]  # canonical name -> why it is not installed
+    install: list[str]  # requirements the layered env installs (the host does not satisfy them)
+    requirements_txt: str
+    constraints_txt: str
+    needs_layered_env: bool
+    host_python: str = field(default_factory=lambda: sys.executable)
+
+    @property
+    def env_key(self) -> str:
+        """Hash of what a layered env holds: its installs and the host it is layered on."""
+        doc = {
+            "install": sorted(self.install),
+            "python": sys.version,
+            "host": os.path.realpath(self.host_python),
+            "host_sites": host_site_dirs(),
+            "npuport_root": str(NPUPORT_ROOT),
+        }
+        return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()[:16]
+
+    def summary(self) -> str:
+        stack = ", ".join(f"{k} {v}" for k, v in self.stack.items() if v)
+        env = f"layered env installs {', '.join(self.install)}" if self.needs_layered_env else "host env suffices"
+        return f"{stack}; {env}; {len(self.conflicts)} conflict(s)"
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "target": self.target, "torch_npu": self.torch_npu, "stack": self.stack, "pins": self.pins,
+            "found": [vars(p) for p in self.found], "conflicts": self.conflicts, "notes": self.notes,
+            "dropped": self.dropped, "install": self.install, "needs_layered_env": self.needs_layered_env,
+            "env_key": self.env_key if self.needs_layered_env else None,
+        }
+
+
+# ---------------------------------------------------------------------------------------------
+# The compatibility table (project data)
+# ---------------------------------------------------------------------------------------------
+
+
+@functools.lru_cache(maxsize=4)
+def load_compat(path: Path = COMPAT_PATH) -> dict[str, Any]:
+    data: dict[str, Any] = yaml.safe_load(path.read_text())
+    return data
+
+
+def _release(version: str) -> str:
+    """'2.10.0.post4' -> '2.10.0'; '2.13.0+cpu' -> '2.13.0'."""
+    try:
+        return ".".join(str(p) for p in Version(version).release)
+    except InvalidVersion:
+        return version
+
+
+def _minor(version: str) -> tuple[int, int]:
+    release = Version(_release(version)).release
+    return release[0], release[1] if len(release) > 1 else 0
+
+
+def torch_npu_row(version: str, compat: dict[str, Any]) -> dict[str, Any] | None:
+    """The table's row for a torch_npu version; a bare release ('2.9.0') also matches its post builds."""
+    table: dict[str, dict[str, Any]] = compat["torch_npu"]
+    if version in table:
+        return {"version": version, **table[version]}
+    same = [(v, row) for v, row in table.items() if _release(v) == _release(version)]
+    if not same:
+        return None
+    cann = sorted({c for _, row in same for c in row.get("cann", [])})
+    return {"version": version, "torch": same[0][1]["torch"], "cann": cann,
+            "note": f"not in the table as such; builds of torch_npu {_release(version)} list CANN {', '.join(cann)}"}
+
+
+def companion_version(package: str, torch_version: str, compat: dict[str, Any]) -> str | None:
+    """torchvision / torchaudio release line ('0.28.*') that pairs with a torch release."""
+    rule = compat.get("torch_companions", {}).get(package)
+    if not rule:
+        return None
+    major, minor = _minor(torch_version)
+    if rule.get("same"):
+        return f"{major}.{minor}.*"
+    return f"0.{minor + int(rule['offset'])}.*" if major == 2 else None
+
+
+# ---------------------------------------------------------------------------------------------
+# The model's own pins
+# ---------------------------------------------------------------------------------------------
+
+
+def _parse_requirement(text: str) -> Requirement | None:
+    text = text.strip().strip("`'\"")
+    if not text or text.startswith(("-", ".", "/", "git+", "http")) or text.endswith((".whl", ".tar.gz", ".zip")):
+        return None
+    try:
+        req = Requirement(text)
+    except InvalidRequirement:
+        return None
+    if req.url or (req.marker is not None and not req.marker.evaluate()):
+        return None  # a direct URL is not a pin we can resolve; a false marker does not apply here
+    return req
+
+
+def _requirements_file(path: Path, model_dir: Path, kind: str, seen: set[Path]) -> list[Pin]:
+    if path in seen or not path.is_file():
+        return []
+    seen.add(path)
+    pins: list[Pin] = []
+    for n, raw in enumerate(path.read_text(errors="replace").splitlines(), 1):
+        line = raw.split(" #")[0].strip()
+        if line.startswith(("-r ", "--requirement ")):
+            pins += _requirements_file(path.parent / line.split(None, 1)[1], model_dir, kind, seen)
+            continue
+        req = _parse_requirement(line)
+        if req is not None:
+            rel = path.relative_to(model_dir) if path.is_relative_to(model_dir) else path
+            pins.append(Pin(canonicalize_name(req.name), str(req), f"{rel}:{n}", kind))
+    return pins
+
+
+def _readme_pins(path: Path, model_dir: Path, seen: set[Path]) -> list[Pin]:
+    pins: list[Pin] = []
+    for n, line in enumerate(path.read_text(errors="replace").splitlines(), 1):
+        match = _PIP_LINE.search(line)
+        if not match:
+            continue
+        args = re.split(r"&&|;|\||#|`\s|\\$", match["args"])[0]
+        try:
+            tokens = shlex.split(args)
+        except ValueError:
+            tokens = args.split()
+        skip_next = False
+        for token in tokens:
+            if skip_next:
+                skip_next = False
+                continue
+            if token in ("-r", "--requirement"):
+                idx = tokens.index(token)
+                if idx + 1 < len(tokens):
+                    pins += _requirements_file(model_dir / tokens[idx + 1], model_dir, "requirements", seen)
+            if token.split("=")[0] in _PIP_OPTS_WITH_VALUE:
+                skip_next = "=" not in token
+                continue
+            req = _parse_requirement(token)
+            if req is not None:
+                pins.append(Pin(canonicalize_name(req.name), str(req), f"{path.name}:{n}", "readme"))
+    return pins
+
+
+def _setup_py_pins(path: Path) -> list[Pin]:
+    try:
+        tree = ast.parse(path.read_text(errors="replace"))
+    except SyntaxError:
+        return []
+    lists = {
+        t.id: node.value
+        for node in tree.body
+        if isinstance(node, ast.Assign) and isinstance(node.value, ast.List | ast.Tuple)
+        for t in node.targets
+        if isinstance(t, ast.Name)
+    }
+    pins: list[Pin] = []
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Call):
+            continue
+        for kw in node.keywords:
+            if kw.arg != "install_requires":
+                continue
+            value = lists.get(kw.value.id) if isinstance(kw.value, ast.Name) else kw.value
+            for elt in getattr(value, "elts", []):
+                if isinstance(elt, ast.Constant) and isinstance(elt.value, str):
+                    req = _parse_requirement(elt.value)
+                    if req is not None:
+                        pins.append(Pin(canonicalize_name(req.name), str(req), f"setup.py:{elt.lineno}", "setup.py"))
+    return pins
+
+
+def _pyproject_pins(path: Path) -> list[Pin]:
+    try:
+        deps = tomllib.loads(path.read_text()).get("project", {}).get("dependencies", [])
+    except tomllib.TOMLDecodeError:
+        return []
+    reqs = [r for r in (_parse_requirement(d) for d in deps if isinstance(d, str)) if r is not None]
+    return [Pin(canonicalize_name(r.name), str(r), "pyproject.toml", "pyproject") for r in reqs]
+
+
+def find_pins(model_dir: Path) -> list[Pin]:
+    """Every version pin the model folder states: requirements files, setup.py / pyproject.toml
+    dependencies and ``pip install`` lines in its README."""
+    seen: set[Path] = set()
+    pins: list[Pin] = []
+    req_files = sorted(model_dir.glob("requirements*.txt")) + sorted(model_dir.glob("requirements/*.txt"))
+    for path in req_files:
+        pins += _requirements_file(path, model_dir, "requirements", seen)
+    if (model_dir / "pyproject.toml").is_file():
+        pins += _pyproject_pins(model_dir / "pyproject.toml")
+    if (model_dir / "setup.py").is_file():
+        pins += _setup_py_pins(model_dir / "setup.py")
+    for readme in sorted(model_dir.glob("README*")):
+        if readme.is_file():
+            pins += _readme_pins(readme, model_dir, seen)
+    return pins
+
+
+def saved_transformers_version(model_dir: Path) -> str | None:
+    """config.json's "transformers_version": the release the checkpoint was saved with (a hint)."""
+    path = model_dir / "config.json"
+    try:
+        value = json.loads(path.read_text()).get("transformers_version") if path.is_file() else None
+    except (json.JSONDecodeError, AttributeError):
+        return None
+    return str(value) if value else None
+
+
+# ---------------------------------------------------------------------------------------------
+# The host
+# ---------------------------------------------------------------------------------------------
+
+
+def host_version(name: str) -> str | None:
+    try:
+        return md.version(name)
+    except md.PackageNotFoundError:
+        return None
+
+
+def host_site_dirs() -> list[str]:
+    """The host interpreter's site-packages (what a layered env must also see)."""
+    return [d for d in site.getsitepackages() if os.path.isdir(d)]
+
+
+def detect_cann() -> str | None:
+    """The installed CANN toolkit's version, read from its install info (None without CANN)."""
+    roots = [os.environ.get(k) for k in ("ASCEND_TOOLKIT_HOME", "ASCEND_HOME_PATH")]
+    roots.append("/usr/local/Ascend/ascend-toolkit/latest")
+    for root in filter(None, roots):
+        for info in sorted(Path(root).glob("*/ascend_toolkit_install.info")) + [Path(root) / "version.cfg"]:
+            if info.is_file():
+                match = re.search(r"(?:^version=|_version=\[)([0-9][\w.]*)", info.read_text(errors="replace"), re.M)
+                if match:
+                    return match.group(1)
+    return None
+
+
+# ---------------------------------------------------------------------------------------------
+# Resolution
+# ---------------------------------------------------------------------------------------------
+
+
+def _cuda_only_reason(name: str, compat: dict[str, Any]) -> str | None:
+    for pattern, reason in compat.get("cuda_only", {}).items():
+        if name == pattern or (pattern.endswith("*") and name.startswith(pattern[:-1])):
+            return str(reason)
+    return None
+
+
+def _exact(spec: SpecifierSet) -> str | None:
+    """The version an exact pin names ('4.46.3' for '==4.46.3'), None otherwise."""
+    return next((s.version for s in spec if s.operator in ("==", "===") and "*" not in s.version), None)
+
+
+def _merge(name: str, pins: list[Pin], conflicts: list[str]) -> tuple[SpecifierSet, Pin]:
+    """One specifier per package. The most authoritative exact pin wins; sources that disagree
+    with it are reported and ignored."""
+    ranked = sorted(pins, key=lambda p: _RANK[p.kind])
+    exact = next((p for p in ranked if any(s.operator in ("==", "===") for s in p.specifier)), None)
+    lead = exact or ranked[0]
+    merged = SpecifierSet()
+    for pin in ranked:
+        if exact is not None and pin is not exact:
+            version = next(s.version for s in exact.specifier if s.operator in ("==", "==="))
+            if pin.specifier and not pin.specifier.contains(version.rstrip(".*"), prereleases=True):
+                conflicts.append(
+                    f"{exact.source} pins {exact.requirement} but {pin.source} asks for {pin.requirement}; "
+                    f"the port follows {exact.source}."
+                )
+                continue
+        merged &= pin.specifier
+    return merged, lead
+
+
+def _stack_for_target(
+    target: str, torch_npu: str | None, compat: dict[str, Any], conflicts: list[str], notes: list[str]
+) -> dict[str, str | None]:
+    py = f"{sys.version_info.major}.{sys.version_info.minor}"
+    host_torch = host_version("torch")
+    stack: dict[str, str | None] = {"python": py, "torch": host_torch and _release(host_torch),
+                                    "torch_npu": None, "cann": None}
+    if target not in NPU_TARGETS or not torch_npu:
+        notes.append(f"target {target} runs on the host's torch {host_torch}; no torch_npu or CANN involved.")
+        return stack
+    row = torch_npu_row(torch_npu, compat)
+    stack["torch_npu"] = torch_npu
+    if row is None:
+        conflicts.append(f"torch_npu {torch_npu} is not in the compatibility table, so its torch and CANN "
+                         "versions are unknown; pick a listed torch_npu release or add its row to agents/data/compat.yaml.")
+        return stack
+    need_torch = row["torch"]
+    stack["torch"] = need_torch
+    stack["cann"] = " or ".join(row["cann"]) or None
+    if row.get("note"):
+        notes.append(f"torch_npu {torch_npu}: {row['note']}.")
+    if host_torch and _release(host_torch) != need_torch:
+        where = ("the emulator runs it on the host's torch, so op coverage is that of the matrix but "
+                 "numerics are the host torch's" if target == "ascend-sim" else "install the matching torch")
+        conflicts.append(f"torch_npu {torch_npu} needs torch {need_torch}, but this host runs torch {host_torch} "
+                         f"({where}).")
+    pythons = compat.get("torch_python", {}).get(need_torch)
+    if pythons and py not in pythons:
+        conflicts.append(f"torch {need_torch} (for torch_npu {torch_npu}) supports Python {', '.join(pythons)}, "
+                         f"but this host runs Python {py}.")
+    cann = detect_cann()
+    if target == "ascend-sim":
+        needs = f"CANN {stack['cann']}" if stack["cann"] else "the CANN release its build names (not in the tables yet)"
+        notes.append(f"ascend-sim needs no CANN; a real Ascend host needs {needs} for torch_npu {torch_npu}.")
+    elif cann and row["cann"] and cann not in row["cann"]:
+        conflicts.append(f"torch_npu {torch_npu} is published for CANN {' or '.join(row['cann'])}, but the installed "
+                         f"CANN is {cann}; install a torch_npu build made for CANN {cann} or the matching CANN.")
+    elif cann:
+        stack["cann"] = cann
+    return stack
+
+
+def _framework_conflict(name: str, spec: SpecifierSet, lead: Pin, stack: dict[str, str | None],
+                        target: str, compat: dict[str, Any]) -> str | None:
+    """Plain words when a model pin on torch and friends disagrees with what the target runs."""
+    torch_v = stack.get("torch")
+    if not torch_v or not spec:
+        return None
+    if name == "torch" and not spec.contains(torch_v, prereleases=True):
+        who = f"torch_npu {stack['torch_npu']} needs torch {torch_v}" if stack.get("torch_npu") \
+            else f"the {target} target runs the host's torch {torch_v}"
+        return f"{who}, but the model pins {lead.requirement} ({lead.source}); the port runs on torch {torch_v}."
+    if name in ("torchvision", "torchaudio"):
+        line = companion_version(name, torch_v, compat)
+        if line and not spec.contains(line.replace(".*", ".0"), prereleases=True):
+            return (f"the model pins {lead.requirement} ({lead.source}), which is built for another torch; "
+                    f"torch {torch_v} pairs with {name} {line}, which the port uses.")
+    if name == "torch-npu" and stack.get("torch_npu") and not spec.contains(stack["torch_npu"] or "", prereleases=True):
+        return f"the model pins {lead.requirement} ({lead.source}) but the port targets torch_npu {stack['torch_npu']}."
+    return None
+
+
+def _vllm_ascend_for(vllm_spec: SpecifierSet | None, torch_npu: str | None,
+                     compat: dict[str, Any]) -> tuple[str, dict[str, Any]] | None:
+    rows: dict[str, dict[str, Any]] = compat.get("vllm_ascend", {})
+    ordered = sorted(rows.items(), key=lambda kv: Version(kv[0]), reverse=True)
+    if vllm_spec:
+        return next(((v, r) for v, r in ordered if vllm_spec.contains(r["vllm"], prereleases=True)), None)
+    if torch_npu:
+        return next(((v, r) for v, r in ordered if _release(r["torch_npu"]) == _release(torch_npu)), None)
+    return None
+
+
+def _resolve_vllm(merged: dict[str, tuple[SpecifierSet, Pin]], stack: dict[str, str | None],
+                  compat: dict[str, Any], conflicts: list[str], notes: list[str]) -> None:
+    if "vllm" not in merged and "vllm-ascend" not in merged:
+        return
+    vllm_spec = merged["vllm"][0] if "vllm" in merged else None
+    if "vllm-ascend" in merged and merged["vllm-ascend"][0]:
+        spec = merged["vllm-ascend"][0]
+        hit = next(((v, r) for v, r in compat.get("vllm_ascend", {}).items()
+                    if spec.contains(v, prereleases=True)), None)
+    else:
+        hit = _vllm_ascend_for(vllm_spec, None if vllm_spec else stack.get("torch_npu"), compat)
+    if hit is None:
+        newest_v, newest = max(compat["vllm_ascend"].items(), key=lambda kv: Version(kv[0]))
+        wanted = f"vLLM {vllm_spec}" if vllm_spec else f"torch_npu {stack.get('torch_npu')}"
+        conflicts.append(
+            f"no published vllm-ascend release pairs with {wanted} (the newest, v{newest_v}, runs vLLM "
+            f"{newest['vllm']} on torch {newest['torch']} / torch_npu {newest['torch_npu']} and CANN {newest['cann']}); "
+            "serving with vLLM on Ascend needs that stack."
+        )
+        return
+    version, row = hit
+    stack["vllm"], stack["vllm_ascend"] = row["vllm"], version
+    notes.append(f"vllm-ascend {version} plugs into vLLM {row['vllm']} and was tested on torch_npu {row['torch_npu']}, "
+                 f"CANN {row['cann']}, Python {row['python']}.")
+    if stack.get("torch_npu") and _release(row["torch_npu"]) != _release(stack["torch_npu"] or ""):
+        conflicts.append(f"vllm-ascend {version} (for vLLM {row['vllm']}) needs torch_npu {row['torch_npu']} with "
+                         f"torch {row['torch']}, but the port targets torch_npu {stack['torch_npu']}; serve the port "
+                         "with that stack, or run it without vLLM.")
+    py = stack.get("python") or ""
+    if not SpecifierSet(row["python"]).contains(py + ".0"):
+        conflicts.append(f"vllm-ascend {version} supports Python {row['python']}, but this host runs Python {py}.")
+    needs_tf = compat.get("vllm", {}).get(row["vllm"], {}).get("transformers")
+    if needs_tf and "transformers" in merged:
+        spec, lead = merged["transformers"]
+        exact = _exact(spec)
+        if exact and not SpecifierSet(needs_tf).contains(exact, prereleases=True):
+            conflicts.append(f"the model pins {lead.requirement} ({lead.source}) but vLLM {row['vllm']} "
+                             f"(for vllm-ascend {version}) needs transformers{needs_tf}; the sandbox keeps the model's "
+                             "pin, and serving it with vLLM needs the model ported to a newer transformers.")
+
+
+def resolve(model_dir: Path, target: str, torch_npu: str | None) -> Resolution:
+    """Resolve the environment a port of ``model_dir`` runs in for ``target`` (cpu | ascend-sim | npu
+    | auto) on ``torch_npu`` (a torch_npu release such as "2.13.0")."""
+    model_dir = Path(model_dir).resolve()
+    compat = load_compat()
+    conflicts: list[str] = []
+    notes: list[str] = []
+    stack = _stack_for_target(target, torch_npu, compat, conflicts, notes)
+
+    found = find_pins(model_dir)
+    by_name: dict[str, list[Pin]] = {}
+    for pin in found:
+        by_name.setdefault(pin.name, []).append(pin)
+    merged = {name: _merge(name, pins, conflicts) for name, pins in by_name.items()}
+
+    pins: dict[str, str] = {}
+    dropped: dict[str, str] = {}
+    install: list[str] = []
+    for name, (spec, lead) in sorted(merged.items()):
+        req = Requirement(lead.requirement)
+        extras = f"[{','.join(sorted(req.extras))}]" if req.extras else ""
+        requirement = f"{name}{extras}{spec}"
+        cuda = _cuda_only_reason(name, compat)
+        if cuda:
+            dropped[name] = f"CUDA-only ({cuda})"
+            conflicts.append(f"the model needs {lead.requirement} ({lead.source}), which is CUDA-only ({cuda}) and "
+                             "cannot run on Ascend; it is left out and the port removes or replaces its uses (H3).")
+            continue
+        if name in FRAMEWORK:
+            problem = _framework_conflict(name, spec, lead, stack, target, compat)
+            if problem:
+                conflicts.append(problem)
+            dropped[name] = "decided by the target (never installed into the sandbox env)"
+            continue
+        pins[name] = requirement
+        have = host_version(name)
+        if have is None or (spec and not spec.contains(have, prereleases=True)):
+            install.append(requirement)
+            host = f"the host has {have}" if have else "the host does not have it"
+            notes.append(f"{requirement} ({lead.source}): {host}; installed into the layered environment.")
+    _resolve_vllm(merged, stack, compat, conflicts, notes)
+
+    host_tf = host_version("transformers")
+    tf_exact = _exact(merged["transformers"][0]) if "transformers" in pins else None
+    stack["transformers"] = tf_exact or host_tf
+    saved = saved_transformers_version(model_dir)
+    if saved and "transformers" not in pins and host_tf and _minor(saved)[0] != _minor(host_tf)[0]:
+        notes.append(f"config.json was saved with transformers {saved} and the host has {host_tf}; if the model "
+                     "uses private transformers APIs (H8), pin transformers in its requirements.txt.")
+
+    requirements_txt, constraints_txt = _bundle_files(target, stack, pins, compat)
+    return Resolution(
+        model_dir=model_dir, target=target, torch_npu=stack.get("torch_npu"), stack=stack, pins=pins,
+        found=found, conflicts=conflicts, notes=notes, dropped=dropped, install=install,
+        requirements_txt=requirements_txt, constraints_txt=constraints_txt, needs_layered_env=bool(install),
+    )
+
+
+def _bundle_files(target: str, stack: dict[str, str | None], pins: dict[str, str],
+                  compat: dict[str, Any]) -> tuple[str, str]:
+    """requirements.txt (what the port needs) and constraints.txt (the versions it was validated
+    with) for the bundle."""
+    header = f"# Generated by npuport for target {target}"
+    if stack.get("torch_npu"):
+        header += f", torch_npu {stack['torch_npu']}" + (f" (CANN {stack['cann']})" if stack.get("cann") else "")
+    req_lines = [header]
+    con_lines = [header]
+    torch_v = stack.get("torch")
+    if torch_v:
+        req_lines.append(f"torch=={torch_v}")
+        con_lines.append(f"torch=={torch_v}")
+        for companion in ("torchvision", "torchaudio"):
+            line = companion_version(companion, torch_v, compat)
+            if line:
+                con_lines.append(f"{companion}=={line}")
+    if stack.get("torch_npu"):
+        req_lines.append(f"torch-npu=={stack['torch_npu']}")
+        con_lines.append(f"torch-npu=={stack['torch_npu']}")
+    if stack.get("vllm_ascend"):
+        req_lines.append(f"vllm-ascend=={stack['vllm_ascend']}")
+        con_lines.append(f"vllm=={stack['vllm']}")
+    for name, requirement in sorted(pins.items()):
+        req_lines.append(requirement)
+        exact = _exact(Requirement(requirement).specifier)
+        if exact:
+            con_lines.append(f"{name}=={exact}")
+    return "\n".join(req_lines) + "\n", "\n".join(con_lines) + "\n"
+
+
+# ---------------------------------------------------------------------------------------------
+# The layered environment
+# ---------------------------------------------------------------------------------------------
+
+
+def env_cache_root() -> Path:
+    env = os.environ.get("NPUPORT_ENV_CACHE")
+    if env:
+        root = Path(env).expanduser()
+    else:
+        from knowledge.home import cache_dir
+
+        root = cache_dir("envs")
+    root.mkdir(parents=True, exist_ok=True)
+    return root
+
+
+def env_python(env_dir: Path) -> Path:
+    return env_dir / "bin" / "python"
+
+
+@contextlib.contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    with path.open("w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)  # two ports building the same env wait for each other
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _layer_pth(env_dir: Path) -> Path:
+    """The .pth that layers the env on the host: the host's site-packages (processed as site dirs, so
+    their own .pth files work) after the env's own, and the npuport source root for the harness."""
+    purelib = subprocess.run(
+        [str(env_python(env_dir)), "-I", "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        capture_output=True, text=True, check=True,
+    ).stdout.strip()
+    sites = host_site_dirs()
+    pth = Path(purelib) / "_npuport_layer.pth"
+    pth.write_text(
+        f"import site; list(map(site.addsitedir, {sites!r}))\n"
+        f"{NPUPORT_ROOT}\n"
+    )
+    return pth
+
+
+def _run_pip(python: Path, install: list[str], constraints: Path, timeout_s: float) -> subprocess.CompletedProcess[str]:
+    argv = [str(python), "-m", "pip", "install", "--no-input", "--disable-pip-version-check",
+            "-c", str(constraints), *install]
+    return subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s)
+
+
+def ensure_env(resolution: Resolution, cache_root: Path | None = None, timeout_s: float = 900.0) -> Path | None:
+    """The python of the layered venv for ``resolution`` (built once, then reused), or None when the
+    host already satisfies every pin. Raises EnvBuildError when installing fails."""
+    if not resolution.needs_layered_env:
+        return None
+    root = cache_root or env_cache_root()
+    root.mkdir(parents=True, exist_ok=True)
+    env_dir = root / resolution.env_key
+    with _locked(root / f"{resolution.env_key}.lock"):
+        if (env_dir / MARKER).is_file() and env_python(env_dir).exists():
+            return env_python(env_dir)
+        shutil.rmtree(env_dir, ignore_errors=True)  # a build that died half way
+        try:
+            _build(env_dir, resolution, timeout_s)
+        except BaseException:
+            shutil.rmtree(env_dir, ignore_errors=True)
+            raise
+    return env_python(env_dir)
+
+
+def _build(env_dir: Path, resolution: Resolution, timeout_s: float) -> None:
+    host = Path(resolution.host_python)
+    # --without-pip: pip comes from the host's site-packages through the layer .pth.
+    made = subprocess.run([str(host), "-m", "venv", "--without-pip", str(env_dir)], capture_output=True, text=True)
+    if made.returncode != 0:
+        raise EnvBuildError(f"could not create a venv at {env_dir}: {made.stderr.strip()[-800:]}")
+    _layer_pth(env_dir)
+    # Keep the host's torch stack as it is: the model's pins must not move it.
+    keep = [f"{n}=={v}" for n in sorted(FRAMEWORK) if (v := host_version(n))]
+    constraints = env_dir / "npuport-constraints.txt"
+    constraints.write_text("\n".join(keep) + "\n")
+    start = time.monotonic()
+    try:
+        done = _run_pip(env_python(env_dir), resolution.install, constraints, timeout_s)
+    except subprocess.TimeoutExpired as exc:
+        raise EnvBuildError(f"installing {', '.join(resolution.install)} into the layered environment took longer "
+                            f"than {timeout_s:g} s and was stopped") from exc
+    if done.returncode != 0:
+        tail = "\n".join((done.stderr or done.stdout).strip().splitlines()[-8:])
+        raise EnvBuildError(
+            f"could not install {', '.join(resolution.install)} into the layered environment at {env_dir} "
+            f"(pip exit {done.returncode}); the model's pins may not exist for Python "
+            f"{sys.version_info.major}.{sys.version_info.minor}, may need torch other than the host's, or the "
+            f"package registry may be unreachable:\n{tail}"
+        )
+    (env_dir / MARKER).write_text(json.dumps({
+        "key": resolution.env_key, "install": resolution.install, "host_python": resolution.host_python,
+        "host_sites": host_site_dirs(), "npuport_root": str(NPUPORT_ROOT),
+        "built_s": round(time.monotonic() - start, 1), "model_dir": str(resolution.model_dir),
+    }, indent=1))

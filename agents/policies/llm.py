@@ -1,0 +1,761 @@
+"""The LLM policy, and the hybrid policy that escalates to it when no recipe helps.
+
+The LLM (``langchain_openai.ChatOpenAI`` against any OpenAI-compatible endpoint) decides; our code
+acts. Each question is one conversation: a system prompt from ``agents/prompts/<agent>.md``, the
+facts, and tools (read_file, grep, search_kb, run_in_sandbox) that our code executes with bounded
+output. The answer is a pydantic record, offered to the model as one more tool (so it can answer in
+the same turn as it reads), with ``with_structured_output`` as the fallback when it stops calling
+tools. Every answer is validated before it is accepted, and an invalid one goes back to the model
+with the reason: codemods must exist and change something, edits must stay in the workspace, apply
+cleanly and leave code that parses. Usage is counted from the responses against a token budget
+per port; when it is spent the policy stops and says so.
+
+LLM edits reach the patcher as the codemod ``llm-edit`` (registered in ``agents.codemods``) with
+params ``{"edits": [{"file", "search", "replace"}, ...]}``; unified diffs are turned into the same
+search/replace blocks.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal, TypeVar, cast
+
+from pydantic import BaseModel, Field, ValidationError
+
+from agents.debugger import classify
+from agents.llm_settings import LLMSettings
+from agents.models import Citation, Diagnosis, Finding, HazardCategory, Severity, StructuredException
+from agents.policies.base import FixAction, PolicyContext
+from agents.policies.rule import RulePolicy
+from agents.policies.tools import ToolBox, ToolError, resolve_in
+
+if TYPE_CHECKING:
+    from langchain_core.language_models import BaseChatModel
+    from langchain_core.messages import AIMessage, BaseMessage
+
+    from agents.codemods import CodemodResult
+
+PROMPTS_DIR = Path(__file__).resolve().parents[1] / "prompts"
+LLM_EDIT = "llm-edit"
+_META_PARAMS = ("by", "llm_tokens", "rationale", "budget_exhausted")  # diagnosis params that are not codemod params
+A = TypeVar("A", bound=BaseModel)
+
+
+def load_prompt(agent: str) -> str:
+    """The system prompt of an agent: agents/prompts/<agent>.md."""
+    path = PROMPTS_DIR / f"{agent}.md"
+    if not path.is_file():
+        raise FileNotFoundError(f"no prompt for agent {agent!r} at {path}")
+    return path.read_text(encoding="utf-8")
+
+
+# --------------------------------------------------------------------------------------------- edits
+
+
+class SearchReplace(BaseModel):
+    """Replace one exact, unique block of a model file."""
+
+    file: str = Field(description="file path relative to the model root")
+    search: str = Field(description="the exact current text (whole lines, as read_file shows them, "
+                                    "without the line-number prefix); it must occur exactly once")
+    replace: str = Field(description="the new text for that block")
+
+
+class LLMEdit(BaseModel):
+    """An edit as search/replace blocks and/or a unified diff (``--- a/f`` / ``+++ b/f`` / ``@@`` hunks)."""
+
+    edits: list[SearchReplace] = Field(default_factory=list)
+    diff: str | None = None
+
+    def blocks(self) -> list[SearchReplace]:
+        return [*self.edits, *(diff_to_edits(self.diff) if self.diff else [])]
+
+
+class LLMEditError(ValueError):
+    pass
+
+
+@dataclass
+class EditResult:
+    """What ``apply_llm_edit`` did, shaped like ``agents.codemods.CodemodResult`` (per file)."""
+
+    changed: bool
+    files: list[str] = field(default_factory=list)
+    edits: list[str] = field(default_factory=list)  # "file line N: replaced K line(s) with M"
+    errors: list[str] = field(default_factory=list)
+    sources: dict[str, str] = field(default_factory=dict)  # file -> new source
+
+    @property
+    def ok(self) -> bool:
+        return not self.errors
+
+
+_HUNK = re.compile(r"^@@ -\d+(?:,\d+)? \+\d+(?:,\d+)? @@")
+_LINE_NO = re.compile(r"^\s*\d+\| ?")
+
+
+def diff_to_edits(diff: str) -> list[SearchReplace]:
+    """A unified diff as search/replace blocks: each hunk's old side (context and removed lines) is
+    replaced by its new side (context and added lines). Line numbers are not trusted, context is."""
+    out: list[SearchReplace] = []
+    file: str | None = None
+    old: list[str] = []
+    new: list[str] = []
+    in_hunk = False
+
+    def flush() -> None:
+        if in_hunk and file and (old or new):
+            out.append(SearchReplace(file=file, search="".join(old), replace="".join(new)))
+
+    for line in diff.splitlines():
+        if line.startswith("+++ "):
+            flush()
+            in_hunk, old, new = False, [], []
+            path = line[4:].split("\t")[0].strip()
+            file = path[2:] if path.startswith(("a/", "b/")) else path
+        elif line.startswith("--- ") and not in_hunk:
+            continue
+        elif _HUNK.match(line):
+            flush()
+            in_hunk, old, new = True, [], []
+        elif in_hunk and line.startswith("\\"):
+            continue  # "\ No newline at end of file"
+        elif in_hunk:
+            tag, text = (line[0], line[1:]) if line else (" ", "")
+            if tag in (" ", "-"):
+                old.append(text + "\n")
+            if tag in (" ", "+"):
+                new.append(text + "\n")
+            if tag not in (" ", "-", "+"):
+                raise LLMEditError(f"not a unified diff line: {line[:80]!r}")
+        elif line.strip() and not line.startswith(("diff ", "index ", "new file", "deleted file")):
+            raise LLMEditError(f"not a unified diff line: {line[:80]!r}")
+    flush()
+    if not out:
+        raise LLMEditError("the diff holds no hunks")
+    return out
+
+
+def _strip_line_numbers(text: str) -> str:
+    """Models often copy read_file's '   12| ' prefixes into the search text; drop them when every line has one."""
+    lines = text.splitlines(keepends=True)
+    if lines and all(_LINE_NO.match(ln) for ln in lines if ln.strip()):
+        return "".join(_LINE_NO.sub("", ln, count=1) for ln in lines)
+    return text
+
+
+def apply_blocks(source: str, blocks: Sequence[SearchReplace], file: str) -> tuple[str, list[str]]:
+    """Apply search/replace blocks to one file's source, in order; raise LLMEditError when one does not
+    match exactly once. Returns the new source and one note per block."""
+    notes: list[str] = []
+    for i, b in enumerate(blocks, 1):
+        search = b.search
+        if source.count(search) != 1 and search.strip():
+            search = _strip_line_numbers(search)
+        if not search.strip():
+            raise LLMEditError(f"{file}: block {i} has an empty search text")
+        hits = source.count(search)
+        if hits == 0:
+            raise LLMEditError(f"{file}: block {i}'s search text is not in the file (copy it exactly, "
+                               f"whitespace included): {search.strip().splitlines()[0][:100]!r}")
+        if hits > 1:
+            raise LLMEditError(f"{file}: block {i}'s search text occurs {hits} times; add lines around it "
+                               "so it is unique")
+        line = source[: source.index(search)].count("\n") + 1
+        source = source.replace(search, b.replace, 1)
+        notes.append(f"line {line}: replaced {len(search.splitlines())} line(s) with "
+                     f"{len(b.replace.splitlines())} (LLM edit)")
+    return source, notes
+
+
+def _check_parses(file: str, source: str) -> None:
+    if not file.endswith(".py"):
+        return
+    import libcst as cst
+
+    try:
+        cst.parse_module(source)
+    except cst.ParserSyntaxError as exc:
+        raise LLMEditError(f"{file}: the edited file does not parse: {str(exc).splitlines()[0]}") from None
+
+
+def apply_llm_edit(workspace_model_dir: Path, edit: LLMEdit | dict[str, Any], *, write: bool = True) -> EditResult:
+    """Validate an LLM edit against the workspace and (with ``write``) apply it: every file must be a
+    file inside the workspace, every block must match exactly once, and every edited Python file
+    must parse with libcst. All or nothing: nothing is written unless every file passes."""
+    edit = edit if isinstance(edit, LLMEdit) else LLMEdit.model_validate(edit)
+    try:
+        blocks = edit.blocks()
+    except LLMEditError as exc:
+        return EditResult(False, errors=[str(exc)])
+    if not blocks:
+        return EditResult(False, errors=["the edit holds no search/replace blocks and no diff"])
+    by_file: dict[str, list[SearchReplace]] = {}
+    for b in blocks:
+        by_file.setdefault(b.file.replace("\\", "/"), []).append(b)
+    result = EditResult(False)
+    for rel, file_blocks in by_file.items():
+        try:
+            path = resolve_in(workspace_model_dir, rel)
+            if not path.is_file():
+                raise LLMEditError(f"{rel}: no such file in the workspace (edits may not create files)")
+            old = path.read_text(encoding="utf-8")
+            new, notes = apply_blocks(old, file_blocks, rel)
+            _check_parses(rel, new)
+        except (LLMEditError, ToolError, UnicodeDecodeError) as exc:
+            result.errors.append(str(exc))
+            continue
+        if new != old:
+            result.sources[rel] = new
+            result.files.append(rel)
+            result.edits.extend(f"{rel} {n}" for n in notes)
+    if result.errors:
+        return EditResult(False, errors=result.errors)
+    if not result.sources:
+        return EditResult(False, errors=["the edit changes nothing"])
+    if write:
+        for rel, new in result.sources.items():
+            resolve_in(workspace_model_dir, rel).write_text(new, encoding="utf-8")
+    result.changed = True
+    return result
+
+
+def llm_edit_codemod(source: str, *, edits: list[dict[str, Any]], file: str | None = None, **_: Any) -> CodemodResult:
+    """The ``llm-edit`` codemod: apply the search/replace blocks meant for ``file`` to its source.
+
+    When the caller does not say which file this is (``file=None``), the blocks whose search text is
+    in this source are applied. An edit that does not apply cleanly or does not parse leaves the
+    source unchanged (the patcher then commits nothing and reports that nothing changed).
+    """
+    from agents.codemods import CodemodResult
+
+    blocks = [SearchReplace.model_validate(e) for e in edits]
+    if file is not None:
+        mine = [b for b in blocks if b.file.replace("\\", "/") == file]
+    else:
+        mine = [b for b in blocks if b.search in source or _strip_line_numbers(b.search) in source]
+    if not mine:
+        return CodemodResult(source, False)
+    name = file or mine[0].file
+    try:
+        new, notes = apply_blocks(source, mine, name)
+        _check_parses(name, new)
+    except LLMEditError as exc:
+        return CodemodResult(source, False, [f"rejected: {exc}"])
+    return CodemodResult(new, new != source, notes)
+
+
+# ------------------------------------------------------------------------------------------- answers
+
+
+class FixProposal(BaseModel):
+    """The fix: an existing codemod (name it, with its params and file) OR an edit (search/replace
+    blocks or a unified diff)."""
+
+    codemod: str | None = Field(default=None, description="name of an existing codemod, or null for an edit")
+    codemod_params: dict[str, Any] = Field(default_factory=dict, description="e.g. {'line': 12} for align-devices")
+    file: str | None = Field(default=None, description="the file the codemod rewrites")
+    edits: list[SearchReplace] = Field(default_factory=list)
+    diff: str | None = Field(default=None, description="a unified diff, instead of or besides edits")
+
+
+class DiagnosisAnswer(BaseModel):
+    """Your diagnosis of the failed run and the fix to make (fix null when you know none)."""
+
+    kind: str = Field(description="short failure class, e.g. 'unsupported-layout', 'npu-dtype'")
+    summary: str = Field(description="one or two sentences: what fails, where, and why")
+    file: str | None = Field(default=None, description="model file of the cause, relative to the model root")
+    line: int | None = None
+    fix: FixProposal | None = None
+    citations: list[str] = Field(default_factory=list, description="cites from search_kb, e.g. 'recipe:H5'")
+
+
+class PlannedFix(BaseModel):
+    """One patch: a codemod over the findings it fixes, or an edit for findings no codemod fixes."""
+
+    codemod: str | None = Field(default=None, description="an existing codemod's name, or null for an edit")
+    finding_ids: list[str] = Field(default_factory=list)
+    summary: str = ""
+    edits: list[SearchReplace] = Field(default_factory=list)
+    diff: str | None = None
+
+
+class FixPlan(BaseModel):
+    """The patches to make before the first run, in the order to apply them."""
+
+    fixes: list[PlannedFix] = Field(default_factory=list)
+
+
+class GoalAnswer(BaseModel):
+    """The port request the user's goal asks for; null for what the goal does not say."""
+
+    model_path: str | None = None
+    target: Literal["cpu", "ascend-sim", "npu", "auto"] | None = None
+    chip: Literal["910b", "a3", "310p"] | None = None
+    objective: Literal["throughput", "latency", "correctness"] | None = None
+    tune: bool | None = None
+
+
+class ReviewedFinding(BaseModel):
+    hazard: str = Field(description="H1..H11")
+    rule: str = Field(description="short machine name, e.g. 'layout-assumption'")
+    file: str
+    line: int
+    message: str
+    category: HazardCategory
+    severity: Severity
+
+
+class ReviewAnswer(BaseModel):
+    """Hazards the static scan missed (an empty list when there are none)."""
+
+    findings: list[ReviewedFinding] = Field(default_factory=list)
+
+
+class TrialsAnswer(BaseModel):
+    """Configurations to try next, each a dict of parameter -> value from the search space."""
+
+    trials: list[dict[str, Any]] = Field(default_factory=list)
+
+
+# -------------------------------------------------------------------------------------------- budget
+
+
+class BudgetExhausted(RuntimeError):
+    pass
+
+
+class AnswerRejected(RuntimeError):
+    pass
+
+
+class TokenBudget:
+    """Tokens spent by the LLM on one port. With a ledger file (in the workspace) the count survives
+    across graph nodes, each of which builds a fresh policy, and across resumes."""
+
+    def __init__(self, limit: int, ledger: Path | None = None) -> None:
+        self.limit = limit
+        self.ledger = ledger
+        self._used = 0
+        if ledger and ledger.is_file():
+            try:
+                self._used = int(json.loads(ledger.read_text()).get("tokens", 0))
+            except (ValueError, AttributeError):
+                self._used = 0
+
+    @property
+    def used(self) -> int:
+        return self._used
+
+    @property
+    def exhausted(self) -> bool:
+        return self._used >= self.limit
+
+    def add(self, tokens: int) -> None:
+        self._used += max(0, tokens)
+        if self.ledger and self.ledger.parent.is_dir():
+            self.ledger.write_text(json.dumps({"tokens": self._used, "limit": self.limit}))
+
+    def check(self) -> None:
+        if self.exhausted:
+            raise BudgetExhausted(f"the LLM token budget of {self.limit} tokens is spent ({self._used} used)")
+
+
+def tokens_of(ai: AIMessage, sent: Sequence[BaseMessage]) -> int:
+    """Tokens of one exchange from the response's usage; a character estimate when the server sends none."""
+    usage = ai.usage_metadata
+    if usage and usage.get("total_tokens"):
+        return int(usage["total_tokens"])
+    chars = sum(len(str(m.content)) for m in sent) + len(str(ai.content)) + len(json.dumps(ai.tool_calls, default=str))
+    return chars // 4 + 1
+
+
+# -------------------------------------------------------------------------------------------- policy
+
+
+def _codemod_catalogue() -> dict[str, tuple[str, str]]:
+    from agents.codemods import CODEMODS
+
+    return {name: (hazard, desc) for name, (_fn, hazard, desc) in CODEMODS.items() if name != LLM_EDIT}
+
+
+def _catalogue_text() -> str:
+    return "\n".join(f"- {n} ({h}): {d}" for n, (h, d) in _codemod_catalogue().items())
+
+
+def _exception_text(exc: StructuredException) -> str:
+    frames = "\n".join(f"  {'[model] ' if f.in_model else ''}{f.file}:{f.line} in {f.func}: {f.code}" for f in exc.frames[-12:])
+    return f"{exc.type}: {exc.message[:2000]}\nframes (innermost last):\n{frames or '  (none)'}"
+
+
+class LLMPolicy:
+    """Decides with an LLM. ``chat_model`` (any langchain chat model with tool calling) replaces the
+    ChatOpenAI built from the settings; ``context`` attaches the port's workspace to the tools."""
+
+    name = "llm"
+
+    def __init__(self, settings: LLMSettings | None = None, chat_model: BaseChatModel | None = None,
+                 context: PolicyContext | None = None, toolbox: ToolBox | None = None) -> None:
+        self.settings = settings or LLMSettings()
+        self.context = context or PolicyContext()
+        self._chat = chat_model
+        model_dir = self.context.model_dir
+        self.toolbox = toolbox or ToolBox(
+            model_dir=model_dir if model_dir and model_dir.is_dir() else None,
+            scratch_dir=self.context.workdir / "llm_scratch" if self.context.workdir else None,
+            max_chars=self.settings.tool_output_chars, sandbox_timeout_s=self.settings.sandbox_timeout_s,
+            max_sandbox_calls=self.settings.max_sandbox_calls)
+        ledger = self.context.workdir / "llm_usage.json" if self.context.workdir else None
+        self.budget = TokenBudget(self.settings.token_budget, ledger)
+
+    # ----------------------------------------------------------------------------- plumbing
+
+    def chat_model(self) -> BaseChatModel:
+        if self._chat is None:
+            s = self.settings
+            if not s.configured:
+                raise RuntimeError("no LLM is configured: set NPUPORT_LLM_BASE_URL and NPUPORT_LLM_MODEL")
+            from langchain_openai import ChatOpenAI
+
+            key = s.api_key.get_secret_value() if s.api_key else "not-needed"  # local servers ignore it
+            self._chat = ChatOpenAI(model=s.model or "", base_url=s.base_url, api_key=key,  # type: ignore[arg-type]
+                                    temperature=s.temperature, timeout=s.timeout_s, max_retries=s.max_retries,
+                                    max_completion_tokens=s.max_completion_tokens, stream_usage=True)
+        return self._chat
+
+    def _invoke(self, runnable: Any, messages: list[BaseMessage]) -> AIMessage:
+        self.budget.check()
+        ai = runnable.invoke(messages)
+        self.budget.add(tokens_of(ai, messages))
+        return ai
+
+    def ask(self, agent: str, question: str, schema: type[A],
+            validate: Callable[[A], list[str]] | None = None, tools: bool = True) -> A:
+        """One conversation: tools until the model answers with ``schema``; invalid answers go back
+        with the reasons. Raises BudgetExhausted or AnswerRejected."""
+        from langchain_core.messages import HumanMessage, SystemMessage, ToolMessage
+
+        model = self.chat_model()
+        check = validate or (lambda _a: [])
+        messages: list[BaseMessage] = [SystemMessage(load_prompt(agent)), HumanMessage(question)]
+        answer_name = schema.__name__
+        rejected = 0
+        problems: list[str] = []
+        if tools:
+            bound = model.bind_tools([*self.toolbox.openai_tools(), schema])
+            for _ in range(self.settings.max_tool_rounds):
+                ai = self._invoke(bound, messages)
+                messages.append(ai)
+                if not ai.tool_calls and not ai.invalid_tool_calls:
+                    break
+                for bad in ai.invalid_tool_calls:
+                    messages.append(ToolMessage(f"error: the arguments of {bad.get('name')} are not valid JSON",
+                                                tool_call_id=bad.get("id") or ""))
+                for call in ai.tool_calls:
+                    if call["name"] != answer_name:
+                        messages.append(ToolMessage(self.toolbox.run(call["name"], call["args"]),
+                                                    tool_call_id=call["id"] or ""))
+                        continue
+                    answer, problems = _parse(schema, call["args"], check)
+                    if answer is not None:
+                        return answer
+                    rejected += 1
+                    messages.append(ToolMessage(_rejection(problems), tool_call_id=call["id"] or ""))
+                if rejected > self.settings.max_answer_retries:
+                    raise AnswerRejected("; ".join(problems))
+        # The model stopped calling tools (or used up its rounds): ask for the structured answer.
+        structured = model.with_structured_output(schema, method=self.settings.structured_method, include_raw=True)
+        messages.append(HumanMessage(f"Give your answer now as {answer_name}."))
+        for _ in range(self.settings.max_answer_retries + 1):
+            self.budget.check()
+            out = cast(dict[str, Any], structured.invoke(messages))  # include_raw: raw, parsed, parsing_error
+            raw = out["raw"]
+            self.budget.add(tokens_of(raw, messages))
+            parsed = out.get("parsed")
+            if parsed is not None:
+                answer, problems = _parse(schema, parsed.model_dump() if isinstance(parsed, BaseModel) else parsed, check)
+                if answer is not None:
+                    return answer
+            else:
+                problems = [f"the answer does not match {answer_name}: {str(out.get('parsing_error'))[:300]}"]
+            messages.append(raw)
+            if raw.tool_calls:
+                messages.extend(ToolMessage(_rejection(problems), tool_call_id=c["id"] or "") for c in raw.tool_calls)
+            else:
+                messages.append(HumanMessage(_rejection(problems)))
+        raise AnswerRejected("; ".join(problems))
+
+    # ----------------------------------------------------------------------------- validation
+
+    def _check_fix(self, fix: FixProposal | PlannedFix, fallback_file: str | None = None) -> list[str]:
+        catalogue = _codemod_catalogue()
+        if fix.codemod:
+            if fix.codemod not in catalogue:
+                return [f"unknown codemod {fix.codemod!r}; choose from {', '.join(catalogue)} or give an edit"]
+            file = getattr(fix, "file", None) or fallback_file
+            if isinstance(fix, FixProposal):
+                if not file:
+                    return [f"name the file that {fix.codemod} rewrites"]
+                return self._dry_run_codemod(fix.codemod, file, fix.codemod_params)
+            return []
+        edit = LLMEdit(edits=fix.edits, diff=fix.diff)
+        if not edit.edits and not edit.diff:
+            return ["the fix names neither a codemod nor an edit"]
+        model_dir = self.toolbox.model_dir
+        if model_dir is None:
+            try:  # no workspace to check against: the patcher validates when it applies the edit
+                edit.blocks()
+            except LLMEditError as exc:
+                return [str(exc)]
+            return []
+        return apply_llm_edit(model_dir, edit, write=False).errors
+
+    def _dry_run_codemod(self, codemod: str, file: str, params: dict[str, Any]) -> list[str]:
+        from agents.codemods import CODEMODS
+
+        model_dir = self.toolbox.model_dir
+        if model_dir is None:
+            return []
+        try:
+            path = resolve_in(model_dir, file)
+            result = CODEMODS[codemod][0](path.read_text(encoding="utf-8"), **params)
+        except (ToolError, OSError, TypeError, ValueError) as exc:
+            return [f"{codemod} on {file}: {exc}"]
+        except Exception as exc:  # noqa: BLE001 - a codemod's own failure (e.g. a parse error) goes back to the model
+            return [f"{codemod} cannot rewrite {file}: {type(exc).__name__}: {str(exc).splitlines()[0][:200]}"]
+        return [] if result.changed else [f"{codemod} changes nothing in {file}; propose an edit instead"]
+
+    # ----------------------------------------------------------------------------- Policy protocol
+
+    def plan_fixes(self, findings: list[Finding]) -> list[FixAction]:
+        """Patches before the first run. When the LLM cannot answer (budget, service), the rule plan."""
+        if not findings:
+            return []
+        known = {f.id: f for f in findings}
+
+        def check(plan: FixPlan) -> list[str]:
+            problems = []
+            for i, fx in enumerate(plan.fixes, 1):
+                unknown = [fid for fid in fx.finding_ids if fid not in known]
+                if unknown:
+                    problems.append(f"fix {i}: unknown finding ids {unknown}")
+                if fx.codemod and not fx.finding_ids:
+                    problems.append(f"fix {i}: a codemod fix must name the findings it fixes")
+                problems += [f"fix {i}: {p}" for p in self._check_fix(fx)]
+            return problems
+
+        table = "\n".join(f"- {f.id}: {f.hazard}/{f.rule} at {f.file}:{f.line} [{f.category}, {f.severity}, "
+                          f"{'codemod exists' if f.fixable else 'no codemod'}] {f.message} | {f.snippet[:120]}"
+                          for f in findings)
+        question = (f"Findings of the static scan:\n{table}\n\nCodemods:\n{_catalogue_text()}\n\n"
+                    "Plan the patches to make before the first run.")
+        try:
+            plan = self.ask("patcher", question, FixPlan, check)
+        except Exception:  # noqa: BLE001 - budget, service or answers: the offline plan still ports known hazards
+            return RulePolicy().plan_fixes(findings)
+        actions = []
+        for fx in plan.fixes:
+            hits = [known[i] for i in fx.finding_ids]
+            cites = list({c.source: c for f in hits for c in f.citations}.values()) or [
+                Citation(source=f"recipe:{h}") for h in sorted({f.hazard for f in hits})]
+            if fx.codemod:
+                files = sorted({f.file for f in hits})
+                actions.append(FixAction(codemod=fx.codemod, files=files, finding_ids=fx.finding_ids,
+                                         summary=fx.summary or f"{fx.codemod}: {len(hits)} finding(s)", citations=cites))
+            else:
+                blocks = LLMEdit(edits=fx.edits, diff=fx.diff).blocks()
+                actions.append(FixAction(codemod=LLM_EDIT, files=sorted({b.file for b in blocks}),
+                                         params={"edits": [b.model_dump() for b in blocks]}, finding_ids=fx.finding_ids,
+                                         summary=fx.summary or "LLM edit", citations=cites))
+        return actions
+
+    def diagnose(self, run_id: str, exception: StructuredException, history: list[Diagnosis],
+                 rule_reading: Diagnosis | None = None) -> Diagnosis:
+        sig = classify(exception)
+        frame = sig.frame
+        base = Diagnosis(id=f"diag-{len(history) + 1}", run_id=run_id, signature=sig.key, kind=sig.kind,
+                         summary=sig.summary, file=frame.file if frame else None, line=frame.line if frame else None,
+                         params={"by": "llm"})
+        tries = [d for d in history if d.signature == sig.key and d.params.get("by") == "llm" and d.fix]
+        if len(tries) >= self.settings.max_fix_attempts:
+            base.summary = (f"{sig.summary}; the same failure came back after {len(tries)} LLM fix(es), "
+                            "so the LLM makes no progress on it")
+            return base
+        earlier = "\n".join(f"- {d.id}: {d.signature}: {d.summary} (fix: {d.fix}"
+                            + (f", edits {json.dumps(d.params.get('edits'))[:600]}" if d.params.get("edits") else "")
+                            + ")" for d in history[-6:]) or "none"
+        question = (f"Run {run_id} of the port failed.\n\n{_exception_text(exception)}\n\n"
+                    f"npuport's classifier: {sig.kind} ({sig.key}): {sig.summary}\n"
+                    + (f"The offline rules say: {rule_reading.summary}\n" if rule_reading else "")
+                    + f"\nEarlier diagnoses of this port:\n{earlier}\n\nCodemods:\n{_catalogue_text()}\n\n"
+                    "Find the cause in the model's files and propose a fix.")
+        start = self.budget.used
+
+        def check(ans: DiagnosisAnswer) -> list[str]:
+            return self._check_fix(ans.fix, ans.file or base.file) if ans.fix else []
+
+        try:
+            ans = self.ask("debugger", question, DiagnosisAnswer, check)
+        except BudgetExhausted as exc:
+            base.summary = f"{sig.summary}; {exc}, so the LLM policy stops"
+            base.params.update(budget_exhausted=True, llm_tokens=self.budget.used - start)
+            return base
+        except Exception as exc:  # noqa: BLE001 - an unreachable service or unusable answers end in a report, not a crash
+            base.summary = f"{sig.summary}; the LLM gave no usable fix ({type(exc).__name__}: {str(exc)[:200]})"
+            base.params["llm_tokens"] = self.budget.used - start
+            return base
+        return self._diagnosis_from(base, ans, self.budget.used - start)
+
+    def _diagnosis_from(self, base: Diagnosis, ans: DiagnosisAnswer, tokens: int) -> Diagnosis:
+        params: dict[str, Any] = {"by": "llm", "llm_tokens": tokens}
+        fix: str | None = None
+        file = ans.file or base.file
+        fx = ans.fix
+        if fx and fx.codemod:
+            fix, file = fx.codemod, fx.file or file
+            params.update(fx.codemod_params)
+        elif fx:
+            fix = LLM_EDIT
+            blocks = LLMEdit(edits=fx.edits, diff=fx.diff).blocks()
+            params["edits"] = [b.model_dump() for b in blocks]
+            file = blocks[0].file
+        return base.model_copy(update={
+            "kind": ans.kind or base.kind, "summary": ans.summary or base.summary, "file": file,
+            "line": ans.line if ans.line is not None else base.line, "fix": fix, "params": params,
+            "citations": [Citation(source=c) for c in ans.citations]})
+
+    def fix_for(self, diagnosis: Diagnosis) -> FixAction | None:
+        if not diagnosis.fix:
+            return None
+        params = {k: v for k, v in diagnosis.params.items() if k not in _META_PARAMS}
+        if diagnosis.fix == LLM_EDIT:
+            files = sorted({e["file"] for e in params.get("edits") or []})
+        else:
+            files = [diagnosis.file] if diagnosis.file else []
+        if not files:
+            return None
+        return FixAction(codemod=diagnosis.fix, files=files, params=params, diagnosis_id=diagnosis.id,
+                         summary=f"{diagnosis.fix}: {diagnosis.summary}", citations=diagnosis.citations)
+
+    # ----------------------------------------------------------------------------- other agents
+
+    def understand_goal(self, goal: str) -> dict[str, Any]:
+        """planner: the request fields a goal text asks for (only those it states). A model path must
+        appear in the goal, so the model cannot invent one."""
+        def check(ans: GoalAnswer) -> list[str]:
+            if ans.model_path and ans.model_path not in goal:
+                return [f"{ans.model_path!r} is not in the goal; copy the path exactly or give null"]
+            return []
+
+        ans = self.ask("planner", f"Goal: {goal}", GoalAnswer, check, tools=False)
+        return ans.model_dump(exclude_none=True)
+
+    def review_findings(self, findings: list[Finding]) -> list[Finding]:
+        """code_reader: hazards the static scan missed, each checked to point at a real line."""
+        model_dir = self.toolbox.model_dir
+        if model_dir is None:
+            return []
+        seen = {(f.file, f.line, f.hazard) for f in findings}
+
+        def check(ans: ReviewAnswer) -> list[str]:
+            problems = []
+            for rf in ans.findings:
+                if not re.fullmatch(r"H([1-9]|1[01])", rf.hazard):
+                    problems.append(f"{rf.hazard!r} is not a hazard H1..H11")
+                try:
+                    lines = resolve_in(model_dir, rf.file).read_text(encoding="utf-8").splitlines()
+                except (ToolError, OSError) as exc:
+                    problems.append(f"{rf.file}: {exc}")
+                    continue
+                if not 1 <= rf.line <= len(lines):
+                    problems.append(f"{rf.file} has no line {rf.line}")
+            return problems
+
+        table = "\n".join(f"- {f.hazard}/{f.rule} at {f.file}:{f.line}: {f.message}" for f in findings) or "none"
+        ans = self.ask("code_reader", f"The static scan found:\n{table}\n\nReview the model for what it missed.",
+                       ReviewAnswer, check)
+        out = []
+        for rf in ans.findings:
+            if (rf.file, rf.line, rf.hazard) in seen:
+                continue
+            seen.add((rf.file, rf.line, rf.hazard))
+            snippet = resolve_in(model_dir, rf.file).read_text(encoding="utf-8").splitlines()[rf.line - 1].strip()
+            out.append(Finding(id=f"{rf.hazard}-{rf.file}-{rf.line}-llm-{rf.rule}", hazard=rf.hazard,
+                               rule=f"llm-{rf.rule}", file=rf.file, line=rf.line, snippet=snippet[:200],
+                               message=rf.message, category=rf.category, severity=rf.severity, fixable=False,
+                               citations=[Citation(source=f"recipe:{rf.hazard}")]))
+        return out
+
+    def suggest_trials(self, space: dict[str, list[Any]], tried: list[dict[str, Any]], objective: str,
+                       n: int = 4) -> list[dict[str, Any]]:
+        """tuner: up to ``n`` untried configurations, every value taken from the search space."""
+        def check(ans: TrialsAnswer) -> list[str]:
+            problems = []
+            for i, t in enumerate(ans.trials, 1):
+                for k, v in t.items():
+                    if k not in space:
+                        problems.append(f"trial {i}: {k!r} is not a parameter; parameters: {', '.join(space)}")
+                    elif v not in space[k]:
+                        problems.append(f"trial {i}: {k}={v!r} is not one of {space[k]}")
+            return problems
+
+        done = "\n".join(f"- {json.dumps(t, default=str)}" for t in tried) or "none"
+        ans = self.ask("tuner", f"Objective: {objective}\nSearch space: {json.dumps(space, default=str)}\n"
+                                f"Tried so far:\n{done}\n\nPropose up to {n} configurations to try next.",
+                       TrialsAnswer, check, tools=False)
+        fresh: list[dict[str, Any]] = []
+        for t in ans.trials:
+            if t not in tried and t not in fresh:
+                fresh.append(t)
+        return fresh[:n]
+
+
+def _parse(schema: type[A], args: Any, check: Callable[[A], list[str]]) -> tuple[A | None, list[str]]:
+    try:
+        answer = schema.model_validate(args)
+    except ValidationError as exc:
+        return None, [f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors()[:5]]
+    try:
+        problems = check(answer)
+    except LLMEditError as exc:
+        problems = [str(exc)]
+    return (answer, []) if not problems else (None, problems)
+
+
+def _rejection(problems: list[str]) -> str:
+    return "rejected: " + "; ".join(problems) + ". Fix these and answer again."
+
+
+class HybridPolicy:
+    """Rules first; the LLM when the rules have no fix for a failure or the same failure came back
+    after its fix (the debugger's loop detection). Static plans stay with the rules."""
+
+    name = "hybrid"
+
+    def __init__(self, settings: LLMSettings | None = None, chat_model: BaseChatModel | None = None,
+                 context: PolicyContext | None = None, toolbox: ToolBox | None = None) -> None:
+        self.rule = RulePolicy()
+        self.settings = settings or LLMSettings()
+        self.llm = LLMPolicy(self.settings, chat_model, context, toolbox)
+        self.llm_available = chat_model is not None or self.settings.configured
+
+    def plan_fixes(self, findings: list[Finding]) -> list[FixAction]:
+        return self.rule.plan_fixes(findings)
+
+    def diagnose(self, run_id: str, exception: StructuredException, history: list[Diagnosis]) -> Diagnosis:
+        reading = self.rule.diagnose(run_id, exception, history)
+        if reading.fix:
+            return reading
+        if not self.llm_available:
+            return reading.model_copy(update={"summary": f"{reading.summary}; no LLM is configured to escalate to "
+                                                         "(set NPUPORT_LLM_BASE_URL and NPUPORT_LLM_MODEL)"})
+        return self.llm.diagnose(run_id, exception, history, rule_reading=reading)
+
+    def fix_for(self, diagnosis: Diagnosis) -> FixAction | None:
+        if diagnosis.params.get("by") == "llm":
+            return self.llm.fix_for(diagnosis)
+        return self.rule.fix_for(diagnosis)
