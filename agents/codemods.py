@@ -333,6 +333,23 @@ class AlignDevices(_Rewriter):
         return updated.with_changes(args=[first.with_changes(value=wrapped), *updated.args[1:]])
 
 
+DIST_HELPER = '''
+def _npuport_dist_backend():
+    """hccl where torch_npu drives Ascend NPUs; nccl exists only for NVIDIA GPUs (hazard H9)."""
+    return "hccl" if hasattr(torch, "npu") and torch.npu.is_available() else "gloo"
+'''
+
+
+class NcclToHccl(_Rewriter):
+    """H9: process groups on "nccl" -> hccl on Ascend (gloo on the CPU)."""
+
+    def leave_SimpleString(self, original: cst.SimpleString, updated: cst.SimpleString) -> cst.BaseExpression:
+        if updated.evaluated_value == "nccl":
+            self.note(original, '"nccl" -> _npuport_dist_backend()')
+            return cst.parse_expression("_npuport_dist_backend()")
+        return updated
+
+
 def _insert_after_imports(module: cst.Module, code: str, marker: str) -> cst.Module:
     if marker in module.code:
         return module
@@ -396,6 +413,10 @@ def guard_cuda_only_imports(source: str, **_: Any) -> CodemodResult:
     return _run(source, make)
 
 
+def nccl_to_hccl(source: str, **_: Any) -> CodemodResult:
+    return _run(source, lambda _m: NcclToHccl(), [(DIST_HELPER, "def _npuport_dist_backend(")])
+
+
 def align_devices(source: str, *, line: int, **_: Any) -> CodemodResult:
     return _run(source, lambda _m: AlignDevices(line), [(SAME_DEVICE_HELPER, "def _npuport_same_device(")])
 
@@ -408,6 +429,7 @@ CODEMODS: dict[str, tuple[Callable[..., CodemodResult], str, str]] = {
     "cuda-autocast": (cuda_autocast, "H2", "autocast on the port's device instead of CUDA"),
     "device-agnostic": (device_agnostic, "H1", "device-agnostic code instead of hard-coded CUDA"),
     "float64-to-float32": (float64_to_float32, "H5", "compute in float32 where the code asked for float64"),
+    "nccl-to-hccl": (nccl_to_hccl, "H9", "distributed backend hccl (Ascend) instead of nccl"),
     "align-devices": (align_devices, "H11", "move torch.cat/stack inputs to one device"),
     "llm-edit": (_llm_edit, "LLM", "an edit proposed by the LLM policy, validated (in the workspace, applies cleanly, parses)"),
 }

@@ -87,9 +87,9 @@ def budget_left(state: dict[str, Any]) -> tuple[bool, str]:
 def debugger_node(state: dict[str, Any]) -> dict[str, Any]:
     """Diagnose the last failure (a failed run or a numerics mismatch) and route a fix, or give up
     with a "could not port because ..." reason."""
-    from agents.policies import get_policy
+    from agents.policies import get_policy, policy_context
 
-    policy = get_policy(state["request"].get("policy", "rule"))
+    policy = get_policy(state["request"].get("policy", "rule"), context=policy_context(state))
     history = [Diagnosis(**d) for d in state.get("diagnoses") or []]
     last = RunRecord(**(state.get("runs") or [])[-1])
     numerics = state.get("numerics") or {}

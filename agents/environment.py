@@ -3,6 +3,7 @@ torch_npu build) once per port, and says which and why."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from agents.trace import step
@@ -50,5 +51,18 @@ def environment_node(state: dict[str, Any]) -> dict[str, Any]:
         target = Target(target.name, target.device, target.bootstrap, target.options, target.env,
                         reason=f"{why}; {note}")
     summary = f"target {target.name} on device {target.device}" + (f" ({target.reason})" if target.reason else "")
-    return {"target": target_to_dict(target), "environment": {"notes": notes},
-            "trace": [step("environment", summary, notes=notes)]}
+    trace = [step("environment", summary, notes=notes)]
+    environment: dict[str, Any] = {"notes": notes}
+    try:
+        from agents.env_resolve import EnvBuildError, ensure_env, resolve
+
+        resolution = resolve(Path(req["model_path"]), target.name, req["torch_npu"])
+        environment["resolution"] = resolution.as_dict()
+        python = ensure_env(resolution)
+        environment["python"] = str(python) if python else None
+        trace.append(step("environment", resolution.summary(), conflicts=resolution.conflicts))
+    except EnvBuildError as exc:
+        reason = f"cannot build the model's environment: {str(exc).splitlines()[0]}"
+        return {"status": "failed", "reason": reason, "target": target_to_dict(target), "environment": environment,
+                "trace": [*trace, step("environment", reason)]}
+    return {"target": target_to_dict(target), "environment": environment, "trace": trace}

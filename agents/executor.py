@@ -46,7 +46,8 @@ def executor_node(state: dict[str, Any]) -> dict[str, Any]:
     n = counters.get("port_runs", 0) + 1
     run_id = f"run-{n}"
     run = run_harness(workdir=ws.root, model_dir=ws.model_dir, run_dir=ws.runs_dir / run_id,
-                      manifest=state["entry"], target=target, limits=limits_for(req))
+                      manifest=state["entry"], target=target, limits=limits_for(req),
+                      python=(state.get("environment") or {}).get("python"))
     rec = record_of(run, run_id, "port", target.name)
     counters["port_runs"] = n
     if rec.ok:

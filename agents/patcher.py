@@ -10,7 +10,7 @@ import libcst as cst
 
 from agents.codemods import CODEMODS
 from agents.models import Diagnosis, Finding, Patch
-from agents.policies import FixAction, get_policy
+from agents.policies import FixAction, get_policy, policy_context
 from agents.trace import step
 from agents.workspace import Workspace
 
@@ -27,13 +27,15 @@ def apply_fix(ws: Workspace, action: FixAction, patch_no: int) -> tuple[Patch | 
             continue
         source = path.read_text(encoding="utf-8")
         try:
-            result = fn(source, **action.params)
+            result = fn(source, file=rel, **action.params)
         except cst.ParserSyntaxError as exc:
             notes.append(f"{rel}: cannot parse ({str(exc).splitlines()[0]})")
             continue
         if result.changed:
             path.write_text(result.source, encoding="utf-8")
             edits.extend(f"{rel} {e}" for e in result.edits)
+        else:
+            notes.extend(f"{rel}: {e}" for e in result.edits)  # e.g. an LLM edit that was rejected
     if not edits:
         return None, notes or [f"{action.codemod} changed nothing"]
     cites = ", ".join(c.source for c in action.citations) or f"recipe:{hazard}"
@@ -51,7 +53,7 @@ def apply_fix(ws: Workspace, action: FixAction, patch_no: int) -> tuple[Patch | 
 
 def patcher_node(state: dict[str, Any]) -> dict[str, Any]:
     ws = Workspace(Path(state["workdir"]))
-    policy = get_policy(state["request"].get("policy", "rule"))
+    policy = get_policy(state["request"].get("policy", "rule"), context=policy_context(state))
     done = len(state.get("patches") or [])
     pending = state.get("pending_diagnosis")
     if pending:

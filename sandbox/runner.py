@@ -46,10 +46,12 @@ def run_harness(
     sandbox: Sandbox | None = None,
     extra: dict[str, Any] | None = None,
     redirect_cuda: bool = False,
+    python: str | None = None,
 ) -> HarnessRun:
     """Run the harness once. ``reference`` runs the original on the CPU under the cuda -> cpu
     redirect; ``redirect_cuda`` runs unported code on the target with cuda redirected to its device
-    (what torch_npu's transfer_to_npu does), for an op inventory before porting."""
+    (what torch_npu's transfer_to_npu does), for an op inventory before porting. ``python`` is the
+    interpreter of a layered environment holding the model's own pins (agents/env_resolve.py)."""
     run_dir.mkdir(parents=True, exist_ok=True)
     result_path = run_dir / "result.json"
     spec: dict[str, Any] = {
@@ -68,7 +70,7 @@ def run_harness(
     spec_path = run_dir / "spec.json"
     spec_path.write_text(json.dumps(spec, indent=1))
     env = scrubbed_env({} if reference else target.env)
-    argv = [sys.executable, "-I", "-B", "-u", "-m", "sandbox.harness", str(spec_path.resolve())]
+    argv = [python or sys.executable, "-I", "-B", "-u", "-m", "sandbox.harness", str(spec_path.resolve())]
     box = sandbox or default_sandbox()
     exec_result = box.execute(argv, cwd=workdir, env=env, limits=limits or Limits())
     (run_dir / "stdout.log").write_text(exec_result.stdout)

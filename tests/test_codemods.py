@@ -100,3 +100,10 @@ def test_same_device_helper_moves_cpu_tensors_to_the_other_device() -> None:
     moved = helper([a, b])  # type: ignore[operator]
     assert [t.device.type for t in moved] == ["cpu", "cpu"]
     assert torch.equal(torch.cat(moved), torch.tensor([0.0, 0.0, 1.0, 1.0]))
+
+
+def test_nccl_to_hccl() -> None:
+    src = "import torch\nimport torch.distributed as dist\ndist.init_process_group(backend='nccl')\n"
+    out = _apply("nccl-to-hccl", src).source
+    assert "backend=_npuport_dist_backend()" in out and "def _npuport_dist_backend(" in out
+    assert not _apply("nccl-to-hccl", "import torch\nx = 'gloo'\n").changed

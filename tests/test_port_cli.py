@@ -170,3 +170,24 @@ def test_port_ocr_mini_on_ascend_sim_via_auto(tmp_path: Path, sim_home: Path) ->
     assert port_run["op_stats"]["matrix"].endswith("torch_npu-2.13.0.json")
     assert port_run["op_stats"]["fallbacks"] == {}
     assert tree_digest(model) == before
+
+
+@pytest.mark.slow
+def test_port_tiny_llm_on_ascend_sim_with_its_own_environment(tmp_path: Path, sim_home: Path,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """The second example pins transformers 4.34 (a private helper it imports is gone from 5.x): it runs in
+    a layered environment, gets hccl instead of nccl, and validates on the emulator."""
+    monkeypatch.setenv("NPUPORT_ENV_CACHE", os.environ.get("NPUPORT_ENV_CACHE",
+                                                           str(Path.home() / ".cache" / "npuport-tests" / "envs")))
+    out = tmp_path / "bundle"
+    r = npuport("port", str(EXAMPLES / "tiny_llm"), "--target", "ascend-sim", "--out", str(out), home=sim_home,
+                timeout=900)
+    if r.returncode != 0 and "cannot build the model's environment" in r.stderr:
+        pytest.skip(f"the package registry cannot be reached: {r.stderr.strip()}")
+    assert r.returncode == 0, r.stdout + r.stderr
+    report = _report(out)
+    assert report["numerics"]["verdict"] == "match"
+    codemods = {p["codemod"] for p in report["patches"]}
+    assert {"device-agnostic", "float64-to-float32", "nccl-to-hccl"} <= codemods
+    patch = (out / "port.patch").read_text()
+    assert '"nccl"' not in patch.split("+++")[-1] or "_npuport_dist_backend()" in patch

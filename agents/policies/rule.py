@@ -14,6 +14,7 @@ _FINDING_FIXES: list[tuple[str, set[str], set[str] | None]] = [
     ("device-agnostic", {"H1", "H11"}, {"cuda-call", "cuda-device-string", "torch-cuda-api", "cuda-visible-devices",
                                         "device-fallback-to-cpu", "masked-scatter-device"}),
     ("float64-to-float32", {"H5"}, {"float64"}),
+    ("nccl-to-hccl", {"H9"}, {"nccl-backend"}),
 ]
 
 def _recipe(hazard: str, title: str) -> Citation:

@@ -1,0 +1,104 @@
+"""PNG plots for the report (matplotlib, Agg backend): throughput vs concurrency, baseline vs tuned,
+and the tuning trace. Each has a title, labelled axes with units, and a legend where it helps."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+
+def _plt() -> Any:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def throughput_vs_concurrency(tuning: dict[str, Any], path: Path, model: str) -> Path | None:
+    tuned = (tuning.get("tuned") or {}).get("points") or []
+    base = (tuning.get("baseline") or {}).get("points") or []
+    if not tuned and not base:
+        return None
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(7, 4.5), dpi=110)
+    for pts, label, marker in ((tuned, f"tuned port ({_cfg(tuning.get('best'))})", "o"),
+                               (base, "original as written (eager, batch 1)", "s")):
+        if pts:
+            xs = [p["concurrency"] for p in pts]
+            ax.plot(xs, [p["tokens_per_s"] for p in pts], marker=marker, label=label)
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel("concurrency (requests in flight)")
+    ax.set_ylabel("throughput (new tokens/s, log scale)")
+    ax.set_title(f"{model}: throughput vs concurrency ({(tuning.get('tuned') or {}).get('target', '?')})")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
+def _cfg(best: dict[str, Any] | None) -> str:
+    return ", ".join(f"{k}={v}" for k, v in (best or {}).items() if v is not None) or "default"
+
+
+def baseline_vs_tuned(tuning: dict[str, Any], path: Path, model: str) -> Path | None:
+    tuned = tuning.get("tuned") or {}
+    base = tuning.get("baseline") or {}
+    t, b = tuned.get("tokens_per_s"), base.get("tokens_per_s")
+    if not t or not b:
+        return None
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(6, 4.5), dpi=110)
+    bars = ax.bar(["original as written\n(eager, batch 1)", f"tuned port\n({_cfg(tuning.get('best'))})"], [b, t],
+                  color=["#999999", "#2b7bba"])
+    for bar, v in zip(bars, [b, t], strict=True):
+        ax.annotate(f"{v:.1f}", (bar.get_x() + bar.get_width() / 2, v), ha="center", va="bottom", fontsize=9)
+    ax.set_ylabel("throughput (new tokens/s)")
+    ax.set_title(f"{model}: {t / b:.1f}x at concurrency {tuned.get('concurrency', '?')} (same host, same run)")
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
+def tuning_trace(tuning: dict[str, Any], path: Path, model: str) -> Path | None:
+    trials = tuning.get("trials") or []
+    if not trials:
+        return None
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(7, 4.5), dpi=110)
+    ok = [(i + 1, t["value"]) for i, t in enumerate(trials) if t.get("value")]
+    bad = [i + 1 for i, t in enumerate(trials) if not t.get("value")]
+    if ok:
+        ax.scatter([x for x, _ in ok], [v for _, v in ok], label="trial (median of repeats)", zorder=3)
+        best, run = [], 0.0
+        for i, t in enumerate(trials):
+            run = max(run, t.get("value") or 0.0)
+            best.append((i + 1, run))
+        ax.step([x for x, _ in best], [v for _, v in best], where="post", label="best so far", color="#d62728")
+    if bad:
+        ax.scatter(bad, [0] * len(bad), marker="x", color="#555555", label="failed / infeasible when run", zorder=3)
+    ax.set_xlabel("trial number")
+    ax.set_ylabel("throughput (new tokens/s)")
+    ax.set_title(f"{model}: tuning trace ({len(trials)} trials)")
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
+def write_plots(tuning: dict[str, Any], plots_dir: Path, model: str) -> dict[str, str]:
+    plots_dir.mkdir(parents=True, exist_ok=True)
+    out = {}
+    for name, fn in (("throughput_vs_concurrency", throughput_vs_concurrency), ("baseline_vs_tuned", baseline_vs_tuned),
+                     ("tuning_trace", tuning_trace)):
+        p = fn(tuning, plots_dir / f"{name}.png", model)
+        if p is not None:
+            out[f"plot_{name}"] = str(p)
+    return out

@@ -1,0 +1,174 @@
+"""Verify a bundle's claims from scratch: re-apply port.patch to the original in a fresh workspace,
+re-run validation (the port's greedy tokens vs the original's under the cuda->cpu redirect) and the
+benchmark of the tuned configuration in fresh sandboxes, and say agree / disagree per claim."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import subprocess
+import tempfile
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field
+
+from agents.tuning.measure import TUNE_CONCURRENCY, at, points_of
+from agents.workspace import Workspace
+from sandbox.bench import run_bench
+from sandbox.process import Limits
+from sandbox.runner import run_harness
+from sandbox.targets import Target, TargetError, resolve_target
+
+DEFAULT_TOLERANCE = 0.30  # throughput on a shared host varies; +-30% of the report's number agrees
+
+
+class Claim(BaseModel):
+    name: str
+    verdict: Literal["agree", "disagree", "unchecked"]
+    claimed: Any = None
+    observed: Any = None
+    detail: str = ""
+
+
+class VerifyResult(BaseModel):
+    bundle: str
+    claims: list[Claim] = Field(default_factory=list)
+
+    @property
+    def agree(self) -> bool:
+        """True when every claim that could be checked agrees (and at least one was checked)."""
+        checked = [c for c in self.claims if c.verdict != "unchecked"]
+        return bool(checked) and all(c.verdict == "agree" for c in checked)
+
+    def lines(self) -> list[str]:
+        return [f"{c.verdict.upper():9} {c.name}: {c.detail}" for c in self.claims]
+
+
+def tree_digest(root: Path) -> str:
+    """sha256 over the relative paths and bytes of the tree's source files (bytecode caches skipped:
+    running the bundle's run.py may leave them in patched/)."""
+    h = hashlib.sha256()
+    for p in sorted(root.rglob("*")):
+        rel = p.relative_to(root)
+        if p.is_file() and ".git" not in rel.parts and "__pycache__" not in rel.parts and p.suffix != ".pyc":
+            h.update(rel.as_posix().encode())
+            h.update(hashlib.sha256(p.read_bytes()).digest())
+    return h.hexdigest()
+
+
+def _apply_patch(original: Path, bundle: Path, root: Path) -> tuple[Claim, Workspace | None]:
+    ws = Workspace.create(original, root)
+    patch = bundle / "port.patch"
+    if not patch.exists():
+        return Claim(name="patch applies", verdict="disagree", detail="the bundle has no port.patch"), None
+    r = subprocess.run(["git", "apply", "--whitespace=nowarn", str(patch.resolve())], cwd=ws.model_dir,
+                       capture_output=True, text=True)
+    if r.returncode != 0:
+        return Claim(name="patch applies", verdict="disagree",
+                     detail=f"git apply failed: {r.stderr.strip()[:300]}"), None
+    ws.commit("port.patch from the bundle")
+    rebuilt = root / "rebuilt"
+    ws.export_tree(rebuilt)
+    patched = bundle / "patched"
+    if not patched.is_dir():
+        return Claim(name="patch applies", verdict="agree", detail="applies cleanly (no patched/ tree to compare)"), ws
+    same = tree_digest(rebuilt) == tree_digest(patched)
+    return Claim(name="patch applies", verdict="agree" if same else "disagree", claimed=tree_digest(patched)[:16],
+                 observed=tree_digest(rebuilt)[:16],
+                 detail="applies cleanly and yields the bundle's patched tree" if same
+                 else "applies, but the result differs from the bundle's patched/ tree"), ws
+
+
+def _target(report: dict[str, Any]) -> Target | None:
+    t = report.get("target") or {}
+    req = report.get("request") or {}
+    try:
+        if t.get("name") == "npu":
+            from sandbox.targets import probe_npu
+
+            if not probe_npu()[0]:
+                return None
+        return resolve_target(t.get("name") or "cpu", chip=req.get("chip", "910b"), torch_npu=req.get("torch_npu", "2.13.0"),
+                              strict=bool(req.get("strict")), matrix_path=(t.get("options") or {}).get("matrix_path"))
+    except TargetError:
+        return None
+
+
+def _tokens_claim(report: dict[str, Any], ws: Workspace, target: Target, limits: Limits) -> tuple[Claim, list[list[int]] | None]:
+    claimed = (report.get("numerics") or {}).get("port_tokens")
+    original = ws.root / "original"
+    ws.original_tree(original)
+    manifest = report.get("entry") or {}
+    ref = run_harness(workdir=ws.root, model_dir=original, run_dir=ws.runs_dir / "verify-reference", manifest=manifest,
+                      target=Target("cpu", "cpu"), reference=True, limits=limits)
+    port = run_harness(workdir=ws.root, model_dir=ws.model_dir, run_dir=ws.runs_dir / "verify-port", manifest=manifest,
+                       target=target, limits=limits)
+    ref_t = (ref.result.get("outputs") or {}).get("tokens") if ref.ok else None
+    port_t = (port.result.get("outputs") or {}).get("tokens") if port.ok else None
+    if ref_t is None or port_t is None:
+        which = "original" if ref_t is None else "port"
+        exc = ((ref if ref_t is None else port).result.get("exception") or {})
+        return Claim(name="tokens match", verdict="disagree", claimed=claimed,
+                     detail=f"the {which} did not run: {exc.get('type')}: {str(exc.get('message'))[:200]}"), None
+    ok = ref_t == port_t and (claimed is None or claimed == port_t)
+    detail = (f"the port's tokens {port_t} equal the original's" + (" and the report's" if claimed is not None else "")
+              if ok else f"port {port_t}, original {ref_t}, report {claimed}")
+    return Claim(name="tokens match", verdict="agree" if ok else "disagree", claimed=claimed, observed=port_t,
+                 detail=detail), ref_t
+
+
+def _throughput_claim(report: dict[str, Any], ws: Workspace, target: Target, ref_tokens: list[list[int]] | None,
+                      tolerance: float, limits: Limits) -> Claim:
+    tuning = report.get("tuning") or {}
+    tuned = tuning.get("tuned") or {}
+    claimed = tuned.get("tokens_per_s")
+    if not claimed or not tuning.get("best"):
+        return Claim(name="throughput", verdict="unchecked", detail="the report makes no throughput claim (not tuned)")
+    conc = int(tuned.get("concurrency") or TUNE_CONCURRENCY)
+    run = run_bench(workdir=ws.root, model_dir=ws.model_dir, run_dir=ws.runs_dir / "verify-bench",
+                    manifest=report.get("entry") or {}, configs=[{"id": "verify", **tuning["best"]}], device=target.device,
+                    target=target.harness_target() if target.bootstrap else None, env=target.env,
+                    concurrencies=[conc], warmup=1, repeats=3, reference_tokens=ref_tokens, limits=limits)
+    observed = at(points_of(run), conc)
+    if observed is None:
+        return Claim(name="throughput", verdict="disagree", claimed=claimed, detail=f"benchmark failed: {run.error()}")
+    ratio = observed / claimed
+    ok = abs(ratio - 1) <= tolerance
+    return Claim(name="throughput", verdict="agree" if ok else "disagree", claimed=round(claimed, 2),
+                 observed=round(observed, 2),
+                 detail=f"{observed:.1f} tokens/s now vs {claimed:.1f} reported at concurrency {conc} "
+                        f"({ratio:.2f}x; tolerance +-{tolerance:.0%})")
+
+
+def verify_bundle(bundle_dir: Path, original: Path | None = None, *, tolerance: float = DEFAULT_TOLERANCE,
+                  workdir: Path | None = None, run_timeout_s: float = 600.0) -> VerifyResult:
+    """Check a bundle against ``original`` (default: the model_path its report names)."""
+    bundle_dir = bundle_dir.resolve()
+    result = VerifyResult(bundle=str(bundle_dir))
+    report_path = bundle_dir / "report.json"
+    if not report_path.exists():
+        result.claims.append(Claim(name="bundle", verdict="disagree", detail="no report.json in the bundle"))
+        return result
+    report = json.loads(report_path.read_text())
+    original = original or Path((report.get("request") or {}).get("model_path") or "")
+    if not original or not original.is_dir():
+        result.claims.append(Claim(name="patch applies", verdict="unchecked",
+                                   detail=f"the original model folder {original} is not here; pass it explicitly"))
+        return result
+    root = workdir or Path(tempfile.mkdtemp(prefix="npuport-verify-"))
+    claim, ws = _apply_patch(original, bundle_dir, root / "ws")
+    result.claims.append(claim)
+    if ws is None or claim.verdict == "disagree":
+        result.claims.append(Claim(name="tokens match", verdict="unchecked", detail="the patch did not reproduce the port"))
+        return result
+    target = _target(report)
+    if target is None:
+        result.claims.append(Claim(name="tokens match", verdict="unchecked",
+                                   detail=f"target {(report.get('target') or {}).get('name')} is not available here"))
+        return result
+    limits = Limits(wall_s=run_timeout_s)
+    tokens, ref_tokens = _tokens_claim(report, ws, target, limits)
+    result.claims.append(tokens)
+    result.claims.append(_throughput_claim(report, ws, target, ref_tokens, tolerance, limits))
+    return result
