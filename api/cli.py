@@ -217,6 +217,17 @@ def _ops_matrix(torch_npu: str, wheel: Path | None, yaml: list[Path], rebuild: b
         console.print(op_matrix.format_summary(matrix))
 
 
+@app.command()
+def serve(
+    host: Annotated[str, typer.Option(help="address to listen on (loopback by default)")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="TCP port")] = 8000,
+) -> None:
+    """Serve the HTTP API (ports, events, chat completions) and the web page."""
+    from api.serve import serve as _serve
+
+    _serve(host, port)
+
+
 def main() -> None:
     app()
 

@@ -1,0 +1,54 @@
+"""Bearer-token auth: 401 without a known token, 403 for a known token lacking the scope."""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Annotated
+
+from fastapi import Depends, HTTPException, Request
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+
+from api.settings import Settings
+
+bearer = HTTPBearer(auto_error=False, description="A token from NPUPORT_TOKENS; scopes read and write.")
+
+
+@dataclass(frozen=True)
+class Principal:
+    name: str
+    """A stable, non-secret id of the token (its digest prefix): job owner and idempotency scope."""
+    scopes: frozenset[str]
+
+
+def _unauthorized(detail: str) -> HTTPException:
+    return HTTPException(status_code=401, detail=detail, headers={"WWW-Authenticate": "Bearer"})
+
+
+def authenticate(settings: Settings, credentials: HTTPAuthorizationCredentials | None) -> Principal:
+    if credentials is None or credentials.scheme.lower() != "bearer" or not credentials.credentials:
+        raise _unauthorized("missing bearer token (Authorization: Bearer <token>)")
+    given = credentials.credentials.encode()
+    found: list[str] | None = None
+    for token, scopes in settings.tokens.items():
+        # compare every token in constant time so timing tells nothing about which one nearly matched
+        if hmac.compare_digest(given, token.encode()):
+            found = scopes
+    if found is None:
+        raise _unauthorized("invalid bearer token")
+    return Principal(name=hashlib.sha256(given).hexdigest()[:16], scopes=frozenset(found))
+
+
+def require(scope: str) -> Callable[..., Principal]:
+    """A FastAPI dependency: the caller's principal, which must hold ``scope``."""
+
+    def dependency(request: Request,
+                   credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)]) -> Principal:
+        principal = authenticate(request.app.state.settings, credentials)
+        if scope not in principal.scopes:
+            raise HTTPException(status_code=403, detail=f"this token lacks the '{scope}' scope")
+        return principal
+
+    return dependency

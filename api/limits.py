@@ -1,0 +1,87 @@
+"""Request-body limits as ASGI middleware: a size cap (413) and a stall timeout (408).
+
+The timeout guards the worker against slow or stalled clients: reading the body waits at most
+``body_timeout_s`` for each chunk, then the request ends with 408 instead of hanging forever.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+from starlette.exceptions import HTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+
+class BodyLimitExceeded(HTTPException):
+    """An HTTPException, so FastAPI's own body parsing passes it through unchanged."""
+
+    def __init__(self, status: int, detail: str) -> None:
+        super().__init__(status_code=status, detail=detail, headers={"Connection": "close"})
+        self.status = status
+
+
+class BodyLimitMiddleware:
+    def __init__(self, app: ASGIApp, max_body_bytes: int, max_upload_bytes: int, timeout_s: float) -> None:
+        self.app = app
+        self.max_body = max_body_bytes
+        self.max_upload = max_upload_bytes
+        self.timeout_s = timeout_s
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
+        cap = self.max_upload if headers.get("content-type", "").startswith("multipart/") else self.max_body
+        length = headers.get("content-length")
+        if length is not None:
+            try:
+                declared = int(length)
+            except ValueError:
+                await _reply(send, 400, "invalid Content-Length")
+                return
+            if declared > cap:
+                await _reply(send, 413, f"request body of {declared} bytes exceeds the cap of {cap} bytes")
+                return
+        received = 0
+        started = False
+        body_done = False
+
+        async def limited_receive() -> Message:
+            nonlocal received, body_done
+            if body_done:  # after the body only a disconnect can come: wait for it as long as it takes
+                return await receive()
+            try:
+                message = await asyncio.wait_for(receive(), timeout=self.timeout_s)
+            except TimeoutError:
+                raise BodyLimitExceeded(408, f"no request body data for {self.timeout_s:g} s; closing") from None
+            if message["type"] == "http.request":
+                received += len(message.get("body", b""))
+                if received > cap:
+                    raise BodyLimitExceeded(413, f"request body exceeds the cap of {cap} bytes")
+                body_done = not message.get("more_body", False)
+            else:
+                body_done = True
+            return message
+
+        async def tracking_send(message: Message) -> None:
+            nonlocal started
+            if message["type"] == "http.response.start":
+                started = True
+            await send(message)
+
+        try:
+            await self.app(scope, limited_receive, tracking_send)
+        except BodyLimitExceeded as exc:
+            if not started:
+                await _reply(send, exc.status, exc.detail)
+
+
+async def _reply(send: Send, status: int, detail: str) -> None:
+    body = json.dumps({"detail": detail}).encode()
+    headers: list[Any] = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+                          (b"connection", b"close")]
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})

@@ -1,0 +1,1 @@
+"""One router per resource: health, ports (jobs), chat (OpenAI-compatible), web (the page)."""

@@ -1,0 +1,238 @@
+"""OpenAI-compatible ``POST /v1/chat/completions``: porting goals in chat, progress as assistant deltas.
+
+A conversation is bound to its latest job. The conversation is named, in this order, by
+``metadata.conversation_id``, by the ``user`` field, or (for clients that send neither) by the job
+id quoted in an earlier assistant message of the history (every reply about a job quotes it as
+``job `<id>```). Conversations are private to the token that made them.
+
+What the last user message may say:
+- a porting goal ("port the model in examples/ocr_mini to Ascend 910B on the cpu"): starts a job;
+  streaming replies follow the agents until the job ends or waits for approval;
+- "status" / "progress" (or anything else, once a job is bound): where the job stands;
+- "report": the final report (report.md);
+- "cancel" / "stop"; "approve": steer the job (these and new goals need the write scope).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import time
+import uuid
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from fastapi import APIRouter, Depends, HTTPException, Request
+from fastapi.responses import JSONResponse, StreamingResponse
+from pydantic import BaseModel, Field
+
+from api.auth import Principal, require
+from api.jobs import TERMINAL, Job, JobError, JobManager
+from api.routers.ports import manager_of
+from api.submit import SubmitError, submit_job
+
+router = APIRouter(prefix="/v1", tags=["chat"])
+MODEL_NAME = "npuport"
+_JOB_REF = re.compile(r"job `([\w.-]+)`")
+
+
+class ChatMessage(BaseModel):
+    role: Literal["system", "user", "assistant", "tool", "developer"]
+    content: str | list[dict[str, Any]] | None = None
+
+
+class ChatRequest(BaseModel):
+    model: str = MODEL_NAME
+    messages: list[ChatMessage] = Field(min_length=1)
+    stream: bool = False
+    user: str | None = Field(default=None, max_length=256)
+    metadata: dict[str, str] | None = None
+
+    model_config = {"extra": "allow"}  # temperature, max_tokens, ... are accepted and ignored
+
+
+def _text(msg: ChatMessage) -> str:
+    if isinstance(msg.content, str):
+        return msg.content
+    return " ".join(str(p.get("text", "")) for p in msg.content or [] if p.get("type") == "text")
+
+
+def _conversation(body: ChatRequest, principal: Principal) -> str | None:
+    meta = body.metadata or {}
+    if meta.get("conversation_id"):
+        return f"{principal.name}:conv:{meta['conversation_id']}"
+    if body.user:
+        return f"{principal.name}:user:{body.user}"
+    return None
+
+
+def _bound_job(mgr: JobManager, body: ChatRequest, conversation: str | None, owner: str) -> Job | None:
+    job_id = mgr.store.conversation_job(conversation) if conversation else None
+    if job_id is None:  # stateless clients: the job quoted in the history
+        for m in reversed(body.messages):
+            if m.role == "assistant" and (found := _JOB_REF.findall(_text(m))):
+                job_id = found[-1]
+                break
+    job = mgr.store.get(job_id) if job_id else None
+    return job if job is not None and job.owner == owner else None
+
+
+def _intent(text: str, has_job: bool) -> str:
+    t = text.lower()
+    if has_job:
+        for intent, pattern in (("cancel", r"\b(cancel|stop|abort)\b"), ("approve", r"\b(approve|go ahead)\b"),
+                                ("report", r"\b(report|result|results)\b")):
+            if re.search(pattern, t):
+                return intent
+    if re.search(r"\bport\b", t):
+        return "goal"
+    return "status" if has_job else "help"
+
+
+HELP = ("I port PyTorch models to Huawei Ascend NPUs. Tell me what to port, e.g. \"port the model in "
+        "examples/ocr_mini to Ascend 910B on the cpu\". Then ask for status, the report, or say cancel / approve.")
+
+
+@router.post("/chat/completions", responses={400: {"description": "no user message"},
+                                             403: {"description": "the token lacks a scope the message needs"}})
+async def chat_completions(body: ChatRequest, request: Request,
+                           principal: Annotated[Principal, Depends(require("read"))],
+                           mgr: Annotated[JobManager, Depends(manager_of)]) -> Any:
+    """OpenAI-compatible chat completions (``stream`` true or false); see the module doc for the
+    conversation rules."""
+    users = [m for m in body.messages if m.role == "user"]
+    if not users:
+        raise HTTPException(status_code=400, detail="no user message")
+    text = _text(users[-1]).strip()
+    conversation = _conversation(body, principal)
+    job = _bound_job(mgr, body, conversation, principal.name)
+    intent = _intent(text, job is not None)
+    if intent in ("goal", "cancel", "approve") and "write" not in principal.scopes:
+        raise HTTPException(status_code=403, detail=f"this token lacks the 'write' scope needed to {intent}")
+    follow: Job | None = None
+    reply: str
+    if intent == "goal":
+        try:
+            new_job, _ = await asyncio.to_thread(submit_job, mgr, owner=principal.name, goal=text, fields={},
+                                                 conversation=conversation)
+            reply = (f"Started job `{new_job.id}`: port {Path(new_job.request['model_path']).name} "
+                     f"to {new_job.request['target']}.\n")
+            follow = job = new_job
+        except (SubmitError, JobError) as exc:
+            reply = f"I could not start that port: {exc}"
+    elif job is None:
+        reply = HELP
+    elif intent == "cancel":
+        try:
+            job = mgr.cancel(job.id)
+            reply = f"Cancel requested for job `{job.id}` (now {job.status})."
+        except JobError as exc:
+            reply = f"job `{job.id}`: {exc}"
+    elif intent == "approve":
+        try:
+            job = mgr.approve(job.id)
+            reply = f"Approved job `{job.id}`; it continues.\n"
+            follow = job
+        except JobError as exc:
+            reply = f"job `{job.id}`: {exc}"
+    elif intent == "report":
+        reply = _report_text(job)
+    else:
+        reply = _status_text(mgr, job)
+    if conversation and job is not None:
+        mgr.store.bind_conversation(conversation, job.id)
+    cid = f"chatcmpl-{uuid.uuid4().hex[:24]}"
+    extra = {"job_id": job.id if job else None, "conversation": conversation}
+    if not body.stream:
+        return JSONResponse(_completion(cid, reply, extra))
+    return StreamingResponse(_stream(request, mgr, cid, reply, follow, extra), media_type="text/event-stream",
+                             headers={"Cache-Control": "no-cache"})
+
+
+def _status_text(mgr: JobManager, job: Job) -> str:
+    steps = [e for e in mgr.store.events(job.id, limit=100_000) if e.kind == "step"]
+    last = "; ".join(f"{e.data.get('agent')}: {e.data.get('summary')}" for e in steps[-3:]) or "no agent step yet"
+    reason = f" — {job.reason}" if job.reason else ""
+    return f"job `{job.id}` is {job.status}{reason}. {len(steps)} agent steps so far; latest: {last}"
+
+
+def _report_text(job: Job) -> str:
+    if job.status not in TERMINAL or not job.bundle_dir:
+        return f"job `{job.id}` is {job.status}; the report is written when it ends."
+    md = Path(job.bundle_dir) / "report.md"
+    return f"Report of job `{job.id}`:\n\n" + (md.read_text() if md.is_file() else "(no report.md in the bundle)")
+
+
+def _completion(cid: str, content: str, extra: dict[str, Any]) -> dict[str, Any]:
+    return {"id": cid, "object": "chat.completion", "created": int(time.time()), "model": MODEL_NAME,
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": content}, "finish_reason": "stop"}],
+            "usage": {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0}, "npuport": extra}
+
+
+def _chunk(cid: str, delta: dict[str, Any], finish: str | None = None, extra: dict[str, Any] | None = None) -> str:
+    payload: dict[str, Any] = {"id": cid, "object": "chat.completion.chunk", "created": int(time.time()),
+                               "model": MODEL_NAME, "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
+    if extra:
+        payload["npuport"] = extra
+    return f"data: {json.dumps(payload)}\n\n"
+
+
+def _event_line(kind: str, data: dict[str, Any]) -> str | None:
+    if kind == "step":
+        return f"- **{data.get('agent')}**: {data.get('summary')}\n"
+    status = data.get("status")
+    if status in ("queued", "running") and not data.get("reason"):
+        return None
+    return f"_status: {status}{' — ' + data['reason'] if data.get('reason') else ''}_\n"
+
+
+async def _stream(request: Request, mgr: JobManager, cid: str, reply: str, follow: Job | None,
+                  extra: dict[str, Any]) -> AsyncIterator[str]:
+    yield _chunk(cid, {"role": "assistant", "content": ""}, extra=extra)
+    yield _chunk(cid, {"content": reply})
+    if follow is not None:
+        async for line in _follow(request, mgr, follow.id):
+            yield line if line.startswith(":") else _chunk(cid, {"content": line})
+    yield _chunk(cid, {}, finish="stop")
+    yield "data: [DONE]\n\n"
+
+
+async def _follow(request: Request, mgr: JobManager, job_id: str) -> AsyncIterator[str]:
+    """Lines about the job's events until it ends or waits for approval; SSE comments keep idle links open."""
+    last = 0
+    wake = mgr.listen(job_id)
+    idle = 0.0
+    try:
+        while True:
+            wake.clear()
+            for e in mgr.store.events(job_id, after=last):
+                last = e.seq
+                if (line := _event_line(e.kind, e.data)) is not None:
+                    yield line
+                status = e.data.get("status") if e.kind == "status" else None
+                if status in TERMINAL:
+                    job = mgr.store.get(job_id)
+                    yield _final_line(job) if job else ""
+                    return
+                if status == "awaiting_approval":
+                    yield f"job `{job_id}` waits for your approval: reply \"approve\" or \"cancel\".\n"
+                    return
+            if await request.is_disconnected():
+                return
+            try:
+                await asyncio.wait_for(wake.wait(), timeout=2.0)
+                idle = 0.0
+            except TimeoutError:
+                idle += 2.0
+                if idle >= 14.0:
+                    idle = 0.0
+                    yield ": keep-alive\n\n"
+    finally:
+        mgr.unlisten(job_id, wake)
+
+
+def _final_line(job: Job) -> str:
+    bundle = f" Bundle: /v1/ports/{job.id}/bundle; ask for the report." if job.bundle_dir else ""
+    return f"\njob `{job.id}` ended: **{job.status}** — {job.reason}.{bundle}\n"

@@ -1,0 +1,119 @@
+"""Running a port as a crash-safe, observable job (used by the HTTP service, api/jobs.py).
+
+Why not ``graph.runner.run_port``: a service must publish an agent step only once it is durable,
+so that a crash never shows a step that then runs again, nor loses one that will not. Here every
+step is published from the checkpointer itself, right after the checkpoint that holds it is
+written: the published steps are always a prefix of the thread's durable ``trace``. The run also
+stops cooperatively (cancel, shutdown) between agent steps and can pause before the patcher so a
+human approves each patch round (LangGraph ``interrupt_before``).
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from langchain_core.runnables import RunnableConfig
+from langgraph.checkpoint.sqlite import SqliteSaver
+from langgraph.graph import StateGraph
+
+from knowledge.home import npuport_home
+
+TraceSink = Callable[[list[dict[str, Any]]], None]
+"""Receives the whole durable trace after each checkpoint; it publishes the items it has not yet."""
+
+GraphBuilder = Callable[[], StateGraph[Any]]
+
+
+class StopRequested(Exception):
+    """Raised inside the run loop when the job is cancelled or the service shuts down."""
+
+
+@dataclass
+class ThreadResult:
+    values: dict[str, Any]
+    next: tuple[str, ...] = ()
+    """Nodes still to run: non-empty when the run paused (approval) or was stopped."""
+    stopped: bool = False
+    trace: list[dict[str, Any]] = field(default_factory=list)
+
+
+def checkpoint_db() -> Path:
+    return npuport_home() / "checkpoints.sqlite"
+
+
+def _connect(path: Path | None) -> sqlite3.Connection:
+    # several jobs write checkpoints at once: WAL plus a busy timeout instead of "database is locked"
+    conn = sqlite3.connect(str(path or checkpoint_db()), check_same_thread=False, timeout=60)
+    conn.execute("PRAGMA journal_mode=WAL")
+    return conn
+
+
+class PublishingSaver(SqliteSaver):
+    """A SqliteSaver that hands the durable trace to ``sink`` after each top-level checkpoint."""
+
+    def __init__(self, conn: sqlite3.Connection, sink: TraceSink | None) -> None:
+        super().__init__(conn)
+        self._sink = sink
+
+    def put(self, config: Any, checkpoint: Any, metadata: Any, new_versions: Any) -> Any:
+        out = super().put(config, checkpoint, metadata, new_versions)
+        ns = (config.get("configurable") or {}).get("checkpoint_ns", "")
+        trace = (checkpoint.get("channel_values") or {}).get("trace")
+        if self._sink is not None and not ns and isinstance(trace, list):
+            self._sink(list(trace))
+        return out
+
+
+def _default_builder() -> StateGraph[Any]:
+    from graph.builder import build_graph
+
+    return build_graph()
+
+
+def run_thread(
+    inputs: dict[str, Any] | None,
+    thread_id: str,
+    on_trace: TraceSink | None = None,
+    should_stop: Callable[[], bool] | None = None,
+    interrupt_before: Sequence[str] = (),
+    builder: GraphBuilder | None = None,
+    db_path: Path | None = None,
+    recursion_limit: int = 200,
+) -> ThreadResult:
+    """Run (``inputs``) or resume (``inputs=None``, from the last checkpoint) one port thread."""
+    config: RunnableConfig = {"configurable": {"thread_id": thread_id}, "recursion_limit": recursion_limit}
+    conn = _connect(db_path)
+    try:
+        saver = PublishingSaver(conn, on_trace)
+        app = (builder or _default_builder)().compile(
+            checkpointer=saver, interrupt_before=list(interrupt_before) or None, name="npuport")
+        stopped = False
+        # durability="sync": each checkpoint is written before the next step starts
+        for _ in app.stream(inputs, config, stream_mode="updates", durability="sync"):
+            if should_stop and should_stop():
+                stopped = True
+                break
+        snap = app.get_state(config)
+        values = dict(snap.values)
+        return ThreadResult(values=values, next=tuple(snap.next), stopped=stopped, trace=list(values.get("trace") or []))
+    finally:
+        conn.close()
+
+
+def thread_snapshot(thread_id: str, builder: GraphBuilder | None = None,
+                    db_path: Path | None = None) -> ThreadResult | None:
+    """The last checkpoint of a thread, or None when the thread never checkpointed."""
+    conn = _connect(db_path)
+    try:
+        app = (builder or _default_builder)().compile(checkpointer=SqliteSaver(conn))
+        snap = app.get_state({"configurable": {"thread_id": thread_id}})
+        if not snap.values and not snap.next:
+            return None
+        values = dict(snap.values)
+        return ThreadResult(values=values, next=tuple(snap.next), trace=list(values.get("trace") or []))
+    finally:
+        conn.close()

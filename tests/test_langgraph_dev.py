@@ -1,0 +1,64 @@
+"""`langgraph dev` serves Studio's API and ours together (langgraph.json "http": {"app": ...}).
+
+The test writes a temporary langgraph.json (the repo's plus the ``http.app`` entry), starts
+`langgraph dev` on a loopback port, calls our /healthz through it and runs the real port graph
+through the LangGraph HTTP API on examples/ocr_mini, target cpu."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+import pytest
+from test_api_helpers import free_port, wait_http
+
+REPO = Path(__file__).resolve().parents[1]
+LANGGRAPH = Path(sys.executable).parent / "langgraph"
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not LANGGRAPH.exists(), reason="langgraph-cli is not installed in this environment")
+def test_langgraph_dev_serves_graph_and_our_app(tmp_path: Path) -> None:
+    config = json.loads((REPO / "langgraph.json").read_text())
+    config["dependencies"] = [str(REPO)]
+    config["graphs"] = {k: str(REPO / v.removeprefix("./")) for k, v in config["graphs"].items()}
+    config["http"] = {"app": str(REPO / "api" / "app.py") + ":app"}
+    cfg = tmp_path / "langgraph.json"
+    cfg.write_text(json.dumps(config))
+    home = tmp_path / "home"
+    home.mkdir()
+    port = free_port()
+    env = {**os.environ, "NPUPORT_HOME": str(home), "NPUPORT_TOKENS": '{"tok": ["read", "write"]}',
+           "NPUPORT_ALLOWED_ROOTS": str(REPO / "examples"), "PYTHONPATH": str(REPO)}
+    log = open(tmp_path / "langgraph.log", "wb")  # noqa: SIM115
+    proc = subprocess.Popen([str(LANGGRAPH), "dev", "--no-browser", "--no-reload", "--port", str(port),
+                             "--host", "127.0.0.1", "--config", str(cfg)],
+                            cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        wait_http(f"{base}/healthz", timeout=120, proc=proc)
+        health = httpx.get(f"{base}/healthz").json()
+        assert health["service"] == "npuport"  # our app, mounted beside LangGraph's API
+        assert httpx.get(f"{base}/v1/ports").status_code == 401  # and still behind our auth
+        assert httpx.get(f"{base}/v1/ports", headers={"Authorization": "Bearer tok"}).status_code == 200
+        thread = httpx.post(f"{base}/threads", json={}).json()
+        run = httpx.post(f"{base}/threads/{thread['thread_id']}/runs/wait", timeout=600, json={
+            "assistant_id": "npuport",
+            "input": {"request": {"model_path": str(REPO / "examples" / "ocr_mini"), "target": "cpu",
+                                  "out_dir": str(tmp_path / "bundle")}}})
+        assert run.status_code == 200, run.text
+        state = run.json()
+        assert state["status"] == "validated", state.get("reason")
+        assert json.loads((tmp_path / "bundle" / "report.json").read_text())["status"] == "validated"
+    finally:
+        try:
+            os.killpg(proc.pid, signal.SIGTERM)
+            proc.wait(20)
+        except (ProcessLookupError, subprocess.TimeoutExpired):
+            os.killpg(proc.pid, signal.SIGKILL)
+        log.close()
