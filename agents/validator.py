@@ -3,6 +3,7 @@ CPU in float32 (the original run under the cuda -> cpu device redirect)."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -38,10 +39,41 @@ def reference_run(state: dict[str, Any]) -> RunRecord:
     original = ws.root / "original"
     ws.original_tree(original)
     run = run_harness(workdir=ws.root, model_dir=original, run_dir=ws.runs_dir / "reference",
-                      manifest=state["entry"], target=Target("cpu", "cpu"), reference=True,
+                      manifest=state["entry"], target=Target("cpu", "cpu"), reference=True, extra=CAPTURE,
                       limits=limits_for(state["request"]),
                       python=(state.get("environment") or {}).get("python"))
     return record_of(run, "reference", "reference", "cpu (cuda->cpu redirect)")
+
+
+CAPTURE = {"capture": ["__step__", "*"]}
+
+
+def _with_metrics(numerics: Numerics, port: RunRecord, ref: RunRecord, dtype: str) -> Numerics:
+    """Add msProbe-style metrics of the captured tensors; a token match whose step output leaves the
+    dtype's tolerance is still a mismatch, and any mismatch names the first diverging module."""
+    from agents.numerics import compare_captures
+
+    port_res = json.loads(Path(port.result_path).read_text())
+    ref_res = json.loads(Path(ref.result_path).read_text())
+    p_path, r_path = (port_res.get("outputs") or {}).get("capture_path"), (ref_res.get("outputs") or {}).get("capture_path")
+    if not p_path or not r_path or not Path(p_path).exists() or not Path(r_path).exists():
+        return numerics
+    order = (port_res.get("outputs") or {}).get("captured") or []
+    cmp = compare_captures(Path(p_path), Path(r_path), order, dtype)
+    per = cmp.pop("per_module")
+    cmp["worst_modules"] = dict(sorted(per.items(), key=lambda kv: kv[1]["cosine"])[:5])
+    verdict = numerics.verdict
+    detail = numerics.detail
+    if verdict == "match" and not cmp["output_within_tolerance"]:
+        verdict, detail = "mismatch", f"{detail}, but the step output leaves the {dtype} tolerance"
+    out = cmp.get("output") or {}
+    if out:
+        detail += f"; step output cosine {out['cosine']:.6f}, max abs err {out['max_abs']:.2e}"
+    first = cmp["first_diverging_module"] if verdict == "mismatch" else None
+    if first:
+        detail += f"; first diverging module: {first}"
+    return numerics.model_copy(update={"verdict": verdict, "detail": detail, "metrics": cmp,
+                                       "first_diverging_module": first})
 
 
 def validator_node(state: dict[str, Any]) -> dict[str, Any]:
@@ -62,5 +94,6 @@ def validator_node(state: dict[str, Any]) -> dict[str, Any]:
         numerics = Numerics(verdict="not-run", detail=detail)
     else:
         numerics = compare_tokens(ref.tokens, port.tokens)
+        numerics = _with_metrics(numerics, port, ref, "float32")
     return {"numerics": numerics.model_dump(mode="json"), "runs": new_runs, "counters": counters,
             "trace": [step("validator", f"{numerics.verdict}: {numerics.detail} (reference {ref.tokens}, port {port.tokens})")]}

@@ -115,6 +115,52 @@ def _bracket_steps(model: Any, step_method: str | None, bootstrap: ModuleType) -
     model.register_forward_hook(lambda _m, _a, _o: bootstrap.end_step())
 
 
+MAX_CAPTURE_MODULES = 256
+MAX_CAPTURE_BYTES = 256 * 1024 * 1024
+
+
+def _capture_hooks(model: Any, names: list[str], captured: dict[str, Any], step_method: str | None) -> list[Any]:
+    """Record the first output of named modules, in execution order, on the CPU in float32.
+    "__step__" is the manifest's step method (or the model's forward); "*" is every submodule (capped)."""
+    import torch
+
+    budget = {"bytes": 0}
+
+    def keep(name: str, out: Any) -> None:
+        t = out[0] if isinstance(out, tuple | list) else out
+        if name in captured or not isinstance(t, torch.Tensor) or not t.is_floating_point():
+            return
+        size = t.numel() * 4
+        if budget["bytes"] + size > MAX_CAPTURE_BYTES:
+            return
+        budget["bytes"] += size
+        captured[name] = t.detach().to("cpu", torch.float32).clone()
+
+    handles = []
+    wanted = list(names)
+    if "*" in wanted:
+        wanted.remove("*")
+        wanted += [n for n, _ in list(model.named_modules())[1:MAX_CAPTURE_MODULES]]
+    for name in wanted:
+        if name == "__step__":
+            continue
+        sub = model.get_submodule(name)
+        handles.append(sub.register_forward_hook(lambda _m, _a, out, _n=name: keep(_n, out)))
+    if "__step__" in names:
+        if step_method:
+            inner = getattr(model, step_method)
+
+            def captured_step(*args: Any, **kwargs: Any) -> Any:
+                out = inner(*args, **kwargs)
+                keep("__step__", out)
+                return out
+
+            setattr(model, step_method, captured_step)
+        else:
+            handles.append(model.register_forward_hook(lambda _m, _a, out: keep("__step__", out)))
+    return handles
+
+
 def _to_device(value: Any, device: str) -> Any:
     import torch
 
@@ -195,18 +241,7 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
         if bootstrap is not None and hasattr(bootstrap, "begin_step"):
             _bracket_steps(model, run_cfg.get("step"), bootstrap)
         captured: dict[str, Any] = {}
-        handles = []
-        for name in spec.get("capture") or []:
-            sub = model.get_submodule(name) if name else model
-
-            def hook(_m: Any, _a: Any, out: Any, _name: str = name) -> None:
-                if _name in captured:
-                    return  # first call only: the prefill
-                t = out[0] if isinstance(out, tuple | list) else out
-                if isinstance(t, torch.Tensor):
-                    captured[_name] = t.detach().to("cpu", torch.float32)
-
-            handles.append(sub.register_forward_hook(hook))
+        handles = _capture_hooks(model, spec.get("capture") or [], captured, run_cfg.get("step"))
         result["timings"]["load_s"] = time.perf_counter() - t0
         output: Any = None
         with torch.no_grad():
@@ -234,6 +269,7 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
         if captured and spec.get("capture_path"):
             torch.save(captured, spec["capture_path"])
             result["outputs"]["capture_path"] = spec["capture_path"]
+            result["outputs"]["captured"] = list(captured)  # in execution order
         result["ok"] = True
     except BaseException as exc:  # the harness reports every failure as data
         result["exception"] = {
