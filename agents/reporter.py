@@ -26,6 +26,35 @@ def _md_escape(text: str) -> str:
     return text.replace("|", "\\|").replace("\n", " ")
 
 
+# Why a finding can stay as written, by hazard (the report names the finding's own message too).
+_LEFT_AS_WRITTEN = {
+    "H3": "the CUDA-only path stays off (its import is guarded or gone); the torch path runs",
+    "H4": "a performance opportunity; not needed for a correct port",
+    "H5": "only an issue on chips without the dtype (bfloat16 on 310P) or for exact float64 numerics",
+    "H6": "a performance issue (host syncs / Python loops); the port is correct with it",
+    "H7": "falls back to the CPU on this torch_npu build; correct but slow",
+    "H8": "the model runs in a layered environment with its own pins",
+    "H10": "serving settings are written into serve.sh / set_env.sh",
+    "H11": "the device fix puts both sides on the port's device; validated by the run",
+}
+
+
+def finding_resolutions(findings: list[dict[str, Any]], patches: list[dict[str, Any]], status: str) -> dict[str, str]:
+    """finding id -> "fixed by patch-N (commit)" or "left as written: why"."""
+    fixed: dict[str, str] = {}
+    for p in patches:
+        for fid in p.get("finding_ids") or []:
+            fixed.setdefault(fid, f"fixed by {p['id']} ({p['commit'][:8]}, {p['codemod']})")
+    out: dict[str, str] = {}
+    for f in findings:
+        if f["id"] in fixed:
+            out[f["id"]] = fixed[f["id"]]
+        else:
+            why = _LEFT_AS_WRITTEN.get(f["hazard"], "no recipe changes it")
+            out[f["id"]] = f"left as written: {why}" + ("" if status == "validated" else " (the port did not validate)")
+    return out
+
+
 def _fallback_text(op: str, info: Any) -> str:
     return f"{op} x{info.get('count', '?')}" if isinstance(info, dict) else op
 
@@ -46,10 +75,11 @@ def render_markdown(report: dict[str, Any]) -> str:
         "",
     ]
     if report["findings"]:
-        lines += ["| id | hazard | where | category | severity | what |", "|---|---|---|---|---|---|"]
+        res = report.get("resolutions") or {}
+        lines += ["| hazard | where | category | severity | what | resolution |", "|---|---|---|---|---|---|"]
         for f in report["findings"]:
-            lines.append(f"| {f['id']} | {f['hazard']} | {f['file']}:{f['line']} | {f['category']} | {f['severity']} | "
-                         f"{_md_escape(f['message'])} |")
+            lines.append(f"| {f['hazard']} | {f['file']}:{f['line']} | {f['category']} | {f['severity']} | "
+                         f"{_md_escape(f['message'])} | {_md_escape(res.get(f['id'], ''))} |")
     else:
         lines.append("No hazards found.")
     lines += ["", "## Patches (one commit each; `port.patch` is the whole diff)", ""]
@@ -99,6 +129,7 @@ def write_bundle(state: dict[str, Any], out_dir: Path, status: str, reason: str)
         "original_digest": state.get("original_digest"), "workdir": state.get("workdir"),
         "wall_s": time.time() - (state.get("started_at") or time.time()),
     }
+    report["resolutions"] = finding_resolutions(report["findings"], report["patches"], status)
     files = {}
     if state.get("workdir") and (Path(state["workdir"]) / "model" / ".git").exists():
         ws = Workspace(Path(state["workdir"]))
