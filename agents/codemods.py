@@ -433,3 +433,20 @@ CODEMODS: dict[str, tuple[Callable[..., CodemodResult], str, str]] = {
     "align-devices": (align_devices, "H11", "move torch.cat/stack inputs to one device"),
     "llm-edit": (_llm_edit, "LLM", "an edit proposed by the LLM policy, validated (in the workspace, applies cleanly, parses)"),
 }
+
+# Performance rewrites (H4, H6): agents/perf_codemods.py imports this module lazily, so no cycle.
+from agents.perf_codemods import (  # noqa: E402
+    fused_attention,
+    fused_rms_norm,
+    fused_rotary_mul,
+    moe_dense_dispatch,
+    vectorise_mask_loops,
+)
+
+CODEMODS.update({
+    "vectorise-mask-loops": (vectorise_mask_loops, "H6", "element-wise tensor fill loops -> vectorised masked_fill_"),
+    "moe-dense-dispatch": (moe_dense_dispatch, "H6", "MoE dispatch without host syncs or per-expert batches"),
+    "fused-rms-norm": (fused_rms_norm, "H4", "RMSNorm formula through torch_npu.npu_rms_norm where present"),
+    "fused-rotary-mul": (fused_rotary_mul, "H4", "rotate_half rotary through torch_npu.npu_rotary_mul where present"),
+    "fused-attention": (fused_attention, "H4", "softmax(QK^T)V through torch_npu.npu_fusion_attention where present"),
+})

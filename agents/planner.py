@@ -27,6 +27,8 @@ class PortRequest(BaseModel):
     strict: bool = False
     policy: str = "rule"
     tune: bool = False
+    tune_trials: int | None = Field(default=None, ge=1, le=200)
+    tune_time_s: float | None = Field(default=None, gt=0)
     max_runs: int = Field(default=8, ge=1, le=100)
     max_wall_s: float = Field(default=1800.0, gt=0)
     run_timeout_s: float = Field(default=300.0, gt=0)

@@ -109,9 +109,8 @@ def render_markdown(report: dict[str, Any]) -> str:
         lines += ["", "## Op inventory (last port run)", "", f"- CPU fallbacks: {fallbacks}",
                   f"- host syncs: {(op.get('host_syncs') or {}).get('total')}"]
     t = report.get("tuning") or {}
-    lines += ["", "## Timings and tuning", "", f"- {t.get('detail', '')}",
-              f"- original (reference) run_s: {(t.get('baseline') or {}).get('run_s')}",
-              f"- port run_s: {(t.get('tuned') or {}).get('run_s')}", ""]
+    lines += ["", "## Tuning", "", f"- status: {t.get('status', 'skipped')} — {t.get('detail', '')}",
+              f"- trials: {len(t.get('trials') or [])}; best: {t.get('best') or '-'}", ""]
     cites = sorted({c for p in report["patches"] for c in (x["source"] for x in p["citations"])}
                    | {c["source"] for f in report["findings"] for c in f.get("citations", [])})
     lines += ["## Citations", ""] + [f"- {c}" for c in cites] + [""]
@@ -140,8 +139,18 @@ def write_bundle(state: dict[str, Any], out_dir: Path, status: str, reason: str)
             shutil.rmtree(patched)
         ws.export_tree(patched)
         files["patched_tree"] = str(patched)
+        if status == "validated":
+            # run.py, serve.sh, set_env.sh, requirements/constraints and plots: only for a port that works.
+            from agents.deploy import write_deploy_bundle
+
+            files.update(write_deploy_bundle(state, out_dir))
     (out_dir / "report.json").write_text(json.dumps(report, indent=1, default=str))
-    (out_dir / "report.md").write_text(render_markdown(report))
+    markdown = render_markdown(report)
+    if status == "validated":
+        from agents.deploy import deploy_markdown
+
+        markdown += "\n" + deploy_markdown(state, out_dir)
+    (out_dir / "report.md").write_text(markdown)
     with (out_dir / "trace.jsonl").open("w") as fh:
         for item in state.get("trace") or []:
             fh.write(json.dumps(item, default=str) + "\n")

@@ -78,6 +78,8 @@ def port(
     strict: Annotated[bool, typer.Option(help="fail on CPU fallbacks (TORCH_NPU_FALLBACK_CPU_DISABLE=1)")] = False,
     max_runs: Annotated[int, typer.Option(help="budget: sandbox runs of the port")] = 8,
     max_wall: Annotated[float, typer.Option(help="budget: wall time in seconds")] = 1800.0,
+    tune: Annotated[bool, typer.Option(help="benchmark and tune the validated port")] = True,
+    tune_trials: Annotated[int, typer.Option(help="budget: tuning trials")] = 12,
     run_timeout: Annotated[float, typer.Option(help="wall-clock limit of one sandbox run, seconds")] = 300.0,
 ) -> None:
     """Port the model in PATH to the target; writes a bundle; exit 0 only when validated."""
@@ -85,7 +87,7 @@ def port(
         raise _fail(f"model path {path} does not exist", 1)
     request = {"model_path": str(path), "target": target, "chip": chip, "out_dir": str(out) if out else None,
                "torch_npu": torch_npu, "strict": strict, "max_runs": max_runs, "max_wall_s": max_wall,
-               "run_timeout_s": run_timeout}
+               "run_timeout_s": run_timeout, "tune": tune, "tune_trials": tune_trials}
     raise typer.Exit(run_port_cli(request))
 
 
@@ -93,12 +95,13 @@ def port(
 def demo(
     target: TargetOpt = "ascend-sim",
     out: Annotated[Path | None, typer.Option("--out", "-o")] = None,
+    tune_trials: Annotated[int, typer.Option(help="budget: tuning trials")] = 4,
 ) -> None:
     """Port the bundled example examples/ocr_mini (a CUDA-only OCR-style model) to the emulated Ascend target."""
     model = EXAMPLES_DIR / "ocr_mini"
     if not model.is_dir():
         raise _fail(f"the example model is missing at {model}")
-    request = {"model_path": str(model), "target": target, "chip": "910b",
+    request = {"model_path": str(model), "target": target, "chip": "910b", "tune": True, "tune_trials": tune_trials,
                "out_dir": str(out or Path.cwd() / "npuport-out" / "ocr_mini")}
     raise typer.Exit(run_port_cli(request, goal=""))
 
@@ -215,6 +218,80 @@ def _ops_matrix(torch_npu: str, wheel: Path | None, yaml: list[Path], rebuild: b
         sys.stdout.write(json.dumps(matrix.summary(), indent=1, default=str) + "\n")
     else:
         console.print(op_matrix.format_summary(matrix))
+
+
+kb_app = typer.Typer(no_args_is_help=True, help="The knowledge base: torch_npu / CANN docs, recipes, port memory.")
+
+
+def _kb_errors() -> tuple[type[BaseException], ...]:
+    from knowledge.kb import KBError
+
+    return (KBError,)
+
+
+@kb_app.command("build")
+def kb_build_cmd(
+    source: Annotated[list[str] | None, typer.Option("--source", "-s", help="a docs folder, wheel:VERSION, matrix:PATH ...")] = None,
+    rebuild: Annotated[bool, typer.Option(help="drop the store and build it anew")] = False,
+    as_json: Annotated[bool, typer.Option("--json")] = False,
+) -> None:
+    """Ingest sources into the Chroma store (incremental: unchanged sources cost nothing)."""
+    from knowledge.kb.cli_support import kb_build
+
+    try:
+        out = kb_build(list(source or []), json=as_json, rebuild=rebuild)
+    except _kb_errors() as exc:
+        raise _fail(str(exc), 1) from exc
+    sys.stdout.write((json.dumps(out, indent=1, default=str) if as_json else str(out)) + "\n")
+
+
+@kb_app.command("search")
+def kb_search_cmd(
+    query: Annotated[str, typer.Argument(help="an error message, op name or question")],
+    k: Annotated[int, typer.Option("--k", help="number of hits")] = 5,
+    as_json: Annotated[bool, typer.Option("--json")] = False,
+) -> None:
+    """Op-aware search: identifiers filter first, dense search fills the rest; hits carry citations."""
+    from knowledge.kb.cli_support import kb_search
+
+    try:
+        out = kb_search(query, k=k, json=as_json)
+    except _kb_errors() as exc:
+        raise _fail(str(exc), 1) from exc
+    sys.stdout.write((json.dumps(out, indent=1, default=str, ensure_ascii=False) if as_json else str(out)) + "\n")
+
+
+@kb_app.command("stats")
+def kb_stats_cmd(as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
+    """What the store holds."""
+    from knowledge.kb.cli_support import kb_stats
+
+    try:
+        out = kb_stats(json=as_json)
+    except _kb_errors() as exc:
+        raise _fail(str(exc), 1) from exc
+    sys.stdout.write((json.dumps(out, indent=1, default=str) if as_json else str(out)) + "\n")
+
+
+app.add_typer(kb_app, name="kb")
+
+
+@app.command()
+def verify(
+    bundle: Annotated[Path, typer.Argument(help="a bundle folder written by `npuport port`")],
+    original: Annotated[Path | None, typer.Option(help="the original model (default: the path in report.json)")] = None,
+    tolerance: Annotated[float, typer.Option(help="relative throughput tolerance")] = 0.3,
+) -> None:
+    """Re-apply the bundle's patch to the original in a fresh workspace, re-run validation and the
+    benchmark in fresh sandboxes, and print agree / disagree per claim."""
+    from agents.deploy import verify_bundle
+
+    if not (bundle / "report.json").is_file():
+        raise _fail(f"{bundle} is not a bundle (no report.json)", 2)
+    res = verify_bundle(bundle, original, tolerance=tolerance)
+    for line in res.lines():
+        console.print(line)
+    raise typer.Exit(0 if res.agree else 1)
 
 
 @app.command()

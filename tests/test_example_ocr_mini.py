@@ -190,7 +190,9 @@ def test_manifest_config_and_tokenizer_agree() -> None:
     model_tree = ast.parse((MODEL_DIR / f"{module}.py").read_text())
     classes = {n.name: n for n in model_tree.body if isinstance(n, ast.ClassDef)}
     assert {"generate", "__init__"} <= {f.name for f in classes[cls].body if isinstance(f, ast.FunctionDef)}
-    assert manifest["run"] == {"method": "generate", "kwargs": {"max_new_tokens": 8}}
+    assert manifest["run"] == {"method": "generate", "kwargs": {"max_new_tokens": 8}, "step": "forward_embeds"}
+    step_fns = {f.name for f in classes[cls].body if isinstance(f, ast.FunctionDef)}
+    assert manifest["run"]["step"] in step_fns
     for key in ("inputs", "decode"):
         mod, fn = manifest[key].split(":")
         funcs = {

@@ -15,6 +15,12 @@ _FINDING_FIXES: list[tuple[str, set[str], set[str] | None]] = [
                                         "device-fallback-to-cpu", "masked-scatter-device"}),
     ("float64-to-float32", {"H5"}, {"float64"}),
     ("nccl-to-hccl", {"H9"}, {"nccl-backend"}),
+    # Performance rewrites, after the correctness fixes (each proven harmless by the tokens check).
+    ("vectorise-mask-loops", {"H6"}, {"elementwise-loop"}),
+    ("moe-dense-dispatch", {"H6"}, {"per-expert-loop", "numpy-sync", "item-sync"}),
+    ("fused-rms-norm", {"H4"}, {"rms-norm-opportunity"}),
+    ("fused-rotary-mul", {"H4"}, {"rotary-opportunity"}),
+    ("fused-attention", {"H4"}, {"fused-attention-opportunity"}),
 ]
 
 def _recipe(hazard: str, title: str) -> Citation:

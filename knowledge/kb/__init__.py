@@ -1,0 +1,30 @@
+"""Knowledge base: torch_npu docs, Ascend docs, op-matrix facts, our recipes and port memory in Chroma.
+
+Importing this package is cheap: chromadb, sentence-transformers and torch load on first use.
+"""
+
+from knowledge.kb.kb import KnowledgeBase
+from knowledge.kb.models import (
+    COLLECTIONS,
+    BuildStats,
+    Hit,
+    KBDependencyError,
+    KBError,
+    KBStoreError,
+    SkippedFile,
+)
+from knowledge.kb.recipes import Recipe, get_recipe, load_recipes
+
+__all__ = [
+    "COLLECTIONS",
+    "BuildStats",
+    "Hit",
+    "KBDependencyError",
+    "KBError",
+    "KBStoreError",
+    "KnowledgeBase",
+    "Recipe",
+    "SkippedFile",
+    "get_recipe",
+    "load_recipes",
+]

@@ -1,0 +1,599 @@
+"""The knowledge base: Chroma collections, incremental ingestion, op-aware search, port memory.
+
+chromadb, rich and the embedding model are imported on first use (graph/api import this package
+indirectly and must stay light).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import json
+import os
+import shutil
+import time
+from collections.abc import Iterable
+from datetime import date as _date
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlparse
+
+from knowledge.home import npuport_home
+from knowledge.kb.chunking import digest
+from knowledge.kb.embeddings import Embedder, embedder_from_setting
+from knowledge.kb.identifiers import extract_keys, op_key
+from knowledge.kb.models import (
+    COLLECTIONS,
+    BuildStats,
+    Chunk,
+    Hit,
+    KBDependencyError,
+    KBError,
+    KBStoreError,
+    SkippedFile,
+)
+from knowledge.kb.recipes import Recipe, load_recipes, recipe_chunks, recipe_keys_for
+from knowledge.kb.sources import CHUNKER_VERSION, Resolved, SourceUnit, resolve, sha256_bytes
+
+MANIFEST = "kb_manifest"
+META_ID = "__kb__"
+SCHEMA = 1
+MEMORY_MIN_SIM = 0.55  # a port-memory hit without shared identifiers must be at least this close
+EMBED_BATCH = 512
+SMALL_COLLECTION = 300  # collections up to this size are ranked whole: one query instead of two
+REBUILD_HINT = "run `npuport kb build --rebuild` to recreate it"
+
+
+def _sim(distance: float) -> float:
+    return max(0.0, min(1.0, 1.0 - float(distance)))
+
+
+class KnowledgeBase:
+    """`KnowledgeBase(home=None)`: the store under `<home>/chroma`, or the server in NPUPORT_CHROMA_URL."""
+
+    def __init__(
+        self, home: str | Path | None = None, *, url: str | None = None, embeddings: str | None = None
+    ) -> None:
+        self.home = Path(home).expanduser() if home is not None else npuport_home()
+        self.home.mkdir(parents=True, exist_ok=True)
+        self.url = url if url is not None else (os.environ.get("NPUPORT_CHROMA_URL") or None)
+        self._embeddings_setting = embeddings
+        self._embedder: Embedder | None = None
+        self._client: Any = None
+        self._counts: dict[str, int] = {}
+
+    # ------------------------------------------------------------------ plumbing
+
+    @property
+    def chroma_path(self) -> Path:
+        return self.home / "chroma"
+
+    @property
+    def journal_path(self) -> Path:
+        return self.home / "port_memory.jsonl"
+
+    @property
+    def location(self) -> str:
+        return self.url or str(self.chroma_path)
+
+    def embedder(self) -> Embedder:
+        if self._embedder is None:
+            self._embedder = embedder_from_setting(self._embeddings_setting)
+        return self._embedder
+
+    def _chromadb(self) -> Any:
+        try:
+            import chromadb
+        except ImportError as e:
+            raise KBDependencyError(
+                f"The package 'chromadb' is needed for the knowledge base ({e}): pip install chromadb."
+            ) from e
+        return chromadb
+
+    def client(self) -> Any:
+        if self._client is not None:
+            return self._client
+        chromadb = self._chromadb()
+        from chromadb.config import Settings
+
+        settings = Settings(anonymized_telemetry=False, allow_reset=True)
+        try:
+            if self.url:
+                u = urlparse(self.url if "://" in self.url else f"http://{self.url}")
+                self._client = chromadb.HttpClient(
+                    host=u.hostname or "localhost",
+                    port=u.port or (443 if u.scheme == "https" else 8000),
+                    ssl=u.scheme == "https",
+                    settings=settings,
+                )
+                self._client.heartbeat()
+            else:
+                self.chroma_path.mkdir(parents=True, exist_ok=True)
+                self._client = chromadb.PersistentClient(path=str(self.chroma_path), settings=settings)
+        except Exception as e:  # chromadb raises many types here: all mean "cannot use the store"
+            self._client = None
+            if self.url:
+                raise KBStoreError(f"Cannot reach the Chroma server at {self.url}: {e}") from e
+            raise KBStoreError(
+                f"The knowledge-base store at {self.chroma_path} cannot be opened ({e}); {REBUILD_HINT}."
+            ) from e
+        return self._client
+
+    def _collection(self, name: str) -> Any:
+        try:
+            return self.client().get_or_create_collection(
+                name, configuration={"hnsw": {"space": "cosine"}}, embedding_function=None
+            )
+        except KBError:
+            raise
+        except Exception as e:
+            raise KBStoreError(
+                f"The knowledge-base store at {self.location} is unreadable "
+                f"(collection {name}: {e}); {REBUILD_HINT}."
+            ) from e
+
+    def _manifest(self) -> dict[str, dict[str, Any]]:
+        col = self._collection(MANIFEST)
+        try:
+            got = col.get(include=["metadatas"])
+        except Exception as e:
+            raise KBStoreError(
+                f"The knowledge-base store at {self.location} is unreadable ({e}); {REBUILD_HINT}."
+            ) from e
+        return {i: dict(m or {}) for i, m in zip(got["ids"], got["metadatas"] or [], strict=False)}
+
+    def _set_manifest(self, key: str, meta: dict[str, Any]) -> None:
+        self._collection(MANIFEST).upsert(ids=[key], embeddings=[[1.0]], metadatas=[meta])
+
+    def _check_embedder(self, manifest: dict[str, dict[str, Any]]) -> None:
+        meta = manifest.get(META_ID)
+        name = self.embedder().name
+        if meta and meta.get("embedder") != name:
+            raise KBStoreError(
+                f"The store at {self.location} was built with embeddings "
+                f"'{meta.get('embedder')}' but '{name}' is configured; {REBUILD_HINT}."
+            )
+
+    def reset(self) -> None:
+        """Drop the whole store (port memory survives: its journal is re-ingested by the next build)."""
+        if self.url:
+            client = self.client()
+            for name in [*COLLECTIONS, MANIFEST]:
+                with contextlib.suppress(Exception):  # absent: nothing to drop
+                    client.delete_collection(name)
+        else:
+            # Embedded Chroma caches one system per path: drop it before deleting the files, or a
+            # later client would write into the deleted store.
+            self._client = None
+            with contextlib.suppress(ImportError):
+                from chromadb.api.client import SharedSystemClient
+
+                SharedSystemClient.clear_system_cache()
+            shutil.rmtree(self.chroma_path, ignore_errors=True)
+        self._counts.clear()
+
+    # ------------------------------------------------------------------ build
+
+    def _builtin_units(self, out: Resolved) -> None:
+        for r in load_recipes():
+            data = Path(r.path).read_bytes()
+            out.units.append(
+                SourceUnit(
+                    f"recipes::{Path(r.path).name}",
+                    "recipes",
+                    r.path,
+                    sha256_bytes(data),
+                    "recipes",
+                    functools.partial(_recipe_load, r),
+                )
+            )
+        out.roots.append("recipes")
+        out.roots.append("memory")
+        if self.journal_path.is_file():
+            data = self.journal_path.read_bytes()
+            out.units.append(
+                SourceUnit(
+                    "memory::journal",
+                    "memory",
+                    str(self.journal_path),
+                    sha256_bytes(data),
+                    "port_memory",
+                    lambda: self._memory_chunks(data),
+                )
+            )
+
+    def build(self, sources: list[str], progress: bool = True, rebuild: bool = False) -> BuildStats:
+        """Ingest ``sources`` (see knowledge.kb.sources) plus our recipes and the port-memory journal.
+
+        Incremental: a source file whose content hash is unchanged costs nothing; a changed one has
+        its chunks replaced; files gone from a folder source are pruned.
+        """
+        t0 = time.perf_counter()
+        if rebuild:
+            self.reset()
+        resolved = resolve(sources)
+        self._builtin_units(resolved)
+        stats = BuildStats(
+            skipped=list(resolved.skipped), notes=list(resolved.notes), sources=len(resolved.units)
+        )
+        manifest = self._manifest()
+        keys = {u.key for u in resolved.units}
+        todo = [
+            u
+            for u in resolved.units
+            if (manifest.get(u.key, {}).get("sha256"), manifest.get(u.key, {}).get("chunker"))
+            != (u.sha256, CHUNKER_VERSION)
+        ]
+        stats.unchanged = len(resolved.units) - len(todo)
+        prunable = set(resolved.roots)
+        gone = [
+            k for k, m in manifest.items() if k != META_ID and m.get("root") in prunable and k not in keys
+        ]
+        for k in gone:
+            stats.chunks_removed += self._delete_source(k, manifest[k])
+            self._collection(MANIFEST).delete(ids=[k])
+            stats.removed += 1
+        if todo:
+            self._check_embedder(manifest)
+            self._ingest(todo, manifest, stats, progress)
+        stats.embedder = manifest.get(META_ID, {}).get("embedder", "") or (
+            self.embedder().name if todo else ""
+        )
+        stats.collections = self.counts()
+        stats.seconds = round(time.perf_counter() - t0, 2)
+        return stats
+
+    def _delete_source(self, key: str, meta: dict[str, Any]) -> int:
+        col = self._collection(str(meta.get("collection", "ascend_ops")))
+        n = int(meta.get("chunks", 0))
+        col.delete(where={"source_key": key})
+        return n
+
+    def _ingest(
+        self, todo: list[SourceUnit], manifest: dict[str, dict[str, Any]], stats: BuildStats, progress: bool
+    ) -> None:
+        loaded: list[tuple[SourceUnit, list[Chunk]]] = []
+        with _progress(progress) as bar:
+            task = bar.add_task("Reading sources", total=len(todo))
+            for u in todo:
+                try:
+                    chunks, note = u.load()
+                except KBError as e:
+                    stats.skipped.append(SkippedFile(path=u.path, reason=str(e)))
+                    bar.advance(task)
+                    continue
+                if note:
+                    stats.notes.append(note)
+                loaded.append((u, chunks))
+                bar.advance(task)
+            texts = [c.embed_text for _, chunks in loaded for c in chunks]
+            emb = self.embedder()
+            vectors: list[list[float]] = []
+            t = time.perf_counter()
+            task = bar.add_task(f"Embedding {len(texts)} chunks ({emb.name})", total=len(texts))
+            for i in range(0, len(texts), EMBED_BATCH):
+                batch = texts[i : i + EMBED_BATCH]  # a few batches per call: progress, bounded memory
+                vectors.extend(emb.embed_documents(batch))
+                bar.advance(task, len(batch))
+            stats.embed_seconds = round(time.perf_counter() - t, 2)
+        if META_ID not in manifest:
+            self._set_manifest(META_ID, {"embedder": emb.name, "schema": SCHEMA, "root": "", "sha256": ""})
+            manifest[META_ID] = {"embedder": emb.name}
+        # Writes are batched per collection (one sqlite commit per batch, not per file). A crash
+        # before the manifest write only means the next build redoes these files.
+        stale: dict[str, list[str]] = {}
+        for u, _ in loaded:
+            old = manifest.get(u.key)
+            if old:
+                stale.setdefault(str(old.get("collection", "ascend_ops")), []).append(u.key)
+                stats.chunks_removed += int(old.get("chunks", 0))
+                stats.updated += 1
+            else:
+                stats.added += 1
+        for name, keys in stale.items():
+            self._collection(name).delete(where={"source_key": {"$in": keys}})
+        by_col: dict[str, list[tuple[Chunk, list[float], str]]] = {}
+        pos = 0
+        for u, chunks in loaded:
+            for c, v in zip(chunks, vectors[pos : pos + len(chunks)], strict=True):
+                by_col.setdefault(u.collection, []).append((c, v, u.key))
+            pos += len(chunks)
+            stats.chunks_added += len(chunks)
+        max_batch = self._max_batch()
+        for name, rows in by_col.items():
+            col = self._collection(name)
+            for i in range(0, len(rows), max_batch):
+                part = rows[i : i + max_batch]
+                col.upsert(
+                    ids=[c.id for c, _, _ in part],
+                    embeddings=[v for _, v, _ in part],
+                    documents=[c.text for c, _, _ in part],
+                    metadatas=[c.metadata(key) for c, _, key in part],
+                )
+        if loaded:
+            self._collection(MANIFEST).upsert(
+                ids=[u.key for u, _ in loaded],
+                embeddings=[[1.0]] * len(loaded),
+                metadatas=[
+                    {
+                        "sha256": u.sha256,
+                        "chunker": CHUNKER_VERSION,
+                        "root": u.root,
+                        "collection": u.collection,
+                        "chunks": len(chunks),
+                        "path": u.path,
+                    }
+                    for u, chunks in loaded
+                ],
+            )
+        self._counts.clear()
+
+    def _max_batch(self) -> int:
+        try:
+            return max(1, min(5000, int(self.client().get_max_batch_size())))
+        except Exception:
+            return 1000
+
+    # ------------------------------------------------------------------ search
+
+    def counts(self) -> dict[str, int]:
+        if not self._counts:
+            self._counts = {name: self._collection(name).count() for name in COLLECTIONS}
+        return dict(self._counts)
+
+    def search(self, query: str, k: int = 5, collections: Iterable[str] | None = None) -> list[Hit]:
+        """Top ``k`` hits: relevant port-memory first, then chunks sharing identifiers with the
+        query (op names, error codes, env vars, hazard ids), then dense neighbours."""
+        names = list(collections) if collections else list(COLLECTIONS)
+        unknown = [n for n in names if n not in COLLECTIONS]
+        if unknown:
+            raise KBError(f"Unknown collections {unknown}; choose from {list(COLLECTIONS)}.")
+        counts = self.counts()
+        names = [n for n in names if counts.get(n, 0) > 0]
+        if not names or not query.strip():
+            return []
+        keys = extract_keys(query, hazards=True)
+        keys += [hk for hk in recipe_keys_for(query) if hk not in keys]
+        qvec = self.embedder().embed_query(query)
+        cands: dict[str, Hit] = {}
+        for name in names:
+            col = self._collection(name)
+            n = counts[name]
+            queries: list[tuple[dict[str, Any] | None, int]] = []
+            if n <= SMALL_COLLECTION:
+                # Small (recipes, serving, memory): rank all of it in one call; identifier
+                # matches are read from the metadata below.
+                queries.append((None, n))
+            elif keys:
+                flt: dict[str, Any] = (
+                    {"keys": {"$contains": keys[0]}}
+                    if len(keys) == 1
+                    else {"$or": [{"keys": {"$contains": key}} for key in keys]}
+                )
+                queries.append((flt, min(n, 3 * k)))
+            if n > SMALL_COLLECTION:
+                queries.append((None, min(n, k)))
+            for where, n_results in queries:
+                try:
+                    res = col.query(
+                        query_embeddings=[qvec],
+                        n_results=n_results,
+                        where=where,
+                        include=["documents", "metadatas", "distances"],
+                    )
+                except Exception as e:
+                    raise KBStoreError(f"Search failed on {self.location} ({e}); {REBUILD_HINT}.") from e
+                for cid, doc, meta, dist in zip(
+                    res["ids"][0], res["documents"][0], res["metadatas"][0], res["distances"][0], strict=False
+                ):
+                    if cid not in cands:
+                        cands[cid] = self._hit(cid, name, doc or "", dict(meta or {}), dist, keys)
+        return _rank(list(cands.values()), k)
+
+    def _hit(
+        self, cid: str, collection: str, doc: str, meta: dict[str, Any], dist: float, qkeys: list[str]
+    ) -> Hit:
+        mkeys = list(meta.get("keys") or [])
+        matched = [q for q in qkeys if q in mkeys]
+        sim = _sim(dist)
+        if collection == "port_memory" and (matched or sim >= MEMORY_MIN_SIM):
+            match = "memory"
+        elif matched:
+            match = "identifier"
+        else:
+            match = "dense"
+        return Hit(
+            id=cid,
+            collection=collection,
+            title=str(meta.get("title", "")),
+            text=doc[:600],
+            source=str(meta.get("source", "")),
+            anchor=str(meta.get("anchor", "")),
+            path=str(meta.get("path", "")),
+            score=round(sim, 4),
+            match=match,  # type: ignore[arg-type]
+            matched=matched,
+            keys=mkeys,
+            primary=list(meta.get("primary") or []),
+            version=str(meta.get("version", "")),
+            product=str(meta.get("product", "")),
+            language=str(meta.get("language", "")),
+            kind=str(meta.get("kind", "")),
+        )
+
+    # ------------------------------------------------------------------ stats
+
+    def stats(self) -> dict[str, Any]:
+        manifest = self._manifest()
+        roots: dict[str, int] = {}
+        for key, m in manifest.items():
+            if key != META_ID:
+                roots[str(m.get("root"))] = roots.get(str(m.get("root")), 0) + 1
+        return {
+            "store": self.location,
+            "embedder": manifest.get(META_ID, {}).get("embedder", ""),
+            "collections": self.counts(),
+            "source_files": sum(roots.values()),
+            "roots": roots,
+        }
+
+    # ------------------------------------------------------------------ port memory
+
+    def record_fix(
+        self,
+        signature: str,
+        patch_summary: str,
+        model: str,
+        target: str,
+        *,
+        hazard: str | None = None,
+        ops: list[str] | None = None,
+        files: list[str] | None = None,
+        date: str | None = None,
+    ) -> str:
+        """Remember a fix that led to a validated port; returns its id ("memory:<hash>").
+
+        The record is appended to `<home>/port_memory.jsonl` (survives rebuilds) and indexed at once.
+        """
+        if not signature.strip() or not patch_summary.strip():
+            raise KBError("record_fix needs a failure signature and a patch summary")
+        rec = {
+            "id": "memory:" + digest(signature, patch_summary, model, target),
+            "signature": signature,
+            "patch_summary": patch_summary,
+            "model": model,
+            "target": target,
+            "hazard": hazard or "",
+            "ops": list(ops or []),
+            "files": list(files or []),
+            "date": date or _date.today().isoformat(),
+        }
+        existing = self._journal_records()
+        if not any(r.get("id") == rec["id"] for r in existing):
+            with self.journal_path.open("a", encoding="utf-8") as f:
+                f.write(json.dumps(rec, ensure_ascii=False) + "\n")
+        chunk = _memory_chunk(rec)
+        data = self.journal_path.read_bytes()
+        manifest = self._manifest()
+        self._check_embedder(manifest)
+        emb = self.embedder()
+        if META_ID not in manifest:
+            self._set_manifest(META_ID, {"embedder": emb.name, "schema": SCHEMA, "root": "", "sha256": ""})
+        self._collection("port_memory").upsert(
+            ids=[chunk.id],
+            embeddings=emb.embed_documents([chunk.embed_text]),
+            documents=[chunk.text],
+            metadatas=[chunk.metadata("memory::journal")],
+        )
+        n = len(existing) + (0 if any(r.get("id") == rec["id"] for r in existing) else 1)
+        self._set_manifest(
+            "memory::journal",
+            {
+                "sha256": sha256_bytes(data),
+                "chunker": CHUNKER_VERSION,
+                "root": "memory",
+                "collection": "port_memory",
+                "chunks": n,
+                "path": str(self.journal_path),
+            },
+        )
+        self._counts.clear()
+        return str(rec["id"])
+
+    def _journal_records(self, data: bytes | None = None) -> list[dict[str, Any]]:
+        if data is None:
+            if not self.journal_path.is_file():
+                return []
+            data = self.journal_path.read_bytes()
+        out = []
+        for line in data.decode("utf-8", errors="replace").splitlines():
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError:
+                continue  # a torn last line from a crash: the rest still counts
+            if isinstance(rec, dict) and rec.get("id") and rec.get("signature"):
+                out.append(rec)
+        return out
+
+    def _memory_chunks(self, data: bytes) -> tuple[list[Chunk], str]:
+        seen: dict[str, Chunk] = {}
+        for rec in self._journal_records(data):
+            seen[str(rec["id"])] = _memory_chunk(rec)
+        return list(seen.values()), ""
+
+
+def _recipe_load(recipe: Recipe) -> tuple[list[Chunk], str]:
+    return recipe_chunks(recipe), ""
+
+
+def _memory_chunk(rec: dict[str, Any]) -> Chunk:
+    text = (
+        f"Failure: {rec['signature']}\nFix: {rec['patch_summary']}\nModel: {rec.get('model', '')}\n"
+        f"Target: {rec.get('target', '')}\nDate: {rec.get('date', '')}"
+    )
+    if rec.get("hazard"):
+        text += f"\nHazard: {rec['hazard']}"
+    keys = extract_keys(f"{rec['signature']}\n{rec['patch_summary']}", hazards=True)
+    for extra in [
+        *(op_key(o) for o in rec.get("ops") or []),
+        *([f"hz:{str(rec['hazard']).lower()}"] if rec.get("hazard") else []),
+    ]:
+        if extra not in keys:
+            keys.append(extra)
+    return Chunk(
+        id=str(rec["id"]),
+        collection="port_memory",
+        title=f"Validated fix ({rec.get('model', '')} on {rec.get('target', '')}): "
+        f"{str(rec['patch_summary'])[:80]}",
+        text=text,
+        embed_text=f"{rec['signature']}\n{rec['patch_summary']}"[:600],
+        source=str(rec["id"]),
+        path="port_memory.jsonl",
+        keys=keys[:64],
+        primary=keys[:64],
+        version=str(rec.get("date", "")),
+        kind="memory",
+    )
+
+
+def _rank(hits: list[Hit], k: int) -> list[Hit]:
+    def id_score(h: Hit) -> int:
+        primary_n = sum(1 for m in h.matched if m in h.primary)
+        return len(h.matched) + primary_n
+
+    tier = {"memory": 0, "identifier": 1, "dense": 2}
+    hits.sort(key=lambda h: (tier[h.match], -id_score(h), -h.score))
+    out: list[Hit] = []
+    seen_recipes: set[str] = set()
+    for h in hits:
+        if h.kind == "recipe":
+            if h.source in seen_recipes:
+                continue  # one hit per recipe: its best section
+            seen_recipes.add(h.source)
+            h = h.model_copy(update={"id": h.source, "anchor": "", "title": h.title.rsplit(" > ", 1)[0]})
+        out.append(h)
+        if len(out) == k:
+            break
+    return out
+
+
+class _NoProgress:
+    def __enter__(self) -> _NoProgress:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+    def add_task(self, *a: Any, **kw: Any) -> int:
+        return 0
+
+    def advance(self, *a: Any, **kw: Any) -> None:
+        return None
+
+
+def _progress(enabled: bool) -> Any:
+    if not enabled:
+        return _NoProgress()
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())

@@ -1,0 +1,425 @@
+"""Source specs -> source units (one per file), each with a content hash and a deferred chunk loader.
+
+Spec forms (see docs/knowledge-base.md):
+  PATH                 a docs folder (or one file); files under a folder named like "vllm*" go to "serving"
+  docs:PATH            a docs folder for "ascend_ops";  serving:PATH  a docs folder for "serving"
+  wheel:2.13.0         the torch_npu wheel of that version (cache, else `pip download`)
+  wheel:PATH.whl       a downloaded wheel;  wheel:installed  the installed torch_npu (not imported)
+  site:DIR             a site-packages folder holding torch_npu/
+  matrix:PATH.json     an op-support matrix (docs/architecture.md); a bare *.json path works too
+  recipes              our hazard recipes (always added by KnowledgeBase.build)
+"""
+
+from __future__ import annotations
+
+import ast
+import hashlib
+import importlib.util
+import json
+import os
+import re
+import warnings
+import zipfile
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from knowledge.kb.chunking import (
+    EMBED_CHARS,
+    clean,
+    decode,
+    detect_language,
+    detect_products,
+    digest,
+    looks_binary,
+    sections_for,
+    version_from_path,
+)
+from knowledge.kb.identifiers import extract_keys, op_key
+from knowledge.kb.models import Chunk, Collection, KBError, SkippedFile
+
+DOC_SUFFIXES = (".md", ".markdown", ".txt", ".rst")
+MAX_FILE_BYTES = int(os.environ.get("NPUPORT_KB_MAX_FILE_BYTES", str(4 * 1024 * 1024)))
+OP_DOCS_MEMBER = "torch_npu/_op_plugin_docs.py"
+# Bump when chunking changes: stored files are then re-chunked although their content is the same.
+CHUNKER_VERSION = 2
+
+
+@dataclass
+class SourceUnit:
+    key: str  # stable identity in the manifest
+    root: str  # the spec it came from: files of a root that disappear are pruned
+    path: str
+    sha256: str
+    collection: Collection
+    load: Callable[[], tuple[list[Chunk], str]]  # -> (chunks, note)
+
+
+@dataclass
+class Resolved:
+    units: list[SourceUnit] = field(default_factory=list)
+    roots: list[str] = field(default_factory=list)  # roots whose listing is complete (prunable)
+    skipped: list[SkippedFile] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+
+def sha256_bytes(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def _embed_text(title: str, body: str) -> str:
+    return f"{title}\n{body}"[:EMBED_CHARS]
+
+
+# ---------------------------------------------------------------- docs folders
+
+
+def _collection_for(path: Path, default: Collection) -> Collection:
+    if default != "ascend_ops":
+        return default
+    return "serving" if any("vllm" in part.lower() for part in path.parts) else default
+
+
+def _doc_unit(file: Path, root: Path, root_key: str, collection: Collection, data: bytes) -> SourceUnit:
+    rel = file.relative_to(root).as_posix() if file != root else file.name
+    source = f"{root.name}/{rel}" if file != root else file.name
+    col = _collection_for(Path(root.name) / rel, collection)
+
+    def load() -> tuple[list[Chunk], str]:
+        dec = decode(data)
+        version = version_from_path(str(file))
+        chunks: list[Chunk] = []
+        for i, s in enumerate(sections_for(dec.text, file.stem)):
+            chunks.append(
+                Chunk(
+                    id=f"{digest(root_key, rel)}-{i}",
+                    collection=col,
+                    title=s.title,
+                    text=s.body,
+                    embed_text=s.embed[:EMBED_CHARS] or _embed_text(s.title, s.body),
+                    source=source,
+                    path=str(file),
+                    anchor=s.anchor,
+                    keys=s.keys,
+                    primary=s.primary,
+                    version=version,
+                    product=detect_products(s.body),
+                    language=detect_language(s.title + "\n" + s.body),
+                    kind="api" if s.level == 3 and s.primary else "doc",
+                )
+            )
+        return chunks, (f"{file}: {dec.note}" if dec.note else "")
+
+    return SourceUnit(f"{root_key}::{rel}", root_key, str(file), sha256_bytes(data), col, load)
+
+
+def _read_checked(file: Path, out: Resolved) -> bytes | None:
+    try:
+        size = file.stat().st_size
+        if size > MAX_FILE_BYTES:
+            out.skipped.append(
+                SkippedFile(path=str(file), reason=f"too large ({size} bytes > {MAX_FILE_BYTES})")
+            )
+            return None
+        data = file.read_bytes()
+    except OSError as e:
+        out.skipped.append(SkippedFile(path=str(file), reason=f"unreadable: {e.strerror or e}"))
+        return None
+    if looks_binary(data):
+        out.skipped.append(SkippedFile(path=str(file), reason="binary content"))
+        return None
+    return data
+
+
+def resolve_folder(root: Path, collection: Collection, out: Resolved) -> None:
+    root = root.resolve()
+    root_key = f"docs:{root}"
+    files = [root] if root.is_file() else sorted(p for p in root.rglob("*") if p.is_file())
+    if root.is_dir():
+        out.roots.append(root_key)
+    n = 0
+    for f in files:
+        if f.suffix.lower() == ".json" and f != root:
+            _maybe_matrix(f, out, quiet=True)
+            continue
+        if f.suffix.lower() not in DOC_SUFFIXES and f != root:
+            continue
+        data = _read_checked(f, out)
+        if data is not None:
+            out.units.append(_doc_unit(f, root if root.is_dir() else f, root_key, collection, data))
+            n += 1
+    if n == 0:
+        out.notes.append(f"{root}: no Markdown or text documents found (empty folder?)")
+
+
+# ---------------------------------------------------------------- torch_npu wheel
+
+
+@dataclass
+class OpDoc:
+    name: str
+    doc: str
+
+
+def parse_op_plugin_docs(source: str) -> list[OpDoc]:
+    """`_add_torch_npu_docstr("name", \"\"\"doc\"\"\")` calls in _op_plugin_docs.py, read as text (no import)."""
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", (DeprecationWarning, SyntaxWarning))  # "\_" in their docstrings
+            tree = ast.parse(source)
+    except SyntaxError as e:
+        raise KBError(f"{OP_DOCS_MEMBER} does not parse as Python ({e}); is the wheel damaged?") from e
+    docs: list[OpDoc] = []
+    for node in ast.walk(tree):
+        if not (isinstance(node, ast.Call) and len(node.args) >= 2):
+            continue
+        fn = node.func
+        fname = fn.id if isinstance(fn, ast.Name) else fn.attr if isinstance(fn, ast.Attribute) else ""
+        if not fname.startswith("_add_") or "docstr" not in fname:
+            continue
+        a, b = node.args[0], node.args[1]
+        if isinstance(a, ast.Constant) and isinstance(b, ast.Constant) and isinstance(a.value, str):
+            docs.append(OpDoc(a.value, str(b.value)))
+    return docs
+
+
+def find_wheel(version: str) -> Path:
+    """A cached torch_npu wheel of ``version`` (NPUPORT_WHEEL_CACHE or <home>/wheels), else `pip download`.
+
+    Shares knowledge.wheel's cache and download so the op matrix and the knowledge base read one file.
+    """
+    from knowledge.wheel import WheelError, cached_wheel, download_wheel
+
+    found = cached_wheel(version)
+    if found is not None:
+        return found
+    try:
+        return download_wheel(version)
+    except WheelError as e:
+        raise KBError(f"torch_npu {version} wheel not available: {e}") from e
+
+
+def _wheel_version(name: str) -> str:
+    m = re.match(r"torch_npu-([^-]+)", name)
+    return m.group(1) if m else ""
+
+
+def _wheel_doc_unit(text: str, version: str, where: str, out: Resolved) -> None:
+    root_key = f"wheel:torch_npu=={version or 'unknown'}"
+    data = text.encode("utf-8")
+    source = f"torch_npu-{version}/{OP_DOCS_MEMBER}" if version else OP_DOCS_MEMBER
+
+    def load() -> tuple[list[Chunk], str]:
+        chunks: list[Chunk] = []
+        for i, d in enumerate(parse_op_plugin_docs(text)):
+            body = clean(d.doc)
+            title = f"torch_npu.{d.name}"
+            primary = [op_key(d.name)]
+            keys = [*primary, *(k for k in extract_keys(body) if k not in primary)][:64]
+            chunks.append(
+                Chunk(
+                    id=f"{digest(root_key, d.name)}-{i}",
+                    collection="ascend_ops",
+                    title=title,
+                    text=body[:8000],
+                    embed_text=_embed_text(title, body),
+                    source=source,
+                    path=where,
+                    anchor=d.name,
+                    keys=keys,
+                    primary=primary,
+                    version=version,
+                    product=detect_products(body),
+                    language=detect_language(body),
+                    kind="wheel_doc",
+                )
+            )
+        return chunks, ""
+
+    out.units.append(
+        SourceUnit(f"{root_key}::{OP_DOCS_MEMBER}", root_key, where, sha256_bytes(data), "ascend_ops", load)
+    )
+
+
+def resolve_wheel_file(whl: Path, out: Resolved) -> None:
+    try:
+        with zipfile.ZipFile(whl) as z:
+            text = z.read(OP_DOCS_MEMBER).decode("utf-8", errors="replace")
+    except KeyError:
+        out.skipped.append(SkippedFile(path=str(whl), reason=f"no {OP_DOCS_MEMBER} in this wheel"))
+        return
+    except (OSError, zipfile.BadZipFile) as e:
+        out.skipped.append(SkippedFile(path=str(whl), reason=f"unreadable wheel: {e}"))
+        return
+    _wheel_doc_unit(text, _wheel_version(whl.name), f"{whl}!/{OP_DOCS_MEMBER}", out)
+
+
+def resolve_site(site: Path, out: Resolved) -> None:
+    """An installed torch_npu: read its files, never import it (it needs CANN)."""
+    pkg = site / "torch_npu" if (site / "torch_npu").is_dir() else site
+    docs = pkg / "_op_plugin_docs.py"
+    if not docs.is_file():
+        out.skipped.append(
+            SkippedFile(path=str(site), reason=f"no torch_npu/_op_plugin_docs.py under {site}")
+        )
+        return
+    version = ""
+    for info in sorted(pkg.parent.glob("torch_npu-*.dist-info")):
+        version = _wheel_version(info.name)
+    data = _read_checked(docs, out)
+    if data is not None:
+        _wheel_doc_unit(decode(data).text, version, str(docs), out)
+
+
+def resolve_wheel(spec: str, out: Resolved) -> None:
+    arg = spec[len("wheel:") :]
+    if arg == "installed":
+        found = importlib.util.find_spec("torch_npu")  # locates, does not execute the package
+        if found is None or not found.submodule_search_locations:
+            out.skipped.append(SkippedFile(path=spec, reason="torch_npu is not installed here"))
+            return
+        resolve_site(Path(next(iter(found.submodule_search_locations))), out)
+    elif arg.endswith(".whl") or Path(arg).is_file():
+        resolve_wheel_file(Path(arg).expanduser(), out)
+    else:
+        resolve_wheel_file(find_wheel(arg), out)
+
+
+# ---------------------------------------------------------------- op-support matrix
+
+
+def _maybe_matrix(path: Path, out: Resolved, quiet: bool = False) -> None:
+    data = _read_checked(path, out)
+    if data is None:
+        return
+    try:
+        matrix = json.loads(decode(data).text)
+    except json.JSONDecodeError as e:
+        if not quiet:
+            out.skipped.append(SkippedFile(path=str(path), reason=f"not JSON: {e}"))
+        return
+    if not (isinstance(matrix, dict) and isinstance(matrix.get("ops"), dict)):
+        if not quiet:
+            out.skipped.append(SkippedFile(path=str(path), reason="not an op-support matrix (no 'ops')"))
+        return
+    root_key = f"matrix:{path.resolve()}"
+
+    def load() -> tuple[list[Chunk], str]:
+        return matrix_chunks(matrix, root_key, str(path)), ""
+
+    out.units.append(SourceUnit(root_key, root_key, str(path), sha256_bytes(data), "ascend_ops", load))
+
+
+def matrix_chunks(matrix: dict, root_key: str, path: str) -> list[Chunk]:
+    """Short fact records: per op (overloads together) kernel kind, aclnn name, dtypes; fallbacks."""
+    ver = str(matrix.get("torch_npu_version", ""))
+    src = f"op-matrix torch_npu-{ver}" if ver else "op-matrix"
+    by_op: dict[str, list[tuple[str, dict]]] = {}
+    for name, rec in (matrix.get("ops") or {}).items():
+        by_op.setdefault(name.split(".")[0], []).append((name, rec if isinstance(rec, dict) else {}))
+    chunks: list[Chunk] = []
+
+    def fact(op: str, text: str, keys: list[str]) -> None:
+        title = f"aten::{op} on torch_npu {ver}".strip()
+        chunks.append(
+            Chunk(
+                id=f"{digest(root_key, op)}-0",
+                collection="ascend_ops",
+                title=title,
+                text=text,
+                embed_text=text,
+                source=src,
+                path=path,
+                anchor=op,
+                keys=keys,
+                primary=keys[:1],
+                version=ver,
+                language="en",
+                kind="op_fact",
+            )
+        )
+
+    for op, recs in sorted(by_op.items()):
+        parts, keys = [], [op_key(op)]
+        for name, rec in recs:
+            if not rec.get("npu", True):
+                how = "runs on the CPU (fallback)" if rec.get("fallback") else "no NPU kernel"
+                parts.append(f"{name}: {how}")
+                if rec.get("fallback") and "env:TORCH_NPU_FALLBACK_CPU_DISABLE" not in keys:
+                    keys.append("env:TORCH_NPU_FALLBACK_CPU_DISABLE")
+                continue
+            kernel = rec.get("kernel", "unknown")
+            if kernel == "composite":
+                parts.append(f"{name}: composite (decomposes into other ops, needs no NPU kernel)")
+                continue
+            exec_name = rec.get("exec") or ""
+            dtypes = rec.get("dtypes")
+            desc = f"{name}: NPU kernel ({kernel}{', ' + exec_name if exec_name else ''})"
+            desc += f", dtypes {', '.join(map(str, dtypes))}" if dtypes else ", dtypes not listed"
+            parts.append(desc)
+            if exec_name and f"aclnn:{exec_name.lower()}" not in keys:
+                keys.append(f"aclnn:{exec_name.lower()}")
+        fact(op, f"aten::{op} in torch_npu {ver}: " + "; ".join(parts), keys)
+    fallback = sorted({str(op).split(".")[0] for op in matrix.get("fallback_ops") or []} - set(by_op))
+    for op in fallback:
+        base = op
+        fact(
+            base,
+            f"aten::{op} has no NPU kernel in torch_npu {ver}: it runs on the CPU through the fallback "
+            "(a warning once per op), or raises when TORCH_NPU_FALLBACK_CPU_DISABLE=1.",
+            [op_key(base), "env:TORCH_NPU_FALLBACK_CPU_DISABLE"],
+        )
+    for op in sorted({str(o) for o in matrix.get("custom_ops") or []}):
+        chunks.append(
+            Chunk(
+                id=f"{digest(root_key, 'custom', op)}-0",
+                collection="ascend_ops",
+                title=f"torch_npu.{op} (custom op, torch_npu {ver})",
+                text=f"torch_npu.{op} is a torch_npu custom op with an NPU kernel in {ver}.",
+                embed_text=f"torch_npu.{op} custom NPU op",
+                source=src,
+                path=path,
+                anchor=op,
+                keys=[op_key(op)],
+                primary=[op_key(op)],
+                version=ver,
+                kind="op_fact",
+            )
+        )
+    return chunks
+
+
+# ---------------------------------------------------------------- dispatch
+
+
+def resolve(specs: list[str]) -> Resolved:
+    out = Resolved()
+    for spec in specs:
+        spec = spec.strip()
+        if not spec:
+            continue
+        if spec.startswith("wheel:"):
+            resolve_wheel(spec, out)
+            continue
+        if spec.startswith("site:"):
+            resolve_site(Path(spec[5:]).expanduser(), out)
+            continue
+        collection: Collection = "ascend_ops"
+        path_s = spec
+        for prefix, col in (("docs:", "ascend_ops"), ("serving:", "serving"), ("matrix:", "")):
+            if spec.startswith(prefix):
+                path_s = spec[len(prefix) :]
+                if col:
+                    collection = col  # type: ignore[assignment]
+        path = Path(path_s).expanduser()
+        if not path.exists():
+            out.skipped.append(SkippedFile(path=spec, reason="not found"))
+        elif spec.startswith("matrix:") or (path.is_file() and path.suffix == ".json"):
+            _maybe_matrix(path, out)
+        elif path.is_file() and path.suffix == ".whl":
+            resolve_wheel_file(path, out)
+        elif path.is_dir() and (path / "torch_npu" / "_op_plugin_docs.py").is_file():
+            resolve_site(path, out)
+        else:
+            resolve_folder(path, collection, out)
+    return out

@@ -1,0 +1,352 @@
+"""The in-sandbox benchmark: loads a model the way sandbox/harness.py does (its functions, imported),
+then, for each configuration in the spec, measures greedy generation at several concurrencies.
+
+Run as ``python -I -m sandbox.bench SPEC.json``. The clock lives here, outside patched code.
+
+Concurrency c means c requests arrive together; they are served in waves of at most ``batch`` rows
+(one batched ``generate`` call per wave), request i built from seed ``seed + i``. Throughput is new
+tokens / wall time of all waves; a request's latency is the time from the start until its wave ends.
+Each (configuration, concurrency) point runs ``warmup`` untimed passes then ``repeats`` timed ones;
+the result gives the median, min/max spread, and latency p50/p99 over all timed requests.
+
+Configuration knobs (all optional): ``batch``, ``dtype`` (float32 | bfloat16 | float16),
+``compile`` (none | default | reduce-overhead), ``threads``, ``attn`` (written to the config as
+``_attn_implementation``), ``kv_cache`` (written as ``use_cache``; only for models whose config has
+that flag). A configuration that cannot run is reported as ``infeasible`` (compile failures, unknown
+knobs) or ``error`` (anything else), with the message; a run whose first request's tokens differ
+from ``reference_tokens`` is ``mismatch``.
+
+The parent side, :func:`run_bench`, writes the spec and runs this module in the sandbox.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import sys
+import time
+import traceback
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from sandbox import harness
+from sandbox.process import ExecResult, Limits, Sandbox, default_sandbox, scrubbed_env
+
+DTYPES = ("float32", "bfloat16", "float16")
+COMPILE_MODES = ("none", "default", "reduce-overhead")
+
+
+class Infeasible(RuntimeError):
+    """This configuration cannot run here (not a bug in the model)."""
+
+
+def _percentile(values: list[float], q: float) -> float:
+    """Nearest-rank percentile (q in [0, 100]); exact for the small samples a benchmark has."""
+    ordered = sorted(values)
+    rank = max(1, int(-(-q * len(ordered) // 100)))  # ceil(q/100 * n), at least 1
+    return ordered[min(rank, len(ordered)) - 1]
+
+
+def _concat_requests(inputs_fn: Any, config: dict[str, Any], seed: int, n: int, device: str, dtype: Any) -> dict[str, Any]:
+    """A batch of n requests (seeds seed..seed+n-1) as one kwargs dict; copies of the first when the
+    per-seed inputs do not stack (different prompt lengths)."""
+    import torch
+
+    per = [inputs_fn(config, seed + i) for i in range(n)]
+    out: dict[str, Any] = {}
+    for key, first in per[0].items():
+        if isinstance(first, torch.Tensor):
+            try:
+                value = torch.cat([p[key] for p in per], dim=0)
+            except RuntimeError:
+                value = torch.cat([first] * n, dim=0)
+            if value.is_floating_point() and dtype is not None:
+                value = value.to(dtype)
+            out[key] = value.to(device)
+        else:
+            out[key] = first
+    return out
+
+
+def _compile_children(model: Any, mode: str) -> int:
+    """torch.compile each direct child module (and each entry of a ModuleList child) in place: the
+    model's own method (generate) keeps its Python control flow and calls compiled blocks."""
+    import torch
+
+    n = 0
+    for child in model.children():
+        if isinstance(child, torch.nn.ModuleList | torch.nn.ModuleDict):
+            for sub in child.children():
+                sub.compile(mode=mode)
+                n += 1
+        else:
+            child.compile(mode=mode)
+            n += 1
+    return n
+
+
+def _tokens_of(output: Any) -> list[list[int]]:
+    import torch
+
+    if isinstance(output, dict):
+        output = output.get("tokens", output.get("sequences"))
+    if isinstance(output, torch.Tensor):
+        return output.detach().to("cpu").tolist()
+    return list(output)
+
+
+def _build_model(cls: Any, config: dict[str, Any], cfg: dict[str, Any], seed: int, device: str) -> tuple[Any, Any]:
+    import torch
+
+    config = dict(config)
+    if cfg.get("attn"):
+        config["_attn_implementation"] = cfg["attn"]
+    if cfg.get("kv_cache") is not None:
+        if "use_cache" not in config:
+            if cfg["kv_cache"]:
+                raise Infeasible("the model's config has no use_cache flag: it has no KV cache to switch on")
+        else:
+            config["use_cache"] = bool(cfg["kv_cache"])
+    dtype = None
+    if cfg.get("dtype"):
+        if cfg["dtype"] not in DTYPES:
+            raise Infeasible(f"unknown dtype {cfg['dtype']!r}")
+        dtype = getattr(torch, cfg["dtype"])
+    torch.manual_seed(seed)
+    model = cls(config)
+    harness.seed_parameters(model, seed)
+    model.eval()
+    if dtype is not None:
+        model.to(dtype)
+    model.to(device)
+    return model, dtype
+
+
+def _measure_point(call: Any, inputs_fn: Any, config: dict[str, Any], seed: int, concurrency: int, batch: int,
+                   device: str, dtype: Any, warmup: int, repeats: int) -> tuple[dict[str, Any], list[list[int]]]:
+    waves = []
+    for start in range(0, concurrency, batch):
+        n = min(batch, concurrency - start)
+        waves.append(_concat_requests(inputs_fn, config, seed + start, n, device, dtype))
+    first_tokens: list[list[int]] = []
+    for _ in range(warmup):
+        for w in waves:
+            call(w)
+    harness._synchronize(device)
+    throughputs: list[float] = []
+    latencies: list[float] = []
+    new_tokens = 0
+    for _ in range(max(1, repeats)):
+        new_tokens = 0
+        t0 = time.perf_counter()
+        for i, w in enumerate(waves):
+            tokens = _tokens_of(call(w))
+            harness._synchronize(device)
+            done = time.perf_counter() - t0
+            latencies.extend([done] * len(tokens))
+            new_tokens += sum(len(r) for r in tokens)
+            if i == 0 and not first_tokens:
+                first_tokens = tokens[:1]
+        elapsed = time.perf_counter() - t0
+        throughputs.append(new_tokens / elapsed if elapsed > 0 else 0.0)
+    med = statistics.median(throughputs)
+    point = {
+        "concurrency": concurrency, "batch": batch, "waves": len(waves), "new_tokens": new_tokens,
+        "tokens_per_s": med, "tokens_per_s_runs": throughputs,
+        "spread": (max(throughputs) - min(throughputs)) / med if med > 0 else 0.0,
+        "latency_p50_s": _percentile(latencies, 50), "latency_p99_s": _percentile(latencies, 99),
+    }
+    return point, first_tokens
+
+
+def _run_config(cls: Any, base_config: dict[str, Any], manifest: dict[str, Any], model_dir: Path, cfg: dict[str, Any],
+                spec: dict[str, Any], device: str) -> dict[str, Any]:
+    import torch
+
+    out: dict[str, Any] = {"id": cfg.get("id", ""), "config": cfg, "status": "ok", "detail": "", "points": []}
+    seed = int(spec.get("seed", 0))
+    try:
+        if cfg.get("threads"):
+            torch.set_num_threads(int(cfg["threads"]))
+        out["threads_used"] = torch.get_num_threads()
+        t0 = time.perf_counter()
+        model, dtype = _build_model(cls, base_config, cfg, seed, device)
+        out["load_s"] = time.perf_counter() - t0
+        mode = cfg.get("compile") or "none"
+        if mode not in COMPILE_MODES:
+            raise Infeasible(f"unknown torch.compile mode {mode!r}")
+        if mode != "none":
+            out["compiled_modules"] = _compile_children(model, mode)
+        inputs_fn = harness._load_attr(manifest["inputs"], model_dir)
+        run_cfg = manifest.get("run") or {}
+        method = getattr(model, run_cfg.get("method", "generate"))
+        kwargs = dict(run_cfg.get("kwargs") or {})
+        kwargs.update(spec.get("run_kwargs") or {})
+
+        def call(inputs: dict[str, Any]) -> Any:
+            with torch.no_grad():
+                return method(**inputs, **kwargs)
+
+        if mode != "none":
+            # The first call compiles; a failure here (graph break storms, guard failures, missing
+            # compiler) makes the configuration infeasible on this host, not the model broken.
+            t1 = time.perf_counter()
+            try:
+                call(_concat_requests(inputs_fn, base_config, seed, 1, device, dtype))
+            except Exception as exc:
+                raise Infeasible(f"torch.compile(mode={mode!r}) failed: {type(exc).__name__}: {str(exc)[:300]}") from exc
+            out["compile_s"] = time.perf_counter() - t1
+        batch = max(1, int(cfg.get("batch") or 1))
+        ref = spec.get("reference_tokens")
+        for c in spec.get("concurrencies") or [1]:
+            point, first = _measure_point(call, inputs_fn, base_config, seed, int(c), batch, device, dtype,
+                                          int(spec.get("warmup", 1)), int(spec.get("repeats", 3)))
+            out["points"].append(point)
+            out.setdefault("tokens", first)
+        if ref is not None:
+            out["tokens_match"] = out.get("tokens") == ref[:1]
+            if not out["tokens_match"]:
+                out["status"] = "mismatch"
+                out["detail"] = f"first request's tokens {out.get('tokens')} differ from the reference {ref[:1]}"
+    except Infeasible as exc:
+        out.update(status="infeasible", detail=str(exc))
+    except Exception as exc:  # one configuration failing must not lose the others
+        out.update(status="error", detail=f"{type(exc).__name__}: {str(exc)[:300]}",
+                   traceback="".join(traceback.format_exception(exc))[-4000:])
+    return out
+
+
+def run(spec: dict[str, Any]) -> dict[str, Any]:
+    import torch
+
+    model_dir = Path(spec["model_dir"]).resolve()
+    harness._model_dir_str = str(model_dir)  # lets the harness forget model modules when it stubs imports
+    device: str = spec["device"]
+    manifest = spec["manifest"]
+    result: dict[str, Any] = {"ok": False, "configs": [], "exception": None, "op_stats": {},
+                              "host": {"cpu_count": os.cpu_count(), "torch": torch.__version__,
+                                       "default_threads": torch.get_num_threads()}}
+    bootstrap = None
+    t0 = time.perf_counter()
+    try:
+        redirect_on = spec.get("redirect") == "cuda->cpu"
+        if redirect_on:
+            from sandbox import redirect
+
+            redirect.install()
+        target = spec.get("target") or {}
+        if target.get("bootstrap"):
+            import importlib
+
+            mod_name, _, fn_name = target["bootstrap"].partition(":")
+            bootstrap = importlib.import_module(mod_name)
+            getattr(bootstrap, fn_name)(target.get("options") or {})
+        sys.path.insert(0, str(model_dir))
+        config: dict[str, Any] = json.loads((model_dir / manifest.get("config", "config.json")).read_text())
+        if spec.get("shrink"):
+            config.update(manifest.get("shrink") or {})
+        config.update(spec.get("config_overrides") or {})
+        stubbed: list[str] = []
+        cls = harness._import_with_stubs(lambda: harness._load_attr(manifest["entry"]["class"], model_dir),
+                                         redirect_on, stubbed)
+        result["stubbed_modules"] = stubbed
+        for cfg in spec.get("configs") or [{"id": "default"}]:
+            result["configs"].append(_run_config(cls, config, manifest, model_dir, cfg, spec, device))
+        result["ok"] = True
+    except BaseException as exc:  # the benchmark reports every failure as data
+        result["exception"] = {"type": type(exc).__name__, "message": str(exc),
+                               "frames": harness._frames(exc, model_dir),
+                               "traceback": "".join(traceback.format_exception(exc))[-4000:]}
+    finally:
+        if bootstrap is not None and hasattr(bootstrap, "op_report"):
+            try:
+                result["op_stats"] = bootstrap.op_report()
+            except Exception as exc:
+                result["op_stats"] = {"error": repr(exc)}
+        result["total_s"] = time.perf_counter() - t0
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    spec = json.loads(Path(argv[0]).read_text())
+    result = run(spec)
+    Path(spec["result_path"]).write_text(json.dumps(result, indent=1, default=str))
+    return 0 if result["ok"] else 1
+
+
+# ----------------------------------------------------------------------------------------------
+# Parent side
+# ----------------------------------------------------------------------------------------------
+
+
+@dataclass
+class BenchRun:
+    run_dir: Path
+    exec_result: ExecResult
+    result: dict[str, Any]
+
+    @property
+    def ok(self) -> bool:
+        return self.exec_result.status == "ok" and bool(self.result.get("ok"))
+
+    def error(self) -> str:
+        exc = self.result.get("exception") or {}
+        if exc:
+            return f"{exc.get('type')}: {str(exc.get('message', ''))[:300]}"
+        tail = "\n".join(self.exec_result.stderr.strip().splitlines()[-5:])
+        return f"the benchmark process ended ({self.exec_result.status}, code {self.exec_result.returncode}): {tail}"
+
+
+def run_bench(
+    *,
+    workdir: Path,
+    model_dir: Path,
+    run_dir: Path,
+    manifest: dict[str, Any],
+    configs: list[dict[str, Any]],
+    device: str = "cpu",
+    target: dict[str, Any] | None = None,
+    env: dict[str, str] | None = None,
+    redirect: str | None = None,
+    concurrencies: list[int] | None = None,
+    warmup: int = 1,
+    repeats: int = 3,
+    seed: int = 0,
+    reference_tokens: list[list[int]] | None = None,
+    limits: Limits | None = None,
+    sandbox: Sandbox | None = None,
+    python: str | None = None,
+) -> BenchRun:
+    """Run this module in the sandbox on ``model_dir`` for each configuration. ``redirect="cuda->cpu"``
+    with ``device="cuda"`` runs the original as written (the baseline)."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    result_path = (run_dir / "bench.json").resolve()
+    spec = {
+        "model_dir": str(model_dir.resolve()), "manifest": manifest, "device": device, "redirect": redirect,
+        "target": target, "seed": seed, "configs": configs, "concurrencies": concurrencies or [1],
+        "warmup": warmup, "repeats": repeats, "reference_tokens": reference_tokens, "result_path": str(result_path),
+    }
+    spec_path = run_dir / "bench_spec.json"
+    spec_path.write_text(json.dumps(spec, indent=1))
+    argv = [python or sys.executable, "-I", "-B", "-u", "-m", "sandbox.bench", str(spec_path.resolve())]
+    # -I drops the cwd from sys.path: the sandbox package must come from npuport's own install.
+    box = sandbox or default_sandbox()
+    exec_result = box.execute(argv, cwd=workdir, env=scrubbed_env(env), limits=limits or Limits())
+    (run_dir / "bench_stdout.log").write_text(exec_result.stdout)
+    (run_dir / "bench_stderr.log").write_text(exec_result.stderr)
+    result: dict[str, Any] = {}
+    if result_path.exists():
+        try:
+            result = json.loads(result_path.read_text())
+        except json.JSONDecodeError as exc:
+            result = {"ok": False, "exception": {"type": "BenchResultUnreadable", "message": str(exc)}}
+    if not result:
+        result = {"ok": False, "configs": [], "exception": None}
+    return BenchRun(run_dir=run_dir, exec_result=exec_result, result=result)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

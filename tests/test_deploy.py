@@ -1,0 +1,215 @@
+"""Deployment parts of a bundle: serve.sh / set_env.sh from model facts, requirements, plots, run.py,
+the vLLM serving loop's parsing, and verify (agree on a fresh bundle, disagree on tampered ones)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from agents.deploy import plots, requirements, vllm, write_deploy_bundle
+from agents.deploy.vllm_loop import parse_bench_output, serve_argv
+from agents.tuning.space import model_facts
+
+EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "ocr_mini"
+PNG = b"\x89PNG\r\n\x1a\n"
+
+
+def ocr_config() -> dict[str, Any]:
+    return json.loads((EXAMPLE / "config.json").read_text())
+
+
+def test_serve_settings_follow_the_model_facts() -> None:
+    moe = vllm.plan_serve(model_facts(ocr_config(), has_custom_code=True), chip="910b")
+    by = {s.name: s for s in moe}
+    assert by["max-model-len"].value == 128  # the model's max_position_embeddings
+    assert by["max-num-batched-tokens"].value >= by["max-model-len"].value
+    assert by["trust-remote-code"].value is True
+    assert by["VLLM_WORKER_MULTIPROC_METHOD"].value == "spawn"
+    assert by["multistream_overlap_shared_expert"].kind == "additional_config"
+    assert by["compilation-config"].value["cudagraph_mode"] == "FULL_DECODE_ONLY"  # MoE: uniform decode graphs
+    assert by["PYTORCH_NPU_ALLOC_CONF"].kind == "env"
+    assert by["dtype"].value == "bfloat16"
+    for s in moe:
+        assert s.reason and s.citation and s.measured == "not measured on this host"
+        assert s.citation.startswith(("vllm-ascend-docs/", "recipe:"))
+
+    dense = dict(ocr_config(), n_routed_experts=0)
+    dense.pop("auto_map")
+    plain = {s.name: s for s in vllm.plan_serve(model_facts(dense), chip="310p",
+                                                tuned={"enforce_eager": True, "max_num_seqs": 16})}
+    assert "trust-remote-code" not in plain and "VLLM_WORKER_MULTIPROC_METHOD" not in plain
+    assert "multistream_overlap_shared_expert" not in plain
+    assert plain["dtype"].value == "float16"  # no bf16 on 310P
+    assert plain["enforce-eager"].value is True and "compilation-config" not in plain
+    assert plain["max-num-seqs"].value == 16
+
+
+def test_serve_and_env_scripts_are_valid_bash(tmp_path: Path) -> None:
+    settings = vllm.plan_serve(model_facts(ocr_config(), has_custom_code=True))
+    serve = tmp_path / "serve.sh"
+    serve.write_text(vllm.render_serve_sh(settings, "ocr_mini"))
+    env = tmp_path / "set_env.sh"
+    env.write_text(vllm.render_set_env_sh(settings))
+    for f in (serve, env):
+        r = subprocess.run(["bash", "-n", str(f)], capture_output=True, text=True)
+        assert r.returncode == 0, r.stderr
+    text = serve.read_text()
+    assert "vllm serve" in text and "--max-model-len 128" in text and "--trust-remote-code" in text
+    assert "--additional-config" in text and "multistream_overlap_shared_expert" in text
+    assert "vllm-ascend-docs/graph_mode.md" in text
+    r = subprocess.run(["bash", "-c", f"source {env} && echo $VLLM_WORKER_MULTIPROC_METHOD $PYTORCH_NPU_ALLOC_CONF"],
+                       capture_output=True, text=True)
+    assert r.stdout.split() == ["spawn", "expandable_segments:True"]
+
+
+def test_requirements_pin_torch_and_what_the_model_imports() -> None:
+    req, con = requirements.render(EXAMPLE)
+    assert "torch>=2.13.0,<2.14" in req.splitlines()
+    assert "numpy" in req.splitlines() and "pyyaml" in req.splitlines()
+    assert "flash_attn" not in req and "tokenization_ocr_mini" not in req  # CUDA-only lib, local module
+    assert "torch_npu==2.13.0" in con.splitlines()
+    assert any(line.startswith("numpy==") for line in con.splitlines())
+
+
+def _fake_tuning() -> dict[str, Any]:
+    pts = [{"concurrency": c, "tokens_per_s": 50.0 * c, "latency_p50_s": 0.1, "latency_p99_s": 0.2} for c in (1, 2, 4, 8)]
+    base = [{"concurrency": c, "tokens_per_s": 5.0, "latency_p50_s": 1.0 * c, "latency_p99_s": 1.5 * c} for c in (1, 2, 4, 8)]
+    trials = [{"id": f"trial-{i}", "params": {"batch": i}, "value": (None if i == 2 else 40.0 * i), "status": "ok"}
+              for i in range(1, 6)]
+    return {"status": "done", "best": {"batch": 8, "threads": 2}, "trials": trials,
+            "baseline": {"points": base, "tokens_per_s": 5.0},
+            "tuned": {"points": pts, "tokens_per_s": 400.0, "concurrency": 8, "target": "cpu"}}
+
+
+def test_plots_are_pngs(tmp_path: Path) -> None:
+    out = plots.write_plots(_fake_tuning(), tmp_path / "plots", "ocr_mini")
+    assert set(out) == {"plot_throughput_vs_concurrency", "plot_baseline_vs_tuned", "plot_tuning_trace"}
+    for p in out.values():
+        data = Path(p).read_bytes()
+        assert data[:8] == PNG and len(data) > 10_000
+    assert plots.write_plots({"status": "skipped"}, tmp_path / "none", "m") == {}
+
+
+def test_write_deploy_bundle_without_tuning(tmp_path: Path) -> None:
+    patched = tmp_path / "bundle" / "patched"
+    shutil.copytree(EXAMPLE, patched)
+    state = {"request": {"model_path": str(EXAMPLE), "chip": "910b"}, "target": {"name": "cpu"},
+             "entry": {"config": "config.json"}, "tuning": {"status": "skipped"}}
+    files = write_deploy_bundle(state, tmp_path / "bundle")
+    assert {"run_py", "serve_sh", "set_env_sh", "requirements", "constraints", "deploy_json"} <= set(files)
+    deploy = json.loads(Path(files["deploy_json"]).read_text())
+    assert any(s["name"] == "VLLM_WORKER_MULTIPROC_METHOD" for s in deploy["serve_settings"])
+    compile(Path(files["run_py"]).read_text(), "run.py", "exec")
+
+
+def test_vllm_loop_parses_the_serving_benchmark() -> None:
+    text = ("============ Serving Benchmark Result ============\nSuccessful requests: 128\n"
+            "Output token throughput (tok/s):         1234.56\nMedian TTFT (ms):      81.2\n"
+            "Median TPOT (ms):      12.5\n")
+    res = parse_bench_output(text)
+    assert (res.output_tokens_per_s, res.median_ttft_ms, res.median_tpot_ms) == (1234.56, 81.2, 12.5)
+    assert parse_bench_output("server crashed").output_tokens_per_s is None
+    argv = serve_argv(Path("/m"), {"max_model_len": 4096, "max_num_seqs": 32, "max_num_batched_tokens": 8192,
+                                   "gpu_memory_utilization": 0.9, "enforce_eager": True}, 8011)
+    assert argv[:3] == ["vllm", "serve", "/m"] and "--enforce-eager" in argv and "--compilation-config" not in argv
+
+
+def test_vllm_loop_on_a_real_npu(tmp_path: Path) -> None:
+    pytest.importorskip("torch_npu", reason="torch_npu is not importable: no Ascend NPU on this host")
+    pytest.importorskip("vllm", reason="vllm (with vllm-ascend) is not installed")
+    from agents.deploy.vllm_loop import measure
+
+    out = measure(EXAMPLE, {"max_model_len": 128, "max_num_seqs": 8, "max_num_batched_tokens": 256,
+                            "gpu_memory_utilization": 0.5, "enforce_eager": True, "trust_remote_code": True},
+                  {"VLLM_WORKER_MULTIPROC_METHOD": "spawn"}, prompts=8, input_len=32, output_len=8)
+    assert out.status in ("ok", "error")  # ocr_mini is not a vLLM architecture; the loop must report, not hang
+
+
+# ---------------------------------------------------------------------------------------------
+# End to end: a real port of ocr_mini on cpu through the graph, then verify.
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def bundle(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    import os
+
+    home = tmp_path_factory.mktemp("home")
+    out = tmp_path_factory.mktemp("bundle")
+    old = {k: os.environ.get(k) for k in ("NPUPORT_HOME", "NPUPORT_TUNE_TRIALS")}
+    os.environ.update(NPUPORT_HOME=str(home), NPUPORT_TUNE_TRIALS="3")
+    try:
+        from graph.runner import run_port
+
+        state = run_port({"request": {"model_path": str(EXAMPLE), "target": "cpu", "out_dir": str(out),
+                                      "tune": True}}, "test-deploy-verify")
+    finally:
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+    assert state["status"] == "validated", state.get("reason")
+    assert state["tuning"]["status"] == "done", state["tuning"].get("detail")
+    if not (out / "run.py").exists():  # the reporter does not call write_deploy_bundle yet
+        write_deploy_bundle(state, out)
+    return out
+
+
+@pytest.mark.slow
+def test_fresh_bundle_runs_and_verifies(bundle: Path) -> None:
+    from agents.deploy import verify_bundle
+
+    tuning = json.loads((bundle / "report.json").read_text())["tuning"]
+    assert len(tuning["trials"]) >= 1 and tuning["tuned"]["tokens_per_s"] > 0
+    r = subprocess.run([sys.executable, "run.py", "--target", "cpu", "--repeats", "1"], cwd=bundle,
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert "request 0: tokens" in r.stdout and "tokens/s" in r.stdout
+    report_tokens = json.loads((bundle / "report.json").read_text())["numerics"]["port_tokens"][0]
+    assert str(report_tokens) in r.stdout  # run.py reproduces the validated tokens
+    res = verify_bundle(bundle, EXAMPLE, tolerance=0.5)  # a shared 2-core host: wide tolerance
+    verdicts = {c.name: c.verdict for c in res.claims}
+    assert verdicts == {"patch applies": "agree", "tokens match": "agree", "throughput": "agree"}, res.lines()
+    assert res.agree
+
+
+@pytest.mark.slow
+def test_tampered_patch_disagrees(bundle: Path, tmp_path: Path) -> None:
+    from agents.deploy import verify_bundle
+
+    bad = tmp_path / "bad"
+    shutil.copytree(bundle, bad)
+    patch = (bad / "port.patch").read_text()
+    (bad / "port.patch").write_text(patch.replace("npu", "gpu", 1) if "npu" in patch else patch + "garbage\n")
+    lines = (bad / "port.patch").read_text().splitlines()
+    # also flip one added line so the patch can no longer reproduce patched/
+    idx = next(i for i, line in enumerate(lines) if line.startswith("+") and not line.startswith("+++"))
+    lines[idx] = lines[idx] + "  # tampered"
+    (bad / "port.patch").write_text("\n".join(lines) + "\n")
+    res = verify_bundle(bad, EXAMPLE)
+    assert res.claims[0].name == "patch applies" and res.claims[0].verdict == "disagree", res.lines()
+    assert not res.agree
+
+
+@pytest.mark.slow
+def test_tampered_numbers_disagree(bundle: Path, tmp_path: Path) -> None:
+    from agents.deploy import verify_bundle
+
+    bad = tmp_path / "bad"
+    shutil.copytree(bundle, bad)
+    report = json.loads((bad / "report.json").read_text())
+    report["tuning"]["tuned"]["tokens_per_s"] *= 10  # claim ten times the measured throughput
+    report["numerics"]["port_tokens"][0][0] = (report["numerics"]["port_tokens"][0][0] + 1) % 80
+    (bad / "report.json").write_text(json.dumps(report))
+    res = verify_bundle(bad, EXAMPLE)
+    verdicts = {c.name: c.verdict for c in res.claims}
+    assert verdicts["patch applies"] == "agree"
+    assert verdicts["tokens match"] == "disagree" and verdicts["throughput"] == "disagree", res.lines()
+    assert not res.agree
