@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from agents.citations import cite_findings, kb_status
 from agents.entry import EntryNotFound, discover_entry
 from agents.planner import new_run_id
 from agents.scanner import scan_tree
@@ -27,7 +28,7 @@ def code_reader_node(state: dict[str, Any]) -> dict[str, Any]:
     except WorkspaceError as exc:
         return {"status": "failed", "reason": str(exc), "trace": [step("code_reader", str(exc))]}
     scan = scan_tree(ws.model_dir)
-    findings = [f.model_dump(mode="json") for f in scan.findings]
+    findings = cite_findings([f.model_dump(mode="json") for f in scan.findings])
     if scan.parse_errors:
         first = scan.parse_errors[0]
         reason = f"syntax error in the model: {first}"
@@ -49,5 +50,6 @@ def code_reader_node(state: dict[str, Any]) -> dict[str, Any]:
         "findings": findings,
         "entry": entry.as_manifest_dict(),
         "trace": [step("code_reader", f"{len(findings)} hazard finding(s) in {len(scan.files)} file(s): {hz}; "
-                       f"entry {entry.kind}", entry_kind=entry.kind, assumptions=list(entry.assumptions))],
+                       f"entry {entry.kind}; knowledge base: {kb_status()}", entry_kind=entry.kind,
+                       assumptions=list(entry.assumptions))],
     }

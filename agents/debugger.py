@@ -101,6 +101,11 @@ def debugger_node(state: dict[str, Any]) -> dict[str, Any]:
     else:
         diag = Diagnosis(id=f"diag-{len(history) + 1}", run_id=last.id, signature=f"status:{last.status}",
                          kind=last.status, summary=f"the run ended with status {last.status}")
+    from agents.citations import kb_citations
+
+    query = f"{last.exception.type}: {last.exception.message[:300]}" if last.exception else diag.summary
+    known = {c.source for c in diag.citations}
+    diag.citations += [c for c in kb_citations(query) if c.source not in known]
     ok, why = budget_left(state)
     update: dict[str, Any] = {"diagnoses": [diag.model_dump(mode="json")]}
     where = f" ({diag.file}:{diag.line})" if diag.file else ""

@@ -112,7 +112,8 @@ def render_markdown(report: dict[str, Any]) -> str:
     lines += ["", "## Tuning", "", f"- status: {t.get('status', 'skipped')} — {t.get('detail', '')}",
               f"- trials: {len(t.get('trials') or [])}; best: {t.get('best') or '-'}", ""]
     cites = sorted({c for p in report["patches"] for c in (x["source"] for x in p["citations"])}
-                   | {c["source"] for f in report["findings"] for c in f.get("citations", [])})
+                   | {c["source"] for f in report["findings"] for c in f.get("citations", [])}
+                   | {c["source"] for d in report["diagnoses"] for c in d.get("citations", [])})
     lines += ["## Citations", ""] + [f"- {c}" for c in cites] + [""]
     return "\n".join(lines)
 
@@ -170,6 +171,10 @@ def default_out_dir(state: dict[str, Any]) -> Path:
 def reporter_node(state: dict[str, Any]) -> dict[str, Any]:
     status, reason = final_status(state)
     out_dir = default_out_dir(state)
+    if status == "validated":
+        from agents.citations import record_validated_fixes
+
+        record_validated_fixes(state)
     note = ""
     try:
         bundle = write_bundle(state, out_dir, status, reason)

@@ -1,0 +1,95 @@
+"""Knowledge-base citations for findings, diagnoses and patches, and the port memory.
+
+The knowledge base is used when a store exists (built with `npuport kb build`, or a server named by
+NPUPORT_CHROMA_URL); without one, agents cite our recipes only and the report says so. Set
+NPUPORT_KB=off to skip it. chromadb and the embedding model load on first use, never at import.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from agents.models import Citation
+from knowledge.home import npuport_home
+
+_kb: Any = None
+_failed = ""
+
+
+def kb_status() -> str:
+    if os.environ.get("NPUPORT_KB", "").lower() == "off":
+        return "off (NPUPORT_KB=off)"
+    if os.environ.get("NPUPORT_CHROMA_URL"):
+        return f"server {os.environ['NPUPORT_CHROMA_URL']}"
+    if (npuport_home() / "chroma").is_dir():
+        return f"store {npuport_home() / 'chroma'}"
+    return "not built (run `npuport kb build`); citing recipes only"
+
+
+def _knowledge_base() -> Any:
+    global _kb, _failed
+    status = kb_status()
+    if _failed or status.startswith(("off", "not built")):
+        return None
+    if _kb is None:
+        try:
+            from knowledge.kb import KnowledgeBase
+
+            _kb = KnowledgeBase()
+        except Exception as exc:  # a broken store must not stop a port; the report says why
+            _failed = f"knowledge base unavailable: {str(exc).splitlines()[0]}"
+            return None
+    return _kb
+
+
+def kb_citations(query: str, k: int = 2) -> list[Citation]:
+    """Top hits for ``query`` as citations; [] when no knowledge base is usable."""
+    global _failed
+    kb = _knowledge_base()
+    if kb is None:
+        return []
+    try:
+        hits = kb.search(query, k=k)
+    except Exception as exc:
+        _failed = f"knowledge base search failed: {str(exc).splitlines()[0]}"
+        return []
+    out = []
+    for h in hits:
+        c = h.citation()
+        out.append(Citation(source=c["source"], title=c.get("title", ""), excerpt=c.get("excerpt", "")[:300]))
+    return out
+
+
+def cite_findings(findings: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Add knowledge-base citations to findings: one query per hazard rule, shared by its findings."""
+    by_rule: dict[tuple[str, str], list[Citation]] = {}
+    for f in findings:
+        key = (f["hazard"], f["rule"])
+        if key not in by_rule:
+            by_rule[key] = kb_citations(f"{f['hazard']} {f['rule']}: {f['message']} {f.get('snippet', '')}")
+        have = {c["source"] for c in f.get("citations") or []}
+        f["citations"] = list(f.get("citations") or []) + [
+            c.model_dump() for c in by_rule[key] if c.source not in have
+        ]
+    return findings
+
+
+def record_validated_fixes(state: dict[str, Any]) -> list[str]:
+    """Port memory: every fix a diagnosis led to, once the port validated."""
+    kb = _knowledge_base()
+    if kb is None:
+        return []
+    diagnoses = {d["id"]: d for d in state.get("diagnoses") or []}
+    req = state.get("request") or {}
+    ids = []
+    for p in state.get("patches") or []:
+        d = diagnoses.get(p.get("diagnosis_id") or "")
+        if not d:
+            continue
+        try:
+            ids.append(kb.record_fix(d["signature"], p["summary"], model=os.path.basename(req.get("model_path", "")),
+                                     target=(state.get("target") or {}).get("name", ""), files=p.get("files")))
+        except Exception:  # memory is best effort; the port itself is done
+            continue
+    return ids
