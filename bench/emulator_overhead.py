@@ -1,0 +1,60 @@
+"""Emulator overhead: ascend-sim time / cpu time for the ported ocr_mini's generate, measured side
+by side in one run (alternating, fresh sandboxes, best of several repeats each).
+
+Goal (issue "Emulated Ascend target"): <= 1.3. Usage: python bench/emulator_overhead.py [--rounds 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--repeats", type=int, default=5)
+    args = ap.parse_args()
+
+    from agents.entry import discover_entry
+    from agents.environment import matrix_for
+    from sandbox.runner import run_harness
+    from sandbox.targets import resolve_target
+
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "bundle"
+        env = dict(os.environ, NPUPORT_HOME=os.environ.get("NPUPORT_HOME", str(Path(tmp) / "home")))
+        os.environ["NPUPORT_HOME"] = env["NPUPORT_HOME"]
+        r = subprocess.run([sys.executable, "-m", "api.cli", "port", str(ROOT / "examples" / "ocr_mini"), "--target",
+                            "cpu", "--no-tune", "--out", str(out)], cwd=ROOT, env=env, capture_output=True, text=True)
+        if r.returncode != 0:
+            sys.exit(f"porting ocr_mini failed: {r.stderr.strip()}")
+        model = out / "patched"
+        manifest = discover_entry(model).as_manifest_dict()
+        matrix, _ = matrix_for("2.13.0")
+        targets = {"cpu": resolve_target("cpu"), "ascend-sim": resolve_target("ascend-sim", matrix_path=matrix)}
+        best: dict[str, float] = {}
+        for i in range(args.rounds):
+            for name, target in targets.items():
+                run = run_harness(workdir=Path(tmp), model_dir=model, run_dir=Path(tmp) / f"{name}-{i}", manifest=manifest,
+                                  target=target, extra={"warmup": 1, "repeats": args.repeats})
+                if not run.ok:
+                    sys.exit(f"{name} run failed: {run.result.get('exception')}")
+                t = min(run.result["timings"]["run_s"])
+                best[name] = min(best.get(name, t), t)
+    ratio = best["ascend-sim"] / best["cpu"]
+    print(f"ocr_mini generate (8 new tokens), best of {args.rounds}x{args.repeats}:")
+    print(f"  cpu        {best['cpu'] * 1e3:8.1f} ms")
+    print(f"  ascend-sim {best['ascend-sim'] * 1e3:8.1f} ms")
+    print(f"  ascend-sim / cpu = {ratio:.2f}  (goal <= 1.3)")
+
+
+if __name__ == "__main__":
+    main()
