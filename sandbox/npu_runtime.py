@@ -16,7 +16,7 @@ def install(options: dict[str, Any]) -> None:
     import torch
     import torch_npu  # noqa: F401  (registers the npu device)
 
-    torch.npu.set_device(0)
+    torch.npu.set_device(0)  # type: ignore[attr-defined]
 
 
 def op_report() -> dict[str, Any]:
@@ -24,6 +24,6 @@ def op_report() -> dict[str, Any]:
 
     return {
         "target": "npu",
-        "device_name": torch.npu.get_device_name(0),
-        "max_memory_allocated": int(torch.npu.max_memory_allocated()),
+        "device_name": torch.npu.get_device_name(0),  # type: ignore[attr-defined]
+        "max_memory_allocated": int(torch.npu.max_memory_allocated()),  # type: ignore[attr-defined]
     }
