@@ -47,11 +47,13 @@ class BodyLimitMiddleware:
                 return
         received = 0
         started = False
-        body_done = False
+        # A request that declares no body (a GET, an SSE stream) has nothing to time out: its later
+        # receive() calls only wait for the disconnect, for as long as the response streams.
+        body_done = (length is None or length.strip() == "0") and "transfer-encoding" not in headers
 
         async def limited_receive() -> Message:
             nonlocal received, body_done
-            if body_done:  # after the body only a disconnect can come: wait for it as long as it takes
+            if body_done or started:  # after the body only a disconnect can come: wait as long as it takes
                 return await receive()
             try:
                 message = await asyncio.wait_for(receive(), timeout=self.timeout_s)

@@ -321,6 +321,34 @@ def test_slow_client_gets_408_and_the_server_keeps_serving(npuport_home: Path, r
         t.join(10)
 
 
+def test_event_stream_outlives_the_body_timeout(npuport_home: Path, roots: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An SSE stream (a GET with no body) stays open far longer than the body-stall timeout: the
+    timeout is for bodies, not for responses that stream (regression: streams were cut at 1 s)."""
+    import httpx
+    import uvicorn
+    from test_api_helpers import free_port, sse_events, wait_http
+
+    monkeypatch.setenv("NPUPORT_FAKE_STEP_S", "0.6")  # five steps: ~3 s of streaming, body timeout 1 s
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(create_app(make_settings(npuport_home, roots), graph_builder=fake_builder),
+                                           host="127.0.0.1", port=port, log_level="warning"))
+    t = threading.Thread(target=server.run, daemon=True)
+    t.start()
+    try:
+        base = f"http://127.0.0.1:{port}"
+        wait_http(f"{base}/healthz")
+        with httpx.Client(base_url=base) as c:
+            job = c.post("/v1/ports", json={"request": {"model_path": "m1", "target": "cpu"}}, headers=RW).json()
+            start = time.time()
+            events = list(sse_events(c, f"/v1/ports/{job['id']}/events", RO, limit_s=60))
+        assert time.time() - start > 2.0
+        kinds = [e.get("event") for e in events]
+        assert kinds.count("step") >= 5 and kinds[-1] == "end", kinds
+    finally:
+        server.should_exit = True
+        t.join(10)
+
+
 # --- model roots and uploads -----------------------------------------------------------------
 
 def test_model_paths_confined_to_roots(client: TestClient, roots: Path, tmp_path: Path) -> None:
