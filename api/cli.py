@@ -78,7 +78,7 @@ def port(
     strict: Annotated[bool, typer.Option(help="fail on CPU fallbacks (TORCH_NPU_FALLBACK_CPU_DISABLE=1)")] = False,
     max_runs: Annotated[int, typer.Option(help="budget: sandbox runs of the port")] = 8,
     max_wall: Annotated[float, typer.Option(help="budget: wall time in seconds")] = 1800.0,
-    tune: Annotated[bool, typer.Option(help="benchmark and tune the validated port")] = True,
+    tune: Annotated[bool, typer.Option(help="benchmark and tune the validated port (minutes on a small host)")] = False,
     tune_trials: Annotated[int, typer.Option(help="budget: tuning trials")] = 12,
     run_timeout: Annotated[float, typer.Option(help="wall-clock limit of one sandbox run, seconds")] = 300.0,
 ) -> None:

@@ -20,10 +20,7 @@ NPUPORT = [sys.executable, "-m", "api.cli"]
 
 
 def npuport(*args: str, home: Path, timeout: float = 300) -> subprocess.CompletedProcess[str]:
-    """`npuport port ...` without tuning (the tuner has its own end-to-end tests)."""
     env = dict(os.environ, NPUPORT_HOME=str(home), COLUMNS="200")
-    if args and args[0] == "port":
-        args = (*args, "--no-tune")
     return subprocess.run([*NPUPORT, *args], capture_output=True, text=True, timeout=timeout, env=env, cwd=REPO_ROOT)
 
 
