@@ -185,7 +185,8 @@ def _parse_requirement(text: str) -> Requirement | None:
 
 
 def _requirements_file(path: Path, model_dir: Path, kind: str, seen: set[Path]) -> list[Pin]:
-    if path in seen or not path.is_file():
+    # `-r` may name any path: only files inside the model folder are read.
+    if path in seen or not path.is_file() or not path.resolve().is_relative_to(model_dir.resolve()):
         return []
     seen.add(path)
     pins: list[Pin] = []
@@ -613,7 +614,9 @@ def _layer_pth(env_dir: Path) -> Path:
 
 
 def _run_pip(python: Path, install: list[str], constraints: Path, timeout_s: float) -> subprocess.CompletedProcess[str]:
-    argv = [str(python), "-m", "pip", "install", "--no-input", "--disable-pip-version-check",
+    # Wheels only: a source distribution named by an untrusted model would run its setup.py here,
+    # outside the sandbox.
+    argv = [str(python), "-m", "pip", "install", "--no-input", "--disable-pip-version-check", "--only-binary=:all:",
             "-c", str(constraints), *install]
     return subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s)
 

@@ -94,6 +94,7 @@ class RunRecord(BaseModel):
     exception: StructuredException | None = None
     warnings: list[str] = Field(default_factory=list)
     op_stats: dict[str, Any] = Field(default_factory=dict)
+    isolation: str = ""  # "bwrap" or "process" (no filesystem/network isolation): said in the report
 
 
 class Diagnosis(BaseModel):

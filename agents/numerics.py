@@ -60,8 +60,8 @@ def compare_captures(port_path: Path, ref_path: Path, order: list[str], dtype: s
     (in the port's execution order) that leaves the tolerance."""
     import torch
 
-    port = torch.load(port_path)
-    ref = torch.load(ref_path)
+    port = torch.load(port_path, weights_only=True)
+    ref = torch.load(ref_path, weights_only=True)
     tol = TOLERANCES.get(dtype, TOLERANCES["float32"])
     per: dict[str, dict[str, float]] = {}
     first_bad: str | None = None

@@ -75,4 +75,9 @@ def patcher_node(state: dict[str, Any]) -> dict[str, Any]:
             trace.append(step("patcher", f"{action.codemod}: nothing to change ({'; '.join(notes)})"))
     if not actions:
         trace.append(step("patcher", "no patch to apply"))
-    return {"patches": patches, "static_fixes_done": True, "pending_diagnosis": None, "trace": trace}
+    update: dict[str, Any] = {"patches": patches, "static_fixes_done": True, "pending_diagnosis": None, "trace": trace}
+    if pending and not patches:
+        # Re-running unchanged code would only repeat the failure: stop with the reason instead.
+        update["status"] = "failed"
+        update["reason"] = f"could not port because the fix for {pending.get('kind')} changed nothing ({pending.get('summary')})"
+    return update

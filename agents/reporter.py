@@ -19,7 +19,7 @@ def final_status(state: dict[str, Any]) -> tuple[str, str]:
     numerics = state.get("numerics") or {}
     if numerics.get("verdict") == "match":
         return "validated", "the port runs on the target and its greedy tokens match the original"
-    return "failed", state.get("reason") or f"validation verdict {numerics.get('verdict', 'not-run')}"
+    return "failed", state.get("reason") or numerics.get("detail") or f"validation verdict {numerics.get('verdict', 'not-run')}"
 
 
 def _md_escape(text: str) -> str:
@@ -55,6 +55,15 @@ def finding_resolutions(findings: list[dict[str, Any]], patches: list[dict[str, 
     return out
 
 
+def _isolation_text(runs: list[dict[str, Any]]) -> str:
+    kinds = sorted({r.get("isolation") or "process" for r in runs}) or ["none (no run)"]
+    text = ", ".join(kinds)
+    if "process" in kinds:
+        text += (" (own process group, rlimits, wall timeout, scrubbed environment; without bubblewrap the model's "
+                 "code can still read the host's files and reach the network)")
+    return text
+
+
 def _fallback_text(op: str, info: Any) -> str:
     return f"{op} x{info.get('count', '?')}" if isinstance(info, dict) else op
 
@@ -70,6 +79,7 @@ def render_markdown(report: dict[str, Any]) -> str:
         f"- **Sandbox runs:** {report['counters'].get('port_runs', 0)} of the port, "
         f"{report['counters'].get('reference_runs', 0)} of the original (reference)",
         f"- **Wall time:** {report['wall_s']:.1f} s",
+        f"- **Sandbox isolation:** {_isolation_text(report['runs'])}",
         "",
         "## Findings",
         "",

@@ -105,7 +105,8 @@ def tune_port(state: dict[str, Any], space: SearchSpace | None = None) -> Tuning
     ref_tokens = (state.get("numerics") or {}).get("reference_tokens")
     bench = PortBench(workdir=ws.root, model_dir=ws.model_dir, original_dir=original, manifest=state["entry"],
                       target=target, runs_dir=ws.runs_dir / "tuning", reference_tokens=ref_tokens,
-                      wall_s=float(req.get("run_timeout_s", 300)) * 2)
+                      wall_s=float(req.get("run_timeout_s", 300)) * 2,
+                      python=(state.get("environment") or {}).get("python"))
     t0 = time.monotonic()
     tuning, result = search(space, facts, bench.evaluator(), budget_of(req))
     if result is None or not tuning.best:

@@ -54,12 +54,16 @@ def _with_metrics(numerics: Numerics, port: RunRecord, ref: RunRecord, dtype: st
     from agents.numerics import compare_captures
 
     port_res = json.loads(Path(port.result_path).read_text())
-    ref_res = json.loads(Path(ref.result_path).read_text())
-    p_path, r_path = (port_res.get("outputs") or {}).get("capture_path"), (ref_res.get("outputs") or {}).get("capture_path")
-    if not p_path or not r_path or not Path(p_path).exists() or not Path(r_path).exists():
+    # The capture files sit where the runner asked the harness to write them, not where result.json says:
+    # sandboxed code can write result.json.
+    p_path, r_path = Path(port.result_path).parent / "capture.pt", Path(ref.result_path).parent / "capture.pt"
+    if not p_path.exists() or not r_path.exists():
         return numerics
-    order = (port_res.get("outputs") or {}).get("captured") or []
-    cmp = compare_captures(Path(p_path), Path(r_path), order, dtype)
+    order = [n for n in (port_res.get("outputs") or {}).get("captured") or [] if isinstance(n, str)]
+    try:
+        cmp = compare_captures(p_path, r_path, order, dtype)
+    except Exception as exc:  # unreadable captures: keep the token verdict, say why metrics are missing
+        return numerics.model_copy(update={"detail": f"{numerics.detail}; no tensor metrics ({type(exc).__name__})"})
     per = cmp.pop("per_module")
     cmp["worst_modules"] = dict(sorted(per.items(), key=lambda kv: kv[1]["cosine"])[:5])
     verdict = numerics.verdict

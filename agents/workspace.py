@@ -26,7 +26,8 @@ def tree_digest(root: Path) -> str:
     for p in sorted(root.rglob("*")):
         if p.is_file() and ".git" not in p.relative_to(root).parts:
             h.update(p.relative_to(root).as_posix().encode())
-            h.update(hashlib.sha256(p.read_bytes()).digest())
+            with p.open("rb") as fh:  # streamed: weights can be gigabytes
+                h.update(hashlib.file_digest(fh, "sha256").digest())
     return h.hexdigest()
 
 
@@ -55,7 +56,8 @@ class Workspace:
         ws = cls(root.resolve())
         if ws.model_dir.exists() and (ws.model_dir / ".git").exists():
             return ws  # resuming: the workspace already holds the original commit and the patches
-        size = sum(p.stat().st_size for p in original.rglob("*") if p.is_file() and ".git" not in p.parts)
+        size = sum(p.stat().st_size for p in original.rglob("*")
+                   if p.is_file() and ".git" not in p.parts and not _IGNORE(str(p.parent), [p.name]))
         if size > MAX_COPY_BYTES:
             raise WorkspaceError(f"{original} holds {size // 2**20} MiB of files; npuport copies source trees up to "
                                  f"{MAX_COPY_BYTES // 2**20} MiB (weights are not needed)")

@@ -22,8 +22,22 @@ err = Console(stderr=True, highlight=False, soft_wrap=True)
 
 EXAMPLES_DIR = Path(__file__).resolve().parents[1] / "examples"
 
-TargetOpt = Annotated[str, typer.Option("--target", "-t", help="cpu | ascend-sim | npu | auto")]
-ChipOpt = Annotated[str, typer.Option("--chip", help="910b | a3 | 310p")]
+TARGETS = ("cpu", "ascend-sim", "npu", "auto")
+CHIPS = ("910b", "a3", "310p")
+
+
+def _one_of(choices: tuple[str, ...], what: str):  # type: ignore[no-untyped-def]
+    def check(value: str) -> str:
+        if value not in choices:
+            raise typer.BadParameter(f"unknown {what} {value!r}; choose one of {', '.join(choices)}")
+        return value
+
+    return check
+
+
+TargetOpt = Annotated[str, typer.Option("--target", "-t", help="cpu | ascend-sim | npu | auto",
+                                         callback=_one_of(TARGETS, "target"))]
+ChipOpt = Annotated[str, typer.Option("--chip", help="910b | a3 | 310p", callback=_one_of(CHIPS, "chip"))]
 
 
 def _fail(message: str, code: int = 2) -> typer.Exit:
@@ -59,7 +73,12 @@ def run_port_cli(request: dict[str, Any], goal: str = "") -> int:
     thread_id = new_run_id(request.get("model_path") or "model")
     t0 = time.time()
     console.print(f"[bold]npuport[/] port {request.get('model_path')} -> {request.get('target')} (thread {thread_id})")
-    state = run_port({"goal": goal, "request": request}, thread_id, on_step=lambda e: _print_step(e, t0))
+    try:
+        state = run_port({"goal": goal, "request": request}, thread_id, on_step=lambda e: _print_step(e, t0))
+    except Exception as exc:  # a bug or a broken host: one line, and where the state is kept
+        err.print(f"[bold red]error:[/] the port stopped unexpectedly: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''} "
+                  f"(thread {thread_id}; checkpoints in $NPUPORT_HOME/checkpoints.sqlite)")
+        return 1
     _summary(state)
     if state.get("status") == "validated":
         console.print(f"[bold green]validated[/]: {state.get('reason')}")
@@ -165,11 +184,14 @@ def ops(
         raise _fail(f"{model} is not a model folder (or say 'matrix')", 1)
     from agents.entry import EntryNotFound
     from agents.inventory import op_inventory
+    from sandbox.targets import TargetError
 
     try:
         inv = op_inventory(model, target=target, chip=chip, torch_npu=torch_npu, strict=strict)
     except EntryNotFound as exc:
         raise _fail(f"cannot find how to run the model: {exc}", 1) from exc
+    except TargetError as exc:
+        raise _fail(str(exc), 2) from exc
     if as_json:
         sys.stdout.write(json.dumps(inv.as_dict(), indent=1, default=str) + "\n")
     else:

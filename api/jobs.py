@@ -331,6 +331,12 @@ class JobManager:
         self._cancel.discard(job_id)
 
     def _run(self, job_id: str, approved: bool = False) -> None:
+        try:
+            self._run_job(job_id, approved)
+        except Exception as exc:  # e.g. a corrupt checkpoint database before the graph starts: never stuck "queued"
+            self._finish(job_id, "failed", f"internal error: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
+
+    def _run_job(self, job_id: str, approved: bool) -> None:
         from graph.jobs_support import run_thread, thread_snapshot
 
         job = self.store.get(job_id)

@@ -42,7 +42,7 @@ def build_graph() -> Any:
     g.add_conditional_edges("planner", routing.after_planner)
     g.add_conditional_edges("environment", routing.after_environment)
     g.add_conditional_edges("code_reader", routing.after_code_reader)
-    g.add_edge("patcher", "executor")
+    g.add_conditional_edges("patcher", routing.after_patcher)
     g.add_conditional_edges("executor", routing.after_executor)
     g.add_conditional_edges("validator", routing.after_validator)
     g.add_conditional_edges("debugger", routing.after_debugger)

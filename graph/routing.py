@@ -37,3 +37,7 @@ def after_validator(state: dict[str, Any]) -> Literal["tuner", "debugger", "repo
 
 def after_debugger(state: dict[str, Any]) -> Literal["patcher", "reporter"]:
     return "patcher" if state.get("pending_diagnosis") and not _failed(state) else "reporter"
+
+
+def after_patcher(state: dict[str, Any]) -> Literal["executor", "reporter"]:
+    return "reporter" if _failed(state) else "executor"

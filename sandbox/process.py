@@ -33,7 +33,7 @@ _KEEP = {
 @dataclass(frozen=True)
 class Limits:
     wall_s: float = 300.0
-    cpu_s: int = 600
+    cpu_s: int = 0  # 0: wall_s x cores (CPU time adds up over threads; the wall timeout is the real limit)
     address_space_mb: int = 16 * 1024
     max_procs: int = 512
     file_size_mb: int = 1024
@@ -82,7 +82,8 @@ def _preexec(limits: Limits):  # type: ignore[no-untyped-def]
         os.setsid()  # own process group: the timeout kills everything it started
         mb = 1024 * 1024
         resource.setrlimit(resource.RLIMIT_AS, (limits.address_space_mb * mb, limits.address_space_mb * mb))
-        resource.setrlimit(resource.RLIMIT_CPU, (limits.cpu_s, limits.cpu_s + 5))
+        cpu_s = limits.cpu_s or int(limits.wall_s * (os.cpu_count() or 1)) + 10
+        resource.setrlimit(resource.RLIMIT_CPU, (cpu_s, cpu_s + 5))
         resource.setrlimit(resource.RLIMIT_FSIZE, (limits.file_size_mb * mb, limits.file_size_mb * mb))
         # root in some containers cannot lower NPROC below the current count
         with contextlib.suppress(ValueError, OSError):
@@ -121,7 +122,12 @@ def _run(argv: list[str], *, cwd: Path, env: dict[str, str], limits: Limits, iso
         out, err = proc.communicate(timeout=limits.wall_s)
     except subprocess.TimeoutExpired:
         _kill_group(proc)
-        out, err = proc.communicate()
+        try:
+            out, err = proc.communicate(timeout=5)
+        except subprocess.TimeoutExpired:
+            # A grandchild in a session of its own still holds the pipes: stop reading, keep the verdict.
+            proc.kill()
+            out, err = b"", b"(output lost: a process outside the run's group kept the pipes open)"
         status = "timeout"
     finally:
         # Children the command left behind die with its group.

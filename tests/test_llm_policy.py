@@ -438,6 +438,16 @@ def test_grep_and_search_kb(ws: Workspace) -> None:
     assert box.run("search_kb", {"query": "DT_DOUBLE"}).startswith("[recipe:H5] float64\nno float64 kernels")
 
 
+def test_grep_stays_inside_the_workspace(ws: Workspace, tmp_path: Path) -> None:
+    secret = ws.model_dir.parent / "outside.txt"
+    secret.write_text("SECRET=1\n")
+    (ws.model_dir / "link.txt").symlink_to(secret)
+    box = ToolBox(model_dir=ws.model_dir)
+    assert "must stay inside" in box.run("grep", {"pattern": "SECRET", "glob": "../*.txt"})
+    assert "must stay inside" in box.run("grep", {"pattern": "SECRET", "glob": "/etc/*"})
+    assert "SECRET" not in box.run("grep", {"pattern": "SECRET", "glob": "*.txt"})
+
+
 def test_search_kb_default_uses_our_recipes_when_no_index_is_built(npuport_home: Path) -> None:
     out = ToolBox(model_dir=None).run("search_kb", {"query": "Torch not compiled with CUDA enabled"})
     assert "[recipe:H1]" in out
@@ -446,6 +456,9 @@ def test_search_kb_default_uses_our_recipes_when_no_index_is_built(npuport_home:
 def test_run_in_sandbox_runs_a_snippet_and_undoes_workspace_writes(ws: Workspace, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("NPUPORT_SANDBOX", "process")
     monkeypatch.setenv("NPUPORT_LLM_API_KEY", "secret-value")
+    refused = ToolBox(model_dir=ws.model_dir).run("run_in_sandbox", {"code": "print(1)"})
+    assert "needs bubblewrap isolation" in refused  # no bwrap: the tool is off unless allowed
+    monkeypatch.setenv("NPUPORT_LLM_ALLOW_PROCESS_SANDBOX", "1")
     box = ToolBox(model_dir=ws.model_dir, max_sandbox_calls=2)
     code = ("import os, mod; print('scaled', mod.__name__); print(os.environ.get('NPUPORT_LLM_API_KEY'));"
             "open(os.path.join(os.path.dirname(mod.__file__), 'mod.py'), 'w').write('broken')")

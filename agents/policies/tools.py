@@ -7,6 +7,7 @@ Tools never raise to the model: a bad call comes back as a one-line "error: ..."
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
@@ -142,7 +143,7 @@ class ToolBox:
                 out = getattr(self, f"_{name}")(parsed)
             except ValidationError as exc:
                 out = f"error: bad arguments for {name}: {exc.errors()[0]['msg']}"
-            except (ToolError, OSError, re.error) as exc:
+            except (ToolError, OSError, re.error, ValueError, NotImplementedError) as exc:
                 out = f"error: {exc}"
         out = bounded(out, self.max_chars)
         self.log.append({"tool": name, "args": args, "chars": len(out)})
@@ -169,9 +170,14 @@ class ToolBox:
 
     def _grep(self, a: GrepArgs) -> str:
         root = self._root().resolve()
+        if a.glob.startswith(("/", "~")) or ".." in Path(a.glob).parts:
+            raise ToolError(f"glob {a.glob!r} must stay inside the model folder")
         rx = re.compile(a.pattern, re.I if a.ignore_case else 0)
         hits: list[str] = []
         for path in sorted(root.glob(a.glob)):
+            # Symlinks may point outside the workspace: only files that resolve inside it are read.
+            if not path.resolve().is_relative_to(root):
+                continue
             rel = path.relative_to(root)
             if not path.is_file() or ".git" in rel.parts or path.stat().st_size > MAX_FILE_BYTES:
                 continue
@@ -197,10 +203,15 @@ class ToolBox:
         if used >= self.max_sandbox_calls:
             raise ToolError(f"the sandbox may run {self.max_sandbox_calls} snippets per question; answer now")
         root = self._root().resolve()
+        box = default_sandbox()
+        if box.name == "process" and os.environ.get("NPUPORT_LLM_ALLOW_PROCESS_SANDBOX") != "1":
+            # Without bwrap the snippet could read the host's files and its output goes to the LLM provider.
+            raise ToolError("run_in_sandbox needs bubblewrap isolation (bwrap), which this host lacks; "
+                            "answer from read_file and grep (NPUPORT_LLM_ALLOW_PROCESS_SANDBOX=1 allows it)")
         scratch = self.scratch_dir or root.parent / "llm_scratch"
         scratch.mkdir(parents=True, exist_ok=True)
         env = scrubbed_env({"PYTHONPATH": str(root)})
-        res = default_sandbox().execute([self.python, "-c", a.code], cwd=scratch, env=env,
+        res = box.execute([self.python, "-c", a.code], cwd=scratch, env=env,
                                         limits=Limits(wall_s=self.sandbox_timeout_s))
         restored = _restore_workspace(root)
         half = self.max_chars // 2 - 100

@@ -36,8 +36,9 @@ class PortBench:
 
     def __init__(self, *, workdir: Path, model_dir: Path, original_dir: Path, manifest: dict[str, Any],
                  target: Target, runs_dir: Path, reference_tokens: list[list[int]] | None, wall_s: float = 600.0,
-                 repeats: int = 3) -> None:
+                 repeats: int = 3, python: str | None = None) -> None:
         self.workdir, self.model_dir, self.original_dir = workdir, model_dir, original_dir
+        self.python = python  # the layered environment's interpreter, when the model has its own pins
         self.manifest, self.target, self.runs_dir = manifest, target, runs_dir
         self.reference_tokens = reference_tokens
         self.limits = Limits(wall_s=wall_s)
@@ -49,12 +50,13 @@ class PortBench:
                          manifest=self.manifest, configs=configs, device=self.target.device,
                          target=self.target.harness_target() if self.target.bootstrap else None, env=self.target.env,
                          concurrencies=concurrencies, warmup=1, repeats=self.repeats,
-                         reference_tokens=self.reference_tokens, limits=self.limits)
+                         reference_tokens=self.reference_tokens, limits=self.limits, python=self.python)
 
     def baseline(self, concurrencies: list[int], tag: str = "bench-baseline") -> BenchRun:
         return run_bench(workdir=self.workdir, model_dir=self.original_dir, run_dir=self.runs_dir / tag,
                          manifest=self.manifest, configs=[dict(BASELINE_CONFIG)], device="cuda", redirect="cuda->cpu",
-                         concurrencies=concurrencies, warmup=1, repeats=self.repeats, limits=self.limits)
+                         concurrencies=concurrencies, warmup=1, repeats=self.repeats, limits=self.limits,
+                         python=self.python)
 
     def evaluator(self) -> Evaluate:
         def evaluate(params: dict[str, Any]) -> Outcome:

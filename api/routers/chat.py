@@ -112,6 +112,7 @@ async def chat_completions(body: ChatRequest, request: Request,
     if intent in ("goal", "cancel", "approve") and "write" not in principal.scopes:
         raise HTTPException(status_code=403, detail=f"this token lacks the 'write' scope needed to {intent}")
     follow: Job | None = None
+    follow_after = 0  # the first event seq the reply streams after (approve: only what comes next)
     reply: str
     if intent == "goal":
         try:
@@ -132,6 +133,8 @@ async def chat_completions(body: ChatRequest, request: Request,
             reply = f"job `{job.id}`: {exc}"
     elif intent == "approve":
         try:
+            last_events = mgr.store.events(job.id, after=0, limit=100_000)
+            follow_after = last_events[-1].seq if last_events else 0
             job = mgr.approve(job.id)
             reply = f"Approved job `{job.id}`; it continues.\n"
             follow = job
@@ -147,7 +150,7 @@ async def chat_completions(body: ChatRequest, request: Request,
     extra = {"job_id": job.id if job else None, "conversation": conversation}
     if not body.stream:
         return JSONResponse(_completion(cid, reply, extra))
-    return StreamingResponse(_stream(request, mgr, cid, reply, follow, extra), media_type="text/event-stream",
+    return StreamingResponse(_stream(request, mgr, cid, reply, follow, extra, follow_after), media_type="text/event-stream",
                              headers={"Cache-Control": "no-cache"})
 
 
@@ -189,19 +192,20 @@ def _event_line(kind: str, data: dict[str, Any]) -> str | None:
 
 
 async def _stream(request: Request, mgr: JobManager, cid: str, reply: str, follow: Job | None,
-                  extra: dict[str, Any]) -> AsyncIterator[str]:
+                  extra: dict[str, Any], follow_after: int = 0) -> AsyncIterator[str]:
     yield _chunk(cid, {"role": "assistant", "content": ""}, extra=extra)
     yield _chunk(cid, {"content": reply})
     if follow is not None:
-        async for line in _follow(request, mgr, follow.id):
+        async for line in _follow(request, mgr, follow.id, follow_after):
             yield line if line.startswith(":") else _chunk(cid, {"content": line})
     yield _chunk(cid, {}, finish="stop")
     yield "data: [DONE]\n\n"
 
 
-async def _follow(request: Request, mgr: JobManager, job_id: str) -> AsyncIterator[str]:
-    """Lines about the job's events until it ends or waits for approval; SSE comments keep idle links open."""
-    last = 0
+async def _follow(request: Request, mgr: JobManager, job_id: str, after: int = 0) -> AsyncIterator[str]:
+    """Lines about the job's events after seq ``after`` until it ends or waits for approval; SSE comments
+    keep idle links open."""
+    last = after
     wake = mgr.listen(job_id)
     idle = 0.0
     try:
