@@ -16,6 +16,8 @@ import libcst as cst
 import libcst.matchers as m
 from libcst.metadata import MetadataWrapper, PositionProvider
 
+from agents.cuda_only import CUDA_ONLY
+
 HELPER_MARKER = "# --- npuport: device-agnostic helpers"
 
 DEVICE_HELPERS = f'''
@@ -76,13 +78,7 @@ def _npuport_same_device(tensors):
     return [t.to(devices[0]) for t in tensors] if devices else list(tensors)
 '''
 
-CUDA_ONLY_MODULES = frozenset(
-    {
-        "flash_attn", "flash_attn_2_cuda", "flash_attn_interface", "xformers", "apex", "bitsandbytes",
-        "triton", "mamba_ssm", "causal_conv1d", "fused_dense_lib", "rotary_emb", "dropout_layer_norm",
-        "flashinfer", "liger_kernel", "transformer_engine",
-    }
-)
+CUDA_ONLY_MODULES = CUDA_ONLY
 
 
 @dataclass

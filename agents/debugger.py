@@ -11,14 +11,12 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from agents.cuda_only import CUDA_ONLY
 from agents.models import Diagnosis, Frame, RunRecord, StructuredException
 from agents.trace import step
 
-CUDA_ONLY_ROOTS = {
-    "flash_attn", "flash_attn_2_cuda", "flash_attn_interface", "xformers", "apex", "bitsandbytes", "triton",
-    "mamba_ssm", "causal_conv1d", "fused_dense_lib", "rotary_emb", "dropout_layer_norm", "flashinfer",
-    "liger_kernel", "transformer_engine",
-}
+# One list of CUDA-only libraries for the agents: the one the import codemod guards.
+CUDA_ONLY_ROOTS = CUDA_ONLY
 _MISSING_MODULE = re.compile(r"No module named '([\w.]+)'")
 _DT_LIST = re.compile(r"not implemented for (DT_\w+)")
 _FALLBACK_OP = re.compile(r"The operator '([\w:.]+)' would execute its main computation on CPU")

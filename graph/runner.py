@@ -2,25 +2,23 @@
 
 from __future__ import annotations
 
-import sqlite3
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 from graph.builder import compile_graph
-from knowledge.home import npuport_home
-
-
-def checkpoint_path() -> Path:
-    return npuport_home() / "checkpoints.sqlite"
 
 
 @contextmanager
 def sqlite_checkpointer(path: Path | None = None) -> Iterator[Any]:
+    """The same database and connection settings as the service (WAL, busy timeout), so a CLI port and
+    `npuport serve` can share one home."""
     from langgraph.checkpoint.sqlite import SqliteSaver
 
-    conn = sqlite3.connect(str(path or checkpoint_path()), check_same_thread=False)
+    from graph.jobs_support import _connect
+
+    conn = _connect(path)
     try:
         yield SqliteSaver(conn)
     finally:

@@ -32,7 +32,8 @@ from pathlib import Path
 from typing import Any
 
 from sandbox import harness
-from sandbox.process import ExecResult, Limits, Sandbox, default_sandbox, scrubbed_env
+from sandbox.process import Limits, Sandbox, default_sandbox, scrubbed_env
+from sandbox.runner import HarnessRun
 
 DTYPES = ("float32", "bfloat16", "float16")
 COMPILE_MODES = ("none", "default", "reduce-overhead")
@@ -283,14 +284,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 @dataclass
-class BenchRun:
-    run_dir: Path
-    exec_result: ExecResult
-    result: dict[str, Any]
-
-    @property
-    def ok(self) -> bool:
-        return self.exec_result.status == "ok" and bool(self.result.get("ok"))
+class BenchRun(HarnessRun):
+    """A harness run whose result is a benchmark (same fields and verdicts as any harness run)."""
 
     def error(self) -> str:
         exc = self.result.get("exception") or {}
