@@ -98,6 +98,17 @@ def _npuport_npu_op(name, *tensors):
     """True where torch_npu provides the fused op `name` and every tensor is on an NPU."""
     return (_npuport_torch_npu is not None and hasattr(_npuport_torch_npu, name)
             and all(t.device.type == "npu" for t in tensors))
+
+
+def _npuport_broadcast(a, b):
+    """The broadcast of shapes a and b, or None: torch.broadcast_shapes in plain Python, which
+    matters once per decode step (torch's goes through symbolic-shape machinery)."""
+    a, b = tuple(a), tuple(b)
+    n = max(len(a), len(b))
+    a, b = (1,) * (n - len(a)) + a, (1,) * (n - len(b)) + b
+    if any(x != y and 1 not in (x, y) for x, y in zip(a, b)):
+        return None
+    return tuple(y if x == 1 else x for x, y in zip(a, b))
 '''
 
 RMS_MARKER = "def _npuport_rms_norm("
@@ -122,9 +133,11 @@ def _npuport_rotary_mul(x, cos, sin, rotate):
     shapes and dtypes suit it, the formula elsewhere."""
     if (_npuport_npu_op("npu_rotary_mul", x, cos, sin) and x.dim() in (3, 4) and x.shape[-1] % 2 == 0
             and cos.dtype == sin.dtype == x.dtype and cos.shape == sin.shape and cos.dim() <= x.dim()
-            and torch.broadcast_shapes(x.shape, cos.shape) == x.shape):
-        shape = (1,) * (x.dim() - cos.dim()) + tuple(cos.shape)
-        return _npuport_torch_npu.npu_rotary_mul(x, cos.reshape(shape), sin.reshape(shape))
+            and _npuport_broadcast(x.shape, cos.shape) == tuple(x.shape)):
+        if cos.dim() < x.dim():
+            shape = (1,) * (x.dim() - cos.dim()) + tuple(cos.shape)
+            cos, sin = cos.reshape(shape), sin.reshape(shape)
+        return _npuport_torch_npu.npu_rotary_mul(x, cos, sin)
     return x * cos + rotate(x) * sin
 '''
 
@@ -143,11 +156,8 @@ def _npuport_attention(q, k, v, scale, bias, original):
     if pse is not None:
         if not isinstance(pse, torch.Tensor) or pse.dtype != q.dtype or pse.dim() > 4:
             return original()
-        try:
-            shape = torch.broadcast_shapes(pse.shape, (1, n, sq, skv))
-        except RuntimeError:
-            return original()
-        if shape[0] not in (1, b) or tuple(shape[1:]) != (n, sq, skv):
+        shape = _npuport_broadcast(pse.shape, (1, n, sq, skv))
+        if shape is None or shape[0] not in (1, b) or shape[1:] != (n, sq, skv):
             return original()
         pse = pse.expand(shape).contiguous()
     # scale folded into q: npu_fusion_attention computes scale * (pse + q k^T)
