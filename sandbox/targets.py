@@ -87,6 +87,17 @@ def resolve_target(
     if name == "npu":
         env = {"TORCH_NPU_FALLBACK_CPU_DISABLE": "1"} if strict else {}
         return Target("npu", "npu:0", "sandbox.npu_runtime:install", {"strict": strict}, env, reason="requested")
-    options = {"chip": chip, "torch_npu": torch_npu, "matrix_path": matrix_path, "strict": strict}
+    from sandbox.ascend_sim.native_build import NativeUnavailable, choose_engine
+
+    try:
+        engine, lib, why = choose_engine(os.environ.get("NPUPORT_SIM_ENGINE") or "auto", log=_log)
+    except (NativeUnavailable, ValueError) as e:
+        raise TargetError(f"ascend-sim: {e}") from e
+    options = {"chip": chip, "torch_npu": torch_npu, "matrix_path": matrix_path, "strict": strict,
+               "engine": engine, "native_lib": lib, "engine_note": why}
     env = {"TORCH_NPU_FALLBACK_CPU_DISABLE": "1"} if strict else {}
-    return Target("ascend-sim", "npu", "sandbox.ascend_sim:install", options, env, reason="requested")
+    return Target("ascend-sim", "npu", "sandbox.ascend_sim:install", options, env, reason=f"requested; {why}")
+
+
+def _log(msg: str) -> None:
+    print(f"npuport: {msg}", file=sys.stderr, flush=True)

@@ -40,6 +40,13 @@ def emit():
 """
 
 
+@pytest.fixture(autouse=True, params=["native", "python"])
+def sim_engine(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Every case runs on both engines: the C++ PrivateUse1 backend and the Python tensor subclass."""
+    monkeypatch.setenv("NPUPORT_SIM_ENGINE", request.param)
+    return str(request.param)
+
+
 def run_sim(
     body: str, options: dict[str, Any] | None = None, env: dict[str, str] | None = None
 ) -> dict[str, Any]:
@@ -385,7 +392,98 @@ def test_inplace_views_and_out_resize_keep_npu_metadata() -> None:
         v = x[:, 1]
         v.add_(5)
         r = torch.arange(5, device="npu")
-        OUT["vals"] = [x.cpu().tolist(), list(r.shape), r.cpu().tolist(), type(v.add_(1)).__name__]
+        w = v.add_(1)
+        OUT["vals"] = [x.cpu().tolist(), list(r.shape), r.cpu().tolist(), w is v, str(w.device)]
+        out = torch.empty(0, device="npu")
+        torch.add(torch.ones(3, device="npu"), 1, out=out)  # out= resizes the npu tensor
+        OUT["out"] = [list(out.shape), out.cpu().tolist(), str(out.device)]
         """
     )
-    assert out["vals"] == [[[0.0, 5.0, 0.0], [0.0, 5.0, 0.0]], [5], [0, 1, 2, 3, 4], "NpuTensor"]
+    assert out["vals"] == [[[0.0, 6.0, 0.0], [0.0, 6.0, 0.0]], [5], [0, 1, 2, 3, 4], True, "npu:0"]
+    assert out["out"] == [[3], [2.0, 2.0, 2.0], "npu:0"]
+
+
+def test_report_names_the_engine(sim_engine: str) -> None:
+    out = run_sim("OUT['report'] = op_report()")
+    assert out["report"]["engine"] == sim_engine
+    assert out["report"]["engine_note"]
+
+
+def test_views_share_storage_and_count_once() -> None:
+    out = run_sim(
+        """
+        x = torch.zeros(4, 6).npu()
+        reset()
+        y = x.t()
+        z = y[1:3]
+        z.fill_(1.0)
+        OUT["ops"] = op_report()["npu_ops"]
+        OUT["same_memory"] = y.untyped_storage().data_ptr() == x.untyped_storage().data_ptr()
+        OUT["x"] = x.cpu().sum(dim=0).tolist()
+        OUT["devices"] = [str(y.device), str(z.device)]
+        """
+    )
+    assert out["ops"] == {"aten::t": 1, "aten::slice.Tensor": 1, "aten::fill_.Scalar": 1}
+    assert out["same_memory"] is True
+    assert out["x"] == [0.0, 4.0, 4.0, 0.0, 0.0, 0.0]  # the writes through the view reached x
+    assert out["devices"] == ["npu:0", "npu:0"]
+
+
+def test_memory_allocated_follows_live_npu_tensors() -> None:
+    out = run_sim(
+        """
+        import gc
+        base = torch.npu.memory_allocated()
+        t = torch.empty(1 << 18, device="npu")  # 1 MiB
+        grown = torch.npu.memory_allocated() - base
+        del t
+        gc.collect()
+        OUT["mem"] = [grown, torch.npu.memory_allocated() - base, torch.npu.max_memory_allocated() >= grown]
+        """
+    )
+    assert out["mem"][0] >= 1 << 20
+    assert out["mem"][1] == 0
+    assert out["mem"][2] is True
+
+
+FUSED_PARITY_BODY = """
+from sandbox.ascend_sim import fused_ops as fo
+from sandbox.ascend_sim.runtime import RT
+import torch_npu
+torch.manual_seed(0)
+x, g = torch.randn(2, 5, 64), torch.randn(64)
+q, c, s = torch.randn(1, 4, 7, 16), torch.randn(7, 16), torch.randn(7, 16)
+k, v = torch.randn(1, 2, 9, 16), torch.randn(1, 2, 9, 16)  # grouped key/value heads
+pse = torch.randn(1, 4, 7, 9)
+pse[..., 3, :] = float("-inf")  # one query row masked out entirely
+same = lambda a, b: [torch.equal(p.cpu(), r) if isinstance(p, torch.Tensor) else p == r for p, r in zip(a, b)]
+with torch.no_grad():
+    OUT["rms"] = same(torch_npu.npu_rms_norm(x.npu(), g.npu(), 1e-5), fo.npu_rms_norm(x, g, 1e-5))
+    OUT["rotary"] = same([torch_npu.npu_rotary_mul(q.npu(), c.npu(), s.npu())], [fo.npu_rotary_mul(q, c, s)])
+    for name, kw in [("pse", {"pse": pse}), ("plain", {}), ("mask", {"atten_mask": torch.rand(7, 9) > 0.7})]:
+        a = torch_npu.npu_fusion_attention(q.npu(), k.npu(), v.npu(), 4, "BNSD", scale=0.3,
+                                           **{n: t.npu() for n, t in kw.items()})
+        OUT[name] = same(a, fo.npu_fusion_attention(q, k, v, 4, "BNSD", scale=0.3, **kw))
+        OUT[name + "_devices"] = sorted({str(p.device) for p in a if isinstance(p, torch.Tensor)})
+    if RT.engine.name == "native":  # the C++ twins themselves, bit for bit
+        mod = RT.engine.mod
+        OUT["twin_rms"] = same(mod.rms_norm(x.npu(), g.npu(), 1e-5), fo.npu_rms_norm(x, g, 1e-5))
+        OUT["twin_attn"] = same(mod.fusion_attention_bnsd(q.npu(), k.npu(), v.npu(), pse.npu(), 0.3),
+                                fo.npu_fusion_attention(q, k, v, 4, "BNSD", pse=pse, scale=0.3)[:4])
+        OUT["twin_cpu_arg"] = mod.rms_norm(x, g.npu(), 1e-5) is None  # not all on npu: the Python path
+OUT["counts"] = op_report()["npu_ops"]
+"""
+
+
+def test_fused_ops_on_npu_match_the_references(sim_engine: str) -> None:
+    out = run_sim(FUSED_PARITY_BODY)
+    assert out["rms"] == [True, True] and out["rotary"] == [True]
+    for name in ("pse", "plain", "mask"):
+        assert out[name] == [True] * 7, name
+        assert out[name + "_devices"] == ["npu:0"]
+    assert out["counts"]["npu::npu_fusion_attention"] == 3
+    assert out["counts"]["npu::npu_rms_norm"] == 1
+    if sim_engine == "native":
+        assert out["twin_rms"] == [True, True]
+        assert out["twin_attn"] == [True] * 4
+        assert out["twin_cpu_arg"] is True

@@ -1,4 +1,5 @@
-"""The emulated `npu` device: a wrapper tensor subclass over CPU tensors plus a dispatch-level guard.
+"""ascend-sim's Python engine (the fallback when the native one cannot be built): the emulated `npu`
+device as a wrapper tensor subclass over CPU tensors plus a dispatch-level guard.
 
 Every aten op on an npu tensor reaches `NpuTensor.__torch_dispatch__`, which unwraps the CPU tensors,
 applies the guard (device mix, dtype allow-lists, CPU fallback of ops without an NPU kernel), runs the
@@ -10,70 +11,84 @@ registered below (empty / empty_strided / _copy_from), which is how `torch.randn
 from __future__ import annotations
 
 import contextlib
-import warnings
+import gc
 from collections.abc import Callable
 from typing import Any
 
 import torch
 
-from . import messages
-from .policy import COMPLEX_DTYPES, OpDecision, Policy
-from .profiles import ChipProfile
-from .state import Recorder
+from . import messages, runtime
+from .policy import COMPLEX_DTYPES, OpDecision
+from .runtime import RT
 
 _CPU = torch.device("cpu")
 aten = torch.ops.aten
 
+_ATTR = "_ascend_sim_decision"  # the cached OpDecision on each OpOverload object
+_BAD: frozenset[torch.dtype] = COMPLEX_DTYPES  # dtypes that need a check on this chip (set by install)
 
-class _Runtime:
-    """Mutable configuration of the installed emulator."""
 
-    policy: Policy
-    profile: ChipProfile
-    strict: bool
-    rec: Recorder
+class PythonEngine:
+    """Engine protocol (runtime.Engine) for the wrapper-subclass device."""
+
+    name = "python"
 
     def __init__(self) -> None:
         self.decided: list[tuple[Any, OpDecision]] = []
-        self.custom_counts: dict[str, int] = {}
-        self.strict = False
-        self.rec = self.new_recorder()
 
-    def new_recorder(self) -> Recorder:
-        rec = Recorder()
-        rec.count_ops = self.count_ops
-        rec.op_counts = self.op_counts
-        return rec
+    def is_npu(self, t: Any) -> bool:
+        return type(t) is NpuTensor
 
-    def count_ops(self) -> int:
-        return sum(d.count for _, d in self.decided) + sum(self.custom_counts.values())
+    def to_cpu(self, t: torch.Tensor) -> torch.Tensor:
+        return t.elem  # type: ignore[attr-defined,no-any-return]
+
+    def to_npu(self, t: torch.Tensor) -> torch.Tensor:
+        return wrap(t)
 
     def op_counts(self) -> dict[str, int]:
-        out = {d.name: d.count for _, d in self.decided if d.count}
-        out.update({k: v for k, v in self.custom_counts.items() if v})
-        return out
+        return {d.name: d.count for _, d in self.decided if d.count}
+
+    def op_total(self) -> int:
+        return sum(d.count for _, d in self.decided)
+
+    def zero_counts(self) -> None:
+        for _, d in self.decided:
+            d.count = 0
 
     def forget_decisions(self) -> None:
         for func, _ in self.decided:
             with contextlib.suppress(AttributeError):
                 delattr(func, _ATTR)
         self.decided = []
-        self.custom_counts = {}
 
-    def zero_counts(self) -> None:
-        for _, d in self.decided:
-            d.count = 0
-        self.custom_counts = {}
+    def memory_allocated(self) -> int:
+        """Bytes held by live npu tensors (approximation: walks the GC for NpuTensor storages)."""
+        seen: set[int] = set()
+        total = 0
+        for obj in gc.get_objects():
+            if type(obj) is NpuTensor:
+                st = obj.elem.untyped_storage()
+                ptr = st.data_ptr()
+                if ptr not in seen:
+                    seen.add(ptr)
+                    total += st.nbytes()
+        self._peak = max(getattr(self, "_peak", 0), total)
+        return total
+
+    def max_memory_allocated(self) -> int:
+        return max(getattr(self, "_peak", 0), self.memory_allocated())
+
+    def reset_peak(self) -> None:
+        self._peak = 0
 
 
-_ATTR = "_ascend_sim_decision"  # the cached OpDecision on each OpOverload object
-RT = _Runtime()
-_BAD: frozenset[torch.dtype] = COMPLEX_DTYPES  # dtypes that need a check on this chip (set by install)
+ENGINE = PythonEngine()
 
 
 def set_bad_dtypes(dtypes: frozenset[torch.dtype]) -> None:
     global _BAD
     _BAD = dtypes
+    RT.bad = dtypes
 
 
 class NpuTensor(torch.Tensor):
@@ -150,41 +165,16 @@ def wrap(elem: torch.Tensor, requires_grad: bool = False) -> NpuTensor:
 def _decide(func: Any) -> OpDecision:
     d = RT.policy.decide(func)
     setattr(func, _ATTR, d)
-    RT.decided.append((func, d))
+    ENGINE.decided.append((func, d))
     return d
 
 
 def _warn_double(op: str) -> None:
-    rec = RT.rec
-    rec.dtype_event("double_downcast", op, "DT_DOUBLE", depth=4)
-    if not rec.double_warned:
-        rec.double_warned = True
-        rec.warnings.append(messages.DOUBLE_WARNING)
-        warnings.warn(messages.DOUBLE_WARNING, UserWarning, stacklevel=4)
-
-
-def _dtype_error(d: OpDecision, arg: str, dtype: torch.dtype) -> RuntimeError:
-    allowed = d.dtypes if d.dtypes is not None else RT.policy.generic_dtypes()
-    order = [x for x in RT.policy.generic_dtypes() if x in allowed] + sorted(
-        (x for x in allowed if x not in RT.policy.generic_dtypes()), key=str
-    )
-    RT.rec.dtype_event("dtype_error", d.name, messages.dt_name(dtype), depth=5)
-    return RuntimeError(messages.dtype_not_supported(d.exec_name, arg, dtype, order))
+    runtime.warn_double(op, depth=5)
 
 
 def _check_dtype(d: OpDecision, t: torch.Tensor, pos: int, func: Any) -> None:
-    dt = t.dtype
-    if d.dtypes is not None and not d.core:
-        if dt not in d.dtypes:
-            raise _dtype_error(d, _arg_name(func, pos), dt)
-        return
-    if dt in _BAD:
-        if dt in COMPLEX_DTYPES:
-            if d.complex_ok:
-                return
-        elif d.core and d.base != "_to_copy":  # no-bf16 chip: metadata/copies still work
-            return
-        raise _dtype_error(d, _arg_name(func, pos), dt)
+    runtime.check_dtype(d, t.dtype, _arg_name(func, pos))
 
 
 def _arg_name(func: Any, pos: int) -> str:
@@ -193,15 +183,7 @@ def _arg_name(func: Any, pos: int) -> str:
 
 
 def _fallback(d: OpDecision) -> None:
-    if RT.strict:
-        raise RuntimeError(messages.fallback_disabled(d.name))
-    rec = RT.rec
-    rec.fallback(d.name, depth=4)
-    if d.name not in rec.fallback_warned:
-        rec.fallback_warned.add(d.name)
-        msg = messages.fallback_warning(d.name)
-        rec.warnings.append(msg)
-        warnings.warn(msg, UserWarning, stacklevel=4)
+    runtime.fallback(d, depth=5)
 
 
 def _unwrap(a: Any, d: OpDecision, func: Any, pos: int, found: list[Any]) -> Any:
@@ -265,13 +247,8 @@ def _dispatch_general(func: Any, d: OpDecision, args: tuple[Any, ...], kwargs: d
         raise RuntimeError(messages.device_mismatch(_DEV, found[1].device))
 
     out_dt = ukwargs.get("dtype")
-    if (
-        out_dt is not None
-        and out_dt in _BAD
-        and (not d.core or d.base == "_to_copy")
-        and not (out_dt in COMPLEX_DTYPES and d.complex_ok)
-    ):
-        raise _dtype_error(d, "out", out_dt)
+    if out_dt is not None and out_dt in _BAD:
+        runtime.check_out_dtype(d, out_dt)
     to_host = False
     dev = ukwargs.get("device")
     if dev is not None:
@@ -436,10 +413,22 @@ def register(device_module: Any) -> None:
     lib.impl("empty_strided", _empty_strided, "PrivateUse1")
     lib.impl("_copy_from", _copy_from, "PrivateUse1")
     lib.impl("_copy_from_and_resize", _copy_from_and_resize, "PrivateUse1")
+    _LIBS.append(lib)
+    register_autocast()
+
+
+def register_autocast() -> None:
+    """torch.autocast(device_type="npu") for either engine (idempotent)."""
+    if _AUTOCAST_LIBS:
+        return
+    lib = torch.library.Library("aten", "IMPL")
     _register_autocast(lib)
     glob = torch.library.Library("_", "IMPL")
     glob.fallback(torch.library.fallthrough_kernel, "AutocastPrivateUse1")
-    _LIBS.extend([lib, glob])
+    _AUTOCAST_LIBS.extend([lib, glob])
+
+
+_AUTOCAST_LIBS: list[Any] = []
 
 
 # Autocast on npu: the ops that run in the lower precision under torch.autocast(device_type="npu").

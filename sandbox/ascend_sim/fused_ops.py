@@ -106,23 +106,35 @@ def _attention(
     keep_prob: float = 1.0,
     seed: int = 0,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """BNSD float32 attention; returns (out, row max, row sum of exp)."""
+    """BNSD float32 attention; returns (out, row max, row sum of exp).
+
+    Rows masked out entirely give 0 (row max 0, row sum 0). Few ops on purpose: the emulator runs this
+    for every attention call of a ported model, and each op costs as much as the math on tiny tensors."""
     k = _repeat_kv(k, q.shape[1])
     v = _repeat_kv(v, q.shape[1])
     s = torch.matmul(q, k.transpose(-1, -2))
     if bias is not None and bias_before_scale:
-        s = (s + bias) * scale
+        s = s.add_(bias)
+        if scale != 1.0:
+            s = s.mul_(scale)
     else:
-        s = s * scale
+        if scale != 1.0:
+            s = s.mul_(scale)
         if bias is not None:
-            s = s + bias
+            s = s.add_(bias)
     if masked is not None:
-        s = s.masked_fill(masked, float("-inf"))
+        s = s.masked_fill_(masked, float("-inf"))
     row_max = s.amax(dim=-1, keepdim=True)
-    safe_max = torch.where(torch.isfinite(row_max), row_max, torch.zeros_like(row_max))
-    e = torch.exp(s - safe_max)
-    row_sum = e.sum(dim=-1, keepdim=True)
-    p = e / torch.where(row_sum > 0, row_sum, torch.ones_like(row_sum))  # fully masked rows give 0
+    p = torch.softmax(s, dim=-1)
+    # sum_j exp(s_j - max) = 1 / max_j p_j. A row of only -inf (masked out) gives NaN in softmax; the
+    # kernel gives 0 there, with row max 0 and row sum 0.
+    if masked is not None or bias is not None:
+        p = p.nan_to_num_(0.0)
+        safe_max = row_max.nan_to_num(neginf=0.0)
+        row_sum = p.amax(dim=-1, keepdim=True).reciprocal_().nan_to_num_(posinf=0.0)
+    else:
+        safe_max = row_max
+        row_sum = p.amax(dim=-1, keepdim=True).reciprocal_()
     if keep_prob < 1.0:
         gen = torch.Generator().manual_seed(seed)
         keep = torch.rand(p.shape, generator=gen) < keep_prob
@@ -180,8 +192,8 @@ def npu_fusion_attention(
     out, row_max, row_sum = _attention(q, k, v, scale, bias, True, masked, keep_prob, seed)
     out_l = _from_bnsd(out, input_layout).to(dtype)
     # The kernel keeps the softmax statistics as float32 [B, N, Sq, 8] (broadcast for alignment).
-    smax = row_max.expand(b, n, sq, 8).contiguous()
-    ssum = row_sum.expand(b, n, sq, 8).contiguous()
+    smax = row_max.expand(b, n, sq, 8)
+    ssum = row_sum.expand(b, n, sq, 8)
     mask_len = 0 if keep_prob == 1.0 else b * n * sq * skv
     return out_l, smax, ssum, torch.empty(0, dtype=dtype), seed, offset, mask_len
 
@@ -263,8 +275,8 @@ def npu_rms_norm(
         )
     x = self.float()
     dims = tuple(range(self.dim() - nd, self.dim()))
-    rstd = torch.rsqrt(x.pow(2).mean(dim=dims, keepdim=True) + epsilon)
-    y = (x * rstd * gamma.float()).to(self.dtype)
+    rstd = x.pow(2).mean(dim=dims, keepdim=True).add_(epsilon).rsqrt_()
+    y = (x * rstd).mul_(gamma.float()).to(self.dtype)
     return y, rstd
 
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import gc
 import sys
 import time
 import types
@@ -13,9 +12,9 @@ from typing import Any
 import torch
 
 from . import fused_ops, messages
-from .device import RT, NpuTensor, wrap
+from .runtime import RT
 
-_DEVICE_STATE = {"current": 0, "peak": 0}
+_DEVICE_STATE = {"current": 0}
 
 
 # --- device API (torch.npu.*) -------------------------------------------------------------------------
@@ -87,22 +86,12 @@ def get_device_capability(device: Any = None) -> None:
 
 
 def memory_allocated(device: Any = None) -> int:
-    """Bytes held by live npu tensors (approximation: walks the GC for NpuTensor storages)."""
-    seen: set[int] = set()
-    total = 0
-    for obj in gc.get_objects():
-        if type(obj) is NpuTensor:
-            st = obj.elem.untyped_storage()
-            ptr = st.data_ptr()
-            if ptr not in seen:
-                seen.add(ptr)
-                total += st.nbytes()
-    _DEVICE_STATE["peak"] = max(_DEVICE_STATE["peak"], total)
-    return total
+    """Bytes held by live npu tensors."""
+    return RT.engine.memory_allocated()
 
 
 def max_memory_allocated(device: Any = None) -> int:
-    return max(_DEVICE_STATE["peak"], memory_allocated())
+    return RT.engine.max_memory_allocated()
 
 
 def memory_reserved(device: Any = None) -> int:
@@ -114,7 +103,7 @@ def max_memory_reserved(device: Any = None) -> int:
 
 
 def reset_peak_memory_stats(device: Any = None) -> None:
-    _DEVICE_STATE["peak"] = 0
+    RT.engine.reset_peak()
 
 
 def mem_get_info(device: Any = None) -> tuple[int, int]:
@@ -302,21 +291,42 @@ def _make_npu_module() -> types.ModuleType:
 # --- torch_npu custom ops -----------------------------------------------------------------------------
 
 
-def _custom(name: str, ref: Callable[..., Any]) -> Callable[..., Any]:
-    """Wrap a CPU reference so it takes npu tensors, returns npu tensors and counts as one NPU op."""
+def _custom(name: str, ref: Callable[..., Any], fast: Callable[..., Any] | None = None) -> Callable[..., Any]:
+    """Wrap a CPU reference so it takes npu tensors, returns npu tensors and counts as one NPU op.
+
+    fast(module, *args, **kwargs): the native engine's C++ twin for the common call shapes (all tensors
+    on npu, a chip with bf16, no autograd); it returns None for a call it does not cover, which then runs the
+    reference with its checks and messages."""
     op_key = f"npu::{name}"
+    counts = RT.custom_counts
 
     def call(*args: Any, **kwargs: Any) -> Any:
-        RT.custom_counts[op_key] = RT.custom_counts.get(op_key, 0) + 1
-        state: dict[str, Any] = {"npu": False, "cpu": None}
-        uargs = [_unwrap(a, state) for a in args]
-        ukw = {k: _unwrap(v, state) for k, v in kwargs.items()}
-        if state["npu"] and state["cpu"] is not None:
-            raise RuntimeError(messages.device_mismatch("npu:0", state["cpu"].device))
-        if state["npu"]:
-            _check_custom_dtypes(name, uargs, ukw)
-        out = ref(*uargs, **ukw)
-        return _rewrap(out) if state["npu"] else out
+        counts[op_key] = counts.get(op_key, 0) + 1
+        engine = RT.engine
+        if fast is not None and engine.name == "native" and RT.profile.bf16 and not torch.is_grad_enabled():
+            try:
+                out = fast(engine.mod, *args, **kwargs)  # type: ignore[attr-defined]
+            except TypeError:
+                out = None  # arguments it does not take: the reference reports them
+            if out is not None:
+                return out
+        seen_npu = False
+        cpu_arg: torch.Tensor | None = None
+        for a in (*args, *kwargs.values()):
+            if isinstance(a, torch.Tensor):
+                if engine.is_npu(a):
+                    seen_npu = True
+                elif cpu_arg is None and a.dim() > 0:
+                    cpu_arg = a
+        if not seen_npu:
+            return ref(*args, **kwargs)
+        if cpu_arg is not None:
+            raise RuntimeError(messages.device_mismatch("npu:0", cpu_arg.device))
+        if not RT.profile.bf16:
+            _check_custom_dtypes(name, [*args, *kwargs.values()])
+        uargs = [engine.to_cpu(a) if engine.is_npu(a) else a for a in args]
+        ukw = {k: engine.to_cpu(a) if engine.is_npu(a) else a for k, a in kwargs.items()}
+        return _rewrap(ref(*uargs, **ukw))
 
     call.__name__ = name
     call.__qualname__ = name
@@ -324,21 +334,53 @@ def _custom(name: str, ref: Callable[..., Any]) -> Callable[..., Any]:
     return call
 
 
-def _unwrap(a: Any, state: dict[str, Any]) -> Any:
-    if type(a) is NpuTensor:
-        state["npu"] = True
-        return a.elem
-    if isinstance(a, torch.Tensor):
-        if a.dim() > 0 and state["cpu"] is None:
-            state["cpu"] = a
-        return a
-    return a
+def _fast_rms_norm(mod: Any, self: Any, gamma: Any, epsilon: float = 1e-6) -> Any:
+    return mod.rms_norm(self, gamma, float(epsilon))
 
 
-def _check_custom_dtypes(name: str, uargs: list[Any], ukw: dict[str, Any]) -> None:
-    if RT.profile.bf16:
-        return
-    for a in [*uargs, *ukw.values()]:
+def _fast_rotary_mul(mod: Any, input: Any, r1: Any, r2: Any, rotary_mode: str = "half", rotate: Any = None) -> Any:
+    if rotary_mode != "half" or rotate is not None:
+        return None
+    return mod.rotary_mul_half(input, r1, r2)
+
+
+def _fast_fusion_attention(
+    mod: Any,
+    query: Any,
+    key: Any,
+    value: Any,
+    head_num: int,
+    input_layout: str,
+    pse: Any = None,
+    padding_mask: Any = None,
+    atten_mask: Any = None,
+    scale: float = 1.0,
+    keep_prob: float = 1.0,
+    pre_tockens: int = fused_ops.INT_MAX,
+    next_tockens: int = fused_ops.INT_MAX,
+    inner_precise: int = 0,
+    prefix: Any = None,
+    actual_seq_qlen: Any = None,
+    actual_seq_kvlen: Any = None,
+    sparse_mode: int = 0,
+    gen_mask_parallel: bool = True,
+    sync: bool = False,
+    softmax_layout: str = "",
+    sink: Any = None,
+    dropout_mask: Any = None,
+    seed: int = 0,
+    offset: int = 0,
+) -> Any:
+    """BNSD without mask, dropout or sink: the shape the generated attention helper uses."""
+    plain = atten_mask is None and keep_prob == 1.0 and sink is None and actual_seq_qlen is None
+    if input_layout != "BNSD" or not plain or sparse_mode not in (0, 1):
+        return None
+    outs = mod.fusion_attention_bnsd(query, key, value, pse, float(scale))
+    return None if outs is None else (*outs, seed, offset, 0)
+
+
+def _check_custom_dtypes(name: str, args: list[Any]) -> None:
+    for a in args:
         if isinstance(a, torch.Tensor) and a.dtype is torch.bfloat16:
             exec_name = "aclnn" + "".join(p.capitalize() for p in name.removeprefix("npu_").split("_"))
             allowed = [torch.float32, torch.float16]
@@ -347,7 +389,7 @@ def _check_custom_dtypes(name: str, uargs: list[Any], ukw: dict[str, Any]) -> No
 
 def _rewrap(out: Any) -> Any:
     if isinstance(out, torch.Tensor):
-        return wrap(out)
+        return RT.engine.to_npu(out) if out.device.type == "cpu" else out
     if isinstance(out, tuple):
         return tuple(_rewrap(o) for o in out)
     return out
@@ -362,6 +404,13 @@ CUSTOM_OPS: dict[str, Callable[..., Any]] = {
 }
 
 
+_FAST: dict[str, Callable[..., Any]] = {
+    "npu_fusion_attention": _fast_fusion_attention,
+    "npu_rms_norm": _fast_rms_norm,
+    "npu_rotary_mul": _fast_rotary_mul,
+}
+
+
 def make_torch_npu(npu_mod: types.ModuleType, version: str) -> types.ModuleType:
     tnpu = types.ModuleType("torch_npu")
     tnpu.__version__ = version  # type: ignore[attr-defined]
@@ -369,7 +418,7 @@ def make_torch_npu(npu_mod: types.ModuleType, version: str) -> types.ModuleType:
     tnpu.npu = npu_mod  # type: ignore[attr-defined]
     tnpu._ascend_sim = True  # type: ignore[attr-defined]
     for name, ref in CUSTOM_OPS.items():
-        setattr(tnpu, name, _custom(name, ref))
+        setattr(tnpu, name, _custom(name, ref, _FAST.get(name)))
     return tnpu
 
 

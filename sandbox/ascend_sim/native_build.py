@@ -1,0 +1,109 @@
+"""Build (once) and locate the ascend-sim native engine: sandbox/ascend_sim/native/ascend_sim_native.cpp.
+
+The library is compiled against the torch in this environment with torch.utils.cpp_extension (a C++
+compiler and ninja are needed) in a child process, so the caller's process never loads it, and cached
+per source + torch + Python in NPUPORT_NATIVE_CACHE (default ~/.cache/npuport/ascend-sim-native).
+Targets pass the built path to the sandbox, which only loads it; nothing is compiled inside a sandbox.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata
+import os
+import platform
+import shutil
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+SOURCE = Path(__file__).resolve().parent / "native" / "ascend_sim_native.cpp"
+BUILD_TIMEOUT_S = 900
+
+_BUILD = """
+import sys
+from torch.utils.cpp_extension import load
+name, source, build_dir = sys.argv[1:4]
+load(name=name, sources=[source], build_directory=build_dir, extra_cflags=["-O2"], verbose=True)
+"""
+
+
+class NativeUnavailable(RuntimeError):
+    """The native engine cannot be built or loaded here; the message says why."""
+
+
+def cache_root() -> Path:
+    env = os.environ.get("NPUPORT_NATIVE_CACHE")
+    if env:
+        return Path(env).expanduser()
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "npuport" / "ascend-sim-native"
+
+
+def build_key() -> str:
+    h = hashlib.sha256(SOURCE.read_bytes())
+    for part in (importlib.metadata.version("torch"), sys.version, platform.machine()):
+        h.update(part.encode())
+    return h.hexdigest()[:16]
+
+
+def module_name(key: str) -> str:
+    return f"ascend_sim_native_{key}"
+
+
+def cached_library() -> Path | None:
+    key = build_key()
+    so = cache_root() / key / f"{module_name(key)}.so"
+    return so if so.is_file() else None
+
+
+def library_path(*, build: bool = True, log: Callable[[str], None] | None = None) -> Path:
+    """The compiled engine for this torch; builds it when missing (about 30 s on 2 cores)."""
+    found = cached_library()
+    if found is not None:
+        return found
+    if not build:
+        raise NativeUnavailable("the native engine is not built yet")
+    cxx = os.environ.get("CXX") or "c++"
+    if shutil.which(cxx) is None:
+        raise NativeUnavailable(f"no C++ compiler ({cxx}) on PATH")
+    key = build_key()
+    build_dir = cache_root() / key
+    build_dir.mkdir(parents=True, exist_ok=True)
+    if log is not None:
+        log(f"building the ascend-sim native engine once for this torch (~30 s) in {build_dir}")
+    # ninja from the environment's bin dir (the `ninja` wheel) when it is not on PATH.
+    env = dict(os.environ)
+    env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
+    env.setdefault("MAX_JOBS", str(os.cpu_count() or 1))
+    try:
+        r = subprocess.run(
+            [sys.executable, "-c", _BUILD, module_name(key), str(SOURCE), str(build_dir)],
+            capture_output=True,
+            text=True,
+            timeout=BUILD_TIMEOUT_S,
+            env=env,
+        )
+    except subprocess.TimeoutExpired as e:
+        raise NativeUnavailable(f"building the native engine took over {BUILD_TIMEOUT_S} s") from e
+    so = build_dir / f"{module_name(key)}.so"
+    if r.returncode != 0 or not so.is_file():
+        tail = "\n".join((r.stdout + r.stderr).strip().splitlines()[-15:])
+        raise NativeUnavailable(f"building the native engine failed:\n{tail}")
+    return so
+
+
+def choose_engine(requested: str, *, log: Callable[[str], None] | None = None) -> tuple[str, str | None, str]:
+    """("native"|"python", library path or None, why) for NPUPORT_SIM_ENGINE-style requests."""
+    if requested not in ("auto", "native", "python"):
+        raise ValueError(f"unknown ascend-sim engine {requested!r}; choose auto, native or python")
+    if requested == "python":
+        return "python", None, "python engine requested"
+    try:
+        lib = library_path(log=log)
+    except NativeUnavailable as e:
+        if requested == "native":
+            raise
+        return "python", None, f"native engine unavailable ({str(e).splitlines()[0]}); python engine, slower"
+    return "native", str(lib), "native engine (C++ PrivateUse1 backend)"
