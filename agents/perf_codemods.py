@@ -95,20 +95,31 @@ except ImportError:
 
 
 def _npuport_npu_op(name, *tensors):
-    """True where torch_npu provides the fused op `name` and every tensor is on an NPU."""
-    return (_npuport_torch_npu is not None and hasattr(_npuport_torch_npu, name)
-            and all(t.device.type == "npu" for t in tensors))
+    """True where torch_npu provides the fused op `name` and every tensor is on an NPU.
+    (Plain loops here and below: these run for every layer of every decode step.)"""
+    if _npuport_torch_npu is None or not hasattr(_npuport_torch_npu, name):
+        return False
+    for t in tensors:
+        if t.device.type != "npu":
+            return False
+    return True
 
 
 def _npuport_broadcast(a, b):
-    """The broadcast of shapes a and b, or None: torch.broadcast_shapes in plain Python, which
-    matters once per decode step (torch's goes through symbolic-shape machinery)."""
-    a, b = tuple(a), tuple(b)
+    """The broadcast of shapes a and b, or None: torch.broadcast_shapes in plain Python (torch's
+    goes through symbolic-shape machinery)."""
     n = max(len(a), len(b))
-    a, b = (1,) * (n - len(a)) + a, (1,) * (n - len(b)) + b
-    if any(x != y and 1 not in (x, y) for x, y in zip(a, b)):
-        return None
-    return tuple(y if x == 1 else x for x, y in zip(a, b))
+    a = (1,) * (n - len(a)) + tuple(a)
+    b = (1,) * (n - len(b)) + tuple(b)
+    out = []
+    for x, y in zip(a, b):
+        if x == y or y == 1:
+            out.append(x)
+        elif x == 1:
+            out.append(y)
+        else:
+            return None
+    return tuple(out)
 '''
 
 RMS_MARKER = "def _npuport_rms_norm("

@@ -15,6 +15,7 @@ import torch
 from agents.codemods import CODEMODS
 from agents.models import Finding, HazardCategory, Severity
 from agents.perf_codemods import (
+    NPU_PRELUDE,
     fused_attention,
     fused_rms_norm,
     fused_rotary_mul,
@@ -485,3 +486,17 @@ def test_rewrites_are_idempotent_on_the_example() -> None:
         assert not again.changed, fn.__name__
         src = once.source
     compile(src, "modeling_ocr_mini.py", "exec")
+
+
+def test_generated_broadcast_helper_agrees_with_torch() -> None:
+    ns: dict[str, Any] = {}
+    exec(compile(NPU_PRELUDE, "<prelude>", "exec"), ns)
+    broadcast = ns["_npuport_broadcast"]
+    shapes = [(), (1,), (3,), (2, 1), (1, 3), (2, 3), (4, 1, 3), (1, 2, 1), (5, 2, 3), (2, 2)]
+    for a in shapes:
+        for b in shapes:
+            try:
+                want: tuple[int, ...] | None = tuple(torch.broadcast_shapes(a, b))
+            except RuntimeError:
+                want = None
+            assert broadcast(torch.Size(a), b) == want, (a, b)

@@ -684,9 +684,25 @@ struct Fast<Op, R(Args...)> {
     return h;
   }
 
+  // This op's decision without the per-thread map: one pointer per op, re-read after install()
+  // (which never runs concurrently with ops; dropped entries stay valid).
+  static OpEntry& entry() {
+    static std::atomic<OpEntry*> cached{nullptr};
+    static std::atomic<uint64_t> cached_generation{0};
+    const uint64_t gen = g_generation.load(std::memory_order_acquire);
+    OpEntry* e = cached.load(std::memory_order_acquire);
+    if (e != nullptr && cached_generation.load(std::memory_order_acquire) == gen) {
+      return *e;
+    }
+    OpEntry& fresh = entry_for(handle());
+    cached.store(&fresh, std::memory_order_release);
+    cached_generation.store(gen, std::memory_order_release);
+    return fresh;
+  }
+
   static R call(c10::DispatchKeySet ks, Args... args) {
     const c10::OperatorHandle& op = handle();
-    OpEntry& e = entry_for(op);
+    OpEntry& e = entry();
     if (e.fast) {
       CallState cs;
       bool ok = true;
@@ -722,7 +738,7 @@ template <class Op, class R, class... Args>
 struct FastView<Op, R(const at::Tensor&, Args...)> {
   static R call(c10::DispatchKeySet ks, const at::Tensor& self, Args... args) {
     const c10::OperatorHandle& op = Fast<Op>::handle();
-    OpEntry& e = entry_for(op);
+    OpEntry& e = Fast<Op>::entry();
     if (t_inside_view || (e.fast && is_npu(self) && (g_bad_mask & bit(self.scalar_type())) == 0)) {
       const bool outer = !t_inside_view;
       if (outer) {
