@@ -59,7 +59,7 @@ def cached_library() -> Path | None:
 
 
 def library_path(*, build: bool = True, log: Callable[[str], None] | None = None) -> Path:
-    """The compiled engine for this torch; builds it when missing (about 30 s on 2 cores)."""
+    """The compiled engine for this torch; builds it when missing (under a minute on 2 cores)."""
     found = cached_library()
     if found is not None:
         return found
@@ -72,7 +72,7 @@ def library_path(*, build: bool = True, log: Callable[[str], None] | None = None
     build_dir = cache_root() / key
     build_dir.mkdir(parents=True, exist_ok=True)
     if log is not None:
-        log(f"building the ascend-sim native engine once for this torch (~30 s) in {build_dir}")
+        log(f"building the ascend-sim native engine once for this torch (about a minute) in {build_dir}")
     # ninja from the environment's bin dir (the `ninja` wheel) when it is not on PATH.
     env = dict(os.environ)
     env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
