@@ -494,3 +494,22 @@ def test_fused_ops_on_npu_match_the_references(sim_engine: str) -> None:
         assert out["twin_rms"] == [True, True]
         assert out["twin_attn"] == [True] * 4
         assert out["twin_cpu_arg"] is True
+
+
+def test_fused_op_errors_read_the_same_on_both_engines() -> None:
+    out = run_sim(
+        """
+        import torch_npu
+        with torch.no_grad():  # the native engine's C++ path is taken only without autograd
+            try:
+                torch_npu.npu_rms_norm(torch.randn(2, 8).npu(), torch.ones(4).npu())
+            except RuntimeError as e:
+                OUT["rms"] = str(e)
+            try:
+                torch_npu.npu_rotary_mul(torch.randn(8, 4).npu(), torch.ones(4).npu(), torch.ones(4).npu())
+            except RuntimeError as e:
+                OUT["rotary"] = str(e)
+        """
+    )
+    assert out["rms"] == "gamma shape (4,) must match the trailing dims of self (2, 8)"
+    assert out["rotary"] == "npu_rotary_mul: input must be 3-D or 4-D, got 2-D"

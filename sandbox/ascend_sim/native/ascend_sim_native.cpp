@@ -829,7 +829,8 @@ at::Tensor npu_of(const at::Tensor& c) {
   return to_npu(c, seen);
 }
 
-// Each returns None when a tensor argument is not on the npu device: the Python path then reports it.
+// Each returns None when a tensor argument is not on the npu device or the arguments are invalid: the
+// Python path then runs the reference, which reports the problem in its own words.
 std::optional<std::tuple<at::Tensor, at::Tensor>> rms_norm(const at::Tensor& self_npu, const at::Tensor& gamma_npu,
                                                           double eps) {
   if (!is_npu(self_npu) || !is_npu(gamma_npu)) {
@@ -839,8 +840,9 @@ std::optional<std::tuple<at::Tensor, at::Tensor>> rms_norm(const at::Tensor& sel
   const at::Tensor self = cpu_of(self_npu);
   const at::Tensor gamma = cpu_of(gamma_npu);
   const int64_t nd = gamma.dim();
-  TORCH_CHECK(nd <= self.dim() && self.sizes().slice(self.dim() - nd).equals(gamma.sizes()), "gamma shape ",
-              gamma.sizes(), " must match the trailing dims of self ", self.sizes());
+  if (nd > self.dim() || !self.sizes().slice(self.dim() - nd).equals(gamma.sizes())) {
+    return std::nullopt;  // the Python reference raises its error
+  }
   const at::Tensor x = self.to(at::kFloat);
   std::vector<int64_t> dims;
   for (int64_t d = self.dim() - nd; d < self.dim(); ++d) {
@@ -858,8 +860,9 @@ std::optional<at::Tensor> rotary_mul_half(const at::Tensor& input_npu, const at:
   }
   BelowAutograd below;
   const at::Tensor input = cpu_of(input_npu);
-  TORCH_CHECK(input.dim() == 3 || input.dim() == 4, "npu_rotary_mul: input must be 3-D or 4-D, got ", input.dim(),
-              "-D");
+  if (input.dim() != 3 && input.dim() != 4) {
+    return std::nullopt;  // the Python reference raises its error
+  }
   const at::Tensor x = input.to(at::kFloat);
   auto halves = at::chunk(x, 2, -1);
   const at::Tensor rot = at::cat({halves[1].neg(), halves[0]}, -1);
@@ -880,8 +883,10 @@ std::optional<std::vector<at::Tensor>> fusion_attention_bnsd(const at::Tensor& q
   at::Tensor k = cpu_of(key).to(at::kFloat);
   at::Tensor v = cpu_of(value).to(at::kFloat);
   const int64_t b = q.size(0), n = q.size(1), sq = q.size(2);
-  if (k.size(1) != n) {  // grouped key/value heads
-    TORCH_CHECK(n % k.size(1) == 0, "head_num ", n, " must be a multiple of the key/value heads ", k.size(1));
+  if (k.size(1) != n || v.size(1) != n) {  // grouped key/value heads
+    if (k.size(1) != v.size(1) || n % k.size(1) != 0) {
+      return std::nullopt;  // the Python reference handles (or reports) the rest
+    }
     k = k.repeat_interleave(n / k.size(1), 1);
     v = v.repeat_interleave(n / v.size(1), 1);
   }
