@@ -169,6 +169,17 @@ class JobStore:
         with self._lock:
             self._conn.execute(f"UPDATE jobs SET {cols} WHERE id=?", (*fields.values(), job_id))
 
+    def transition(self, job_id: str, from_statuses: tuple[str, ...], **fields: Any) -> bool:
+        """Set ``fields`` only while the job is in one of ``from_statuses`` (one atomic UPDATE); True when
+        this call made the change. Concurrent approve/cancel/start calls race here, and one wins."""
+        fields["updated"] = time.time()
+        cols = ", ".join(f"{k}=?" for k in fields)
+        marks = ",".join("?" * len(from_statuses))
+        with self._lock:
+            cur = self._conn.execute(f"UPDATE jobs SET {cols} WHERE id=? AND status IN ({marks})",
+                                     (*fields.values(), job_id, *from_statuses))
+            return cur.rowcount == 1
+
     def add_event(self, job_id: str, kind: str, data: dict[str, Any], step: int | None = None) -> Event | None:
         """Append an event; a step already recorded (same index) is not added again (returns None)."""
         now = time.time()
@@ -266,19 +277,24 @@ class JobManager:
         job = self._must(job_id)
         if job.status in TERMINAL:
             raise JobError(f"job {job_id} already ended ({job.status})")
-        if job.status in ("queued", "awaiting_approval"):
-            self._finish(job_id, "cancelled", "cancelled by the user")
-        else:
-            # a running graph stops after its current agent step (it checks between steps)
-            self._cancel.add(job_id)
-            self._event(job_id, "status", {"status": "cancelling", "reason": "cancel requested"})
+        reason = "cancelled by the user"
+        if self.store.transition(job_id, ("queued", "awaiting_approval"), status="cancelled", reason=reason):
+            self._event(job_id, "status", {"status": "cancelled", "reason": reason, "bundle": False})
+            self._cancel.discard(job_id)
+            return self._must(job_id)
+        job = self._must(job_id)  # it moved meanwhile: started running, or ended
+        if job.status in TERMINAL:
+            raise JobError(f"job {job_id} already ended ({job.status})")
+        # a running graph stops after its current agent step (it checks between steps)
+        self._cancel.add(job_id)
+        self._event(job_id, "status", {"status": "cancelling", "reason": "cancel requested"})
         return self._must(job_id)
 
     def approve(self, job_id: str) -> Job:
-        job = self._must(job_id)
-        if job.status != "awaiting_approval":
+        self._must(job_id)  # 404 for an unknown job
+        if not self.store.transition(job_id, ("awaiting_approval",), status="queued"):
+            job = self._must(job_id)
             raise JobError(f"job {job_id} is not waiting for approval (status {job.status})")
-        self.store.update(job_id, status="queued")
         self._event(job_id, "status", {"status": "queued", "reason": "approved"})
         self.start()
         assert self._pool is not None
@@ -354,7 +370,8 @@ class JobManager:
             self.store.update(job_id, status="awaiting_approval", reason="waiting for approval of the next patch round")
             self._event(job_id, "status", {"status": "awaiting_approval", "reason": "approve to apply the next patches"})
             return
-        self.store.update(job_id, status="running", started=1)
+        if not self.store.transition(job_id, ("queued",), status="running", started=1):
+            return  # cancelled (or taken by another worker) since it was read
         self._event(job_id, "status", {"status": "running", "reason": "resumed" if snap else ""})
         inputs = None if snap is not None else {"goal": job.goal, "request": job.request}
         try:

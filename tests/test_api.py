@@ -422,3 +422,42 @@ def test_upload_idempotency_includes_the_archive(client: TestClient) -> None:
     r3 = client.post("/v1/ports", files={"archive": ("m.zip", other, "application/zip")},
                      data={"request": '{"target": "cpu"}'}, headers=h)
     assert r3.status_code == 409
+
+
+def test_concurrent_approvals_run_the_job_once(client: TestClient) -> None:
+    job = submit(client, request={"model_path": "m1", "target": "cpu"}, require_approval=True)
+    wait_status(client, job["id"], {"awaiting_approval"})
+    codes: list[int] = []
+    barrier = threading.Barrier(6)
+
+    def approve() -> None:
+        barrier.wait()
+        codes.append(client.post(f"/v1/ports/{job['id']}/approve", headers=RW).status_code)
+
+    threads = [threading.Thread(target=approve) for _ in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(codes) == [200] + [409] * 5  # one approval wins the status transition
+    done = wait_status(client, job["id"], {"validated", "failed"})
+    assert done["status"] == "validated" and done["steps"] == 5  # the graph ran once, not six times
+
+
+def test_cancel_racing_the_start_never_runs_the_job(npuport_home: Path, roots: Path,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("NPUPORT_FAKE_STEP_S", "0.2")
+    with TestClient(create_app(make_settings(npuport_home, roots, workers=1), graph_builder=fake_builder)) as c:
+        a, b = submit(c), submit(c)
+        wait_status(c, a["id"], {"running"})
+        codes: list[int] = []
+        threads = [threading.Thread(target=lambda: codes.append(
+            c.post(f"/v1/ports/{b['id']}/cancel", headers=RW).status_code)) for _ in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert sorted(codes) == [200] + [409] * 3  # the first cancel ends it; the rest find it ended
+        wait_status(c, a["id"], {"validated"})
+        final = c.get(f"/v1/ports/{b['id']}", headers=RO).json()
+        assert final["status"] == "cancelled" and final["steps"] == 0
