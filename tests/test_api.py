@@ -7,6 +7,7 @@ manager). The real port graph is exercised by the slow tests (crash/resume, chat
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import os
@@ -293,60 +294,54 @@ def test_oversized_bodies_are_413(client: TestClient) -> None:
     assert r.status_code == 413
 
 
-def test_slow_client_gets_408_and_the_server_keeps_serving(npuport_home: Path, roots: Path) -> None:
+@contextlib.contextmanager
+def live_server(home: Path, roots: Path) -> Iterator[int]:
+    """The app under a real uvicorn on a free port (timeouts and streaming need real sockets)."""
     import uvicorn
     from test_api_helpers import free_port, wait_http
 
     port = free_port()
-    server = uvicorn.Server(uvicorn.Config(create_app(make_settings(npuport_home, roots), graph_builder=fake_builder),
+    server = uvicorn.Server(uvicorn.Config(create_app(make_settings(home, roots), graph_builder=fake_builder),
                                            host="127.0.0.1", port=port, log_level="warning"))
     t = threading.Thread(target=server.run, daemon=True)
     t.start()
     try:
         wait_http(f"http://127.0.0.1:{port}/healthz")
-        with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
-            s.sendall(b"POST /v1/ports HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer tok-rw\r\n"
-                      b"Content-Type: application/json\r\nContent-Length: 100\r\n\r\n{\"goal\": ")
-            import httpx
-
-            t0 = time.time()
-            # while this client stalls, others are served
-            assert httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=5).status_code == 200
-            reply = s.recv(4096).decode()
-            assert reply.startswith("HTTP/1.1 408"), reply
-            assert "no request body data" in reply
-            assert time.time() - t0 < 8
+        yield port
     finally:
         server.should_exit = True
         t.join(10)
+
+
+def test_slow_client_gets_408_and_the_server_keeps_serving(npuport_home: Path, roots: Path) -> None:
+    with live_server(npuport_home, roots) as port, socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+        s.sendall(b"POST /v1/ports HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer tok-rw\r\n"
+                  b"Content-Type: application/json\r\nContent-Length: 100\r\n\r\n{\"goal\": ")
+        import httpx
+
+        t0 = time.time()
+        # while this client stalls, others are served
+        assert httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=5).status_code == 200
+        reply = s.recv(4096).decode()
+        assert reply.startswith("HTTP/1.1 408"), reply
+        assert "no request body data" in reply
+        assert time.time() - t0 < 8
 
 
 def test_event_stream_outlives_the_body_timeout(npuport_home: Path, roots: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """An SSE stream (a GET with no body) stays open far longer than the body-stall timeout: the
     timeout is for bodies, not for responses that stream (regression: streams were cut at 1 s)."""
     import httpx
-    import uvicorn
-    from test_api_helpers import free_port, sse_events, wait_http
 
     monkeypatch.setenv("NPUPORT_FAKE_STEP_S", "0.6")  # five steps: ~3 s of streaming, body timeout 1 s
-    port = free_port()
-    server = uvicorn.Server(uvicorn.Config(create_app(make_settings(npuport_home, roots), graph_builder=fake_builder),
-                                           host="127.0.0.1", port=port, log_level="warning"))
-    t = threading.Thread(target=server.run, daemon=True)
-    t.start()
-    try:
-        base = f"http://127.0.0.1:{port}"
-        wait_http(f"{base}/healthz")
-        with httpx.Client(base_url=base) as c:
+    with live_server(npuport_home, roots) as port:
+        with httpx.Client(base_url=f"http://127.0.0.1:{port}") as c:
             job = c.post("/v1/ports", json={"request": {"model_path": "m1", "target": "cpu"}}, headers=RW).json()
             start = time.time()
             events = list(sse_events(c, f"/v1/ports/{job['id']}/events", RO, limit_s=60))
         assert time.time() - start > 2.0
         kinds = [e.get("event") for e in events]
         assert kinds.count("step") >= 5 and kinds[-1] == "end", kinds
-    finally:
-        server.should_exit = True
-        t.join(10)
 
 
 # --- model roots and uploads -----------------------------------------------------------------

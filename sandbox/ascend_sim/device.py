@@ -174,12 +174,8 @@ def _warn_double(op: str) -> None:
 
 
 def _check_dtype(d: OpDecision, t: torch.Tensor, pos: int, func: Any) -> None:
-    runtime.check_dtype(d, t.dtype, _arg_name(func, pos))
+    runtime.check_dtype(d, t.dtype, runtime.arg_name(func, pos))
 
-
-def _arg_name(func: Any, pos: int) -> str:
-    args = func._schema.arguments
-    return args[pos].name if 0 <= pos < len(args) else "self"
 
 
 def _fallback(d: OpDecision) -> None:

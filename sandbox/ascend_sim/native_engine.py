@@ -64,12 +64,8 @@ class _Hooks:
         allow = sorted(d.dtypes, key=str) if d.dtypes is not None and not d.core else None
         return d.supported, sync, d.cross_device_ok, allow
 
-    def _arg_name(self, name: str, pos: int) -> str:
-        args = _overload(name)._schema.arguments
-        return args[pos].name if 0 <= pos < len(args) else "self"
-
     def check_dtype(self, name: str, pos: int, dtype: torch.dtype) -> None:
-        runtime.check_dtype(self.decisions[name], dtype, self._arg_name(name, pos))
+        runtime.check_dtype(self.decisions[name], dtype, runtime.arg_name(_overload(name), pos))
 
     def check_out_dtype(self, name: str, dtype: torch.dtype) -> None:
         runtime.check_out_dtype(self.decisions[name], dtype)

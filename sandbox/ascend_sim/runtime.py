@@ -97,6 +97,12 @@ def dtype_error(d: OpDecision, arg: str, dtype: torch.dtype) -> RuntimeError:
     return RuntimeError(messages.dtype_not_supported(d.exec_name, arg, dtype, order))
 
 
+def arg_name(func: Any, pos: int) -> str:
+    """The schema name of argument `pos` of an OpOverload, as dtype errors name it."""
+    args = func._schema.arguments
+    return str(args[pos].name) if 0 <= pos < len(args) else "self"
+
+
 def check_dtype(d: OpDecision, dt: torch.dtype, arg: str) -> None:
     """Raise the EZ1001 error when an input of this dtype has no kernel for this op on this chip."""
     if d.dtypes is not None and not d.core:

@@ -674,6 +674,13 @@ struct FastRet<std::tuple<T...>> {
   }
 };
 
+// "add.Tensor" for at::_ops::add_Tensor: the name Library::impl takes in the aten namespace.
+template <class Op>
+std::string op_name() {
+  const std::string overload = Op::overload_name;
+  return std::string(Op::name).substr(6) + (overload.empty() ? "" : "." + overload);
+}
+
 template <class Op, class Sig = typename Op::schema>
 struct Fast;
 
@@ -721,11 +728,7 @@ struct Fast<Op, R(Args...)> {
                                                            ks, args...);
   }
 
-  static void impl(torch::Library& lib) {
-    const std::string overload = Op::overload_name;
-    const std::string name = std::string(Op::name).substr(6) + (overload.empty() ? "" : "." + overload);
-    lib.impl(name.c_str(), TORCH_FN(call));
-  }
+  static void impl(torch::Library& lib) { lib.impl(op_name<Op>().c_str(), TORCH_FN(call)); }
 };
 
 // View ops: their CPU kernels only build a TensorImpl over the input's storage and are device-agnostic
@@ -758,11 +761,7 @@ struct FastView<Op, R(const at::Tensor&, Args...)> {
         c10::BoxedKernel::makeFromFunction<&npu_kernel>(), op, ks, self, args...);
   }
 
-  static void impl(torch::Library& lib) {
-    const std::string overload = Op::overload_name;
-    const std::string name = std::string(Op::name).substr(6) + (overload.empty() ? "" : "." + overload);
-    lib.impl(name.c_str(), TORCH_FN(call));
-  }
+  static void impl(torch::Library& lib) { lib.impl(op_name<Op>().c_str(), TORCH_FN(call)); }
 };
 
 #define NPU_VIEW_OPS(_)                                                                                        \
@@ -780,11 +779,7 @@ struct FastView<Op, R(const at::Tensor&, Args...)> {
 
 std::vector<std::string> fast_op_names() {
   std::vector<std::string> out;
-#define NPU_FAST_NAME(op)                                                                       \
-  {                                                                                             \
-    const std::string ov = at::_ops::op::overload_name;                                         \
-    out.push_back(std::string(at::_ops::op::name).substr(6) + (ov.empty() ? "" : "." + ov)); \
-  }
+#define NPU_FAST_NAME(op) out.push_back(op_name<at::_ops::op>());
   NPU_FAST_OPS(NPU_FAST_NAME)
   NPU_VIEW_OPS(NPU_FAST_NAME)
 #undef NPU_FAST_NAME
