@@ -11,17 +11,20 @@ import os
 from typing import Any
 
 from agents.models import Citation
+from knowledge.errors import first_line
 from knowledge.home import npuport_home
+from knowledge.settings import settings
 
 _kb: Any = None
 _failed = ""
 
 
 def kb_status() -> str:
-    if os.environ.get("NPUPORT_KB", "").lower() == "off":
+    conf = settings()
+    if conf.kb_off:
         return "off (NPUPORT_KB=off)"
-    if os.environ.get("NPUPORT_CHROMA_URL"):
-        return f"server {os.environ['NPUPORT_CHROMA_URL']}"
+    if conf.chroma_url:
+        return f"server {conf.chroma_url}"
     if (npuport_home() / "chroma").is_dir():
         return f"store {npuport_home() / 'chroma'}"
     return "not built (run `npuport kb build`); citing recipes only"
@@ -38,7 +41,7 @@ def _knowledge_base() -> Any:
 
             _kb = KnowledgeBase()
         except Exception as exc:  # a broken store must not stop a port; the report says why
-            _failed = f"knowledge base unavailable: {str(exc).splitlines()[0]}"
+            _failed = f"knowledge base unavailable: {first_line(exc)}"
             return None
     return _kb
 
@@ -52,7 +55,7 @@ def kb_citations(query: str, k: int = 2) -> list[Citation]:
     try:
         hits = kb.search(query, k=k)
     except Exception as exc:
-        _failed = f"knowledge base search failed: {str(exc).splitlines()[0]}"
+        _failed = f"knowledge base search failed: {first_line(exc)}"
         return []
     out = []
     for h in hits:

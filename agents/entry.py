@@ -20,6 +20,8 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from knowledge.errors import EntryNotFound, ManifestError  # noqa: F401  (re-exported)
+
 MANIFEST_NAME = "npuport.yaml"
 # auto_map keys tried in order; the first the config names wins.
 AUTO_MAP_PREFERENCE = ("AutoModelForCausalLM", "AutoModelForVision2Seq", "AutoModelForImageTextToText",
@@ -30,14 +32,6 @@ INPUT_FN_NAMES = ("make_inputs", "sample_inputs", "get_inputs", "example_inputs"
 MODULE_BASES = {"Module", "PreTrainedModel", "GenerationMixin"}
 SKIP_DIRS = {".git", "__pycache__", ".venv", "venv", "env", "node_modules", "site-packages", "tests", "test"}
 DEFAULT_RUN_KWARGS: dict[str, Any] = {"max_new_tokens": 8}
-
-
-class EntryNotFound(Exception):
-    """No way to run the model was found; the message is one line saying why."""
-
-
-class ManifestError(EntryNotFound):
-    """npuport.yaml exists but is wrong; the message names the field."""
 
 
 # ----------------------------------------------------------------------------------------------

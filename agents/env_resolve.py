@@ -41,6 +41,8 @@ from packaging.specifiers import SpecifierSet
 from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
+from knowledge.errors import EnvBuildError  # noqa: F401  (re-exported)
+
 COMPAT_PATH = Path(__file__).with_name("data") / "compat.yaml"
 NPUPORT_ROOT = Path(__file__).resolve().parents[1]  # holds agents/, sandbox/, ... (goes on the env's path)
 MARKER = "npuport-env.json"
@@ -57,10 +59,6 @@ _PIP_OPTS_WITH_VALUE = {
     "--platform", "--python-version", "--implementation", "--abi", "--src", "--cache-dir", "--log",
 }
 _PIP_LINE = re.compile(r"\bpip3?(?:\.\d+)?\s+install\s+(?P<args>.+)")
-
-
-class EnvBuildError(RuntimeError):
-    """The layered environment could not be built (the message says what and why)."""
 
 
 @dataclass(frozen=True)
@@ -572,9 +570,11 @@ def _bundle_files(target: str, stack: dict[str, str | None], pins: dict[str, str
 
 
 def env_cache_root() -> Path:
-    env = os.environ.get("NPUPORT_ENV_CACHE")
+    from knowledge.settings import settings
+
+    env = settings().env_cache
     if env:
-        root = Path(env).expanduser()
+        root = env.expanduser()
     else:
         from knowledge.home import cache_dir
 

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from agents.trace import step
+from knowledge.errors import first_line
 from sandbox.targets import Target, TargetError, resolve_target
 
 
@@ -22,7 +23,7 @@ def matrix_for(version: str) -> tuple[str | None, str]:
         if not path.is_file():
             op_matrix.load_or_build(version)  # downloads the wheel once, reads it as files
     except Exception as exc:  # network or wheel problems must not stop the port
-        return None, f"op-support matrix for torch_npu {version} unavailable: {str(exc).splitlines()[0]}"
+        return None, f"op-support matrix for torch_npu {version} unavailable: {first_line(exc)}"
     return str(path), f"op-support matrix of torch_npu {version} from {path}"
 
 
@@ -62,7 +63,7 @@ def environment_node(state: dict[str, Any]) -> dict[str, Any]:
         environment["python"] = str(python) if python else None
         trace.append(step("environment", resolution.summary(), conflicts=resolution.conflicts))
     except EnvBuildError as exc:
-        reason = f"cannot build the model's environment: {str(exc).splitlines()[0]}"
+        reason = f"cannot build the model's environment: {first_line(exc)}"
         return {"status": "failed", "reason": reason, "target": target_to_dict(target), "environment": environment,
                 "trace": [*trace, step("environment", reason)]}
     return {"target": target_to_dict(target), "environment": environment, "trace": trace}

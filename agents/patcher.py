@@ -13,6 +13,7 @@ from agents.models import Diagnosis, Finding, Patch
 from agents.policies import FixAction, get_policy, policy_context
 from agents.trace import step
 from agents.workspace import Workspace
+from knowledge.errors import first_line
 
 
 def apply_fix(ws: Workspace, action: FixAction, patch_no: int) -> tuple[Patch | None, list[str]]:
@@ -29,7 +30,7 @@ def apply_fix(ws: Workspace, action: FixAction, patch_no: int) -> tuple[Patch | 
         try:
             result = fn(source, file=rel, **action.params)
         except cst.ParserSyntaxError as exc:
-            notes.append(f"{rel}: cannot parse ({str(exc).splitlines()[0]})")
+            notes.append(f"{rel}: cannot parse ({first_line(exc)})")
             continue
         if result.changed:
             path.write_text(result.source, encoding="utf-8")

@@ -11,6 +11,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field, field_validator
 
 from agents.trace import step
+from knowledge.errors import GoalError, first_line  # noqa: F401  (re-exported)
 
 TargetName = Literal["cpu", "ascend-sim", "npu", "auto"]
 
@@ -39,10 +40,6 @@ class PortRequest(BaseModel):
         if not v.strip():
             raise ValueError("model_path is empty")
         return v
-
-
-class GoalError(ValueError):
-    pass
 
 
 _CHIP = re.compile(r"\b(910\s*b\d?|910b\d?|a2|a3|310\s*p)\b", re.I)
@@ -105,7 +102,7 @@ def planner_node(state: dict[str, Any]) -> dict[str, Any]:
     try:
         req = parse_goal(goal, raw) if goal else PortRequest(**raw)
     except (GoalError, ValueError) as exc:
-        reason = str(exc).splitlines()[0]
+        reason = first_line(exc)
         return {"status": "failed", "reason": f"cannot understand the goal: {reason}", "started_at": started,
                 "trace": [step("planner", f"goal not understood: {reason}")]}
     path = Path(req.model_path).expanduser()

@@ -73,13 +73,14 @@ def render_markdown(report: dict[str, Any]) -> str:
     lines = [
         f"# npuport report: {Path(req.get('model_path', '?')).name}",
         "",
-        f"- **Status:** {report['status']} — {report['reason']}",
+        f"- **Status:** {report['status']}{' (partial bundle)' if report.get('failure') else ''} — {report['reason']}",
         f"- **Target:** {report.get('target', {}).get('name', '?')} ({report.get('target', {}).get('reason', '')})",
         f"- **Chip / torch_npu:** {req.get('chip')} / {req.get('torch_npu')}",
         f"- **Sandbox runs:** {report['counters'].get('port_runs', 0)} of the port, "
         f"{report['counters'].get('reference_runs', 0)} of the original (reference)",
         f"- **Wall time:** {report['wall_s']:.1f} s",
         f"- **Sandbox isolation:** {_isolation_text(report['runs'])}",
+        *failure_markdown(report.get("failure")),
         "",
         "## Findings",
         "",
@@ -138,9 +139,10 @@ def write_bundle(state: dict[str, Any], out_dir: Path, status: str, reason: str)
         "tuning": state.get("tuning") or {}, "counters": state.get("counters") or {},
         "original_digest": state.get("original_digest"), "workdir": state.get("workdir"),
         "wall_s": time.time() - (state.get("started_at") or time.time()),
+        "failure": state.get("failure"),
     }
     report["resolutions"] = finding_resolutions(report["findings"], report["patches"], status)
-    files = {}
+    files = _copy_traceback(state.get("failure"), out_dir)
     if state.get("workdir") and (Path(state["workdir"]) / "model" / ".git").exists():
         ws = Workspace(Path(state["workdir"]))
         (out_dir / "port.patch").write_text(ws.diff_from_original())
@@ -168,6 +170,65 @@ def write_bundle(state: dict[str, Any], out_dir: Path, status: str, reason: str)
     files.update({"report_md": str(out_dir / "report.md"), "report_json": str(out_dir / "report.json"),
                   "trace": str(out_dir / "trace.jsonl")})
     return {"dir": str(out_dir), "files": files}
+
+
+def _copy_traceback(failure: dict[str, Any] | None, out_dir: Path) -> dict[str, str]:
+    """A crashed node's traceback file (graph/guard.py), copied into the bundle beside the report."""
+    src = Path(failure["traceback"]) if failure and failure.get("traceback") else None
+    if src is None or not src.is_file():
+        return {}
+    dest = out_dir / "failure-traceback.txt"
+    shutil.copyfile(src, dest)
+    return {"failure_traceback": str(dest)}
+
+
+def failure_markdown(failure: dict[str, Any] | None) -> list[str]:
+    """The report's "what failed and where" section, for a run that a node's exception ended."""
+    if not failure:
+        return []
+    kind = "an npuport error" if failure.get("expected") else "an unexpected error (a bug in npuport or the host)"
+    return ["", "## Failure", "",
+            f"- **Failed step:** `{failure.get('node')}` — {kind}",
+            f"- **Error:** `{failure.get('error')}`: {_md_escape(str(failure.get('message') or ''))}",
+            f"- **Traceback:** {failure.get('traceback') or 'not saved'} (copied to failure-traceback.txt)",
+            "- This bundle is partial: it holds what the steps before the failure computed."]
+
+
+def emergency_report(state: dict[str, Any], failure: dict[str, Any]) -> dict[str, Any]:
+    """The reporter itself raised: write report.json, report.md and trace.jsonl from the state alone
+    (no diff, no patched tree: the workspace may be what broke), so the run still ends with a report
+    naming the failure. Called by the reporter's guard (graph/guard.py)."""
+    reason = f"the {failure['node']} step failed: {failure['error']}: {failure['message']}"
+    crashed = {**state, "failure": failure}
+    out_dir = default_out_dir(state)
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+    except OSError:
+        out_dir = Path(state["workdir"]) / "bundle" if state.get("workdir") else Path.cwd() / "npuport-report"
+        out_dir.mkdir(parents=True, exist_ok=True)
+    report = {
+        "status": "failed", "reason": reason, "request": state.get("request") or {}, "goal": state.get("goal", ""),
+        "target": state.get("target") or {}, "findings": state.get("findings") or [],
+        "patches": state.get("patches") or [], "runs": state.get("runs") or [],
+        "diagnoses": state.get("diagnoses") or [], "numerics": state.get("numerics") or {},
+        "tuning": state.get("tuning") or {}, "counters": state.get("counters") or {},
+        "wall_s": time.time() - (state.get("started_at") or time.time()), "failure": failure,
+    }
+    report["resolutions"] = {}
+    files = _copy_traceback(failure, out_dir)
+    (out_dir / "report.json").write_text(json.dumps(report, indent=1, default=str))
+    try:
+        markdown = render_markdown(report)
+    except Exception:  # the state itself may be what broke rendering: say the essentials
+        markdown = "\n".join([f"# npuport report: {Path((report['request']).get('model_path', '?')).name}", "",
+                              f"- **Status:** failed (partial bundle) — {reason}", *failure_markdown(failure), ""])
+    (out_dir / "report.md").write_text(markdown)
+    with (out_dir / "trace.jsonl").open("w") as fh:
+        for item in crashed.get("trace") or []:
+            fh.write(json.dumps(item, default=str) + "\n")
+    files.update({"report_md": str(out_dir / "report.md"), "report_json": str(out_dir / "report.json"),
+                  "trace": str(out_dir / "trace.jsonl")})
+    return {"bundle": {"dir": str(out_dir), "files": files, "note": "emergency report: the reporter failed"}}
 
 
 def default_out_dir(state: dict[str, Any]) -> Path:

@@ -11,7 +11,6 @@ host. Every trial lands in ``tuning.trials``.
 from __future__ import annotations
 
 import json
-import os
 import platform
 import time
 from pathlib import Path
@@ -25,6 +24,7 @@ from agents.tuning.measure import REPORT_CONCURRENCIES, TUNE_CONCURRENCY, PortBe
 from agents.tuning.search import Budget, Evaluate, TuneResult, npuport_search
 from agents.tuning.space import HostFacts, SearchSpace, model_facts, torch_space
 from agents.workspace import Workspace
+from knowledge.settings import settings
 
 DEFAULT_TRIALS = 12
 
@@ -32,8 +32,9 @@ DEFAULT_TRIALS = 12
 def budget_of(req: dict[str, Any]) -> Budget:
     """Trials and seconds for the search: the request's ``tune_trials`` / ``tune_time_s`` when given,
     else NPUPORT_TUNE_TRIALS / NPUPORT_TUNE_TIME_S, else 12 trials and half the port's wall budget."""
-    trials = req.get("tune_trials") or os.environ.get("NPUPORT_TUNE_TRIALS") or DEFAULT_TRIALS
-    secs = req.get("tune_time_s") or os.environ.get("NPUPORT_TUNE_TIME_S") or float(req.get("max_wall_s", 1800)) / 2
+    conf = settings()
+    trials = req.get("tune_trials") or conf.tune_trials or DEFAULT_TRIALS
+    secs = req.get("tune_time_s") or conf.tune_time_s or float(req.get("max_wall_s", 1800)) / 2
     return Budget(max_trials=int(trials), max_seconds=float(secs))
 
 

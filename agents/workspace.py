@@ -9,15 +9,13 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
+from knowledge.errors import WorkspaceError  # noqa: F401  (re-exported)
+
 # Copied trees skip what is not source and would bloat the workspace.
 _IGNORE = shutil.ignore_patterns(".git", "__pycache__", "*.pyc", ".venv", "venv", ".mypy_cache", ".pytest_cache",
                                  "*.safetensors", "*.bin", "*.pt", "*.pth", "*.ckpt", "*.onnx", "*.gguf")
 _GIT_ID = ["-c", "user.name=npuport", "-c", "user.email=npuport@localhost", "-c", "commit.gpgsign=false"]
 MAX_COPY_BYTES = 200 * 1024 * 1024
-
-
-class WorkspaceError(RuntimeError):
-    pass
 
 
 def tree_digest(root: Path) -> str:

@@ -16,6 +16,8 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from knowledge.errors import first_line
+
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="Port PyTorch models to Huawei Ascend NPUs.")
 console = Console(highlight=False, soft_wrap=True)
 err = Console(stderr=True, highlight=False, soft_wrap=True)
@@ -76,7 +78,7 @@ def run_port_cli(request: dict[str, Any], goal: str = "") -> int:
     try:
         state = run_port({"goal": goal, "request": request}, thread_id, on_step=lambda e: _print_step(e, t0))
     except Exception as exc:  # a bug or a broken host: one line, and where the state is kept
-        err.print(f"[bold red]error:[/] the port stopped unexpectedly: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''} "
+        err.print(f"[bold red]error:[/] the port stopped unexpectedly: {type(exc).__name__}: {first_line(exc)} "
                   f"(thread {thread_id}; checkpoints in $NPUPORT_HOME/checkpoints.sqlite)")
         return 1
     _summary(state)
@@ -235,7 +237,7 @@ def _ops_matrix(torch_npu: str, wheel: Path | None, yaml: list[Path], rebuild: b
     try:
         matrix = op_matrix.load_or_build(torch_npu, wheel=wheel, yaml_paths=yaml, rebuild=rebuild)
     except Exception as exc:
-        raise _fail(f"cannot build the matrix for torch_npu {torch_npu}: {str(exc).splitlines()[0]}", 1) from exc
+        raise _fail(f"cannot build the matrix for torch_npu {torch_npu}: {first_line(exc)}", 1) from exc
     if as_json:
         sys.stdout.write(json.dumps(matrix.summary(), indent=1, default=str) + "\n")
     else:

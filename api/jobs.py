@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from api.settings import Settings
+from knowledge.errors import first_line
 
 TERMINAL = frozenset({"validated", "failed", "cancelled"})
 STATUSES = ("queued", "running", "awaiting_approval", *sorted(TERMINAL))
@@ -350,7 +351,7 @@ class JobManager:
         try:
             self._run_job(job_id, approved)
         except Exception as exc:  # e.g. a corrupt checkpoint database before the graph starts: never stuck "queued"
-            self._finish(job_id, "failed", f"internal error: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
+            self._finish(job_id, "failed", f"internal error: {type(exc).__name__}: {first_line(exc)}")
 
     def _run_job(self, job_id: str, approved: bool) -> None:
         from graph.jobs_support import run_thread, thread_snapshot
@@ -382,7 +383,7 @@ class JobManager:
                 interrupt_before=("patcher",) if job.require_approval else (),
                 builder=self.builder, db_path=db)
         except Exception as exc:  # a bug or a broken environment: the job fails with the reason, the service lives
-            self._finish(job_id, "failed", f"internal error: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
+            self._finish(job_id, "failed", f"internal error: {type(exc).__name__}: {first_line(exc)}")
             return
         self._publish_trace(job_id, result.trace)
         if job_id in self._cancel:

@@ -17,27 +17,29 @@ from agents.environment import environment_node
 from agents.executor import executor_node
 from agents.patcher import patcher_node
 from agents.planner import planner_node
-from agents.reporter import reporter_node
+from agents.reporter import emergency_report, reporter_node
 from agents.tuner import tuner_node
 from agents.validator import validator_node
 from graph import routing
+from graph.guard import guard
 from graph.state import PortState
 
 NODES = ("planner", "environment", "code_reader", "patcher", "executor", "validator", "debugger", "tuner", "reporter")
 
 
 def build_graph() -> Any:
-    # Nodes take the state as a plain dict; typing them against PortState adds nothing here.
+    # Nodes take the state as a plain dict; typing them against PortState adds nothing here. Every node
+    # is guarded (graph/guard.py): an exception becomes a recorded failure and the run goes to the reporter.
     g: Any = StateGraph(PortState)
-    g.add_node("planner", planner_node)
-    g.add_node("environment", environment_node)
-    g.add_node("code_reader", code_reader_node)
-    g.add_node("patcher", patcher_node)
-    g.add_node("executor", executor_node)
-    g.add_node("validator", validator_node)
-    g.add_node("debugger", debugger_node)
-    g.add_node("tuner", tuner_node)
-    g.add_node("reporter", reporter_node)
+    g.add_node("planner", guard("planner", planner_node))
+    g.add_node("environment", guard("environment", environment_node))
+    g.add_node("code_reader", guard("code_reader", code_reader_node))
+    g.add_node("patcher", guard("patcher", patcher_node))
+    g.add_node("executor", guard("executor", executor_node))
+    g.add_node("validator", guard("validator", validator_node))
+    g.add_node("debugger", guard("debugger", debugger_node))
+    g.add_node("tuner", guard("tuner", tuner_node))
+    g.add_node("reporter", guard("reporter", reporter_node, fallback=emergency_report))
     g.add_edge(START, "planner")
     g.add_conditional_edges("planner", routing.after_planner)
     g.add_conditional_edges("environment", routing.after_environment)

@@ -9,24 +9,33 @@ def _failed(state: dict[str, Any]) -> bool:
     return state.get("status") == "failed"
 
 
+def _crashed(state: dict[str, Any]) -> bool:
+    """A guarded node raised (graph/guard.py): whatever the node's usual successors, go to the reporter."""
+    return bool(state.get("failure"))
+
+
 def after_planner(state: dict[str, Any]) -> Literal["environment", "reporter"]:
-    return "reporter" if _failed(state) else "environment"
+    return "reporter" if _failed(state) or _crashed(state) else "environment"
 
 
 def after_environment(state: dict[str, Any]) -> Literal["code_reader", "reporter"]:
-    return "reporter" if _failed(state) else "code_reader"
+    return "reporter" if _failed(state) or _crashed(state) else "code_reader"
 
 
 def after_code_reader(state: dict[str, Any]) -> Literal["patcher", "reporter"]:
-    return "reporter" if _failed(state) else "patcher"
+    return "reporter" if _failed(state) or _crashed(state) else "patcher"
 
 
-def after_executor(state: dict[str, Any]) -> Literal["validator", "debugger"]:
+def after_executor(state: dict[str, Any]) -> Literal["validator", "debugger", "reporter"]:
+    if _crashed(state):
+        return "reporter"
     runs = state.get("runs") or []
     return "validator" if runs and runs[-1].get("ok") else "debugger"
 
 
 def after_validator(state: dict[str, Any]) -> Literal["tuner", "debugger", "reporter"]:
+    if _crashed(state):
+        return "reporter"
     verdict = (state.get("numerics") or {}).get("verdict")
     if verdict == "match":
         return "tuner"
@@ -36,8 +45,8 @@ def after_validator(state: dict[str, Any]) -> Literal["tuner", "debugger", "repo
 
 
 def after_debugger(state: dict[str, Any]) -> Literal["patcher", "reporter"]:
-    return "patcher" if state.get("pending_diagnosis") and not _failed(state) else "reporter"
+    return "patcher" if state.get("pending_diagnosis") and not _failed(state) and not _crashed(state) else "reporter"
 
 
 def after_patcher(state: dict[str, Any]) -> Literal["executor", "reporter"]:
-    return "reporter" if _failed(state) else "executor"
+    return "reporter" if _failed(state) or _crashed(state) else "executor"

@@ -4,10 +4,13 @@ records, dumped) so checkpoints stay small and portable; large artefacts live in
 from __future__ import annotations
 
 import operator
-from typing import Annotated, Any, TypedDict
+from typing import Annotated, Any
 
 from langchain_core.messages import AnyMessage
 from langgraph.graph.message import add_messages
+
+# typing_extensions' TypedDict: pydantic (Studio's schemas, the API) reads it on Python 3.11 too.
+from typing_extensions import TypedDict
 
 
 class PortState(TypedDict, total=False):
@@ -48,7 +51,10 @@ class PortState(TypedDict, total=False):
     """running | failed | validated."""
     reason: str
     """One line: why the port ended as it did."""
+    failure: dict[str, Any]
+    """Set when a node raised (graph/guard.py): node, error (type name), message (first line), expected
+    (an npuport error rather than a bug), traceback (a file in the workspace; never in the state)."""
     trace: Annotated[list[dict[str, Any]], operator.add]
     """Agent steps, in order (progress lines, SSE events, trace.jsonl)."""
     messages: Annotated[list[AnyMessage], add_messages]
-    """Chat messages, for the chat API and Studio."""
+    """Chat messages, for the chat API and Studio: one AI message per node outcome (graph/guard.py)."""

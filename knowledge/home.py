@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
+
+from knowledge.settings import settings
 
 
 def npuport_home() -> Path:
     """``$NPUPORT_HOME`` or ``~/.npuport``; created on first use."""
-    home = Path(os.environ.get("NPUPORT_HOME") or Path.home() / ".npuport").expanduser()
-    home.mkdir(parents=True, exist_ok=True)
-    return home
+    return settings().resolved_home()
 
 
 def cache_dir(name: str) -> Path:

@@ -16,14 +16,12 @@ from typing import Any
 
 import yaml
 
+from knowledge.errors import YamlError  # noqa: F401  (re-exported)
+
 ATEN_SECTIONS = ("official", "symint", "quant")
 CUSTOM_SECTIONS = ("custom", "autograd")
 
 Version = tuple[int, int]
-
-
-class YamlError(ValueError):
-    """The yaml is not an op-plugin functions file, or a version field is malformed."""
 
 
 def parse_version(v: str) -> Version:

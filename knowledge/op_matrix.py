@@ -36,6 +36,7 @@ from typing import Any
 import yaml
 
 from knowledge import matrix_yaml as my
+from knowledge.errors import MatrixError  # noqa: F401  (re-exported)
 from knowledge.home import cache_dir
 from knowledge.matrix_docs import docs_by_aten_name, parse_docs_dir
 from knowledge.matrix_symbols import (
@@ -58,10 +59,6 @@ from knowledge.wheel import (
 SCHEMA = 1
 # Dispatch keys whose wrappers are NPU kernels of the op (Autograd/Sparse ones are not).
 KERNEL_KEYS = ("NPU", "QuantizedNPU")
-
-
-class MatrixError(RuntimeError):
-    """A matrix could not be built or loaded."""
 
 
 @dataclass

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import hashlib
 import importlib.metadata
-import os
 import platform
 import re
 import subprocess
@@ -24,7 +23,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Protocol
 
+from knowledge.errors import WheelDownloadError, WheelError  # noqa: F401  (re-exported)
 from knowledge.home import cache_dir
+from knowledge.settings import settings
 
 LIB_MEMBER = "torch_npu/lib/libtorch_npu.so"
 DOCS_MEMBER = "torch_npu/_op_plugin_docs.py"
@@ -50,18 +51,6 @@ _UNREACHABLE_HINTS = (
     "ReadTimeoutError",
     "No route to host",
 )
-
-
-class WheelError(RuntimeError):
-    """The wheel is missing, unreadable or not a torch_npu wheel."""
-
-
-class WheelDownloadError(WheelError):
-    """``pip download`` failed; ``unreachable`` says the registry could not be reached."""
-
-    def __init__(self, message: str, *, unreachable: bool) -> None:
-        super().__init__(message)
-        self.unreachable = unreachable
 
 
 class WheelReader(Protocol):
@@ -199,7 +188,7 @@ def iter_anchors(reader: WheelReader, member: str, pattern: re.Pattern[bytes]) -
 
 
 def wheel_cache_dir() -> Path:
-    env = os.environ.get("NPUPORT_WHEEL_CACHE")
+    env = settings().wheel_cache
     if env:
         d = Path(env).expanduser()
         d.mkdir(parents=True, exist_ok=True)

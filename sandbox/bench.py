@@ -31,16 +31,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from knowledge.errors import Infeasible  # noqa: F401  (re-exported)
 from sandbox import harness
 from sandbox.process import Limits, Sandbox, default_sandbox, scrubbed_env
 from sandbox.runner import HarnessRun
 
 DTYPES = ("float32", "bfloat16", "float16")
 COMPILE_MODES = ("none", "default", "reduce-overhead")
-
-
-class Infeasible(RuntimeError):
-    """This configuration cannot run here (not a bug in the model)."""
 
 
 def _percentile(values: list[float], q: float) -> float:

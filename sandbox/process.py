@@ -172,7 +172,9 @@ def _bwrap_works(bwrap: str) -> bool:
 
 def default_sandbox() -> Sandbox:
     """bwrap when present and usable (NPUPORT_SANDBOX=process forces the plain one)."""
-    choice = os.environ.get("NPUPORT_SANDBOX", "auto")
+    from knowledge.settings import settings
+
+    choice = settings().sandbox
     bwrap = shutil.which("bwrap")
     if choice != "process" and bwrap and _bwrap_works(bwrap):
         return BubblewrapSandbox(bwrap)

@@ -15,12 +15,10 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any
 
+from knowledge.errors import TargetError  # noqa: F401  (re-exported)
+
 TARGET_NAMES = ("cpu", "ascend-sim", "npu", "auto")
 CHIPS = ("910b", "a3", "310p")
-
-
-class TargetError(ValueError):
-    pass
 
 
 @dataclass(frozen=True)
@@ -87,10 +85,11 @@ def resolve_target(
     if name == "npu":
         env = {"TORCH_NPU_FALLBACK_CPU_DISABLE": "1"} if strict else {}
         return Target("npu", "npu:0", "sandbox.npu_runtime:install", {"strict": strict}, env, reason="requested")
+    from knowledge.settings import settings
     from sandbox.ascend_sim.native_build import NativeUnavailable, choose_engine
 
     try:
-        engine, lib, why = choose_engine(os.environ.get("NPUPORT_SIM_ENGINE") or "auto", log=_log)
+        engine, lib, why = choose_engine(settings().sim_engine or "auto", log=_log)
     except (NativeUnavailable, ValueError) as e:
         raise TargetError(f"ascend-sim: {e}") from e
     options = {"chip": chip, "torch_npu": torch_npu, "matrix_path": matrix_path, "strict": strict,

@@ -32,6 +32,7 @@ from agents.models import Citation, Diagnosis, Finding, HazardCategory, Severity
 from agents.policies.base import FixAction, PolicyContext
 from agents.policies.rule import RulePolicy
 from agents.policies.tools import ToolBox, ToolError, resolve_in
+from knowledge.errors import AnswerRejected, BudgetExhausted, LLMEditError, first_line  # noqa: F401  (re-exported)
 
 if TYPE_CHECKING:
     from langchain_core.language_models import BaseChatModel
@@ -73,10 +74,6 @@ class LLMEdit(BaseModel):
 
     def blocks(self) -> list[SearchReplace]:
         return [*self.edits, *(diff_to_edits(self.diff) if self.diff else [])]
-
-
-class LLMEditError(ValueError):
-    pass
 
 
 @dataclass
@@ -161,7 +158,7 @@ def apply_blocks(source: str, blocks: Sequence[SearchReplace], file: str) -> tup
         hits = source.count(search)
         if hits == 0:
             raise LLMEditError(f"{file}: block {i}'s search text is not in the file (copy it exactly, "
-                               f"whitespace included): {search.strip().splitlines()[0][:100]!r}")
+                               f"whitespace included): {first_line(search, 100)!r}")
         if hits > 1:
             raise LLMEditError(f"{file}: block {i}'s search text occurs {hits} times; add lines around it "
                                "so it is unique")
@@ -180,7 +177,7 @@ def _check_parses(file: str, source: str) -> None:
     try:
         cst.parse_module(source)
     except cst.ParserSyntaxError as exc:
-        raise LLMEditError(f"{file}: the edited file does not parse: {str(exc).splitlines()[0]}") from None
+        raise LLMEditError(f"{file}: the edited file does not parse: {first_line(exc)}") from None
 
 
 def apply_llm_edit(workspace_model_dir: Path, edit: LLMEdit | dict[str, Any], *, write: bool = True) -> EditResult:
@@ -323,14 +320,6 @@ class TrialsAnswer(BaseModel):
 
 
 # -------------------------------------------------------------------------------------------- budget
-
-
-class BudgetExhausted(RuntimeError):
-    pass
-
-
-class AnswerRejected(RuntimeError):
-    pass
 
 
 class TokenBudget:
@@ -526,7 +515,7 @@ class LLMPolicy:
         except (ToolError, OSError, TypeError, ValueError) as exc:
             return [f"{codemod} on {file}: {exc}"]
         except Exception as exc:  # noqa: BLE001 - a codemod's own failure (e.g. a parse error) goes back to the model
-            return [f"{codemod} cannot rewrite {file}: {type(exc).__name__}: {str(exc).splitlines()[0][:200]}"]
+            return [f"{codemod} cannot rewrite {file}: {type(exc).__name__}: {first_line(exc, 200)}"]
         return [] if result.changed else [f"{codemod} changes nothing in {file}; propose an edit instead"]
 
     # ----------------------------------------------------------------------------- Policy protocol

@@ -7,7 +7,6 @@ Tools never raise to the model: a bad call comes back as a one-line "error: ..."
 
 from __future__ import annotations
 
-import os
 import re
 import subprocess
 import sys
@@ -18,13 +17,12 @@ from typing import Any
 
 from pydantic import BaseModel, Field, ValidationError
 
+from knowledge.errors import ToolError, first_line  # noqa: F401  (re-exported)
+from knowledge.settings import LLMSettings
+
 MAX_READ_LINES = 400
 MAX_GREP_HITS = 60
 MAX_FILE_BYTES = 2 * 1024 * 1024  # larger files are not source worth reading or grepping
-
-
-class ToolError(ValueError):
-    pass
 
 
 class ReadFileArgs(BaseModel):
@@ -95,7 +93,7 @@ def default_kb_search(query: str, k: int) -> list[dict[str, str]]:
         for h in KnowledgeBase().search(query, k=k):
             hits.append({"cite": h.cite, "title": h.title, "text": h.text})
     except Exception as exc:  # noqa: BLE001 - a missing or broken index must not stop the policy
-        hits.append({"cite": "", "title": "knowledge base unavailable", "text": str(exc).splitlines()[0][:200]})
+        hits.append({"cite": "", "title": "knowledge base unavailable", "text": first_line(exc, 200)})
     from knowledge.kb.recipes import load_recipes
 
     for r in load_recipes():
@@ -204,7 +202,7 @@ class ToolBox:
             raise ToolError(f"the sandbox may run {self.max_sandbox_calls} snippets per question; answer now")
         root = self._root().resolve()
         box = default_sandbox()
-        if box.name == "process" and os.environ.get("NPUPORT_LLM_ALLOW_PROCESS_SANDBOX") != "1":
+        if box.name == "process" and not LLMSettings().allow_process_sandbox:
             # Without bwrap the snippet could read the host's files and its output goes to the LLM provider.
             raise ToolError("run_in_sandbox needs bubblewrap isolation (bwrap), which this host lacks; "
                             "answer from read_file and grep (NPUPORT_LLM_ALLOW_PROCESS_SANDBOX=1 allows it)")

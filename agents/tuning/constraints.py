@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from agents.tuning.space import HostFacts, SearchSpace
+from knowledge.errors import NoFeasiblePoint  # noqa: F401  (re-exported)
 
 Check = Callable[[dict[str, Any], HostFacts], str | None]
 
@@ -19,10 +20,6 @@ MEMORY_HEADROOM = 0.5  # a batch may use at most half the memory it could see
 class Constraint:
     name: str
     check: Check  # returns the reason the point is infeasible, or None
-
-
-class NoFeasiblePoint(RuntimeError):
-    """The constraints admit no point of the space."""
 
 
 def _threads(p: dict[str, Any], f: HostFacts) -> str | None:

@@ -1,0 +1,223 @@
+"""Every ``NPUPORT_*`` environment variable, declared once (pydantic-settings).
+
+Why in knowledge/: it is the lowest layer (it imports no other npuport package), so sandbox/,
+agents/, graph/ and api/ may all read these without a layering violation. Three sections, one
+module, one prefix:
+
+- ``Settings`` (``NPUPORT_``): the home, caches, sandbox, emulator, knowledge base, tuner budgets.
+- ``LLMSettings`` (``NPUPORT_LLM_``): the OpenAI-compatible endpoint of the LLM policy.
+- ``ServiceSettings`` (``NPUPORT_``): the HTTP service (tokens, model roots, limits, workers).
+
+Modules call ``settings()`` (or ``LLMSettings()`` / ``ServiceSettings()``) when they need a value, not
+at import: tests and the service change the environment at run time. ``env_table()`` lists every
+variable with its default and meaning for ``npuport --help`` and the README's Configuration table.
+
+Two readers stay on ``os.environ`` on purpose: sandbox/ascend_sim (it runs inside the sandboxed
+harness process, which should not import pydantic) and the tests' NPUPORT_SHARED_DATA.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import Field, SecretStr, field_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+SCOPES = ("read", "write")
+"""read: look at jobs, events, bundles, chat status questions; write: submit, approve, cancel."""
+
+
+def _config(prefix: str) -> SettingsConfigDict:
+    return SettingsConfigDict(env_prefix=prefix, extra="ignore", use_attribute_docstrings=True)
+
+
+class Settings(BaseSettings):
+    """Where npuport keeps its files and how it runs ports."""
+
+    model_config = _config("NPUPORT_")
+
+    home: Path | None = None
+    """The npuport home: op-support matrices, caches, the Chroma store, checkpoints, workspaces (default ~/.npuport)."""
+    wheel_cache: Path | None = None
+    """Where downloaded torch_npu wheels are kept (default <home>/wheels)."""
+    env_cache: Path | None = None
+    """Where the models' layered environments are built (default <home>/envs)."""
+    native_cache: Path | None = None
+    """Where ascend-sim's native C++ engine is built (default ~/.cache/npuport/ascend-sim-native)."""
+    sandbox: str = "auto"
+    """auto: bubblewrap when usable, else a plain process sandbox; process forces the plain one."""
+    sim_engine: str = "auto"
+    """ascend-sim's engine: native (C++, built on first use), python (slower), auto (native when it builds)."""
+    kb: str = ""
+    """off skips the knowledge base (agents then cite npuport's own recipes only)."""
+    chroma_url: str | None = None
+    """A Chroma server for the knowledge base instead of the local store in <home>/chroma."""
+    embeddings: str = ""
+    """The knowledge base's embedder: default (bundled MiniLM), st:/path/to/model or openai:<model>."""
+    embeddings_base_url: str | None = None
+    """OpenAI-compatible endpoint for openai:<model> embeddings (else OPENAI_BASE_URL)."""
+    embeddings_api_key: SecretStr | None = None
+    """Key for that endpoint (else OPENAI_API_KEY)."""
+    kb_max_file_bytes: int = Field(default=4 * 1024 * 1024, gt=0)
+    """Larger files are not indexed into the knowledge base."""
+    tune_trials: int | None = Field(default=None, ge=1)
+    """Default tuning trials when the request names none (else 12)."""
+    tune_time_s: float | None = Field(default=None, gt=0)
+    """Default tuning wall time when the request names none (else half the port's wall budget)."""
+
+    @property
+    def kb_off(self) -> bool:
+        return self.kb.lower() == "off"
+
+    def resolved_home(self) -> Path:
+        """The home, created on first use."""
+        home = (self.home or Path.home() / ".npuport").expanduser()
+        home.mkdir(parents=True, exist_ok=True)
+        return home
+
+
+def settings() -> Settings:
+    """The current settings, read from the environment now (cheap; never cached: tests and the
+    service set NPUPORT_HOME at run time)."""
+    return Settings()
+
+
+class LLMSettings(BaseSettings):
+    """The LLM policy's endpoint. Any OpenAI-compatible endpoint works (DeepSeek, vLLM, a model served
+    by vllm-ascend). Nothing here reaches the sandbox: it scrubs every variable whose name looks secret."""
+
+    model_config = _config("NPUPORT_LLM_")
+
+    base_url: str | None = None
+    """The OpenAI-compatible endpoint, e.g. http://127.0.0.1:8000/v1."""
+    model: str | None = None
+    """The served model name."""
+    api_key: SecretStr | None = None
+    """The endpoint's key; local servers usually accept any value."""
+    temperature: float = Field(default=0.0, ge=0.0, le=2.0)
+    """Sampling temperature of every LLM call."""
+    timeout_s: float = Field(default=120.0, gt=0)
+    """Timeout of one LLM call, seconds."""
+    max_retries: int = Field(default=1, ge=0, le=10)
+    """Retries of one LLM call on transport errors."""
+    max_completion_tokens: int = Field(default=4096, ge=16)
+    """Completion tokens per LLM call."""
+    structured_method: Literal["function_calling", "json_schema"] = "function_calling"
+    """How structured answers are requested. Function calling is what most OpenAI-compatible servers
+    support (DeepSeek has no json_schema response format); vLLM supports both."""
+    token_budget: int = Field(default=200_000, ge=1)
+    """Prompt + completion tokens the LLM may spend on one port, counted from the responses' usage."""
+    max_tool_rounds: int = Field(default=8, ge=1, le=50)
+    """Model turns per question (each may call tools) before it must answer."""
+    max_answer_retries: int = Field(default=2, ge=0, le=10)
+    """Times an invalid answer (an edit that does not apply, an unknown codemod) is sent back to the model."""
+    max_fix_attempts: int = Field(default=2, ge=1, le=10)
+    """LLM fixes per failure signature; the same failure after that many stops the port with a report."""
+    tool_output_chars: int = Field(default=6000, ge=200)
+    """Cap on what one tool call returns to the model."""
+    sandbox_timeout_s: float = Field(default=60.0, gt=0)
+    """Wall limit of one run_in_sandbox tool call, seconds."""
+    max_sandbox_calls: int = Field(default=3, ge=0)
+    """run_in_sandbox calls per question."""
+    allow_process_sandbox: bool = False
+    """Let the LLM's run_in_sandbox tool run code without bubblewrap (plain process sandbox)."""
+
+    @property
+    def configured(self) -> bool:
+        """An endpoint is named: a model and a base URL (or a key for the default OpenAI endpoint).
+        Without one the hybrid policy never escalates, so nothing ever talks to a default endpoint."""
+        return bool(self.model) and bool(self.base_url or self.api_key)
+
+
+class ServiceSettings(BaseSettings):
+    """The HTTP service (`npuport serve`)."""
+
+    model_config = _config("NPUPORT_")
+
+    home: Path | None = None
+    """The npuport home (job database, checkpoints, uploads, bundles); default ~/.npuport."""
+    tokens: Annotated[dict[str, list[str]], NoDecode] = Field(default_factory=dict)
+    """Bearer token -> scopes, as JSON or tokenA=read+write,tokenB=read. With none, protected routes answer 401."""
+    allowed_roots: Annotated[list[Path], NoDecode] = Field(default_factory=list)
+    """Model folders must resolve (symlinks followed) inside one of these (os.pathsep-separated or a JSON list); uploads are always allowed."""
+    max_upload_bytes: int = Field(default=64 * 1024 * 1024, gt=0)
+    """Cap of one uploaded archive."""
+    max_extracted_bytes: int = Field(default=512 * 1024 * 1024, gt=0)
+    """Cap of an upload once extracted."""
+    max_archive_members: int = Field(default=10_000, gt=0)
+    """Cap of the files in one uploaded archive."""
+    max_body_bytes: int = Field(default=1024 * 1024, gt=0)
+    """Cap of a non-upload request body (JSON)."""
+    body_timeout_s: float = Field(default=15.0, gt=0)
+    """A client that sends no body bytes for this long gets 408 (slow or stalled clients)."""
+    workers: int = Field(default=2, ge=1, le=64)
+    """Ports the service runs at once."""
+    max_queued: int = Field(default=100, ge=1)
+    """Jobs waiting beyond this are refused (429)."""
+
+    @field_validator("tokens", mode="before")
+    @classmethod
+    def _parse_tokens(cls, v: Any) -> Any:
+        if isinstance(v, str):
+            v = v.strip()
+            if not v:
+                return {}
+            if v.startswith("{"):
+                return json.loads(v)
+            # compact form: "tokenA=read+write,tokenB=read"
+            out: dict[str, list[str]] = {}
+            for part in v.split(","):
+                tok, _, scopes = part.partition("=")
+                out[tok.strip()] = [s for s in scopes.replace("+", " ").split() if s] or list(SCOPES)
+            return out
+        return v
+
+    @field_validator("tokens")
+    @classmethod
+    def _check_scopes(cls, v: dict[str, list[str]]) -> dict[str, list[str]]:
+        for tok, scopes in v.items():
+            if not tok:
+                raise ValueError("empty token")
+            bad = set(scopes) - set(SCOPES)
+            if bad:
+                raise ValueError(f"unknown scopes {sorted(bad)}; known: {list(SCOPES)}")
+        return v
+
+    @field_validator("allowed_roots", mode="before")
+    @classmethod
+    def _parse_roots(cls, v: Any) -> Any:
+        if isinstance(v, str):
+            v = v.strip()
+            if v.startswith("["):
+                return json.loads(v)
+            return [p for p in v.split(os.pathsep) if p]
+        return v
+
+    def resolved_home(self) -> Path:
+        home = (self.home or settings().home or Path.home() / ".npuport").expanduser()
+        home.mkdir(parents=True, exist_ok=True)
+        return home.resolve()
+
+
+SECTIONS: tuple[type[BaseSettings], ...] = (Settings, LLMSettings, ServiceSettings)
+"""Every settings class; their variables are all of npuport's configuration."""
+
+
+def env_table() -> list[tuple[str, str, str]]:
+    """(variable, default, meaning) for every NPUPORT_* variable, each once, in declaration order."""
+    rows: list[tuple[str, str, str]] = []
+    seen: set[str] = set()
+    for cls in SECTIONS:
+        prefix = str(cls.model_config.get("env_prefix") or "")
+        for name, field in cls.model_fields.items():
+            var = f"{prefix}{name}".upper()
+            if var in seen:
+                continue
+            seen.add(var)
+            default = field.get_default(call_default_factory=True)
+            shown = "" if default in (None, "", {}, []) else str(default)
+            rows.append((var, shown, " ".join((field.description or "").split())))
+    return rows
