@@ -18,7 +18,17 @@ from rich.table import Table
 
 from knowledge.errors import first_line
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, help="Port PyTorch models to Huawei Ascend NPUs.")
+
+def _settings_epilog() -> str:
+    """Every NPUPORT_* variable (knowledge/settings.py), one paragraph each (rich help joins single lines)."""
+    from knowledge.settings import env_table
+
+    lines = [f"{var}{f' (default {default})' if default else ''}: {doc}" for var, default, doc in env_table()]
+    return "Configuration (environment variables):\n\n" + "\n\n".join(lines)
+
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, help="Port PyTorch models to Huawei Ascend NPUs.",
+                  epilog=_settings_epilog())
 console = Console(highlight=False, soft_wrap=True)
 err = Console(stderr=True, highlight=False, soft_wrap=True)
 

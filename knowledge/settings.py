@@ -13,7 +13,7 @@ at import: tests and the service change the environment at run time. ``env_table
 variable with its default and meaning for ``npuport --help`` and the README's Configuration table.
 
 Two readers stay on ``os.environ`` on purpose: sandbox/ascend_sim (it runs inside the sandboxed
-harness process, which should not import pydantic) and the tests' NPUPORT_SHARED_DATA.
+harness process, which should not import pydantic) and the tests' own variables (tests/conftest.py).
 """
 
 from __future__ import annotations
