@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from agents.entry import discover_entry
-from agents.environment import matrix_for
+from agents.target_state import matrix_for
 from sandbox.process import Limits
 from sandbox.runner import run_harness
 from sandbox.targets import resolve_target

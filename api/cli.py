@@ -79,7 +79,7 @@ def _summary(state: dict[str, Any]) -> None:
 
 
 def run_port_cli(request: dict[str, Any], goal: str = "") -> int:
-    from agents.planner import new_run_id
+    from agents.request import new_run_id
     from graph.runner import run_port
 
     thread_id = new_run_id(request.get("model_path") or "model")

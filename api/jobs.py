@@ -221,7 +221,7 @@ Runner = Callable[..., Any]
 
 
 def new_job_id(model_path: str) -> str:
-    from agents.planner import new_run_id
+    from agents.request import new_run_id
 
     return new_run_id(model_path)
 

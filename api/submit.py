@@ -23,7 +23,7 @@ class SubmitError(ValueError):
 
 def build_request(settings: Settings, goal: str, fields: dict[str, Any], uploaded_model: Path | None) -> dict[str, Any]:
     """A validated PortRequest dict whose model folder is an upload or lies under an allowed root."""
-    from agents.planner import GoalError, PortRequest, parse_goal
+    from agents.request import GoalError, PortRequest, parse_goal
 
     fields = dict(fields)
     if fields.get("out_dir") is not None:

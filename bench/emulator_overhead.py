@@ -28,7 +28,7 @@ def main() -> None:
     args = ap.parse_args()
 
     from agents.entry import discover_entry
-    from agents.environment import matrix_for
+    from agents.target_state import matrix_for
     from sandbox.runner import run_harness
     from sandbox.targets import resolve_target
 

@@ -11,15 +11,16 @@ from typing import Any
 
 from langgraph.graph import END, START, StateGraph
 
-from agents.code_reader import code_reader_node
-from agents.debugger import debugger_node
-from agents.environment import environment_node
-from agents.executor import executor_node
-from agents.patcher import patcher_node
-from agents.planner import planner_node
-from agents.reporter import emergency_report, reporter_node
-from agents.tuner import tuner_node
-from agents.validator import validator_node
+from agents.nodes.code_reader import code_reader_node
+from agents.nodes.debugger import debugger_node
+from agents.nodes.environment import environment_node
+from agents.nodes.executor import executor_node
+from agents.nodes.patcher import patcher_node
+from agents.nodes.planner import planner_node
+from agents.nodes.reporter import reporter_node
+from agents.nodes.tuner import tuner_node
+from agents.nodes.validator import validator_node
+from agents.report import emergency_report
 from graph import routing
 from graph.guard import guard
 from graph.state import PortState

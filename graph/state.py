@@ -17,7 +17,7 @@ class PortState(TypedDict, total=False):
     goal: str
     """The user's goal text, e.g. "port the model in ./m to Ascend 910B and maximise throughput"."""
     request: dict[str, Any]
-    """agents.planner.PortRequest, dumped: model path, target, chip, budgets, output folder."""
+    """agents.request.PortRequest, dumped: model path, target, chip, budgets, output folder."""
     plan: dict[str, Any]
     """The planner's steps and the policy in charge."""
     target: dict[str, Any]

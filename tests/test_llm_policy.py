@@ -15,9 +15,9 @@ import pytest
 from langchain_core.messages import ToolMessage
 
 from agents.codemods import CODEMODS
+from agents.fixing import apply_fix
 from agents.llm_settings import LLMSettings
 from agents.models import Citation, Diagnosis, Finding, Frame, HazardCategory, Severity, StructuredException
-from agents.patcher import apply_fix
 from agents.policies import PolicyContext, RulePolicy, get_policy
 from agents.policies.llm import (
     LLM_EDIT,

@@ -115,10 +115,10 @@ def _assert_stub_conversation(stub: StubLLMServer) -> None:
 
 
 def _graph_passes_policy_context() -> bool:
-    import agents.debugger
-    import agents.patcher
+    import agents.nodes.debugger
+    import agents.nodes.patcher
 
-    return all("policy_context(" in inspect.getsource(m) for m in (agents.debugger, agents.patcher))
+    return all("policy_context(" in inspect.getsource(m) for m in (agents.nodes.debugger, agents.nodes.patcher))
 
 
 @pytest.mark.slow
@@ -155,10 +155,10 @@ def test_hybrid_policy_fixes_a_planted_failure_through_policy_patcher_and_sandbo
     """The same port without the graph: real sandbox runs, the hybrid policy from get_policy (so the
     ChatOpenAI client is built from the environment), the patcher's apply_fix, and the reference run."""
     from agents.entry import discover_entry
-    from agents.executor import record_of
+    from agents.fixing import apply_fix
     from agents.models import Diagnosis
-    from agents.patcher import apply_fix
     from agents.policies import PolicyContext, get_policy
+    from agents.runs import record_of
     from agents.workspace import Workspace
     from sandbox.runner import run_harness
     from sandbox.targets import Target

@@ -22,15 +22,15 @@ from tests.tiny_models import write_tiny_model
 
 # node -> (module attribute the node calls, model twist that makes the run reach the node, runs before it)
 SKILLS: dict[str, tuple[str, str]] = {
-    "planner": ("agents.planner.plan_steps", "pass"),
-    "environment": ("agents.environment.resolve_target", "pass"),
-    "code_reader": ("agents.code_reader.scan_tree", "pass"),
-    "patcher": ("agents.patcher.get_policy", "pass"),
-    "executor": ("agents.executor.run_harness", "pass"),
-    "validator": ("agents.validator.reference_run", "pass"),
-    "debugger": ("agents.debugger.budget_left", "scale = 1 / 0"),  # the first run fails: the debugger runs
-    "tuner": ("agents.tuner._skeleton", "pass"),
-    "reporter": ("agents.reporter.write_bundle", "pass"),
+    "planner": ("agents.nodes.planner.plan_steps", "pass"),
+    "environment": ("agents.nodes.environment.resolve_target", "pass"),
+    "code_reader": ("agents.nodes.code_reader.scan_tree", "pass"),
+    "patcher": ("agents.nodes.patcher.get_policy", "pass"),
+    "executor": ("agents.nodes.executor.run_harness", "pass"),
+    "validator": ("agents.nodes.validator.reference_run", "pass"),
+    "debugger": ("agents.nodes.debugger.budget_left", "scale = 1 / 0"),  # the first run fails: the debugger runs
+    "tuner": ("agents.nodes.tuner.skeleton_tuning", "pass"),
+    "reporter": ("agents.nodes.reporter.write_bundle", "pass"),
 }
 # Nodes reached without a sandbox run are quick; the others run the tiny model in a subprocess.
 QUICK = ("planner", "environment", "code_reader", "patcher", "executor")

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from agents.debugger import budget_left, classify
+from agents.diagnosis import budget_left, classify
 from agents.models import Frame, StructuredException
-from agents.planner import GoalError, parse_goal
+from agents.request import GoalError, parse_goal
 from graph import routing
 
 

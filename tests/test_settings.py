@@ -39,7 +39,7 @@ def test_readme_and_help_list_every_variable() -> None:
 
 
 def test_settings_are_read_at_call_time(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from agents.tuner import budget_of
+    from agents.tuning.port import budget_of
     from knowledge.home import npuport_home
 
     monkeypatch.setenv("NPUPORT_HOME", str(tmp_path / "h"))

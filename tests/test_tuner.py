@@ -14,8 +14,9 @@ import pydantic
 import pytest
 
 from agents.models import Tuning
-from agents.tuner import search, trial_records, tuner_node
+from agents.nodes.tuner import tuner_node
 from agents.tuning.constraints import NoFeasiblePoint, prune
+from agents.tuning.port import search, trial_records
 from agents.tuning.search import Budget, Outcome, npuport_search, random_search, tpe_search
 from agents.tuning.space import (
     Dim,

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any, Literal, TypeVar, cast
 
 from pydantic import BaseModel, Field, ValidationError
 
-from agents.debugger import classify
+from agents.diagnosis import classify
 from agents.llm_settings import LLMSettings
 from agents.models import Citation, Diagnosis, Finding, HazardCategory, Severity, StructuredException
 from agents.policies.base import FixAction, PolicyContext

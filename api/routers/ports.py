@@ -35,7 +35,7 @@ class PortCreate(BaseModel):
                       examples=["port the model in examples/ocr_mini to Ascend 910B on the cpu"])
     request: dict[str, Any] = Field(
         default_factory=dict,
-        description="agents.planner.PortRequest fields: model_path (under an allowed root), target, chip, "
+        description="agents.request.PortRequest fields: model_path (under an allowed root), target, chip, "
                     "torch_npu, objective, strict, policy, tune, max_runs, max_wall_s, run_timeout_s. "
                     "out_dir is chosen by the server.",
         examples=[{"model_path": "examples/ocr_mini", "target": "cpu"}])

@@ -1,4 +1,4 @@
-"""planner: goal text -> PortRequest, and the plan of steps. Resolves the target once."""
+"""The port request: what the user asked for (PortRequest), parsed from goal text, and the plan of steps."""
 
 from __future__ import annotations
 
@@ -10,8 +10,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field, field_validator
 
-from agents.trace import step
-from knowledge.errors import GoalError, first_line  # noqa: F401  (re-exported)
+from knowledge.errors import GoalError  # noqa: F401  (re-exported)
 
 TargetName = Literal["cpu", "ascend-sim", "npu", "auto"]
 
@@ -43,6 +42,8 @@ class PortRequest(BaseModel):
 
 
 _CHIP = re.compile(r"\b(910\s*b\d?|910b\d?|a2|a3|310\s*p)\b", re.I)
+
+
 _PATH = re.compile(r"(?:in|at|from|model)\s+(?:the\s+)?(?:folder\s+|directory\s+)?([~./\w-][\w./~-]*)", re.I)
 
 
@@ -92,35 +93,3 @@ def plan_steps(req: PortRequest) -> list[str]:
 def new_run_id(model_path: str) -> str:
     name = re.sub(r"[^\w-]", "_", Path(model_path).name or "model")[:40]
     return f"{name}-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
-
-
-def planner_node(state: dict[str, Any]) -> dict[str, Any]:
-    """Turn the goal (text or structured request) into a PortRequest and a plan."""
-    started = time.time()
-    raw = dict(state.get("request") or {})
-    goal = state.get("goal") or ""
-    try:
-        req = parse_goal(goal, raw) if goal else PortRequest(**raw)
-    except (GoalError, ValueError) as exc:
-        reason = first_line(exc)
-        return {"status": "failed", "reason": f"cannot understand the goal: {reason}", "started_at": started,
-                "trace": [step("planner", f"goal not understood: {reason}")]}
-    path = Path(req.model_path).expanduser()
-    if not path.exists():
-        return {"request": req.model_dump(), "status": "failed", "started_at": started,
-                "reason": f"model path {req.model_path} does not exist",
-                "trace": [step("planner", f"model path {req.model_path} does not exist")]}
-    if not path.is_dir():
-        return {"request": req.model_dump(), "status": "failed", "started_at": started,
-                "reason": f"model path {req.model_path} is not a folder",
-                "trace": [step("planner", f"model path {req.model_path} is not a folder")]}
-    req = req.model_copy(update={"model_path": str(path.resolve())})
-    steps = plan_steps(req)
-    return {
-        "request": req.model_dump(),
-        "plan": {"steps": steps, "policy": req.policy},
-        "status": "running",
-        "started_at": state.get("started_at") or started,
-        "trace": [step("planner", f"plan: port {path.name} to {req.target} (chip {req.chip}), objective {req.objective}",
-                       steps=steps)],
-    }

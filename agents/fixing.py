@@ -1,17 +1,12 @@
-"""patcher: turns findings and diagnoses into patches. Each applied codemod is one git commit in the
-workspace whose message names the findings (or diagnosis) and the citations."""
+"""Applying one fix (a codemod chosen by the policy) to the workspace as one git commit."""
 
 from __future__ import annotations
-
-from pathlib import Path
-from typing import Any
 
 import libcst as cst
 
 from agents.codemods import CODEMODS
-from agents.models import Diagnosis, Finding, Patch
-from agents.policies import FixAction, get_policy, policy_context
-from agents.trace import step
+from agents.models import Patch
+from agents.policies import FixAction
 from agents.workspace import Workspace
 from knowledge.errors import first_line
 
@@ -50,35 +45,3 @@ def apply_fix(ws: Workspace, action: FixAction, patch_no: int) -> tuple[Patch | 
                   finding_ids=action.finding_ids, diagnosis_id=action.diagnosis_id,
                   files=ws.changed_files(sha), codemod=action.codemod, citations=action.citations)
     return patch, notes
-
-
-def patcher_node(state: dict[str, Any]) -> dict[str, Any]:
-    ws = Workspace(Path(state["workdir"]))
-    policy = get_policy(state["request"].get("policy", "rule"), context=policy_context(state))
-    done = len(state.get("patches") or [])
-    pending = state.get("pending_diagnosis")
-    if pending:
-        action = policy.fix_for(Diagnosis(**pending))
-        actions = [action] if action else []
-    elif not state.get("static_fixes_done"):
-        actions = policy.plan_fixes([Finding(**f) for f in state.get("findings") or []])
-    else:
-        actions = []
-    patches: list[dict[str, Any]] = []
-    trace = []
-    for action in actions:
-        patch, notes = apply_fix(ws, action, done + len(patches) + 1)
-        if patch:
-            patches.append(patch.model_dump(mode="json"))
-            trace.append(step("patcher", f"commit {patch.commit[:8]} {patch.summary}", files=patch.files,
-                              citations=[c.source for c in patch.citations]))
-        else:
-            trace.append(step("patcher", f"{action.codemod}: nothing to change ({'; '.join(notes)})"))
-    if not actions:
-        trace.append(step("patcher", "no patch to apply"))
-    update: dict[str, Any] = {"patches": patches, "static_fixes_done": True, "pending_diagnosis": None, "trace": trace}
-    if pending and not patches:
-        # Re-running unchanged code would only repeat the failure: stop with the reason instead.
-        update["status"] = "failed"
-        update["reason"] = f"could not port because the fix for {pending.get('kind')} changed nothing ({pending.get('summary')})"
-    return update

@@ -1,12 +1,4 @@
-"""tuner: benchmarks the validated port against the original as written and searches its
-configuration (batch size, dtype, attention implementation, torch.compile, threads, KV cache).
-
-Without ``tune`` in the request it records the harness timings of the validation runs. With it:
-constraints prune the target's space, npuport's search (agents/tuning/search.py) runs trials in the
-sandbox benchmark within the trial and time budgets, then the best configuration and the baseline
-(original, eager, batch 1, cuda->cpu redirect) are benchmarked at several concurrencies on the same
-host. Every trial lands in ``tuning.trials``.
-"""
+"""Tuning a validated port: budgets, the model's facts, the search space and the search, measured in the sandbox."""
 
 from __future__ import annotations
 
@@ -16,9 +8,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from agents.environment import target_from_dict
 from agents.models import TrialRecord, Tuning
-from agents.trace import step
+from agents.target_state import target_from_dict
 from agents.tuning.constraints import NoFeasiblePoint
 from agents.tuning.measure import REPORT_CONCURRENCIES, TUNE_CONCURRENCY, PortBench, at, points_of
 from agents.tuning.search import Budget, Evaluate, TuneResult, npuport_search
@@ -83,7 +74,7 @@ def search(space: SearchSpace, facts: HostFacts, evaluate: Evaluate, budget: Bud
     return tuning, result
 
 
-def _skeleton(state: dict[str, Any]) -> Tuning:
+def skeleton_tuning(state: dict[str, Any]) -> Tuning:
     runs = state.get("runs") or []
     port = next((r for r in reversed(runs) if r["purpose"] == "port" and r["ok"]), None)
     ref = next((r for r in runs if r["purpose"] == "reference" and r["ok"]), None)
@@ -136,14 +127,3 @@ def tune_port(state: dict[str, Any], space: SearchSpace | None = None) -> Tuning
                      f"{tuned_tps or 0:.1f} tokens/s vs original {base_tps or 0:.1f} at concurrency {TUNE_CONCURRENCY} "
                      f"({speed})")
     return tuning
-
-
-def tuner_node(state: dict[str, Any]) -> dict[str, Any]:
-    if not (state.get("request") or {}).get("tune"):
-        tuning = _skeleton(state)
-    else:
-        try:
-            tuning = tune_port(state)
-        except Exception as exc:  # tuning must never lose a validated port
-            tuning = Tuning(status="failed", detail=f"tuning stopped: {type(exc).__name__}: {str(exc)[:300]}")
-    return {"tuning": tuning.model_dump(mode="json"), "trace": [step("tuner", tuning.detail)]}

@@ -1,5 +1,4 @@
-"""reporter: writes the bundle (port.patch, patched tree, report.md, report.json, trace.jsonl)
-and decides the final status. A bundle is written for failed ports too: it says what is left."""
+"""The bundle and report of a port (port.patch, patched tree, report.md, report.json, trace.jsonl), written for failed ports too: it says what is left."""
 
 from __future__ import annotations
 
@@ -9,7 +8,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-from agents.trace import step
 from agents.workspace import Workspace
 
 
@@ -237,24 +235,3 @@ def default_out_dir(state: dict[str, Any]) -> Path:
         return Path(req["out_dir"]).expanduser()
     name = Path(req.get("model_path") or "model").name
     return Path.cwd() / "npuport-out" / name
-
-
-def reporter_node(state: dict[str, Any]) -> dict[str, Any]:
-    status, reason = final_status(state)
-    out_dir = default_out_dir(state)
-    if status == "validated":
-        from agents.citations import record_validated_fixes
-
-        record_validated_fixes(state)
-    note = ""
-    try:
-        bundle = write_bundle(state, out_dir, status, reason)
-    except OSError as exc:
-        # A read-only or full output folder must not lose the report: write it beside the workspace.
-        fallback = Path(state["workdir"]) / "bundle" if state.get("workdir") else Path.cwd() / "npuport-report"
-        note = f"cannot write the bundle to {out_dir}: {exc.strerror or exc}; wrote it to {fallback}"
-        status, reason = "failed", note
-        bundle = write_bundle(state, fallback, status, reason)
-    bundle["note"] = note
-    return {"status": status, "reason": reason, "bundle": bundle,
-            "trace": [step("reporter", f"{status}: {reason}; bundle in {bundle['dir']}")]}

@@ -8,7 +8,7 @@ from typing import Any
 
 from agents.citations import cite_findings, kb_status
 from agents.entry import EntryNotFound, discover_entry
-from agents.planner import new_run_id
+from agents.request import new_run_id
 from agents.scanner import scan_tree
 from agents.trace import step
 from agents.workspace import Workspace, WorkspaceError, tree_digest

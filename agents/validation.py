@@ -1,5 +1,4 @@
-"""validator: compares the port's greedy tokens on the target with the original's semantics on the
-CPU in float32 (the original run under the cuda -> cpu device redirect)."""
+"""Validation: the original's reference run and the comparison of its greedy tokens and tensors with the port's."""
 
 from __future__ import annotations
 
@@ -7,12 +6,14 @@ import json
 from pathlib import Path
 from typing import Any
 
-from agents.executor import limits_for, record_of
 from agents.models import Numerics, RunRecord
-from agents.trace import step
+from agents.runs import limits_for, record_of
 from agents.workspace import Workspace
 from sandbox.runner import run_harness
 from sandbox.targets import Target
+
+# The reference run captures every module output at each step (per-module numerics).
+CAPTURE = {"capture": ["__step__", "*"]}
 
 
 def token_agreement(ref: list[list[int]], port: list[list[int]]) -> float:
@@ -45,10 +46,7 @@ def reference_run(state: dict[str, Any]) -> RunRecord:
     return record_of(run, "reference", "reference", "cpu (cuda->cpu redirect)")
 
 
-CAPTURE = {"capture": ["__step__", "*"]}
-
-
-def _with_metrics(numerics: Numerics, port: RunRecord, ref: RunRecord, dtype: str) -> Numerics:
+def with_metrics(numerics: Numerics, port: RunRecord, ref: RunRecord, dtype: str) -> Numerics:
     """Add msProbe-style metrics of the captured tensors; a token match whose step output leaves the
     dtype's tolerance is still a mismatch, and any mismatch names the first diverging module."""
     from agents.numerics import compare_captures
@@ -78,26 +76,3 @@ def _with_metrics(numerics: Numerics, port: RunRecord, ref: RunRecord, dtype: st
         detail += f"; first diverging module: {first}"
     return numerics.model_copy(update={"verdict": verdict, "detail": detail, "metrics": cmp,
                                        "first_diverging_module": first})
-
-
-def validator_node(state: dict[str, Any]) -> dict[str, Any]:
-    runs = state.get("runs") or []
-    port = RunRecord(**runs[-1])
-    ref_dict = next((r for r in runs if r["purpose"] == "reference"), None)
-    new_runs: list[dict[str, Any]] = []
-    counters = dict(state.get("counters") or {})
-    if ref_dict is None:
-        ref = reference_run(state)
-        new_runs.append(ref.model_dump(mode="json"))
-        counters["reference_runs"] = counters.get("reference_runs", 0) + 1
-    else:
-        ref = RunRecord(**ref_dict)
-    if not ref.ok:
-        exc = ref.exception
-        detail = f"the original could not run under the device redirect: {exc.type}: {exc.message[:200]}" if exc else "reference failed"
-        numerics = Numerics(verdict="not-run", detail=detail)
-    else:
-        numerics = compare_tokens(ref.tokens, port.tokens)
-        numerics = _with_metrics(numerics, port, ref, "float32")
-    return {"numerics": numerics.model_dump(mode="json"), "runs": new_runs, "counters": counters,
-            "trace": [step("validator", f"{numerics.verdict}: {numerics.detail} (reference {ref.tokens}, port {port.tokens})")]}

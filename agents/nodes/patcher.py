@@ -1,0 +1,45 @@
+"""patcher: turns findings and diagnoses into patches. Each applied codemod is one git commit in the
+workspace whose message names the findings (or diagnosis) and the citations."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from agents.fixing import apply_fix
+from agents.models import Diagnosis, Finding
+from agents.policies import get_policy, policy_context
+from agents.trace import step
+from agents.workspace import Workspace
+
+
+def patcher_node(state: dict[str, Any]) -> dict[str, Any]:
+    ws = Workspace(Path(state["workdir"]))
+    policy = get_policy(state["request"].get("policy", "rule"), context=policy_context(state))
+    done = len(state.get("patches") or [])
+    pending = state.get("pending_diagnosis")
+    if pending:
+        action = policy.fix_for(Diagnosis(**pending))
+        actions = [action] if action else []
+    elif not state.get("static_fixes_done"):
+        actions = policy.plan_fixes([Finding(**f) for f in state.get("findings") or []])
+    else:
+        actions = []
+    patches: list[dict[str, Any]] = []
+    trace = []
+    for action in actions:
+        patch, notes = apply_fix(ws, action, done + len(patches) + 1)
+        if patch:
+            patches.append(patch.model_dump(mode="json"))
+            trace.append(step("patcher", f"commit {patch.commit[:8]} {patch.summary}", files=patch.files,
+                              citations=[c.source for c in patch.citations]))
+        else:
+            trace.append(step("patcher", f"{action.codemod}: nothing to change ({'; '.join(notes)})"))
+    if not actions:
+        trace.append(step("patcher", "no patch to apply"))
+    update: dict[str, Any] = {"patches": patches, "static_fixes_done": True, "pending_diagnosis": None, "trace": trace}
+    if pending and not patches:
+        # Re-running unchanged code would only repeat the failure: stop with the reason instead.
+        update["status"] = "failed"
+        update["reason"] = f"could not port because the fix for {pending.get('kind')} changed nothing ({pending.get('summary')})"
+    return update

@@ -1,0 +1,33 @@
+"""validator: compares the port's greedy tokens on the target with the original's semantics on the
+CPU in float32 (the original run under the cuda -> cpu device redirect)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from agents.models import Numerics, RunRecord
+from agents.trace import step
+from agents.validation import compare_tokens, reference_run, with_metrics
+
+
+def validator_node(state: dict[str, Any]) -> dict[str, Any]:
+    runs = state.get("runs") or []
+    port = RunRecord(**runs[-1])
+    ref_dict = next((r for r in runs if r["purpose"] == "reference"), None)
+    new_runs: list[dict[str, Any]] = []
+    counters = dict(state.get("counters") or {})
+    if ref_dict is None:
+        ref = reference_run(state)
+        new_runs.append(ref.model_dump(mode="json"))
+        counters["reference_runs"] = counters.get("reference_runs", 0) + 1
+    else:
+        ref = RunRecord(**ref_dict)
+    if not ref.ok:
+        exc = ref.exception
+        detail = f"the original could not run under the device redirect: {exc.type}: {exc.message[:200]}" if exc else "reference failed"
+        numerics = Numerics(verdict="not-run", detail=detail)
+    else:
+        numerics = compare_tokens(ref.tokens, port.tokens)
+        numerics = with_metrics(numerics, port, ref, "float32")
+    return {"numerics": numerics.model_dump(mode="json"), "runs": new_runs, "counters": counters,
+            "trace": [step("validator", f"{numerics.verdict}: {numerics.detail} (reference {ref.tokens}, port {port.tokens})")]}

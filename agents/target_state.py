@@ -1,0 +1,33 @@
+"""Targets in the state: the resolved sandbox target as a JSON-able dict and back, and the op-support matrix it needs."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from knowledge.errors import first_line
+from sandbox.targets import Target
+
+
+def matrix_for(version: str) -> tuple[str | None, str]:
+    """Path of the op-support matrix JSON for a torch_npu version, built from the wheel when needed.
+    Without a matrix the emulator falls back to its small built-in policy, and the report says so."""
+    try:
+        from knowledge import op_matrix
+    except ImportError as exc:  # knowledge.op_matrix is optional at this layer
+        return None, f"no op-support matrix module ({exc})"
+    try:
+        path = op_matrix.matrix_path(version)
+        if not path.is_file():
+            op_matrix.load_or_build(version)  # downloads the wheel once, reads it as files
+    except Exception as exc:  # network or wheel problems must not stop the port
+        return None, f"op-support matrix for torch_npu {version} unavailable: {first_line(exc)}"
+    return str(path), f"op-support matrix of torch_npu {version} from {path}"
+
+
+def target_from_dict(d: dict[str, Any]) -> Target:
+    return Target(d["name"], d["device"], d.get("bootstrap"), d.get("options") or {}, d.get("env") or {}, d.get("reason", ""))
+
+
+def target_to_dict(t: Target) -> dict[str, Any]:
+    return {"name": t.name, "device": t.device, "bootstrap": t.bootstrap, "options": t.options, "env": t.env,
+            "reason": t.reason}
