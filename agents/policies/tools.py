@@ -17,6 +17,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field, ValidationError
 
+from agents.llm_edits import resolve_in  # noqa: F401  (re-exported)
 from knowledge.errors import ToolError, first_line  # noqa: F401  (re-exported)
 from knowledge.settings import LLMSettings
 
@@ -71,17 +72,6 @@ def bounded(text: str, limit: int) -> str:
     keep = max(0, limit - len(note))
     head = keep * 2 // 3
     return text[:head] + note + text[len(text) - (keep - head):]
-
-
-def resolve_in(root: Path, rel: str) -> Path:
-    """``rel`` as a path inside ``root``; anything that leaves it (absolute, .., symlinks) is refused."""
-    if not rel or rel.startswith(("/", "\\")) or re.match(r"^[A-Za-z]:", rel):
-        raise ToolError(f"{rel!r}: give a path relative to the model root")
-    root = root.resolve()
-    path = (root / rel).resolve()
-    if not path.is_relative_to(root) or ".git" in path.relative_to(root).parts:
-        raise ToolError(f"{rel!r} is outside the model")
-    return path
 
 
 def default_kb_search(query: str, k: int) -> list[dict[str, str]]:
