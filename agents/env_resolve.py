@@ -42,11 +42,12 @@ from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
 from knowledge.errors import EnvBuildError  # noqa: F401  (re-exported)
+from sandbox.targets import TARGETS
 
 COMPAT_PATH = Path(__file__).with_name("data") / "compat.yaml"
 NPUPORT_ROOT = Path(__file__).resolve().parents[1]  # holds agents/, sandbox/, ... (goes on the env's path)
 MARKER = "npuport-env.json"
-NPU_TARGETS = ("npu", "ascend-sim", "auto")
+NPU_TARGETS = tuple(name for name, spec in TARGETS.items() if spec.npu_like)  # the target registry says
 
 # The target decides these; a layered env never installs them (they come with the host or the NPU stack).
 FRAMEWORK = {"torch", "torchvision", "torchaudio", "torch-npu", "vllm", "vllm-ascend", "triton-ascend"}

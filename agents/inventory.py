@@ -14,7 +14,7 @@ from agents.entry import discover_entry
 from agents.target_state import matrix_for
 from sandbox.process import Limits
 from sandbox.runner import run_harness
-from sandbox.targets import resolve_target
+from sandbox.targets import get_target_spec, resolve_target
 
 
 @dataclass
@@ -57,7 +57,7 @@ def _relativise(stats: dict[str, Any], model_dir: Path) -> dict[str, Any]:
 def op_inventory(model_dir: Path, *, target: str = "ascend-sim", chip: str = "910b", torch_npu: str = "2.13.0",
                  strict: bool = False, timeout_s: float = 300.0) -> Inventory:
     entry = discover_entry(model_dir).as_manifest_dict()
-    matrix_path, note = matrix_for(torch_npu) if target in ("ascend-sim", "auto") else (None, "")
+    matrix_path, note = matrix_for(torch_npu) if get_target_spec(target).uses_matrix else (None, "")
     t = resolve_target(target, chip=chip, torch_npu=torch_npu, strict=strict, matrix_path=matrix_path)
     reason = "; ".join(x for x in (t.reason, note) if x)
     with tempfile.TemporaryDirectory(prefix="npuport-ops-") as tmp:

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from agents.workspace import Workspace
+from sandbox.targets import CHIP_REGISTRY
 
 
 def final_status(state: dict[str, Any]) -> tuple[str, str]:
@@ -66,6 +67,12 @@ def _fallback_text(op: str, info: Any) -> str:
     return f"{op} x{info.get('count', '?')}" if isinstance(info, dict) else op
 
 
+def _chip_text(key: Any) -> str:
+    """The chip with its product line, from the chip registry (sandbox/targets/chips.py)."""
+    chip = CHIP_REGISTRY.get(str(key))
+    return f"{key} ({chip.product})" if chip else str(key)
+
+
 def render_markdown(report: dict[str, Any]) -> str:
     req = report["request"]
     lines = [
@@ -73,7 +80,7 @@ def render_markdown(report: dict[str, Any]) -> str:
         "",
         f"- **Status:** {report['status']}{' (partial bundle)' if report.get('failure') else ''} — {report['reason']}",
         f"- **Target:** {report.get('target', {}).get('name', '?')} ({report.get('target', {}).get('reason', '')})",
-        f"- **Chip / torch_npu:** {req.get('chip')} / {req.get('torch_npu')}",
+        f"- **Chip / torch_npu:** {_chip_text(req.get('chip'))} / {req.get('torch_npu')}",
         f"- **Sandbox runs:** {report['counters'].get('port_runs', 0)} of the port, "
         f"{report['counters'].get('reference_runs', 0)} of the original (reference)",
         f"- **Wall time:** {report['wall_s']:.1f} s",

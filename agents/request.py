@@ -6,13 +6,29 @@ import re
 import time
 import uuid
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, Field, field_validator
+from pydantic import AfterValidator, BaseModel, Field, WithJsonSchema, field_validator
 
 from knowledge.errors import GoalError  # noqa: F401  (re-exported)
+from sandbox.targets import canonical_chip, chip_names, get_target_spec, target_names
 
-TargetName = Literal["cpu", "ascend-sim", "npu", "auto"]
+
+def _known_target(v: str) -> str:
+    get_target_spec(v)  # TargetError (a ValueError) names the known ones
+    return v
+
+
+def _known_chip(v: str) -> str:
+    if v not in chip_names():
+        raise ValueError(f"unknown chip {v!r}; choose one of {', '.join(chip_names())}")
+    return v
+
+
+# Names come from the target registry (sandbox/targets/); the JSON schema still lists them (API, Studio).
+TargetName = Annotated[str, AfterValidator(_known_target),
+                       WithJsonSchema({"type": "string", "enum": list(target_names())})]
+ChipName = Annotated[str, AfterValidator(_known_chip), WithJsonSchema({"type": "string", "enum": list(chip_names())})]
 
 
 class PortRequest(BaseModel):
@@ -20,7 +36,7 @@ class PortRequest(BaseModel):
 
     model_path: str
     target: TargetName = "auto"
-    chip: Literal["910b", "a3", "310p"] = "910b"
+    chip: ChipName = "910b"
     torch_npu: str = "2.13.0"
     objective: Literal["throughput", "latency", "correctness"] = "throughput"
     out_dir: str | None = None
@@ -59,7 +75,7 @@ def parse_goal(goal: str, defaults: dict[str, Any] | None = None) -> PortRequest
             break
     if chip := _CHIP.search(text):
         c = re.sub(r"\s+", "", chip.group(1).lower())
-        fields["chip"] = "310p" if c.startswith("310") else "a3" if c == "a3" else "910b"
+        fields["chip"] = canonical_chip(c) or "910b"
     lowered = text.lower()
     if "latency" in lowered:
         fields["objective"] = "latency"

@@ -17,6 +17,7 @@ from rich.console import Console
 from rich.table import Table
 
 from knowledge.errors import first_line
+from sandbox.targets import chip_names, target_names
 
 
 def _settings_epilog() -> str:
@@ -34,8 +35,9 @@ err = Console(stderr=True, highlight=False, soft_wrap=True)
 
 EXAMPLES_DIR = Path(__file__).resolve().parents[1] / "examples"
 
-TARGETS = ("cpu", "ascend-sim", "npu", "auto")
-CHIPS = ("910b", "a3", "310p")
+# From the target registry (sandbox/targets/): a new target or chip shows up here by itself.
+TARGETS = target_names()
+CHIPS = chip_names()
 
 
 def _one_of(choices: tuple[str, ...], what: str):  # type: ignore[no-untyped-def]
@@ -47,9 +49,9 @@ def _one_of(choices: tuple[str, ...], what: str):  # type: ignore[no-untyped-def
     return check
 
 
-TargetOpt = Annotated[str, typer.Option("--target", "-t", help="cpu | ascend-sim | npu | auto",
+TargetOpt = Annotated[str, typer.Option("--target", "-t", help=" | ".join(TARGETS),
                                          callback=_one_of(TARGETS, "target"))]
-ChipOpt = Annotated[str, typer.Option("--chip", help="910b | a3 | 310p", callback=_one_of(CHIPS, "chip"))]
+ChipOpt = Annotated[str, typer.Option("--chip", help=" | ".join(CHIPS), callback=_one_of(CHIPS, "chip"))]
 
 
 def _fail(message: str, code: int = 2) -> typer.Exit:

@@ -13,6 +13,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from agents.tuning.space import DEVICE_MEMORY_GIB, ModelFacts
+from sandbox.targets import CHIP_REGISTRY
 
 DOCS = "vllm-ascend-docs"
 NOT_MEASURED = "not measured on this host"
@@ -55,7 +56,8 @@ def plan_serve(facts: ModelFacts, *, chip: str = "910b", n_devices: int = 1, tun
     util = float(tuned.get("gpu_memory_utilization") or 0.9)
     eager = bool(tuned.get("enforce_eager", False))
     capture = _pow2_at_most(seqs, 512)
-    dtype = "float16" if chip == "310p" else "bfloat16"
+    spec = CHIP_REGISTRY.get(chip)
+    dtype = spec.serve_dtype if spec else "bfloat16"
     how = measured or NOT_MEASURED
     s = [
         ServeSetting(name="tensor-parallel-size", value=tp, kind="flag", citation=f"{DOCS}/supported_models.md",
@@ -77,7 +79,7 @@ def plan_serve(facts: ModelFacts, *, chip: str = "910b", n_devices: int = 1, tun
                      reason="share of HBM vLLM may take for weights, activations and KV cache; 0.9 leaves room for the "
                             "ACL graph capture workspace", measured=how),
         ServeSetting(name="dtype", value=dtype, kind="flag", citation="recipe:H5",
-                     reason="Ascend 310P has no bfloat16 kernels, so it serves float16" if chip == "310p"
+                     reason=spec.serve_note if spec and spec.serve_note
                      else f"the checkpoint dtype is {facts.dtype}; bfloat16 is the native half type on {chip}",
                      measured=how),
     ]

@@ -9,7 +9,7 @@ from typing import Any
 from agents.target_state import matrix_for, target_to_dict
 from agents.trace import step
 from knowledge.errors import first_line
-from sandbox.targets import Target, TargetError, resolve_target
+from sandbox.targets import Target, TargetError, get_target_spec, resolve_target
 
 
 def environment_node(state: dict[str, Any]) -> dict[str, Any]:
@@ -19,7 +19,7 @@ def environment_node(state: dict[str, Any]) -> dict[str, Any]:
         target = resolve_target(req["target"], chip=req["chip"], torch_npu=req["torch_npu"], strict=req["strict"])
     except TargetError as exc:
         return {"status": "failed", "reason": str(exc), "trace": [step("environment", str(exc))]}
-    if target.name == "ascend-sim":
+    if get_target_spec(target.name).uses_matrix:
         path, note = matrix_for(req["torch_npu"])
         notes.append(note)
         why = target.reason  # for auto: why the emulator was chosen

@@ -41,6 +41,7 @@ from agents.models import Citation, Diagnosis, Finding, HazardCategory, Severity
 from agents.policies.base import FixAction, PolicyContext
 from agents.policies.rule import RulePolicy
 from agents.policies.tools import ToolBox, ToolError, resolve_in
+from agents.request import ChipName, TargetName
 from knowledge.errors import AnswerRejected, BudgetExhausted, LLMEditError, first_line  # noqa: F401  (re-exported)
 
 if TYPE_CHECKING:
@@ -107,8 +108,8 @@ class GoalAnswer(BaseModel):
     """The port request the user's goal asks for; null for what the goal does not say."""
 
     model_path: str | None = None
-    target: Literal["cpu", "ascend-sim", "npu", "auto"] | None = None
-    chip: Literal["910b", "a3", "310p"] | None = None
+    target: TargetName | None = None
+    chip: ChipName | None = None
     objective: Literal["throughput", "latency", "correctness"] | None = None
     tune: bool | None = None
 

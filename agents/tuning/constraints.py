@@ -9,6 +9,7 @@ from typing import Any
 
 from agents.tuning.space import HostFacts, SearchSpace
 from knowledge.errors import NoFeasiblePoint  # noqa: F401  (re-exported)
+from sandbox.targets import CHIP_REGISTRY
 
 Check = Callable[[dict[str, Any], HostFacts], str | None]
 
@@ -30,8 +31,9 @@ def _threads(p: dict[str, Any], f: HostFacts) -> str | None:
 
 
 def _bf16_310p(p: dict[str, Any], f: HostFacts) -> str | None:
-    if p.get("dtype") == "bfloat16" and f.chip == "310p" and f.target in ("ascend-sim", "npu", "vllm-ascend"):
-        return "Ascend 310P has no bfloat16 support; use float16"
+    chip = CHIP_REGISTRY.get(f.chip)
+    if p.get("dtype") == "bfloat16" and chip and not chip.bf16 and f.target in ("ascend-sim", "npu", "vllm-ascend"):
+        return f"Ascend {f.chip.upper()} has no bfloat16 support; use float16"
     return None
 
 

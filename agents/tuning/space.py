@@ -15,6 +15,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
+from sandbox.targets import CHIP_REGISTRY
+
 
 class Dim(BaseModel):
     name: str
@@ -107,8 +109,8 @@ def typed(space: SearchSpace, point: dict[str, Any]) -> BaseModel:
 # Facts the constraints read
 # ---------------------------------------------------------------------------------------------
 
-# HBM per device in GiB, as published for each product line (approximate; not measured here).
-DEVICE_MEMORY_GIB = {"910b": 64.0, "a3": 64.0, "310p": 24.0}
+# HBM per device in GiB, from the chip registry (sandbox/targets/chips.py).
+DEVICE_MEMORY_GIB = {key: chip.memory_gib for key, chip in CHIP_REGISTRY.items()}
 
 
 def usable_cores() -> int:

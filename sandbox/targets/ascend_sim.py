@@ -1,0 +1,33 @@
+"""``ascend-sim``: the emulated Ascend runtime (sandbox/ascend_sim) on the CPU, for a chosen torch_npu
+version and chip, with the op-support matrix of that build."""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+from knowledge.errors import TargetError
+from sandbox.targets.base import Target, TargetSpec
+
+
+def _log(msg: str) -> None:
+    print(f"npuport: {msg}", file=sys.stderr, flush=True)
+
+
+def resolve(*, chip: str = "910b", torch_npu: str = "2.13.0", strict: bool = False, matrix_path: str | None = None,
+            **_: Any) -> Target:
+    from knowledge.settings import settings
+    from sandbox.ascend_sim.native_build import NativeUnavailable, choose_engine
+
+    try:
+        engine, lib, why = choose_engine(settings().sim_engine or "auto", log=_log)
+    except (NativeUnavailable, ValueError) as e:
+        raise TargetError(f"ascend-sim: {e}") from e
+    options = {"chip": chip, "torch_npu": torch_npu, "matrix_path": matrix_path, "strict": strict,
+               "engine": engine, "native_lib": lib, "engine_note": why}
+    env = {"TORCH_NPU_FALLBACK_CPU_DISABLE": "1"} if strict else {}
+    return Target("ascend-sim", "npu", "sandbox.ascend_sim:install", options, env, reason=f"requested; {why}")
+
+
+SPEC = TargetSpec(name="ascend-sim", summary="an emulated Ascend host on any CPU", npu_like=True, resolve=resolve,
+                  uses_matrix=True)

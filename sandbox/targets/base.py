@@ -1,0 +1,72 @@
+"""What a target and a chip are, and the registry that lists them.
+
+A target (cpu, ascend-sim, npu, auto) is one module in this package holding a ``TargetSpec``: its
+name, what it is, whether the port sees an Ascend device, and how to resolve it into a ``Target``
+the sandbox runs. A chip is a ``Chip`` record in chips.py. ``registry.py`` lists both; the CLI, the
+API, the planner, the harness, the tuner, the deploy bundle and the report read them from there, so
+adding a target or a chip is one module or one record (docs/architecture.md says how).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Target:
+    """A resolved target: what the harness needs to run the model there."""
+
+    name: str
+    device: str  # device string the port runs on
+    bootstrap: str | None = None  # "module:function" the harness calls before importing the model
+    options: dict[str, Any] = field(default_factory=dict)
+    env: dict[str, str] = field(default_factory=dict)
+    reason: str = ""  # why this target (for auto)
+
+    def harness_target(self) -> dict[str, Any]:
+        return {"name": self.name, "bootstrap": self.bootstrap, "options": dict(self.options)}
+
+
+Resolve = Callable[..., Target]
+"""resolve(*, chip, torch_npu, strict, matrix_path) -> Target; raises TargetError when unusable."""
+
+
+@dataclass(frozen=True)
+class TargetSpec:
+    name: str
+    summary: str
+    """One line for --help and the docs."""
+    npu_like: bool
+    """The port sees an Ascend device (torch.npu): chip, op-support matrix and dtype rules apply."""
+    resolve: Resolve
+    uses_matrix: bool = False
+    """Needs the op-support matrix of the chosen torch_npu build (the environment node fetches it)."""
+
+
+@dataclass(frozen=True)
+class Chip:
+    """An Ascend chip: the facts the planner, tuner, deploy bundle and report read. The emulator's own
+    details (device name, SoC version, cores) are in sandbox/ascend_sim/profiles.py; a test keeps the
+    two in agreement."""
+
+    key: str
+    """The name users give (--chip)."""
+    product: str
+    memory_gib: float
+    """HBM per device, as published for the product line (approximate; not measured here)."""
+    dtypes: tuple[str, ...]
+    """Floating dtypes with kernels on this chip."""
+    op_support: str
+    """Where op support comes from: the op-plugin matrix of the chosen torch_npu build, plus chip limits."""
+    serve_dtype: str
+    """The dtype vLLM-Ascend serves in by default on this chip."""
+    aliases: tuple[str, ...] = ()
+    """Other spellings accepted in goal text and --chip (lower case, no spaces)."""
+    serve_note: str = ""
+    """Why the serve default is what it is, when it is not the usual one."""
+
+    @property
+    def bf16(self) -> bool:
+        return "bfloat16" in self.dtypes

@@ -1,0 +1,53 @@
+"""The target registry (sandbox/targets/): one module per target, one record per chip; every reader
+takes names from it and unknown names are refused with the known ones listed."""
+
+from __future__ import annotations
+
+import pytest
+from typer.testing import CliRunner
+
+from agents.deploy.vllm import plan_serve
+from agents.request import PortRequest
+from agents.tuning.space import DEVICE_MEMORY_GIB, ModelFacts
+from api.cli import app
+from sandbox.ascend_sim.profiles import PROFILES
+from sandbox.targets import CHIP_REGISTRY, TARGETS, TargetError, get_chip, resolve_target
+
+
+def test_targets_and_chips_are_listed_once() -> None:
+    assert tuple(TARGETS) == ("cpu", "ascend-sim", "npu", "auto")
+    assert tuple(CHIP_REGISTRY) == ("910b", "a3", "310p")
+    assert {n for n, s in TARGETS.items() if s.npu_like} == {"ascend-sim", "npu", "auto"}
+
+
+@pytest.mark.parametrize(("call", "message"), [
+    (lambda: resolve_target("tpu"), "unknown target 'tpu'; choose one of cpu, ascend-sim, npu, auto"),
+    (lambda: resolve_target("cpu", chip="h100"), "unknown chip 'h100'; choose one of 910b, a3, 310p"),
+    (lambda: get_chip("h100"), "unknown chip 'h100'"),
+])
+def test_unknown_names_are_refused_with_the_known_ones(call, message) -> None:  # type: ignore[no-untyped-def]
+    with pytest.raises(TargetError, match=message):
+        call()
+
+
+def test_request_cli_and_schema_read_the_registry() -> None:
+    with pytest.raises(ValueError, match="unknown chip 'h100'"):
+        PortRequest(model_path="m", chip="h100")
+    schema = PortRequest.model_json_schema()["properties"]
+    assert schema["target"]["enum"] == list(TARGETS) and schema["chip"]["enum"] == list(CHIP_REGISTRY)
+    r = CliRunner().invoke(app, ["port", ".", "--chip", "h100"])
+    assert r.exit_code == 2 and "unknown chip 'h100'" in r.output
+
+
+def test_chip_facts_agree_with_the_emulator_profiles() -> None:
+    for key, chip in CHIP_REGISTRY.items():
+        profile = PROFILES[key]
+        assert chip.memory_gib == profile.memory_gib and chip.bf16 == profile.bf16, key
+    assert get_chip("Ascend 910B3").key == "910b" and get_chip("A2").key == "910b" and get_chip("310P3").key == "310p"
+
+
+def test_serve_defaults_and_memory_come_from_the_chip() -> None:
+    assert DEVICE_MEMORY_GIB == {"910b": 64.0, "a3": 64.0, "310p": 24.0}
+    facts = ModelFacts(hidden_size=64, num_layers=2, num_heads=4, vocab_size=100)
+    dtype = {c: next(s.value for s in plan_serve(facts, chip=c) if s.name == "dtype") for c in CHIP_REGISTRY}
+    assert dtype == {"910b": "bfloat16", "a3": "bfloat16", "310p": "float16"}
