@@ -92,3 +92,11 @@ def docs_by_aten_name(docs: dict[str, ApiDoc], aten_names: set[str]) -> dict[str
         if name in aten_names:
             out.setdefault(name, d)
     return out
+
+
+# Custom ops the wheel documents (torch_npu/_op_plugin_docs.py registers a docstring per op).
+DOCS_NAME_RE = re.compile(r"""_add_torch_npu_docstr\(\s*["']([A-Za-z0-9_.]+)["']""")
+
+
+def documented_custom_ops(text: str | None) -> set[str]:
+    return set(DOCS_NAME_RE.findall(text or ""))

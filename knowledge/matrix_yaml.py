@@ -151,3 +151,31 @@ def all_named(data: dict[str, Any]) -> dict[str, str]:
 def _func_key(func: str) -> str:
     name, overload, _ = split_func(func)
     return f"{name}.{overload}" if overload else name
+
+
+# The wheel's own codegen yaml (wheel.CODEGEN_YAML_MEMBER): the ops this build compiled.
+def codegen_ops(text: str | None) -> dict[str, tuple[str, str]]:
+    """op key -> (origin, kernel): origin "core" (torch_npu's own op) or "op_plugin"."""
+    if not text:
+        return {}
+    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+    data = yaml.load(text, Loader=loader)  # noqa: S506
+    out: dict[str, tuple[str, str]] = {}
+    for section in ("supported", "symint", "quant", "autograd", "custom"):
+        for e in (data or {}).get(section) or []:
+            func = e if isinstance(e, str) else e.get("func") if isinstance(e, dict) else None
+            if not isinstance(func, str):
+                continue
+            key = func.split("(")[0].strip()
+            impl = str(e.get("impl_ns", "")) if isinstance(e, dict) else ""
+            kernel = (
+                "both"
+                if "acl_op" in impl and "op_api" in impl
+                else "op_api"
+                if "op_api" in impl
+                else "acl_op"
+                if "acl_op" in impl
+                else "unknown"
+            )
+            out.setdefault(key, ("op_plugin" if "(" in func else "core", kernel))
+    return out

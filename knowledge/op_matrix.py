@@ -27,18 +27,16 @@ Rules (docs/architecture.md, "Op-support matrix JSON"):
 from __future__ import annotations
 
 import json
-import re
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from knowledge import matrix_yaml as my
 from knowledge.errors import MatrixError  # noqa: F401  (re-exported)
 from knowledge.home import cache_dir
-from knowledge.matrix_docs import docs_by_aten_name, parse_docs_dir
+from knowledge.matrix_aten import AtenRegistry, aten_registry
+from knowledge.matrix_docs import docs_by_aten_name, documented_custom_ops, parse_docs_dir
 from knowledge.matrix_symbols import (
     OpName,
     normalise_fallback_name,
@@ -47,6 +45,7 @@ from knowledge.matrix_symbols import (
     split_key,
     wrapper_table,
 )
+from knowledge.matrix_yaml import codegen_ops
 from knowledge.wheel import (
     CODEGEN_YAML_MEMBER,
     DOCS_MEMBER,
@@ -208,94 +207,6 @@ def torch_version_for(torch_npu_version: str) -> str:
     return f"{major}.{minor}"
 
 
-# --- torch's own op registry ----------------------------------------------------------------
-
-
-@dataclass
-class AtenRegistry:
-    torch_version: str
-    ops: dict[str, OpName]  # key -> name parts
-    composite: dict[str, str]  # key -> implicit | explicit | nonfunctional
-    views: set[str]
-
-    @property
-    def names(self) -> set[str]:
-        return {o.name for o in self.ops.values()}
-
-
-def aten_registry() -> AtenRegistry:
-    """Every aten op of the installed torch, with its composite kind and whether it is a view."""
-    import torch  # heavy; only here
-
-    # The dispatcher's names are the ops; the JIT schemas add out-ness and aliasing (and also
-    # hold TorchScript-only builtins such as add.str, which are left out).
-    dispatcher = {
-        n.removeprefix("aten::") for n in torch._C._dispatch_get_all_op_names() if n.startswith("aten::")
-    }
-    ops: dict[str, OpName] = {}
-    views: set[str] = set()
-    for s in torch._C._jit_get_all_schemas():
-        name = s.name.removeprefix("aten::")
-        op = OpName(name, s.overload_name, any(a.is_out for a in s.arguments))
-        if not s.name.startswith("aten::") or op.key not in dispatcher:
-            continue
-        ops.setdefault(op.key, op)
-        rets = [r.alias_info for r in s.returns]
-        if rets and rets[0] is not None and not rets[0].is_write:
-            views.add(op.key)
-    for k in dispatcher - set(ops):
-        name, _, overload = k.partition(".")
-        ops[k] = OpName(name, overload, overload.endswith("out"))
-    has = torch._C._dispatch_has_kernel_for_dispatch_key
-    composite: dict[str, str] = {}
-    for k in ops:
-        full = f"aten::{k}"
-        if has(full, "CompositeImplicitAutograd"):
-            composite[k] = "implicit"
-        elif has(full, "CompositeExplicitAutograd"):
-            composite[k] = "explicit"
-        elif has(full, "CompositeExplicitAutogradNonFunctional"):
-            composite[k] = "nonfunctional"
-    return AtenRegistry(torch.__version__.split("+")[0], ops, composite, views)
-
-
-# --- the in-wheel codegen yaml ----------------------------------------------------------------
-
-
-def _codegen_ops(text: str | None) -> dict[str, tuple[str, str]]:
-    """op key -> (origin, kernel): origin "core" (torch_npu's own op) or "op_plugin"."""
-    if not text:
-        return {}
-    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
-    data = yaml.load(text, Loader=loader)  # noqa: S506
-    out: dict[str, tuple[str, str]] = {}
-    for section in ("supported", "symint", "quant", "autograd", "custom"):
-        for e in (data or {}).get(section) or []:
-            func = e if isinstance(e, str) else e.get("func") if isinstance(e, dict) else None
-            if not isinstance(func, str):
-                continue
-            key = func.split("(")[0].strip()
-            impl = str(e.get("impl_ns", "")) if isinstance(e, dict) else ""
-            kernel = (
-                "both"
-                if "acl_op" in impl and "op_api" in impl
-                else "op_api"
-                if "op_api" in impl
-                else "acl_op"
-                if "acl_op" in impl
-                else "unknown"
-            )
-            out.setdefault(key, ("op_plugin" if "(" in func else "core", kernel))
-    return out
-
-
-_DOCS_NAME_RE = re.compile(r"""_add_torch_npu_docstr\(\s*["']([A-Za-z0-9_.]+)["']""")
-
-
-def _documented_custom_ops(text: str | None) -> set[str]:
-    return set(_DOCS_NAME_RE.findall(text or ""))
-
-
 # --- building --------------------------------------------------------------------------------
 
 
@@ -372,8 +283,8 @@ def build_matrix(
         if found is not None and my.parse_version(found) != my.parse_version(version):
             raise MatrixError(f"{reader.origin} is torch_npu {found}, not {version}")
         sources.append({"kind": "wheel", "path": reader.origin, "sha256": reader.sha256(), "version": found})
-        codegen = _codegen_ops(read_text(reader, CODEGEN_YAML_MEMBER))
-        documented = _documented_custom_ops(read_text(reader, DOCS_MEMBER))
+        codegen = codegen_ops(read_text(reader, CODEGEN_YAML_MEMBER))
+        documented = documented_custom_ops(read_text(reader, DOCS_MEMBER))
         timings["wheel_text_s"] = time.perf_counter() - t
         t = time.perf_counter()
         scan = scan_library(reader)
