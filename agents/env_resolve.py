@@ -14,7 +14,6 @@ of what they install, under ``$NPUPORT_ENV_CACHE`` or ``$NPUPORT_HOME/envs``.
 
 from __future__ import annotations
 
-import ast
 import contextlib
 import fcntl
 import functools
@@ -23,24 +22,22 @@ import importlib.metadata as md
 import json
 import os
 import re
-import shlex
 import shutil
 import site
 import subprocess
 import sys
 import time
-import tomllib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import yaml
-from packaging.requirements import InvalidRequirement, Requirement
+from packaging.requirements import Requirement
 from packaging.specifiers import SpecifierSet
-from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
+from agents.env_pins import RANK, Pin, find_pins, saved_transformers_version  # noqa: F401  (re-exported)
 from knowledge.errors import EnvBuildError  # noqa: F401  (re-exported)
 from sandbox.targets import TARGETS
 
@@ -51,27 +48,6 @@ NPU_TARGETS = tuple(name for name, spec in TARGETS.items() if spec.npu_like)  # 
 
 # The target decides these; a layered env never installs them (they come with the host or the NPU stack).
 FRAMEWORK = {"torch", "torchvision", "torchaudio", "torch-npu", "vllm", "vllm-ascend", "triton-ascend"}
-# Where a pin was found, most authoritative first (a lower rank wins a disagreement).
-_RANK = {"requirements": 0, "pyproject": 1, "setup.py": 1, "readme": 2}
-# pip options that take a value (so the value is not a requirement).
-_PIP_OPTS_WITH_VALUE = {
-    "-r", "--requirement", "-c", "--constraint", "-i", "--index-url", "--extra-index-url", "-f",
-    "--find-links", "-e", "--editable", "-t", "--target", "--prefix", "--root", "--trusted-host",
-    "--platform", "--python-version", "--implementation", "--abi", "--src", "--cache-dir", "--log",
-}
-_PIP_LINE = re.compile(r"\bpip3?(?:\.\d+)?\s+install\s+(?P<args>.+)")
-
-
-@dataclass(frozen=True)
-class Pin:
-    name: str  # canonical name (PEP 503)
-    requirement: str  # as written, e.g. "transformers==4.46.3"
-    source: str  # "requirements.txt:3", "README.md:12", "setup.py", "pyproject.toml"
-    kind: str  # requirements | pyproject | setup.py | readme
-
-    @property
-    def specifier(self) -> SpecifierSet:
-        return Requirement(self.requirement).specifier
 
 
 @dataclass
@@ -166,136 +142,6 @@ def companion_version(package: str, torch_version: str, compat: dict[str, Any]) 
 
 
 # ---------------------------------------------------------------------------------------------
-# The model's own pins
-# ---------------------------------------------------------------------------------------------
-
-
-def _parse_requirement(text: str) -> Requirement | None:
-    text = text.strip().strip("`'\"")
-    if not text or text.startswith(("-", ".", "/", "git+", "http")) or text.endswith((".whl", ".tar.gz", ".zip")):
-        return None
-    try:
-        req = Requirement(text)
-    except InvalidRequirement:
-        return None
-    if req.url or (req.marker is not None and not req.marker.evaluate()):
-        return None  # a direct URL is not a pin we can resolve; a false marker does not apply here
-    return req
-
-
-def _requirements_file(path: Path, model_dir: Path, kind: str, seen: set[Path]) -> list[Pin]:
-    # `-r` may name any path: only files inside the model folder are read.
-    if path in seen or not path.is_file() or not path.resolve().is_relative_to(model_dir.resolve()):
-        return []
-    seen.add(path)
-    pins: list[Pin] = []
-    for n, raw in enumerate(path.read_text(errors="replace").splitlines(), 1):
-        line = raw.split(" #")[0].strip()
-        if line.startswith(("-r ", "--requirement ")):
-            pins += _requirements_file(path.parent / line.split(None, 1)[1], model_dir, kind, seen)
-            continue
-        req = _parse_requirement(line)
-        if req is not None:
-            rel = path.relative_to(model_dir) if path.is_relative_to(model_dir) else path
-            pins.append(Pin(canonicalize_name(req.name), str(req), f"{rel}:{n}", kind))
-    return pins
-
-
-def _readme_pins(path: Path, model_dir: Path, seen: set[Path]) -> list[Pin]:
-    pins: list[Pin] = []
-    for n, line in enumerate(path.read_text(errors="replace").splitlines(), 1):
-        match = _PIP_LINE.search(line)
-        if not match:
-            continue
-        args = re.split(r"&&|;|\||#|`\s|\\$", match["args"])[0]
-        try:
-            tokens = shlex.split(args)
-        except ValueError:
-            tokens = args.split()
-        skip_next = False
-        for token in tokens:
-            if skip_next:
-                skip_next = False
-                continue
-            if token in ("-r", "--requirement"):
-                idx = tokens.index(token)
-                if idx + 1 < len(tokens):
-                    pins += _requirements_file(model_dir / tokens[idx + 1], model_dir, "requirements", seen)
-            if token.split("=")[0] in _PIP_OPTS_WITH_VALUE:
-                skip_next = "=" not in token
-                continue
-            req = _parse_requirement(token)
-            if req is not None:
-                pins.append(Pin(canonicalize_name(req.name), str(req), f"{path.name}:{n}", "readme"))
-    return pins
-
-
-def _setup_py_pins(path: Path) -> list[Pin]:
-    try:
-        tree = ast.parse(path.read_text(errors="replace"))
-    except SyntaxError:
-        return []
-    lists = {
-        t.id: node.value
-        for node in tree.body
-        if isinstance(node, ast.Assign) and isinstance(node.value, ast.List | ast.Tuple)
-        for t in node.targets
-        if isinstance(t, ast.Name)
-    }
-    pins: list[Pin] = []
-    for node in ast.walk(tree):
-        if not isinstance(node, ast.Call):
-            continue
-        for kw in node.keywords:
-            if kw.arg != "install_requires":
-                continue
-            value = lists.get(kw.value.id) if isinstance(kw.value, ast.Name) else kw.value
-            for elt in getattr(value, "elts", []):
-                if isinstance(elt, ast.Constant) and isinstance(elt.value, str):
-                    req = _parse_requirement(elt.value)
-                    if req is not None:
-                        pins.append(Pin(canonicalize_name(req.name), str(req), f"setup.py:{elt.lineno}", "setup.py"))
-    return pins
-
-
-def _pyproject_pins(path: Path) -> list[Pin]:
-    try:
-        deps = tomllib.loads(path.read_text()).get("project", {}).get("dependencies", [])
-    except tomllib.TOMLDecodeError:
-        return []
-    reqs = [r for r in (_parse_requirement(d) for d in deps if isinstance(d, str)) if r is not None]
-    return [Pin(canonicalize_name(r.name), str(r), "pyproject.toml", "pyproject") for r in reqs]
-
-
-def find_pins(model_dir: Path) -> list[Pin]:
-    """Every version pin the model folder states: requirements files, setup.py / pyproject.toml
-    dependencies and ``pip install`` lines in its README."""
-    seen: set[Path] = set()
-    pins: list[Pin] = []
-    req_files = sorted(model_dir.glob("requirements*.txt")) + sorted(model_dir.glob("requirements/*.txt"))
-    for path in req_files:
-        pins += _requirements_file(path, model_dir, "requirements", seen)
-    if (model_dir / "pyproject.toml").is_file():
-        pins += _pyproject_pins(model_dir / "pyproject.toml")
-    if (model_dir / "setup.py").is_file():
-        pins += _setup_py_pins(model_dir / "setup.py")
-    for readme in sorted(model_dir.glob("README*")):
-        if readme.is_file():
-            pins += _readme_pins(readme, model_dir, seen)
-    return pins
-
-
-def saved_transformers_version(model_dir: Path) -> str | None:
-    """config.json's "transformers_version": the release the checkpoint was saved with (a hint)."""
-    path = model_dir / "config.json"
-    try:
-        value = json.loads(path.read_text()).get("transformers_version") if path.is_file() else None
-    except (json.JSONDecodeError, AttributeError):
-        return None
-    return str(value) if value else None
-
-
-# ---------------------------------------------------------------------------------------------
 # The host
 # ---------------------------------------------------------------------------------------------
 
@@ -345,7 +191,7 @@ def _exact(spec: SpecifierSet) -> str | None:
 def _merge(name: str, pins: list[Pin], conflicts: list[str]) -> tuple[SpecifierSet, Pin]:
     """One specifier per package. The most authoritative exact pin wins; sources that disagree
     with it are reported and ignored."""
-    ranked = sorted(pins, key=lambda p: _RANK[p.kind])
+    ranked = sorted(pins, key=lambda p: RANK[p.kind])
     exact = next((p for p in ranked if any(s.operator in ("==", "===") for s in p.specifier)), None)
     lead = exact or ranked[0]
     merged = SpecifierSet()
