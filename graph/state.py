@@ -23,6 +23,7 @@ class PortState(TypedDict, total=False):
     target: dict[str, Any]
     """The resolved target (name, device, bootstrap, options, reason)."""
     environment: dict[str, Any]
+    """The environment node's notes, the model's resolved pins and the layered venv's python (or None)."""
     workdir: str
     """The workspace: model/ (git, one commit per patch) and runs/ (harness results)."""
     original_digest: str
@@ -40,13 +41,17 @@ class PortState(TypedDict, total=False):
     pending_diagnosis: dict[str, Any] | None
     """The diagnosis whose fix the patcher applies next."""
     static_fixes_done: bool
+    """The patcher has applied the fixes planned from the static scan (later rounds fix diagnoses)."""
     numerics: dict[str, Any]
     """agents.models.Numerics: the validator's verdict."""
     tuning: dict[str, Any]
+    """agents.models.Tuning: the tuner's trials, best configuration and measured speed-up."""
     bundle: dict[str, Any]
+    """The reporter's output: folder, files written (report, patch, patched tree, deploy files), note."""
     counters: dict[str, int]
     """port_runs, reference_runs."""
     started_at: float
+    """Wall-clock start of the port (time.time()), for the wall budget and the report."""
     status: str
     """running | failed | validated."""
     reason: str
