@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from agents.codemods import CODEMODS
-from agents.models import HazardCategory, Severity, StructuredException
+from agents.models import Frame, HazardCategory, Severity, StructuredException
 from agents.policies.rule import RulePolicy
 from agents.rules.base import Registry, UnknownFindingRule
 from agents.rules.diagnose import classify
@@ -77,8 +77,7 @@ def test_an_undeclared_finding_rule_is_an_error() -> None:
 
 def test_error_patterns_name_their_rule_fix_and_citation() -> None:
     def diag(type_: str, message: str) -> tuple[str, str | None, list[str]]:
-        exc = StructuredException(type=type_, message=message, frames=[
-            {"file": "m.py", "line": 7, "function": "forward", "in_model": True}])
+        exc = StructuredException(type=type_, message=message, frames=[Frame(file="m.py", line=7, in_model=True)])
         d = RulePolicy().diagnose("run-1", exc, [])
         return d.kind, d.fix, [c.source for c in d.citations]
 
