@@ -137,8 +137,8 @@ class Registry:
                 if not f.rules:
                     continue
                 order[f.codemod] = min(order.get(f.codemod, f.order), f.order)
-                covers.setdefault(f.codemod, {})[r.hazard] = covers.get(f.codemod, {}).get(r.hazard,
-                                                                                           frozenset()) | f.rules
+                by_hazard = covers.setdefault(f.codemod, {})
+                by_hazard[r.hazard] = by_hazard.get(r.hazard, frozenset()) | f.rules
         return [(name, covers[name]) for name in sorted(order, key=lambda n: order[n])]
 
     # --- findings -----------------------------------------------------------------------------

@@ -225,8 +225,6 @@ class _Indexer:
         self.load_names[root_name(node)] += 1
 
 
-
-
 def _hot_functions(ctx: ModuleContext) -> set[str]:
     """Names of forward/generate-like functions and of the functions they call (transitively)."""
     callees: dict[str, set[str]] = {}
@@ -246,7 +244,6 @@ def _hot_functions(ctx: ModuleContext) -> set[str]:
                 hot.add(callee)
                 todo.append(callee)
     return hot
-
 
 
 def find_device_fallbacks(ctx: ModuleContext) -> list[cst.CSTNode]:
@@ -271,7 +268,6 @@ def find_device_fallbacks(ctx: ModuleContext) -> list[cst.CSTNode]:
 def _mentions_cpu(node: cst.CSTNode) -> bool:
     return any(string_value(n) == "cpu" for n in walk_nodes(node)
                if isinstance(n, cst.SimpleString | cst.FormattedString))
-
 
 
 # ----------------------------------------------------------------------------------------------

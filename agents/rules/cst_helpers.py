@@ -30,7 +30,6 @@ def children(node: cst.CSTNode) -> list[cst.CSTNode]:
     return out
 
 
-
 def dotted(node: cst.CSTNode) -> str | None:
     if isinstance(node, cst.Name):
         return node.value

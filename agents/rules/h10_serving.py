@@ -96,8 +96,6 @@ def _env_value(ctx: ModuleContext, key: cst.CSTNode) -> cst.CSTNode | None:
     return None
 
 
-
-
 def _h10_text(tf: TextFile) -> list[Finding]:
     out: list[Finding] = []
     for ln in tf.env_lines():

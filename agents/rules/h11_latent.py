@@ -56,7 +56,6 @@ def _h11_latent(ctx: ModuleContext) -> None:
                 "same device (and the mask bool, same shape); move the mask with `.to(x.device)`", BLOCKS, HIGH)
 
 
-
 # --- fix ---------------------------------------------------------------------------------------
 
 SAME_DEVICE_HELPER = '''
@@ -87,11 +86,8 @@ class AlignDevices(Rewriter):
         return updated.with_changes(args=[first.with_changes(value=wrapped), *updated.args[1:]])
 
 
-
 def align_devices(source: str, *, line: int, **_: Any) -> CodemodResult:
     return run_codemod(source, lambda _m: AlignDevices(line), [(SAME_DEVICE_HELPER, "def _npuport_same_device(")])
-
-
 
 
 def _device_mismatch(exc: StructuredException, frame: Frame | None, where: str) -> Signature | None:

@@ -160,7 +160,6 @@ def _device_string_context(ctx: ModuleContext, s: cst.CSTNode) -> str | None:
     return None
 
 
-
 # --- fix ---------------------------------------------------------------------------------------
 
 class DeviceAgnostic(Rewriter):
@@ -233,11 +232,8 @@ class DeviceAgnostic(Rewriter):
         return updated
 
 
-
 def device_agnostic(source: str, **_: Any) -> CodemodResult:
     return run_codemod(source, lambda _m: DeviceAgnostic(), [(DEVICE_HELPERS, "def _npuport_device(")])
-
-
 
 
 def _h1_text(tf: TextFile) -> list[Finding]:

@@ -74,7 +74,6 @@ def _h2_autocast(ctx: ModuleContext) -> None:
                         "silently runs in full precision; use device \"npu\"", NUMBERS, HIGH)
 
 
-
 # --- fix ---------------------------------------------------------------------------------------
 
 class CudaAutocast(Rewriter):
@@ -102,11 +101,8 @@ class CudaAutocast(Rewriter):
         return updated
 
 
-
 def cuda_autocast(source: str, **_: Any) -> CodemodResult:
     return run_codemod(source, lambda _m: CudaAutocast(), [(DEVICE_HELPERS, "def _npuport_device(")])
-
-
 
 
 RULE = HazardRule(

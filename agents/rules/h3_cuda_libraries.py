@@ -139,7 +139,6 @@ def _h3_optional_paths(ctx: ModuleContext, bound: set[str]) -> None:
                 break
 
 
-
 # --- fix ---------------------------------------------------------------------------------------
 
 def _module_root(node: cst.Import | cst.ImportFrom) -> list[str]:
@@ -219,7 +218,6 @@ class GuardCudaOnlyImports(Rewriter):
         return original  # already guarded: leave as written
 
 
-
 def guard_cuda_only_imports(source: str, **_: Any) -> CodemodResult:
     def make(module: cst.Module) -> Rewriter:
         uses = _NameUses()
@@ -227,8 +225,6 @@ def guard_cuda_only_imports(source: str, **_: Any) -> CodemodResult:
         return GuardCudaOnlyImports(uses.counts)
 
     return run_codemod(source, make)
-
-
 
 
 def _h3_text(tf: TextFile) -> list[Finding]:

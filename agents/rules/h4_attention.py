@@ -89,8 +89,6 @@ def _h4_rotary(ctx: ModuleContext) -> None:
                         "does it in one kernel", SLOWS, LOW)
 
 
-
-
 RULE = HazardRule(
     hazard="H4",
     title="Attention implementation and NPU fused-op opportunities",

@@ -122,7 +122,6 @@ def _npuport_attention(q, k, v, scale, bias, original):
 '''
 
 
-
 # ----------------------------------------------------------------------------------------------
 # Statement-ordered definitions inside one block (for the fused-op rewrites)
 # ----------------------------------------------------------------------------------------------

@@ -86,7 +86,6 @@ def _feeds_torch(ctx: ModuleContext, node: cst.CSTNode) -> bool:
     return False
 
 
-
 # --- fix ---------------------------------------------------------------------------------------
 
 class Float64ToFloat32(Rewriter):
@@ -105,11 +104,8 @@ class Float64ToFloat32(Rewriter):
         return updated
 
 
-
 def float64_to_float32(source: str, **_: Any) -> CodemodResult:
     return run_codemod(source, lambda _m: Float64ToFloat32())
-
-
 
 
 _DT_LIST = re.compile(r"not implemented for (DT_\w+)")

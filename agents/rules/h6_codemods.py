@@ -264,8 +264,6 @@ class _VecExpr:
         return Rename(self.grids).transform(e)
 
 
-
-
 def _and_all(parts: list[cst.BaseExpression]) -> cst.BaseExpression:
     out = paren(parts[0])
     for p in parts[1:]:

@@ -124,8 +124,6 @@ def _outermost_range_loop(ctx: ModuleContext, loop: cst.For) -> cst.For:
     return best
 
 
-
-
 RULE = HazardRule(
     hazard="H6",
     title="Host syncs and Python loops in the hot path",

@@ -55,8 +55,6 @@ def _h7_fallback_ops(ctx: ModuleContext) -> None:
                     "op report confirms it for the chosen torch_npu)", SLOWS, MEDIUM)
 
 
-
-
 _FALLBACK_OP = re.compile(r"The operator '([\w:.]+)' would execute its main computation on CPU")
 
 

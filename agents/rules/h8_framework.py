@@ -77,8 +77,6 @@ def _h8_framework(ctx: ModuleContext) -> None:
                     BLOCKS, LOW)
 
 
-
-
 def _h8_text(tf: TextFile) -> list[Finding]:
     out: list[Finding] = []
     for req in tf.requirement_lines():

@@ -55,7 +55,6 @@ def _h9_distributed(ctx: ModuleContext) -> None:
                     "so hccl is registered, or pass backend=\"hccl\"", BLOCKS, LOW)
 
 
-
 # --- fix ---------------------------------------------------------------------------------------
 
 DIST_HELPER = '''
@@ -75,11 +74,8 @@ class NcclToHccl(Rewriter):
         return updated
 
 
-
 def nccl_to_hccl(source: str, **_: Any) -> CodemodResult:
     return run_codemod(source, lambda _m: NcclToHccl(), [(DIST_HELPER, "def _npuport_dist_backend(")])
-
-
 
 
 def _h9_text(tf: TextFile) -> list[Finding]:

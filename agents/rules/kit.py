@@ -68,8 +68,6 @@ def _npuport_device():
 '''
 
 
-
-
 @dataclass
 class CodemodResult:
     source: str
@@ -153,11 +151,9 @@ def run_codemod(source: str, make: Callable[[cst.Module], Rewriter], helpers: Se
     return CodemodResult(new_module.code, new_module.code != source, rewriter.edits)
 
 
-
 # ----------------------------------------------------------------------------------------------
 # Small tools of the pattern rewrites (H4, H6)
 # ----------------------------------------------------------------------------------------------
-
 
 
 EMPTY_MODULE = cst.Module(body=[])
@@ -243,7 +239,6 @@ def is_true(node: cst.BaseExpression | None) -> bool:
     return isinstance(node, cst.Name) and node.value == "True"
 
 
-
 class Rename(cst.CSTTransformer):
     def __init__(self, names: dict[str, str]) -> None:
         super().__init__()
@@ -268,8 +263,6 @@ def paren(e: cst.BaseExpression) -> cst.BaseExpression:
     if isinstance(e, cst.Name | cst.Call | cst.Attribute | cst.Subscript | cst.Integer | cst.Float):
         return e
     return e.with_changes(lpar=[cst.LeftParen()], rpar=[cst.RightParen()])
-
-
 
 
 class PerfRewriter(Rewriter):
