@@ -1,11 +1,18 @@
-"""The CUDA-only libraries the agents know (import codemod, debugger signatures): one list, no imports."""
+"""The CUDA-only libraries, re-exported for the agents: the one table lives in ``sandbox.cuda_only``
+(the sandbox needs it too and may not import agents/)."""
 
 from __future__ import annotations
 
-CUDA_ONLY = frozenset(
-    {
-        "flash_attn", "flash_attn_2_cuda", "flash_attn_interface", "xformers", "apex", "bitsandbytes",
-        "triton", "mamba_ssm", "causal_conv1d", "fused_dense_lib", "rotary_emb", "dropout_layer_norm",
-        "flashinfer", "liger_kernel", "transformer_engine",
-    }
+from sandbox.cuda_only import (
+    BY_MODULE,
+    CUDA_ONLY_DISTS,
+    CUDA_ONLY_ROOTS,
+    LIBRARIES,
+    STUB_ROOTS,
+    CudaOnlyLibrary,
 )
+
+CUDA_ONLY = CUDA_ONLY_ROOTS  # the name the agents used before the table moved
+
+__all__ = ["BY_MODULE", "CUDA_ONLY", "CUDA_ONLY_DISTS", "CUDA_ONLY_ROOTS", "LIBRARIES", "STUB_ROOTS",
+           "CudaOnlyLibrary"]

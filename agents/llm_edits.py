@@ -18,7 +18,7 @@ from pydantic import BaseModel, Field
 from knowledge.errors import LLMEditError, ToolError, first_line
 
 if TYPE_CHECKING:
-    from agents.codemods import CodemodResult
+    from agents.rules.kit import CodemodResult
 
 
 def resolve_in(root: Path, rel: str) -> Path:
@@ -203,7 +203,7 @@ def llm_edit_codemod(source: str, *, edits: list[dict[str, Any]], file: str | No
     in this source are applied. An edit that does not apply cleanly or does not parse leaves the
     source unchanged (the patcher then commits nothing and reports that nothing changed).
     """
-    from agents.codemods import CodemodResult
+    from agents.rules.kit import CodemodResult
 
     blocks = [SearchReplace.model_validate(e) for e in edits]
     if file is not None:

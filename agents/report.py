@@ -25,17 +25,12 @@ def _md_escape(text: str) -> str:
     return text.replace("|", "\\|").replace("\n", " ")
 
 
-# Why a finding can stay as written, by hazard (the report names the finding's own message too).
-_LEFT_AS_WRITTEN = {
-    "H3": "the CUDA-only path stays off (its import is guarded or gone); the torch path runs",
-    "H4": "a performance opportunity; not needed for a correct port",
-    "H5": "only an issue on chips without the dtype (bfloat16 on 310P) or for exact float64 numerics",
-    "H6": "a performance issue (host syncs / Python loops); the port is correct with it",
-    "H7": "falls back to the CPU on this torch_npu build; correct but slow",
-    "H8": "the model runs in a layered environment with its own pins",
-    "H10": "serving settings are written into serve.sh / set_env.sh",
-    "H11": "the device fix puts both sides on the port's device; validated by the run",
-}
+def _left_as_written(hazard: str) -> str:
+    """Why a finding can stay as written: its hazard rule's wording (the report names the message too)."""
+    from agents.rules.registry import active
+
+    rule = active().get(hazard)
+    return (rule.left_as_written if rule else "") or "no recipe changes it"
 
 
 def finding_resolutions(findings: list[dict[str, Any]], patches: list[dict[str, Any]], status: str) -> dict[str, str]:
@@ -49,7 +44,7 @@ def finding_resolutions(findings: list[dict[str, Any]], patches: list[dict[str, 
         if f["id"] in fixed:
             out[f["id"]] = fixed[f["id"]]
         else:
-            why = _LEFT_AS_WRITTEN.get(f["hazard"], "no recipe changes it")
+            why = _left_as_written(f["hazard"])
             out[f["id"]] = f"left as written: {why}" + ("" if status == "validated" else " (the port did not validate)")
     return out
 

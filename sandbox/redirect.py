@@ -17,14 +17,11 @@ from typing import Any
 import torch
 from torch.overrides import TorchFunctionMode
 
-# Libraries that exist only for CUDA; an unguarded import of one of them is stubbed.
-CUDA_ONLY_MODULES = frozenset(
-    {
-        "flash_attn", "flash_attn_2_cuda", "flash_attn_interface", "xformers", "apex", "bitsandbytes",
-        "triton", "mamba_ssm", "causal_conv1d", "deepspeed", "fused_dense_lib", "rotary_emb",
-        "dropout_layer_norm", "vllm", "flashinfer", "liger_kernel", "transformer_engine",
-    }
-)
+from sandbox.cuda_only import STUB_ROOTS
+
+# Libraries that exist only for CUDA (one table: sandbox/cuda_only.py); an unguarded import of one of
+# them is stubbed.
+CUDA_ONLY_MODULES = STUB_ROOTS
 
 
 class StubCalled(RuntimeError):

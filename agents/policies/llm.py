@@ -25,7 +25,6 @@ from typing import TYPE_CHECKING, Any, Literal, TypeVar, cast
 
 from pydantic import BaseModel, Field, ValidationError
 
-from agents.diagnosis import classify
 from agents.llm_edits import (  # noqa: F401  (re-exported: agents.codemods registers llm_edit_codemod from here)
     EditResult,
     LLMEdit,
@@ -42,6 +41,7 @@ from agents.policies.base import FixAction, PolicyContext
 from agents.policies.rule import RulePolicy
 from agents.policies.tools import ToolBox, ToolError, resolve_in
 from agents.request import ChipName, TargetName
+from agents.rules.diagnose import classify
 from knowledge.errors import AnswerRejected, BudgetExhausted, LLMEditError, first_line  # noqa: F401  (re-exported)
 
 if TYPE_CHECKING:

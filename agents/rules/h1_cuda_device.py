@@ -1,0 +1,277 @@
+"""H1: hard-coded CUDA device and torch.cuda API (`.cuda()`, device="cuda", torch.cuda.*, cuDNN flags).
+
+One hazard class, one module: detector, fix (codemod or the reason it is manual), the run-time
+errors it explains and its knowledge-base topic (see docs/rules.md)."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import libcst as cst
+import libcst.matchers as m
+
+from agents.models import Finding, Frame, HazardCategory, Severity, StructuredException
+from agents.rules.base import (
+    BLOCKS,
+    HIGH,
+    LOW,
+    MEDIUM,
+    NUMBERS,
+    SLOWS,
+    ErrorPattern,
+    Fix,
+    HazardRule,
+    Signature,
+)
+from agents.rules.context import ModuleContext, TextFile
+from agents.rules.cst_helpers import (
+    dotted,
+    is_cuda_device_string,
+    last_name,
+    string_value,
+)
+from agents.rules.kit import (
+    DEVICE_CALL,
+    DEVICE_HELPERS,
+    DEVICE_TYPE,
+    CodemodResult,
+    Rewriter,
+    dotted_name,
+    is_cuda_string,
+    run_codemod,
+)
+
+# H1: torch.cuda.<api> -> (severity, note). Anything else under torch.cuda gets the default note.
+TORCH_CUDA_API: dict[str, tuple[Severity, str]] = {
+    "is_available": (MEDIUM, "returns False on an Ascend host, so the code behind it silently takes its "
+                             "non-GPU branch; ask torch.npu.is_available() instead"),
+    "device_count": (MEDIUM, "is 0 on an Ascend host; use torch.npu.device_count()"),
+    "get_device_name": (MEDIUM, "fails without CUDA; use torch.npu.get_device_name()"),
+    "get_device_properties": (MEDIUM, "fails without CUDA; use torch.npu.get_device_properties()"),
+    "get_device_capability": (MEDIUM, "asks for a CUDA compute capability, which an NPU does not have"),
+    "synchronize": (HIGH, "raises without CUDA; use torch.npu.synchronize()"),
+    "empty_cache": (LOW, "is a no-op without CUDA and frees nothing on the NPU; use torch.npu.empty_cache()"),
+    "set_device": (HIGH, "raises without CUDA; use torch.npu.set_device()"),
+    "current_device": (HIGH, "raises without CUDA; use torch.npu.current_device()"),
+    "manual_seed": (LOW, "seeds only CUDA generators, so NPU random streams stay unseeded; "
+                         "use torch.npu.manual_seed() or torch.manual_seed()"),
+    "manual_seed_all": (LOW, "seeds only CUDA generators; use torch.npu.manual_seed_all()"),
+    "Event": (HIGH, "CUDA events cannot time NPU work; use torch.npu.Event"),
+    "Stream": (HIGH, "CUDA streams do not exist on the NPU; use torch.npu.Stream"),
+    "stream": (HIGH, "CUDA stream context; use torch.npu.stream"),
+    "current_stream": (HIGH, "CUDA stream query; use torch.npu.current_stream()"),
+    "memory_allocated": (LOW, "reports CUDA memory only; use torch.npu.memory_allocated()"),
+    "max_memory_allocated": (LOW, "reports CUDA memory only; use torch.npu.max_memory_allocated()"),
+    "memory_reserved": (LOW, "reports CUDA memory only; use torch.npu.memory_reserved()"),
+    "max_memory_reserved": (LOW, "reports CUDA memory only; use torch.npu.max_memory_reserved()"),
+    "reset_peak_memory_stats": (LOW, "resets CUDA memory stats only; use torch.npu.reset_peak_memory_stats()"),
+    "mem_get_info": (MEDIUM, "raises without CUDA; use torch.npu.mem_get_info()"),
+    "memory_summary": (LOW, "reports CUDA memory only; use torch.npu.memory_summary()"),
+    "graphs": (HIGH, "CUDA graphs do not exist on the NPU (torch.npu has its own graph capture)"),
+    "CUDAGraph": (HIGH, "CUDA graphs do not exist on the NPU (torch.npu has its own graph capture)"),
+    "FloatTensor": (HIGH, "legacy CUDA tensor type; create the tensor with device= instead"),
+    "HalfTensor": (HIGH, "legacy CUDA tensor type; create the tensor with device= instead"),
+    "LongTensor": (HIGH, "legacy CUDA tensor type; create the tensor with device= instead"),
+    "BoolTensor": (HIGH, "legacy CUDA tensor type; create the tensor with device= instead"),
+}
+TORCH_CUDA_DEFAULT = (HIGH, "needs a CUDA build and GPU; torch_npu offers the same call under torch.npu")
+
+# H1: torch.backends.cudnn / torch.backends.cuda flags -> (category, note)
+BACKEND_FLAGS: dict[str, tuple[HazardCategory, str]] = {
+    "deterministic": (NUMBERS, "only makes cuDNN deterministic; NPU determinism is set with "
+                               "torch.use_deterministic_algorithms() and torch_npu's own options"),
+    "benchmark": (SLOWS, "tunes cuDNN kernels only; it does nothing on the NPU"),
+    "allow_tf32": (NUMBERS, "TF32 is a CUDA matmul mode; the NPU's analogue is torch.npu.matmul.allow_hf32"),
+    "enabled": (SLOWS, "switches cuDNN only; it does nothing on the NPU"),
+    "sdp_kernel": (SLOWS, "selects CUDA SDPA kernels; it does not choose the NPU fused attention"),
+}
+
+
+# --- detector ----------------------------------------------------------------------------------
+
+def _h1_cuda_device(ctx: ModuleContext) -> None:
+    for call in ctx.ix.calls:
+        f = call.func
+        if isinstance(f, cst.Attribute) and f.attr.value == "cuda" and not ctx.is_module_ref(f.value):
+            ctx.add("H1", "cuda-call", call,
+                    "`.cuda()` moves the tensor/module to a CUDA GPU: without CUDA it raises \"Torch not compiled "
+                    "with CUDA enabled\"; move to the run's device (`.to(device)`, `npu` on Ascend)", BLOCKS, HIGH)
+    for s in ctx.ix.strings:
+        value = string_value(s)
+        if is_cuda_device_string(value):
+            _h1_cuda_string(ctx, s, value or "")
+        elif value == "CUDA_VISIBLE_DEVICES":
+            ctx.add("H1", "cuda-visible-devices", s,
+                    "CUDA_VISIBLE_DEVICES selects GPUs only; Ascend reads ASCEND_RT_VISIBLE_DEVICES, so device "
+                    "selection silently stops working", BLOCKS, MEDIUM)
+    for ref in ctx.refs:
+        q = ref.qual
+        if q == "torch.cuda" or (q.startswith("torch.cuda.") and not q.startswith(("torch.cuda.amp",
+                                                                                    "torch.cuda.nccl"))):
+            api = q.split(".")[2] if q.count(".") >= 2 else ""
+            sev, note = TORCH_CUDA_API.get(api, TORCH_CUDA_DEFAULT)
+            ctx.add("H1", "torch-cuda-api", ref.node, f"`{q}` {note}", BLOCKS, sev)
+        elif q.startswith(("torch.backends.cudnn.", "torch.backends.cuda.")):
+            flag = next((p for p in reversed(q.split(".")) if p in BACKEND_FLAGS), "")
+            cat, note = BACKEND_FLAGS.get(flag, (SLOWS, "configures CUDA/cuDNN only; it does nothing on the NPU"))
+            rule = "cudnn-flags" if ".cudnn." in q else "cuda-backend-flags"
+            ctx.add("H1", rule, ref.node, f"`{q}` {note}", cat, LOW)
+
+
+def _h1_cuda_string(ctx: ModuleContext, s: cst.CSTNode, value: str) -> None:
+    where = _device_string_context(ctx, s)
+    if where == "compare":
+        ctx.add("H1", "cuda-device-check", s,
+                f"compares a device (type) with \"{value}\": on Ascend the type is \"npu\", so this branch is "
+                "never taken there", NUMBERS, MEDIUM)
+    elif where is not None:
+        ctx.add("H1", "cuda-device-string", s,
+                f"device \"{value}\" ({where}) is hard-coded: without CUDA it raises; use the run's device "
+                "(\"npu\" on Ascend)", BLOCKS, HIGH)
+
+
+def _device_string_context(ctx: ModuleContext, s: cst.CSTNode) -> str | None:
+    """Where a "cuda" string is used as a device, or None when it is just text."""
+    for a, _ in ctx.ancestors(s):
+        if isinstance(a, cst.IfExp | cst.BooleanOperation):
+            continue  # `"cuda" if ok else "cpu"`: look at what the whole expression feeds
+        if isinstance(a, cst.Arg):
+            if a.keyword is not None:
+                kw = a.keyword.value
+                return f"{kw}=" if kw in ("device", "map_location", "device_map") or kw.endswith("_device") \
+                    else None
+            call = ctx.parent(a)
+            if isinstance(call, cst.Call):
+                if ctx.qual(call.func) == "torch.device":
+                    return "torch.device(...)"
+                if last_name(call.func) in ("to", "set_default_device"):
+                    return f".{last_name(call.func)}(...)"
+            return None
+        if isinstance(a, cst.Param):
+            return "parameter default" if "device" in a.name.value else None
+        if isinstance(a, cst.Assign | cst.AnnAssign):
+            targets = [t.target for t in a.targets] if isinstance(a, cst.Assign) else [a.target]
+            names = " ".join(dotted(t) or "" for t in targets)
+            return "assigned to a device variable" if "device" in names.lower() else None
+        if isinstance(a, cst.Comparison | cst.ComparisonTarget):
+            return "compare"
+        return None
+    return None
+
+
+# --- fix ---------------------------------------------------------------------------------------
+
+class DeviceAgnostic(Rewriter):
+    """H1: .cuda(), device="cuda", torch.device("cuda"), torch.cuda.* -> the port's device."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._in_autocast = 0
+        self._in_comparison = 0
+
+    def visit_Comparison(self, node: cst.Comparison) -> None:
+        self._in_comparison += 1
+
+    def visit_Call(self, node: cst.Call) -> None:
+        if dotted_name(node.func) in ("torch.autocast", "torch.cuda.amp.autocast", "autocast"):
+            self._in_autocast += 1
+
+    def leave_Comparison(self, original: cst.Comparison, updated: cst.Comparison) -> cst.BaseExpression:
+        # x.device.type == "cuda"  ->  x.device.type == _npuport_device().type
+        self._in_comparison -= 1
+        comps = []
+        changed = False
+        for c in updated.comparisons:
+            if is_cuda_string(c.comparator):
+                comps.append(c.with_changes(comparator=DEVICE_TYPE))
+                changed = True
+            else:
+                comps.append(c)
+        left = updated.left
+        if is_cuda_string(left):
+            left, changed = DEVICE_TYPE, True
+        if changed:
+            self.note(original, "compare with the port's device type instead of 'cuda'")
+            return updated.with_changes(left=left, comparisons=comps)
+        return updated
+
+    def leave_Call(self, original: cst.Call, updated: cst.Call) -> cst.BaseExpression:
+        name = dotted_name(updated.func)
+        if name in ("torch.autocast", "torch.cuda.amp.autocast", "autocast"):
+            self._in_autocast -= 1
+            return updated  # H2's codemod owns autocast
+        # x.cuda(...) -> x.to(_npuport_device(), ...)
+        if isinstance(updated.func, cst.Attribute) and updated.func.attr.value == "cuda" and name != "torch.cuda":
+            kept = [a for a in updated.args if a.keyword is not None and a.keyword.value == "non_blocking"]
+            self.note(original, ".cuda() -> .to(_npuport_device())")
+            return updated.with_changes(
+                func=updated.func.with_changes(attr=cst.Name("to")),
+                args=[cst.Arg(DEVICE_CALL), *[a.with_changes(comma=cst.MaybeSentinel.DEFAULT) for a in kept]],
+            )
+        # torch.device("cuda") -> _npuport_device()  (the literal inside was rewritten already)
+        if name == "torch.device" and updated.args and m.matches(updated.args[0].value, m.Call(func=m.Name("_npuport_device"))):
+            self.note(original, 'torch.device("cuda") -> _npuport_device()')
+            return DEVICE_CALL
+        # torch.cuda.X(...) -> _npuport_backend().X(...)
+        if name.startswith("torch.cuda.") and not name.startswith("torch.cuda.amp"):
+            attr = name.split(".", 2)[2]
+            self.note(original, f"torch.cuda.{attr} -> _npuport_backend().{attr}")
+            return updated.with_changes(func=cst.parse_expression(f"_npuport_backend().{attr}"))
+        return updated
+
+    def leave_SimpleString(self, original: cst.SimpleString, updated: cst.SimpleString) -> cst.BaseExpression:
+        # Remaining "cuda" literals: device= keywords, .to("cuda"), device = "cuda" assignments.
+        if updated.evaluated_value == "CUDA_VISIBLE_DEVICES":
+            # Ascend selects cards with ASCEND_RT_VISIBLE_DEVICES; CUDA's variable means nothing there.
+            self.note(original, "CUDA_VISIBLE_DEVICES -> ASCEND_RT_VISIBLE_DEVICES")
+            return updated.with_changes(value=updated.value.replace("CUDA_VISIBLE_DEVICES", "ASCEND_RT_VISIBLE_DEVICES"))
+        if self._in_autocast == 0 and self._in_comparison == 0 and is_cuda_string(updated):
+            self.note(original, '"cuda" -> _npuport_device()')
+            return DEVICE_CALL
+        return updated
+
+
+def device_agnostic(source: str, **_: Any) -> CodemodResult:
+    return run_codemod(source, lambda _m: DeviceAgnostic(), [(DEVICE_HELPERS, "def _npuport_device(")])
+
+
+def _h1_text(tf: TextFile) -> list[Finding]:
+    out: list[Finding] = []
+    for ln in tf.env_lines():
+        m = re.search(r"\bCUDA_VISIBLE_DEVICES\s*=", ln.line)
+        if m:
+            out.append(tf.finding("H1", "cuda-visible-devices", ln.lineno, m.start(), ln.snippet,
+                                  "CUDA_VISIBLE_DEVICES selects GPUs only; Ascend reads ASCEND_RT_VISIBLE_DEVICES",
+                                  BLOCKS, MEDIUM))
+    return out
+
+
+def _cuda_assert(exc: StructuredException, frame: Frame | None, where: str) -> Signature | None:
+    if "Torch not compiled with CUDA enabled" in exc.message or "Found no NVIDIA driver" in exc.message:
+        return Signature("cuda-assert", f"cuda-assert@{where}", f"CUDA is called at {where}, and this host has none",
+                         frame)
+    return None
+
+
+DEVICE_AGNOSTIC = Fix("device-agnostic", device_agnostic, "device-agnostic code instead of hard-coded CUDA",
+                      frozenset({"cuda-call", "cuda-device-string", "torch-cuda-api", "cuda-visible-devices"}),
+                      order=30)
+
+RULE = HazardRule(
+    hazard="H1",
+    title="Hard-coded CUDA device and torch.cuda API",
+    detect=_h1_cuda_device,
+    detect_text=_h1_text,
+    fixes=(DEVICE_AGNOSTIC,),
+    manual={
+        "cudnn-flags": "a cuDNN setting: it does nothing on the NPU; the NPU's own option (if any) is a choice",
+        "cuda-backend-flags": "a CUDA backend setting: the NPU analogue (e.g. allow_hf32) is a numerics choice",
+        "cuda-device-check": "a device-type comparison: which branch the NPU should take is a design choice "
+                             "(device-agnostic rewrites it where the file has other H1 fixes)",
+    },
+    explains=(ErrorPattern("cuda-assert", _cuda_assert, "hard-coded CUDA", fix="device-agnostic", order=20),),
+    kb_topic="recipe:H1",
+    recipe="knowledge/recipes/H1.md",
+    fixtures=("tests/test_scanner.py", "tests/test_codemods.py", "examples/ocr_mini"),
+)

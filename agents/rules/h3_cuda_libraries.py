@@ -1,0 +1,280 @@
+"""H3: CUDA-only libraries and kernels (flash-attn, xformers, Triton, CUDA extensions; the one list is sandbox/cuda_only.py).
+
+One hazard class, one module: detector, fix (codemod or the reason it is manual), the run-time
+errors it explains and its knowledge-base topic (see docs/rules.md)."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+import libcst as cst
+
+from agents.cuda_only import BY_MODULE, CUDA_ONLY_DISTS, CUDA_ONLY_ROOTS
+from agents.models import Finding, Frame, StructuredException
+from agents.rules.base import (
+    BLOCKS,
+    HIGH,
+    LOW,
+    MEDIUM,
+    SLOWS,
+    ErrorPattern,
+    Fix,
+    HazardRule,
+    Signature,
+)
+from agents.rules.context import ModuleContext, TextFile, requirement_names
+from agents.rules.cst_helpers import (
+    dotted,
+    import_module_names,
+    match_prefix,
+    root_name,
+)
+from agents.rules.kit import (
+    CodemodResult,
+    Rewriter,
+    dotted_name,
+    run_codemod,
+)
+
+CUDA_EXTENSION_BUILD = {"torch.utils.cpp_extension.load", "torch.utils.cpp_extension.load_inline",
+                        "torch.utils.cpp_extension.CUDAExtension", "torch.utils.cpp_extension.BuildExtension"}
+TRITON_DECORATORS = {"triton.jit", "triton.autotune", "triton.heuristics"}
+
+
+# --- detector ----------------------------------------------------------------------------------
+
+@dataclass
+class _CudaImport:
+    node: cst.Import | cst.ImportFrom
+    module: str
+    key: str
+    names: list[str]
+
+
+def _cuda_imports(ctx: ModuleContext) -> list[_CudaImport]:
+    out = []
+    for imp in ctx.ix.imports:
+        for mod, names in import_module_names(imp):
+            key = match_prefix(mod, BY_MODULE)
+            if key is not None:
+                out.append(_CudaImport(imp, mod, key, names))
+                break  # one finding per import statement
+    return out
+
+
+def _import_guard(ctx: ModuleContext, node: cst.CSTNode) -> str | None:
+    """'try/except ImportError' or 'if <availability check>' when the import is guarded."""
+    for a, child in ctx.ancestors(node):
+        if isinstance(a, cst.Try | cst.TryStar) and child is a.body:
+            for h in a.handlers:
+                caught = ctx.code(h.type) if h.type is not None else "everything"
+                if h.type is None or re.search(r"ImportError|ModuleNotFoundError|Exception", caught):
+                    return "try/except ImportError"
+        if isinstance(a, cst.If) and child is not a.test:
+            test = ctx.code(a.test)
+            if re.search(r"is_\w+_available|find_spec|HAS_\w+|_AVAILABLE\b", test):
+                return f"if {test.strip()}"
+    return None
+
+
+def _h3_cuda_libraries(ctx: ModuleContext) -> None:
+    imports = _cuda_imports(ctx)
+    bound: set[str] = set()
+    for ci in imports:
+        lib = BY_MODULE[ci.key]
+        what, todo = lib.what, lib.instead
+        bound.update(n for n in ci.names if n)
+        used = any(ctx.ix.load_names.get(n, 0) > 0 for n in ci.names if n)
+        guard = _import_guard(ctx, ci.node)
+        if guard is not None:
+            ctx.add("H3", "cuda-only-import-guarded", ci.node,
+                    f"`{ci.module}` ({what}) is imported behind {guard}: it loads nothing on Ascend; check the "
+                    f"fallback it takes is efficient ({todo})", SLOWS, LOW)
+        elif not used:
+            ctx.add("H3", "unused-cuda-only-import", ci.node,
+                    f"`{ci.module}` ({what}) is imported but never used: the import alone fails on Ascend where "
+                    "the package cannot be installed; remove it", BLOCKS, HIGH, fixable=lib.guarded)
+        else:
+            ctx.add("H3", "cuda-only-import", ci.node,
+                    f"`{ci.module}` ({what}) is imported and used: it cannot be installed on Ascend; guard the "
+                    f"import and give its call sites a fallback ({todo})", BLOCKS, HIGH, fixable=lib.guarded)
+            unused = [n for n in ci.names if n and not ctx.ix.load_names.get(n, 0)]
+            if unused:
+                ctx.add("H3", "unused-cuda-only-import", ci.node,
+                        f"{', '.join(unused)} from `{ci.module}` never used: drop {'it' if len(unused) == 1 else 'them'}"
+                        " from the import", BLOCKS, HIGH, fixable=lib.guarded)
+    _h3_optional_paths(ctx, bound)
+    for fn in ctx.ix.functions:
+        for d in fn.decorators:
+            target = d.decorator.func if isinstance(d.decorator, cst.Call) else d.decorator
+            if ctx.qual(target) in TRITON_DECORATORS:
+                ctx.add("H3", "triton-kernel", d,
+                        f"`{fn.name.value}` is a Triton kernel: it is compiled for CUDA GPUs; rewrite it with torch "
+                        "ops or a torch_npu fused op (triton-ascend is a separate port)", BLOCKS, HIGH)
+                break
+    for ref in ctx.refs:
+        if ref.qual in CUDA_EXTENSION_BUILD:
+            ctx.add("H3", "cuda-extension-build", ref.node,
+                    f"`{ref.qual.rsplit('.', 1)[-1]}` builds a custom C++/CUDA extension: it needs nvcc and a "
+                    "GPU; its kernels need a torch or Ascend C replacement", BLOCKS, HIGH)
+
+
+def _h3_optional_paths(ctx: ModuleContext, bound: set[str]) -> None:
+    """`if cfg.use_flash_attn: flash_attn_func(...)`: the CUDA call sits behind a flag."""
+    if not bound:
+        return
+    for call in ctx.ix.calls:
+        if root_name(call.func) not in bound:
+            continue
+        for a, child in ctx.ancestors(call):
+            if isinstance(a, cst.FunctionDef | cst.ClassDef | cst.Module):
+                break
+            if isinstance(a, cst.If | cst.IfExp) and child is not a.test:
+                ctx.add("H3", "optional-fused-path", a,
+                        f"optional fused path: `{ctx.code(a.test).strip()}` selects a CUDA-only call "
+                        f"(`{dotted(call.func)}`); on Ascend the flag must be off, or the branch must call an "
+                        "NPU fused op instead", BLOCKS, MEDIUM)
+                break
+
+
+# --- fix ---------------------------------------------------------------------------------------
+
+def _module_root(node: cst.Import | cst.ImportFrom) -> list[str]:
+    if isinstance(node, cst.Import):
+        return [dotted_name(a.name).split(".")[0] for a in node.names]
+    if node.module is None or node.relative:
+        return []
+    return [dotted_name(node.module).split(".")[0]]
+
+
+def _bound_names(node: cst.Import | cst.ImportFrom) -> list[str]:
+    names: list[str] = []
+    if isinstance(node.names, cst.ImportStar):
+        return names
+    for alias in node.names:
+        if alias.asname is not None and isinstance(alias.asname.name, cst.Name):
+            names.append(alias.asname.name.value)
+        else:
+            names.append(dotted_name(alias.name).split(".")[0])
+    return names
+
+
+class _NameUses(cst.CSTVisitor):
+    def __init__(self) -> None:
+        self.counts: dict[str, int] = {}
+        self._in_import = 0
+
+    def visit_Import(self, node: cst.Import) -> None:
+        self._in_import += 1
+
+    def leave_Import(self, node: cst.Import) -> None:
+        self._in_import -= 1
+
+    def visit_ImportFrom(self, node: cst.ImportFrom) -> None:
+        self._in_import += 1
+
+    def leave_ImportFrom(self, node: cst.ImportFrom) -> None:
+        self._in_import -= 1
+
+    def visit_Name(self, node: cst.Name) -> None:
+        if not self._in_import:
+            self.counts[node.value] = self.counts.get(node.value, 0) + 1
+
+
+class GuardCudaOnlyImports(Rewriter):
+    """H3: drop unused imports of CUDA-only libraries; guard used ones so the torch path runs."""
+
+    def __init__(self, uses: dict[str, int], modules: frozenset[str] = CUDA_ONLY_ROOTS) -> None:
+        super().__init__()
+        self.uses = uses
+        self.modules = modules
+
+    def leave_SimpleStatementLine(
+        self, original: cst.SimpleStatementLine, updated: cst.SimpleStatementLine
+    ) -> cst.BaseStatement | cst.FlattenSentinel[cst.BaseStatement] | cst.RemovalSentinel:
+        if len(updated.body) != 1 or not isinstance(updated.body[0], cst.Import | cst.ImportFrom):
+            return updated
+        imp = updated.body[0]
+        roots = _module_root(imp)
+        if not roots or not any(r in self.modules for r in roots):
+            return updated
+        names = _bound_names(imp)
+        if names and all(self.uses.get(n, 0) == 0 for n in names):
+            self.note(original, f"removed unused import of CUDA-only {', '.join(sorted(set(roots)))}")
+            return cst.RemoveFromParent()
+        fallback = "\n".join(f"    {n} = None" for n in names) or "    pass"
+        code = (
+            "try:\n"
+            f"    {cst.Module(body=[updated]).code.strip()}\n"
+            f"except ImportError:  # npuport (H3): CUDA-only library; the torch path runs without it\n"
+            f"{fallback}\n"
+        )
+        self.note(original, f"guarded import of CUDA-only {', '.join(sorted(set(roots)))}")
+        return cst.parse_module(code).body[0]
+
+    def leave_Try(self, original: cst.Try, updated: cst.Try) -> cst.BaseStatement:
+        return original  # already guarded: leave as written
+
+
+def guard_cuda_only_imports(source: str, **_: Any) -> CodemodResult:
+    def make(module: cst.Module) -> Rewriter:
+        uses = _NameUses()
+        module.visit(uses)
+        return GuardCudaOnlyImports(uses.counts)
+
+    return run_codemod(source, make)
+
+
+def _h3_text(tf: TextFile) -> list[Finding]:
+    if tf.kind == "cuda-source":
+        return [tf.finding("H3", "cuda-source-file", 1, 0, "",
+                           "CUDA C++ source: it compiles only with nvcc for NVIDIA GPUs; its kernels need a torch or "
+                           "Ascend C replacement", BLOCKS, HIGH)]
+    out: list[Finding] = []
+    for req in tf.requirement_lines():
+        for norm, col in requirement_names(req):
+            if norm in CUDA_ONLY_DISTS:
+                out.append(tf.finding("H3", "cuda-only-requirement", req.lineno, col, req.snippet,
+                                      f"requires `{norm}`, a CUDA-only package: it does not install or import on "
+                                      "Ascend; drop it and port its call sites", BLOCKS, HIGH))
+                break
+    return out
+
+
+_MISSING_MODULE = re.compile(r"No module named '([\w.]+)'")
+
+
+def _missing_cuda_module(exc: StructuredException, frame: Frame | None, where: str) -> Signature | None:
+    if exc.type in ("ModuleNotFoundError", "ImportError") and (mm := _MISSING_MODULE.search(exc.message)):
+        root = mm.group(1).split(".")[0]
+        if root in CUDA_ONLY_ROOTS:
+            return Signature("missing-cuda-module", f"missing-cuda-module:{root}@{where}",
+                             f"the model imports {mm.group(1)}, which is not installed here (a CUDA-only library)",
+                             frame)
+    return None
+
+
+RULE = HazardRule(
+    hazard="H3",
+    title="CUDA-only libraries and kernels",
+    detect=_h3_cuda_libraries,
+    detect_text=_h3_text,
+    fixes=(Fix("guard-cuda-only-imports", guard_cuda_only_imports, "remove or guard imports of CUDA-only libraries",
+               frozenset({"cuda-only-import", "unused-cuda-only-import"}), order=10),),
+    manual={
+        "cuda-only-import-guarded": "already guarded; whether its fallback is efficient needs a person's look",
+        "optional-fused-path": "the flag that selects the CUDA-only call is the model's configuration",
+        "triton-kernel": "a Triton kernel needs a rewrite with torch ops or a torch_npu fused op",
+        "cuda-extension-build": "a custom CUDA extension needs a torch or Ascend C replacement",
+        "cuda-source-file": "CUDA C++ needs a torch or Ascend C replacement",
+        "cuda-only-requirement": "requirements are resolved by the environment step, which drops CUDA-only packages",
+    },
+    explains=(ErrorPattern("missing-cuda-module", _missing_cuda_module, "CUDA-only libraries",
+                           fix="guard-cuda-only-imports", order=10),),
+    kb_topic="recipe:H3",
+    recipe="knowledge/recipes/H3.md",
+    left_as_written="the CUDA-only path stays off (its import is guarded or gone); the torch path runs",
+    fixtures=("tests/test_scanner.py", "tests/test_codemods.py", "examples/tiny_llm"),
+)

@@ -1,0 +1,56 @@
+"""The ONE list of hazard rules (agents/rules/h*.py). The scanner, the rule policy, the debugger and the
+report read the rules through ``active()``; a test swaps in its own registry with ``use_registry``."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from agents.rules import (
+    h1_cuda_device,
+    h2_autocast,
+    h3_cuda_libraries,
+    h4_attention,
+    h5_dtypes,
+    h6_host_sync,
+    h7_fallback_ops,
+    h8_framework,
+    h9_distributed,
+    h10_serving,
+    h11_latent,
+)
+from agents.rules.base import HazardRule, Registry
+
+RULES: tuple[HazardRule, ...] = (
+    h1_cuda_device.RULE,
+    h2_autocast.RULE,
+    h3_cuda_libraries.RULE,
+    h4_attention.RULE,
+    h5_dtypes.RULE,
+    h6_host_sync.RULE,
+    h7_fallback_ops.RULE,
+    h8_framework.RULE,
+    h9_distributed.RULE,
+    h10_serving.RULE,
+    h11_latent.RULE,
+)
+DEFAULT = Registry(RULES)
+
+# A stack, not a context variable: graph nodes may run on worker threads, and a test's registry must
+# reach them (tests run one port at a time per process).
+_stack: list[Registry] = []
+
+
+def active() -> Registry:
+    """The registry in force: the innermost ``use_registry``, else DEFAULT."""
+    return _stack[-1] if _stack else DEFAULT
+
+
+@contextmanager
+def use_registry(registry: Registry) -> Iterator[Registry]:
+    """Run with another registry (e.g. ``DEFAULT.with_rules(TOY_RULE)``) in force."""
+    _stack.append(registry)
+    try:
+        yield registry
+    finally:
+        _stack.remove(registry)
