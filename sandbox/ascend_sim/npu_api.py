@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import importlib
 import sys
 import time
 import types
@@ -11,7 +12,7 @@ from typing import Any
 
 import torch
 
-from . import fused_ops, messages
+from . import fused_ops, messages, surface
 from .runtime import RT
 
 _DEVICE_STATE = {"current": 0}
@@ -271,21 +272,19 @@ _API = (
 )
 
 
-def _make_npu_module() -> types.ModuleType:
-    mod = types.ModuleType("torch_npu.npu")
+def _build_npu(mod: types.ModuleType) -> None:
+    """torch_npu.npu, which torch_npu registers as torch.npu."""
     for name in _API:
         setattr(mod, name, globals()[name])
-    amp = types.ModuleType("torch_npu.npu.amp")
-    amp.autocast = _autocast  # type: ignore[attr-defined]
-    amp.GradScaler = _GradScaler  # type: ignore[attr-defined]
-    mod.amp = amp  # type: ignore[attr-defined]
-    config = types.SimpleNamespace(allow_internal_format=False)
-    mod.config = config  # type: ignore[attr-defined]
+    mod.config = types.SimpleNamespace(allow_internal_format=False)  # type: ignore[attr-defined]
     mod.matmul = types.SimpleNamespace(allow_hf32=False)  # type: ignore[attr-defined]
     mod.conv = types.SimpleNamespace(allow_hf32=True)  # type: ignore[attr-defined]
-    mod.Event = Event  # type: ignore[attr-defined]
-    mod.Stream = Stream  # type: ignore[attr-defined]
-    return mod
+    importlib.import_module("torch_npu.npu.amp")
+
+
+def _build_amp(mod: types.ModuleType) -> None:
+    mod.autocast = _autocast  # type: ignore[attr-defined]
+    mod.GradScaler = _GradScaler  # type: ignore[attr-defined]
 
 
 # --- torch_npu custom ops -----------------------------------------------------------------------------
@@ -411,26 +410,63 @@ _FAST: dict[str, Callable[..., Any]] = {
 }
 
 
-def make_torch_npu(npu_mod: types.ModuleType, version: str) -> types.ModuleType:
-    tnpu = types.ModuleType("torch_npu")
-    tnpu.__version__ = version  # type: ignore[attr-defined]
-    tnpu.__file__ = __file__  # marks the emulator; real torch_npu lives in site-packages
-    tnpu.npu = npu_mod  # type: ignore[attr-defined]
-    tnpu._ascend_sim = True  # type: ignore[attr-defined]
+class NpuFusedAdamW(torch.optim.AdamW):
+    """torch_npu.optim.NpuFusedAdamW: AdamW with the parameters fused into one buffer on a device; the
+    update rule is AdamW's, which is what the emulator runs."""
+
+
+class NpuFusedAdam(torch.optim.Adam):
+    """torch_npu.optim.NpuFusedAdam (see NpuFusedAdamW)."""
+
+
+def _build_root(mod: types.ModuleType) -> None:
+    version = surface.finder().version  # type: ignore[union-attr]
+    mod.__version__ = version  # type: ignore[attr-defined]
+    mod._ascend_sim = True  # type: ignore[attr-defined]
     for name, ref in CUSTOM_OPS.items():
-        setattr(tnpu, name, _custom(name, ref, _FAST.get(name)))
-    return tnpu
+        setattr(mod, name, _custom(name, ref, _FAST.get(name)))
+    # The submodules `import torch_npu` imports on a real host (contrib.transfer_to_npu is not one:
+    # importing it patches torch).
+    for sub in ("npu", "utils", "optim", "contrib"):
+        importlib.import_module(f"torch_npu.{sub}")
+
+
+def _build_optim(mod: types.ModuleType) -> None:
+    mod.NpuFusedAdamW = NpuFusedAdamW  # type: ignore[attr-defined]
+    mod.NpuFusedAdam = NpuFusedAdam  # type: ignore[attr-defined]
+
+
+def _build_empty(mod: types.ModuleType) -> None:
+    return None
+
+
+def _build_transfer_to_npu(mod: types.ModuleType) -> None:
+    """Importing it redirects cuda to npu for the rest of the process, as on a real host."""
+    from sandbox import redirect
+
+    redirect.install("npu")
+
+
+MODULES: dict[str, tuple[Callable[[types.ModuleType], None], bool]] = {
+    "torch_npu": (_build_root, True),
+    "torch_npu.npu": (_build_npu, True),
+    "torch_npu.npu.amp": (_build_amp, False),
+    "torch_npu.utils": (_build_empty, True),
+    "torch_npu.optim": (_build_optim, True),
+    "torch_npu.contrib": (_build_empty, True),
+    "torch_npu.contrib.transfer_to_npu": (_build_transfer_to_npu, False),
+}
 
 
 def install_modules(version: str) -> tuple[types.ModuleType, types.ModuleType]:
-    npu_mod = sys.modules.get("torch_npu.npu")
-    tnpu = sys.modules.get("torch_npu")
-    if npu_mod is None or tnpu is None or not getattr(tnpu, "_ascend_sim", False):
-        npu_mod = _make_npu_module()
-        tnpu = make_torch_npu(npu_mod, version)
-        sys.modules["torch_npu"] = tnpu
-        sys.modules["torch_npu.npu"] = npu_mod
-        sys.modules["torch_npu.npu.amp"] = npu_mod.amp
-        sys.modules["torch.npu"] = npu_mod
-        sys.modules["torch.npu.amp"] = npu_mod.amp
+    """Make torch_npu importable (through the ordinary import machinery) and import it."""
+    stale = sys.modules.get("torch_npu")
+    if stale is not None and not getattr(stale, "_ascend_sim", False):
+        for name in [n for n in sys.modules if n == "torch_npu" or n.startswith("torch_npu.")]:
+            del sys.modules[name]
+    surface.install_finder(version, MODULES)
+    tnpu = importlib.import_module("torch_npu")
+    tnpu.__version__ = version  # type: ignore[attr-defined]  # a reconfigure may change it
+    npu_mod = importlib.import_module("torch_npu.npu")
+    sys.modules["torch.npu.amp"] = npu_mod.amp  # type: ignore[attr-defined]
     return npu_mod, tnpu
