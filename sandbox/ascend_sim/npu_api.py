@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import inspect
 import sys
 import time
 import types
@@ -298,9 +299,16 @@ def _custom(name: str, ref: Callable[..., Any], fast: Callable[..., Any] | None 
     reference with its checks and messages."""
     op_key = f"npu::{name}"
     counts = RT.custom_counts
+    check = _CHECKS.get(name)
+    sig = inspect.signature(ref)
+    check_params = set(inspect.signature(check).parameters) if check is not None else set()
 
     def call(*args: Any, **kwargs: Any) -> Any:
         counts[op_key] = counts.get(op_key, 0) + 1
+        if check is not None:
+            # The real op's argument checks (dtype, rank, head dim) come first, on every path.
+            bound = sig.bind(*args, **kwargs).arguments
+            check(**{k: v for k, v in bound.items() if k in check_params})
         engine = RT.engine
         if fast is not None and engine.name == "native" and RT.profile.bf16 and not torch.is_grad_enabled():
             try:
@@ -400,6 +408,13 @@ CUSTOM_OPS: dict[str, Callable[..., Any]] = {
     "npu_rms_norm": fused_ops.npu_rms_norm,
     "npu_rotary_mul": fused_ops.npu_rotary_mul,
     "npu_moe_gating_top_k_softmax": fused_ops.npu_moe_gating_top_k_softmax,
+}
+
+
+_CHECKS: dict[str, Callable[..., None]] = {
+    "npu_fusion_attention": fused_ops.check_fusion_attention,
+    "npu_rms_norm": fused_ops.check_rms_norm,
+    "npu_rotary_mul": fused_ops.check_rotary_mul,
 }
 
 
