@@ -349,6 +349,26 @@ def check_rms_norm(self: torch.Tensor, gamma: torch.Tensor, epsilon: float = 1e-
             "aclnnRmsNorm", f"gamma shape {tuple(gamma.shape)} must match the trailing dims of x {tuple(self.shape)}"))
 
 
+def check_add_rms_norm(x1: torch.Tensor, x2: torch.Tensor, gamma: torch.Tensor, epsilon: float = 1e-6) -> None:
+    dtypes = (torch.float16, torch.bfloat16, torch.float32)
+    for arg, t in (("x1", x1), ("x2", x2), ("gamma", gamma)):
+        if t.dtype not in dtypes:
+            raise RuntimeError(messages.dtype_not_supported("aclnnAddRmsNorm", arg, t.dtype, dtypes))
+    if x1.shape != x2.shape or gamma.dtype != x1.dtype:
+        raise RuntimeError(messages.param_invalid(
+            "aclnnAddRmsNorm", "x1 and x2 must have the same shape, and gamma the dtype of x1"))
+    check_rms_norm(x1, gamma, epsilon)
+
+
+def check_swiglu(input: torch.Tensor, dim: int = -1) -> None:
+    dtypes = (torch.float16, torch.bfloat16, torch.float32)
+    if input.dtype not in dtypes:
+        raise RuntimeError(messages.dtype_not_supported("aclnnSwiGlu", "x", input.dtype, dtypes))
+    if not -input.dim() <= dim < input.dim():
+        raise RuntimeError(messages.param_invalid(
+            "aclnnSwiGlu", f"dim must be in [{-input.dim()}, {input.dim() - 1}], got {dim}"))
+
+
 def check_rotary_mul(
     input: torch.Tensor, r1: torch.Tensor, r2: torch.Tensor, rotary_mode: str = "half", rotate: torch.Tensor | None = None
 ) -> None:
@@ -450,6 +470,24 @@ def npu_rms_norm(
     rstd = x.pow(2).mean(dim=dims, keepdim=True).add_(epsilon).rsqrt_()
     y = (x * rstd).mul_(gamma.float()).to(self.dtype)
     return y, rstd
+
+
+def npu_add_rms_norm(
+    x1: torch.Tensor, x2: torch.Tensor, gamma: torch.Tensor, epsilon: float = 1e-6
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Returns (y, rstd, x): x = x1 + x2 (in the input dtype), y = rms_norm(x) * gamma."""
+    x = x1 + x2
+    y, rstd = npu_rms_norm(x, gamma, epsilon)
+    return y, rstd, x
+
+
+def npu_swiglu(input: torch.Tensor, dim: int = -1) -> torch.Tensor:
+    """swish(A) * B with A, B the halves of input along dim."""
+    if input.shape[dim] % 2:
+        raise RuntimeError(messages.param_invalid(
+            "aclnnSwiGlu", f"the size of dim {dim} ({input.shape[dim]}) must be divisible by 2"))
+    a, b = input.float().chunk(2, dim=dim)
+    return (torch.nn.functional.silu(a) * b).to(input.dtype)
 
 
 # --- npu_rotary_mul -----------------------------------------------------------------------------------

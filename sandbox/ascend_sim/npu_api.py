@@ -131,6 +131,41 @@ def initial_seed() -> int:
     return torch.initial_seed()
 
 
+# torch_npu's SocVersion numbering (vllm-ascend reads A2 as 220-225, A3 as 250-255, 310P as 200-205).
+_SOC_VERSION = {"Ascend910B3": 223, "Ascend910_9392": 251, "Ascend310P3": 202}
+
+
+def get_soc_version() -> int:
+    return _SOC_VERSION.get(RT.profile.device_name, 223)
+
+
+def memory_stats(device: Any = None) -> dict[str, int]:
+    """The allocated-bytes counters only: there is no caching allocator to report on."""
+    cur, peak = memory_allocated(), max_memory_allocated()
+    return {
+        "allocated_bytes.all.current": cur,
+        "allocated_bytes.all.peak": peak,
+        "reserved_bytes.all.current": cur,
+        "reserved_bytes.all.peak": peak,
+    }
+
+
+def get_rng_state(device: Any = None) -> torch.Tensor:
+    return torch.get_rng_state()  # npu tensors draw from the CPU generator here
+
+
+def get_rng_state_all() -> list[torch.Tensor]:
+    return [get_rng_state()]
+
+
+def set_rng_state(new_state: torch.Tensor, device: Any = None) -> None:
+    torch.set_rng_state(new_state)
+
+
+def set_rng_state_all(new_states: list[torch.Tensor]) -> None:
+    set_rng_state(new_states[0])
+
+
 def is_bf16_supported() -> bool:
     return RT.profile.bf16
 
@@ -259,6 +294,12 @@ _API = (
     "manual_seed_all",
     "seed",
     "initial_seed",
+    "get_rng_state",
+    "get_rng_state_all",
+    "set_rng_state",
+    "set_rng_state_all",
+    "memory_stats",
+    "get_soc_version",
     "is_bf16_supported",
     "get_amp_supported_dtype",
     "is_initialized",
@@ -280,7 +321,24 @@ def _build_npu(mod: types.ModuleType) -> None:
     mod.config = types.SimpleNamespace(allow_internal_format=False)  # type: ignore[attr-defined]
     mod.matmul = types.SimpleNamespace(allow_hf32=False)  # type: ignore[attr-defined]
     mod.conv = types.SimpleNamespace(allow_hf32=True)  # type: ignore[attr-defined]
-    importlib.import_module("torch_npu.npu.amp")
+    for sub in ("amp", "random", "memory"):
+        importlib.import_module(f"torch_npu.npu.{sub}")
+
+
+_RANDOM_API = ("manual_seed", "manual_seed_all", "seed", "initial_seed", "get_rng_state", "get_rng_state_all",
+               "set_rng_state", "set_rng_state_all")
+_MEMORY_API = ("empty_cache", "memory_allocated", "max_memory_allocated", "memory_reserved",
+               "max_memory_reserved", "reset_peak_memory_stats", "mem_get_info", "memory_stats")
+
+
+def _build_random(mod: types.ModuleType) -> None:
+    for name in _RANDOM_API:
+        setattr(mod, name, globals()[name])
+
+
+def _build_memory(mod: types.ModuleType) -> None:
+    for name in _MEMORY_API:
+        setattr(mod, name, globals()[name])
 
 
 def _build_amp(mod: types.ModuleType) -> None:
@@ -408,6 +466,8 @@ CUSTOM_OPS: dict[str, Callable[..., Any]] = {
     "npu_rms_norm": fused_ops.npu_rms_norm,
     "npu_rotary_mul": fused_ops.npu_rotary_mul,
     "npu_moe_gating_top_k_softmax": fused_ops.npu_moe_gating_top_k_softmax,
+    "npu_add_rms_norm": fused_ops.npu_add_rms_norm,
+    "npu_swiglu": fused_ops.npu_swiglu,
 }
 
 
@@ -415,6 +475,8 @@ _CHECKS: dict[str, Callable[..., None]] = {
     "npu_fusion_attention": fused_ops.check_fusion_attention,
     "npu_rms_norm": fused_ops.check_rms_norm,
     "npu_rotary_mul": fused_ops.check_rotary_mul,
+    "npu_add_rms_norm": fused_ops.check_add_rms_norm,
+    "npu_swiglu": fused_ops.check_swiglu,
 }
 
 
@@ -438,6 +500,7 @@ def _build_root(mod: types.ModuleType) -> None:
     version = surface.finder().version  # type: ignore[union-attr]
     mod.__version__ = version  # type: ignore[attr-defined]
     mod._ascend_sim = True  # type: ignore[attr-defined]
+    mod.__file__ = __file__  # code locates torch_npu's files by it; this one names the emulator
     for name, ref in CUSTOM_OPS.items():
         setattr(mod, name, _custom(name, ref, _FAST.get(name)))
     # The submodules `import torch_npu` imports on a real host (contrib.transfer_to_npu is not one:
@@ -466,6 +529,8 @@ MODULES: dict[str, tuple[Callable[[types.ModuleType], None], bool]] = {
     "torch_npu": (_build_root, True),
     "torch_npu.npu": (_build_npu, True),
     "torch_npu.npu.amp": (_build_amp, False),
+    "torch_npu.npu.random": (_build_random, False),
+    "torch_npu.npu.memory": (_build_memory, False),
     "torch_npu.utils": (_build_empty, True),
     "torch_npu.optim": (_build_optim, True),
     "torch_npu.contrib": (_build_empty, True),
