@@ -196,3 +196,39 @@ def test_fused_ops_apply_the_real_ops_argument_checks() -> None:
     assert "aclnnFlashAttentionVarLenScore" in errs["tnd_lengths"]
     assert out["tnd_diff"] < 1e-5
     assert out["nomask_diff"] == 0.0
+
+
+@pytest.mark.slow
+def test_port_of_a_remote_code_model_that_imports_transformers_reaches_its_model_code(tmp_path: Path) -> None:
+    """The failure of the issue: a remote-code-style folder (its own PretrainedConfig/PreTrainedModel on
+    transformers, written for CUDA) died at `import transformers.activations` with `torch_npu.__spec__ is
+    None` before any model code ran. Ported to ascend-sim it now runs and its greedy tokens match."""
+    import shutil
+    import tempfile
+
+    from agents.workspace import tree_digest
+
+    model = REPO / "tests" / "fixtures" / "hf_remote_tiny"
+    before = tree_digest(model)
+    # Not under /tmp: the bwrap sandbox mounts a fresh /tmp, which would hide the home's op matrix.
+    base = Path.home() / ".cache" / "npuport-tests"
+    base.mkdir(parents=True, exist_ok=True)
+    home = Path(tempfile.mkdtemp(prefix="home-", dir=base))
+    try:
+        env = {**os.environ, "NPUPORT_HOME": str(home), "COLUMNS": "200"}
+        env.setdefault("NPUPORT_WHEEL_CACHE", str(base / "wheels"))
+        out = tmp_path / "bundle"
+        r = subprocess.run(
+            [sys.executable, "-m", "api.cli", "port", str(model), "--target", "ascend-sim", "--out", str(out)],
+            capture_output=True, text=True, timeout=900, env=env, cwd=REPO,
+        )
+        assert r.returncode == 0, r.stdout + r.stderr
+        report = json.loads((out / "report.json").read_text())
+        port_run = [x for x in report["runs"] if x["purpose"] == "port"][-1]
+        assert port_run["op_stats"]["target"] == "ascend-sim"
+        assert port_run["op_stats"]["op_total"] > 0
+        assert report["numerics"]["verdict"] == "match"
+        assert "__spec__" not in r.stdout
+        assert tree_digest(model) == before
+    finally:
+        shutil.rmtree(home, ignore_errors=True)
