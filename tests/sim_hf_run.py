@@ -84,8 +84,11 @@ def _generate(model: Any, name: str, device: str) -> list[int]:
 def main() -> int:
     order, models, attns = sys.argv[1], sys.argv[2].split(","), sys.argv[3].split(",")
     if order == "libs-first":
+        # Both probe at import: accelerate.state calls is_npu_available(check_device=False) (cached), and
+        # transformers' sdpa integration keeps is_torch_npu_available() in a module constant.
         import accelerate
         import transformers
+        import transformers.integrations.sdpa_attention
 
         from sandbox import ascend_sim
 
@@ -111,9 +114,11 @@ def main() -> int:
         "find_spec": importlib.util.find_spec("torch_npu") is not None,
         "torch_npu_version": importlib.metadata.version("torch-npu"),
         "is_torch_npu_available": is_torch_npu_available(),
-        "accelerate_is_npu_available": is_npu_available(),
+        # both cache keys: accelerate's own import-time call passes check_device=False
+        "accelerate_is_npu_available": is_npu_available() and is_npu_available(check_device=False),
         "accelerate_device": str(PartialState().device),
         "accelerator": str(torch.accelerator.current_accelerator()),
+        "sdpa_npu_flag": __import__("transformers.integrations.sdpa_attention", fromlist=["x"])._is_torch_npu_available,
         "runs": [],
     }
     for name in models:

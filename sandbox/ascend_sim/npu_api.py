@@ -549,4 +549,5 @@ def install_modules(version: str) -> tuple[types.ModuleType, types.ModuleType]:
     tnpu.__version__ = version  # type: ignore[attr-defined]  # a reconfigure may change it
     npu_mod = importlib.import_module("torch_npu.npu")
     sys.modules["torch.npu.amp"] = npu_mod.amp  # type: ignore[attr-defined]
+    surface.forget_library_probes()
     return npu_mod, tnpu

@@ -123,3 +123,33 @@ def install_finder(version: str, builders: dict[str, tuple[Builder, bool]]) -> S
         f.add(name, builder, package)
     importlib.invalidate_caches()
     return f
+
+
+# Availability probes of libraries (transformers' is_torch_npu_available, accelerate's is_npu_available,
+# and the like in peft, diffusers, ...) are cached, some in module constants at import.
+_PROBE_FUNC = re.compile(r"is_(torch_)?npu_available")
+_PROBE_CONST = re.compile(r"_is_(torch_)?npu_available")
+
+
+def forget_library_probes() -> list[str]:
+    """Drop 'no torch_npu' answers that libraries imported before install() cached.
+
+    A real host never shows that state: torch auto-loads torch_npu at `import torch`, before any library
+    can probe. Returns the cleared names (for tests and the curious)."""
+    cleared: list[str] = []
+    for mod_name, mod in list(sys.modules.items()):
+        if mod is None or mod_name.startswith(("torch", "sandbox")):
+            continue
+        try:
+            names = list(vars(mod))
+        except TypeError:
+            continue
+        for name in names:
+            obj = vars(mod).get(name)
+            if _PROBE_FUNC.fullmatch(name) and hasattr(obj, "cache_clear"):
+                obj.cache_clear()
+                cleared.append(f"{mod_name}.{name}")
+            elif _PROBE_CONST.fullmatch(name) and obj is False:
+                setattr(mod, name, True)
+                cleared.append(f"{mod_name}.{name}")
+    return cleared
