@@ -161,7 +161,7 @@ def test_fused_ops_apply_the_real_ops_argument_checks() -> None:
                 torch.randn(1, 1, 1, 800, device="npu"), 1, "BSND"),
             "tnd_lengths": lambda: torch_npu.npu_fusion_attention(q[0], q[0], q[0], 2, "TND",
                                                                   actual_seq_qlen=[3], actual_seq_kvlen=[4]),
-            "rms_gamma": lambda: torch_npu.npu_rms_norm(q, torch.ones(4, device="npu")),
+            "add_rms_gamma": lambda: torch_npu.npu_add_rms_norm(q, q, torch.ones(4, device="npu")),
             "rms_dtype": lambda: torch_npu.npu_rms_norm(q.to(torch.int32), torch.ones(8, device="npu")),
         }
         for name, fn in cases.items():

@@ -339,14 +339,11 @@ def check_fusion_attention(
 
 
 def check_rms_norm(self: torch.Tensor, gamma: torch.Tensor, epsilon: float = 1e-6) -> None:
+    # dtypes only: the gamma/self shape check (and its message) is npu_rms_norm's own, on both engines
     dtypes = (torch.float16, torch.bfloat16, torch.float32)
     for arg, t in (("x", self), ("gamma", gamma)):
         if t.dtype not in dtypes:
             raise RuntimeError(messages.dtype_not_supported("aclnnRmsNorm", arg, t.dtype, dtypes))
-    nd = gamma.dim()
-    if nd > self.dim() or tuple(self.shape[self.dim() - nd :]) != tuple(gamma.shape):
-        raise RuntimeError(messages.param_invalid(
-            "aclnnRmsNorm", f"gamma shape {tuple(gamma.shape)} must match the trailing dims of x {tuple(self.shape)}"))
 
 
 def check_add_rms_norm(x1: torch.Tensor, x2: torch.Tensor, gamma: torch.Tensor, epsilon: float = 1e-6) -> None:
@@ -358,6 +355,10 @@ def check_add_rms_norm(x1: torch.Tensor, x2: torch.Tensor, gamma: torch.Tensor, 
         raise RuntimeError(messages.param_invalid(
             "aclnnAddRmsNorm", "x1 and x2 must have the same shape, and gamma the dtype of x1"))
     check_rms_norm(x1, gamma, epsilon)
+    nd = gamma.dim()
+    if nd > x1.dim() or tuple(x1.shape[x1.dim() - nd :]) != tuple(gamma.shape):
+        raise RuntimeError(messages.param_invalid(
+            "aclnnAddRmsNorm", f"gamma shape {tuple(gamma.shape)} must match the trailing dims of x1 {tuple(x1.shape)}"))
 
 
 def check_swiglu(input: torch.Tensor, dim: int = -1) -> None:
@@ -376,11 +377,7 @@ def check_rotary_mul(
     for arg, t in (("x", input), ("r1", r1), ("r2", r2)):
         if t.dtype not in dtypes:
             raise RuntimeError(messages.dtype_not_supported("aclnnRotaryPositionEmbedding", arg, t.dtype, dtypes))
-    # documented: input, r1 and r2 are 3-D or 4-D; r1/r2 broadcast to input, with the same D
-    for arg, t in (("x", input), ("r1", r1), ("r2", r2)):
-        if t.dim() not in (3, 4):
-            raise RuntimeError(messages.param_invalid(
-                "aclnnRotaryPositionEmbedding", f"{arg} must be 3-D or 4-D, got {t.dim()}-D"))
+    # input's rank is npu_rotary_mul's own check (and message); r1/r2 broadcast to input, same D
     if r1.shape != r2.shape or r1.shape[-1] != input.shape[-1]:
         raise RuntimeError(messages.param_invalid(
             "aclnnRotaryPositionEmbedding",
