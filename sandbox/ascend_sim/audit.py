@@ -84,8 +84,8 @@ def _generic_device_module(node: ast.expr) -> bool:
     f = node.func
     if isinstance(f, ast.Name) and f.id == "getattr" and len(node.args) >= 2:
         first, second = node.args[0], node.args[1]
-        named = isinstance(second, ast.Constant)
-        return isinstance(first, ast.Name) and first.id == "torch" and (not named or second.value == "npu")
+        npu_or_variable = not isinstance(second, ast.Constant) or second.value == "npu"
+        return isinstance(first, ast.Name) and first.id == "torch" and npu_or_variable
     return (isinstance(f, ast.Attribute) and f.attr == "get_device_module"
             and isinstance(f.value, ast.Name) and f.value.id == "torch")
 

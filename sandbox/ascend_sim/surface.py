@@ -146,8 +146,9 @@ def forget_library_probes() -> list[str]:
             continue
         for name in names:
             obj = vars(mod).get(name)
-            if _PROBE_FUNC.fullmatch(name) and hasattr(obj, "cache_clear"):
-                obj.cache_clear()
+            clear = getattr(obj, "cache_clear", None)
+            if _PROBE_FUNC.fullmatch(name) and callable(clear):
+                clear()
                 cleared.append(f"{mod_name}.{name}")
             elif _PROBE_CONST.fullmatch(name) and obj is False:
                 setattr(mod, name, True)
