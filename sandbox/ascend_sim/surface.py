@@ -146,8 +146,9 @@ def forget_library_probes() -> list[str]:
             continue
         for name in names:
             obj = vars(mod).get(name)
-            clear = getattr(obj, "cache_clear", None)
-            if _PROBE_FUNC.fullmatch(name) and callable(clear):
+            # The name first: getattr on some objects (ctypes libraries) has side effects.
+            clear = getattr(obj, "cache_clear", None) if _PROBE_FUNC.fullmatch(name) else None
+            if callable(clear):
                 clear()
                 cleared.append(f"{mod_name}.{name}")
             elif _PROBE_CONST.fullmatch(name) and obj is False:
