@@ -12,6 +12,8 @@ from collections.abc import Sequence
 
 import torch
 
+from . import messages
+
 INT_MAX = 2147483647
 
 
@@ -66,8 +68,8 @@ def _band(sq: int, skv: int, pre: int, nxt: int, offset: int) -> torch.Tensor:
 def _sparse_mask(
     mask: torch.Tensor | None, sparse_mode: int, pre: int, nxt: int, b: int, n: int, sq: int, skv: int
 ) -> torch.Tensor | None:
-    if mask is None and sparse_mode in (0, 1):
-        return None  # no mask: full computation, window ignored
+    if mask is None:
+        return None  # documented: without atten_mask, sparse_mode and the window do not apply (full)
     if sparse_mode == 0:
         assert mask is not None
         m = _mask_4d(mask, b, n, sq, skv)
@@ -172,10 +174,15 @@ def npu_fusion_attention(
     offset: int = 0,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, int, int, int]:
     """Returns (attention_out, softmax_max, softmax_sum, softmax_out (reserved), seed, offset, mask_len)."""
-    if input_layout == "TND" or actual_seq_qlen is not None:
-        raise NotImplementedError("ascend-sim: the varlen (TND) form of npu_fusion_attention is not emulated")
-    if not 0.0 < keep_prob <= 1.0:
-        raise RuntimeError(f"keep_prob must be in (0, 1], got {keep_prob}")
+    check_fusion_attention(query, key, value, head_num, input_layout, pse, atten_mask, keep_prob,
+                           actual_seq_qlen, actual_seq_kvlen)
+    if sink is not None:
+        raise NotImplementedError("ascend-sim: npu_fusion_attention(sink=...) is not emulated")
+    if input_layout == "TND":
+        assert actual_seq_qlen is not None and actual_seq_kvlen is not None
+        return _fusion_attention_tnd(query, key, value, head_num, pse, atten_mask, scale, keep_prob,
+                                     pre_tockens, next_tockens, actual_seq_qlen, actual_seq_kvlen,
+                                     sparse_mode, seed, offset)
     dtype = query.dtype
     head_dim = None
     if input_layout in ("BSH", "SBH"):
@@ -187,8 +194,6 @@ def npu_fusion_attention(
     skv = k.shape[2]
     masked = _sparse_mask(atten_mask, sparse_mode, pre_tockens, next_tockens, b, n, sq, skv)
     bias = pse.float() if pse is not None else None
-    if sink is not None:
-        raise NotImplementedError("ascend-sim: npu_fusion_attention(sink=...) is not emulated")
     out, row_max, row_sum = _attention(q, k, v, scale, bias, True, masked, keep_prob, seed)
     out_l = _from_bnsd(out, input_layout).to(dtype)
     # The kernel keeps the softmax statistics as float32 [B, N, Sq, 8] (broadcast for alignment).
@@ -196,6 +201,190 @@ def npu_fusion_attention(
     ssum = row_sum.expand(b, n, sq, 8)
     mask_len = 0 if keep_prob == 1.0 else b * n * sq * skv
     return out_l, smax, ssum, torch.empty(0, dtype=dtype), seed, offset, mask_len
+
+
+def _fusion_attention_tnd(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    head_num: int,
+    pse: torch.Tensor | None,
+    atten_mask: torch.Tensor | None,
+    scale: float,
+    keep_prob: float,
+    pre: int,
+    nxt: int,
+    actual_seq_qlen: Sequence[int],
+    actual_seq_kvlen: Sequence[int],
+    sparse_mode: int,
+    seed: int,
+    offset: int,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, int, int, int]:
+    """varlen: query [T, N, D], one sequence per cumulative length; trailing zero lengths are skipped.
+
+    Each sequence is its own batch of one; sparse_mode 2/3/4 align their causal band per sequence, as
+    the compressed 2048x2048 mask describes."""
+    if pse is not None:
+        raise NotImplementedError("ascend-sim: npu_fusion_attention(pse=...) in the TND layout is not emulated")
+    if atten_mask is not None and sparse_mode in (0, 1):
+        raise NotImplementedError("ascend-sim: a full atten_mask in the TND layout is not emulated (sparse_mode 2-4 is)")
+    n = query.shape[1]
+    outs: list[torch.Tensor] = []
+    maxes: list[torch.Tensor] = []
+    sums: list[torch.Tensor] = []
+    q0 = k0 = 0
+    for qe, ke in zip(_cum_ends(actual_seq_qlen), _cum_ends(actual_seq_kvlen), strict=True):
+        q = query[q0:qe].float().transpose(0, 1)[None]
+        k = key[k0:ke].float().transpose(0, 1)[None]
+        v = value[k0:ke].float().transpose(0, 1)[None]
+        sq, skv = q.shape[2], k.shape[2]
+        masked = _sparse_mask(atten_mask, sparse_mode, pre, nxt, 1, n, sq, skv)
+        out, row_max, row_sum = _attention(q, k, v, scale, None, True, masked, keep_prob, seed)
+        outs.append(out[0].transpose(0, 1))
+        maxes.append(row_max[0].transpose(0, 1).expand(sq, n, 8))
+        sums.append(row_sum[0].transpose(0, 1).expand(sq, n, 8))
+        q0, k0 = qe, ke
+    out_t = torch.cat(outs).to(query.dtype)
+    # softmax statistics in the default NTD layout: [N, T, 8]
+    smax = torch.cat(maxes).transpose(0, 1).contiguous()
+    ssum = torch.cat(sums).transpose(0, 1).contiguous()
+    return out_t, smax, ssum, torch.empty(0, dtype=query.dtype), seed, offset, 0
+
+
+def _cum_ends(lengths: Sequence[int]) -> list[int]:
+    ends = [int(x) for x in lengths]
+    while len(ends) > 1 and ends[-1] == 0:  # documented: trailing zeros = batches not computed
+        ends.pop()
+    return ends
+
+
+# --- real-op argument checks (dtype, rank, head dim), shared by both engines' paths -------------------
+
+_FA_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+_FA_RANK = {"BSH": 3, "SBH": 3, "TND": 3, "BSND": 4, "BNSD": 4}
+
+
+def check_fusion_attention(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    head_num: int,
+    input_layout: str,
+    pse: torch.Tensor | None = None,
+    atten_mask: torch.Tensor | None = None,
+    keep_prob: float = 1.0,
+    actual_seq_qlen: Sequence[int] | None = None,
+    actual_seq_kvlen: Sequence[int] | None = None,
+) -> None:
+    """The documented constraints of npu_fusion_attention (torch_npu docs, "约束说明")."""
+    exec_name = "aclnnFlashAttentionScore" if input_layout != "TND" else "aclnnFlashAttentionVarLenScore"
+    for arg, t in (("query", query), ("key", key), ("value", value), ("pse", pse)):
+        if t is not None and t.dtype not in _FA_DTYPES:
+            raise RuntimeError(messages.dtype_not_supported(exec_name, arg, t.dtype, _FA_DTYPES))
+    for arg, t in (("key", key), ("value", value), ("pse", pse)):
+        if t is not None and t.dtype != query.dtype:
+            raise RuntimeError(messages.param_invalid(
+                exec_name, f"the dtype of {arg} ({messages.dt_name(t.dtype)}) must equal the dtype of query "
+                f"({messages.dt_name(query.dtype)})"))
+    if atten_mask is not None and atten_mask.dtype not in (torch.bool, torch.uint8):
+        raise RuntimeError(messages.dtype_not_supported(exec_name, "attenMask", atten_mask.dtype,
+                                                        (torch.bool, torch.uint8)))
+    rank = _FA_RANK.get(input_layout)
+    if rank is None:
+        raise RuntimeError(messages.param_invalid(
+            exec_name, f"input_layout {input_layout!r} is not supported, should be in [BSH, SBH, BSND, BNSD, TND]"))
+    for arg, t in (("query", query), ("key", key), ("value", value)):
+        if t.dim() != rank:
+            raise RuntimeError(messages.param_invalid(
+                exec_name, f"{arg} must be {rank}-D for input_layout {input_layout}, got {t.dim()}-D"))
+    if tuple(key.shape[:-1]) != tuple(value.shape[:-1]):
+        raise RuntimeError(messages.param_invalid(exec_name, "the shapes of key and value must match"))
+    if input_layout in ("BSH", "SBH"):
+        if head_num <= 0 or query.shape[-1] % head_num:
+            raise RuntimeError(messages.param_invalid(
+                exec_name, f"H of query ({query.shape[-1]}) must be a multiple of head_num ({head_num})"))
+        dq = query.shape[-1] // head_num
+        dk = dq
+    else:
+        n_axis = {"BSND": 2, "BNSD": 1, "TND": 1}[input_layout]
+        if query.shape[n_axis] != head_num:
+            raise RuntimeError(messages.param_invalid(
+                exec_name, f"head_num ({head_num}) must equal N of query ({query.shape[n_axis]})"))
+        nkv = key.shape[n_axis]
+        if nkv == 0 or head_num % nkv:
+            raise RuntimeError(messages.param_invalid(
+                exec_name, f"N of query ({head_num}) must be a multiple of N of key/value ({nkv})"))
+        dq, dk = query.shape[-1], key.shape[-1]
+    if not 1 <= dq <= 768 or dq != dk:
+        raise RuntimeError(messages.param_invalid(
+            exec_name, f"head dim must satisfy Dq == Dk in [1, 768], got Dq={dq}, Dk={dk}"))
+    if not 1 <= head_num <= 256:
+        raise RuntimeError(messages.param_invalid(exec_name, f"head_num must be in [1, 256], got {head_num}"))
+    if not 0.0 < keep_prob <= 1.0:
+        raise RuntimeError(messages.param_invalid(exec_name, f"keep_prob must be in (0, 1], got {keep_prob}"))
+    varlen = actual_seq_qlen is not None or actual_seq_kvlen is not None
+    if (input_layout == "TND") != varlen or (varlen and (actual_seq_qlen is None or actual_seq_kvlen is None)):
+        raise RuntimeError(messages.param_invalid(
+            exec_name, "actual_seq_qlen and actual_seq_kvlen are required with, and only with, input_layout TND"))
+    if varlen:
+        assert actual_seq_qlen is not None and actual_seq_kvlen is not None
+        if len(actual_seq_qlen) != len(actual_seq_kvlen):
+            raise RuntimeError(messages.param_invalid(
+                exec_name, "actual_seq_qlen and actual_seq_kvlen must have the same length"))
+        qe, ke = _cum_ends(actual_seq_qlen), _cum_ends(actual_seq_kvlen)
+        if qe[-1] != query.shape[0] or ke[-1] != key.shape[0] or qe != sorted(qe) or ke != sorted(ke):
+            raise RuntimeError(messages.param_invalid(
+                exec_name, "actual_seq_qlen/actual_seq_kvlen must be non-decreasing cumulative lengths ending at "
+                f"T (query {query.shape[0]}, key {key.shape[0]})"))
+
+
+def check_rms_norm(self: torch.Tensor, gamma: torch.Tensor, epsilon: float = 1e-6) -> None:
+    # dtypes only: the gamma/self shape check (and its message) is npu_rms_norm's own, on both engines
+    dtypes = (torch.float16, torch.bfloat16, torch.float32)
+    for arg, t in (("x", self), ("gamma", gamma)):
+        if t.dtype not in dtypes:
+            raise RuntimeError(messages.dtype_not_supported("aclnnRmsNorm", arg, t.dtype, dtypes))
+
+
+def check_add_rms_norm(x1: torch.Tensor, x2: torch.Tensor, gamma: torch.Tensor, epsilon: float = 1e-6) -> None:
+    dtypes = (torch.float16, torch.bfloat16, torch.float32)
+    for arg, t in (("x1", x1), ("x2", x2), ("gamma", gamma)):
+        if t.dtype not in dtypes:
+            raise RuntimeError(messages.dtype_not_supported("aclnnAddRmsNorm", arg, t.dtype, dtypes))
+    if x1.shape != x2.shape or gamma.dtype != x1.dtype:
+        raise RuntimeError(messages.param_invalid(
+            "aclnnAddRmsNorm", "x1 and x2 must have the same shape, and gamma the dtype of x1"))
+    check_rms_norm(x1, gamma, epsilon)
+    nd = gamma.dim()
+    if nd > x1.dim() or tuple(x1.shape[x1.dim() - nd :]) != tuple(gamma.shape):
+        raise RuntimeError(messages.param_invalid(
+            "aclnnAddRmsNorm", f"gamma shape {tuple(gamma.shape)} must match the trailing dims of x1 {tuple(x1.shape)}"))
+
+
+def check_swiglu(input: torch.Tensor, dim: int = -1) -> None:
+    dtypes = (torch.float16, torch.bfloat16, torch.float32)
+    if input.dtype not in dtypes:
+        raise RuntimeError(messages.dtype_not_supported("aclnnSwiGlu", "x", input.dtype, dtypes))
+    if not -input.dim() <= dim < input.dim():
+        raise RuntimeError(messages.param_invalid(
+            "aclnnSwiGlu", f"dim must be in [{-input.dim()}, {input.dim() - 1}], got {dim}"))
+
+
+def check_rotary_mul(
+    input: torch.Tensor, r1: torch.Tensor, r2: torch.Tensor, rotary_mode: str = "half", rotate: torch.Tensor | None = None
+) -> None:
+    dtypes = (torch.float16, torch.bfloat16, torch.float32)
+    for arg, t in (("x", input), ("r1", r1), ("r2", r2)):
+        if t.dtype not in dtypes:
+            raise RuntimeError(messages.dtype_not_supported("aclnnRotaryPositionEmbedding", arg, t.dtype, dtypes))
+    # input's rank is npu_rotary_mul's own check (and message); r1/r2 broadcast to input, same D
+    if r1.shape != r2.shape or r1.shape[-1] != input.shape[-1]:
+        raise RuntimeError(messages.param_invalid(
+            "aclnnRotaryPositionEmbedding",
+            f"r1 and r2 must have equal shapes with D = {input.shape[-1]}; got {tuple(r1.shape)}, {tuple(r2.shape)}"))
+    if rotary_mode == "half" and input.shape[-1] % 2:
+        raise RuntimeError(messages.param_invalid(
+            "aclnnRotaryPositionEmbedding", f"D must be even for rotary_mode 'half', got {input.shape[-1]}"))
 
 
 # --- npu_prompt_flash_attention ----------------------------------------------------------------------
@@ -278,6 +467,24 @@ def npu_rms_norm(
     rstd = x.pow(2).mean(dim=dims, keepdim=True).add_(epsilon).rsqrt_()
     y = (x * rstd).mul_(gamma.float()).to(self.dtype)
     return y, rstd
+
+
+def npu_add_rms_norm(
+    x1: torch.Tensor, x2: torch.Tensor, gamma: torch.Tensor, epsilon: float = 1e-6
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Returns (y, rstd, x): x = x1 + x2 (in the input dtype), y = rms_norm(x) * gamma."""
+    x = x1 + x2
+    y, rstd = npu_rms_norm(x, gamma, epsilon)
+    return y, rstd, x
+
+
+def npu_swiglu(input: torch.Tensor, dim: int = -1) -> torch.Tensor:
+    """swish(A) * B with A, B the halves of input along dim."""
+    if input.shape[dim] % 2:
+        raise RuntimeError(messages.param_invalid(
+            "aclnnSwiGlu", f"the size of dim {dim} ({input.shape[dim]}) must be divisible by 2"))
+    a, b = input.float().chunk(2, dim=dim)
+    return (torch.nn.functional.silu(a) * b).to(input.dtype)
 
 
 # --- npu_rotary_mul -----------------------------------------------------------------------------------

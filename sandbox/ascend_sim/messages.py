@@ -96,6 +96,16 @@ def dtype_not_supported(
     )
 
 
+def param_invalid(exec_name: str, detail: str) -> str:
+    """An aclnn parameter check that is not a dtype (shape, rank, layout): the same frame as EZ1001."""
+    stamp = time.strftime("%Y-%m-%d-%H:%M:%S") + f".{int(time.time() * 1e6) % 1000000:06d}"
+    return (
+        f"NPU function error: call {exec_name} failed, error code is {ACLNN_PARAM_INVALID}"
+        + error_suffix(0, 100)
+        + f"\n[PID: {os.getpid()}] {stamp} AclNN_Parameter_Error(EZ1001): {detail}."
+    )
+
+
 def device_mismatch(first: torch.device | str, second: torch.device | str) -> str:
     return f"Expected all tensors to be on the same device, but found at least two devices, {first} and {second}!"
 

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import contextlib
+import importlib
+import inspect
 import sys
 import time
 import types
@@ -11,7 +13,7 @@ from typing import Any
 
 import torch
 
-from . import fused_ops, messages
+from . import fused_ops, messages, surface
 from .runtime import RT
 
 _DEVICE_STATE = {"current": 0}
@@ -127,6 +129,41 @@ def seed() -> None:
 
 def initial_seed() -> int:
     return torch.initial_seed()
+
+
+# torch_npu's SocVersion numbering (vllm-ascend reads A2 as 220-225, A3 as 250-255, 310P as 200-205).
+_SOC_VERSION = {"Ascend910B3": 223, "Ascend910_9392": 251, "Ascend310P3": 202}
+
+
+def get_soc_version() -> int:
+    return _SOC_VERSION.get(RT.profile.device_name, 223)
+
+
+def memory_stats(device: Any = None) -> dict[str, int]:
+    """The allocated-bytes counters only: there is no caching allocator to report on."""
+    cur, peak = memory_allocated(), max_memory_allocated()
+    return {
+        "allocated_bytes.all.current": cur,
+        "allocated_bytes.all.peak": peak,
+        "reserved_bytes.all.current": cur,
+        "reserved_bytes.all.peak": peak,
+    }
+
+
+def get_rng_state(device: Any = None) -> torch.Tensor:
+    return torch.get_rng_state()  # npu tensors draw from the CPU generator here
+
+
+def get_rng_state_all() -> list[torch.Tensor]:
+    return [get_rng_state()]
+
+
+def set_rng_state(new_state: torch.Tensor, device: Any = None) -> None:
+    torch.set_rng_state(new_state)
+
+
+def set_rng_state_all(new_states: list[torch.Tensor]) -> None:
+    set_rng_state(new_states[0])
 
 
 def is_bf16_supported() -> bool:
@@ -257,6 +294,12 @@ _API = (
     "manual_seed_all",
     "seed",
     "initial_seed",
+    "get_rng_state",
+    "get_rng_state_all",
+    "set_rng_state",
+    "set_rng_state_all",
+    "memory_stats",
+    "get_soc_version",
     "is_bf16_supported",
     "get_amp_supported_dtype",
     "is_initialized",
@@ -271,21 +314,36 @@ _API = (
 )
 
 
-def _make_npu_module() -> types.ModuleType:
-    mod = types.ModuleType("torch_npu.npu")
+def _build_npu(mod: types.ModuleType) -> None:
+    """torch_npu.npu, which torch_npu registers as torch.npu."""
     for name in _API:
         setattr(mod, name, globals()[name])
-    amp = types.ModuleType("torch_npu.npu.amp")
-    amp.autocast = _autocast  # type: ignore[attr-defined]
-    amp.GradScaler = _GradScaler  # type: ignore[attr-defined]
-    mod.amp = amp  # type: ignore[attr-defined]
-    config = types.SimpleNamespace(allow_internal_format=False)
-    mod.config = config  # type: ignore[attr-defined]
+    mod.config = types.SimpleNamespace(allow_internal_format=False)  # type: ignore[attr-defined]
     mod.matmul = types.SimpleNamespace(allow_hf32=False)  # type: ignore[attr-defined]
     mod.conv = types.SimpleNamespace(allow_hf32=True)  # type: ignore[attr-defined]
-    mod.Event = Event  # type: ignore[attr-defined]
-    mod.Stream = Stream  # type: ignore[attr-defined]
-    return mod
+    for sub in ("amp", "random", "memory"):
+        importlib.import_module(f"torch_npu.npu.{sub}")
+
+
+_RANDOM_API = ("manual_seed", "manual_seed_all", "seed", "initial_seed", "get_rng_state", "get_rng_state_all",
+               "set_rng_state", "set_rng_state_all")
+_MEMORY_API = ("empty_cache", "memory_allocated", "max_memory_allocated", "memory_reserved",
+               "max_memory_reserved", "reset_peak_memory_stats", "mem_get_info", "memory_stats")
+
+
+def _build_random(mod: types.ModuleType) -> None:
+    for name in _RANDOM_API:
+        setattr(mod, name, globals()[name])
+
+
+def _build_memory(mod: types.ModuleType) -> None:
+    for name in _MEMORY_API:
+        setattr(mod, name, globals()[name])
+
+
+def _build_amp(mod: types.ModuleType) -> None:
+    mod.autocast = _autocast  # type: ignore[attr-defined]
+    mod.GradScaler = _GradScaler  # type: ignore[attr-defined]
 
 
 # --- torch_npu custom ops -----------------------------------------------------------------------------
@@ -299,9 +357,16 @@ def _custom(name: str, ref: Callable[..., Any], fast: Callable[..., Any] | None 
     reference with its checks and messages."""
     op_key = f"npu::{name}"
     counts = RT.custom_counts
+    check = _CHECKS.get(name)
+    sig = inspect.signature(ref)
+    check_params = set(inspect.signature(check).parameters) if check is not None else set()
 
     def call(*args: Any, **kwargs: Any) -> Any:
         counts[op_key] = counts.get(op_key, 0) + 1
+        if check is not None:
+            # The real op's argument checks (dtype, rank, head dim) come first, on every path.
+            bound = sig.bind(*args, **kwargs).arguments
+            check(**{k: v for k, v in bound.items() if k in check_params})
         engine = RT.engine
         if fast is not None and engine.name == "native" and RT.profile.bf16 and not torch.is_grad_enabled():
             try:
@@ -401,6 +466,17 @@ CUSTOM_OPS: dict[str, Callable[..., Any]] = {
     "npu_rms_norm": fused_ops.npu_rms_norm,
     "npu_rotary_mul": fused_ops.npu_rotary_mul,
     "npu_moe_gating_top_k_softmax": fused_ops.npu_moe_gating_top_k_softmax,
+    "npu_add_rms_norm": fused_ops.npu_add_rms_norm,
+    "npu_swiglu": fused_ops.npu_swiglu,
+}
+
+
+_CHECKS: dict[str, Callable[..., None]] = {
+    "npu_fusion_attention": fused_ops.check_fusion_attention,
+    "npu_rms_norm": fused_ops.check_rms_norm,
+    "npu_rotary_mul": fused_ops.check_rotary_mul,
+    "npu_add_rms_norm": fused_ops.check_add_rms_norm,
+    "npu_swiglu": fused_ops.check_swiglu,
 }
 
 
@@ -411,26 +487,67 @@ _FAST: dict[str, Callable[..., Any]] = {
 }
 
 
-def make_torch_npu(npu_mod: types.ModuleType, version: str) -> types.ModuleType:
-    tnpu = types.ModuleType("torch_npu")
-    tnpu.__version__ = version  # type: ignore[attr-defined]
-    tnpu.__file__ = __file__  # marks the emulator; real torch_npu lives in site-packages
-    tnpu.npu = npu_mod  # type: ignore[attr-defined]
-    tnpu._ascend_sim = True  # type: ignore[attr-defined]
+class NpuFusedAdamW(torch.optim.AdamW):
+    """torch_npu.optim.NpuFusedAdamW: AdamW with the parameters fused into one buffer on a device; the
+    update rule is AdamW's, which is what the emulator runs."""
+
+
+class NpuFusedAdam(torch.optim.Adam):
+    """torch_npu.optim.NpuFusedAdam (see NpuFusedAdamW)."""
+
+
+def _build_root(mod: types.ModuleType) -> None:
+    version = surface.finder().version  # type: ignore[union-attr]
+    mod.__version__ = version  # type: ignore[attr-defined]
+    mod._ascend_sim = True  # type: ignore[attr-defined]
+    mod.__file__ = __file__  # code locates torch_npu's files by it; this one names the emulator
     for name, ref in CUSTOM_OPS.items():
-        setattr(tnpu, name, _custom(name, ref, _FAST.get(name)))
-    return tnpu
+        setattr(mod, name, _custom(name, ref, _FAST.get(name)))
+    # The submodules `import torch_npu` imports on a real host (contrib.transfer_to_npu is not one:
+    # importing it patches torch).
+    for sub in ("npu", "utils", "optim", "contrib"):
+        importlib.import_module(f"torch_npu.{sub}")
+
+
+def _build_optim(mod: types.ModuleType) -> None:
+    mod.NpuFusedAdamW = NpuFusedAdamW  # type: ignore[attr-defined]
+    mod.NpuFusedAdam = NpuFusedAdam  # type: ignore[attr-defined]
+
+
+def _build_empty(mod: types.ModuleType) -> None:
+    return None
+
+
+def _build_transfer_to_npu(mod: types.ModuleType) -> None:
+    """Importing it redirects cuda to npu for the rest of the process, as on a real host."""
+    from sandbox import redirect
+
+    redirect.install("npu")
+
+
+MODULES: dict[str, tuple[Callable[[types.ModuleType], None], bool]] = {
+    "torch_npu": (_build_root, True),
+    "torch_npu.npu": (_build_npu, True),
+    "torch_npu.npu.amp": (_build_amp, False),
+    "torch_npu.npu.random": (_build_random, False),
+    "torch_npu.npu.memory": (_build_memory, False),
+    "torch_npu.utils": (_build_empty, True),
+    "torch_npu.optim": (_build_optim, True),
+    "torch_npu.contrib": (_build_empty, True),
+    "torch_npu.contrib.transfer_to_npu": (_build_transfer_to_npu, False),
+}
 
 
 def install_modules(version: str) -> tuple[types.ModuleType, types.ModuleType]:
-    npu_mod = sys.modules.get("torch_npu.npu")
-    tnpu = sys.modules.get("torch_npu")
-    if npu_mod is None or tnpu is None or not getattr(tnpu, "_ascend_sim", False):
-        npu_mod = _make_npu_module()
-        tnpu = make_torch_npu(npu_mod, version)
-        sys.modules["torch_npu"] = tnpu
-        sys.modules["torch_npu.npu"] = npu_mod
-        sys.modules["torch_npu.npu.amp"] = npu_mod.amp
-        sys.modules["torch.npu"] = npu_mod
-        sys.modules["torch.npu.amp"] = npu_mod.amp
+    """Make torch_npu importable (through the ordinary import machinery) and import it."""
+    stale = sys.modules.get("torch_npu")
+    if stale is not None and not getattr(stale, "_ascend_sim", False):
+        for name in [n for n in sys.modules if n == "torch_npu" or n.startswith("torch_npu.")]:
+            del sys.modules[name]
+    surface.install_finder(version, MODULES)
+    tnpu = importlib.import_module("torch_npu")
+    tnpu.__version__ = version  # type: ignore[attr-defined]  # a reconfigure may change it
+    npu_mod = importlib.import_module("torch_npu.npu")
+    sys.modules["torch.npu.amp"] = npu_mod.amp  # type: ignore[attr-defined]
+    surface.forget_library_probes()
     return npu_mod, tnpu
