@@ -103,6 +103,9 @@ def aclnn_to_ops(name: str) -> list[str]:
     stripped = re.sub(r"_(tensor|scalar|tensor_list|int|out|v\d+|with_dim)$", "", snake)
     if stripped != snake:
         cands.append(stripped)
+    if snake.endswith("s") and len(snake) > 3:
+        cands.append(snake[:-1])  # aclnnAdds / aclnnMuls: the Scalar overload of add / mul
+    cands += [f"_{c}" for c in list(cands)]  # aten's private forms: _log_softmax, _chunk_cat
     return [f"{c}_" if inplace else c for c in cands]
 
 
@@ -123,8 +126,9 @@ class AtenMap:
             for op in self.by_aclnn.get(n.lower(), []):
                 if op not in out:
                     out.append(op)
-            for op in aclnn_to_ops(n):
-                # the name rule is kept when op-plugin knows that op (or when there are no tables)
+            rule = aclnn_to_ops(n)
+            for op in rule if self.known_ops else rule[:1]:
+                # the name rule is kept when op-plugin knows that op (no tables: its plain reading only)
                 if op not in out and (not self.known_ops or op in self.known_ops):
                     out.append(op)
         return out
@@ -137,9 +141,13 @@ class AtenMap:
             if not isinstance(entries, list):
                 continue
             for e in entries:
-                if not (isinstance(e, dict) and isinstance(e.get("func"), str)):
+                func = e if isinstance(e, str) else e.get("func") if isinstance(e, dict) else None
+                if not isinstance(func, str):
                     continue
-                op = e["func"].split("(")[0].split(".")[0].strip()
+                op = func.split("(")[0].split(".")[0].strip()
+                if not isinstance(e, dict):  # the wheel's codegen list: names only
+                    self.known_ops.add(op)
+                    continue
                 self.known_ops.add(op)
                 gen = e.get("gen_opapi")
                 ex = gen.get("exec") if isinstance(gen, dict) else None
@@ -164,11 +172,18 @@ class AtenMap:
         self.sources.append(source)
 
 
-def load_aten_map(yaml_paths: Iterable[Path] = (), matrix_paths: Iterable[Path] = ()) -> AtenMap:
+def load_aten_map(
+    yaml_paths: Iterable[Path] = (), matrix_paths: Iterable[Path] = (), yaml_texts: Iterable[tuple[str, str]] = ()
+) -> AtenMap:
+    """op-plugin tables (files), op matrices, and yaml read from a wheel (``(where, text)``)."""
     import yaml
 
     amap = AtenMap()
     loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+    for where, text in yaml_texts:
+        data = yaml.load(text, Loader=loader)  # noqa: S506
+        if isinstance(data, dict):
+            amap.add_yaml(data, where)
     for p in yaml_paths:
         data = yaml.load(Path(p).read_text(encoding="utf-8"), Loader=loader)  # noqa: S506
         if isinstance(data, dict):
@@ -428,7 +443,7 @@ def aclnn_chunks(
 
 
 def is_aclnn_doc_name(path: Path) -> bool:
-    return path.name.startswith("aclnn") and path.suffix.lower() == ".md"
+    return re.match(r"aclnn[A-Z]", path.name) is not None and path.suffix.lower() == ".md"
 
 
 # ---------------------------------------------------------------- dtype look-up for reports

@@ -10,6 +10,7 @@ import contextlib
 import functools
 import json
 import os
+import re
 import shutil
 import time
 from collections.abc import Iterable
@@ -50,6 +51,7 @@ SCHEMA = 1
 MEMORY_MIN_SIM = 0.55  # a port-memory hit without shared identifiers must be at least this close
 EMBED_BATCH = 512
 SMALL_COLLECTION = 300  # collections up to this size are ranked whole: one query instead of two
+QUERY_EMBED_CHARS = 240  # the dense half reads the head of a query
 LEXICAL_K = 30  # BM25 candidates fused with the dense and identifier rankings
 RRF_K = 20  # reciprocal-rank constant: small, so the head of each ranking counts
 ID_WEIGHT = 1.5  # a shared identifier (op, code, env var, library) is the strongest signal
@@ -393,7 +395,7 @@ class KnowledgeBase:
             return []
         keys = extract_keys(query, hazards=True)
         keys += [hk for hk in recipe_keys_for(query) if hk not in keys]
-        qvec = self.embedder().embed_query(query)
+        qvec = self.embedder().embed_query(_dense_text(query))
         cands: dict[str, Hit] = {}
         dense_rank: dict[str, int] = {}
         for name in names:
@@ -619,6 +621,16 @@ def _memory_chunk(rec: dict[str, Any]) -> Chunk:
         version=str(rec.get("date", "")),
         kind="memory",
     )
+
+
+_PATHISH = re.compile(r"\S*[/\\]\S*")
+
+
+def _dense_text(query: str) -> str:
+    """What the dense half embeds: paths (build/CMakeFiles/..., site-packages/...) carry no meaning for
+    it, and a long log costs embedding time while identifiers and BM25 already read all of it."""
+    text = " ".join(_PATHISH.sub(" ", query).split())
+    return (text or query)[:QUERY_EMBED_CHARS]
 
 
 def _rank(hits: list[Hit], k: int, dense_rank: dict[str, int], lex_rank: dict[str, int]) -> list[Hit]:

@@ -71,11 +71,12 @@ class Resolved:
     # op-plugin tables / op matrices: map aclnn names of the CANN reference to aten ops
     map_yaml: list[Path] = field(default_factory=list)
     map_matrices: list[Path] = field(default_factory=list)
+    map_texts: list[tuple[str, str]] = field(default_factory=list)  # (where, yaml text) from a wheel
     _amap: AtenMap | None = None
 
     def aten_map(self) -> AtenMap:
         if self._amap is None:
-            self._amap = load_aten_map(self.map_yaml, self.map_matrices)
+            self._amap = load_aten_map(self.map_yaml, self.map_matrices, self.map_texts)
         return self._amap
 
 
@@ -138,11 +139,13 @@ def _aclnn_unit(file: Path, root: Path, root_key: str, data: bytes, out: Resolve
     # the mapping is part of the content: new op-plugin tables re-key the doc
     sha = sha256_bytes(data + amap.digest(names).encode())
 
+    plain = _doc_unit(file, root, root_key, "ascend_ops", data)
+
     def load() -> tuple[list[Chunk], str]:
         dec = decode(data)
         doc = parse_aclnn_doc(dec.text, file.name)
-        if doc is None:
-            return [], f"{file}: no aclnn API name found"
+        if doc is None:  # not shaped like an API page: ordinary Markdown chunks
+            return plain.load()
         ops = amap.ops_for(doc.names)
         return aclnn_chunks(doc, ops, root_key=root_key, rel=rel, source=source, path=str(file)), ""
 
@@ -289,10 +292,16 @@ def _wheel_doc_unit(text: str, version: str, where: str, out: Resolved) -> None:
     )
 
 
+CODEGEN_MEMBER = "torch_npu/csrc/aten/npu_native_functions_by_codegen.yaml"
+
+
 def resolve_wheel_file(whl: Path, out: Resolved) -> None:
     try:
         with zipfile.ZipFile(whl) as z:
             text = z.read(OP_DOCS_MEMBER).decode("utf-8", errors="replace")
+            if CODEGEN_MEMBER in z.namelist():
+                # every op with an NPU kernel in this build: validates aclnn -> aten names
+                out.map_texts.append((f"{whl}!/{CODEGEN_MEMBER}", z.read(CODEGEN_MEMBER).decode("utf-8", "replace")))
     except KeyError:
         out.skipped.append(SkippedFile(path=str(whl), reason=f"no {OP_DOCS_MEMBER} in this wheel"))
         return
