@@ -164,7 +164,8 @@ def extract_keys(text: str, *, hazards: bool = False) -> list[str]:
     for m in _ACLNN.finditer(text):
         add(f"aclnn:{m.group(1).lower()}")
     for m in _ACLRT.finditer(text):
-        add(f"api:{m.group(1).lower()}")
+        # torch_npu wraps the runtime calls: AclrtSynchronizeStreamWithTimeout is aclrtSynchronizeStream
+        add(f"api:{re.sub(r'WithTimeout$', '', m.group(1)).lower()}")
     for m in _TORCH_NPU.finditer(text):
         if m.group(1) not in _TORCH_MODULES and not m.group(1).startswith("_"):
             add(f"op:{m.group(1)}")

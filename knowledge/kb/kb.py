@@ -397,42 +397,32 @@ class KnowledgeBase:
         keys += [hk for hk in recipe_keys_for(query) if hk not in keys]
         qvec = self.embedder().embed_query(_dense_text(query))
         cands: dict[str, Hit] = {}
-        dense_rank: dict[str, int] = {}
+        # Dense: one query per collection (small ones ranked whole).
         for name in names:
-            col = self._collection(name)
             n = counts[name]
-            queries: list[tuple[dict[str, Any] | None, int]] = []
-            if n <= SMALL_COLLECTION:
-                queries.append((None, n))
-            elif keys:
-                flt: dict[str, Any] = (
-                    {"keys": {"$contains": keys[0]}}
-                    if len(keys) == 1
-                    else {"$or": [{"keys": {"$contains": key}} for key in keys]}
+            try:
+                res = self._collection(name).query(
+                    query_embeddings=[qvec],
+                    n_results=n if n <= SMALL_COLLECTION else min(n, 3 * k),
+                    include=["documents", "metadatas", "distances"],
                 )
-                queries.append((flt, min(n, 4 * k)))
-            if n > SMALL_COLLECTION:
-                queries.append((None, min(n, 3 * k)))
-            for where, n_results in queries:
-                try:
-                    res = col.query(
-                        query_embeddings=[qvec],
-                        n_results=n_results,
-                        where=where,
-                        include=["documents", "metadatas", "distances"],
-                    )
-                except Exception as e:
-                    raise KBStoreError(f"Search failed on {self.location} ({e}); {REBUILD_HINT}.") from e
-                for cid, doc, meta, dist in zip(
-                    res["ids"][0], res["documents"][0], res["metadatas"][0], res["distances"][0], strict=False
-                ):
-                    if cid not in cands:
-                        cands[cid] = self._hit(cid, name, doc or "", dict(meta or {}), dist, keys)
-        for i, h in enumerate(sorted(cands.values(), key=lambda h: -h.score)):
-            dense_rank[h.id] = i
+            except Exception as e:
+                raise KBStoreError(f"Search failed on {self.location} ({e}); {REBUILD_HINT}.") from e
+            for cid, doc, meta, dist in zip(
+                res["ids"][0], res["documents"][0], res["metadatas"][0], res["distances"][0], strict=False
+            ):
+                cands[cid] = self._hit(cid, name, doc or "", dict(meta or {}), dist, keys)
+        dense_rank = {h.id: i for i, h in enumerate(sorted(cands.values(), key=lambda h: -h.score))}
+        # Lexical (BM25) and identifier candidates come from the in-memory index of the store.
+        lex = self.lexical()
+        bm = lex.scores(query)
+        wanted = set(names)
         lex_rank: dict[str, int] = {}
-        for i, (d, _) in enumerate(self.lexical().search(query, LEXICAL_K, set(names))):
+        for i, (d, _) in enumerate(lex.rank(bm, LEXICAL_K, wanted)):
             lex_rank[d.id] = i
+            if d.id not in cands:
+                cands[d.id] = self._hit(d.id, d.collection, d.text, d.meta, None, keys)
+        for d in lex.with_keys(keys, 4 * k, wanted, bm):
             if d.id not in cands:
                 cands[d.id] = self._hit(d.id, d.collection, d.text, d.meta, None, keys)
         return _rank(list(cands.values()), k, dense_rank, lex_rank)
@@ -637,8 +627,9 @@ def _rank(hits: list[Hit], k: int, dense_rank: dict[str, int], lex_rank: dict[st
     """Port memory first, then reciprocal-rank fusion of the identifier, BM25 and dense rankings."""
 
     def id_score(h: Hit) -> int:
-        primary_n = sum(1 for m in h.matched if m in h.primary)
-        return len(h.matched) + primary_n
+        # a named op, code or library the chunk is about beats a hazard class the text hints at
+        primary_n = sum(1 for m in h.matched if m in h.primary and not m.startswith("hz:"))
+        return len(h.matched) + 2 * primary_n
 
     by_id = sorted((h for h in hits if h.matched), key=lambda h: (-id_score(h), -h.score))
     id_rank = {h.id: i for i, h in enumerate(by_id)}

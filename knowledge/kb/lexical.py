@@ -92,6 +92,7 @@ class BM25Index:
     postings: dict[str, list[tuple[int, int]]] = field(default_factory=dict)  # term -> [(doc, tf)]
     lengths: list[int] = field(default_factory=list)
     avg_len: float = 1.0
+    by_key: dict[str, list[int]] = field(default_factory=dict)  # identifier key -> docs (metadata "keys")
 
     @classmethod
     def build(cls, docs: list[Doc]) -> BM25Index:
@@ -101,22 +102,44 @@ class BM25Index:
             idx.lengths.append(len(toks))
             for t, n in Counter(toks).items():
                 idx.postings.setdefault(t, []).append((i, n))
+            for key in d.meta.get("keys") or []:
+                idx.by_key.setdefault(str(key), []).append(i)
         idx.avg_len = (sum(idx.lengths) / len(idx.lengths)) if idx.lengths else 1.0
         return idx
 
-    def search(self, query: str, k: int, collections: set[str] | None = None) -> list[tuple[Doc, float]]:
+    def with_keys(
+        self, keys: list[str], k: int, collections: set[str] | None, tiebreak: dict[int, float]
+    ) -> list[Doc]:
+        """Docs sharing identifier keys with a query: most shared first (keys the doc's title names
+        count three times, hazard hints once), then by ``tiebreak`` (BM25 score)."""
+        score: dict[int, int] = {}
+        for key in keys:
+            for i in self.by_key.get(key, ()):
+                prim = self.docs[i].meta.get("primary") or []
+                score[i] = score.get(i, 0) + (3 if key in prim and not key.startswith("hz:") else 1)
+        ranked = sorted(score, key=lambda i: (-score[i], -tiebreak.get(i, 0.0)))
+        out = [self.docs[i] for i in ranked if collections is None or self.docs[i].collection in collections]
+        return out[:k]
+
+    def scores(self, query: str) -> dict[int, float]:
         n = len(self.docs)
-        if not n:
-            return []
         scores: dict[int, float] = {}
+        if not n:
+            return scores
         for t in set(tokens(query)):
             plist = self.postings.get(t)
-            if not plist or len(plist) > n * 0.3:  # a term in a third of the store says nothing
+            if not plist or (n >= 50 and len(plist) > n * 0.3):  # in a third of a store: says nothing
                 continue
             idf = math.log(1 + (n - len(plist) + 0.5) / (len(plist) + 0.5))
             for i, tf in plist:
                 norm = tf * (K1 + 1) / (tf + K1 * (1 - B + B * self.lengths[i] / self.avg_len))
                 scores[i] = scores.get(i, 0.0) + idf * norm
+        return scores
+
+    def search(self, query: str, k: int, collections: set[str] | None = None) -> list[tuple[Doc, float]]:
+        return self.rank(self.scores(query), k, collections)
+
+    def rank(self, scores: dict[int, float], k: int, collections: set[str] | None) -> list[tuple[Doc, float]]:
         ranked = sorted(scores.items(), key=lambda x: -x[1])
         out: list[tuple[Doc, float]] = []
         for i, s in ranked:
