@@ -54,7 +54,8 @@ SMALL_COLLECTION = 300  # collections up to this size are ranked whole: one quer
 QUERY_EMBED_CHARS = 240  # the dense half reads the head of a query
 LEXICAL_K = 30  # BM25 candidates fused with the dense and identifier rankings
 RRF_K = 20  # reciprocal-rank constant: small, so the head of each ranking counts
-ID_WEIGHT = 1.5  # a shared identifier (op, code, env var, library) is the strongest signal
+ID_WEIGHT = 1.5
+ABOUT_KINDS = frozenset({"aclnn", "op", "api", "lib", "env"})  # a shared identifier (op, code, env var, library) is the strongest signal
 REBUILD_HINT = "run `npuport kb build --rebuild` to recreate it"
 
 
@@ -634,9 +635,18 @@ def _rank(hits: list[Hit], k: int, dense_rank: dict[str, int], lex_rank: dict[st
     by_id = sorted((h for h in hits if h.matched), key=lambda h: (-id_score(h), -h.score))
     id_rank = {h.id: i for i, h in enumerate(by_id)}
 
+    # Chunks *about* a name the query carries (an aclnn op, aten/custom op, runtime API, library or
+    # variable in their title keys): a fourth ranking, so one such page is not outvoted by chunks
+    # that merely mention a common code (every aclnn page lists 161002).
+    def about_n(h: Hit) -> int:
+        return sum(1 for m in h.matched if m in h.primary and m.split(":", 1)[0] in ABOUT_KINDS)
+
+    about = sorted((h for h in hits if about_n(h)), key=lambda h: (-about_n(h), -id_score(h), -h.score))
+    about_rank = {h.id: i for i, h in enumerate(about)}
+
     def fused(h: Hit) -> float:
         s = 0.0
-        for ranks, w in ((id_rank, ID_WEIGHT), (lex_rank, 1.0), (dense_rank, 1.0)):
+        for ranks, w in ((id_rank, ID_WEIGHT), (about_rank, 1.0), (lex_rank, 1.0), (dense_rank, 1.0)):
             if h.id in ranks:
                 s += w / (RRF_K + ranks[h.id])
         return s
