@@ -150,8 +150,8 @@ def main(argv: list[str] | None = None) -> int:
     }
     if not args.skip_full:
         full_home = root / "full"
-        shutil.rmtree(full_home, ignore_errors=True)
-        shutil.copytree(home, full_home)  # incremental: only the extra folders are embedded
+        if not full_home.exists():
+            shutil.copytree(home, full_home)  # incremental: only the extra folders are embedded
         extra = [str(args.data / d) for d in DOC_FOLDERS if (args.data / d).is_dir()]
         extra.append(f"opplugin:{args.data / 'op-plugin'}")
         t0 = time.perf_counter()
