@@ -1,7 +1,10 @@
 """Port time: runs `npuport port <example> --target <t>` and prints wall time and sandbox runs.
 
-Targets (issue "walking skeleton"): under 60 s on a 2-core machine; sandbox runs of the port
-<= 1 + the failures no recipe predicted. Usage: python bench/port_time.py [--target cpu] [examples...]
+Goals (issue "walking skeleton"), judged per model: wall time under 60 s on a 2-core machine, and
+sandbox runs of the port <= 1 + the failures that no recipe covers. A failure the debugger fixed with a
+recipe (its diagnosis names a fix) is one the static scan should have predicted and patched before
+the first run, so it does not excuse an extra run. The last line is the figure; the exit status is 1
+when a goal is missed. Usage: python bench/port_time.py [--target cpu] [examples...]
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+WALL_GOAL_S = 60.0
 
 
 def port_once(model: Path, target: str) -> dict[str, object]:
@@ -27,29 +31,37 @@ def port_once(model: Path, target: str) -> dict[str, object]:
                            capture_output=True, text=True, cwd=ROOT, env=env)
         wall = time.perf_counter() - start
         report = json.loads((out / "report.json").read_text()) if (out / "report.json").exists() else {}
-    # Every failed run is one the static scan did not predict (predicted hazards are patched before
-    # the first run), whether or not the debugger then had a recipe for it.
+    # Only failures no recipe covers excuse a run: a failure with a recipe fix was predictable.
     diagnoses = report.get("diagnoses") or []
-    unpredicted = len(diagnoses)
+    unpredicted = sum(1 for d in diagnoses if not d.get("fix"))
     runs = (report.get("counters") or {}).get("port_runs", 0)
     return {"model": model.name, "target": target, "exit": r.returncode, "status": report.get("status"),
             "wall_s": round(wall, 1), "port_runs": runs, "reference_runs": (report.get("counters") or {}).get("reference_runs", 0),
-            "failures_no_recipe_predicted": unpredicted,
-            "runs_goal_met": runs <= 1 + unpredicted}
+            "failures_no_recipe_predicted": unpredicted, "diagnoses": len(diagnoses),
+            "runs_goal_met": r.returncode == 0 and runs <= 1 + unpredicted,
+            "time_goal_met": r.returncode == 0 and wall < WALL_GOAL_S}
 
 
-def main() -> None:
+def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--target", default="cpu")
     ap.add_argument("models", nargs="*", default=[str(p) for p in sorted((ROOT / "examples").iterdir()) if p.is_dir()])
     args = ap.parse_args()
-    print(f"{'model':<12} {'target':<11} {'status':<10} {'wall s':>7} {'port runs':>9} {'ref runs':>8} {'<=1+unpredicted':>16}")
+    print(f"{'model':<12} {'target':<11} {'status':<10} {'wall s':>7} {'<60s':>5} {'port runs':>9} {'ref runs':>8} "
+          f"{'diagnoses':>9} {'no recipe':>9} {'runs ok':>7}")
+    rows = []
     for m in args.models:
         row = port_once(Path(m), args.target)
-        print(f"{row['model']:<12} {row['target']:<11} {row['status']!s:<10} {row['wall_s']:>7} {row['port_runs']:>9} "
-              f"{row['reference_runs']:>8} {'yes' if row['runs_goal_met'] else 'no':>16}")
-    print("goal: wall < 60 s on 2 cores; port runs <= 1 + failures no recipe predicted")
+        rows.append(row)
+        print(f"{row['model']:<12} {row['target']:<11} {row['status']!s:<10} {row['wall_s']:>7} "
+              f"{'yes' if row['time_goal_met'] else 'no':>5} {row['port_runs']:>9} {row['reference_runs']:>8} "
+              f"{row['diagnoses']:>9} {row['failures_no_recipe_predicted']:>9} {'yes' if row['runs_goal_met'] else 'no':>7}")
+    ok = bool(rows) and all(r["time_goal_met"] and r["runs_goal_met"] for r in rows)
+    worst = max((float(str(r["wall_s"])) for r in rows), default=0.0)
+    print(f"port_time (load {os.getloadavg()[0]:.1f}): slowest port {worst:.1f} s (goal < {WALL_GOAL_S:.0f} s); "
+          f"run-count goal met by {sum(1 for r in rows if r['runs_goal_met'])}/{len(rows)} -> {'PASS' if ok else 'FAIL'}")
+    return 0 if ok else 1
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

@@ -3,6 +3,7 @@
 Importing this package is cheap: chromadb, sentence-transformers and torch load on first use.
 """
 
+from knowledge.kb.aclnn import DtypeSupport, supported_dtypes
 from knowledge.kb.kb import KnowledgeBase
 from knowledge.kb.models import (
     COLLECTIONS,
@@ -18,6 +19,7 @@ from knowledge.kb.recipes import Recipe, get_recipe, load_recipes
 __all__ = [
     "COLLECTIONS",
     "BuildStats",
+    "DtypeSupport",
     "Hit",
     "KBDependencyError",
     "KBError",
@@ -27,4 +29,5 @@ __all__ = [
     "SkippedFile",
     "get_recipe",
     "load_recipes",
+    "supported_dtypes",
 ]

@@ -6,21 +6,45 @@ message meant for the user.
 
 from __future__ import annotations
 
+import importlib.util
 import json as _json
+import os
 from pathlib import Path
 from typing import Any
 
 from knowledge.home import npuport_home
 from knowledge.kb.kb import KnowledgeBase
+from knowledge.kb.sources import DEFAULT_DOC_REPOS
+
+DEFAULT_TORCH_NPU = os.environ.get("NPUPORT_KB_TORCH_NPU", "2.13.0")
 
 
 def default_sources(home: Path | None = None) -> list[str]:
-    """What `npuport kb build` reads when given no sources: op matrices in the home.
+    """What `npuport kb build` reads when given no sources: what any user can get.
 
-    Recipes and the port-memory journal are always added by the build itself.
+    - the torch_npu wheel (the installed one, else version NPUPORT_KB_TORCH_NPU from the package index):
+      its custom-op docstrings;
+    - op matrices in `<home>/matrices` (built from that wheel and op-plugin's tables by `npuport ops`):
+      op facts, and the aten names of aclnn kernels;
+    - the public CANN operator reference repositories (hicann/ops-*), cloned once into
+      `<home>/cache/git` when the network allows (offline: the cache, or a note);
+    - doc folders named in NPUPORT_KB_DOCS (os.pathsep-separated).
+    Recipes, our runtime-failure notes and the port-memory journal are always added by the build itself.
     """
     home = home or npuport_home()
-    return [f"matrix:{p}" for p in sorted((home / "matrices").glob("*.json"))]
+    wheel = "wheel:installed" if importlib.util.find_spec("torch_npu") else f"wheel:{DEFAULT_TORCH_NPU}"
+    extra = [p for p in os.environ.get("NPUPORT_KB_DOCS", "").split(os.pathsep) if p]
+    return [
+        wheel,
+        *(f"matrix:{p}" for p in sorted((home / "matrices").glob("*.json"))),
+        *DEFAULT_DOC_REPOS,
+        *extra,
+    ]
+
+
+def optional_defaults() -> tuple[str, ...]:
+    """Default sources whose absence (offline, no wheel) is a note, not a failure."""
+    return (*DEFAULT_DOC_REPOS, f"wheel:{DEFAULT_TORCH_NPU}", "wheel:installed")
 
 
 def kb_build(
@@ -31,8 +55,13 @@ def kb_build(
     home: Path | None = None,
 ) -> str | dict[str, Any]:
     kb = KnowledgeBase(home)
+    # named sources must exist (a typo fails loudly); the defaults are best effort
     stats = kb.build(
-        list(sources) or default_sources(kb.home), progress=progress and not json, rebuild=rebuild
+        list(sources) or default_sources(kb.home),
+        progress=progress and not json,
+        rebuild=rebuild,
+        strict=True,
+        optional=() if sources else optional_defaults(),
     )
     if json:
         return stats.model_dump()

@@ -42,6 +42,10 @@ _TORCH_MODULES = frozenset(
         "monitor",
         "library",
         "export",
+        "dir",
+        "meta",
+        "dynamo",
+        "version",
         "quantization",
         "ao",
         "multiprocessing",
@@ -89,15 +93,33 @@ _NS_PREFIX = {"linalg": "linalg_", "special": "special_", "fft": "fft_", "Tensor
 _ATEN = re.compile(r"\baten::([A-Za-z_][A-Za-z0-9_]*)")
 _OPS_NS = re.compile(r"\btorch\.ops\.(?:aten|npu)\.([A-Za-z_][A-Za-z0-9_]*)")
 _ACLNN = re.compile(r"\b(aclnn[A-Z][A-Za-z0-9]*)")
-_TORCH_NPU = re.compile(r"\btorch_npu\.([A-Za-z_][A-Za-z0-9_]*)")
+_ACLRT = re.compile(r"\b([Aa]cl(?:rt|op)[A-Z][A-Za-z0-9]*)")  # runtime APIs: aclrtSynchronizeStream
+# `torch_npu.npu.synchronize` / `torch_npu.dir/` (a CMake path) name a module or a folder, not an op
+_TORCH_NPU = re.compile(r"\btorch_npu\.([A-Za-z_][A-Za-z0-9_]*)(?![\w./\\])")
 _NPU_BARE = re.compile(r"(?<![\w.])(npu_[a-z0-9_]*[a-z0-9])\b")
 _TORCH_DOTTED = re.compile(
     r"\b(torch(?:\.[A-Za-z_][A-Za-z0-9_]*)+|Tensor\.[a-z_][a-z0-9_]*\b|F\.[a-z_][a-z0-9_]*\b)"
 )
-_CODE = re.compile(r"\b(E[A-Z0-9]\d{4}|ERR\d{5})\b")
-_ACL_RET = re.compile(r"\b((?:161|361|561)\d{3})\b")
-_ENV = re.compile(r"\b([A-Z][A-Z0-9]+(?:_[A-Z0-9]+)+)\b")
-_ENV_SKIP = ("DT_", "ACL_FORMAT", "FORMAT_", "ERR", "NPU_FUNCTION")
+# Codes are often glued to Chinese text, where \b does not separate: ASCII look-arounds instead.
+_CODE = re.compile(r"(?<![A-Za-z0-9_])(E[A-Z0-9]\d{4}|ERR\d{5})(?![A-Za-z0-9_])")
+# aclnn returns (161xxx/361xxx/561xxx) and runtime errors (107xxx, 207xxx, 507xxx: ACL_ERROR_RT_*)
+_ACL_RET = re.compile(r"(?<![A-Za-z0-9_.])((?:161|361|561|107|207|507)\d{3})(?![A-Za-z0-9_.])")
+_LIB = re.compile(r"(?<![\w.])(lib[A-Za-z0-9_+-]+\.so)(?:\.[0-9.]+)?\b")
+_ENV = re.compile(r"(?<![A-Za-z0-9_])([A-Z][A-Z0-9]+(?:_[A-Z0-9]+)+)(?![A-Za-z0-9_])")
+_ENV_SKIP = ("DT_", "ACL_FORMAT", "FORMAT_", "ERR", "NPU_FUNCTION", "ACL_ERROR", "ACLNN_ERR")
+# An ALL-CAPS token is an environment variable when it carries the vocabulary of the Ascend / torch
+# environment lists (the docs' variable tables use these prefixes), or when the text sets or reads it.
+_ENV_PREFIXES = (
+    "ASCEND_", "TORCH_NPU_", "PYTORCH_NPU_", "TORCH_DEVICE_BACKEND_AUTOLOAD", "HCCL_", "NPU_", "ACL_",
+    "TASK_QUEUE_ENABLE", "COMBINED_ENABLE", "INF_NAN_MODE", "MULTI_STREAM_MEMORY_REUSE", "ATB_", "LCCL_",
+    "VLLM_", "ASDOPS_", "OMP_", "LD_LIBRARY_PATH", "LD_PRELOAD", "PYTHONPATH", "CUDA_VISIBLE_DEVICES",
+    "PYTORCH_CUDA_ALLOC_CONF", "TORCH_TRANSFER_TO_NPU", "MINDIE_", "MS_", "GE_", "TE_", "OPS_", "CPU_AFFINITY",
+    "RANK_TABLE", "RANK_ID", "RANK_SIZE", "MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "LOCAL_RANK",
+)
+_ENV_USE = re.compile(
+    r"(?:\bexport\s+|\$\{?|environ(?:\.get)?\(?\[?\s*['\"]|getenv\(\s*['\"])([A-Z][A-Z0-9]*(?:_[A-Z0-9]+)+)"
+    r"|(?<![A-Za-z0-9_])([A-Z][A-Z0-9]*(?:_[A-Z0-9]+)+)=(?=\S)"
+)
 _HAZARD = re.compile(r"\b[Hh](1[01]|[1-9])\b")
 
 
@@ -141,8 +163,12 @@ def extract_keys(text: str, *, hazards: bool = False) -> list[str]:
         add(f"op:{m.group(1)}")
     for m in _ACLNN.finditer(text):
         add(f"aclnn:{m.group(1).lower()}")
+    for m in _ACLRT.finditer(text):
+        # torch_npu wraps the runtime calls: AclrtSynchronizeStreamWithTimeout is aclrtSynchronizeStream
+        add(f"api:{re.sub(r'WithTimeout$', '', m.group(1)).lower()}")
     for m in _TORCH_NPU.finditer(text):
-        add(f"op:{m.group(1)}")
+        if m.group(1) not in _TORCH_MODULES and not m.group(1).startswith("_"):
+            add(f"op:{m.group(1)}")
     for m in _NPU_BARE.finditer(text):
         add(f"op:{m.group(1)}")
     for m in _TORCH_DOTTED.finditer(text):
@@ -152,9 +178,17 @@ def extract_keys(text: str, *, hazards: bool = False) -> list[str]:
         add(f"code:{m.group(1).lower()}")
     for m in _ACL_RET.finditer(text):
         add(f"code:{m.group(1)}")
+    for m in _LIB.finditer(text):
+        add(f"lib:{m.group(1).lower()}")
+    used = {a or b for a, b in _ENV_USE.findall(text)}
     for m in _ENV.finditer(text):
         name = m.group(1)
-        if len(name) >= 6 and not name.startswith(_ENV_SKIP) and not _CODE.fullmatch(name):
+        if (
+            len(name) >= 6
+            and not name.startswith(_ENV_SKIP)
+            and not _CODE.fullmatch(name)
+            and (name.startswith(_ENV_PREFIXES) or name in used)
+        ):
             add(f"env:{name}")
     if hazards:
         for m in _HAZARD.finditer(text):

@@ -10,6 +10,7 @@ import contextlib
 import functools
 import json
 import os
+import re
 import shutil
 import time
 from collections.abc import Iterable
@@ -22,6 +23,7 @@ from knowledge.home import npuport_home
 from knowledge.kb.chunking import digest
 from knowledge.kb.embeddings import Embedder, embedder_from_setting
 from knowledge.kb.identifiers import extract_keys, op_key
+from knowledge.kb.lexical import BM25Index, Doc
 from knowledge.kb.models import (
     COLLECTIONS,
     BuildStats,
@@ -33,14 +35,27 @@ from knowledge.kb.models import (
     SkippedFile,
 )
 from knowledge.kb.recipes import Recipe, load_recipes, recipe_chunks, recipe_keys_for
-from knowledge.kb.sources import CHUNKER_VERSION, Resolved, SourceUnit, resolve, sha256_bytes
+from knowledge.kb.sources import (
+    CHUNKER_VERSION,
+    Resolved,
+    SourceUnit,
+    resolve,
+    resolve_folder,
+    sha256_bytes,
+)
 
+FACTS_DIR = Path(__file__).resolve().parents[1] / "facts"
 MANIFEST = "kb_manifest"
 META_ID = "__kb__"
 SCHEMA = 1
 MEMORY_MIN_SIM = 0.55  # a port-memory hit without shared identifiers must be at least this close
 EMBED_BATCH = 512
 SMALL_COLLECTION = 300  # collections up to this size are ranked whole: one query instead of two
+QUERY_EMBED_CHARS = 240  # the dense half reads the head of a query
+LEXICAL_K = 30  # BM25 candidates fused with the dense and identifier rankings
+RRF_K = 20  # reciprocal-rank constant: small, so the head of each ranking counts
+ID_WEIGHT = 1.5
+ABOUT_KINDS = frozenset({"aclnn", "op", "api", "lib", "env"})  # a shared identifier (op, code, env var, library) is the strongest signal
 REBUILD_HINT = "run `npuport kb build --rebuild` to recreate it"
 
 
@@ -61,6 +76,7 @@ class KnowledgeBase:
         self._embedder: Embedder | None = None
         self._client: Any = None
         self._counts: dict[str, int] = {}
+        self._bm25: BM25Index | None = None
 
     # ------------------------------------------------------------------ plumbing
 
@@ -171,6 +187,7 @@ class KnowledgeBase:
                 SharedSystemClient.clear_system_cache()
             shutil.rmtree(self.chroma_path, ignore_errors=True)
         self._counts.clear()
+        self._bm25 = None
 
     # ------------------------------------------------------------------ build
 
@@ -188,6 +205,8 @@ class KnowledgeBase:
                 )
             )
         out.roots.append("recipes")
+        # our own runtime-failure notes (stream sync, OOM, libraries, HCCL ...): always in the store
+        resolve_folder(FACTS_DIR, "ascend_ops", out)
         out.roots.append("memory")
         if self.journal_path.is_file():
             data = self.journal_path.read_bytes()
@@ -202,7 +221,15 @@ class KnowledgeBase:
                 )
             )
 
-    def build(self, sources: list[str], progress: bool = True, rebuild: bool = False) -> BuildStats:
+    def build(
+        self,
+        sources: list[str],
+        progress: bool = True,
+        rebuild: bool = False,
+        *,
+        strict: bool = False,
+        optional: tuple[str, ...] = (),
+    ) -> BuildStats:
         """Ingest ``sources`` (see knowledge.kb.sources) plus our recipes and the port-memory journal.
 
         Incremental: a source file whose content hash is unchanged costs nothing; a changed one has
@@ -211,7 +238,7 @@ class KnowledgeBase:
         t0 = time.perf_counter()
         if rebuild:
             self.reset()
-        resolved = resolve(sources)
+        resolved = resolve(sources, strict=strict, optional=optional)
         self._builtin_units(resolved)
         stats = BuildStats(
             skipped=list(resolved.skipped), notes=list(resolved.notes), sources=len(resolved.units)
@@ -327,6 +354,7 @@ class KnowledgeBase:
                 ],
             )
         self._counts.clear()
+        self._bm25 = None
 
     def _max_batch(self) -> int:
         try:
@@ -341,9 +369,23 @@ class KnowledgeBase:
             self._counts = {name: self._collection(name).count() for name in COLLECTIONS}
         return dict(self._counts)
 
+    def lexical(self) -> BM25Index:
+        """The BM25 index over every stored chunk (built on first use after a build)."""
+        if self._bm25 is None:
+            docs: list[Doc] = []
+            for name in COLLECTIONS:
+                if not self.counts().get(name):
+                    continue
+                got = self._collection(name).get(include=["documents", "metadatas"])
+                for cid, doc, meta in zip(got["ids"], got["documents"] or [], got["metadatas"] or [], strict=False):
+                    docs.append(Doc(cid, name, doc or "", dict(meta or {})))
+            self._bm25 = BM25Index.build(docs)
+        return self._bm25
+
     def search(self, query: str, k: int = 5, collections: Iterable[str] | None = None) -> list[Hit]:
-        """Top ``k`` hits: relevant port-memory first, then chunks sharing identifiers with the
-        query (op names, error codes, env vars, hazard ids), then dense neighbours."""
+        """Top ``k`` hits: relevant port-memory first, then the fusion (reciprocal rank) of three rankings:
+        chunks sharing identifiers with the query (op names, error codes, env vars, libraries, hazard ids),
+        BM25 over the words, and dense neighbours."""
         names = list(collections) if collections else list(COLLECTIONS)
         unknown = [n for n in names if n not in COLLECTIONS]
         if unknown:
@@ -354,52 +396,50 @@ class KnowledgeBase:
             return []
         keys = extract_keys(query, hazards=True)
         keys += [hk for hk in recipe_keys_for(query) if hk not in keys]
-        qvec = self.embedder().embed_query(query)
+        qvec = self.embedder().embed_query(_dense_text(query))
         cands: dict[str, Hit] = {}
+        # Dense: one query per collection (small ones ranked whole).
         for name in names:
-            col = self._collection(name)
             n = counts[name]
-            queries: list[tuple[dict[str, Any] | None, int]] = []
-            if n <= SMALL_COLLECTION:
-                # Small (recipes, serving, memory): rank all of it in one call; identifier
-                # matches are read from the metadata below.
-                queries.append((None, n))
-            elif keys:
-                flt: dict[str, Any] = (
-                    {"keys": {"$contains": keys[0]}}
-                    if len(keys) == 1
-                    else {"$or": [{"keys": {"$contains": key}} for key in keys]}
+            try:
+                res = self._collection(name).query(
+                    query_embeddings=[qvec],
+                    n_results=n if n <= SMALL_COLLECTION else min(n, 3 * k),
+                    include=["documents", "metadatas", "distances"],
                 )
-                queries.append((flt, min(n, 3 * k)))
-            if n > SMALL_COLLECTION:
-                queries.append((None, min(n, k)))
-            for where, n_results in queries:
-                try:
-                    res = col.query(
-                        query_embeddings=[qvec],
-                        n_results=n_results,
-                        where=where,
-                        include=["documents", "metadatas", "distances"],
-                    )
-                except Exception as e:
-                    raise KBStoreError(f"Search failed on {self.location} ({e}); {REBUILD_HINT}.") from e
-                for cid, doc, meta, dist in zip(
-                    res["ids"][0], res["documents"][0], res["metadatas"][0], res["distances"][0], strict=False
-                ):
-                    if cid not in cands:
-                        cands[cid] = self._hit(cid, name, doc or "", dict(meta or {}), dist, keys)
-        return _rank(list(cands.values()), k)
+            except Exception as e:
+                raise KBStoreError(f"Search failed on {self.location} ({e}); {REBUILD_HINT}.") from e
+            for cid, doc, meta, dist in zip(
+                res["ids"][0], res["documents"][0], res["metadatas"][0], res["distances"][0], strict=False
+            ):
+                cands[cid] = self._hit(cid, name, doc or "", dict(meta or {}), dist, keys)
+        dense_rank = {h.id: i for i, h in enumerate(sorted(cands.values(), key=lambda h: -h.score))}
+        # Lexical (BM25) and identifier candidates come from the in-memory index of the store.
+        lex = self.lexical()
+        bm = lex.scores(query)
+        wanted = set(names)
+        lex_rank: dict[str, int] = {}
+        for i, (d, _) in enumerate(lex.rank(bm, LEXICAL_K, wanted)):
+            lex_rank[d.id] = i
+            if d.id not in cands:
+                cands[d.id] = self._hit(d.id, d.collection, d.text, d.meta, None, keys)
+        for d in lex.with_keys(keys, 4 * k, wanted, bm):
+            if d.id not in cands:
+                cands[d.id] = self._hit(d.id, d.collection, d.text, d.meta, None, keys)
+        return _rank(list(cands.values()), k, dense_rank, lex_rank)
 
     def _hit(
-        self, cid: str, collection: str, doc: str, meta: dict[str, Any], dist: float, qkeys: list[str]
+        self, cid: str, collection: str, doc: str, meta: dict[str, Any], dist: float | None, qkeys: list[str]
     ) -> Hit:
         mkeys = list(meta.get("keys") or [])
         matched = [q for q in qkeys if q in mkeys]
-        sim = _sim(dist)
+        sim = _sim(dist) if dist is not None else 0.0  # a lexical-only candidate has no distance
         if collection == "port_memory" and (matched or sim >= MEMORY_MIN_SIM):
             match = "memory"
         elif matched:
             match = "identifier"
+        elif dist is None:
+            match = "lexical"
         else:
             match = "dense"
         return Hit(
@@ -420,6 +460,23 @@ class KnowledgeBase:
             language=str(meta.get("language", "")),
             kind=str(meta.get("kind", "")),
         )
+
+    def aclnn_record(self, key: str) -> tuple[dict[str, Any], str] | None:
+        """The parsed CANN reference record (names, ops, products, per-chip dtypes) of the doc keyed by
+        ``key`` (`aclnn:aclnnadd` or `op:add_`), with its citation; None when the store has none."""
+        if not self.counts().get("ascend_ops"):
+            return None
+        got = self._collection("ascend_ops").get(
+            where={"$and": [{"kind": "aclnn"}, {"keys": {"$contains": key}}]}, include=["metadatas"]
+        )
+        for meta in got["metadatas"] or []:
+            raw = (meta or {}).get("aclnn")
+            if raw:
+                rec = json.loads(str(raw))
+                if key.startswith("op:") and key[3:] not in rec.get("ops", []):
+                    continue
+                return rec, str(meta.get("source", ""))
+        return None
 
     # ------------------------------------------------------------------ stats
 
@@ -498,6 +555,7 @@ class KnowledgeBase:
             },
         )
         self._counts.clear()
+        self._bm25 = None
         return str(rec["id"])
 
     def _journal_records(self, data: bytes | None = None) -> list[dict[str, Any]]:
@@ -556,13 +614,44 @@ def _memory_chunk(rec: dict[str, Any]) -> Chunk:
     )
 
 
-def _rank(hits: list[Hit], k: int) -> list[Hit]:
-    def id_score(h: Hit) -> int:
-        primary_n = sum(1 for m in h.matched if m in h.primary)
-        return len(h.matched) + primary_n
+_PATHISH = re.compile(r"\S*[/\\]\S*")
 
-    tier = {"memory": 0, "identifier": 1, "dense": 2}
-    hits.sort(key=lambda h: (tier[h.match], -id_score(h), -h.score))
+
+def _dense_text(query: str) -> str:
+    """What the dense half embeds: paths (build/CMakeFiles/..., site-packages/...) carry no meaning for
+    it, and a long log costs embedding time while identifiers and BM25 already read all of it."""
+    text = " ".join(_PATHISH.sub(" ", query).split())
+    return (text or query)[:QUERY_EMBED_CHARS]
+
+
+def _rank(hits: list[Hit], k: int, dense_rank: dict[str, int], lex_rank: dict[str, int]) -> list[Hit]:
+    """Port memory first, then reciprocal-rank fusion of the identifier, BM25 and dense rankings."""
+
+    def id_score(h: Hit) -> int:
+        # a named op, code or library the chunk is about beats a hazard class the text hints at
+        primary_n = sum(1 for m in h.matched if m in h.primary and not m.startswith("hz:"))
+        return len(h.matched) + 2 * primary_n
+
+    by_id = sorted((h for h in hits if h.matched), key=lambda h: (-id_score(h), -h.score))
+    id_rank = {h.id: i for i, h in enumerate(by_id)}
+
+    # Chunks *about* a name the query carries (an aclnn op, aten/custom op, runtime API, library or
+    # variable in their title keys): a fourth ranking, so one such page is not outvoted by chunks
+    # that merely mention a common code (every aclnn page lists 161002).
+    def about_n(h: Hit) -> int:
+        return sum(1 for m in h.matched if m in h.primary and m.split(":", 1)[0] in ABOUT_KINDS)
+
+    about = sorted((h for h in hits if about_n(h)), key=lambda h: (-about_n(h), -id_score(h), -h.score))
+    about_rank = {h.id: i for i, h in enumerate(about)}
+
+    def fused(h: Hit) -> float:
+        s = 0.0
+        for ranks, w in ((id_rank, ID_WEIGHT), (about_rank, 1.0), (lex_rank, 1.0), (dense_rank, 1.0)):
+            if h.id in ranks:
+                s += w / (RRF_K + ranks[h.id])
+        return s
+
+    hits.sort(key=lambda h: (h.match != "memory", -fused(h)))
     out: list[Hit] = []
     seen_recipes: set[str] = set()
     for h in hits:

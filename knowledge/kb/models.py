@@ -38,7 +38,8 @@ class Chunk(BaseModel):
     version: str = ""
     product: str = ""
     language: str = "en"
-    kind: str = "doc"  # doc | api | wheel_doc | op_fact | recipe | memory
+    kind: str = "doc"  # doc | api | aclnn | wheel_doc | op_fact | recipe | memory
+    extra: dict[str, str] = Field(default_factory=dict)  # more metadata (aclnn: the parsed dtype table)
 
     def metadata(self, source_key: str) -> dict[str, Any]:
         md: dict[str, Any] = {
@@ -52,6 +53,7 @@ class Chunk(BaseModel):
             "language": self.language,
             "kind": self.kind,
         }
+        md.update(self.extra)
         # Chroma rejects empty lists in metadata: only set the key lists when present.
         if self.keys:
             md["keys"] = self.keys
@@ -92,7 +94,7 @@ class Hit(BaseModel):
     anchor: str = ""
     path: str = ""
     score: float  # cosine similarity of the query and the chunk, 0..1 (higher is closer)
-    match: Literal["memory", "identifier", "dense"] = "dense"
+    match: Literal["memory", "identifier", "lexical", "dense"] = "dense"
     matched: list[str] = Field(default_factory=list)  # identifier keys shared with the query
     keys: list[str] = Field(default_factory=list)
     primary: list[str] = Field(default_factory=list)  # keys named by the chunk's title

@@ -24,6 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from knowledge.kb.aclnn import AtenMap, aclnn_chunks, is_aclnn_doc_name, load_aten_map, parse_aclnn_doc
 from knowledge.kb.chunking import (
     EMBED_CHARS,
     clean,
@@ -42,7 +43,13 @@ DOC_SUFFIXES = (".md", ".markdown", ".txt", ".rst")
 MAX_FILE_BYTES = int(os.environ.get("NPUPORT_KB_MAX_FILE_BYTES", str(4 * 1024 * 1024)))
 OP_DOCS_MEMBER = "torch_npu/_op_plugin_docs.py"
 # Bump when chunking changes: stored files are then re-chunked although their content is the same.
-CHUNKER_VERSION = 2
+CHUNKER_VERSION = 3
+# Public doc repositories `npuport kb build` with no arguments reads when the network allows.
+DEFAULT_DOC_REPOS = (
+    "https://github.com/hicann/ops-math.git",
+    "https://github.com/hicann/ops-nn.git",
+    "https://github.com/hicann/ops-transformer.git",
+)
 
 
 @dataclass
@@ -61,6 +68,16 @@ class Resolved:
     roots: list[str] = field(default_factory=list)  # roots whose listing is complete (prunable)
     skipped: list[SkippedFile] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    # op-plugin tables / op matrices: map aclnn names of the CANN reference to aten ops
+    map_yaml: list[Path] = field(default_factory=list)
+    map_matrices: list[Path] = field(default_factory=list)
+    map_texts: list[tuple[str, str]] = field(default_factory=list)  # (where, yaml text) from a wheel
+    _amap: AtenMap | None = None
+
+    def aten_map(self) -> AtenMap:
+        if self._amap is None:
+            self._amap = load_aten_map(self.map_yaml, self.map_matrices, self.map_texts)
+        return self._amap
 
 
 def sha256_bytes(data: bytes) -> str:
@@ -113,6 +130,28 @@ def _doc_unit(file: Path, root: Path, root_key: str, collection: Collection, dat
     return SourceUnit(f"{root_key}::{rel}", root_key, str(file), sha256_bytes(data), col, load)
 
 
+def _aclnn_unit(file: Path, root: Path, root_key: str, data: bytes, out: Resolved) -> SourceUnit:
+    """One CANN operator doc: parsed, keyed by its aclnn names and their aten ops."""
+    rel = file.relative_to(root).as_posix() if file != root else file.name
+    source = f"{root.name}/{rel}" if file != root else file.name
+    names = re.findall(r"aclnn[A-Z][A-Za-z0-9]*", file.stem)
+    amap = out.aten_map()
+    # the mapping is part of the content: new op-plugin tables re-key the doc
+    sha = sha256_bytes(data + amap.digest(names).encode())
+
+    plain = _doc_unit(file, root, root_key, "ascend_ops", data)
+
+    def load() -> tuple[list[Chunk], str]:
+        dec = decode(data)
+        doc = parse_aclnn_doc(dec.text, file.name)
+        if doc is None:  # not shaped like an API page: ordinary Markdown chunks
+            return plain.load()
+        ops = amap.ops_for(doc.names)
+        return aclnn_chunks(doc, ops, root_key=root_key, rel=rel, source=source, path=str(file)), ""
+
+    return SourceUnit(f"{root_key}::{rel}", root_key, str(file), sha, "ascend_ops", load)
+
+
 def _read_checked(file: Path, out: Resolved) -> bytes | None:
     try:
         size = file.stat().st_size
@@ -134,7 +173,11 @@ def _read_checked(file: Path, out: Resolved) -> bytes | None:
 def resolve_folder(root: Path, collection: Collection, out: Resolved) -> None:
     root = root.resolve()
     root_key = f"docs:{root}"
-    files = [root] if root.is_file() else sorted(p for p in root.rglob("*") if p.is_file())
+    files = (
+        [root]
+        if root.is_file()
+        else sorted(p for p in root.rglob("*") if p.is_file() and ".git" not in p.relative_to(root).parts)
+    )
     if root.is_dir():
         out.roots.append(root_key)
     n = 0
@@ -142,12 +185,20 @@ def resolve_folder(root: Path, collection: Collection, out: Resolved) -> None:
         if f.suffix.lower() == ".json" and f != root:
             _maybe_matrix(f, out, quiet=True)
             continue
+        if f.name.startswith("op_plugin_functions") and f.suffix in (".yaml", ".yml"):
+            out.map_yaml.append(f)
+            continue
         if f.suffix.lower() not in DOC_SUFFIXES and f != root:
             continue
         data = _read_checked(f, out)
-        if data is not None:
-            out.units.append(_doc_unit(f, root if root.is_dir() else f, root_key, collection, data))
-            n += 1
+        if data is None:
+            continue
+        base = root if root.is_dir() else f
+        if collection == "ascend_ops" and is_aclnn_doc_name(f):
+            out.units.append(_aclnn_unit(f, base, root_key, data, out))
+        else:
+            out.units.append(_doc_unit(f, base, root_key, collection, data))
+        n += 1
     if n == 0:
         out.notes.append(f"{root}: no Markdown or text documents found (empty folder?)")
 
@@ -241,10 +292,16 @@ def _wheel_doc_unit(text: str, version: str, where: str, out: Resolved) -> None:
     )
 
 
+CODEGEN_MEMBER = "torch_npu/csrc/aten/npu_native_functions_by_codegen.yaml"
+
+
 def resolve_wheel_file(whl: Path, out: Resolved) -> None:
     try:
         with zipfile.ZipFile(whl) as z:
             text = z.read(OP_DOCS_MEMBER).decode("utf-8", errors="replace")
+            if CODEGEN_MEMBER in z.namelist():
+                # every op with an NPU kernel in this build: validates aclnn -> aten names
+                out.map_texts.append((f"{whl}!/{CODEGEN_MEMBER}", z.read(CODEGEN_MEMBER).decode("utf-8", "replace")))
     except KeyError:
         out.skipped.append(SkippedFile(path=str(whl), reason=f"no {OP_DOCS_MEMBER} in this wheel"))
         return
@@ -303,6 +360,7 @@ def _maybe_matrix(path: Path, out: Resolved, quiet: bool = False) -> None:
             out.skipped.append(SkippedFile(path=str(path), reason="not an op-support matrix (no 'ops')"))
         return
     root_key = f"matrix:{path.resolve()}"
+    out.map_matrices.append(path)
 
     def load() -> tuple[list[Chunk], str]:
         return matrix_chunks(matrix, root_key, str(path)), ""
@@ -392,34 +450,108 @@ def matrix_chunks(matrix: dict, root_key: str, path: str) -> list[Chunk]:
 # ---------------------------------------------------------------- dispatch
 
 
-def resolve(specs: list[str]) -> Resolved:
+def is_git_url(spec: str) -> bool:
+    s = spec.removeprefix("git:")
+    return s.startswith(("https://", "http://", "git@", "ssh://")) or (spec.startswith("git:") and bool(s))
+
+
+def clone_cached(url: str, home: Path | None = None, timeout_s: float = 600) -> tuple[Path, str]:
+    """A shallow clone of ``url`` under `<NPUPORT_HOME>/cache/git/`, refreshed when the network allows.
+
+    Returns (folder, note). Offline with a cached clone: the cache and a note; offline without one:
+    KBError saying what to do.
+    """
+    import subprocess
+
+    from knowledge.home import npuport_home
+
+    url = url.removeprefix("git:")
+    name = re.sub(r"[^A-Za-z0-9._-]+", "_", re.sub(r"^\w+://|\.git$", "", url)).strip("_")
+    dest = (home or npuport_home()) / "cache" / "git" / name
+    env = {**os.environ, "GIT_TERMINAL_PROMPT": "0"}
+    if (dest / ".git").is_dir():
+        r = subprocess.run(
+            ["git", "-C", str(dest), "pull", "--ff-only", "--depth", "1", "-q"],
+            capture_output=True, text=True, timeout=timeout_s, env=env, check=False,
+        )
+        if r.returncode != 0:
+            return dest, f"{url}: could not refresh ({r.stderr.strip()[:200]}); using the cached clone {dest}"
+        return dest, ""
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        r = subprocess.run(
+            ["git", "clone", "--depth", "1", "-q", url, str(dest)],
+            capture_output=True, text=True, timeout=timeout_s, env=env, check=False,
+        )
+    except (OSError, subprocess.TimeoutExpired) as e:
+        raise KBError(f"Cannot clone {url} ({e}). Offline? Clone it elsewhere and pass the folder.") from e
+    if r.returncode != 0:
+        raise KBError(
+            f"Cannot clone {url}: {r.stderr.strip()[:300] or 'git failed'}. Offline? "
+            "Clone it where the network allows and pass the folder with --source PATH."
+        )
+    return dest, ""
+
+
+def resolve(specs: list[str], *, strict: bool = False, optional: tuple[str, ...] = ()) -> Resolved:
+    """Specs -> units. ``strict``: a named source that is missing or cannot be fetched raises
+    KBError (the CLI); ``optional`` specs (the defaults) only leave a note when unavailable."""
     out = Resolved()
+    specs = [s.strip() for s in specs if s.strip()]
+    # op-plugin tables and matrices first: the CANN reference docs are keyed through them
     for spec in specs:
-        spec = spec.strip()
-        if not spec:
-            continue
-        if spec.startswith("wheel:"):
-            resolve_wheel(spec, out)
-            continue
-        if spec.startswith("site:"):
-            resolve_site(Path(spec[5:]).expanduser(), out)
-            continue
-        collection: Collection = "ascend_ops"
-        path_s = spec
-        for prefix, col in (("docs:", "ascend_ops"), ("serving:", "serving"), ("matrix:", "")):
-            if spec.startswith(prefix):
-                path_s = spec[len(prefix) :]
-                if col:
-                    collection = col  # type: ignore[assignment]
-        path = Path(path_s).expanduser()
-        if not path.exists():
-            out.skipped.append(SkippedFile(path=spec, reason="not found"))
-        elif spec.startswith("matrix:") or (path.is_file() and path.suffix == ".json"):
-            _maybe_matrix(path, out)
-        elif path.is_file() and path.suffix == ".whl":
-            resolve_wheel_file(path, out)
-        elif path.is_dir() and (path / "torch_npu" / "_op_plugin_docs.py").is_file():
-            resolve_site(path, out)
-        else:
-            resolve_folder(path, collection, out)
+        p = Path(spec.removeprefix("opplugin:").removeprefix("matrix:")).expanduser()
+        if spec.startswith("opplugin:") or (p.is_file() and p.suffix in (".yaml", ".yml")):
+            if p.is_file():
+                out.map_yaml.append(p)
+            elif p.is_dir():
+                out.map_yaml.extend(sorted(p.glob("op_plugin_functions*.yaml")))
+        elif (spec.startswith("matrix:") or p.suffix == ".json") and p.is_file():
+            out.map_matrices.append(p)
+    for spec in specs:
+        try:
+            _resolve_one(spec, out)
+        except KBError as e:
+            if strict and spec not in optional:
+                raise
+            out.notes.append(f"{spec}: not used ({e})")
+    if strict:
+        bad = [s for s in out.skipped if s.reason == "not found" and s.path not in optional]
+        if bad:
+            raise KBError(f"Source not found: {', '.join(s.path for s in bad)}")
     return out
+
+
+def _resolve_one(spec: str, out: Resolved) -> None:
+    if spec.startswith("opplugin:") or spec.endswith((".yaml", ".yml")):
+        return
+    if is_git_url(spec):
+        folder, note = clone_cached(spec)
+        if note:
+            out.notes.append(note)
+        resolve_folder(folder, "ascend_ops", out)
+        return
+    if spec.startswith("wheel:"):
+        resolve_wheel(spec, out)
+        return
+    if spec.startswith("site:"):
+        resolve_site(Path(spec[5:]).expanduser(), out)
+        return
+    collection: Collection = "ascend_ops"
+    path_s = spec
+    for prefix, col in (("docs:", "ascend_ops"), ("serving:", "serving"), ("matrix:", "")):
+        if spec.startswith(prefix):
+            path_s = spec[len(prefix) :]
+            if col:
+                collection = col  # type: ignore[assignment]
+    path = Path(path_s).expanduser()
+    if not path.exists():
+        out.skipped.append(SkippedFile(path=spec, reason="not found"))
+    elif spec.startswith("matrix:") or (path.is_file() and path.suffix == ".json"):
+        _maybe_matrix(path, out)
+    elif path.is_file() and path.suffix == ".whl":
+        resolve_wheel_file(path, out)
+    elif path.is_dir() and (path / "torch_npu" / "_op_plugin_docs.py").is_file():
+        resolve_site(path, out)
+    else:
+        resolve_folder(path, collection, out)
