@@ -63,6 +63,12 @@ class Settings(BaseSettings):
     """Key for that endpoint (else OPENAI_API_KEY)."""
     kb_max_file_bytes: int = Field(default=4 * 1024 * 1024, gt=0)
     """Larger files are not indexed into the knowledge base."""
+    kb_torch_npu: str = "2.13.0"
+    """The torch_npu release whose wheel `npuport kb build` reads (op list, op-plugin tables, docstrings)."""
+    kb_docs: str = ""
+    """Extra doc folders for `npuport kb build`, separated by the path separator (os.pathsep)."""
+    vllm_ascend_src: Path | None = None
+    """A vllm-ascend source tree for the ascend-sim fidelity audit (else its committed name list)."""
     tune_trials: int | None = Field(default=None, ge=1)
     """Default tuning trials when the request names none (else 12)."""
     tune_time_s: float | None = Field(default=None, gt=0)

@@ -15,8 +15,7 @@ from typing import Any
 from knowledge.home import npuport_home
 from knowledge.kb.kb import KnowledgeBase
 from knowledge.kb.sources import DEFAULT_DOC_REPOS
-
-DEFAULT_TORCH_NPU = os.environ.get("NPUPORT_KB_TORCH_NPU", "2.13.0")
+from knowledge.settings import settings
 
 
 def default_sources(home: Path | None = None) -> list[str]:
@@ -32,8 +31,9 @@ def default_sources(home: Path | None = None) -> list[str]:
     Recipes, our runtime-failure notes and the port-memory journal are always added by the build itself.
     """
     home = home or npuport_home()
-    wheel = "wheel:installed" if importlib.util.find_spec("torch_npu") else f"wheel:{DEFAULT_TORCH_NPU}"
-    extra = [p for p in os.environ.get("NPUPORT_KB_DOCS", "").split(os.pathsep) if p]
+    conf = settings()
+    wheel = "wheel:installed" if importlib.util.find_spec("torch_npu") else f"wheel:{conf.kb_torch_npu}"
+    extra = [p for p in conf.kb_docs.split(os.pathsep) if p]
     return [
         wheel,
         *(f"matrix:{p}" for p in sorted((home / "matrices").glob("*.json"))),
@@ -44,7 +44,7 @@ def default_sources(home: Path | None = None) -> list[str]:
 
 def optional_defaults() -> tuple[str, ...]:
     """Default sources whose absence (offline, no wheel) is a note, not a failure."""
-    return (*DEFAULT_DOC_REPOS, f"wheel:{DEFAULT_TORCH_NPU}", "wheel:installed")
+    return (*DEFAULT_DOC_REPOS, f"wheel:{settings().kb_torch_npu}", "wheel:installed")
 
 
 def kb_build(
