@@ -141,7 +141,7 @@ def write_bundle(state: dict[str, Any], out_dir: Path, status: str, reason: str)
     }
     report["resolutions"] = finding_resolutions(report["findings"], report["patches"], status)
     files = {}
-    if state.get("workdir") and (Path(state["workdir"]) / "model" / ".git").exists():
+    if state.get("workdir") and Workspace(Path(state["workdir"])).has_repo():
         ws = Workspace(Path(state["workdir"]))
         (out_dir / "port.patch").write_text(ws.diff_from_original())
         files["patch"] = str(out_dir / "port.patch")

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import re
-import subprocess
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -224,11 +223,6 @@ class ToolBox:
 
 def _restore_workspace(model_dir: Path) -> bool:
     """Undo whatever a snippet wrote into the git workspace (edits go through the patcher only)."""
-    if not (model_dir / ".git").exists():
-        return False
-    status = subprocess.run(["git", "status", "--porcelain"], cwd=model_dir, capture_output=True, text=True)
-    if not status.stdout.strip():
-        return False
-    subprocess.run(["git", "checkout", "-q", "--", "."], cwd=model_dir, capture_output=True)
-    subprocess.run(["git", "clean", "-fdq"], cwd=model_dir, capture_output=True)
-    return True
+    from agents.workspace import Workspace
+
+    return Workspace(model_dir.parent).restore()
