@@ -7,6 +7,7 @@ validate (one-line reason); 2 for bad input.
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -66,12 +67,24 @@ def _summary(state: dict[str, Any]) -> None:
     del runs
 
 
+def _isolation_fallback() -> None:
+    """The CLI ports the user's own model: without bubblewrap it may run it unisolated, but says so loudly."""
+    from sandbox.process import bwrap_available, isolation_setting
+
+    if isolation_setting() == "auto" and bwrap_available() is None:
+        err.print("[bold yellow]warning:[/] bubblewrap (bwrap) is not available: the model's code runs UNISOLATED "
+                  "(it can read and write what you can). Install bubblewrap, or pass NPUPORT_ISOLATION=process "
+                  "to silence this.")
+        os.environ["NPUPORT_ALLOW_UNISOLATED"] = "1"
+
+
 def run_port_cli(request: dict[str, Any], goal: str = "") -> int:
     from agents.planner import new_run_id
     from graph.runner import run_port
 
     thread_id = new_run_id(request.get("model_path") or "model")
     t0 = time.time()
+    _isolation_fallback()
     console.print(f"[bold]npuport[/] port {request.get('model_path')} -> {request.get('target')} (thread {thread_id})")
     try:
         state = run_port({"goal": goal, "request": request}, thread_id, on_step=lambda e: _print_step(e, t0))

@@ -196,13 +196,16 @@ class ToolBox:
                            for h in hits)
 
     def _run_in_sandbox(self, a: RunInSandboxArgs) -> str:
-        from sandbox.process import Limits, default_sandbox, scrubbed_env
+        from sandbox.process import IsolationUnavailable, Limits, default_sandbox, scrubbed_env
 
         used = sum(1 for e in self.log if e["tool"] == "run_in_sandbox")
         if used >= self.max_sandbox_calls:
             raise ToolError(f"the sandbox may run {self.max_sandbox_calls} snippets per question; answer now")
         root = self._root().resolve()
-        box = default_sandbox()
+        try:
+            box = default_sandbox()
+        except IsolationUnavailable as exc:
+            raise ToolError(f"run_in_sandbox needs bubblewrap isolation (bwrap), which this host lacks: {exc}") from exc
         if box.name == "process" and os.environ.get("NPUPORT_LLM_ALLOW_PROCESS_SANDBOX") != "1":
             # Without bwrap the snippet could read the host's files and its output goes to the LLM provider.
             raise ToolError("run_in_sandbox needs bubblewrap isolation (bwrap), which this host lacks; "
