@@ -144,10 +144,13 @@ class JobStore:
             row = self._conn.execute("SELECT * FROM jobs WHERE id=?", (job_id,)).fetchone()
         return self._job(row) if row else None
 
-    def list_jobs(self, limit: int = 50, status: str | None = None) -> list[Job]:
-        q, args = "SELECT * FROM jobs", []
+    def list_jobs(self, limit: int = 50, status: str | None = None, owner: str | None = None) -> list[Job]:
+        conds, args = [], []
         if status:
-            q, args = q + " WHERE status=?", [status]
+            conds, args = [*conds, "status=?"], [*args, status]
+        if owner is not None:
+            conds, args = [*conds, "owner=?"], [*args, owner]
+        q = "SELECT * FROM jobs" + (" WHERE " + " AND ".join(conds) if conds else "")
         with self._lock:
             rows = self._conn.execute(q + " ORDER BY created DESC LIMIT ?", (*args, limit)).fetchall()
         return [self._job(r) for r in rows]

@@ -18,8 +18,9 @@ from typing import Annotated, Any
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
-SCOPES = ("read", "write")
-"""read: look at jobs, events, bundles, chat status questions; write: submit, approve, cancel."""
+SCOPES = ("read", "write", "admin")
+"""read: look at this token's jobs, events, bundles, chat status questions; write: submit, approve, cancel
+this token's jobs; admin: the same on every token's jobs."""
 
 
 class Settings(BaseSettings):

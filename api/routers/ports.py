@@ -77,11 +77,16 @@ def job_out(mgr: JobManager, job: Job) -> dict[str, Any]:
     return job.public(mgr.store.step_count(job.id))
 
 
-def get_job(mgr: JobManager, job_id: str) -> Job:
+def get_job(mgr: JobManager, job_id: str, principal: Principal) -> Job:
+    """The job, if ``principal`` owns it or holds the admin scope; otherwise 404 (existence is not told)."""
     job = mgr.store.get(job_id)
-    if job is None:
+    if job is None or not can_see(principal, job):
         raise HTTPException(status_code=404, detail=f"no job {job_id}")
     return job
+
+
+def can_see(principal: Principal, job: Job) -> bool:
+    return job.owner == principal.name or "admin" in principal.scopes
 
 
 _CREATE_DOC = {
@@ -179,15 +184,16 @@ async def _read_multipart(request: Request) -> tuple[PortCreate, tuple[bytes, st
 
 
 @router.get("", response_model=list[JobOut])
-def list_ports(_: Reader, mgr: Manager, limit: Annotated[int, Query(ge=1, le=500)] = 50,
+def list_ports(principal: Reader, mgr: Manager, limit: Annotated[int, Query(ge=1, le=500)] = 50,
                status: Annotated[Literal[STATUSES] | None, Query()] = None) -> list[dict[str, Any]]:  # type: ignore[valid-type]
-    """Recent jobs, newest first."""
-    return [job_out(mgr, j) for j in mgr.store.list_jobs(limit=limit, status=status)]
+    """Recent jobs of this token (every job for an admin token), newest first."""
+    owner = None if "admin" in principal.scopes else principal.name
+    return [job_out(mgr, j) for j in mgr.store.list_jobs(limit=limit, status=status, owner=owner)]
 
 
 @router.get("/{job_id}", response_model=JobOut, responses={404: {"description": "unknown job"}})
-def get_port(job_id: str, _: Reader, mgr: Manager) -> dict[str, Any]:
-    return job_out(mgr, get_job(mgr, job_id))
+def get_port(job_id: str, principal: Reader, mgr: Manager) -> dict[str, Any]:
+    return job_out(mgr, get_job(mgr, job_id, principal))
 
 
 def _event_dict(seq: int, kind: str, t: float, data: dict[str, Any]) -> dict[str, Any]:
@@ -199,7 +205,7 @@ def _event_dict(seq: int, kind: str, t: float, data: dict[str, Any]) -> dict[str
           "content": {"text/event-stream": {}, "application/json": {}}},
     404: {"description": "unknown job"}})
 async def port_events(
-    job_id: str, request: Request, _: Reader, mgr: Manager,
+    job_id: str, request: Request, principal: Reader, mgr: Manager,
     last_event_id: Annotated[str | None, Header()] = None,
     after: Annotated[int | None, Query(ge=0, description="resume after this seq (like Last-Event-ID)")] = None,
     stream: Annotated[bool, Query(description="false: return the events so far as JSON")] = True,
@@ -207,7 +213,7 @@ async def port_events(
     """Server-sent events of the job: ``status`` changes and agent ``step``s, in order; the stream ends
     with an ``end`` event after a terminal status. Reconnect with ``Last-Event-ID`` (or ``after``) to
     continue where you stopped."""
-    get_job(mgr, job_id)
+    get_job(mgr, job_id, principal)
     start = after if after is not None else _parse_last_id(last_event_id)
     if not stream:
         return [_event_dict(e.seq, e.kind, e.t, e.data) for e in mgr.store.events(job_id, after=start, limit=100_000)]
@@ -257,9 +263,9 @@ def _already_ended(mgr: JobManager, job_id: str, last: int) -> bool:
 
 
 @router.get("/{job_id}/report", responses={404: {"description": "unknown job"}, 409: {"description": "no report yet"}})
-def port_report(job_id: str, _: Reader, mgr: Manager) -> dict[str, Any]:
+def port_report(job_id: str, principal: Reader, mgr: Manager) -> dict[str, Any]:
     """The final report: ``markdown`` (report.md) and ``json`` (report.json)."""
-    bundle = _bundle_dir(get_job(mgr, job_id))
+    bundle = _bundle_dir(get_job(mgr, job_id, principal))
     md, js = bundle / "report.md", bundle / "report.json"
     return {"id": job_id, "markdown": md.read_text() if md.is_file() else "",
             "json": json.loads(js.read_text()) if js.is_file() else None}
@@ -274,9 +280,9 @@ def _bundle_dir(job: Job) -> Path:
 @router.get("/{job_id}/bundle", response_class=StreamingResponse,
             responses={200: {"content": {"application/zip": {}}}, 404: {"description": "unknown job"},
                        409: {"description": "the job has not finished"}})
-def port_bundle(job_id: str, _: Reader, mgr: Manager) -> StreamingResponse:
+def port_bundle(job_id: str, principal: Reader, mgr: Manager) -> StreamingResponse:
     """The deployment bundle (port.patch, report.md, report.json, trace.jsonl, ...) as a zip."""
-    bundle = _bundle_dir(get_job(mgr, job_id))
+    bundle = _bundle_dir(get_job(mgr, job_id, principal))
     spool = tempfile.SpooledTemporaryFile(max_size=16 * 1024 * 1024)  # noqa: SIM115 - closed by the stream
     with zipfile.ZipFile(spool, "w", zipfile.ZIP_DEFLATED) as zf:
         real = bundle.resolve()
@@ -300,8 +306,9 @@ def port_bundle(job_id: str, _: Reader, mgr: Manager) -> StreamingResponse:
 
 @router.post("/{job_id}/approve", response_model=JobOut,
              responses={404: {"description": "unknown job"}, 409: {"description": "not waiting for approval"}})
-def approve_port(job_id: str, _: Writer, mgr: Manager) -> dict[str, Any]:
-    """Approve the next patch round of a job created with ``require_approval``."""
+def approve_port(job_id: str, principal: Writer, mgr: Manager) -> dict[str, Any]:
+    """Approve the next patch round of a job created with ``require_approval`` (its owner or an admin)."""
+    get_job(mgr, job_id, principal)
     try:
         return job_out(mgr, mgr.approve(job_id))
     except JobError as exc:
@@ -310,8 +317,9 @@ def approve_port(job_id: str, _: Writer, mgr: Manager) -> dict[str, Any]:
 
 @router.post("/{job_id}/cancel", response_model=JobOut,
              responses={404: {"description": "unknown job"}, 409: {"description": "the job already ended"}})
-def cancel_port(job_id: str, _: Writer, mgr: Manager) -> dict[str, Any]:
-    """Cancel a job; a running one stops after its current agent step."""
+def cancel_port(job_id: str, principal: Writer, mgr: Manager) -> dict[str, Any]:
+    """Cancel a job (its owner or an admin); a running one stops after its current agent step."""
+    get_job(mgr, job_id, principal)
     try:
         return job_out(mgr, mgr.cancel(job_id))
     except JobError as exc:
