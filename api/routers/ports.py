@@ -129,7 +129,7 @@ async def create_port(request: Request, principal: Writer, mgr: Manager,
     else:
         raw = await request.body()
         try:
-            payload = json.loads(raw or b"null")
+            payload = _loads(raw or b"null")
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:
             raise HTTPException(status_code=400, detail=f"malformed JSON body: {exc}") from exc
         body = _parse_body(payload)
@@ -150,9 +150,41 @@ async def create_port(request: Request, principal: Writer, mgr: Manager,
     return JSONResponse(job_out(mgr, job), status_code=201 if created else 200, headers=headers)
 
 
+MAX_JSON_DEPTH = 32
+MAX_JSON_NUMBER = 1e12  # no field of a request needs more; larger ones overflow timers and budgets
+
+
+def _reject_constant(name: str) -> Any:
+    raise HTTPException(status_code=422, detail=f"{name} is not a valid number here")
+
+
+def _loads(raw: bytes | str) -> Any:
+    """json.loads that answers 422 for NaN/Infinity and for nesting too deep to parse."""
+    try:
+        return json.loads(raw, parse_constant=_reject_constant)
+    except RecursionError:
+        raise HTTPException(status_code=422, detail="the JSON body is nested too deeply") from None
+
+
+def _check_values(value: Any, depth: int = 0) -> None:
+    if depth > MAX_JSON_DEPTH:
+        raise HTTPException(status_code=422, detail=f"the JSON body is nested deeper than {MAX_JSON_DEPTH} levels")
+    if isinstance(value, bool):
+        return
+    if isinstance(value, int | float) and (value != value or abs(value) > MAX_JSON_NUMBER):
+        raise HTTPException(status_code=422, detail=f"number {value!r} is out of range (|x| <= {MAX_JSON_NUMBER:g})")
+    if isinstance(value, dict):
+        for v in value.values():
+            _check_values(v, depth + 1)
+    elif isinstance(value, list):
+        for v in value:
+            _check_values(v, depth + 1)
+
+
 def _parse_body(payload: Any) -> PortCreate:
     if not isinstance(payload, dict):
         raise HTTPException(status_code=422, detail="the body must be a JSON object")
+    _check_values(payload)
     try:
         return PortCreate.model_validate(payload)
     except ValidationError as exc:
@@ -163,9 +195,12 @@ async def _read_multipart(request: Request) -> tuple[PortCreate, tuple[bytes, st
     settings = request.app.state.settings
     try:
         form = await request.form(max_files=1, max_fields=10, max_part_size=settings.max_body_bytes)
-    except HTTPException:
-        raise
     except Exception as exc:
+        limit = request.scope.get("npuport.body_limit")
+        if limit is not None:  # the body cap tripped while the parser read: that is a 413, chunked or not
+            raise limit from None
+        if isinstance(exc, HTTPException):
+            raise
         raise HTTPException(status_code=400, detail=f"malformed multipart body: {exc}") from exc
     upload = form.get("archive")
     if upload is None or isinstance(upload, str):
@@ -176,7 +211,7 @@ async def _read_multipart(request: Request) -> tuple[PortCreate, tuple[bytes, st
     fields: dict[str, Any] = {"goal": str(form.get("goal") or "")}
     if form.get("request"):
         try:
-            fields["request"] = json.loads(str(form.get("request")))
+            fields["request"] = _loads(str(form.get("request")))
         except json.JSONDecodeError as exc:
             raise HTTPException(status_code=400, detail=f"malformed JSON in the 'request' field: {exc}") from exc
     fields["require_approval"] = str(form.get("require_approval") or "").lower() in ("1", "true", "yes", "on")
