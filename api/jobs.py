@@ -252,6 +252,10 @@ class JobManager:
             if self._pool is not None:
                 return
             self._pool = ThreadPoolExecutor(max_workers=self.settings.workers, thread_name_prefix="npuport-job")
+            # Runs left by a server killed with SIGKILL die before their jobs resume (never two at once).
+            from sandbox.process import reap_orphans
+
+            reap_orphans()
             for job in self.store.with_status(("queued", "running")):
                 if job.status == "running":
                     self._event(job.id, "status", {"status": "queued", "reason": "service restarted; resuming"})

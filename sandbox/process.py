@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import json
 import os
 import re
 import resource
@@ -188,8 +189,17 @@ class _Cgroup:
             self.path.rmdir()
 
 
+def _die_with_parent() -> None:
+    """PR_SET_PDEATHSIG(SIGKILL): a server killed with SIGKILL takes its runs down with it."""
+    import ctypes
+
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL, 0, 0, 0)
+
+
 def _preexec(limits: Limits, cgroup: Path | None):  # type: ignore[no-untyped-def]
     def apply() -> None:
+        _die_with_parent()
         if cgroup is not None:
             # join before exec, so every descendant is counted and found
             with open(cgroup / "cgroup.procs", "w") as fh:
@@ -205,6 +215,78 @@ def _preexec(limits: Limits, cgroup: Path | None):  # type: ignore[no-untyped-de
             resource.setrlimit(resource.RLIMIT_NPROC, (limits.max_procs, limits.max_procs))
 
     return apply
+
+
+# --- orphans: runs left by a server that was killed ----------------------------------------------
+
+def _registry() -> Path:
+    home = Path(os.environ.get("NPUPORT_HOME") or Path.home() / ".npuport").expanduser()
+    return home / "sandbox-runs"
+
+
+def _start_time(pid: int) -> str:
+    """The process's start time in clock ticks (field 22 of /proc/PID/stat): tells a reused pid apart."""
+    with contextlib.suppress(OSError, IndexError):
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
+    return ""
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _register(pid: int, cgroup: Path | None) -> Path | None:
+    try:
+        reg = _registry()
+        reg.mkdir(parents=True, exist_ok=True)
+        rec = reg / f"{os.getpid()}-{pid}.json"
+        rec.write_text(json.dumps({"server": os.getpid(), "server_start": _start_time(os.getpid()), "pgid": pid,
+                                   "start": _start_time(pid), "cgroup": str(cgroup) if cgroup else None}))
+        return rec
+    except OSError:
+        return None
+
+
+def reap_orphans() -> int:
+    """Kill every sandboxed run whose server is gone (a server killed with SIGKILL cannot clean up):
+    the runs it recorded, and any npuport pids cgroup of a dead process. Returns how many were reaped.
+    Called when the server starts, before it resumes jobs (which then start fresh runs)."""
+    reaped = 0
+    reg = _registry()
+    for rec in sorted(reg.glob("*.json")) if reg.is_dir() else []:
+        try:
+            info = json.loads(rec.read_text())
+        except (OSError, json.JSONDecodeError):
+            rec.unlink(missing_ok=True)
+            continue
+        server = int(info.get("server") or 0)
+        if server and _alive(server) and _start_time(server) == info.get("server_start"):
+            continue  # its server still runs it
+        pgid = int(info.get("pgid") or 0)
+        if pgid and _start_time(pgid) == info.get("start"):
+            _kill_group(pgid)
+            reaped += 1
+        if info.get("cgroup"):
+            cg = _Cgroup.__new__(_Cgroup)
+            cg.path = Path(info["cgroup"]) if Path(info["cgroup"]).is_dir() else None
+            reaped += bool(cg.pids())
+            cg.kill_all()
+        rec.unlink(missing_ok=True)
+    root = _pids_cgroup_root()
+    for cg_dir in root.glob("npuport-*") if root else []:
+        owner = cg_dir.name.split("-")[1]
+        if owner.isdigit() and not _alive(int(owner)):
+            cg = _Cgroup.__new__(_Cgroup)
+            cg.path = cg_dir
+            reaped += bool(cg.pids())
+            cg.kill_all()
+    return reaped
 
 
 def _kill_group(pgid: int) -> None:
@@ -251,6 +333,7 @@ def _run(argv: list[str], *, cwd: Path, env: dict[str, str], limits: Limits, iso
     finally:
         if channel_fd is not None:
             os.close(channel_fd)  # only the child holds the write end: EOF means it is gone
+    record = _register(proc.pid, cgroup.path)
     assert proc.stdout is not None and proc.stderr is not None
     bufs: dict[int, bytearray] = {proc.stdout.fileno(): bytearray(), proc.stderr.fileno(): bytearray()}
     caps = {fd: limits.max_output_bytes for fd in bufs}
@@ -306,6 +389,8 @@ def _run(argv: list[str], *, cwd: Path, env: dict[str, str], limits: Limits, iso
         proc.stderr.close()
         if chan_r is not None:
             os.close(chan_r)
+        if record is not None:
+            record.unlink(missing_ok=True)
     rc = proc.returncode
     if status == "ok" and rc != 0:
         status = "killed" if rc is not None and rc < 0 else "error"
