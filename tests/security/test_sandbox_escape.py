@@ -228,3 +228,41 @@ def test_unisolated_runs_need_an_explicit_choice(monkeypatch: pytest.MonkeyPatch
     assert default_sandbox(allow_process=True).name == "process"
     monkeypatch.setenv("NPUPORT_ISOLATION", "process")
     assert default_sandbox().name == "process"
+
+
+def test_a_virtualenv_under_tmp_works_under_bwrap(tmp_path: Path) -> None:
+    """bwrap gives the run a private /tmp: an interpreter living under /tmp must be bound back, or
+    every run fails while the report says "isolation: bwrap"."""
+    import site
+    import subprocess
+    import sys
+
+    import yaml
+
+    from agents.workspace import Workspace
+    from sandbox.process import BubblewrapSandbox, bwrap_available
+    from sandbox.runner import run_harness
+    from sandbox.targets import Target
+
+    from .conftest import write_model
+
+    bwrap = bwrap_available()
+    if bwrap is None:
+        pytest.skip("bubblewrap is not installed here")
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    py = venv / "bin" / "python"
+    inner_site = subprocess.run([str(py), "-c", "import site; print(site.getsitepackages()[0])"],
+                                capture_output=True, text=True, check=True).stdout.strip()
+    # the tmp venv borrows torch and npuport from ours (a .pth), as a layered environment does
+    ours = [p for p in site.getsitepackages() if "site-packages" in p]
+    (Path(inner_site) / "borrow.pth").write_text("\n".join([*ours, str(Path(__file__).resolve().parents[2])]) + "\n")
+    original = write_model(tmp_path / "user-model")
+    ws = Workspace.create(original, tmp_path / "work")
+    manifest = yaml.safe_load((ws.model_dir / "npuport.yaml").read_text())
+    run = run_harness(workdir=ws.root, model_dir=ws.model_dir, run_dir=ws.runs_dir / "port", manifest=manifest,
+                      target=Target("cpu", "cpu"), sandbox=BubblewrapSandbox(bwrap), limits=Limits(wall_s=60),
+                      python=str(py))
+    assert run.exec_result.isolation == "bwrap"
+    assert run.ok, (run.result, run.exec_result.stderr[-2000:])
+    assert run.result["outputs"]["new_tokens"] == 4
