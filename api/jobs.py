@@ -253,9 +253,11 @@ class JobManager:
                 return
             self._pool = ThreadPoolExecutor(max_workers=self.settings.workers, thread_name_prefix="npuport-job")
             # Runs left by a server killed with SIGKILL die before their jobs resume (never two at once).
-            from sandbox.process import reap_orphans
+            from sandbox.process import reap_orphans, register_secret
 
             reap_orphans()
+            for token in self.settings.tokens:  # API tokens never appear in what a run hands back
+                register_secret(token)
             for job in self.store.with_status(("queued", "running")):
                 if job.status == "running":
                     self._event(job.id, "status", {"status": "queued", "reason": "service restarted; resuming"})
