@@ -269,6 +269,7 @@ def _parse_last_id(value: str | None) -> int:
 
 async def _event_stream(request: Request, mgr: JobManager, job_id: str, last: int) -> AsyncIterator[dict[str, Any]]:
     wake = mgr.listen(job_id)
+    lagging = 0
     try:
         while True:
             wake.clear()
@@ -277,7 +278,11 @@ async def _event_stream(request: Request, mgr: JobManager, job_id: str, last: in
                 yield {"id": str(e.seq), "event": e.kind, "data": json.dumps(_event_dict(e.seq, e.kind, e.t, e.data))}
                 last = e.seq
                 ended = e.kind == "status" and e.data.get("status") in TERMINAL
-            if ended or _already_ended(mgr, job_id, last):
+            done = _already_ended(mgr, job_id, last)
+            # The job row turns terminal a moment before its terminal event is written: wait for the event
+            # (a reconnecting client must get it), unless it never comes (a server killed in between).
+            lagging = lagging + 1 if done is None else 0
+            if ended or done or lagging > 3:
                 job = mgr.store.get(job_id)
                 yield {"event": "end", "data": json.dumps({"status": job.status if job else "unknown"})}
                 return
@@ -289,12 +294,18 @@ async def _event_stream(request: Request, mgr: JobManager, job_id: str, last: in
         mgr.unlisten(job_id, wake)
 
 
-def _already_ended(mgr: JobManager, job_id: str, last: int) -> bool:
-    """A client resuming after the terminal event: nothing more will come."""
+def _already_ended(mgr: JobManager, job_id: str, last: int) -> bool | None:
+    """True: the client already has the terminal event, nothing more will come. None: the job is
+    terminal but its terminal event is not written yet. False: not ended."""
     job = mgr.store.get(job_id)
     if job is None or job.status not in TERMINAL:
         return False
-    return not mgr.store.events(job_id, after=last, limit=1)
+    if mgr.store.events(job_id, after=last, limit=1):
+        return False
+    seen = mgr.store.events(job_id, after=0, limit=max(last, 1))
+    if any(e.kind == "status" and e.data.get("status") in TERMINAL for e in seen):
+        return True
+    return None
 
 
 @router.get("/{job_id}/report", responses={404: {"description": "unknown job"}, 409: {"description": "no report yet"}})

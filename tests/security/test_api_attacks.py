@@ -153,3 +153,31 @@ def test_model_folder_symlinks_are_refused(tmp_path: Path) -> None:
 def test_bad_numbers_and_deep_json_are_422(client: TestClient, raw: str) -> None:
     r = client.post("/v1/ports", content=raw, headers={**A, "Content-Type": "application/json"})
     assert r.status_code == 422, r.text
+
+
+def test_reconnecting_sse_client_always_gets_the_terminal_event(client: TestClient) -> None:
+    """The race behind "missed the terminal event": the job row is terminal, its terminal event not yet
+    written, and a client reconnects with Last-Event-ID. The stream must wait for the event."""
+    import threading
+    import time
+
+    from test_api_helpers import sse_events
+
+    mgr = client.app.state.manager  # type: ignore[attr-defined]
+    job = client.post("/v1/ports", json={"request": {"model_path": "m1", "target": "cpu"}}, headers=A).json()["id"]
+    deadline = time.monotonic() + 60
+    while (final := client.get(f"/v1/ports/{job}", headers=A).json())["status"] not in (
+            "validated", "not_validated", "failed") and time.monotonic() < deadline:
+        time.sleep(0.05)
+    events = mgr.store.events(job, after=0, limit=100_000)
+    terminal = next(e for e in events if e.kind == "status" and e.data.get("status") == final["status"])
+    with mgr.store._lock:  # recreate the moment between the row update and the event insert
+        mgr.store._conn.execute("DELETE FROM events WHERE job_id=? AND seq>=?", (job, terminal.seq))
+    last = max(e.seq for e in events if e.seq < terminal.seq)
+    threading.Timer(0.5, lambda: mgr._event(job, "status", terminal.data)).start()
+    start = time.monotonic()
+    got = list(sse_events(client, f"/v1/ports/{job}/events", {**A, "Last-Event-ID": str(last)}, limit_s=30))
+    kinds = [(e.get("event"), json.loads(e["data"]).get("data", {}).get("status") if e.get("event") == "status"
+              else None) for e in got]
+    assert ("status", final["status"]) in kinds, kinds
+    assert kinds[-1][0] == "end" and time.monotonic() - start < 15
