@@ -145,7 +145,8 @@ class JobStore:
         return self._job(row) if row else None
 
     def list_jobs(self, limit: int = 50, status: str | None = None, owner: str | None = None) -> list[Job]:
-        conds, args = [], []
+        conds: list[str] = []
+        args: list[Any] = []
         if status:
             conds, args = [*conds, "status=?"], [*args, status]
         if owner is not None:

@@ -108,9 +108,14 @@ def run_attack(tmp_path: Path, box: Sandbox, attack: str = "", in_generate: str 
 
 @pytest.fixture()
 def attack(tmp_path: Path, box: Sandbox):  # type: ignore[no-untyped-def]
-    """``attack(code_at_import, code_in_generate, limits)`` -> Attack, run in ``box``."""
+    """``attack(code_at_import, code_in_generate, limits)`` -> Attack, run in ``box``. After the test,
+    the user's original folder must be byte-identical, whatever the attack did."""
+    done: list[Attack] = []
 
     def go(at_import: str = "", in_generate: str = "pass", limits: Limits | None = None) -> Attack:
-        return run_attack(tmp_path, box, at_import, in_generate, limits)
+        done.append(run_attack(tmp_path, box, at_import, in_generate, limits))
+        return done[-1]
 
-    return go
+    yield go
+    for a in done:
+        assert a.original_untouched(), f"the user's original folder changed ({box.name})"

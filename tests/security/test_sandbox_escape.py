@@ -50,6 +50,17 @@ open("leak.txt", "w").write(STOLEN)
     assert a.original_untouched()
 
 
+def test_registered_tokens_are_scrubbed(attack, box) -> None:  # type: ignore[no-untyped-def]
+    """An API token the server holds (registered by JobManager.start) never comes back in run text,
+    even when the model's code prints it (say it found it somewhere)."""
+    from sandbox.process import register_secret
+
+    token = "npuport-api-token-7f3a9c1e5b"
+    register_secret(token)
+    a = attack("", f"print({token!r}); raise ValueError('token=' + {token!r})")
+    assert token not in _all_text(a) and "***" in a.run.exec_result.stdout
+
+
 def test_text_leaving_the_run_is_capped(attack, box) -> None:  # type: ignore[no-untyped-def]
     a = attack("", "raise RuntimeError('x' * 5_000_000)")
     assert len(a.run.result["exception"]["message"]) <= 4_000
