@@ -71,7 +71,10 @@ def _isolation_fallback() -> None:
     """The CLI ports the user's own model: without bubblewrap it may run it unisolated, but says so loudly."""
     from sandbox.process import bwrap_available, isolation_setting
 
-    if isolation_setting() == "auto" and bwrap_available() is None:
+    if isolation_setting() == "process":
+        err.print("[bold yellow]warning:[/] --isolation process: the model's code runs UNISOLATED "
+                  "(it can read and write what you can)")
+    elif isolation_setting() == "auto" and bwrap_available() is None:
         err.print("[bold yellow]warning:[/] bubblewrap (bwrap) is not available: the model's code runs UNISOLATED "
                   "(it can read and write what you can). Install bubblewrap, or pass NPUPORT_ISOLATION=process "
                   "to silence this.")
@@ -113,8 +116,14 @@ def port(
     tune: Annotated[bool, typer.Option(help="benchmark and tune the validated port (minutes on a small host)")] = False,
     tune_trials: Annotated[int, typer.Option(help="budget: tuning trials")] = 12,
     run_timeout: Annotated[float, typer.Option(help="wall-clock limit of one sandbox run, seconds")] = 300.0,
+    isolation: Annotated[str, typer.Option(help="auto | bwrap | process (process: the model's code runs "
+                                                "UNISOLATED; auto falls back to it with a warning)")] = "auto",
 ) -> None:
     """Port the model in PATH to the target; writes a bundle; exit 0 only when validated."""
+    if isolation not in ("auto", "bwrap", "process"):
+        raise _fail(f"--isolation must be auto, bwrap or process, not {isolation!r}", 2)
+    if isolation != "auto":
+        os.environ["NPUPORT_ISOLATION"] = isolation
     if not path.exists():
         raise _fail(f"model path {path} does not exist", 1)
     request = {"model_path": str(path), "target": target, "chip": chip, "out_dir": str(out) if out else None,
