@@ -427,10 +427,12 @@ def _host_paths(argv: list[str]) -> list[Path]:
     paths |= _interpreter_paths(sys.executable)
     if argv and ("python" in Path(argv[0]).name):
         paths |= _interpreter_paths(argv[0])
-    paths |= {Path(p) for p in sys.path if p and Path(p).is_dir()}
+    # sys.path's package folders only: its first entry may be the server's cwd (a home directory)
+    paths |= {Path(p) for p in sys.path if p and Path(p).is_dir()
+              and ("site-packages" in p or "dist-packages" in p or Path(p).name.startswith("python"))}
     paths.add(Path(__file__).resolve().parent.parent)  # the npuport package itself (editable installs)
-    if os.environ.get("NPUPORT_HOME"):
-        paths.add(Path(os.environ["NPUPORT_HOME"]))
+    # NPUPORT_HOME is not bound: it holds other jobs' workspaces, uploads and the job database. What a run
+    # needs from it (the op matrix, the native engine, a layered env) is bound by path.
     paths.add(Path.home() / ".cache" / "npuport")  # the shared native engine cache
     for key in ("NPUPORT_NATIVE_CACHE", "NPUPORT_ENV_CACHE"):
         if os.environ.get(key):
