@@ -53,8 +53,8 @@ def _isolation_text(runs: list[dict[str, Any]]) -> str:
     kinds = sorted({r.get("isolation") or "process" for r in runs}) or ["none (no run)"]
     text = ", ".join(kinds)
     if "process" in kinds:
-        text += (" (own process group, rlimits, wall timeout, scrubbed environment; without bubblewrap the model's "
-                 "code can still read the host's files and reach the network)")
+        text += (" — UNISOLATED (own process group, rlimits, wall timeout, scrubbed environment; without bubblewrap "
+                 "the model's code can still read and write the host's files and reach the network)")
     return text
 
 
@@ -141,9 +141,11 @@ def write_bundle(state: dict[str, Any], out_dir: Path, status: str, reason: str)
         "wall_s": time.time() - (state.get("started_at") or time.time()),
         "failure": state.get("failure"),
     }
+    kinds = {r.get("isolation") or "process" for r in report["runs"]}
+    report["isolation"] = "unisolated (process)" if "process" in kinds else ("bwrap" if kinds else "none (no run)")
     report["resolutions"] = finding_resolutions(report["findings"], report["patches"], status)
     files = _copy_traceback(state.get("failure"), out_dir)
-    if state.get("workdir") and (Path(state["workdir"]) / "model" / ".git").exists():
+    if state.get("workdir") and Workspace(Path(state["workdir"])).has_repo():
         ws = Workspace(Path(state["workdir"]))
         (out_dir / "port.patch").write_text(ws.diff_from_original())
         files["patch"] = str(out_dir / "port.patch")

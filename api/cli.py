@@ -7,6 +7,7 @@ validate (one-line reason); 2 for bad input.
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -80,12 +81,27 @@ def _summary(state: dict[str, Any]) -> None:
     del runs
 
 
+def _isolation_fallback() -> None:
+    """The CLI ports the user's own model: without bubblewrap it may run it unisolated, but says so loudly."""
+    from sandbox.process import bwrap_available, isolation_setting
+
+    if isolation_setting() == "process":
+        err.print("[bold yellow]warning:[/] --isolation process: the model's code runs UNISOLATED "
+                  "(it can read and write what you can)")
+    elif isolation_setting() == "auto" and bwrap_available() is None:
+        err.print("[bold yellow]warning:[/] bubblewrap (bwrap) is not available: the model's code runs UNISOLATED "
+                  "(it can read and write what you can). Install bubblewrap, or pass NPUPORT_ISOLATION=process "
+                  "to silence this.")
+        os.environ["NPUPORT_ALLOW_UNISOLATED"] = "1"
+
+
 def run_port_cli(request: dict[str, Any], goal: str = "") -> int:
     from agents.request import new_run_id
     from graph.runner import run_port
 
     thread_id = new_run_id(request.get("model_path") or "model")
     t0 = time.time()
+    _isolation_fallback()
     console.print(f"[bold]npuport[/] port {request.get('model_path')} -> {request.get('target')} (thread {thread_id})")
     try:
         state = run_port({"goal": goal, "request": request}, thread_id, on_step=lambda e: _print_step(e, t0))
@@ -114,8 +130,14 @@ def port(
     tune: Annotated[bool, typer.Option(help="benchmark and tune the validated port (minutes on a small host)")] = False,
     tune_trials: Annotated[int, typer.Option(help="budget: tuning trials")] = 12,
     run_timeout: Annotated[float, typer.Option(help="wall-clock limit of one sandbox run, seconds")] = 300.0,
+    isolation: Annotated[str, typer.Option(help="auto | bwrap | process (process: the model's code runs "
+                                                "UNISOLATED; auto falls back to it with a warning)")] = "auto",
 ) -> None:
     """Port the model in PATH to the target; writes a bundle; exit 0 only when validated."""
+    if isolation not in ("auto", "bwrap", "process"):
+        raise _fail(f"--isolation must be auto, bwrap or process, not {isolation!r}", 2)
+    if isolation != "auto":
+        os.environ["NPUPORT_ISOLATION"] = isolation
     if not path.exists():
         raise _fail(f"model path {path} does not exist", 1)
     request = {"model_path": str(path), "target": target, "chip": chip, "out_dir": str(out) if out else None,

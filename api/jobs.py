@@ -145,10 +145,14 @@ class JobStore:
             row = self._conn.execute("SELECT * FROM jobs WHERE id=?", (job_id,)).fetchone()
         return self._job(row) if row else None
 
-    def list_jobs(self, limit: int = 50, status: str | None = None) -> list[Job]:
-        q, args = "SELECT * FROM jobs", []
+    def list_jobs(self, limit: int = 50, status: str | None = None, owner: str | None = None) -> list[Job]:
+        conds: list[str] = []
+        args: list[Any] = []
         if status:
-            q, args = q + " WHERE status=?", [status]
+            conds, args = [*conds, "status=?"], [*args, status]
+        if owner is not None:
+            conds, args = [*conds, "owner=?"], [*args, owner]
+        q = "SELECT * FROM jobs" + (" WHERE " + " AND ".join(conds) if conds else "")
         with self._lock:
             rows = self._conn.execute(q + " ORDER BY created DESC LIMIT ?", (*args, limit)).fetchall()
         return [self._job(r) for r in rows]
@@ -250,6 +254,12 @@ class JobManager:
             if self._pool is not None:
                 return
             self._pool = ThreadPoolExecutor(max_workers=self.settings.workers, thread_name_prefix="npuport-job")
+            # Runs left by a server killed with SIGKILL die before their jobs resume (never two at once).
+            from sandbox.process import reap_orphans, register_secret
+
+            reap_orphans()
+            for token in self.settings.tokens:  # API tokens never appear in what a run hands back
+                register_secret(token)
             for job in self.store.with_status(("queued", "running")):
                 if job.status == "running":
                     self._event(job.id, "status", {"status": "queued", "reason": "service restarted; resuming"})

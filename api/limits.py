@@ -62,7 +62,9 @@ class BodyLimitMiddleware:
             if message["type"] == "http.request":
                 received += len(message.get("body", b""))
                 if received > cap:
-                    raise BodyLimitExceeded(413, f"request body exceeds the cap of {cap} bytes")
+                    exc = BodyLimitExceeded(413, f"request body exceeds the cap of {cap} bytes")
+                    scope["npuport.body_limit"] = exc  # parsers may wrap it (multipart: "malformed"); say 413
+                    raise exc
                 body_done = not message.get("more_body", False)
             else:
                 body_done = True

@@ -119,8 +119,19 @@ def _validate(members: list[_Member], max_bytes: int, max_members: int) -> None:
     if len(members) > max_members:
         raise UploadError(f"archive has {len(members)} members; the cap is {max_members}", 413)
     total = 0
+    links = {_check_name(m.name) for m in members if m.kind in ("symlink", "hardlink")}
+    seen: set[str] = set()
     for m in members:
-        _check_name(m.name)
+        name = _check_name(m.name)
+        if name in seen and (m.kind != "dir" or name in links):
+            raise UploadError(f"archive member {m.name!r} appears twice")
+        seen.add(name)
+        # Nothing is written through a link: a chain of symlinks (a -> ., a/b -> ..) each harmless alone
+        # would otherwise carry a later member outside the folder, whatever the order of members.
+        parts = PurePosixPath(name).parts
+        for i in range(1, len(parts)):
+            if posixpath.join(*parts[:i]) in links:
+                raise UploadError(f"archive member {m.name!r} lies under a link ({posixpath.join(*parts[:i])})")
         if m.kind in ("symlink", "hardlink"):
             _check_link(m.name, m.link, m.kind)
         total += m.size
@@ -133,7 +144,13 @@ def _verify_tree(root: Path) -> None:
     for dirpath, dirnames, filenames in os.walk(root):
         for name in dirnames + filenames:
             p = Path(dirpath) / name
-            if p.is_symlink() and not p.resolve().is_relative_to(real_root):
+            if not p.is_symlink():
+                continue
+            try:
+                real = p.resolve(strict=True)
+            except (OSError, RuntimeError) as exc:  # dangling, or a loop
+                raise UploadError(f"archive member {p.relative_to(root)} is a symlink to nothing") from exc
+            if not real.is_relative_to(real_root):
                 raise UploadError(f"archive member {p.relative_to(root)} links outside the archive")
 
 
@@ -143,6 +160,9 @@ def extract_archive(data: bytes, filename: str, dest: Path, *, max_bytes: int, m
     try:
         _extract(data, filename, dest, max_bytes=max_bytes, max_members=max_members)
         _verify_tree(dest)
+    except OSError as exc:  # a member the checks let through but the disk refused: the client's archive
+        shutil.rmtree(dest, ignore_errors=True)
+        raise UploadError(f"cannot unpack the archive: {exc.strerror or exc}") from exc
     except BaseException:
         shutil.rmtree(dest, ignore_errors=True)
         raise
@@ -156,7 +176,9 @@ def _extract(data: bytes, filename: str, dest: Path, *, max_bytes: int, max_memb
             members = _zip_members(zf)
             _validate(members, max_bytes, max_members)
             written = 0
-            for info, m in zip(zf.infolist(), members, strict=True):
+            # links last: every file and folder is written before any link exists
+            ordered = sorted(zip(zf.infolist(), members, strict=True), key=lambda im: im[1].kind == "symlink")
+            for info, m in ordered:
                 target = dest / _check_name(m.name)
                 if m.kind == "dir":
                     target.mkdir(parents=True, exist_ok=True)

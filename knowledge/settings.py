@@ -26,8 +26,9 @@ from typing import Annotated, Any, Literal
 from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
-SCOPES = ("read", "write")
-"""read: look at jobs, events, bundles, chat status questions; write: submit, approve, cancel."""
+SCOPES = ("read", "write", "admin")
+"""read: look at this token's jobs, events, bundles, chat status questions; write: submit, approve, cancel
+this token's jobs; admin: the same on every token's jobs."""
 
 
 def _config(prefix: str) -> SettingsConfigDict:
@@ -47,8 +48,13 @@ class Settings(BaseSettings):
     """Where the models' layered environments are built (default <home>/envs)."""
     native_cache: Path | None = None
     """Where ascend-sim's native C++ engine is built (default ~/.cache/npuport/ascend-sim-native)."""
-    sandbox: str = "auto"
-    """auto: bubblewrap when usable, else a plain process sandbox; process forces the plain one."""
+    isolation: str = "auto"
+    """How model code is isolated: bwrap (required), process (unisolated, chosen explicitly), or auto (bwrap
+    when usable; otherwise refused unless unisolated runs are allowed)."""
+    sandbox: str = ""
+    """The older name of NPUPORT_ISOLATION (used when that is unset)."""
+    allow_unisolated: bool = False
+    """1: where bwrap is unusable, run model code in a plain process sandbox instead of refusing."""
     sim_engine: str = "auto"
     """ascend-sim's engine: native (C++, built on first use), python (slower), auto (native when it builds)."""
     kb: str = ""
@@ -177,7 +183,8 @@ class ServiceSettings(BaseSettings):
             out: dict[str, list[str]] = {}
             for part in v.split(","):
                 tok, _, scopes = part.partition("=")
-                out[tok.strip()] = [s for s in scopes.replace("+", " ").split() if s] or list(SCOPES)
+                # a token named without scopes may read and write its own jobs; admin is never implied
+                out[tok.strip()] = [s for s in scopes.replace("+", " ").split() if s] or ["read", "write"]
             return out
         return v
 

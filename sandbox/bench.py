@@ -33,7 +33,7 @@ from typing import Any
 
 from knowledge.errors import Infeasible  # noqa: F401  (re-exported)
 from sandbox import harness
-from sandbox.process import Limits, Sandbox, default_sandbox, scrubbed_env
+from sandbox.process import Limits, Mounts, Sandbox, default_sandbox, scrub, scrubbed_env
 from sandbox.runner import HarnessRun
 
 DTYPES = ("float32", "bfloat16", "float16")
@@ -326,9 +326,14 @@ def run_bench(
     argv = [python or sys.executable, "-I", "-B", "-u", "-m", "sandbox.bench", str(spec_path.resolve())]
     # -I drops the cwd from sys.path: the sandbox package must come from npuport's own install.
     box = sandbox or default_sandbox()
-    exec_result = box.execute(argv, cwd=workdir, env=scrubbed_env(env), limits=limits or Limits())
-    (run_dir / "bench_stdout.log").write_text(exec_result.stdout)
-    (run_dir / "bench_stderr.log").write_text(exec_result.stderr)
+    # Under bwrap the run sees the model read-only and its run folder only (not npuport's git, not other runs).
+    ro = [model_dir.resolve()] + [Path(v).resolve() for v in ((target or {}).get("options") or {}).values()
+                                  if isinstance(v, str) and v.startswith("/") and Path(v).exists()]
+    mounts = Mounts(hide=(workdir.resolve(),), ro=tuple(ro), rw=(run_dir.resolve(),))
+    exec_result = box.execute(argv, cwd=run_dir.resolve(), env=scrubbed_env(env), limits=limits or Limits(),
+                              mounts=mounts)
+    (run_dir / "bench_stdout.log").write_text(scrub(exec_result.stdout))
+    (run_dir / "bench_stderr.log").write_text(scrub(exec_result.stderr))
     result: dict[str, Any] = {}
     if result_path.exists():
         try:

@@ -297,8 +297,19 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     spec = json.loads(Path(argv[0]).read_text())
+    channel = None
+    if spec.get("result_fd") is not None:
+        # The result channel: a pipe the parent opened. Taken before any model code is imported and kept
+        # from the model's subprocesses; a result file in the run folder would be the model's to write.
+        channel = os.fdopen(int(spec["result_fd"]), "wb", closefd=True)
+        os.set_inheritable(channel.fileno(), False)
     result = run(spec)
-    Path(spec["result_path"]).write_text(json.dumps(result, indent=1, default=str))
+    payload = json.dumps(result, default=str).encode()
+    if channel is not None:
+        with channel:
+            channel.write(payload)
+    else:
+        Path(spec["result_path"]).write_bytes(payload)
     return 0 if result["ok"] else 1
 
 

@@ -1,5 +1,11 @@
 """Parent side of a sandbox run: writes the harness spec, runs the harness in the sandbox, reads the
-result back. Everything the run produced stays in its run directory."""
+result back. Everything the run produced stays in its run directory.
+
+The run sees (under bwrap) the model's tree read-only and its own run folder read-write; the rest of
+the workspace (npuport's git, the original, other runs such as the reference) is masked. The result
+comes back on a pipe the parent opened (the harness's ``result_fd``), not from a file the model's code
+could write; a run that ends without writing it failed, whatever its exit code. The parent then writes
+``result.json`` itself, scrubbed of the server's secrets and capped in size."""
 
 from __future__ import annotations
 
@@ -9,8 +15,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sandbox.process import ExecResult, Limits, Sandbox, default_sandbox, scrubbed_env
+from sandbox.process import ExecResult, Limits, Mounts, Sandbox, default_sandbox, scrub, scrubbed_env
 from sandbox.targets import Target
+
+RESULT_FD = 201  # the fd number the harness writes its result on (inherited, set close-on-exec at once)
+MAX_RESULT_BYTES = 8 * 1024 * 1024
+MAX_RESULT_TOKENS = 262_144
+MAX_MESSAGE_CHARS = 4_000
+MAX_TRACEBACK_CHARS = 20_000
 
 
 @dataclass
@@ -34,6 +46,41 @@ class HarnessRun:
         return "error"
 
 
+def _failure(kind: str, message: str) -> dict[str, Any]:
+    return {"ok": False, "exception": {"type": kind, "message": message, "frames": []}}
+
+
+def _clean(result: dict[str, Any]) -> dict[str, Any]:
+    """Cap and scrub the text a run hands back; refuse outputs larger than any real check needs."""
+    exc = result.get("exception")
+    if isinstance(exc, dict):
+        exc["message"] = scrub(str(exc.get("message", "")))[:MAX_MESSAGE_CHARS]
+        if "traceback" in exc:
+            exc["traceback"] = scrub(str(exc["traceback"]))[-MAX_TRACEBACK_CHARS:]
+        for fr in exc.get("frames") or []:
+            if isinstance(fr, dict):
+                fr["code"] = scrub(str(fr.get("code", "")))[:500]
+    if isinstance(result.get("warnings"), list):
+        result["warnings"] = [scrub(str(w))[:1000] for w in result["warnings"][:200]]
+    outputs = result.get("outputs") or {}
+    tokens = outputs.get("tokens") if isinstance(outputs, dict) else None
+    if isinstance(tokens, list):
+        n = sum(len(r) if isinstance(r, list) else 1 for r in tokens)
+        if n > MAX_RESULT_TOKENS:
+            return _failure("ResultTooLarge", f"the run returned {n} tokens; the cap is {MAX_RESULT_TOKENS}")
+    if isinstance(outputs, dict) and isinstance(outputs.get("text"), list):
+        outputs["text"] = [scrub(str(t))[:MAX_MESSAGE_CHARS] for t in outputs["text"]]
+    return result
+
+
+def _mounts(workdir: Path, model_dir: Path, run_dir: Path, target: Target) -> Mounts:
+    ro = [model_dir.resolve()]
+    for value in (target.options or {}).values():
+        if isinstance(value, str) and value.startswith("/") and Path(value).exists():
+            ro.append(Path(value).resolve())  # the emulator's op matrix and native engine
+    return Mounts(hide=(workdir.resolve(),), ro=tuple(ro), rw=(run_dir.resolve(),))
+
+
 def run_harness(
     *,
     workdir: Path,
@@ -54,6 +101,7 @@ def run_harness(
     interpreter of a layered environment holding the model's own pins (agents/env_resolve.py)."""
     run_dir.mkdir(parents=True, exist_ok=True)
     result_path = run_dir / "result.json"
+    result_path.unlink(missing_ok=True)
     spec: dict[str, Any] = {
         "model_dir": str(model_dir.resolve()),
         "manifest": manifest,
@@ -63,7 +111,7 @@ def run_harness(
         "seed": 0,
         "warmup": 0,
         "repeats": 1,
-        "result_path": str(result_path.resolve()),
+        "result_fd": RESULT_FD,
         "capture_path": str((run_dir / "capture.pt").resolve()),
     }
     spec.update(extra or {})
@@ -72,21 +120,33 @@ def run_harness(
     env = scrubbed_env({} if reference else target.env)
     argv = [python or sys.executable, "-I", "-B", "-u", "-m", "sandbox.harness", str(spec_path.resolve())]
     box = sandbox or default_sandbox()
-    exec_result = box.execute(argv, cwd=workdir, env=env, limits=limits or Limits())
+    lim = limits or Limits()
+    exec_result = box.execute(argv, cwd=run_dir.resolve(), env=env, limits=lim,
+                              mounts=_mounts(workdir, model_dir, run_dir, target),
+                              channel_fd=RESULT_FD, channel_cap=MAX_RESULT_BYTES)
+    exec_result.stdout, exec_result.stderr = scrub(exec_result.stdout), scrub(exec_result.stderr)
     (run_dir / "stdout.log").write_text(exec_result.stdout)
     (run_dir / "stderr.log").write_text(exec_result.stderr)
     result: dict[str, Any] = {}
-    if result_path.exists():
+    if exec_result.channel_overflow:
+        result = _failure("ResultTooLarge", f"the run's result is larger than {MAX_RESULT_BYTES // 2**20} MiB; "
+                                            "npuport refuses it")
+    elif exec_result.channel:
         try:
-            result = json.loads(result_path.read_text())
-        except json.JSONDecodeError as exc:
-            result = {"ok": False, "exception": {"type": "HarnessResultUnreadable", "message": str(exc), "frames": []}}
+            loaded = json.loads(exec_result.channel)
+            result = loaded if isinstance(loaded, dict) else _failure("HarnessResultUnreadable", "not an object")
+        except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as exc:
+            result = _failure("HarnessResultUnreadable", f"the result channel held no valid JSON: {exc}")
     if not result:
         if exec_result.status == "timeout":
-            message = f"the run exceeded its wall-clock limit of {(limits or Limits()).wall_s:g} s and was killed"
-            result = {"ok": False, "exception": {"type": "Timeout", "message": message, "frames": []}}
+            result = _failure("Timeout", f"the run exceeded its wall-clock limit of {lim.wall_s:g} s and was killed")
         else:
             tail = "\n".join(exec_result.stderr.strip().splitlines()[-5:])
-            message = f"the sandboxed process ended (status {exec_result.status}, code {exec_result.returncode}) without a result: {tail}"
-            result = {"ok": False, "exception": {"type": "ProcessDied", "message": message, "frames": []}}
+            result = _failure("ProcessDied", f"the sandboxed process ended (status {exec_result.status}, code "
+                                             f"{exec_result.returncode}) without reporting a result: {tail}")
+    result = _clean(result)
+    if exec_result.notes:
+        result.setdefault("warnings", [])
+        result["warnings"] = [*result["warnings"], *(f"sandbox: {n}" for n in exec_result.notes)]
+    result_path.write_text(json.dumps(result, indent=1, default=str))
     return HarnessRun(run_dir=run_dir, exec_result=exec_result, result=result)

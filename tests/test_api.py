@@ -40,7 +40,7 @@ def roots(tmp_path: Path) -> Path:
 
 
 def make_settings(home: Path, roots: Path, **over: Any) -> Settings:
-    base: dict[str, Any] = {"home": home, "tokens": {"tok-rw": ["read", "write"], "tok-ro": ["read"]},
+    base: dict[str, Any] = {"home": home, "tokens": {"tok-rw": ["read", "write"], "tok-ro": ["read", "admin"]},
                             "allowed_roots": [roots], "workers": 2, "body_timeout_s": 1.0,
                             "max_body_bytes": 64 * 1024, "max_upload_bytes": 256 * 1024,
                             "max_extracted_bytes": 512 * 1024}
@@ -125,7 +125,7 @@ def test_settings_from_environment(monkeypatch: pytest.MonkeyPatch, tmp_path: Pa
     assert s.allowed_roots == [tmp_path, Path("/srv/models")] and s.workers == 3
     monkeypatch.setenv("NPUPORT_TOKENS", "x=read+write,y=read")
     assert Settings().tokens == {"x": ["read", "write"], "y": ["read"]}
-    monkeypatch.setenv("NPUPORT_TOKENS", '{"a": ["admin"]}')
+    monkeypatch.setenv("NPUPORT_TOKENS", '{"a": ["root"]}')
     with pytest.raises(ValueError, match="unknown scopes"):
         Settings()
 

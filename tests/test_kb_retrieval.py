@@ -15,8 +15,9 @@ from pathlib import Path
 import pytest
 
 from knowledge.kb import KBError, KnowledgeBase
-from knowledge.kb.aclnn import aclnn_to_ops, chip_of, parse_aclnn_doc, supported_dtypes
+from knowledge.kb.aclnn import aclnn_to_ops, chip_of, parse_aclnn_doc
 from knowledge.kb.cli_support import kb_build
+from knowledge.kb.dtypes import supported_dtypes
 from knowledge.kb.identifiers import extract_keys
 from knowledge.kb.lexical import BM25Index, Doc
 from knowledge.kb.recipes import recipe_keys_for

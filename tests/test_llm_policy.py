@@ -7,7 +7,6 @@ tool calls included); the tools, validation, budget, workspace and patcher are t
 from __future__ import annotations
 
 import json
-import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -163,7 +162,7 @@ def test_patcher_commits_an_llm_edit_fix(ws: Workspace) -> None:
     patch, notes = apply_fix(ws, action, 1)
     assert patch is not None, notes
     assert patch.codemod == LLM_EDIT and patch.files == ["mod.py"] and patch.diagnosis_id == "diag-1"
-    log = subprocess.run(["git", "log", "-1", "--format=%B"], cwd=ws.model_dir, capture_output=True, text=True).stdout
+    log = ws.git("log", "-1", "--format=%B")
     assert "llm-edit" in log and "diag-1" in log and "recipe:H5" in log
 
 

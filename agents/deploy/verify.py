@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import subprocess
 import tempfile
 from pathlib import Path
 from typing import Any, Literal
@@ -14,7 +13,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field
 
 from agents.tuning.measure import TUNE_CONCURRENCY, at, points_of
-from agents.workspace import Workspace
+from agents.workspace import Workspace, WorkspaceError
 from sandbox.bench import run_bench
 from sandbox.process import Limits
 from sandbox.runner import run_harness
@@ -62,11 +61,10 @@ def _apply_patch(original: Path, bundle: Path, root: Path) -> tuple[Claim, Works
     patch = bundle / "port.patch"
     if not patch.exists():
         return Claim(name="patch applies", verdict="disagree", detail="the bundle has no port.patch"), None
-    r = subprocess.run(["git", "apply", "--whitespace=nowarn", str(patch.resolve())], cwd=ws.model_dir,
-                       capture_output=True, text=True)
-    if r.returncode != 0:
-        return Claim(name="patch applies", verdict="disagree",
-                     detail=f"git apply failed: {r.stderr.strip()[:300]}"), None
+    try:
+        ws.git("apply", "--whitespace=nowarn", str(patch.resolve()))
+    except WorkspaceError as exc:
+        return Claim(name="patch applies", verdict="disagree", detail=f"git apply failed: {str(exc)[:300]}"), None
     ws.commit("port.patch from the bundle")
     rebuilt = root / "rebuilt"
     ws.export_tree(rebuilt)

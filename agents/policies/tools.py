@@ -8,7 +8,6 @@ Tools never raise to the model: a bad call comes back as a one-line "error: ..."
 from __future__ import annotations
 
 import re
-import subprocess
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -185,13 +184,16 @@ class ToolBox:
                            for h in hits)
 
     def _run_in_sandbox(self, a: RunInSandboxArgs) -> str:
-        from sandbox.process import Limits, default_sandbox, scrubbed_env
+        from sandbox.process import IsolationUnavailable, Limits, default_sandbox, scrubbed_env
 
         used = sum(1 for e in self.log if e["tool"] == "run_in_sandbox")
         if used >= self.max_sandbox_calls:
             raise ToolError(f"the sandbox may run {self.max_sandbox_calls} snippets per question; answer now")
         root = self._root().resolve()
-        box = default_sandbox()
+        try:
+            box = default_sandbox()
+        except IsolationUnavailable as exc:
+            raise ToolError(f"run_in_sandbox needs bubblewrap isolation (bwrap), which this host lacks: {exc}") from exc
         if box.name == "process" and not LLMSettings().allow_process_sandbox:
             # Without bwrap the snippet could read the host's files and its output goes to the LLM provider.
             raise ToolError("run_in_sandbox needs bubblewrap isolation (bwrap), which this host lacks; "
@@ -212,11 +214,6 @@ class ToolBox:
 
 def _restore_workspace(model_dir: Path) -> bool:
     """Undo whatever a snippet wrote into the git workspace (edits go through the patcher only)."""
-    if not (model_dir / ".git").exists():
-        return False
-    status = subprocess.run(["git", "status", "--porcelain"], cwd=model_dir, capture_output=True, text=True)
-    if not status.stdout.strip():
-        return False
-    subprocess.run(["git", "checkout", "-q", "--", "."], cwd=model_dir, capture_output=True)
-    subprocess.run(["git", "clean", "-fdq"], cwd=model_dir, capture_output=True)
-    return True
+    from agents.workspace import Workspace
+
+    return Workspace(model_dir.parent).restore()

@@ -77,11 +77,16 @@ def job_out(mgr: JobManager, job: Job) -> dict[str, Any]:
     return job.public(mgr.store.step_count(job.id))
 
 
-def get_job(mgr: JobManager, job_id: str) -> Job:
+def get_job(mgr: JobManager, job_id: str, principal: Principal) -> Job:
+    """The job, if ``principal`` owns it or holds the admin scope; otherwise 404 (existence is not told)."""
     job = mgr.store.get(job_id)
-    if job is None:
+    if job is None or not can_see(principal, job):
         raise HTTPException(status_code=404, detail=f"no job {job_id}")
     return job
+
+
+def can_see(principal: Principal, job: Job) -> bool:
+    return job.owner == principal.name or "admin" in principal.scopes
 
 
 _CREATE_DOC = {
@@ -124,7 +129,7 @@ async def create_port(request: Request, principal: Writer, mgr: Manager,
     else:
         raw = await request.body()
         try:
-            payload = json.loads(raw or b"null")
+            payload = _loads(raw or b"null")
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:
             raise HTTPException(status_code=400, detail=f"malformed JSON body: {exc}") from exc
         body = _parse_body(payload)
@@ -145,9 +150,41 @@ async def create_port(request: Request, principal: Writer, mgr: Manager,
     return JSONResponse(job_out(mgr, job), status_code=201 if created else 200, headers=headers)
 
 
+MAX_JSON_DEPTH = 32
+MAX_JSON_NUMBER = 1e12  # no field of a request needs more; larger ones overflow timers and budgets
+
+
+def _reject_constant(name: str) -> Any:
+    raise HTTPException(status_code=422, detail=f"{name} is not a valid number here")
+
+
+def _loads(raw: bytes | str) -> Any:
+    """json.loads that answers 422 for NaN/Infinity and for nesting too deep to parse."""
+    try:
+        return json.loads(raw, parse_constant=_reject_constant)
+    except RecursionError:
+        raise HTTPException(status_code=422, detail="the JSON body is nested too deeply") from None
+
+
+def _check_values(value: Any, depth: int = 0) -> None:
+    if depth > MAX_JSON_DEPTH:
+        raise HTTPException(status_code=422, detail=f"the JSON body is nested deeper than {MAX_JSON_DEPTH} levels")
+    if isinstance(value, bool):
+        return
+    if isinstance(value, int | float) and (value != value or abs(value) > MAX_JSON_NUMBER):
+        raise HTTPException(status_code=422, detail=f"number {value!r} is out of range (|x| <= {MAX_JSON_NUMBER:g})")
+    if isinstance(value, dict):
+        for v in value.values():
+            _check_values(v, depth + 1)
+    elif isinstance(value, list):
+        for v in value:
+            _check_values(v, depth + 1)
+
+
 def _parse_body(payload: Any) -> PortCreate:
     if not isinstance(payload, dict):
         raise HTTPException(status_code=422, detail="the body must be a JSON object")
+    _check_values(payload)
     try:
         return PortCreate.model_validate(payload)
     except ValidationError as exc:
@@ -158,9 +195,12 @@ async def _read_multipart(request: Request) -> tuple[PortCreate, tuple[bytes, st
     settings = request.app.state.settings
     try:
         form = await request.form(max_files=1, max_fields=10, max_part_size=settings.max_body_bytes)
-    except HTTPException:
-        raise
     except Exception as exc:
+        limit = request.scope.get("npuport.body_limit")
+        if limit is not None:  # the body cap tripped while the parser read: that is a 413, chunked or not
+            raise limit from None
+        if isinstance(exc, HTTPException):
+            raise
         raise HTTPException(status_code=400, detail=f"malformed multipart body: {exc}") from exc
     upload = form.get("archive")
     if upload is None or isinstance(upload, str):
@@ -171,7 +211,7 @@ async def _read_multipart(request: Request) -> tuple[PortCreate, tuple[bytes, st
     fields: dict[str, Any] = {"goal": str(form.get("goal") or "")}
     if form.get("request"):
         try:
-            fields["request"] = json.loads(str(form.get("request")))
+            fields["request"] = _loads(str(form.get("request")))
         except json.JSONDecodeError as exc:
             raise HTTPException(status_code=400, detail=f"malformed JSON in the 'request' field: {exc}") from exc
     fields["require_approval"] = str(form.get("require_approval") or "").lower() in ("1", "true", "yes", "on")
@@ -179,15 +219,16 @@ async def _read_multipart(request: Request) -> tuple[PortCreate, tuple[bytes, st
 
 
 @router.get("", response_model=list[JobOut])
-def list_ports(_: Reader, mgr: Manager, limit: Annotated[int, Query(ge=1, le=500)] = 50,
+def list_ports(principal: Reader, mgr: Manager, limit: Annotated[int, Query(ge=1, le=500)] = 50,
                status: Annotated[Literal[STATUSES] | None, Query()] = None) -> list[dict[str, Any]]:  # type: ignore[valid-type]
-    """Recent jobs, newest first."""
-    return [job_out(mgr, j) for j in mgr.store.list_jobs(limit=limit, status=status)]
+    """Recent jobs of this token (every job for an admin token), newest first."""
+    owner = None if "admin" in principal.scopes else principal.name
+    return [job_out(mgr, j) for j in mgr.store.list_jobs(limit=limit, status=status, owner=owner)]
 
 
 @router.get("/{job_id}", response_model=JobOut, responses={404: {"description": "unknown job"}})
-def get_port(job_id: str, _: Reader, mgr: Manager) -> dict[str, Any]:
-    return job_out(mgr, get_job(mgr, job_id))
+def get_port(job_id: str, principal: Reader, mgr: Manager) -> dict[str, Any]:
+    return job_out(mgr, get_job(mgr, job_id, principal))
 
 
 def _event_dict(seq: int, kind: str, t: float, data: dict[str, Any]) -> dict[str, Any]:
@@ -199,7 +240,7 @@ def _event_dict(seq: int, kind: str, t: float, data: dict[str, Any]) -> dict[str
           "content": {"text/event-stream": {}, "application/json": {}}},
     404: {"description": "unknown job"}})
 async def port_events(
-    job_id: str, request: Request, _: Reader, mgr: Manager,
+    job_id: str, request: Request, principal: Reader, mgr: Manager,
     last_event_id: Annotated[str | None, Header()] = None,
     after: Annotated[int | None, Query(ge=0, description="resume after this seq (like Last-Event-ID)")] = None,
     stream: Annotated[bool, Query(description="false: return the events so far as JSON")] = True,
@@ -207,7 +248,7 @@ async def port_events(
     """Server-sent events of the job: ``status`` changes and agent ``step``s, in order; the stream ends
     with an ``end`` event after a terminal status. Reconnect with ``Last-Event-ID`` (or ``after``) to
     continue where you stopped."""
-    get_job(mgr, job_id)
+    get_job(mgr, job_id, principal)
     start = after if after is not None else _parse_last_id(last_event_id)
     if not stream:
         return [_event_dict(e.seq, e.kind, e.t, e.data) for e in mgr.store.events(job_id, after=start, limit=100_000)]
@@ -228,6 +269,7 @@ def _parse_last_id(value: str | None) -> int:
 
 async def _event_stream(request: Request, mgr: JobManager, job_id: str, last: int) -> AsyncIterator[dict[str, Any]]:
     wake = mgr.listen(job_id)
+    lagging = 0
     try:
         while True:
             wake.clear()
@@ -236,7 +278,11 @@ async def _event_stream(request: Request, mgr: JobManager, job_id: str, last: in
                 yield {"id": str(e.seq), "event": e.kind, "data": json.dumps(_event_dict(e.seq, e.kind, e.t, e.data))}
                 last = e.seq
                 ended = e.kind == "status" and e.data.get("status") in TERMINAL
-            if ended or _already_ended(mgr, job_id, last):
+            done = _already_ended(mgr, job_id, last)
+            # The job row turns terminal a moment before its terminal event is written: wait for the event
+            # (a reconnecting client must get it), unless it never comes (a server killed in between).
+            lagging = lagging + 1 if done is None else 0
+            if ended or done or lagging > 3:
                 job = mgr.store.get(job_id)
                 yield {"event": "end", "data": json.dumps({"status": job.status if job else "unknown"})}
                 return
@@ -248,18 +294,24 @@ async def _event_stream(request: Request, mgr: JobManager, job_id: str, last: in
         mgr.unlisten(job_id, wake)
 
 
-def _already_ended(mgr: JobManager, job_id: str, last: int) -> bool:
-    """A client resuming after the terminal event: nothing more will come."""
+def _already_ended(mgr: JobManager, job_id: str, last: int) -> bool | None:
+    """True: the client already has the terminal event, nothing more will come. None: the job is
+    terminal but its terminal event is not written yet. False: not ended."""
     job = mgr.store.get(job_id)
     if job is None or job.status not in TERMINAL:
         return False
-    return not mgr.store.events(job_id, after=last, limit=1)
+    if mgr.store.events(job_id, after=last, limit=1):
+        return False
+    seen = mgr.store.events(job_id, after=0, limit=max(last, 1))
+    if any(e.kind == "status" and e.data.get("status") in TERMINAL for e in seen):
+        return True
+    return None
 
 
 @router.get("/{job_id}/report", responses={404: {"description": "unknown job"}, 409: {"description": "no report yet"}})
-def port_report(job_id: str, _: Reader, mgr: Manager) -> dict[str, Any]:
+def port_report(job_id: str, principal: Reader, mgr: Manager) -> dict[str, Any]:
     """The final report: ``markdown`` (report.md) and ``json`` (report.json)."""
-    bundle = _bundle_dir(get_job(mgr, job_id))
+    bundle = _bundle_dir(get_job(mgr, job_id, principal))
     md, js = bundle / "report.md", bundle / "report.json"
     return {"id": job_id, "markdown": md.read_text() if md.is_file() else "",
             "json": json.loads(js.read_text()) if js.is_file() else None}
@@ -274,9 +326,9 @@ def _bundle_dir(job: Job) -> Path:
 @router.get("/{job_id}/bundle", response_class=StreamingResponse,
             responses={200: {"content": {"application/zip": {}}}, 404: {"description": "unknown job"},
                        409: {"description": "the job has not finished"}})
-def port_bundle(job_id: str, _: Reader, mgr: Manager) -> StreamingResponse:
+def port_bundle(job_id: str, principal: Reader, mgr: Manager) -> StreamingResponse:
     """The deployment bundle (port.patch, report.md, report.json, trace.jsonl, ...) as a zip."""
-    bundle = _bundle_dir(get_job(mgr, job_id))
+    bundle = _bundle_dir(get_job(mgr, job_id, principal))
     spool = tempfile.SpooledTemporaryFile(max_size=16 * 1024 * 1024)  # noqa: SIM115 - closed by the stream
     with zipfile.ZipFile(spool, "w", zipfile.ZIP_DEFLATED) as zf:
         real = bundle.resolve()
@@ -300,8 +352,9 @@ def port_bundle(job_id: str, _: Reader, mgr: Manager) -> StreamingResponse:
 
 @router.post("/{job_id}/approve", response_model=JobOut,
              responses={404: {"description": "unknown job"}, 409: {"description": "not waiting for approval"}})
-def approve_port(job_id: str, _: Writer, mgr: Manager) -> dict[str, Any]:
-    """Approve the next patch round of a job created with ``require_approval``."""
+def approve_port(job_id: str, principal: Writer, mgr: Manager) -> dict[str, Any]:
+    """Approve the next patch round of a job created with ``require_approval`` (its owner or an admin)."""
+    get_job(mgr, job_id, principal)
     try:
         return job_out(mgr, mgr.approve(job_id))
     except JobError as exc:
@@ -310,8 +363,9 @@ def approve_port(job_id: str, _: Writer, mgr: Manager) -> dict[str, Any]:
 
 @router.post("/{job_id}/cancel", response_model=JobOut,
              responses={404: {"description": "unknown job"}, 409: {"description": "the job already ended"}})
-def cancel_port(job_id: str, _: Writer, mgr: Manager) -> dict[str, Any]:
-    """Cancel a job; a running one stops after its current agent step."""
+def cancel_port(job_id: str, principal: Writer, mgr: Manager) -> dict[str, Any]:
+    """Cancel a job (its owner or an admin); a running one stops after its current agent step."""
+    get_job(mgr, job_id, principal)
     try:
         return job_out(mgr, mgr.cancel(job_id))
     except JobError as exc:

@@ -3,7 +3,8 @@
 Importing this package is cheap: chromadb, sentence-transformers and torch load on first use.
 """
 
-from knowledge.kb.aclnn import DtypeSupport, supported_dtypes
+from knowledge.kb.aclnn import DtypeSupport
+from knowledge.kb.dtypes import supported_dtypes
 from knowledge.kb.kb import KnowledgeBase
 from knowledge.kb.models import (
     COLLECTIONS,

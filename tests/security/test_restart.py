@@ -1,0 +1,66 @@
+"""Class: restart safety. A server killed with SIGKILL leaves no sandboxed run behind: its direct child
+dies with it (PDEATHSIG / bwrap --die-with-parent) and what escaped into a session of its own is reaped
+when the next server starts (reap_orphans, called by JobManager.start)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from sandbox.process import reap_orphans
+
+SERVER = '''
+import sys
+from pathlib import Path
+from sandbox.process import BubblewrapSandbox, Limits, ProcessSandbox, bwrap_available, scrubbed_env
+box = BubblewrapSandbox(bwrap_available()) if sys.argv[1] == "bwrap" else ProcessSandbox()
+work = Path(sys.argv[2])
+cmd = ["sh", "-c", "setsid sh -c 'echo $$ > daemon.pid; exec sleep 120' & echo $$ > child.pid; sleep 120"]
+box.execute(cmd, cwd=work, env=scrubbed_env(), limits=Limits(wall_s=300))
+'''
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # a zombie is gone for our purposes
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+@pytest.mark.parametrize("mode", ["bwrap", "process"])
+def test_sigkilled_server_leaves_no_run_behind(mode: str, tmp_path: Path, npuport_home: Path) -> None:
+    from sandbox.process import bwrap_available
+
+    if mode == "bwrap" and bwrap_available() is None:
+        pytest.skip("bubblewrap is not installed here")
+    work = tmp_path / "work"
+    work.mkdir()
+    server = subprocess.Popen([sys.executable, "-c", SERVER, mode, str(work)], env={**os.environ})
+    deadline = time.time() + 20
+    while time.time() < deadline and not (work / "daemon.pid").exists():
+        time.sleep(0.1)
+    assert (work / "daemon.pid").exists(), "the run never started"
+    time.sleep(0.3)
+    server.send_signal(signal.SIGKILL)
+    server.wait()
+    reap_orphans()  # what the next server does on start
+    time.sleep(0.5)
+    if mode == "process":  # pids in the host namespace (under bwrap they are the sandbox's own)
+        for name in ("child.pid", "daemon.pid"):
+            pid = int((work / name).read_text())
+            assert not _alive(pid), f"{name} ({pid}) outlived its killed server"
+    out = subprocess.run(["pgrep", "-f", "exec sleep 120|sleep 120"], capture_output=True, text=True).stdout.split()
+    mine = [p for p in out if Path(f"/proc/{p}/cwd").exists() and
+            os.path.realpath(f"/proc/{p}/cwd") == str(work.resolve())]
+    assert not mine, f"processes of the killed server's run remain: {mine}"
