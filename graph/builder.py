@@ -21,15 +21,16 @@ from agents.reporter import reporter_node
 from agents.tuner import tuner_node
 from agents.validator import validator_node
 from graph import routing
-from graph.state import PortState
+from graph.conversation import with_input, with_reply
+from graph.state import PortInput, PortOutput, PortState
 
 NODES = ("planner", "environment", "code_reader", "patcher", "executor", "validator", "debugger", "tuner", "reporter")
 
 
 def build_graph() -> Any:
     # Nodes take the state as a plain dict; typing them against PortState adds nothing here.
-    g: Any = StateGraph(PortState)
-    g.add_node("planner", planner_node)
+    g: Any = StateGraph(PortState, input_schema=PortInput, output_schema=PortOutput)
+    g.add_node("planner", with_input(planner_node))
     g.add_node("environment", environment_node)
     g.add_node("code_reader", code_reader_node)
     g.add_node("patcher", patcher_node)
@@ -37,7 +38,7 @@ def build_graph() -> Any:
     g.add_node("validator", validator_node)
     g.add_node("debugger", debugger_node)
     g.add_node("tuner", tuner_node)
-    g.add_node("reporter", reporter_node)
+    g.add_node("reporter", with_reply(reporter_node))
     g.add_edge(START, "planner")
     g.add_conditional_edges("planner", routing.after_planner)
     g.add_conditional_edges("environment", routing.after_environment)

@@ -4,10 +4,13 @@ records, dumped) so checkpoints stay small and portable; large artefacts live in
 from __future__ import annotations
 
 import operator
-from typing import Annotated, Any, TypedDict
+from typing import Annotated, Any
 
 from langchain_core.messages import AnyMessage
 from langgraph.graph.message import add_messages
+
+# pydantic (LangGraph's schema export, Studio's input form) needs typing_extensions.TypedDict before 3.12
+from typing_extensions import TypedDict
 
 
 class PortState(TypedDict, total=False):
@@ -52,3 +55,37 @@ class PortState(TypedDict, total=False):
     """Agent steps, in order (progress lines, SSE events, trace.jsonl)."""
     messages: Annotated[list[AnyMessage], add_messages]
     """Chat messages, for the chat API and Studio."""
+
+
+class PortInput(TypedDict, total=False):
+    """What a run takes (Studio's input form, the LangGraph API): a goal in words, or a chat message
+    (the last human message is the goal), and/or structured fields; explicit fields win."""
+
+    goal: str
+    """e.g. "port the model in examples/ocr_mini to Ascend 910B on the cpu"."""
+    model_path: str
+    target: str
+    """cpu | ascend-sim | npu | auto."""
+    chip: str
+    """910b | a3 | 310p."""
+    tune: bool
+    policy: str
+    """rule | llm | hybrid."""
+    out_dir: str
+    request: dict[str, Any]
+    """Any agents.planner.PortRequest fields (these win over the flat fields above)."""
+    messages: Annotated[list[AnyMessage], add_messages]
+    """Studio's chat input: the last human message is read as the goal."""
+
+
+class PortOutput(TypedDict, total=False):
+    """What a run returns: the verdict, the bundle and an AI message summarising both."""
+
+    status: str
+    reason: str
+    request: dict[str, Any]
+    numerics: dict[str, Any]
+    tuning: dict[str, Any]
+    bundle: dict[str, Any]
+    counters: dict[str, int]
+    messages: Annotated[list[AnyMessage], add_messages]
