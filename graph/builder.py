@@ -21,7 +21,7 @@ from agents.reporter import reporter_node
 from agents.tuner import tuner_node
 from agents.validator import validator_node
 from graph import routing
-from graph.conversation import with_input, with_reply
+from graph.conversation import PlannerInput, with_input, with_reply
 from graph.state import PortInput, PortOutput, PortState
 
 NODES = ("planner", "environment", "code_reader", "patcher", "executor", "validator", "debugger", "tuner", "reporter")
@@ -30,7 +30,7 @@ NODES = ("planner", "environment", "code_reader", "patcher", "executor", "valida
 def build_graph() -> Any:
     # Nodes take the state as a plain dict; typing them against PortState adds nothing here.
     g: Any = StateGraph(PortState, input_schema=PortInput, output_schema=PortOutput)
-    g.add_node("planner", with_input(planner_node))
+    g.add_node("planner", with_input(planner_node), input_schema=PlannerInput)
     g.add_node("environment", environment_node)
     g.add_node("code_reader", code_reader_node)
     g.add_node("patcher", patcher_node)

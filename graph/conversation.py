@@ -9,8 +9,14 @@ from typing import Any
 
 from langchain_core.messages import AIMessage, BaseMessage
 
+from graph.state import PortInput, PortState
+
 Node = Callable[[dict[str, Any]], dict[str, Any]]
 FLAT_FIELDS = ("model_path", "target", "chip", "tune", "policy", "out_dir")
+
+
+class PlannerInput(PortState, PortInput, total=False):  # type: ignore[misc]
+    """The planner reads the input-only fields too (a node sees only its input schema's keys)."""
 
 
 def _text(message: Any) -> str:
