@@ -133,6 +133,7 @@ def tune_port(state: dict[str, Any], space: SearchSpace | None = None) -> Tuning
     if result is None or not tuning.best:
         return tuning
     # Final measurements, same host, back to back: the tuned port and the original as written.
+    progress.emit("phase", text="final benchmark: the tuned port, then the original")
     tuned_run = bench.port([{"id": "tuned", **tuning.best}], REPORT_CONCURRENCIES, "bench-tuned")
     # The original serves one request at a time: its tokens/s hardly depends on concurrency, and each
     # point costs concurrency x (warm-up + repeats) slow generations, so two points suffice.

@@ -133,6 +133,8 @@ class LiveStatus:
         self.tune_trials = tune_trials
         self.best: tuple[float, dict[str, Any]] | None = None
         self.spinner = Spinner("dots")
+        self.in_run = False
+        self.phase = ""
 
     def elapsed(self) -> float:
         return time.time() - self.t0
@@ -140,11 +142,16 @@ class LiveStatus:
     def on_event(self, kind: str, data: dict[str, Any]) -> None:
         if kind == "task":
             self.agent, self.agent_t0 = str(data.get("node")), time.time()
+            self.in_run = self.agent == "executor"
+            self.phase = ""
         elif kind == "counters":
+            self.in_run = False  # the executor's update: its run is counted now
             self.port_runs = int(data.get("port_runs", self.port_runs))
             self.reference_runs = int(data.get("reference_runs", self.reference_runs))
         elif kind == "trial_start":
             self.trial = (int(data["k"]), int(data["n"]))
+        elif kind == "phase":
+            self.phase = str(data.get("text") or "")
         elif kind == "trial_done":
             value = data.get("value")
             if value is not None and (self.best is None or value > self.best[0]):
@@ -155,12 +162,15 @@ class LiveStatus:
         t.append(f"{self.elapsed():6.1f}s ", style="dim")
         t.append(f"{self.agent:<12}", style="bold cyan")
         t.append(f" {time.time() - self.agent_t0:5.1f}s")
-        run_n = self.port_runs + (1 if self.agent == "executor" else 0)
+        run_n = self.port_runs + (1 if self.in_run else 0)
         t.append(f"  sandbox run {run_n}/{self.max_runs}")
         if self.trial:
             t.append(f"  trial {self.trial[0]}/{self.trial[1]}")
         if self.best:
             t.append(f"  best {self.best[0]:.1f} tok/s ({fmt_params(self.best[1])})")
+        if self.phase:
+            t.append(f"  {self.phase}")
+        t.no_wrap, t.overflow = True, "ellipsis"  # one line at any width: it is redrawn in place
         return t
 
     def __rich__(self) -> Table:

@@ -128,6 +128,7 @@ def test_live_status_line_counts_runs_and_trials() -> None:
     s.on_event("task", {"node": "executor"})
     assert "executor" in s.line().plain and "sandbox run 1/8" in s.line().plain
     s.on_event("counters", {"port_runs": 1, "reference_runs": 1})
+    assert "sandbox run 1/8" in s.line().plain  # the finished run is not counted twice
     s.on_event("task", {"node": "tuner"})
     s.on_event("trial_start", {"k": 2, "n": 4})
     s.on_event("trial_done", {"k": 2, "n": 4, "value": 31.5, "params": {"batch": 4}})
