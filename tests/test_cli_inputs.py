@@ -139,12 +139,17 @@ def test_live_status_line_counts_runs_and_trials() -> None:
 
 
 @pytest.mark.slow
-def test_force_replaces_a_stale_bundle_and_steps_stream(model: Path, tmp_path: Path, npuport_home: Path) -> None:
+def test_force_replaces_a_stale_bundle_and_shrink_reaches_the_harness(model: Path, tmp_path: Path, npuport_home: Path) -> None:
     out = tmp_path / "out"
     (out / "plots").mkdir(parents=True)
     (out / "plots" / "stale.png").write_bytes(b"old plot")
-    code, output = run("port", str(model), "--target", "cpu", "--out", str(out), "--force", "--policy", "rule")
+    code, output = run("port", str(model), "--target", "cpu", "--out", str(out), "--force", "--policy", "rule",
+                       "--shrink")
     assert code == 0, output
+    # --shrink reaches the harness spec of the port run and of the reference alike
+    for name in ("run-1", "reference"):
+        (spec,) = npuport_home.glob(f"workspaces/*/runs/{name}/spec.json")
+        assert json.loads(spec.read_text())["shrink"] is True, name
     assert not (out / "plots" / "stale.png").exists()
     assert json.loads((out / "report.json").read_text())["status"] == "validated"
     for agent in ("planner", "code_reader", "executor", "validator", "reporter"):
