@@ -316,7 +316,7 @@ def demo(
                           ("npuport scan path/to/your_model", "hazards in your own model, file:line"),
                           ("npuport port path/to/your_model --target ascend-sim", "port it"),
                           ("npuport serve", "the web page and HTTP API (it prints its URL and token)")):
-            console.print(f"  {cmd}")
+            console.print(f"  {cmd}", soft_wrap=True, markup=False)  # never wrapped: it gets copied
             console.print(f"      [dim]{what}[/]")
     raise typer.Exit(code)
 

@@ -154,3 +154,20 @@ def test_force_replaces_a_stale_bundle_and_shrink_reaches_the_harness(model: Pat
     assert json.loads((out / "report.json").read_text())["status"] == "validated"
     for agent in ("planner", "code_reader", "executor", "validator", "reporter"):
         assert agent in output
+
+
+def test_demo_ends_with_the_next_commands(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Only the demo's closing lines: the port itself is replaced by a validated result here (the
+    whole demo is covered by .ci/run and the slow CLI tests)."""
+    from api import cli
+
+    seen: dict[str, object] = {}
+    monkeypatch.setattr(cli, "run_port_cli", lambda request, goal="": seen.update(request) or cli.EXIT_OK)
+    out = tmp_path / "demo-out"
+    code, output = run("demo", "--out", str(out))
+    assert code == 0, output
+    assert seen["tune"] is True and seen["out_dir"] == str(out)
+    assert f"npuport verify {out}" in output and "npuport serve" in output and "report.md" in output
+    out.mkdir()
+    (out / "report.md").write_text("old")
+    assert run("demo", "--out", str(out))[0] == 2  # an earlier demo's bundle is not overwritten silently
