@@ -41,7 +41,9 @@ class PortRequest(BaseModel):
     objective: Literal["throughput", "latency", "correctness"] = "throughput"
     out_dir: str | None = None
     strict: bool = False
-    policy: str = "rule"
+    policy: Literal["rule", "llm", "hybrid"] = "rule"
+    shrink: bool = False
+    """Run the manifest's ``shrink`` config overrides (quick runs on a small host), port and reference alike."""
     tune: bool = False
     tune_trials: int | None = Field(default=None, ge=1, le=200)
     tune_time_s: float | None = Field(default=None, gt=0)
@@ -63,10 +65,31 @@ _CHIP = re.compile(r"\b(910\s*b\d?|910b\d?|a2|a3|310\s*p)\b", re.I)
 _PATH = re.compile(r"(?:in|at|from|model)\s+(?:the\s+)?(?:folder\s+|directory\s+)?([~./\w-][\w./~-]*)", re.I)
 
 
+_ASCEND_WORD = re.compile(r"\bascend\s+([\w-]+)", re.I)
+_TARGET_WORD = re.compile(r"--target[=\s]+(\S+)|\btarget=(\S+)", re.I)
+_TARGETS = ("cpu", "ascend-sim", "npu", "auto")
+
+
+def goal_words_problem(goal: str) -> str | None:
+    """A chip or target the goal names but npuport does not know ("Ascend 999X"), or None. A chip
+    name is a word after "Ascend" with a digit in it; words like "NPUs" are not chip names."""
+    for m in _ASCEND_WORD.finditer(goal):
+        word = m.group(1)
+        if any(ch.isdigit() for ch in word) and not _CHIP.match(goal, m.start(1)):
+            return f"unknown chip 'Ascend {word}' in the goal; known: 910B (A2), A3, 310P"
+    for m in _TARGET_WORD.finditer(goal):
+        word = (m.group(1) or m.group(2)).rstrip(".,;:").lower()
+        if word not in _TARGETS:
+            return f"unknown target {word!r} in the goal; choose one of {', '.join(_TARGETS)}"
+    return None
+
+
 def parse_goal(goal: str, defaults: dict[str, Any] | None = None) -> PortRequest:
     """Understand a goal like "port the model in examples/ocr_mini to Ascend 910B and maximise
     throughput". Explicit fields in ``defaults`` win over what the text says."""
     text = goal.strip()
+    if problem := goal_words_problem(text):
+        raise GoalError(problem)
     fields: dict[str, Any] = {}
     for cand in _PATH.findall(text) + re.findall(r"(\S*/\S*)", text):
         cand = cand.rstrip(".,;:")

@@ -40,7 +40,8 @@ def reference_run(state: dict[str, Any]) -> RunRecord:
     original = ws.root / "original"
     ws.original_tree(original)
     run = run_harness(workdir=ws.root, model_dir=original, run_dir=ws.runs_dir / "reference",
-                      manifest=state["entry"], target=Target("cpu", "cpu"), reference=True, extra=CAPTURE,
+                      manifest=state["entry"], target=Target("cpu", "cpu"), reference=True,
+                      extra={**CAPTURE, "shrink": bool(state["request"].get("shrink"))},
                       limits=limits_for(state["request"]),
                       python=(state.get("environment") or {}).get("python"))
     return record_of(run, "reference", "reference", "cpu (cuda->cpu redirect)")

@@ -12,20 +12,29 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
-from fastapi import FastAPI, Request
-from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi import FastAPI
 
+from api import errors
 from api.jobs import JobManager, JobStore
 from api.limits import BodyLimitMiddleware
-from api.routers import chat, health, ports, web
+from api.routers import catalog, chat, health, ports, review, web
 from api.settings import Settings
 
 DESCRIPTION = """Port PyTorch models to Huawei Ascend NPUs as jobs.
 
 Auth: `Authorization: Bearer <token>` on every route but `/healthz` and the web page; tokens and
 their scopes (`read`, `write`) come from `NPUPORT_TOKENS`. See docs/api.md.
+
+Errors: every route answers errors as `{"error": {"type", "message", "code"}, "detail"}`.
 """
+
+
+def _fastapi(**kwargs: Any) -> FastAPI:
+    """/docs and /redoc from assets shipped in a wheel (fastapi-offline), never from a CDN: Ascend
+    clusters are often air-gapped."""
+    from fastapi_offline import FastAPIOffline
+
+    return FastAPIOffline(**kwargs)
 
 
 def create_app(settings: Settings | None = None, *, graph_builder: Any = None) -> FastAPI:
@@ -45,27 +54,18 @@ def create_app(settings: Settings | None = None, *, graph_builder: Any = None) -
         finally:
             manager.stop()
 
-    app = FastAPI(title="npuport", version="0.1.0", description=DESCRIPTION, lifespan=lifespan)
+    app = _fastapi(title="npuport", version="0.1.0", description=DESCRIPTION, lifespan=lifespan)
     app.state.settings = settings
     app.state.manager = manager
     app.add_middleware(BodyLimitMiddleware, max_body_bytes=settings.max_body_bytes,
                        max_upload_bytes=settings.max_upload_bytes, timeout_s=settings.body_timeout_s)
-    for r in (health.router, ports.router, chat.router, web.router):
+    for r in (health.router, web.router):
         app.include_router(r)
-
-    @app.exception_handler(RequestValidationError)
-    async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
-        # a body that is not JSON at all is a 400 (malformed), a JSON body of the wrong shape a 422
-        errors = exc.errors()
-        if any(e.get("type") == "json_invalid" for e in errors):
-            return JSONResponse({"detail": "malformed JSON body"}, status_code=400)
-        return JSONResponse({"detail": _plain(errors)}, status_code=422)
-
+    # review before ports: /v1/ports/{id}/pending must not be shadowed by a ports route
+    for r in (review.router, ports.router, chat.router, catalog.router):
+        app.include_router(r, responses=errors.PROTECTED_RESPONSES)
+    errors.install(app)
     return app
-
-
-def _plain(errors: Any) -> Any:
-    return [{k: v for k, v in e.items() if k in ("loc", "msg", "type")} for e in errors]
 
 
 _default: FastAPI | None = None

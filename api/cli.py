@@ -1,24 +1,39 @@
 """The ``npuport`` command line (typer + rich).
 
-Exit codes: 0 only for a validated port (or a successful command); 1 for a port that did not
-validate (one-line reason); 2 for bad input.
+Exit codes (one table for every command; also in ``npuport --help`` and the README):
+
+  0  success: the port validated (its greedy tokens equal the original's), or the command did its job
+  1  the port ran but did not validate (the report says why), or a check the command ran failed
+  2  bad input or usage: not a folder, an empty folder, no Python files, unknown chip or target (in a
+     flag or in the goal text), an existing --out without --force, a syntax error for `scan`;
+     nothing is run and no bundle is written
+  3  internal error: npuport itself broke (a bug or a broken host); the state is kept for a resume
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import sys
 import time
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from rich.console import Console
+from rich.console import Console, Group
+from rich.live import Live
+from rich.padding import Padding
+from rich.spinner import Spinner
 from rich.table import Table
+from rich.text import Text
 
 from knowledge.errors import first_line
 from sandbox.targets import chip_names, target_names
+
+EXIT_OK, EXIT_NOT_VALIDATED, EXIT_BAD_INPUT, EXIT_INTERNAL = 0, 1, 2, 3
+EXIT_TABLE = ("Exit codes: 0 validated (or the command succeeded); 1 the port ran but did not validate; "
+              "2 bad input or usage (nothing run, no bundle written); 3 internal error.")
 
 
 def _settings_epilog() -> str:
@@ -29,16 +44,17 @@ def _settings_epilog() -> str:
     return "Configuration (environment variables):\n\n" + "\n\n".join(lines)
 
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, help="Port PyTorch models to Huawei Ascend NPUs.",
-                  epilog=_settings_epilog())
-console = Console(highlight=False, soft_wrap=True)
-err = Console(stderr=True, highlight=False, soft_wrap=True)
+app = typer.Typer(add_completion=False, no_args_is_help=True,
+                  help=f"Port PyTorch models to Huawei Ascend NPUs.\n\n{EXIT_TABLE}", epilog=_settings_epilog())
+console = Console(highlight=False)
+err = Console(stderr=True, highlight=False, soft_wrap=True)  # one-line errors stay greppable
 
 EXAMPLES_DIR = Path(__file__).resolve().parents[1] / "examples"
 
 # From the target registry (sandbox/targets/): a new target or chip shows up here by itself.
 TARGETS = target_names()
 CHIPS = chip_names()
+POLICIES = ("rule", "llm", "hybrid")
 
 
 def _one_of(choices: tuple[str, ...], what: str):  # type: ignore[no-untyped-def]
@@ -53,32 +69,149 @@ def _one_of(choices: tuple[str, ...], what: str):  # type: ignore[no-untyped-def
 TargetOpt = Annotated[str, typer.Option("--target", "-t", help=" | ".join(TARGETS),
                                          callback=_one_of(TARGETS, "target"))]
 ChipOpt = Annotated[str, typer.Option("--chip", help=" | ".join(CHIPS), callback=_one_of(CHIPS, "chip"))]
+PolicyOpt = Annotated[str, typer.Option("--policy", help="rule (offline, default) | llm | hybrid (rules first, "
+                                        "then the LLM; set NPUPORT_LLM_*)", callback=_one_of(POLICIES, "policy"))]
 
 
-def _fail(message: str, code: int = 2) -> typer.Exit:
+def _fail(message: str, code: int = EXIT_BAD_INPUT) -> typer.Exit:
     err.print(f"[bold red]error:[/] {message}")
     return typer.Exit(code)
 
 
+# ---------------------------------------------------------------------------------------------
+# input checks: everything a user can get wrong is refused here, before the graph starts
+
+
+def model_folder_problem(path: Path) -> str | None:
+    """Why ``path`` cannot be a model folder, or None. Hidden folders (.git, .venv) do not count."""
+    if not path.exists():
+        return f"model path {path} does not exist"
+    if not path.is_dir():
+        return f"model path {path} is not a folder (give the folder that holds the model's code)"
+    if not any(path.iterdir()):
+        return f"model folder {path} is empty"
+    if not any(not any(part.startswith(".") for part in p.relative_to(path).parts) for p in path.rglob("*.py")):
+        return f"model folder {path} has no Python files: npuport ports PyTorch source code"
+    return None
+
+
+def goal_problem(goal: str) -> str | None:
+    """Unknown chip or target named in the goal text (the planner's parser says which)."""
+    from agents.request import goal_words_problem
+
+    return goal_words_problem(goal)
+
+
+def out_dir_problem(out: Path, model: Path, force: bool) -> str | None:
+    """An out dir that holds anything is refused unless --force; --force never deletes the model."""
+    out_r, model_r = out.expanduser().resolve(), model.expanduser().resolve()
+    if out_r == model_r or out_r.is_relative_to(model_r) or model_r.is_relative_to(out_r):
+        return f"--out {out} overlaps the model folder {model}; the original is never written"
+    if out_r.exists() and not out_r.is_dir():
+        return f"--out {out} exists and is not a folder"
+    if out_r.is_dir() and any(out_r.iterdir()) and not force:
+        return f"--out {out} already holds files; pass --force to replace them, or choose another --out"
+    return None
+
+
+def clear_out_dir(out: Path) -> None:
+    """--force: a new report never sits beside stale plots of an earlier one."""
+    out = out.expanduser()
+    if out.is_symlink() or out.is_file():
+        out.unlink()
+    elif out.is_dir():
+        shutil.rmtree(out)
+
+
+# ---------------------------------------------------------------------------------------------
+# the live display
+
+
+def fmt_params(params: dict[str, Any] | None) -> str:
+    """{'batch': 4, 'dtype': 'bf16'} -> 'batch=4 dtype=bf16'."""
+    return " ".join(f"{k}={v}" for k, v in (params or {}).items()) or "-"
+
+
+class LiveStatus:
+    """What the port is doing right now: rendered four times a second by rich.Live, so the elapsed
+    time moves even while one agent works for minutes (a native build, a tuning trial)."""
+
+    def __init__(self, max_runs: int, tune_trials: int | None) -> None:
+        self.t0 = time.time()
+        self.agent = "starting"
+        self.agent_t0 = self.t0
+        self.max_runs = max_runs
+        self.port_runs = 0
+        self.reference_runs = 0
+        self.trial: tuple[int, int] | None = None
+        self.tune_trials = tune_trials
+        self.best: tuple[float, dict[str, Any]] | None = None
+        self.spinner = Spinner("dots")
+        self.in_run = False
+        self.phase = ""
+
+    def elapsed(self) -> float:
+        return time.time() - self.t0
+
+    def on_event(self, kind: str, data: dict[str, Any]) -> None:
+        if kind == "task":
+            self.agent, self.agent_t0 = str(data.get("node")), time.time()
+            self.in_run = self.agent == "executor"
+            self.phase = ""
+        elif kind == "counters":
+            self.in_run = False  # the executor's update: its run is counted now
+            self.port_runs = int(data.get("port_runs", self.port_runs))
+            self.reference_runs = int(data.get("reference_runs", self.reference_runs))
+        elif kind == "trial_start":
+            self.trial = (int(data["k"]), int(data["n"]))
+        elif kind == "phase":
+            self.phase = str(data.get("text") or "")
+        elif kind == "trial_done":
+            value = data.get("value")
+            if value is not None and (self.best is None or value > self.best[0]):
+                self.best = (float(value), dict(data.get("params") or {}))
+
+    def line(self) -> Text:
+        t = Text()
+        t.append(f"{self.elapsed():6.1f}s ", style="dim")
+        t.append(f"{self.agent:<12}", style="bold cyan")
+        t.append(f" {time.time() - self.agent_t0:5.1f}s")
+        run_n = self.port_runs + (1 if self.in_run else 0)
+        t.append(f"  sandbox run {run_n}/{self.max_runs}")
+        if self.trial:
+            t.append(f"  trial {self.trial[0]}/{self.trial[1]}")
+        if self.best:
+            t.append(f"  best {self.best[0]:.1f} tok/s ({fmt_params(self.best[1])})")
+        if self.phase:
+            t.append(f"  {self.phase}")
+        t.no_wrap, t.overflow = True, "ellipsis"  # one line at any width: it is redrawn in place
+        return t
+
+    def __rich__(self) -> Table:
+        grid = Table.grid(padding=(0, 1))
+        grid.add_row(self.spinner, self.line())
+        return grid
+
+
 def _print_step(event: dict[str, Any], t0: float) -> None:
-    console.print(f"[dim]{time.time() - t0:6.1f}s[/] [bold cyan]{event['agent']:<12}[/] {event['summary']}")
+    console.print(Text.assemble((f"{time.time() - t0:6.1f}s ", "dim"), (f"{event['agent']:<12}", "bold cyan"),
+                                " ", str(event["summary"])))
 
 
 def _summary(state: dict[str, Any]) -> None:
     table = Table(show_header=False, box=None, pad_edge=False)
-    findings = state.get("findings") or []
-    patches = state.get("patches") or []
-    runs = state.get("runs") or []
     counters = state.get("counters") or {}
     numerics = state.get("numerics") or {}
     bundle = state.get("bundle") or {}
-    table.add_row("findings", str(len(findings)))
-    table.add_row("patches", str(len(patches)))
+    tuning = state.get("tuning") or {}
+    table.add_row("findings", str(len(state.get("findings") or [])))
+    table.add_row("patches", str(len(state.get("patches") or [])))
     table.add_row("sandbox runs", f"{counters.get('port_runs', 0)} port + {counters.get('reference_runs', 0)} reference")
     table.add_row("validation", str(numerics.get("verdict", "not-run")))
+    if tuning.get("best"):
+        table.add_row("tuned", fmt_params(tuning["best"]))
     table.add_row("bundle", str(bundle.get("dir", "-")))
     console.print(table)
-    del runs
 
 
 def _isolation_fallback() -> None:
@@ -96,25 +229,48 @@ def _isolation_fallback() -> None:
 
 
 def run_port_cli(request: dict[str, Any], goal: str = "") -> int:
+    """Run one port with the live display; returns the exit code (0, 1 or 3)."""
     from agents.request import new_run_id
     from graph.runner import run_port
 
     thread_id = new_run_id(request.get("model_path") or "model")
-    t0 = time.time()
     _isolation_fallback()
     console.print(f"[bold]npuport[/] port {request.get('model_path')} -> {request.get('target')} (thread {thread_id})")
+    status = LiveStatus(int(request.get("max_runs") or 8), request.get("tune_trials") if request.get("tune") else None)
+
+    def on_event(kind: str, data: dict[str, Any]) -> None:
+        status.on_event(kind, data)
+        if kind == "trial_done":  # one line per trial survives the live line (and shows in logs)
+            value = data.get("value")
+            console.print(Text.assemble((f"{status.elapsed():6.1f}s ", "dim"), ("tuner       ", "bold cyan"),
+                                        f" trial {data.get('k')}/{data.get('n')} {fmt_params(data.get('params'))}: ",
+                                        f"{value:.1f} tok/s" if value is not None else str(data.get("outcome", "failed"))))
+
     try:
-        state = run_port({"goal": goal, "request": request}, thread_id, on_step=lambda e: _print_step(e, t0))
+        # transient: the live line disappears at the end; on a non-terminal rich prints nothing for it
+        with Live(status, console=console, refresh_per_second=4, transient=True):
+            state = run_port({"goal": goal, "request": request}, thread_id,
+                             on_step=lambda e: _print_step(e, status.t0), on_event=on_event)
+    except KeyboardInterrupt:
+        err.print(f"interrupted (thread {thread_id}; checkpoints in $NPUPORT_HOME/checkpoints.sqlite)")
+        return EXIT_INTERNAL
     except Exception as exc:  # a bug or a broken host: one line, and where the state is kept
         err.print(f"[bold red]error:[/] the port stopped unexpectedly: {type(exc).__name__}: {first_line(exc)} "
                   f"(thread {thread_id}; checkpoints in $NPUPORT_HOME/checkpoints.sqlite)")
-        return 1
+        return EXIT_INTERNAL
     _summary(state)
     if state.get("status") == "validated":
         console.print(f"[bold green]validated[/]: {state.get('reason')}")
-        return 0
+        return EXIT_OK
     err.print(f"[bold red]not ported:[/] {state.get('reason', 'unknown reason')}")
-    return 1
+    return EXIT_NOT_VALIDATED
+
+
+def _checked_out_dir(out: Path | None, model: Path, force: bool) -> Path:
+    out = out or Path.cwd() / "npuport-out" / model.resolve().name
+    if problem := out_dir_problem(out, model, force):
+        raise _fail(problem)
+    return out
 
 
 @app.command()
@@ -122,7 +278,11 @@ def port(
     path: Annotated[Path, typer.Argument(help="the model folder (never written)")],
     target: TargetOpt = "auto",
     chip: ChipOpt = "910b",
-    out: Annotated[Path | None, typer.Option("--out", "-o", help="bundle folder")] = None,
+    goal: Annotated[str, typer.Option(help="goal text, e.g. 'to Ascend 910B, maximise throughput' (flags win)")] = "",
+    out: Annotated[Path | None, typer.Option("--out", "-o", help="bundle folder (default ./npuport-out/<model>)")] = None,
+    force: Annotated[bool, typer.Option("--force", help="replace an existing --out folder (its files are removed first)")] = False,
+    policy: PolicyOpt = "rule",
+    shrink: Annotated[bool, typer.Option("--shrink", help="quick runs with the manifest's `shrink` config overrides")] = False,
     torch_npu: Annotated[str, typer.Option("--torch-npu", help="torch_npu version to emulate")] = "2.13.0",
     strict: Annotated[bool, typer.Option(help="fail on CPU fallbacks (TORCH_NPU_FALLBACK_CPU_DISABLE=1)")] = False,
     max_runs: Annotated[int, typer.Option(help="budget: sandbox runs of the port")] = 8,
@@ -133,32 +293,79 @@ def port(
     isolation: Annotated[str, typer.Option(help="auto | bwrap | process (process: the model's code runs "
                                                 "UNISOLATED; auto falls back to it with a warning)")] = "auto",
 ) -> None:
-    """Port the model in PATH to the target; writes a bundle; exit 0 only when validated."""
+    """Port the model in PATH to the target and write a bundle (exit 0 validated, 1 not, 2 bad input, 3 internal error).
+
+    The original folder is never written. Bad input (not a folder, empty, no Python files, unknown chip or
+    target) is refused before anything runs."""
     if isolation not in ("auto", "bwrap", "process"):
-        raise _fail(f"--isolation must be auto, bwrap or process, not {isolation!r}", 2)
+        raise _fail(f"--isolation must be auto, bwrap or process, not {isolation!r}")
     if isolation != "auto":
         os.environ["NPUPORT_ISOLATION"] = isolation
-    if not path.exists():
-        raise _fail(f"model path {path} does not exist", 1)
-    request = {"model_path": str(path), "target": target, "chip": chip, "out_dir": str(out) if out else None,
+    if problem := model_folder_problem(path) or (goal_problem(goal) if goal else None):
+        raise _fail(problem)
+    out_dir = _checked_out_dir(out, path, force)
+    if force:
+        clear_out_dir(out_dir)
+    request = {"model_path": str(path), "target": target, "chip": chip, "out_dir": str(out_dir),
                "torch_npu": torch_npu, "strict": strict, "max_runs": max_runs, "max_wall_s": max_wall,
-               "run_timeout_s": run_timeout, "tune": tune, "tune_trials": tune_trials}
-    raise typer.Exit(run_port_cli(request))
+               "run_timeout_s": run_timeout, "tune": tune, "tune_trials": tune_trials, "policy": policy,
+               "shrink": shrink}
+    # the goal text fills only what no flag set explicitly (typer gives defaults, so the goal may
+    # pick the chip, target and tuning only when their flags were left at their defaults)
+    ctx = click_context()
+    if goal:
+        for name in ("target", "chip", "tune"):
+            if ctx is not None and ctx.get_parameter_source(name).name == "DEFAULT":  # type: ignore[union-attr]
+                request.pop(name)
+    raise typer.Exit(run_port_cli(request, goal=goal))
+
+
+def click_context() -> Any:
+    import click
+
+    return click.get_current_context(silent=True)
 
 
 @app.command()
 def demo(
     target: TargetOpt = "ascend-sim",
     out: Annotated[Path | None, typer.Option("--out", "-o")] = None,
+    force: Annotated[bool, typer.Option("--force", help="replace an existing --out folder")] = False,
     tune_trials: Annotated[int, typer.Option(help="budget: tuning trials")] = 4,
 ) -> None:
     """Port the bundled example examples/ocr_mini (a CUDA-only OCR-style model) to the emulated Ascend target."""
     model = EXAMPLES_DIR / "ocr_mini"
     if not model.is_dir():
-        raise _fail(f"the example model is missing at {model}")
+        raise _fail(f"the example model is missing at {model}", EXIT_INTERNAL)
+    out_dir = _checked_out_dir(out, model, force)
+    if force:
+        clear_out_dir(out_dir)
     request = {"model_path": str(model), "target": target, "chip": "910b", "tune": True, "tune_trials": tune_trials,
-               "out_dir": str(out or Path.cwd() / "npuport-out" / "ocr_mini")}
-    raise typer.Exit(run_port_cli(request, goal=""))
+               "out_dir": str(out_dir)}
+    code = run_port_cli(request, goal="")
+    if code == EXIT_OK:
+        console.print("\n[bold]next:[/]")
+        for cmd, what in ((f"less {out_dir / 'report.md'}", "the report: findings, patches, numerics, tuning"),
+                          (f"npuport verify {out_dir}", "re-apply the patch and re-validate in fresh sandboxes"),
+                          ("npuport scan path/to/your_model", "hazards in your own model, file:line"),
+                          ("npuport port path/to/your_model --target ascend-sim", "port it"),
+                          ("npuport serve", "the web page and HTTP API (it prints its URL and token)")):
+            console.print(f"  {cmd}", soft_wrap=True, markup=False)  # never wrapped: it gets copied
+            console.print(f"      [dim]{what}[/]")
+    raise typer.Exit(code)
+
+
+def _fmt_entry(entry: dict[str, Any]) -> list[str]:
+    lines = [f"  class   {entry.get('entry', {}).get('class', '-')}"]
+    for key in ("config", "inputs", "decode"):
+        if entry.get(key):
+            lines.append(f"  {key:<7} {entry[key]}")
+    run = entry.get("run") or {}
+    kwargs = " ".join(f"{k}={v}" for k, v in (run.get("kwargs") or {}).items())
+    lines.append(f"  run     {run.get('method', '-')}({kwargs})" + (f", step {run['step']}" if run.get("step") else ""))
+    if entry.get("shrink"):
+        lines.append(f"  shrink  {fmt_params(entry['shrink'])}")
+    return lines
 
 
 @app.command()
@@ -166,12 +373,14 @@ def scan(
     path: Annotated[Path, typer.Argument(help="the model folder")],
     as_json: Annotated[bool, typer.Option("--json", help="machine-readable output")] = False,
 ) -> None:
-    """Static hazard scan (H1-H11) with file:line evidence, and the model's entry."""
+    """Static hazard scan (H1-H11) with file:line evidence, and the model's entry.
+
+    Exit 2 when the folder is not a model folder or a file does not parse."""
     from agents.entry import EntryNotFound, discover_entry
     from agents.scanner import scan_tree
 
-    if not path.is_dir():
-        raise _fail(f"{path} is not a folder", 1)
+    if problem := model_folder_problem(path):
+        raise _fail(problem)
     result = scan_tree(path)
     try:
         entry: dict[str, Any] | None = discover_entry(path).as_manifest_dict()
@@ -186,16 +395,19 @@ def scan(
             "entry_error": entry_error,
         }
         sys.stdout.write(json.dumps(payload, indent=1) + "\n")
-        return
-    table = Table(title=f"hazards in {path}")
-    for col in ("hazard", "where", "category", "severity", "what"):
-        table.add_column(col)
-    for f in result.findings:
-        table.add_row(f.hazard, f"{f.file}:{f.line}", str(f.category), str(f.severity), f.message)
-    console.print(table)
-    for e in result.parse_errors:
-        err.print(f"[red]parse error:[/] {e}")
-    console.print(f"entry: {entry if entry else entry_error}")
+    else:
+        console.print(f"[bold]{len(result.findings)} hazards in {path}[/]")
+        for f in result.findings:
+            # the location is never cut: it heads its own line; the message wraps below it
+            console.print(Text.assemble((f"{f.hazard:<4}", "bold"), (f"{f.file}:{f.line}", "cyan"),
+                                        (f"  {f.category}, {f.severity}", "dim")), overflow="ignore", crop=False)
+            console.print(Padding(Text(f.message), (0, 0, 0, 4), expand=False))
+        for e in result.parse_errors:
+            err.print(f"[red]parse error:[/] {e}")
+        console.print("[bold]entry[/]")
+        console.print(Group(*(Text(line) for line in _fmt_entry(entry))) if entry else Text(f"  {entry_error}"))
+    if result.parse_errors:
+        raise typer.Exit(EXIT_BAD_INPUT)
 
 
 @app.command()
@@ -217,7 +429,7 @@ def ops(
         return
     model = Path(what)
     if not model.is_dir():
-        raise _fail(f"{model} is not a model folder (or say 'matrix')", 1)
+        raise _fail(f"{model} is not a model folder (or say 'matrix')")
     from agents.entry import EntryNotFound
     from agents.inventory import op_inventory
     from sandbox.targets import TargetError

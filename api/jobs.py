@@ -391,7 +391,8 @@ class JobManager:
                 on_trace=lambda trace: self._publish_trace(job_id, trace),
                 should_stop=lambda: job_id in self._cancel or self._shutdown.is_set(),
                 interrupt_before=("patcher",) if job.require_approval else (),
-                builder=self.builder, db_path=db)
+                builder=self.builder, db_path=db,
+                on_progress=lambda kind, data: self._event(job_id, "progress", {"kind": kind, **data}))
         except Exception as exc:  # a bug or a broken environment: the job fails with the reason, the service lives
             self._finish(job_id, "failed", f"internal error: {type(exc).__name__}: {first_line(exc)}")
             return

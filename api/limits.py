@@ -84,7 +84,9 @@ class BodyLimitMiddleware:
 
 
 async def _reply(send: Send, status: int, detail: str) -> None:
-    body = json.dumps({"detail": detail}).encode()
+    from api.errors import error_body
+
+    body = json.dumps(error_body(status, detail)).encode()
     headers: list[Any] = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
                           (b"connection", b"close")]
     await send({"type": "http.response.start", "status": status, "headers": headers})

@@ -18,10 +18,17 @@ def serve(host: str = "127.0.0.1", port: int = 8000, *, settings: Settings | Non
     from api.app import create_app
 
     settings = settings or Settings()
+    shown = "localhost" if host in ("127.0.0.1", "0.0.0.0", "::") else host
+    url = f"http://{shown}:{port}/"
     if not settings.tokens:
         token = secrets.token_urlsafe(24)
         settings = settings.model_copy(update={"tokens": {token: ["read", "write"]}})
         print(f"npuport: no NPUPORT_TOKENS set; this run's token (read, write): {token}", file=sys.stderr, flush=True)
+        # the token rides in the fragment, which the browser never sends to the server
+        print(f"npuport: open {url}#token={token}", file=sys.stderr, flush=True)
+    else:
+        print(f"npuport: open {url} (paste a token from NPUPORT_TOKENS)", file=sys.stderr, flush=True)
+    print(f"npuport: API docs at {url}docs (offline assets)", file=sys.stderr, flush=True)
     # timeout_keep_alive bounds idle connections; the body timeout is BodyLimitMiddleware's
     uvicorn.run(create_app(settings), host=host, port=port, log_level=log_level, timeout_keep_alive=10)
 

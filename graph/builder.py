@@ -22,8 +22,9 @@ from agents.nodes.tuner import tuner_node
 from agents.nodes.validator import validator_node
 from agents.report import emergency_report
 from graph import routing
+from graph.conversation import PlannerInput, with_input, with_reply
 from graph.guard import guard
-from graph.state import PortState
+from graph.state import PortInput, PortOutput, PortState
 
 NODES = ("planner", "environment", "code_reader", "patcher", "executor", "validator", "debugger", "tuner", "reporter")
 
@@ -31,8 +32,8 @@ NODES = ("planner", "environment", "code_reader", "patcher", "executor", "valida
 def build_graph() -> Any:
     # Nodes take the state as a plain dict; typing them against PortState adds nothing here. Every node
     # is guarded (graph/guard.py): an exception becomes a recorded failure and the run goes to the reporter.
-    g: Any = StateGraph(PortState)
-    g.add_node("planner", guard("planner", planner_node))
+    g: Any = StateGraph(PortState, input_schema=PortInput, output_schema=PortOutput)
+    g.add_node("planner", guard("planner", with_input(planner_node)), input_schema=PlannerInput)
     g.add_node("environment", guard("environment", environment_node))
     g.add_node("code_reader", guard("code_reader", code_reader_node))
     g.add_node("patcher", guard("patcher", patcher_node))
@@ -40,7 +41,7 @@ def build_graph() -> Any:
     g.add_node("validator", guard("validator", validator_node))
     g.add_node("debugger", guard("debugger", debugger_node))
     g.add_node("tuner", guard("tuner", tuner_node))
-    g.add_node("reporter", guard("reporter", reporter_node, fallback=emergency_report))
+    g.add_node("reporter", guard("reporter", with_reply(reporter_node), fallback=emergency_report))
     g.add_edge(START, "planner")
     g.add_conditional_edges("planner", routing.after_planner)
     g.add_conditional_edges("environment", routing.after_environment)

@@ -102,6 +102,8 @@ def guard(node: str, fn: Node, fallback: Fallback | None = None) -> Node:
             return out
         if not isinstance(update, dict):
             return update
-        return {**update, "messages": [AIMessage(content=_summary(node, update), name=node)]}
+        # The node's own messages (the reporter's reply to a chat) stay last, after the step summary.
+        own = list(update.get("messages") or [])
+        return {**update, "messages": [AIMessage(content=_summary(node, update), name=node), *own]}
 
     return guarded

@@ -83,8 +83,12 @@ def run_thread(
     builder: GraphBuilder | None = None,
     db_path: Path | None = None,
     recursion_limit: int = 200,
+    on_progress: Callable[[str, dict[str, Any]], None] | None = None,
 ) -> ThreadResult:
-    """Run (``inputs``) or resume (``inputs=None``, from the last checkpoint) one port thread."""
+    """Run (``inputs``) or resume (``inputs=None``, from the last checkpoint) one port thread.
+
+    ``on_progress`` gets what happens inside a step, not durable, for live displays: ``("task",
+    {"node"})`` as a node starts and the agents' own progress (agents/progress.py: tuning trials)."""
     config: RunnableConfig = {"configurable": {"thread_id": thread_id}, "recursion_limit": recursion_limit}
     conn = _connect(db_path)
     try:
@@ -93,8 +97,16 @@ def run_thread(
             checkpointer=saver, interrupt_before=list(interrupt_before) or None, name="npuport")
         stopped = False
         # durability="sync": each checkpoint is written before the next step starts
-        for _ in app.stream(inputs, config, stream_mode="updates", durability="sync"):
-            if should_stop and should_stop():
+        for mode, chunk in app.stream(inputs, config, stream_mode=["updates", "custom", "tasks"], durability="sync"):
+            if mode == "tasks":
+                if on_progress and isinstance(chunk, dict) and "input" in chunk:  # a start, not a result
+                    on_progress("task", {"node": chunk.get("name")})
+                continue
+            if mode == "custom":
+                if on_progress and isinstance(chunk, dict) and chunk.get("kind"):
+                    on_progress(str(chunk["kind"]), {k: v for k, v in chunk.items() if k != "kind"})
+                continue
+            if should_stop and should_stop():  # between agent steps only
                 stopped = True
                 break
         snap = app.get_state(config)

@@ -30,16 +30,30 @@ def run_port(
     thread_id: str,
     on_step: Callable[[dict[str, Any]], None] | None = None,
     recursion_limit: int = 200,
+    on_event: Callable[[str, dict[str, Any]], None] | None = None,
 ) -> dict[str, Any]:
-    """Run (or, with ``inputs=None``, resume) the port of thread ``thread_id``; returns the final state."""
+    """Run (or, with ``inputs=None``, resume) the port of thread ``thread_id``; returns the final state.
+
+    ``on_step`` gets each agent step (trace item) as its node finishes; ``on_event`` gets what happens
+    in between: ``("task", {"node"})`` when a node starts, ``("counters", {...})`` after a sandbox run,
+    and the agents' own progress (``trial_start`` / ``trial_done`` from the tuner, agents/progress.py)."""
     config = {"configurable": {"thread_id": thread_id}, "recursion_limit": recursion_limit}
     with sqlite_checkpointer() as saver:
         app = compile_graph(checkpointer=saver)
-        for update in app.stream(inputs, config, stream_mode="updates"):
-            for node, delta in update.items():
-                if not isinstance(delta, dict):
-                    continue
-                for item in delta.get("trace") or []:
-                    if on_step:
-                        on_step({"node": node, **item})
+        for mode, chunk in app.stream(inputs, config, stream_mode=["updates", "custom", "tasks"]):
+            if mode == "tasks":
+                if on_event and isinstance(chunk, dict) and "input" in chunk:  # a start, not a result
+                    on_event("task", {"node": chunk.get("name")})
+            elif mode == "custom":
+                if on_event and isinstance(chunk, dict) and chunk.get("kind"):
+                    on_event(str(chunk["kind"]), chunk)
+            else:
+                for node, delta in chunk.items():
+                    if not isinstance(delta, dict):
+                        continue
+                    if on_event and delta.get("counters"):
+                        on_event("counters", dict(delta["counters"]))
+                    for item in delta.get("trace") or []:
+                        if on_step:
+                            on_step({"node": node, **item})
         return dict(app.get_state(config).values)

@@ -63,3 +63,39 @@ class PortState(TypedDict, total=False):
     """Agent steps, in order (progress lines, SSE events, trace.jsonl)."""
     messages: Annotated[list[AnyMessage], add_messages]
     """Chat messages, for the chat API and Studio: one AI message per node outcome (graph/guard.py)."""
+
+
+class PortInput(TypedDict, total=False):
+    """What a run takes (Studio's input form, the LangGraph API): a goal in words, or a chat message
+    (the last human message is the goal), and/or structured fields; explicit fields win."""
+
+    goal: str
+    """e.g. "port the model in examples/ocr_mini to Ascend 910B on the cpu"."""
+    model_path: str
+    target: str
+    """cpu | ascend-sim | npu | auto."""
+    chip: str
+    """910b | a3 | 310p."""
+    tune: bool
+    policy: str
+    """rule | llm | hybrid."""
+    out_dir: str
+    request: dict[str, Any]
+    """Any agents.request.PortRequest fields (these win over the flat fields above)."""
+    messages: Annotated[list[AnyMessage], add_messages]
+    """Studio's chat input: the last human message is read as the goal."""
+
+
+class PortOutput(TypedDict, total=False):
+    """What a run returns: the verdict, the bundle and an AI message summarising both."""
+
+    status: str
+    reason: str
+    request: dict[str, Any]
+    numerics: dict[str, Any]
+    tuning: dict[str, Any]
+    bundle: dict[str, Any]
+    counters: dict[str, int]
+    failure: dict[str, Any] | None
+    """The node that failed and why, when one did (graph/guard.py)."""
+    messages: Annotated[list[AnyMessage], add_messages]

@@ -55,6 +55,25 @@ def test_langgraph_dev_serves_graph_and_our_app(tmp_path: Path) -> None:
         state = run.json()
         assert state["status"] == "validated", state.get("reason")
         assert json.loads((tmp_path / "bundle" / "report.json").read_text())["status"] == "validated"
+
+        # Studio: the graph's input form is typed (not null on 3.11) ...
+        (assistant,) = httpx.post(f"{base}/assistants/search", json={"graph_id": "npuport"}).json()
+        schemas = httpx.get(f"{base}/assistants/{assistant['assistant_id']}/schemas").json()
+        assert schemas.get("input_schema"), schemas
+        assert {"goal", "model_path", "target", "chip", "messages"} <= set(schemas["input_schema"]["properties"])
+        assert {"status", "bundle", "messages"} <= set(schemas["output_schema"]["properties"])
+        # ... and its chat input (a human message holding the goal) runs a port that replies in an AI message
+        chat = httpx.post(f"{base}/threads", json={}).json()
+        goal = f"port the model in {REPO / 'examples' / 'ocr_mini'} to Ascend 910B on the cpu"
+        run = httpx.post(f"{base}/threads/{chat['thread_id']}/runs/wait", timeout=600, json={
+            "assistant_id": "npuport", "input": {"messages": [{"type": "human", "content": goal}],
+                                                 "out_dir": str(tmp_path / "chat-bundle")}})
+        assert run.status_code == 200, run.text
+        out = run.json()
+        assert out["status"] == "validated", out.get("reason")
+        assert out["messages"][0]["type"] == "human" and out["messages"][-1]["type"] == "ai"
+        assert "**validated**" in out["messages"][-1]["content"]
+        assert str(tmp_path / "chat-bundle") in out["messages"][-1]["content"]
     finally:
         try:
             os.killpg(proc.pid, signal.SIGTERM)

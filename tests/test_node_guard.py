@@ -107,5 +107,6 @@ def test_each_node_writes_a_chat_message(tmp_path: Path, npuport_home: Path) -> 
 
     state = run_port({"request": {"model_path": str(tmp_path / "missing"), "target": "cpu"}}, "t-msg")
     names = [m.name for m in state["messages"]]
-    assert names == ["planner", "reporter"]
+    # one per node, then the reporter's reply to the chat (graph/conversation.py) last
+    assert names == ["planner", "reporter", "npuport"]
     assert "does not exist" in state["messages"][0].content

@@ -21,7 +21,7 @@ def executor_node(state: dict[str, Any]) -> dict[str, Any]:
     run_id = f"run-{n}"
     run = run_harness(workdir=ws.root, model_dir=ws.model_dir, run_dir=ws.runs_dir / run_id,
                       manifest=state["entry"], target=target, limits=limits_for(req),
-                      extra={"capture": ["__step__", "*"]},
+                      extra={"capture": ["__step__", "*"], "shrink": bool(req.get("shrink"))},
                       python=(state.get("environment") or {}).get("python"))
     rec = record_of(run, run_id, "port", target.name)
     counters["port_runs"] = n

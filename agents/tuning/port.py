@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from agents import progress
 from agents.models import TrialRecord, Tuning
 from agents.target_state import target_from_dict
 from agents.tuning.constraints import NoFeasiblePoint
@@ -74,6 +75,25 @@ def search(space: SearchSpace, facts: HostFacts, evaluate: Evaluate, budget: Bud
     return tuning, result
 
 
+def _reporting(evaluate: Evaluate, n: int) -> Evaluate:
+    """The evaluator, telling the live displays (CLI, web page) each trial's start and result."""
+    k = 0
+
+    def run(params: dict[str, Any]) -> Any:
+        nonlocal k
+        k += 1
+        progress.emit("trial_start", k=k, n=n, params=params)
+        outcome = evaluate(params)
+        progress.emit("trial_done", k=k, n=n, params=params, value=outcome.value, outcome=outcome.status)
+        return outcome
+
+    return run
+
+
+def fmt_params(params: dict[str, Any] | None) -> str:
+    return " ".join(f"{k}={v}" for k, v in (params or {}).items()) or "-"
+
+
 def skeleton_tuning(state: dict[str, Any]) -> Tuning:
     runs = state.get("runs") or []
     port = next((r for r in reversed(runs) if r["purpose"] == "port" and r["ok"]), None)
@@ -100,10 +120,12 @@ def tune_port(state: dict[str, Any], space: SearchSpace | None = None) -> Tuning
                       wall_s=float(req.get("run_timeout_s", 300)) * 2,
                       python=(state.get("environment") or {}).get("python"))
     t0 = time.monotonic()
-    tuning, result = search(space, facts, bench.evaluator(), budget_of(req))
+    budget = budget_of(req)
+    tuning, result = search(space, facts, _reporting(bench.evaluator(), budget.max_trials), budget)
     if result is None or not tuning.best:
         return tuning
     # Final measurements, same host, back to back: the tuned port and the original as written.
+    progress.emit("phase", text="final benchmark: the tuned port, then the original")
     tuned_run = bench.port([{"id": "tuned", **tuning.best}], REPORT_CONCURRENCIES, "bench-tuned")
     # The original serves one request at a time: its tokens/s hardly depends on concurrency, and each
     # point costs concurrency x (warm-up + repeats) slow generations, so two points suffice.
@@ -123,7 +145,7 @@ def tune_port(state: dict[str, Any], space: SearchSpace | None = None) -> Tuning
                     "measured_on": f"{target.name} on this host ({host['machine']}, {host['cores']} cores)",
                     "error": "" if tuned_run.ok else tuned_run.error()}
     speed = f"{tuning.tuned['speedup']:.1f}x" if tuning.tuned["speedup"] else "n/a"
-    tuning.detail = (f"{len(tuning.trials)} trials ({result.stopped}); best {tuning.best}: "
+    tuning.detail = (f"{len(tuning.trials)} trials ({result.stopped}); best {fmt_params(tuning.best)}: "
                      f"{tuned_tps or 0:.1f} tokens/s vs original {base_tps or 0:.1f} at concurrency {TUNE_CONCURRENCY} "
                      f"({speed})")
     return tuning

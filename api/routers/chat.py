@@ -185,6 +185,8 @@ def _chunk(cid: str, delta: dict[str, Any], finish: str | None = None, extra: di
 def _event_line(kind: str, data: dict[str, Any]) -> str | None:
     if kind == "step":
         return f"- **{data.get('agent')}**: {data.get('summary')}\n"
+    if kind != "status":  # live progress (node starts, trials) is for the page; chat gets the steps
+        return None
     status = data.get("status")
     if status in ("queued", "running") and not data.get("reason"):
         return None

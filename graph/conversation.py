@@ -1,0 +1,81 @@
+"""The graph's two conversational edges: a run may start from chat messages (Studio's chat input, the
+last human message is the goal) or from flat fields (Studio's form), and it ends with an AI message
+that summarises the result. Wrapped around the planner and the reporter so the agents stay unaware."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from langchain_core.messages import AIMessage, BaseMessage
+
+from graph.state import PortInput, PortState
+
+Node = Callable[[dict[str, Any]], dict[str, Any]]
+FLAT_FIELDS = ("model_path", "target", "chip", "tune", "policy", "out_dir")
+
+
+class PlannerInput(PortState, PortInput, total=False):  # type: ignore[misc]
+    """The planner reads the input-only fields too (a node sees only its input schema's keys)."""
+
+
+def _text(message: Any) -> str:
+    content = message.content if isinstance(message, BaseMessage) else (message or {}).get("content")
+    if isinstance(content, list):  # multimodal content parts
+        return " ".join(str(p.get("text", "")) for p in content if isinstance(p, dict))
+    return str(content or "")
+
+
+def _is_human(message: Any) -> bool:
+    kind = message.type if isinstance(message, BaseMessage) else (message or {}).get("type") or message.get("role")
+    return kind in ("human", "user")
+
+
+def normalise_input(state: dict[str, Any]) -> dict[str, Any]:
+    """goal and request as the planner reads them, from whichever input the caller used."""
+    goal = state.get("goal") or ""
+    if not goal:
+        humans = [m for m in state.get("messages") or [] if _is_human(m)]
+        goal = _text(humans[-1]).strip() if humans else ""
+    request = {k: state[k] for k in FLAT_FIELDS if state.get(k) not in (None, "")}
+    request.update(state.get("request") or {})
+    return {**state, "goal": goal, "request": request}
+
+
+def with_input(planner: Node) -> Node:
+    def planner_node(state: dict[str, Any]) -> dict[str, Any]:
+        norm = normalise_input(state)
+        out = planner(norm)
+        # keep what the caller asked for in the state even when the planner could not parse it
+        out.setdefault("request", norm["request"])
+        if norm["goal"] and not state.get("goal"):
+            out["goal"] = norm["goal"]
+        return out
+
+    return planner_node
+
+
+def summary(state: dict[str, Any]) -> str:
+    status = state.get("status") or "failed"
+    lines = [f"**{status}**: {state.get('reason') or ''}".rstrip()]
+    numerics = state.get("numerics") or {}
+    if numerics.get("verdict"):
+        lines.append(f"validation: {numerics['verdict']}")
+    patches = state.get("patches") or []
+    if patches:
+        lines.append(f"{len(patches)} patches: " + "; ".join(str(p.get("summary", "")) for p in patches[:8]))
+    tuned = (state.get("tuning") or {}).get("tuned") or {}
+    if tuned.get("speedup"):
+        lines.append(f"tuned: {tuned.get('tokens_per_s', 0):.1f} tokens/s, {tuned['speedup']:.1f}x the original")
+    bundle = (state.get("bundle") or {}).get("dir")
+    if bundle:
+        lines.append(f"bundle: {bundle} (report.md, port.patch)")
+    return "\n".join(lines)
+
+
+def with_reply(reporter: Node) -> Node:
+    def reporter_node(state: dict[str, Any]) -> dict[str, Any]:
+        out = reporter(state)
+        return {**out, "messages": [AIMessage(content=summary({**state, **out}), name="npuport")]}
+
+    return reporter_node

@@ -1,0 +1,173 @@
+"""Every bad input to the CLI is refused before the graph starts: exit code 2, one line on stderr, and
+no bundle written. In process (typer's CliRunner), so these are quick; the live display and --force
+are checked on a real (tiny) port, marked slow."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from api.cli import LiveStatus, app, fmt_params
+from tests.tiny_models import write_tiny_model
+
+runner = CliRunner()
+
+
+def run(*args: str) -> tuple[int, str]:
+    r = runner.invoke(app, list(args))
+    return r.exit_code, r.output
+
+
+def assert_refused(args: list[str], out: Path, needle: str) -> None:
+    code, output = run(*args, "--out", str(out))
+    assert code == 2, output
+    assert needle in output, output
+    assert "Traceback" not in output
+    assert not out.exists(), "a refused input must not write a bundle"
+
+
+@pytest.fixture()
+def model(tmp_path: Path) -> Path:
+    return write_tiny_model(tmp_path / "m")
+
+
+def test_missing_path(tmp_path: Path, npuport_home: Path) -> None:
+    assert_refused(["port", str(tmp_path / "nope")], tmp_path / "out", "does not exist")
+
+
+def test_a_file_is_not_a_model_folder(tmp_path: Path, npuport_home: Path) -> None:
+    f = tmp_path / "model.py"
+    f.write_text("import torch\n")
+    assert_refused(["port", str(f)], tmp_path / "out", "is not a folder")
+
+
+def test_empty_folder(tmp_path: Path, npuport_home: Path) -> None:
+    (tmp_path / "empty").mkdir()
+    assert_refused(["port", str(tmp_path / "empty")], tmp_path / "out", "is empty")
+
+
+def test_folder_without_python(tmp_path: Path, npuport_home: Path) -> None:
+    m = tmp_path / "docs_only"
+    (m / ".venv").mkdir(parents=True)
+    (m / ".venv" / "site.py").write_text("x = 1\n")  # hidden folders do not count as the model's code
+    (m / "README.md").write_text("no code\n")
+    assert_refused(["port", str(m)], tmp_path / "out", "no Python files")
+
+
+@pytest.mark.parametrize(("flags", "needle"), [
+    (["--chip", "999x"], "unknown chip"),
+    (["--target", "gpu"], "unknown target"),
+    (["--policy", "magic"], "unknown policy"),
+    (["--goal", "port it to Ascend 999X and maximise throughput"], "unknown chip 'Ascend 999X'"),
+    (["--goal", "port it --target tpu"], "unknown target 'tpu'"),
+])
+def test_unknown_chip_target_or_policy(model: Path, tmp_path: Path, npuport_home: Path, flags: list[str],
+                                       needle: str) -> None:
+    assert_refused(["port", str(model), *flags], tmp_path / "out", needle)
+
+
+def test_known_chips_in_goal_text_pass_the_check() -> None:
+    from agents.request import goal_words_problem, parse_goal
+
+    for goal in ("port ./m to Ascend 910B", "port ./m to Ascend 910B2 NPUs", "to ascend a3", "to Ascend 310P",
+                 "port ./m to Ascend NPUs", "port ./m --target ascend-sim"):
+        assert goal_words_problem(goal) is None, goal
+    assert parse_goal("port the model in ./m to Ascend 310P").chip == "310p"
+    with pytest.raises(ValueError, match="999X"):
+        parse_goal("port the model in ./m to Ascend 999X")  # never silently 910b
+
+
+def test_existing_out_dir_is_refused_without_force(model: Path, tmp_path: Path, npuport_home: Path) -> None:
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "old.png").write_bytes(b"stale")
+    code, output = run("port", str(model), "--out", str(out))
+    assert code == 2 and "--force" in output
+    assert [p.name for p in out.iterdir()] == ["old.png"], "a refused run must not touch the folder"
+
+
+def test_out_dir_inside_the_model_is_refused_even_with_force(model: Path, npuport_home: Path) -> None:
+    before = sorted(p.name for p in model.iterdir())
+    code, output = run("port", str(model), "--out", str(model), "--force")
+    assert code == 2 and "overlaps the model folder" in output
+    assert sorted(p.name for p in model.iterdir()) == before
+
+
+def test_scan_exits_2_on_empty_folder_and_syntax_error(model: Path, tmp_path: Path) -> None:
+    (tmp_path / "empty").mkdir()
+    assert run("scan", str(tmp_path / "empty"))[0] == 2
+    (model / "broken.py").write_text("def f(:\n    pass\n")
+    code, output = run("scan", str(model))
+    assert code == 2 and "broken.py" in output
+
+
+def test_scan_keeps_file_line_whole_at_80_columns(model: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from api import cli
+
+    monkeypatch.setattr(cli.console, "_width", 80)
+    code, output = run("scan", str(model))
+    assert code == 0, output
+    assert "modeling_tiny.py:" in output  # file:line printed whole
+    assert max(len(line) for line in output.splitlines()) <= 80, output
+    assert "{'" not in output, "entry printed as a raw dict"
+    assert "class   modeling_tiny:TinyLM" in output
+
+
+def test_help_documents_the_exit_codes() -> None:
+    code, output = run("--help")
+    assert code == 0
+    for text in ("0 validated", "1 the port ran but did not validate", "2 bad input", "3 internal error"):
+        assert text in " ".join(output.split()), output
+
+
+def test_live_status_line_counts_runs_and_trials() -> None:
+    s = LiveStatus(max_runs=8, tune_trials=4)
+    s.on_event("task", {"node": "executor"})
+    assert "executor" in s.line().plain and "sandbox run 1/8" in s.line().plain
+    s.on_event("counters", {"port_runs": 1, "reference_runs": 1})
+    assert "sandbox run 1/8" in s.line().plain  # the finished run is not counted twice
+    s.on_event("task", {"node": "tuner"})
+    s.on_event("trial_start", {"k": 2, "n": 4})
+    s.on_event("trial_done", {"k": 2, "n": 4, "value": 31.5, "params": {"batch": 4}})
+    s.on_event("trial_done", {"k": 3, "n": 4, "value": None, "params": {"batch": 8}})
+    line = s.line().plain
+    assert "trial 2/4" in line and "best 31.5 tok/s (batch=4)" in line and "sandbox run 1/8" in line
+    assert fmt_params({"batch": 4, "dtype": "bf16"}) == "batch=4 dtype=bf16"
+
+
+@pytest.mark.slow
+def test_force_replaces_a_stale_bundle_and_shrink_reaches_the_harness(model: Path, tmp_path: Path, npuport_home: Path) -> None:
+    out = tmp_path / "out"
+    (out / "plots").mkdir(parents=True)
+    (out / "plots" / "stale.png").write_bytes(b"old plot")
+    code, output = run("port", str(model), "--target", "cpu", "--out", str(out), "--force", "--policy", "rule",
+                       "--shrink")
+    assert code == 0, output
+    # --shrink reaches the harness spec of the port run and of the reference alike
+    for name in ("run-1", "reference"):
+        (spec,) = npuport_home.glob(f"workspaces/*/runs/{name}/spec.json")
+        assert json.loads(spec.read_text())["shrink"] is True, name
+    assert not (out / "plots" / "stale.png").exists()
+    assert json.loads((out / "report.json").read_text())["status"] == "validated"
+    for agent in ("planner", "code_reader", "executor", "validator", "reporter"):
+        assert agent in output
+
+
+def test_demo_ends_with_the_next_commands(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Only the demo's closing lines: the port itself is replaced by a validated result here (the
+    whole demo is covered by .ci/run and the slow CLI tests)."""
+    from api import cli
+
+    seen: dict[str, object] = {}
+    monkeypatch.setattr(cli, "run_port_cli", lambda request, goal="": seen.update(request) or cli.EXIT_OK)
+    out = tmp_path / "demo-out"
+    code, output = run("demo", "--out", str(out))
+    assert code == 0, output
+    assert seen["tune"] is True and seen["out_dir"] == str(out)
+    assert f"npuport verify {out}" in output and "npuport serve" in output and "report.md" in output
+    out.mkdir()
+    (out / "report.md").write_text("old")
+    assert run("demo", "--out", str(out))[0] == 2  # an earlier demo's bundle is not overwritten silently
