@@ -8,6 +8,7 @@ from typing import Any
 
 from rich.console import Console, Group
 from rich.live import Live
+from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
@@ -42,7 +43,7 @@ def run_batch_cli(manifest: Path, overrides: dict[str, Any], *, executor: str, r
     try:
         resolved = load_manifest(manifest, overrides)
     except BatchManifestError as exc:
-        err.print(f"[bold red]error:[/] invalid batch manifest:\n{exc}")
+        err.print(f"[bold red]error:[/] invalid batch manifest:\n{escape(str(exc))}")
         return 2
     console.print(f"[bold]npuport batch[/] {resolved.name}: {len(resolved.ports)} models (batch {resolved.batch_id})")
     live = Live(console=console, refresh_per_second=2, transient=False) if console.is_terminal else None
@@ -57,11 +58,8 @@ def run_batch_cli(manifest: Path, overrides: dict[str, Any], *, executor: str, r
         if live is not None:
             live.start()
         result = run_batch(resolved, opts)
-    except ExecutorError as exc:
-        err.print(f"[bold red]error:[/] {exc}")
-        return 2
-    except BatchBusy as exc:
-        err.print(f"[bold red]error:[/] {exc}")
+    except (ExecutorError, BatchBusy) as exc:
+        err.print(f"[bold red]error:[/] {escape(str(exc))}")
         return 2
     finally:
         if live is not None:

@@ -23,6 +23,8 @@ class ExecutorError(RuntimeError):
 
 class Executor(Protocol):
     name: str
+    local: bool
+    """The ports' processes run on this machine (their pids mean something here)."""
     capacity: int
     """How many ports may run at once."""
 
@@ -65,6 +67,7 @@ class RayExecutor:
             raise ExecutorError(f"cannot start Ray{f' at {address}' if address else ''}: "
                                 f"{str(exc).splitlines()[0] if str(exc) else type(exc).__name__}") from exc
         self.address = address or "embedded"
+        self.local = not address  # the ports' processes live on this machine
         cpus = float(ray.cluster_resources().get("CPU", 1))
         fit = max(1, int(cpus // cpus_per_port))
         self.capacity = min(fit, workers) if workers else fit
@@ -121,14 +124,47 @@ def _alive(pid: int) -> bool:
         return True
 
 
-def worker_alive(pid: int | None, attempt_id: str) -> bool:
-    """Is ``pid`` still the local worker of this attempt (not a reused pid)?"""
+def descendants(pid: int) -> list[int]:
+    """Every live process below ``pid`` (from /proc), e.g. the sandbox runs of a port: they sit in
+    sessions of their own, so killing the port's worker alone would leave them running."""
+    children: dict[int, list[int]] = {}
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            ppid = int((d / "stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        children.setdefault(ppid, []).append(int(d.name))
+    out, todo = [], [pid]
+    while todo:
+        for c in children.get(todo.pop(), []):
+            out.append(c)
+            todo.append(c)
+    return out
+
+
+def kill_tree(pid: int | None) -> None:
+    """Kill the port's worker process and everything it started (a local process only)."""
+    if not pid:
+        return
+    below = descendants(pid)
+    for p in [pid, *below]:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(p, signal.SIGKILL)
+
+
+def worker_alive(pid: int | None, attempt_id: str, any_cmd: bool = False) -> bool:
+    """Is ``pid`` still the local worker of this attempt (not a reused pid)? ``any_cmd``: a Ray worker
+    too (its command line does not name the attempt)."""
     if not pid or not _alive(pid):
         return False
     try:
         cmd = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
     except OSError:
         return False
+    if any_cmd and ("ray::" in cmd or "default_worker.py" in cmd):
+        return True
     return "graph.batch.port" in cmd and attempt_id in cmd
 
 
@@ -137,6 +173,7 @@ class LocalExecutor:
     driver and record their results, and a resumed driver waits for them (adopt) instead of re-running."""
 
     name = "local"
+    local = True
 
     def __init__(self, workers: int | None, jobs_dir: Path) -> None:
         self.capacity = max(1, workers or 2)

@@ -12,7 +12,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from graph.batch.executors import Executor, ExecutorError, LocalExecutor, RayExecutor, worker_alive
+from graph.batch.executors import (
+    Executor,
+    ExecutorError,
+    LocalExecutor,
+    RayExecutor,
+    kill_tree,
+    worker_alive,
+)
 from graph.batch.manifest import PortSpec, ResolvedBatch
 from graph.batch.results import memory_records, write_results
 from graph.batch.store import FINISHED, BatchStore, PortRow
@@ -155,6 +162,9 @@ def _drive(store: BatchStore, bid: str, out: Path, home: Path, opts: BatchOption
                 now = time.time()
                 for key, (h, deadline, attempt) in list(inflight.items()):
                     if now > deadline:
+                        att = next((a for a in store.attempts(bid, key) if a["id"] == attempt), {})
+                        if executor.local and worker_alive(att.get("pid"), attempt, any_cmd=True):
+                            kill_tree(att.get("pid"))  # the port's sandbox runs too, not only its worker
                         executor.cancel(h)
                         inflight.pop(key)
                         limit = PortSpec.model_validate(store.port(bid, key).spec).settings.timeout_s  # type: ignore[union-attr]
