@@ -169,3 +169,45 @@ def test_local_executor_batch_with_a_hanging_model(tmp_path: Path, npuport_home:
     staged = json.loads((out / "beta" / "report.json").read_text())["request"]["model_path"]
     assert json.loads((Path(staged) / "config.json").read_text())["vocab"] == 24
     assert json.loads((tmp_path / "src" / "beta" / "config.json").read_text())["vocab"] == 32
+
+
+def test_knowledge_base_writes_are_serialized_across_processes(npuport_home: Path) -> None:
+    from knowledge.locks import home_lock
+
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import sys, time\nfrom knowledge.locks import home_lock\n"
+         "with home_lock('knowledge-base'):\n    print('held', flush=True)\n    time.sleep(30)"],
+        stdout=subprocess.PIPE, text=True, cwd=REPO_ROOT, env=dict(os.environ, NPUPORT_HOME=str(npuport_home)))
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+        with pytest.raises(TimeoutError), home_lock("knowledge-base", timeout_s=0.5):
+            pass
+    finally:
+        holder.kill()
+        holder.wait()
+    with home_lock("knowledge-base", timeout_s=5):  # the kernel dropped the dead holder's lock
+        pass
+
+
+def test_report_says_which_port_learned_and_which_reused(npuport_home: Path, tmp_path: Path) -> None:
+    from graph.batch.results import write_results
+    from graph.batch.store import BatchRow, PortRow
+
+    recs = [{"id": "memory:old", "signature": "s0", "patch_summary": "p0", "model": "zeta"},
+            {"id": "memory:aaa", "signature": "s1", "patch_summary": "p1", "model": "alpha"}]
+    (npuport_home / "port_memory.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+    batch = BatchRow(id="b", name="b", owner="me", created=0, updated=0, status="done",
+                     spec={"memory_before": ["memory:old"]}, out_dir=str(tmp_path), reason="")
+
+    def port(key: str, pos: int, cited: list[str]) -> PortRow:
+        res = {"model_path": f"/x/{key}", "memory_cited": cited, "target": "cpu", "sandbox_runs": 2}
+        return PortRow(batch_id="b", key=key, pos=pos, spec={}, status="validated", attempt_id="a", attempts=1,
+                       thread_id="t", claimed=0, started=0, finished=1, reason="", result=res)
+
+    files = write_results(batch, [port("alpha", 0, []), port("beta", 1, ["memory:aaa", "memory:old"])],
+                          npuport_home, tmp_path / "out")
+    rows = {r["model"]: r for r in json.loads(files["json"].read_text())["ports"]}
+    assert rows["alpha"]["learned"] == ["memory:aaa"] and rows["alpha"]["reused"] == []
+    assert rows["beta"]["reused"] == ["memory:aaa (from alpha)", "memory:old (from earlier)"]
+    md = files["md"].read_text()
+    assert "- alpha learned: memory:aaa" in md and "- beta reused: memory:aaa (from alpha)" in md

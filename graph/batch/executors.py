@@ -72,7 +72,9 @@ class RayExecutor:
         fit = max(1, int(cpus // cpus_per_port))
         self.capacity = min(fit, workers) if workers else fit
         # no automatic retries: a port runs again only when the batch claims it again (exactly once)
-        self._remote = ray.remote(max_retries=0)(_ray_entry)
+        # max_calls=1: a fresh worker process per port, so no module state (a knowledge-base client that
+        # has not seen what earlier ports learned, thread settings) carries over from one port to the next
+        self._remote = ray.remote(max_retries=0, max_calls=1)(_ray_entry)
 
     def submit(self, job: dict[str, Any]) -> Any:
         s = job["spec"]["settings"]
