@@ -18,7 +18,7 @@ from fastapi.responses import JSONResponse
 
 from api.jobs import JobManager, JobStore
 from api.limits import BodyLimitMiddleware
-from api.routers import chat, health, ports, web
+from api.routers import batches, chat, health, ports, web
 from api.settings import Settings
 
 DESCRIPTION = """Port PyTorch models to Huawei Ascend NPUs as jobs.
@@ -50,7 +50,7 @@ def create_app(settings: Settings | None = None, *, graph_builder: Any = None) -
     app.state.manager = manager
     app.add_middleware(BodyLimitMiddleware, max_body_bytes=settings.max_body_bytes,
                        max_upload_bytes=settings.max_upload_bytes, timeout_s=settings.body_timeout_s)
-    for r in (health.router, ports.router, chat.router, web.router):
+    for r in (health.router, ports.router, batches.router, chat.router, web.router):
         app.include_router(r)
 
     @app.exception_handler(RequestValidationError)

@@ -18,8 +18,9 @@ from typing import Annotated, Any
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
-SCOPES = ("read", "write")
-"""read: look at jobs, events, bundles, chat status questions; write: submit, approve, cancel."""
+SCOPES = ("read", "write", "admin")
+"""read: look at jobs, events, bundles, chat status questions; write: submit, approve, cancel;
+admin: see every owner's batches."""
 
 
 class Settings(BaseSettings):
@@ -54,7 +55,7 @@ class Settings(BaseSettings):
             out: dict[str, list[str]] = {}
             for part in v.split(","):
                 tok, _, scopes = part.partition("=")
-                out[tok.strip()] = [s for s in scopes.replace("+", " ").split() if s] or list(SCOPES)
+                out[tok.strip()] = [s for s in scopes.replace("+", " ").split() if s] or ["read", "write"]
             return out
         return v
 

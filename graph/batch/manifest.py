@@ -115,12 +115,15 @@ class PortSpec(BaseModel):
 class ResolvedBatch(BaseModel):
     name: str
     ports: list[PortSpec]
+    owner: str = ""
+    """Part of the id for batches submitted through the API: two tokens sending the same manifest get
+    two batches (the CLI leaves it empty)."""
 
     @property
     def batch_id(self) -> str:
         """Derived from the resolved content: the same manifest (same models, same settings) is the same
         batch, so running it again resumes it."""
-        blob = json.dumps(self.model_dump(mode="json"), sort_keys=True)
+        blob = json.dumps(self.model_dump(mode="json", exclude_defaults=True), sort_keys=True)
         return f"{self.name}-{hashlib.sha256(blob.encode()).hexdigest()[:12]}"
 
 
