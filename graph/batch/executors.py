@@ -53,6 +53,8 @@ class RayExecutor:
             raise ExecutorError(f"batch mode on Ray needs the `ray` package: {INSTALL_HINT} "
                                 "(or run with --executor local)") from exc
         self._ray = ray
+        # Ray announces its token-auth default on every embedded start; the batch's own table says enough
+        logging.getLogger("ray._private.authentication.authentication_token_setup").setLevel(logging.ERROR)
         address = address or os.environ.get("RAY_ADDRESS") or None
         common: dict[str, Any] = {"log_to_driver": False, "logging_level": logging.WARNING,
                                   "ignore_reinit_error": True}
