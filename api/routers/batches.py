@@ -150,7 +150,8 @@ async def batch_events(batch_id: str, request: Request, principal: Reader,
     model). The stream ends with ``end`` once the batch is done; reconnect with Last-Event-ID."""
     with _store(request) as store:
         _owned(store, batch_id, principal)
-        start = after if after is not None else (int(last_event_id) if (last_event_id or "").isdigit() else 0)
+        given = (last_event_id or "").strip()
+        start = after if after is not None else (int(given) if given.isdigit() else 0)
         if not stream:
             return store.events(batch_id, after=start, limit=100_000)
     return EventSourceResponse(_stream(request, batch_id, start), ping=10, send_timeout=30)
