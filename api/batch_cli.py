@@ -22,7 +22,7 @@ def progress_table(view: Any) -> Group:
     now = time.time()
     for p in view.ports:
         res = p.result or {}
-        took = (p.finished or now) - p.started if p.started else None
+        took = (p.finished or now) - p.started if p.started is not None else None
         table.add_row(p.key, Text(p.status, style=STYLE.get(p.status, "")), str(p.attempts),
                       f"{took:.0f}s" if took is not None else "-", str(res.get("sandbox_runs", "-")),
                       (p.reason or "")[:80])

@@ -211,3 +211,24 @@ def test_report_says_which_port_learned_and_which_reused(npuport_home: Path, tmp
     assert rows["beta"]["reused"] == ["memory:aaa (from alpha)", "memory:old (from earlier)"]
     md = files["md"].read_text()
     assert "- alpha learned: memory:aaa" in md and "- beta reused: memory:aaa (from alpha)" in md
+
+
+def test_live_table_counts_and_eta(tmp_path: Path) -> None:
+    from rich.console import Console
+
+    from api.batch_cli import progress_table
+    from graph.batch.runner import BatchView
+    from graph.batch.store import PortRow
+
+    def row(key: str, status: str, started: float | None, finished: float | None) -> PortRow:
+        return PortRow(batch_id="b", key=key, pos=0, spec={}, status=status, attempt_id=None, attempts=1,
+                       thread_id=None, claimed=None, started=started, finished=finished, reason="",
+                       result={"sandbox_runs": 2} if finished else None)
+
+    view = BatchView("b", [row("a", "validated", 0.0, 10.0), row("b", "failed", 0.0, 20.0),
+                           row("c", "running", 1.0, None), row("d", "queued", None, None)], 0.0, 2, "ray")
+    assert view.eta_s() == 15.0  # mean 15 s per port, 2 left, 2 at once
+    console = Console(record=True, width=160)
+    console.print(progress_table(view))
+    text = console.export_text()
+    assert "1 queued, 1 running, 1 validated, 1 failed" in text and "ETA 15s" in text

@@ -56,7 +56,7 @@ class BatchView:
     finished_now: int = 0
 
     def eta_s(self) -> float | None:
-        done = [p for p in self.ports if p.status in FINISHED and p.started and p.finished]
+        done = [p for p in self.ports if p.status in FINISHED and p.started is not None and p.finished is not None]
         left = [p for p in self.ports if p.status not in FINISHED]
         if not left:
             return 0.0
