@@ -232,3 +232,21 @@ def test_live_table_counts_and_eta(tmp_path: Path) -> None:
     console.print(progress_table(view))
     text = console.export_text()
     assert "1 queued, 1 running, 1 validated, 1 failed" in text and "ETA 15s" in text
+
+
+def test_archives_unpack_safely(tmp_path: Path) -> None:
+    import zipfile
+
+    from graph.batch.sources import SourceError, stage
+
+    model = write_tiny_model(tmp_path / "m")
+    with zipfile.ZipFile(tmp_path / "m.zip", "w") as zf:
+        for f in model.iterdir():
+            zf.write(f, f"m/{f.name}")
+    folder, note = stage(tmp_path / "m.zip", "archive", False, tmp_path / "staging" / "m")
+    assert (folder / "npuport.yaml").is_file() and folder.is_relative_to(tmp_path / "staging") and "unpacked" in note
+    with zipfile.ZipFile(tmp_path / "evil.zip", "w") as zf:
+        zf.writestr("../outside.py", "x = 1\n")
+    with pytest.raises(SourceError, match="not allowed"):
+        stage(tmp_path / "evil.zip", "archive", False, tmp_path / "staging" / "evil")
+    assert not (tmp_path / "staging" / "outside.py").exists()

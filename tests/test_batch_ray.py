@@ -174,3 +174,17 @@ def test_kill_9_of_the_driver_then_resume_runs_each_port_once(tmp_path: Path, np
     for key in ("alpha", "beta", "gamma"):
         agents = [s["agent"] for s in steps if s["model"] == key]
         assert agents.count("planner") == 1 and agents.count("reporter") == 1, (key, agents)
+
+
+def test_a_hanging_port_is_cancelled_on_ray_and_the_others_validate(tmp_path: Path, npuport_home: Path) -> None:
+    from tests.test_batch import _processes_in
+
+    manifest = write_zoo(tmp_path, hang=True)
+    out = tmp_path / "out"
+    r = batch(str(manifest), "--workers", "2", "--out", str(out), home=npuport_home,
+              extra_env={"NPUPORT_SANDBOX": "process"})  # bwrap would end the run with its worker by itself
+    assert r.returncode == 1, r.stdout + r.stderr
+    rows = _rows(out)
+    assert rows["alpha"]["verdict"] == rows["beta"]["verdict"] == "validated"
+    assert rows["gamma"]["verdict"] == "failed" and "timed out after 12 s" in rows["gamma"]["reason"]
+    assert not _processes_in(npuport_home)
