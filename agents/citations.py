@@ -83,6 +83,14 @@ def record_validated_fixes(state: dict[str, Any]) -> list[str]:
     kb = _knowledge_base()
     if kb is None:
         return []
+    from knowledge.locks import home_lock
+
+    # concurrent ports (npuport batch) write one journal and one store: one writer at a time
+    with home_lock("knowledge-base"):
+        return _record_fixes(kb, state)
+
+
+def _record_fixes(kb: Any, state: dict[str, Any]) -> list[str]:
     diagnoses = {d["id"]: d for d in state.get("diagnoses") or []}
     req = state.get("request") or {}
     ids = []

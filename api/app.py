@@ -17,7 +17,7 @@ from fastapi import FastAPI
 from api import errors
 from api.jobs import JobManager, JobStore
 from api.limits import BodyLimitMiddleware
-from api.routers import catalog, chat, health, ports, review, web
+from api.routers import batches, catalog, chat, health, ports, review, web
 from api.settings import Settings
 
 DESCRIPTION = """Port PyTorch models to Huawei Ascend NPUs as jobs.
@@ -62,7 +62,7 @@ def create_app(settings: Settings | None = None, *, graph_builder: Any = None) -
     for r in (health.router, web.router):
         app.include_router(r)
     # review before ports: /v1/ports/{id}/pending must not be shadowed by a ports route
-    for r in (review.router, ports.router, chat.router, catalog.router):
+    for r in (review.router, ports.router, batches.router, chat.router, catalog.router):
         app.include_router(r, responses=errors.PROTECTED_RESPONSES)
     errors.install(app)
     return app

@@ -565,6 +565,32 @@ def verify(
 
 
 @app.command()
+def batch(
+    manifest: Annotated[Path, typer.Argument(help="a batch manifest (YAML), or a folder of model folders/archives")],
+    executor: Annotated[str, typer.Option(help="ray (embedded local Ray, or --ray-address) | local (processes)",
+                                          callback=_one_of(("ray", "local"), "executor"))] = "ray",
+    ray_address: Annotated[str | None, typer.Option("--ray-address", envvar="RAY_ADDRESS",
+                                                    help="an existing Ray cluster (default: embedded local Ray)")] = None,
+    workers: Annotated[int | None, typer.Option(min=1, help="ports at once (default: the CPUs Ray sees)")] = None,
+    retry_failed: Annotated[bool, typer.Option(help="run failed ports of this batch again")] = False,
+    out: Annotated[Path | None, typer.Option("--out", "-o", help="results folder (default ./npuport-out/<batch>)")] = None,
+    target: Annotated[str | None, typer.Option("--target", "-t", help="override every model's target")] = None,
+    chip: Annotated[str | None, typer.Option("--chip", help="override every model's chip")] = None,
+) -> None:
+    """Port many models at once (one port each: own workspace, sandbox, bundle); resumable: running the
+    same manifest again skips finished ports. Writes results.csv, results.json and report.md."""
+    from api.batch_cli import run_batch_cli
+
+    if target is not None:
+        _one_of(TARGETS, "target")(target)
+    if chip is not None:
+        _one_of(CHIPS, "chip")(chip)
+    raise typer.Exit(run_batch_cli(manifest, {"target": target, "chip": chip}, executor=executor,
+                                   ray_address=ray_address, workers=workers, retry_failed=retry_failed, out=out,
+                                   console=console, err=err))
+
+
+@app.command()
 def serve(
     host: Annotated[str, typer.Option(help="address to listen on (loopback by default)")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="TCP port")] = 8000,

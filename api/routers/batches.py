@@ -1,0 +1,173 @@
+"""/v1/batches: batch ports (create, list, status with the results table, events over SSE).
+
+Owner rules as for ports: a batch belongs to the token that created it; other tokens get 404 for it
+and do not see it in lists; a token with the ``admin`` scope sees every batch (``visible``).
+The driver runs in a thread of the service; ports run on the executor the body names."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import threading
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from fastapi import APIRouter, Depends, Header, HTTPException, Query, Request
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, Field, ValidationError
+from sse_starlette.sse import EventSourceResponse
+
+from api.auth import Principal, require
+from api.uploads import UploadError, confine_model_path
+
+router = APIRouter(prefix="/v1/batches", tags=["batches"])
+
+Reader = Annotated[Principal, Depends(require("read"))]
+Writer = Annotated[Principal, Depends(require("write"))]
+
+
+class BatchCreate(BaseModel):
+    manifest: dict[str, Any] = Field(
+        description="the batch manifest (docs/batch.md) as JSON; model paths are folders under the allowed roots",
+        examples=[{"name": "zoo", "defaults": {"target": "cpu"}, "models": [{"path": "ocr_mini"}]}])
+    executor: Literal["local", "ray"] = Field(default="local", description="local processes, or Ray")
+    ray_address: str | None = Field(default=None, description="a Ray cluster (ray executor); default embedded")
+    workers: int | None = Field(default=None, ge=1, le=64)
+    retry_failed: bool = False
+
+
+def visible(principal: Principal, owner: str) -> bool:
+    """The one owner rule: the creator's token, or an admin."""
+    return principal.name == owner or "admin" in principal.scopes
+
+
+@contextlib.contextmanager
+def _store(request: Request) -> Iterator[Any]:
+    from graph.batch.store import BatchStore
+
+    home: Path = request.app.state.settings.resolved_home()
+    store = BatchStore(home / "batches.sqlite")
+    try:
+        yield store
+    finally:
+        store.close()
+
+
+def _owned(store: Any, batch_id: str, principal: Principal) -> Any:
+    batch = store.batch(batch_id)
+    if batch is None or not visible(principal, batch.owner):
+        raise HTTPException(status_code=404, detail=f"no batch {batch_id}")
+    return batch
+
+
+def _out(store: Any, batch: Any) -> dict[str, Any]:
+    ports = store.ports(batch.id)
+    results = None
+    res_json = Path(batch.out_dir) / "results.json"
+    if batch.status == "done" and res_json.is_file():
+        results = json.loads(res_json.read_text())["ports"]
+    return {"id": batch.id, "name": batch.name, "status": batch.status, "created": batch.created,
+            "updated": batch.updated,
+            "ports": [{"model": p.key, "status": p.status, "attempts": p.attempts, "reason": p.reason}
+                      for p in ports],
+            "counts": {s: sum(1 for p in ports if p.status == s) for s in ("queued", "running", "validated", "failed")},
+            "results": results, "events_url": f"/v1/batches/{batch.id}/events"}
+
+
+def _resolve(body: BatchCreate, principal: Principal, roots: list[Path]) -> Any:
+    from graph.batch.manifest import BatchManifest, BatchManifestError, resolve
+
+    try:
+        manifest = BatchManifest.model_validate(body.manifest)
+    except ValidationError as exc:
+        raise HTTPException(status_code=422, detail=json.loads(exc.json(include_url=False, include_input=False))) from exc
+    for m in manifest.models:
+        try:  # the same confinement as /v1/ports: a folder under an allowed root, symlinks resolved
+            m.path = str(confine_model_path(m.path, roots))
+        except UploadError as exc:
+            raise HTTPException(status_code=exc.status_code, detail=f"{m.path}: {exc}") from exc
+    try:
+        resolved = resolve(manifest, Path("/"))
+    except BatchManifestError as exc:
+        raise HTTPException(status_code=422, detail=str(exc)) from exc
+    return resolved.model_copy(update={"owner": principal.name})
+
+
+def _drive(resolved: Any, opts: Any) -> None:
+    from graph.batch.runner import BatchBusy, run_batch
+
+    with contextlib.suppress(BatchBusy):  # a twin request already drives it
+        run_batch(resolved, opts)
+
+
+@router.post("", status_code=201, responses={200: {"description": "the batch existed: resumed"},
+                                              403: {"description": "a model outside the allowed roots"},
+                                              422: {"description": "invalid manifest"}})
+def create_batch(body: BatchCreate, request: Request, principal: Writer) -> JSONResponse:
+    """Start (or resume: the same manifest from the same token is the same batch) a batch of ports."""
+    from graph.batch.runner import BatchOptions, register
+
+    settings = request.app.state.settings
+    resolved = _resolve(body, principal, settings.allowed_roots)
+    home: Path = settings.resolved_home()
+    with _store(request) as store:
+        existed = store.batch(resolved.batch_id) is not None
+        bid, _ = register(resolved, principal.name, home / "batches" / resolved.batch_id / "out", store)
+        batch = store.batch(bid)
+        opts = BatchOptions(executor=body.executor, ray_address=body.ray_address, workers=body.workers,
+                            retry_failed=body.retry_failed, owner=principal.name)
+        threading.Thread(target=_drive, args=(resolved, opts), name=f"npuport-batch-{bid}", daemon=True).start()
+        payload = _out(store, batch)
+    return JSONResponse(payload, status_code=200 if existed else 201, headers={"Location": f"/v1/batches/{bid}"})
+
+
+@router.get("")
+def list_batches(request: Request, principal: Reader,
+                 limit: Annotated[int, Query(ge=1, le=500)] = 50) -> list[dict[str, Any]]:
+    with _store(request) as store:
+        owner = None if "admin" in principal.scopes else principal.name
+        return [_out(store, b) for b in store.list_batches(owner=owner, limit=limit)]
+
+
+@router.get("/{batch_id}", responses={404: {"description": "unknown batch (or another token's)"}})
+def get_batch(batch_id: str, request: Request, principal: Reader) -> dict[str, Any]:
+    """Status per port; once done, the results table (the rows of results.json)."""
+    with _store(request) as store:
+        return _out(store, _owned(store, batch_id, principal))
+
+
+@router.get("/{batch_id}/events", responses={
+    200: {"description": "text/event-stream (`id` = seq), or a JSON list with stream=false",
+          "content": {"text/event-stream": {}, "application/json": {}}},
+    404: {"description": "unknown batch"}})
+async def batch_events(batch_id: str, request: Request, principal: Reader,
+                       last_event_id: Annotated[str | None, Header()] = None,
+                       after: Annotated[int | None, Query(ge=0)] = None,
+                       stream: Annotated[bool, Query()] = True) -> Any:
+    """The batch's events: ``batch`` status changes, ``port`` status changes, agent ``step``s (with the
+    model). The stream ends with ``end`` once the batch is done; reconnect with Last-Event-ID."""
+    with _store(request) as store:
+        _owned(store, batch_id, principal)
+        given = (last_event_id or "").strip()
+        start = after if after is not None else (int(given) if given.isdigit() else 0)
+        if not stream:
+            return store.events(batch_id, after=start, limit=100_000)
+    return EventSourceResponse(_stream(request, batch_id, start), ping=10, send_timeout=30)
+
+
+async def _stream(request: Request, batch_id: str, last: int) -> AsyncIterator[dict[str, Any]]:
+    while True:
+        with _store(request) as store:
+            events = store.events(batch_id, after=last)
+            batch = store.batch(batch_id)
+        for e in events:
+            yield {"id": str(e["seq"]), "event": e["kind"], "data": json.dumps(e)}
+            last = e["seq"]
+        if batch is not None and batch.status == "done" and not events:
+            yield {"event": "end", "data": json.dumps({"status": batch.status})}
+            return
+        if await request.is_disconnected():
+            return
+        await asyncio.sleep(0.5)

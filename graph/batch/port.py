@@ -1,0 +1,127 @@
+"""One port of a batch, as run by a Ray task or a local worker process: the ordinary single-port
+graph (graph.jobs_support.run_thread) with its own workspace, sandbox and bundle. The task records
+its own result in the batch store, so a driver that dies loses nothing the task finished.
+
+``python -m graph.batch.port JOB.json`` runs one job (the local executor)."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+from graph.batch.manifest import PortSpec
+from graph.batch.sources import SourceError, stage
+from graph.batch.store import BatchStore
+
+
+def _limit_threads(n: int) -> None:
+    # the sandbox passes OMP_NUM_THREADS / MKL_NUM_THREADS on to the port's runs (sandbox/process.py)
+    for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
+        os.environ[var] = str(n)
+
+
+def summarize(state: dict[str, Any], spec: PortSpec, wall_s: float, note: str) -> dict[str, Any]:
+    """The batch's row for a finished port, from its final state and report.json."""
+    bundle = (state.get("bundle") or {}).get("dir") or ""
+    report: dict[str, Any] = {}
+    if bundle and (Path(bundle) / "report.json").is_file():
+        try:
+            report = json.loads((Path(bundle) / "report.json").read_text())
+        except (OSError, json.JSONDecodeError):
+            report = {}
+    counters = state.get("counters") or {}
+    findings = state.get("findings") or []
+    resolutions = report.get("resolutions") or {}
+    fixed = sum(1 for v in resolutions.values() if str(v).startswith("fixed"))
+    if not resolutions:
+        fixed = len({fid for p in state.get("patches") or [] for fid in p.get("finding_ids") or []})
+    tuned = (state.get("tuning") or {}).get("tuned") or {}
+    cited = sorted({c.get("source", "") for item in [*findings, *(state.get("diagnoses") or []),
+                                                     *(state.get("patches") or [])]
+                    for c in item.get("citations") or [] if isinstance(c, dict)}
+                   | {s for d in state.get("diagnoses") or [] for s in d.get("citations") or [] if isinstance(s, str)})
+    status = state.get("status") if state.get("status") in ("validated", "failed") else "failed"
+    return {
+        "model": spec.key, "source": spec.source, "target": (state.get("target") or {}).get("name") or spec.settings.target,
+        "verdict": status, "validation": (state.get("numerics") or {}).get("verdict", "not-run"),
+        "sandbox_runs": int(counters.get("port_runs", 0)) + int(counters.get("reference_runs", 0)),
+        "port_runs": int(counters.get("port_runs", 0)), "reference_runs": int(counters.get("reference_runs", 0)),
+        "time_s": round(wall_s, 2), "hazards_found": len(findings), "hazards_fixed": fixed,
+        "speedup": tuned.get("speedup"), "bundle": bundle,
+        "reason": "" if status == "validated" else str(state.get("reason") or "unknown reason"),
+        "model_path": (state.get("request") or {}).get("model_path") or "",
+        "memory_cited": [c for c in cited if c.startswith("memory:")], "note": note,
+    }
+
+
+def execute_port(job: dict[str, Any]) -> dict[str, Any]:
+    """Run one claimed port to its end and record the result; returns what it recorded
+    (``{"skipped": ...}`` when the claim was no longer current)."""
+    from graph.jobs_support import run_thread, thread_snapshot
+
+    os.environ["NPUPORT_HOME"] = job["home"]
+    spec = PortSpec.model_validate(job["spec"])
+    _limit_threads(spec.settings.threads)
+    store = BatchStore(Path(job["home"]) / "batches.sqlite")
+    try:
+        if not store.begin(job["attempt_id"], os.getpid()):
+            return {"skipped": "the claim is no longer current"}
+        store.add_event(job["batch_id"], "port", {"model": spec.key, "status": "running", "resumed": job["resumed"]})
+        t0 = time.time()
+        try:
+            model, note = stage(Path(spec.source), spec.kind, spec.settings.shrink, Path(job["batch_dir"]) / "staging" / spec.key)
+        except SourceError as exc:
+            return _record(store, job, spec, "failed", str(exc), {"model": spec.key, "source": spec.source,
+                           "target": spec.settings.target, "verdict": "failed", "reason": str(exc), "time_s": 0.0})
+        s = spec.settings
+        request = {"model_path": str(model), "target": s.target, "chip": s.chip, "objective": s.objective,
+                   "torch_npu": s.torch_npu, "policy": s.policy, "strict": s.strict, "tune": s.tune,
+                   "tune_trials": s.tune_trials, "max_runs": s.budget.max_runs, "max_wall_s": s.budget.max_wall_s,
+                   "run_timeout_s": s.budget.run_timeout_s, "out_dir": job["bundle_dir"]}
+        thread = job["thread_id"]
+        snap = thread_snapshot(thread) if job["resumed"] else None
+        steps_seen = len(snap.trace) if snap else 0
+
+        def on_trace(trace: list[dict[str, Any]]) -> None:
+            nonlocal steps_seen
+            for item in trace[steps_seen:]:
+                store.add_event(job["batch_id"], "step", {"model": spec.key, "agent": item.get("agent"),
+                                                          "summary": item.get("summary", "")})
+            steps_seen = max(steps_seen, len(trace))
+
+        if snap is not None and not snap.next:
+            values = snap.values  # the graph ended before the task died; only the result was missing
+        else:
+            inputs = None if snap is not None else {"goal": "", "request": request}
+            values = run_thread(inputs, thread, on_trace=on_trace).values
+        prior = float((snap.values.get("started_at") if snap else None) or t0)
+        row = summarize(values, spec, time.time() - min(prior, t0), note)
+        return _record(store, job, spec, row["verdict"], row["reason"], row)
+    except Exception as exc:  # a bug or a broken host: this port fails with the reason, the batch goes on
+        reason = f"internal error: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+        return _record(store, job, spec, "failed", reason, {"model": spec.key, "source": spec.source,
+                       "target": spec.settings.target, "verdict": "failed", "reason": reason,
+                       "traceback": traceback.format_exc(limit=5)})
+    finally:
+        store.close()
+
+
+def _record(store: BatchStore, job: dict[str, Any], spec: PortSpec, status: str, reason: str,
+            row: dict[str, Any]) -> dict[str, Any]:
+    if store.complete(job["attempt_id"], status, reason, row):
+        store.add_event(job["batch_id"], "port", {"model": spec.key, "status": status, "reason": reason})
+    return row
+
+
+def main() -> None:
+    job = json.loads(Path(sys.argv[1]).read_text())
+    execute_port(job)
+
+
+if __name__ == "__main__":
+    main()

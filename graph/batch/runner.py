@@ -1,0 +1,231 @@
+"""The batch driver: claims ports, hands them to an executor, kills those past their timeout, and
+writes the results table. One driver per batch at a time (a file lock the kernel drops when the
+driver dies, so a kill -9 never leaves the batch locked)."""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from graph.batch.executors import (
+    Executor,
+    ExecutorError,
+    LocalExecutor,
+    RayExecutor,
+    kill_tree,
+    worker_alive,
+)
+from graph.batch.manifest import PortSpec, ResolvedBatch
+from graph.batch.results import memory_records, write_results
+from graph.batch.store import FINISHED, BatchStore, PortRow
+from knowledge.home import npuport_home
+
+ExecutorName = Literal["ray", "local"]
+
+
+class BatchBusy(RuntimeError):
+    """Another driver is running this batch."""
+
+
+@dataclass
+class BatchOptions:
+    executor: ExecutorName = "ray"
+    ray_address: str | None = None
+    workers: int | None = None
+    retry_failed: bool = False
+    out_dir: Path | None = None
+    owner: str = "local"
+    poll_s: float = 0.5
+    on_update: Callable[[BatchView], None] | None = None
+
+
+@dataclass
+class BatchView:
+    """What a progress display needs: the ports' rows and timing."""
+
+    batch_id: str
+    ports: list[PortRow]
+    started: float
+    workers: int
+    executor: str
+    finished_now: int = 0
+
+    def eta_s(self) -> float | None:
+        done = [p for p in self.ports if p.status in FINISHED and p.started is not None and p.finished is not None]
+        left = [p for p in self.ports if p.status not in FINISHED]
+        if not left:
+            return 0.0
+        if not done:
+            return None
+        mean = sum((p.finished or 0) - (p.started or 0) for p in done) / len(done)
+        return mean * len(left) / max(1, min(self.workers, len(left)))
+
+
+@dataclass
+class BatchResult:
+    batch_id: str
+    out_dir: Path
+    ports: list[PortRow]
+    files: dict[str, Path] = field(default_factory=dict)
+    executor: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return all(p.status == "validated" for p in self.ports)
+
+
+def batch_dir(batch_id: str) -> Path:
+    d = npuport_home() / "batches" / batch_id
+    d.mkdir(parents=True, exist_ok=True)
+    return d
+
+
+@contextlib.contextmanager
+def driver_lock(batch_id: str) -> Iterator[None]:
+    path = batch_dir(batch_id) / "driver.lock"
+    fh = path.open("a+")
+    try:
+        try:
+            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise BatchBusy(f"batch {batch_id} is already running (another `npuport batch` holds {path})") from None
+        yield
+    finally:
+        fh.close()
+
+
+def register(resolved: ResolvedBatch, owner: str, out_dir: Path | None, store: BatchStore) -> tuple[str, Path]:
+    """Create the batch in the store (idempotent: the id comes from the manifest's content)."""
+    bid = resolved.batch_id
+    existing = store.batch(bid)
+    out = Path(existing.out_dir) if existing else (out_dir or Path.cwd() / "npuport-out" / bid).resolve()
+    spec = {"name": resolved.name, "ports": [p.model_dump(mode="json") for p in resolved.ports],
+            "memory_before": [r["id"] for r in memory_records(npuport_home())]}
+    store.ensure_batch(bid, resolved.name, owner, spec, str(out), [(p.key, p.model_dump(mode="json")) for p in resolved.ports])
+    return bid, out
+
+
+def make_executor(opts: BatchOptions, cpus_per_port: float, jobs_dir: Path) -> Executor:
+    if opts.executor == "local":
+        return LocalExecutor(opts.workers, jobs_dir)
+    return RayExecutor(opts.ray_address, opts.workers, cpus_per_port)
+
+
+def run_batch(resolved: ResolvedBatch, opts: BatchOptions) -> BatchResult:
+    """Run (or resume) the batch to its end; returns the finished rows and the result files."""
+    home = npuport_home()
+    store = BatchStore()
+    try:
+        bid, out = register(resolved, opts.owner, opts.out_dir, store)
+        with driver_lock(bid):
+            return _drive(store, bid, out, home, opts)
+    finally:
+        store.close()
+
+
+def _drive(store: BatchStore, bid: str, out: Path, home: Path, opts: BatchOptions) -> BatchResult:
+    if opts.retry_failed and (n := store.requeue_failed(bid)):
+        store.add_event(bid, "batch", {"status": "retrying", "ports": n})
+    todo = [p for p in store.ports(bid) if p.status not in FINISHED]
+    bdir = batch_dir(bid)
+    executor: Executor | None = None
+    if todo:
+        cpus = max(PortSpec.model_validate(p.spec).settings.num_cpus for p in todo)
+        executor = make_executor(opts, cpus, bdir / "jobs")
+    store.set_batch(bid, "running")
+    store.add_event(bid, "batch", {"status": "running", "executor": executor.name if executor else "-",
+                                   "todo": [p.key for p in todo]})
+    t0 = time.time()
+    inflight: dict[str, tuple[Any, float, str]] = {}  # key -> (handle, deadline, attempt id)
+    try:
+        if executor is not None:
+            _adopt(executor, store, bid, todo, inflight)
+            queue = [p for p in todo if p.key not in inflight]
+            while queue or inflight:
+                while queue and len(inflight) < executor.capacity:
+                    p = queue.pop(0)
+                    _start(executor, store, bid, p, out, bdir, home, inflight)
+                handles = {id(h): k for k, (h, _, _) in inflight.items()}
+                for h in executor.done([v[0] for v in inflight.values()], opts.poll_s):
+                    key = handles[id(h)]
+                    _, _, attempt = inflight.pop(key)
+                    why = executor.error(h)
+                    # the task records its own result; this only covers a task that died before it could
+                    if store.complete(attempt, "failed", f"the port's task died: {why or 'no result recorded'}",
+                                      {"model": key, "verdict": "failed"}):
+                        store.add_event(bid, "port", {"model": key, "status": "failed", "reason": why or "died"})
+                now = time.time()
+                for key, (h, deadline, attempt) in list(inflight.items()):
+                    if now > deadline:
+                        att = next((a for a in store.attempts(bid, key) if a["id"] == attempt), {})
+                        if executor.local and worker_alive(att.get("pid"), attempt, any_cmd=True):
+                            kill_tree(att.get("pid"))  # the port's sandbox runs too, not only its worker
+                        executor.cancel(h)
+                        inflight.pop(key)
+                        limit = PortSpec.model_validate(store.port(bid, key).spec).settings.timeout_s  # type: ignore[union-attr]
+                        reason = f"timed out after {limit:.0f} s (the batch killed it)"
+                        if store.complete(attempt, "failed", reason, {"model": key, "verdict": "failed", "reason": reason}):
+                            store.add_event(bid, "port", {"model": key, "status": "failed", "reason": reason})
+                if opts.on_update:
+                    opts.on_update(BatchView(bid, store.ports(bid), t0, executor.capacity, executor.name))
+    finally:
+        if executor is not None:
+            for h, _, _ in inflight.values():  # interrupted (Ctrl-C): stop what runs; resume continues it
+                executor.cancel(h)
+            executor.shutdown()
+    ports = store.ports(bid)
+    batch = store.batch(bid)
+    assert batch is not None
+    files = write_results(batch, ports, home, out)
+    status = "done" if all(p.status in FINISHED for p in ports) else "interrupted"
+    store.set_batch(bid, status)
+    store.add_event(bid, "batch", {"status": status, "validated": sum(p.status == "validated" for p in ports),
+                                   "failed": sum(p.status == "failed" for p in ports), "results": str(files["json"])})
+    if opts.on_update:
+        opts.on_update(BatchView(bid, ports, t0, executor.capacity if executor else 1,
+                                 executor.name if executor else "-"))
+    return BatchResult(bid, out, ports, files, executor.name if executor else "-")
+
+
+def _adopt(executor: Executor, store: BatchStore, bid: str, todo: list[PortRow],
+           inflight: dict[str, tuple[Any, float, str]]) -> None:
+    """Local workers of a driver that died keep running and record their results: wait for them
+    rather than run the port a second time."""
+    if not isinstance(executor, LocalExecutor):
+        return
+    for p in todo:
+        if p.status != "running" or not p.attempt_id:
+            continue
+        att = next((a for a in store.attempts(bid, p.key) if a["id"] == p.attempt_id), None)
+        if att and worker_alive(att.get("pid"), p.attempt_id):
+            timeout = PortSpec.model_validate(p.spec).settings.timeout_s
+            inflight[p.key] = (executor.adopt(p.key, int(att["pid"])), (p.claimed or time.time()) + timeout, p.attempt_id)
+            store.add_event(bid, "port", {"model": p.key, "status": "running", "adopted": True})
+
+
+def _start(executor: Executor, store: BatchStore, bid: str, p: PortRow, out: Path, bdir: Path, home: Path,
+           inflight: dict[str, tuple[Any, float, str]]) -> None:
+    claim = store.claim(bid, p.key)
+    if claim is None:
+        return
+    spec = PortSpec.model_validate(p.spec)
+    job = {"home": str(home), "batch_id": bid, "key": p.key, "attempt_id": claim.attempt_id,
+           "thread_id": claim.thread_id, "resumed": claim.resumed, "spec": spec.model_dump(mode="json"),
+           "bundle_dir": str(out / p.key), "batch_dir": str(bdir)}
+    store.add_event(bid, "port", {"model": p.key, "status": "queued", "attempt": claim.attempt_id,
+                                  "resumed": claim.resumed})
+    try:
+        handle = executor.submit(job)
+    except Exception as exc:
+        reason = f"could not start the port: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+        store.complete(claim.attempt_id, "failed", reason, {"model": p.key, "verdict": "failed", "reason": reason})
+        return
+    inflight[p.key] = (handle, time.time() + spec.settings.timeout_s, claim.attempt_id)
+
+
+__all__ = ["BatchBusy", "BatchOptions", "BatchResult", "BatchView", "ExecutorError", "run_batch", "register"]
