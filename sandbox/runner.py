@@ -4,6 +4,7 @@ result back. Everything the run produced stays in its run directory."""
 from __future__ import annotations
 
 import json
+import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -65,6 +66,8 @@ def run_harness(
         "repeats": 1,
         "result_path": str(result_path.resolve()),
         "capture_path": str((run_dir / "capture.pt").resolve()),
+        # NPUPORT_PROFILE=0 turns the decode profile off (bench/profile_overhead.py's baseline).
+        "profile": os.environ.get("NPUPORT_PROFILE", "1") != "0",
     }
     spec.update(extra or {})
     spec_path = run_dir / "spec.json"
