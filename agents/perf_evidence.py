@@ -200,11 +200,12 @@ def _key(f: PerfFinding) -> tuple[str, str | None]:
 
 def _rows(ref: dict[str, Any] | None, port: dict[str, Any]) -> list[dict[str, Any]]:
     r_steps = (ref or {}).get("steps") or []
+    counts_ops = port.get("counters") == "ascend-sim"  # the CPU profile counts host reads, not ops
     rows = []
     for i, s in enumerate(port.get("steps") or []):
         r = r_steps[i] if i < len(r_steps) else {}
         rows.append({"step": i, "input_len": s.get("input_len"), "ref_input_len": r.get("input_len"),
-                     "ms": s.get("ms"), "ref_ms": r.get("ms"), "ops": s.get("ops"),
+                     "ms": s.get("ms"), "ref_ms": r.get("ms"), "ops": s.get("ops") if counts_ops else None,
                      "syncs": _loop_count(s, "syncs"), "ref_syncs": _loop_count(r, "syncs") if r else None,
                      "fallbacks": _loop_count(s, "fallbacks"), "cache_bytes": s.get("cache_bytes"),
                      "ref_cache_bytes": r.get("cache_bytes")})
@@ -250,3 +251,44 @@ def summary_lines(perf: dict[str, Any] | None) -> list[str]:
         out.append(f"{p['title']}{origin} at {p.get('where') or '?'}: {p['evidence']}. Likely cause: {p['cause']}."
                    + (f" Fix: {p['fix']}." if p.get("fix") else ""))
     return out
+
+
+def strict_failure(perf: dict[str, Any] | None) -> str | None:
+    """The failure reason under --strict-perf, or None when the profile shows no pathology."""
+    found = (perf or {}).get("pathologies") or []
+    if not found:
+        return None
+    titles = "; ".join(f"{p['title']} at {p.get('where') or '?'}" for p in found)
+    n = len(found)
+    return f"--strict-perf: greedy tokens match, but {n} performance patholog{'y' if n == 1 else 'ies'}: {titles}"
+
+
+def _num(v: Any, fmt: str = "{:.2f}") -> str:
+    return "-" if v is None else (fmt.format(v) if isinstance(v, float) else str(v))
+
+
+def perf_markdown(perf: dict[str, Any] | None, status: str, plot: str | None = None) -> list[str]:
+    """The report's "Decode profile" section: the verdict, each pathology, and the per-step table."""
+    lines = ["## Decode profile (original vs port, same runs as validation)", ""]
+    if not perf or not perf.get("profiled"):
+        return lines + [f"- not profiled: {(perf or {}).get('note') or 'no profile in the runs'}", ""]
+    port = perf.get("port") or {}
+    lines += [f"- verdict: **{verdict(status, perf)}**",
+              f"- counters: {port.get('counters')}; step = `{port.get('step')}` (one call per decode step); "
+              f"{len(port.get('steps') or [])} steps in one generate"
+              + (f"; {perf['note']}" if perf.get("note") else "")]
+    if port.get("error"):
+        lines.append(f"- profiler stopped early: {port['error']}")
+    for line in summary_lines(perf):
+        lines.append(f"- {line}")
+    if not perf.get("pathologies"):
+        lines.append("- no performance pathology found")
+    lines += ["", "| step | input len (orig / port) | ms (orig / port) | port ops | syncs (orig / port) | "
+              "port fallbacks | cache bytes (orig / port) |", "|---|---|---|---|---|---|---|"]
+    for r in perf.get("rows") or []:
+        lines.append(f"| {r['step']} | {_num(r['ref_input_len'])} / {_num(r['input_len'])} | {_num(r['ref_ms'])} / "
+                     f"{_num(r['ms'])} | {_num(r['ops'])} | {_num(r['ref_syncs'])} / {_num(r['syncs'])} | "
+                     f"{_num(r['fallbacks'])} | {_num(r['ref_cache_bytes'])} / {_num(r['cache_bytes'])} |")
+    if plot:
+        lines += ["", f"![decode profile]({plot})"]
+    return lines + [""]

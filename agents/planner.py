@@ -25,6 +25,8 @@ class PortRequest(BaseModel):
     objective: Literal["throughput", "latency", "correctness"] = "throughput"
     out_dir: str | None = None
     strict: bool = False
+    strict_perf: bool = False
+    """Performance pathologies in the decode profile fail the port (agents/perf_evidence.py)."""
     policy: str = "rule"
     tune: bool = False
     tune_trials: int | None = Field(default=None, ge=1, le=200)

@@ -61,6 +61,11 @@ def _summary(state: dict[str, Any]) -> None:
     table.add_row("patches", str(len(patches)))
     table.add_row("sandbox runs", f"{counters.get('port_runs', 0)} port + {counters.get('reference_runs', 0)} reference")
     table.add_row("validation", str(numerics.get("verdict", "not-run")))
+    perf = state.get("perf") or {}
+    if perf.get("profiled"):
+        found = perf.get("pathologies") or []
+        table.add_row("performance", ("1 pathology" if len(found) == 1 else f"{len(found)} pathologies") + "".join(
+            f"\n  {p['title']} at {p.get('where') or '?'}" for p in found))
     table.add_row("bundle", str(bundle.get("dir", "-")))
     console.print(table)
     del runs
@@ -81,7 +86,9 @@ def run_port_cli(request: dict[str, Any], goal: str = "") -> int:
         return 1
     _summary(state)
     if state.get("status") == "validated":
-        console.print(f"[bold green]validated[/]: {state.get('reason')}")
+        from agents.perf_evidence import verdict
+
+        console.print(f"[bold green]{verdict('validated', state.get('perf'))}[/]: {state.get('reason')}")
         return 0
     err.print(f"[bold red]not ported:[/] {state.get('reason', 'unknown reason')}")
     return 1
@@ -95,6 +102,8 @@ def port(
     out: Annotated[Path | None, typer.Option("--out", "-o", help="bundle folder")] = None,
     torch_npu: Annotated[str, typer.Option("--torch-npu", help="torch_npu version to emulate")] = "2.13.0",
     strict: Annotated[bool, typer.Option(help="fail on CPU fallbacks (TORCH_NPU_FALLBACK_CPU_DISABLE=1)")] = False,
+    strict_perf: Annotated[bool, typer.Option("--strict-perf", help="fail the port on performance pathologies "
+                                              "in its decode profile (no KV cache, per-step syncs, ...)")] = False,
     max_runs: Annotated[int, typer.Option(help="budget: sandbox runs of the port")] = 8,
     max_wall: Annotated[float, typer.Option(help="budget: wall time in seconds")] = 1800.0,
     tune: Annotated[bool, typer.Option(help="benchmark and tune the validated port (minutes on a small host)")] = False,
@@ -105,7 +114,7 @@ def port(
     if not path.exists():
         raise _fail(f"model path {path} does not exist", 1)
     request = {"model_path": str(path), "target": target, "chip": chip, "out_dir": str(out) if out else None,
-               "torch_npu": torch_npu, "strict": strict, "max_runs": max_runs, "max_wall_s": max_wall,
+               "torch_npu": torch_npu, "strict": strict, "strict_perf": strict_perf, "max_runs": max_runs, "max_wall_s": max_wall,
                "run_timeout_s": run_timeout, "tune": tune, "tune_trials": tune_trials}
     raise typer.Exit(run_port_cli(request))
 

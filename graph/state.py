@@ -39,6 +39,8 @@ class PortState(TypedDict, total=False):
     static_fixes_done: bool
     numerics: dict[str, Any]
     """agents.models.Numerics: the validator's verdict."""
+    perf: dict[str, Any]
+    """agents.perf_evidence.analyse: decode profiles (original and port) and performance pathologies."""
     tuning: dict[str, Any]
     bundle: dict[str, Any]
     counters: dict[str, int]
