@@ -19,8 +19,8 @@ MODELS = Path(__file__).parent / "fixtures" / "perf_models"
 _RUNS: dict[tuple[str, str], dict[str, Any]] = {}
 
 
-def _planted_line(name: str) -> str:
-    lines = (MODELS / name / "modeling_perf.py").read_text().splitlines()
+def _planted_line(name: str, root: Path = MODELS) -> str:
+    lines = (root / name / "modeling_perf.py").read_text().splitlines()
     return f"modeling_perf.py:{next(i + 1 for i, ln in enumerate(lines) if '# PLANTED' in ln)}"
 
 
@@ -121,3 +121,43 @@ def test_verdict_counts_pathologies_and_marks_inherited_ones(tmp_path_factory: p
     clean = analyse(port, profile_of("clean", "cpu", tmp_path_factory))
     assert clean["pathologies"][0]["in_original"] is False
     assert "introduced by the port" in summary_lines(clean)[0]
+
+
+@pytest.mark.slow  # two whole ports and a verify: about a minute on a 2-core host
+def test_port_verdict_strict_perf_plot_and_verify(npuport_home: Path, tmp_path: Path) -> None:
+    import json
+
+    from agents.deploy import verify_bundle
+    from graph.runner import run_port
+
+    # A copy written for CUDA, so the port has a patch to verify (an empty port.patch does not apply).
+    model = tmp_path / "encoder_every_step"
+    shutil.copytree(MODELS / "encoder_every_step", model)
+    src = (model / "modeling_perf.py").read_text()
+    (model / "modeling_perf.py").write_text(src.replace("device=x.device", 'device="cuda"'))
+    out = tmp_path / "bundle"
+    state = run_port({"request": {"model_path": str(model), "target": "cpu", "out_dir": str(out)}}, "perf-port")
+    assert state["status"] == "validated", state.get("reason")
+    report = json.loads((out / "report.json").read_text())
+    assert report["verdict"] == "validated, with 1 performance pathology"
+    # The line in the port's code (the patcher inserted helpers above it).
+    assert report["perf"]["pathologies"][0]["where"] == _planted_line("patched", out)
+    md = (out / "report.md").read_text()
+    assert "validated, with 1 performance pathology" in md and "runs in every decode step" in md
+    png = out / "plots" / "profile" / "decode_profile.png"
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "plots/profile/decode_profile.png" in md
+
+    res = verify_bundle(out, model, workdir=tmp_path / "verify")
+    claim = next(c for c in res.claims if c.name == "decode profile")
+    assert claim.verdict == "agree", res.lines()
+    report["perf"]["pathologies"] = []  # a report that hides the pathology
+    (out / "report.json").write_text(json.dumps(report))
+    res = verify_bundle(out, model, workdir=tmp_path / "verify2")
+    assert next(c for c in res.claims if c.name == "decode profile").verdict == "disagree", res.lines()
+
+    strict = run_port({"request": {"model_path": str(model), "target": "cpu", "out_dir": str(tmp_path / "strict"),
+                                   "strict_perf": True}}, "perf-port-strict")
+    assert strict["status"] == "failed"
+    assert strict["reason"].startswith("--strict-perf: greedy tokens match, but 1 performance pathology")
+    assert "modeling_perf.py:" in strict["reason"]
