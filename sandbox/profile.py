@@ -244,6 +244,7 @@ class DecodeProfiler:
         self.decode_calls: list[dict[str, Any]] = []
         self.step_site: str | None = None
         self.cur: dict[str, Any] | None = None
+        self.self_s = 0.0
         self.t_mark = time.perf_counter()
         self._snap()
 
@@ -277,12 +278,15 @@ class DecodeProfiler:
         def safe(*args: Any, **kwargs: Any) -> Any:
             if not self.active:
                 return None
+            start = time.perf_counter()
             try:
                 return fn(*args, **kwargs)
             except Exception as exc:  # measured data is optional, the run is not
                 self.error = f"{type(exc).__name__}: {exc}"
                 self.active = False
                 return None
+            finally:
+                self.self_s += time.perf_counter() - start  # the profiler's own cost, reported
 
         return safe
 
@@ -464,6 +468,7 @@ class DecodeProfiler:
                              "signature": rec["signatures"][0] if rec["signatures"] else None}
         return {"schema": 1, "counters": self.counters.kind, "step": self.step_method or "forward",
                 "generate_calls": self.generate_calls, "total_ms": round(getattr(self, "total_ms", 0.0), 3),
+                "profiler_ms": round(self.self_s * 1e3, 3),
                 "prelude": rnd(getattr(self, "prelude", {}) or {}), "steps": steps, "modules": modules,
                 "decode_calls": self.decode_calls, "step_site": self.step_site, "takes_past": self.takes_past,
                 "transformers": self.transformers, "error": self.error}
