@@ -244,6 +244,7 @@ class DecodeProfiler:
         self.decode_calls: list[dict[str, Any]] = []
         self.step_site: str | None = None
         self.cur: dict[str, Any] | None = None
+        self.prelude: dict[str, Any] = {}
         self.self_s = 0.0
         self.t_mark = time.perf_counter()
         self._snap()
@@ -415,7 +416,8 @@ class DecodeProfiler:
         return decode
 
     def _decode_call(self, args: tuple[Any, ...], kwargs: dict[str, Any], ms: float) -> None:
-        ids = args[1] if len(args) > 1 else kwargs.get("token_ids", kwargs.get("ids"))
+        ids: Any = args[1] if len(args) > 1 else kwargs.get("token_ids", kwargs.get("ids"))
+        n: int | None
         try:
             n = int(ids.numel()) if hasattr(ids, "numel") else len(ids)
         except TypeError:
@@ -432,7 +434,6 @@ class DecodeProfiler:
                 self.error = f"{type(exc).__name__}: {exc}"
             self.generate_calls += 1
             self._reset()
-            self.prelude: dict[str, Any] = {}
             self.active = self.error is None
             t0 = time.perf_counter()
             reads = self.counters if isinstance(self.counters, _HostReadCounters) else None
@@ -469,6 +470,6 @@ class DecodeProfiler:
         return {"schema": 1, "counters": self.counters.kind, "step": self.step_method or "forward",
                 "generate_calls": self.generate_calls, "total_ms": round(getattr(self, "total_ms", 0.0), 3),
                 "profiler_ms": round(self.self_s * 1e3, 3),
-                "prelude": rnd(getattr(self, "prelude", {}) or {}), "steps": steps, "modules": modules,
+                "prelude": rnd(self.prelude), "steps": steps, "modules": modules,
                 "decode_calls": self.decode_calls, "step_site": self.step_site, "takes_past": self.takes_past,
                 "transformers": self.transformers, "error": self.error}
