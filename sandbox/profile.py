@@ -89,19 +89,32 @@ def _cache_of(out: Any) -> Any:
     return None
 
 
-def _signature(args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
-    """Shapes and scalars of a call's inputs: equal signatures in prefill and decode steps mean the
-    module ignored the tokens decoded so far."""
+def _signature(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...]:
+    """Shapes, dtypes and scalars of a call's inputs (a hashable tuple, formatted only for the report):
+    equal signatures in prefill and decode steps mean the module ignored the tokens decoded so far."""
+    import torch
+
+    def one(v: Any) -> Any:
+        if isinstance(v, torch.Tensor):
+            return v.shape, v.dtype
+        if v is None or isinstance(v, bool | int | float | str):
+            return v
+        return type(v)
+
+    return tuple(one(a) for a in args) + tuple((k, one(v)) for k, v in kwargs.items())
+
+
+def _format_signature(sig: tuple[Any, ...] | None) -> str | None:
     import torch
 
     def one(v: Any) -> str:
-        if isinstance(v, torch.Tensor):
-            return f"T{tuple(v.shape)}{str(v.dtype)[6:]}"
-        if v is None or isinstance(v, bool | int | float | str):
-            return repr(v)[:40]
-        return type(v).__name__
+        if isinstance(v, tuple) and len(v) == 2 and isinstance(v[0], torch.Size):
+            return f"T{tuple(v[0])}{str(v[1])[6:]}"
+        if isinstance(v, tuple) and len(v) == 2 and isinstance(v[0], str):
+            return f"{v[0]}={one(v[1])}"
+        return v.__name__ if isinstance(v, type) else repr(v)[:40]
 
-    return ",".join([one(a) for a in args] + [f"{k}={one(v)}" for k, v in sorted(kwargs.items())])
+    return None if sig is None else ",".join(one(v) for v in sig)
 
 
 class _Counters:
@@ -224,6 +237,7 @@ class DecodeProfiler:
         self.active = False
         self.error: str | None = None
         self.generate_calls = 0
+        self.all_ms = [0.0, 0.0]  # the profiler's own time and generate time, over every generate call
         self._wrapped_tokenizers: set[int] = set()
         self._reset()
         step_fn = getattr(model, step_method) if step_method else model.forward
@@ -351,6 +365,7 @@ class DecodeProfiler:
     def _hook_modules(self) -> None:
         import torch
 
+        call = self._guard(self._module_call)
         containers = (torch.nn.ModuleList, torch.nn.ModuleDict, torch.nn.ParameterList, torch.nn.ParameterDict)
         n = 0
         for name, sub in self.model.named_modules():
@@ -360,7 +375,7 @@ class DecodeProfiler:
                 break
             n += 1
             sub.register_forward_pre_hook(
-                lambda m, a, kw, _n=name: self._guard(self._module_call)(_n, m, a, kw), with_kwargs=True)
+                lambda m, a, kw, _n=name: call(_n, m, a, kw), with_kwargs=True)
 
     def _module_call(self, name: str, module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         rec = self.modules.get(name)
@@ -448,6 +463,8 @@ class DecodeProfiler:
                     self._guard(lambda: self.steps[-1].__setitem__("gap", self._window()))()
                 self.active = False
                 self.total_ms = (time.perf_counter() - t0) * 1e3
+                self.all_ms[0] += self.self_s * 1e3
+                self.all_ms[1] += self.total_ms
             return out
 
         return profiled
@@ -466,10 +483,11 @@ class DecodeProfiler:
         for name, rec in self.modules.items():
             modules[name] = {"class": rec["class"], "calls": rec["calls"], "steps": rec["steps"],
                              "constant_inputs": len(set(rec["signatures"])) <= 1, "site": rec["site"],
-                             "signature": rec["signatures"][0] if rec["signatures"] else None}
+                             "signature": _format_signature(rec["signatures"][0] if rec["signatures"] else None)}
         return {"schema": 1, "counters": self.counters.kind, "step": self.step_method or "forward",
                 "generate_calls": self.generate_calls, "total_ms": round(getattr(self, "total_ms", 0.0), 3),
                 "profiler_ms": round(self.self_s * 1e3, 3),
+                "all_generate_calls_ms": {"profiler": round(self.all_ms[0], 3), "generate": round(self.all_ms[1], 3)},
                 "prelude": rnd(self.prelude), "steps": steps, "modules": modules,
                 "decode_calls": self.decode_calls, "step_site": self.step_site, "takes_past": self.takes_past,
                 "transformers": self.transformers, "error": self.error}
