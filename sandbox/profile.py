@@ -5,7 +5,7 @@ A step is one call of the manifest's step method, or of the model's top-level ``
 manifest names none (each generate step calls it once). Per step: the length of its input along the
 sequence axis, wall time, op count, host syncs and CPU fallbacks inside the step and in the loop body
 after it (the "gap": stopping checks, sampling), their call sites in the model, the size of the cache
-the step returned, and which submodules ran. Per generate: calls of every submodule down to depth 3
+the step returned, and which submodules ran. Per generate: calls of every submodule down to depth 2
 (an encoder that runs every step shows here) and tokenizer ``decode`` calls with their input length.
 
 Counters: ascend-sim's own (ops, fallbacks, syncs with call sites); on the CPU only host reads
@@ -25,7 +25,8 @@ from typing import Any
 
 MAX_STEPS = 1024
 MAX_MODULES = 64
-MAX_DEPTH = 3  # submodules named with at most 2 dots ("model.vision.encoder")
+MAX_DEPTH = 2  # submodules named with at most 1 dot ("model.vision_tower"): where encoders sit; deeper
+# hooks (every layer's attention, MLP, norms) cost time on every step and add nothing to the rules
 PAST_KWARGS = ("past_key_values", "past", "layer_past", "cache", "kv_cache")
 SEQ_KWARGS = ("input_ids", "inputs_embeds", "hidden_states", "x")
 
@@ -37,9 +38,15 @@ def _site_in(root: str) -> str | None:
     while f is not None:
         fn = f.f_code.co_filename
         if fn.startswith(root):
-            return f"{os.path.relpath(fn, root)}:{f.f_lineno}"
+            rel = _REL.get(fn)
+            if rel is None:
+                rel = _REL[fn] = os.path.relpath(fn, root)  # relpath costs ~15 us: once per file
+            return f"{rel}:{f.f_lineno}"
         f = f.f_back
     return None
+
+
+_REL: dict[str, str] = {}
 
 
 def _rel_site(site: str, root: str) -> str:
@@ -174,6 +181,7 @@ class _HostReadCounters(_Counters):
         self.n_syncs = 0
         self.sites: dict[str, int] = {}
         self.saved: dict[str, Any] = {}
+        self.reading = False
 
     def __enter__(self) -> None:
         import torch
@@ -195,10 +203,16 @@ class _HostReadCounters(_Counters):
 
     def _counted(self, orig: Callable[..., Any]) -> Callable[..., Any]:
         def read(t: Any, *args: Any, **kwargs: Any) -> Any:
+            if self.reading:  # a read inside a read (bool() -> item()) is one sync
+                return orig(t, *args, **kwargs)
             self.n_syncs += 1
             site = _site_in(self.root) or "<outside the model>"
             self.sites[site] = self.sites.get(site, 0) + 1
-            return orig(t, *args, **kwargs)
+            self.reading = True
+            try:
+                return orig(t, *args, **kwargs)
+            finally:
+                self.reading = False
 
         return read
 
@@ -239,6 +253,7 @@ class DecodeProfiler:
         self.generate_calls = 0
         self.all_ms = [0.0, 0.0]  # the profiler's own time and generate time, over every generate call
         self._wrapped_tokenizers: set[int] = set()
+        self._seen_modules: set[str] = set()
         self._reset()
         step_fn = getattr(model, step_method) if step_method else model.forward
         try:
@@ -398,7 +413,11 @@ class DecodeProfiler:
         modules and of transformers, when either is loaded: a stop check that decodes the whole output
         every step shows as one call per step whose input grows with the position."""
         classes: list[type] = []
-        for mod in list(sys.modules.values()):
+        if len(sys.modules) == len(self._seen_modules):
+            return  # nothing imported since the last scan
+        fresh = sys.modules.keys() - self._seen_modules  # each generate scans only modules imported since
+        self._seen_modules.update(fresh)
+        for mod in [sys.modules[n] for n in fresh if n in sys.modules]:
             f = getattr(mod, "__file__", None) or ""
             if f.startswith(self.root):
                 classes += [c for c in vars(mod).values()
