@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from agents.perf_evidence import perf_markdown, strict_failure, verdict
 from agents.workspace import Workspace
 from sandbox.targets import CHIP_REGISTRY
 
@@ -17,7 +18,12 @@ def final_status(state: dict[str, Any]) -> tuple[str, str]:
         return "failed", state.get("reason") or "failed"
     numerics = state.get("numerics") or {}
     if numerics.get("verdict") == "match":
-        return "validated", "the port runs on the target and its greedy tokens match the original"
+        if (state.get("request") or {}).get("strict_perf") and (why := strict_failure(state.get("perf"))):
+            return "failed", why
+        reason = "the port runs on the target and its greedy tokens match the original"
+        if found := (state.get("perf") or {}).get("pathologies"):
+            reason += "; decode profile: " + "; ".join(f"{p['title']} at {p.get('where') or '?'}" for p in found)
+        return "validated", reason
     return "failed", state.get("reason") or numerics.get("detail") or f"validation verdict {numerics.get('verdict', 'not-run')}"
 
 
@@ -73,7 +79,7 @@ def render_markdown(report: dict[str, Any]) -> str:
     lines = [
         f"# npuport report: {Path(req.get('model_path', '?')).name}",
         "",
-        f"- **Status:** {report['status']}{' (partial bundle)' if report.get('failure') else ''} — {report['reason']}",
+        f"- **Status:** {report.get('verdict') or report['status']}{' (partial bundle)' if report.get('failure') else ''} — {report['reason']}",
         f"- **Target:** {report.get('target', {}).get('name', '?')} ({report.get('target', {}).get('reason', '')})",
         f"- **Chip / torch_npu:** {_chip_text(req.get('chip'))} / {req.get('torch_npu')}",
         f"- **Sandbox runs:** {report['counters'].get('port_runs', 0)} of the port, "
@@ -129,6 +135,19 @@ def render_markdown(report: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _decode_profile_plot(report: dict[str, Any], out_dir: Path) -> str | None:
+    """plots/profile/decode_profile.png (a subfolder: the benchmark section lists plots/*.png)."""
+    if not (report.get("perf") or {}).get("rows"):
+        return None
+    from agents.deploy.plots import decode_profile
+
+    folder = out_dir / "plots" / "profile"
+    folder.mkdir(parents=True, exist_ok=True)
+    name = Path((report.get("request") or {}).get("model_path") or "model").name
+    path = decode_profile(report["perf"], folder / "decode_profile.png", name)
+    return str(path.relative_to(out_dir)) if path else None
+
+
 def write_bundle(state: dict[str, Any], out_dir: Path, status: str, reason: str) -> dict[str, Any]:
     out_dir.mkdir(parents=True, exist_ok=True)
     report = {
@@ -137,6 +156,7 @@ def write_bundle(state: dict[str, Any], out_dir: Path, status: str, reason: str)
         "findings": state.get("findings") or [], "patches": state.get("patches") or [], "runs": state.get("runs") or [],
         "diagnoses": state.get("diagnoses") or [], "numerics": state.get("numerics") or {},
         "tuning": state.get("tuning") or {}, "counters": state.get("counters") or {},
+        "perf": state.get("perf") or {}, "verdict": verdict(status, state.get("perf")),
         "original_digest": state.get("original_digest"), "workdir": state.get("workdir"),
         "wall_s": time.time() - (state.get("started_at") or time.time()),
         "failure": state.get("failure"),
@@ -159,8 +179,11 @@ def write_bundle(state: dict[str, Any], out_dir: Path, status: str, reason: str)
             from agents.deploy import write_deploy_bundle
 
             files.update(write_deploy_bundle(state, out_dir))
+    plot = _decode_profile_plot(report, out_dir)
+    if plot:
+        files["plot_decode_profile"] = str(out_dir / plot)
     (out_dir / "report.json").write_text(json.dumps(report, indent=1, default=str))
-    markdown = render_markdown(report)
+    markdown = render_markdown(report) + "\n".join(perf_markdown(report["perf"], status, plot))
     if status == "validated":
         from agents.deploy import deploy_markdown
 

@@ -44,6 +44,8 @@ class PortRequest(BaseModel):
     policy: Literal["rule", "llm", "hybrid"] = "rule"
     shrink: bool = False
     """Run the manifest's ``shrink`` config overrides (quick runs on a small host), port and reference alike."""
+    strict_perf: bool = False
+    """Performance pathologies in the decode profile fail the port (agents/perf_evidence.py)."""
     tune: bool = False
     tune_trials: int | None = Field(default=None, ge=1, le=200)
     tune_time_s: float | None = Field(default=None, gt=0)

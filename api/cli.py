@@ -210,6 +210,11 @@ def _summary(state: dict[str, Any]) -> None:
     table.add_row("validation", str(numerics.get("verdict", "not-run")))
     if tuning.get("best"):
         table.add_row("tuned", fmt_params(tuning["best"]))
+    perf = state.get("perf") or {}
+    if perf.get("profiled"):
+        found = perf.get("pathologies") or []
+        table.add_row("performance", ("1 pathology" if len(found) == 1 else f"{len(found)} pathologies") + "".join(
+            f"\n  {p['title']} at {p.get('where') or '?'}" for p in found))
     table.add_row("bundle", str(bundle.get("dir", "-")))
     console.print(table)
 
@@ -260,7 +265,9 @@ def run_port_cli(request: dict[str, Any], goal: str = "") -> int:
         return EXIT_INTERNAL
     _summary(state)
     if state.get("status") == "validated":
-        console.print(f"[bold green]validated[/]: {state.get('reason')}")
+        from agents.perf_evidence import verdict
+
+        console.print(f"[bold green]{verdict('validated', state.get('perf'))}[/]: {state.get('reason')}")
         return EXIT_OK
     err.print(f"[bold red]not ported:[/] {state.get('reason', 'unknown reason')}")
     return EXIT_NOT_VALIDATED
@@ -285,6 +292,8 @@ def port(
     shrink: Annotated[bool, typer.Option("--shrink", help="quick runs with the manifest's `shrink` config overrides")] = False,
     torch_npu: Annotated[str, typer.Option("--torch-npu", help="torch_npu version to emulate")] = "2.13.0",
     strict: Annotated[bool, typer.Option(help="fail on CPU fallbacks (TORCH_NPU_FALLBACK_CPU_DISABLE=1)")] = False,
+    strict_perf: Annotated[bool, typer.Option("--strict-perf", help="fail the port on performance pathologies "
+                                              "in its decode profile (no KV cache, per-step syncs, ...)")] = False,
     max_runs: Annotated[int, typer.Option(help="budget: sandbox runs of the port")] = 8,
     max_wall: Annotated[float, typer.Option(help="budget: wall time in seconds")] = 1800.0,
     tune: Annotated[bool, typer.Option(help="benchmark and tune the validated port (minutes on a small host)")] = False,
@@ -309,7 +318,7 @@ def port(
     request = {"model_path": str(path), "target": target, "chip": chip, "out_dir": str(out_dir),
                "torch_npu": torch_npu, "strict": strict, "max_runs": max_runs, "max_wall_s": max_wall,
                "run_timeout_s": run_timeout, "tune": tune, "tune_trials": tune_trials, "policy": policy,
-               "shrink": shrink}
+               "shrink": shrink, "strict_perf": strict_perf}
     # the goal text fills only what no flag set explicitly (typer gives defaults, so the goal may
     # pick the chip, target and tuning only when their flags were left at their defaults)
     ctx = click_context()

@@ -44,6 +44,8 @@ class PortState(TypedDict, total=False):
     """The patcher has applied the fixes planned from the static scan (later rounds fix diagnoses)."""
     numerics: dict[str, Any]
     """agents.models.Numerics: the validator's verdict."""
+    perf: dict[str, Any]
+    """agents.perf_evidence.analyse: decode profiles (original and port) and performance pathologies."""
     tuning: dict[str, Any]
     """agents.models.Tuning: the tuner's trials, best configuration and measured speed-up."""
     bundle: dict[str, Any]

@@ -75,6 +75,8 @@ class Settings(BaseSettings):
     """Extra doc folders for `npuport kb build`, separated by the path separator (os.pathsep)."""
     vllm_ascend_src: Path | None = None
     """A vllm-ascend source tree for the ascend-sim fidelity audit (else its committed name list)."""
+    profile: bool = True
+    """0: no decode profile in the sandbox runs (the baseline of bench/profile_overhead.py)."""
     tune_trials: int | None = Field(default=None, ge=1)
     """Default tuning trials when the request names none (else 12)."""
     tune_time_s: float | None = Field(default=None, gt=0)

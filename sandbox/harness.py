@@ -162,6 +162,16 @@ def _capture_hooks(model: Any, names: list[str], captured: dict[str, Any], step_
     return handles
 
 
+def _profiler(spec: dict[str, Any], model: Any, model_dir: Path, bootstrap: ModuleType | None, step: str | None,
+              device: str) -> Any:
+    """The decode profile of the run (sandbox/profile.py), unless the spec turns it off."""
+    if not spec.get("profile", True):
+        return None
+    from sandbox.profile import DecodeProfiler
+
+    return DecodeProfiler(model, str(model_dir), bootstrap, step, device)
+
+
 def _to_device(value: Any, device: str) -> Any:
     import torch
 
@@ -243,6 +253,9 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
             _bracket_steps(model, run_cfg.get("step"), bootstrap)
         captured: dict[str, Any] = {}
         handles = _capture_hooks(model, spec.get("capture") or [], captured, run_cfg.get("step"))
+        profiler = _profiler(spec, model, model_dir, bootstrap, run_cfg.get("step"), device)
+        if profiler is not None:
+            method = profiler.wrap(method)
         result["timings"]["load_s"] = time.perf_counter() - t0
         output: Any = None
         with torch.no_grad():
@@ -267,6 +280,8 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
         if manifest.get("decode"):
             decode = _load_attr(manifest["decode"], model_dir)
             result["outputs"]["text"] = [decode(config, row) for row in tokens]
+        if profiler is not None:
+            result["profile"] = profiler.report()
         if bootstrap is not None and hasattr(bootstrap, "op_report"):
             result["op_stats"] = bootstrap.op_report()  # before the captures travel to the host
         if captured and spec.get("capture_path"):

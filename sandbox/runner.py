@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from knowledge.settings import settings
 from sandbox.process import ExecResult, Limits, Mounts, Sandbox, default_sandbox, scrub, scrubbed_env
 from sandbox.targets import Target
 
@@ -113,6 +114,8 @@ def run_harness(
         "repeats": 1,
         "result_fd": RESULT_FD,
         "capture_path": str((run_dir / "capture.pt").resolve()),
+        # NPUPORT_PROFILE=0 turns the decode profile off (bench/profile_overhead.py's baseline).
+        "profile": settings().profile,
     }
     spec.update(extra or {})
     spec_path = run_dir / "spec.json"

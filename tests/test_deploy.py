@@ -176,7 +176,8 @@ def test_fresh_bundle_runs_and_verifies(bundle: Path) -> None:
     assert str(report_tokens) in r.stdout  # run.py reproduces the validated tokens
     res = verify_bundle(bundle, EXAMPLE, tolerance=0.5)  # a shared 2-core host: wide tolerance
     verdicts = {c.name: c.verdict for c in res.claims}
-    assert verdicts == {"patch applies": "agree", "tokens match": "agree", "throughput": "agree"}, res.lines()
+    assert verdicts == {"patch applies": "agree", "tokens match": "agree", "decode profile": "agree",
+                        "throughput": "agree"}, res.lines()
     assert res.agree
 
 

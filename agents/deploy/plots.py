@@ -102,3 +102,38 @@ def write_plots(tuning: dict[str, Any], plots_dir: Path, model: str) -> dict[str
         if p is not None:
             out[f"plot_{name}"] = str(p)
     return out
+
+
+def decode_profile(perf: dict[str, Any] | None, path: Path, model: str) -> Path | None:
+    """Per-step time and input length, original vs port, with the port's syncs and fallbacks per step
+    (agents/perf_evidence.py rows)."""
+    rows = (perf or {}).get("rows") or []
+    if not rows:
+        return None
+    plt = _plt()
+    fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(7, 6.5), dpi=110, sharex=True)
+    steps = [r["step"] for r in rows]
+    for key, label, marker in (("ref_ms", "original (CPU, float32)", "s"), ("ms", "port (target)", "o")):
+        if any(r.get(key) is not None for r in rows):
+            ax1.plot(steps, [r.get(key) for r in rows], marker=marker, label=label)
+    ax1.set_ylabel("step time (ms)")
+    n = len((perf or {}).get("pathologies") or [])
+    ax1.set_title(f"{model}: decode profile per step ({n} performance patholog{'y' if n == 1 else 'ies'})")
+    ax1.grid(True, alpha=0.3)
+    ax1.legend(fontsize=8)
+    for key, label, marker in (("ref_input_len", "original: positions per step", "s"),
+                               ("input_len", "port: positions per step", "o")):
+        if any(r.get(key) is not None for r in rows):
+            ax2.plot(steps, [r.get(key) for r in rows], marker=marker, label=label)
+    ax2.bar([s - 0.2 for s in steps], [r.get("syncs") or 0 for r in rows], width=0.4, alpha=0.5,
+            label="port: host syncs in the step loop")
+    ax2.bar([s + 0.2 for s in steps], [r.get("fallbacks") or 0 for r in rows], width=0.4, alpha=0.5,
+            label="port: CPU fallbacks in the step loop")
+    ax2.set_xlabel("step (0 = prefill, then one per new token)")
+    ax2.set_ylabel("count per step")
+    ax2.grid(True, alpha=0.3)
+    ax2.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return path

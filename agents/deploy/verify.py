@@ -116,6 +116,30 @@ def _tokens_claim(report: dict[str, Any], ws: Workspace, target: Target, limits:
                  detail=detail), ref_t
 
 
+def _perf_claim(report: dict[str, Any], ws: Workspace) -> Claim:
+    """Re-check the decode profile: the verify runs of _tokens_claim profile themselves, and the
+    pathologies found in them (kind, module, code line) must be the report's."""
+    from agents.perf_evidence import analyse, profile_of
+
+    claimed_perf = report.get("perf") or {}
+    if not claimed_perf.get("profiled"):
+        return Claim(name="decode profile", verdict="unchecked", detail="the report has no decode profile")
+    port = profile_of(ws.runs_dir / "verify-port" / "result.json")
+    if port is None:
+        return Claim(name="decode profile", verdict="disagree", detail="the verify run of the port has no profile")
+    observed = analyse(port, profile_of(ws.runs_dir / "verify-reference" / "result.json"))
+
+    def keys(perf: dict[str, Any]) -> list[str]:
+        return sorted(f"{p['kind']}{'(' + p['module'] + ')' if p.get('module') else ''} at {p.get('where')}"
+                      for p in perf.get("pathologies") or [])
+
+    claimed, now = keys(claimed_perf), keys(observed)
+    return Claim(name="decode profile", verdict="agree" if claimed == now else "disagree", claimed=claimed,
+                 observed=now, detail=(f"the same {len(now)} performance pathologies: {', '.join(now) or 'none'}"
+                                       if claimed == now else f"report says {claimed or 'none'}, the profile now shows "
+                                       f"{now or 'none'}"))
+
+
 def _throughput_claim(report: dict[str, Any], ws: Workspace, target: Target, ref_tokens: list[list[int]] | None,
                       tolerance: float, limits: Limits) -> Claim:
     tuning = report.get("tuning") or {}
@@ -168,5 +192,6 @@ def verify_bundle(bundle_dir: Path, original: Path | None = None, *, tolerance: 
     limits = Limits(wall_s=run_timeout_s)
     tokens, ref_tokens = _tokens_claim(report, ws, target, limits)
     result.claims.append(tokens)
+    result.claims.append(_perf_claim(report, ws))
     result.claims.append(_throughput_claim(report, ws, target, ref_tokens, tolerance, limits))
     return result

@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from agents.models import Numerics, RunRecord
+from agents.perf_evidence import analyse, profile_of, verdict
 from agents.trace import step
 from agents.validation import compare_tokens, reference_run, with_metrics
 
@@ -29,5 +30,9 @@ def validator_node(state: dict[str, Any]) -> dict[str, Any]:
     else:
         numerics = compare_tokens(ref.tokens, port.tokens)
         numerics = with_metrics(numerics, port, ref, "float32")
-    return {"numerics": numerics.model_dump(mode="json"), "runs": new_runs, "counters": counters,
-            "trace": [step("validator", f"{numerics.verdict}: {numerics.detail} (reference {ref.tokens}, port {port.tokens})")]}
+    # Decode profiles of the same two runs (sandbox/profile.py) -> performance pathologies.
+    perf = analyse(profile_of(port.result_path), profile_of(ref.result_path) if ref.ok else None)
+    perf_note = f"; {verdict('validated', perf)}" if numerics.verdict == "match" else ""
+    return {"numerics": numerics.model_dump(mode="json"), "runs": new_runs, "counters": counters, "perf": perf,
+            "trace": [step("validator", f"{numerics.verdict}: {numerics.detail} (reference {ref.tokens}, "
+                                        f"port {port.tokens}){perf_note}")]}
