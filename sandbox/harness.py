@@ -313,10 +313,14 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     spec = json.loads(Path(argv[0]).read_text())
     channel = None
-    if spec.get("result_fd") is not None:
+    fd = os.environ.pop("HARNESS_RESULT_FD", None)
+    if spec.get("result_channel") and fd is None:
+        print("npuport harness: the spec asks for a result channel but none was passed", file=sys.stderr)
+        return 2
+    if fd is not None:
         # The result channel: a pipe the parent opened. Taken before any model code is imported and kept
         # from the model's subprocesses; a result file in the run folder would be the model's to write.
-        channel = os.fdopen(int(spec["result_fd"]), "wb", closefd=True)
+        channel = os.fdopen(int(fd), "wb", closefd=True)
         os.set_inheritable(channel.fileno(), False)
     result = run(spec)
     payload = json.dumps(result, default=str).encode()

@@ -78,7 +78,7 @@ class ExecResult:
     stderr: str
     isolation: str
     notes: list[str] = field(default_factory=list)
-    channel: bytes = b""  # what the run wrote on the result channel (pass_channel=True)
+    channel: bytes = b""  # what the run wrote on the result channel (result_channel=True)
     channel_overflow: bool = False
 
     def as_dict(self) -> dict[str, object]:
@@ -97,7 +97,7 @@ class Sandbox(Protocol):
     name: str
 
     def execute(self, argv: list[str], *, cwd: Path, env: dict[str, str], limits: Limits,
-                mounts: Mounts | None = None, channel_fd: int | None = None,
+                mounts: Mounts | None = None, result_channel: bool = False,
                 channel_cap: int = 0) -> ExecResult: ...
 
 
@@ -132,6 +132,10 @@ def scrubbed_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     for k, v in (extra or {}).items():
         env[k] = v
     return env
+
+
+RESULT_FD_ENV = "HARNESS_RESULT_FD"
+"""Tells the harness the fd number of its result channel (a pipe the parent opened for this run)."""
 
 
 # --- cgroup: a process cap that holds for root, and a way to find every process of the run ----------
@@ -301,16 +305,16 @@ class ProcessSandbox:
     name = "process"
 
     def execute(self, argv: list[str], *, cwd: Path, env: dict[str, str], limits: Limits,
-                mounts: Mounts | None = None, channel_fd: int | None = None,
+                mounts: Mounts | None = None, result_channel: bool = False,
                 channel_cap: int = 0) -> ExecResult:
-        res = _run(argv, cwd=cwd, env=env, limits=limits, isolation=self.name, channel_fd=channel_fd,
+        res = _run(argv, cwd=cwd, env=env, limits=limits, isolation=self.name, result_channel=result_channel,
                    channel_cap=channel_cap)
         res.notes.insert(0, "unisolated: the run could read and write whatever the server's user can")
         return res
 
 
 def _run(argv: list[str], *, cwd: Path, env: dict[str, str], limits: Limits, isolation: str,
-         channel_fd: int | None = None, channel_cap: int = 0) -> ExecResult:
+         result_channel: bool = False, channel_cap: int = 0) -> ExecResult:
     """Run ``argv``; read stdout/stderr (and the result channel, an fd number the child inherits) with caps."""
     start = time.monotonic()
     cgroup = _Cgroup(limits.max_procs)
@@ -318,22 +322,27 @@ def _run(argv: list[str], *, cwd: Path, env: dict[str, str], limits: Limits, iso
     if cgroup.path is None and os.geteuid() == 0:
         notes.append("process limit not enforced: running as root and no writable pids cgroup")
     chan_r: int | None = None
+    chan_w: int | None = None
     pass_fds: tuple[int, ...] = ()
-    if channel_fd is not None:
+    if result_channel:
+        # The write end keeps whatever number the OS gave it: a fixed number dup2'd here would clobber an
+        # fd the parent (a threaded server, other runs) already holds. The child learns it from the env.
         chan_r, chan_w = os.pipe()
-        if chan_w != channel_fd:
-            os.dup2(chan_w, channel_fd, inheritable=False)
-            os.close(chan_w)
-        pass_fds = (channel_fd,)
+        pass_fds = (chan_w,)
+        env = {**env, RESULT_FD_ENV: str(chan_w)}
     try:
         proc = subprocess.Popen(
             argv, cwd=str(cwd), env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
             pass_fds=pass_fds,
             preexec_fn=_preexec(limits, cgroup.path),  # noqa: PLW1509 - rlimits must be set in the child
         )
+    except BaseException:
+        if chan_r is not None:
+            os.close(chan_r)
+        raise
     finally:
-        if channel_fd is not None:
-            os.close(channel_fd)  # only the child holds the write end: EOF means it is gone
+        if chan_w is not None:
+            os.close(chan_w)  # only the child holds the write end: EOF means it is gone
     record = _register(proc.pid, cgroup.path)
     assert proc.stdout is not None and proc.stderr is not None
     bufs: dict[int, bytearray] = {proc.stdout.fileno(): bytearray(), proc.stderr.fileno(): bytearray()}
@@ -473,10 +482,10 @@ class BubblewrapSandbox:
         return [*args, "--chdir", str(cwd), *argv]
 
     def execute(self, argv: list[str], *, cwd: Path, env: dict[str, str], limits: Limits,
-                mounts: Mounts | None = None, channel_fd: int | None = None,
+                mounts: Mounts | None = None, result_channel: bool = False,
                 channel_cap: int = 0) -> ExecResult:
         wrapped = self.command(argv, cwd=cwd, mounts=mounts or Mounts(rw=(cwd,)))
-        return _run(wrapped, cwd=cwd, env=env, limits=limits, isolation=self.name, channel_fd=channel_fd,
+        return _run(wrapped, cwd=cwd, env=env, limits=limits, isolation=self.name, result_channel=result_channel,
                     channel_cap=channel_cap)
 
 

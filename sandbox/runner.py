@@ -3,7 +3,7 @@ result back. Everything the run produced stays in its run directory.
 
 The run sees (under bwrap) the model's tree read-only and its own run folder read-write; the rest of
 the workspace (npuport's git, the original, other runs such as the reference) is masked. The result
-comes back on a pipe the parent opened (the harness's ``result_fd``), not from a file the model's code
+comes back on a pipe the parent opened (its fd number in HARNESS_RESULT_FD), not from a file the model's code
 could write; a run that ends without writing it failed, whatever its exit code. The parent then writes
 ``result.json`` itself, scrubbed of the server's secrets and capped in size."""
 
@@ -19,7 +19,6 @@ from knowledge.settings import settings
 from sandbox.process import ExecResult, Limits, Mounts, Sandbox, default_sandbox, scrub, scrubbed_env
 from sandbox.targets import Target
 
-RESULT_FD = 201  # the fd number the harness writes its result on (inherited, set close-on-exec at once)
 MAX_RESULT_BYTES = 8 * 1024 * 1024
 MAX_RESULT_TOKENS = 262_144
 MAX_MESSAGE_CHARS = 4_000
@@ -112,7 +111,7 @@ def run_harness(
         "seed": 0,
         "warmup": 0,
         "repeats": 1,
-        "result_fd": RESULT_FD,
+        "result_channel": True,  # the result comes back on a pipe; its fd number is in HARNESS_RESULT_FD
         "capture_path": str((run_dir / "capture.pt").resolve()),
         # NPUPORT_PROFILE=0 turns the decode profile off (bench/profile_overhead.py's baseline).
         "profile": settings().profile,
@@ -126,7 +125,7 @@ def run_harness(
     lim = limits or Limits()
     exec_result = box.execute(argv, cwd=run_dir.resolve(), env=env, limits=lim,
                               mounts=_mounts(workdir, model_dir, run_dir, target),
-                              channel_fd=RESULT_FD, channel_cap=MAX_RESULT_BYTES)
+                              result_channel=True, channel_cap=MAX_RESULT_BYTES)
     exec_result.stdout, exec_result.stderr = scrub(exec_result.stdout), scrub(exec_result.stderr)
     (run_dir / "stdout.log").write_text(exec_result.stdout)
     (run_dir / "stderr.log").write_text(exec_result.stderr)

@@ -57,3 +57,29 @@ def test_file_size_limit(tmp_path: Path) -> None:
                                    limits=Limits(file_size_mb=1))
     assert res.status != "ok"
     assert os.path.getsize(tmp_path / "big") <= 1024 * 1024
+
+
+def test_result_channel_leaves_the_parents_fds_alone(tmp_path: Path) -> None:
+    """The result pipe gets whatever fd number the OS gives it. It used to be dup2'd onto a fixed number
+    in the parent, which clobbered an fd the server already held there (a file, a socket, a database)."""
+    held = tmp_path / "held.txt"
+    with open(held, "w") as fh:
+        fixed = 201
+        saved = None
+        try:
+            saved = os.dup(fixed)
+        except OSError:
+            pass
+        os.dup2(fh.fileno(), fixed)
+        try:
+            code = "import os; os.write(int(os.environ['HARNESS_RESULT_FD']), b'result')"
+            res = ProcessSandbox().execute([sys.executable, "-c", code], cwd=tmp_path, env=scrubbed_env(),
+                                           limits=Limits(wall_s=30), result_channel=True, channel_cap=1024)
+            assert res.status == "ok" and res.channel == b"result"
+            assert os.path.sameopenfile(fixed, fh.fileno())  # still our file, not closed or replaced
+        finally:
+            if saved is not None:
+                os.dup2(saved, fixed)
+                os.close(saved)
+            else:
+                os.close(fixed)
