@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import time
@@ -66,10 +67,8 @@ def test_result_channel_leaves_the_parents_fds_alone(tmp_path: Path) -> None:
     with open(held, "w") as fh:
         fixed = 201
         saved = None
-        try:
+        with contextlib.suppress(OSError):  # fd 201 may be free here
             saved = os.dup(fixed)
-        except OSError:
-            pass
         os.dup2(fh.fileno(), fixed)
         try:
             code = "import os; os.write(int(os.environ['HARNESS_RESULT_FD']), b'result')"
