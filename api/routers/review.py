@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, HTTPException
+from fastapi import APIRouter, Depends
 from pydantic import BaseModel
 
 from api.auth import Principal, require
@@ -31,8 +31,6 @@ class Pending(BaseModel):
 async def pending(job_id: str, principal: Reader, mgr: Manager) -> Pending:
     from graph.review import pending_patches
 
-    job = get_job(mgr, job_id)
-    if job.owner != principal.name:  # jobs are private to the token that made them
-        raise HTTPException(status_code=404, detail=f"no job {job_id}")
+    job = get_job(mgr, job_id, principal)  # 404 unless the token owns the job (or is admin)
     out = await asyncio.to_thread(pending_patches, job_id, mgr.home / "checkpoints.sqlite", mgr.builder)
     return Pending(id=job_id, status=job.status, **out)
