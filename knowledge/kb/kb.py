@@ -10,7 +10,6 @@ import contextlib
 import functools
 import json
 import os
-import re
 import shutil
 import time
 from collections.abc import Iterable
@@ -22,8 +21,9 @@ from urllib.parse import urlparse
 from knowledge.home import npuport_home
 from knowledge.kb.chunking import digest
 from knowledge.kb.embeddings import Embedder, embedder_from_setting
-from knowledge.kb.identifiers import extract_keys, op_key
+from knowledge.kb.identifiers import extract_keys
 from knowledge.kb.lexical import BM25Index, Doc
+from knowledge.kb.memory import memory_chunk
 from knowledge.kb.models import (
     COLLECTIONS,
     BuildStats,
@@ -34,6 +34,7 @@ from knowledge.kb.models import (
     KBStoreError,
     SkippedFile,
 )
+from knowledge.kb.ranking import build_progress, dense_text, fuse_rank
 from knowledge.kb.recipes import Recipe, load_recipes, recipe_chunks, recipe_keys_for
 from knowledge.kb.sources import (
     CHUNKER_VERSION,
@@ -51,11 +52,7 @@ SCHEMA = 1
 MEMORY_MIN_SIM = 0.55  # a port-memory hit without shared identifiers must be at least this close
 EMBED_BATCH = 512
 SMALL_COLLECTION = 300  # collections up to this size are ranked whole: one query instead of two
-QUERY_EMBED_CHARS = 240  # the dense half reads the head of a query
 LEXICAL_K = 30  # BM25 candidates fused with the dense and identifier rankings
-RRF_K = 20  # reciprocal-rank constant: small, so the head of each ranking counts
-ID_WEIGHT = 1.5
-ABOUT_KINDS = frozenset({"aclnn", "op", "api", "lib", "env"})  # a shared identifier (op, code, env var, library) is the strongest signal
 REBUILD_HINT = "run `npuport kb build --rebuild` to recreate it"
 
 
@@ -280,7 +277,7 @@ class KnowledgeBase:
         self, todo: list[SourceUnit], manifest: dict[str, dict[str, Any]], stats: BuildStats, progress: bool
     ) -> None:
         loaded: list[tuple[SourceUnit, list[Chunk]]] = []
-        with _progress(progress) as bar:
+        with build_progress(progress) as bar:
             task = bar.add_task("Reading sources", total=len(todo))
             for u in todo:
                 try:
@@ -396,7 +393,7 @@ class KnowledgeBase:
             return []
         keys = extract_keys(query, hazards=True)
         keys += [hk for hk in recipe_keys_for(query) if hk not in keys]
-        qvec = self.embedder().embed_query(_dense_text(query))
+        qvec = self.embedder().embed_query(dense_text(query))
         cands: dict[str, Hit] = {}
         # Dense: one query per collection (small ones ranked whole).
         for name in names:
@@ -426,7 +423,7 @@ class KnowledgeBase:
         for d in lex.with_keys(keys, 4 * k, wanted, bm):
             if d.id not in cands:
                 cands[d.id] = self._hit(d.id, d.collection, d.text, d.meta, None, keys)
-        return _rank(list(cands.values()), k, dense_rank, lex_rank)
+        return fuse_rank(list(cands.values()), k, dense_rank, lex_rank)
 
     def _hit(
         self, cid: str, collection: str, doc: str, meta: dict[str, Any], dist: float | None, qkeys: list[str]
@@ -529,7 +526,7 @@ class KnowledgeBase:
         if not any(r.get("id") == rec["id"] for r in existing):
             with self.journal_path.open("a", encoding="utf-8") as f:
                 f.write(json.dumps(rec, ensure_ascii=False) + "\n")
-        chunk = _memory_chunk(rec)
+        chunk = memory_chunk(rec)
         data = self.journal_path.read_bytes()
         manifest = self._manifest()
         self._check_embedder(manifest)
@@ -576,113 +573,9 @@ class KnowledgeBase:
     def _memory_chunks(self, data: bytes) -> tuple[list[Chunk], str]:
         seen: dict[str, Chunk] = {}
         for rec in self._journal_records(data):
-            seen[str(rec["id"])] = _memory_chunk(rec)
+            seen[str(rec["id"])] = memory_chunk(rec)
         return list(seen.values()), ""
 
 
 def _recipe_load(recipe: Recipe) -> tuple[list[Chunk], str]:
     return recipe_chunks(recipe), ""
-
-
-def _memory_chunk(rec: dict[str, Any]) -> Chunk:
-    text = (
-        f"Failure: {rec['signature']}\nFix: {rec['patch_summary']}\nModel: {rec.get('model', '')}\n"
-        f"Target: {rec.get('target', '')}\nDate: {rec.get('date', '')}"
-    )
-    if rec.get("hazard"):
-        text += f"\nHazard: {rec['hazard']}"
-    keys = extract_keys(f"{rec['signature']}\n{rec['patch_summary']}", hazards=True)
-    for extra in [
-        *(op_key(o) for o in rec.get("ops") or []),
-        *([f"hz:{str(rec['hazard']).lower()}"] if rec.get("hazard") else []),
-    ]:
-        if extra not in keys:
-            keys.append(extra)
-    return Chunk(
-        id=str(rec["id"]),
-        collection="port_memory",
-        title=f"Validated fix ({rec.get('model', '')} on {rec.get('target', '')}): "
-        f"{str(rec['patch_summary'])[:80]}",
-        text=text,
-        embed_text=f"{rec['signature']}\n{rec['patch_summary']}"[:600],
-        source=str(rec["id"]),
-        path="port_memory.jsonl",
-        keys=keys[:64],
-        primary=keys[:64],
-        version=str(rec.get("date", "")),
-        kind="memory",
-    )
-
-
-_PATHISH = re.compile(r"\S*[/\\]\S*")
-
-
-def _dense_text(query: str) -> str:
-    """What the dense half embeds: paths (build/CMakeFiles/..., site-packages/...) carry no meaning for
-    it, and a long log costs embedding time while identifiers and BM25 already read all of it."""
-    text = " ".join(_PATHISH.sub(" ", query).split())
-    return (text or query)[:QUERY_EMBED_CHARS]
-
-
-def _rank(hits: list[Hit], k: int, dense_rank: dict[str, int], lex_rank: dict[str, int]) -> list[Hit]:
-    """Port memory first, then reciprocal-rank fusion of the identifier, BM25 and dense rankings."""
-
-    def id_score(h: Hit) -> int:
-        # a named op, code or library the chunk is about beats a hazard class the text hints at
-        primary_n = sum(1 for m in h.matched if m in h.primary and not m.startswith("hz:"))
-        return len(h.matched) + 2 * primary_n
-
-    by_id = sorted((h for h in hits if h.matched), key=lambda h: (-id_score(h), -h.score))
-    id_rank = {h.id: i for i, h in enumerate(by_id)}
-
-    # Chunks *about* a name the query carries (an aclnn op, aten/custom op, runtime API, library or
-    # variable in their title keys): a fourth ranking, so one such page is not outvoted by chunks
-    # that merely mention a common code (every aclnn page lists 161002).
-    def about_n(h: Hit) -> int:
-        return sum(1 for m in h.matched if m in h.primary and m.split(":", 1)[0] in ABOUT_KINDS)
-
-    about = sorted((h for h in hits if about_n(h)), key=lambda h: (-about_n(h), -id_score(h), -h.score))
-    about_rank = {h.id: i for i, h in enumerate(about)}
-
-    def fused(h: Hit) -> float:
-        s = 0.0
-        for ranks, w in ((id_rank, ID_WEIGHT), (about_rank, 1.0), (lex_rank, 1.0), (dense_rank, 1.0)):
-            if h.id in ranks:
-                s += w / (RRF_K + ranks[h.id])
-        return s
-
-    hits.sort(key=lambda h: (h.match != "memory", -fused(h)))
-    out: list[Hit] = []
-    seen_recipes: set[str] = set()
-    for h in hits:
-        if h.kind == "recipe":
-            if h.source in seen_recipes:
-                continue  # one hit per recipe: its best section
-            seen_recipes.add(h.source)
-            h = h.model_copy(update={"id": h.source, "anchor": "", "title": h.title.rsplit(" > ", 1)[0]})
-        out.append(h)
-        if len(out) == k:
-            break
-    return out
-
-
-class _NoProgress:
-    def __enter__(self) -> _NoProgress:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        return None
-
-    def add_task(self, *a: Any, **kw: Any) -> int:
-        return 0
-
-    def advance(self, *a: Any, **kw: Any) -> None:
-        return None
-
-
-def _progress(enabled: bool) -> Any:
-    if not enabled:
-        return _NoProgress()
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-    return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
