@@ -179,6 +179,12 @@ def write_bundle(state: dict[str, Any], out_dir: Path, status: str, reason: str)
             from agents.deploy import write_deploy_bundle
 
             files.update(write_deploy_bundle(state, out_dir))
+    llm_dir = Path(state["workdir"]) / "llm" if state.get("workdir") else None
+    if llm_dir is not None and llm_dir.is_dir():  # every prompt and response of the LLM agents, scrubbed
+        if (out_dir / "llm").exists():
+            shutil.rmtree(out_dir / "llm")
+        shutil.copytree(llm_dir, out_dir / "llm")
+        files["llm"] = str(out_dir / "llm")
     plot = _decode_profile_plot(report, out_dir)
     if plot:
         files["plot_decode_profile"] = str(out_dir / plot)
