@@ -100,10 +100,19 @@ def llm_env(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("NPUPORT_SANDBOX", "process")
 
 
+def _graph_script() -> dict[str, list[Any]]:
+    """Through the graph the code-reader asks too (the review finds nothing new here); the debugger
+    then reads the file and answers with the edit."""
+    return {"code_reader": [tool_call_reply("ReviewAnswer", {"findings": []}, call_id="call_r")],
+            "patcher": [tool_call_reply("FixPlan", {"fixes": []}, call_id="call_p")],
+            "debugger": _script()}
+
+
 def _assert_stub_conversation(stub: StubLLMServer) -> None:
     assert all(p == "/v1/chat/completions" for p in stub.paths)
-    assert len(stub.requests) == 2, [r["messages"][-1] for r in stub.requests]
-    first = stub.requests[0]
+    requests = [r for r, a in zip(stub.requests, stub.agents, strict=True) if a == "debugger"]
+    assert len(requests) == 2, [r["messages"][-1] for r in requests]
+    first = requests[0]
     assert first["model"] == "stub-model"
     tools = [t["function"]["name"] for t in first["tools"]]
     assert {"read_file", "grep", "search_kb", "run_in_sandbox", "DiagnosisAnswer"} <= set(tools)
@@ -130,7 +139,7 @@ def test_hybrid_policy_ports_a_planted_failure_through_the_graph(tmp_path: Path,
 
     model = write_planted_model(tmp_path / "planted")
     out = tmp_path / "bundle"
-    with StubLLMServer(_script()) as stub:
+    with StubLLMServer(_graph_script()) as stub:
         monkeypatch.setenv("NPUPORT_LLM_BASE_URL", stub.base_url)
         state = run_port({"request": {"model_path": str(model), "target": "cpu", "policy": "hybrid",
                                       "out_dir": str(out)}}, "llm-e2e")
@@ -145,6 +154,23 @@ def test_hybrid_policy_ports_a_planted_failure_through_the_graph(tmp_path: Path,
     assert '-        if layout != "packed":' in patch
     assert state["counters"]["port_runs"] == 2  # the failure no recipe predicted, then the fixed run
     _assert_stub_conversation(stub)
+    assert stub.agents[0] == "code_reader" and stub.agents[-2:] == ["debugger", "debugger"]
+    # The bundle: the LLM's edit is its own commit, whose message names the prompt that produced it,
+    # and that prompt (with its response and token count) is in the bundle's llm/ folder.
+    import re
+
+    llm_patch = state["patches"][-1]
+    from agents.workspace import Workspace
+
+    msg = Workspace(Path(state["workdir"])).git("log", "-1", "--format=%B", llm_patch["commit"])
+    pid = re.search(r"\[prompt llm/([\w-]+)\.json\]", msg)
+    assert pid and pid.group(1).endswith("-debugger"), msg
+    assert llm_patch["files"] == ["modeling_planted.py"]
+    rec = json.loads((out / "llm" / f"{pid.group(1)}.json").read_text())
+    assert rec["agent"] == "debugger" and rec["tokens"] == 240
+    assert rec["response"]["tool_calls"][0]["name"] == "DiagnosisAnswer"
+    assert any("npuport-planted: unsupported layout strided" in str(m["content"]) for m in rec["messages"])
+    assert "stub-key" not in "".join(p.read_text() for p in (out / "llm").glob("*.json"))
     assert "llm-edit" not in (model / "modeling_planted.py").read_text()  # the original is untouched
     assert 'if layout != "packed"' in (model / "modeling_planted.py").read_text()
 

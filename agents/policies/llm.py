@@ -222,6 +222,7 @@ class LLMPolicy:
         ledger = self.context.workdir / "llm_usage.json" if self.context.workdir else None
         self.budget = TokenBudget(self.settings.port_token_limit, ledger)
         self.records: list[dict[str, Any]] = []
+        self.notes: list[str] = []
         self.last_prompt_id: str | None = None
         self._agent = "llm"
 
@@ -385,8 +386,9 @@ class LLMPolicy:
 
     # ----------------------------------------------------------------------------- Policy protocol
 
-    def plan_fixes(self, findings: list[Finding]) -> list[FixAction]:
-        """Patches before the first run. When the LLM cannot answer (budget, service), the rule plan."""
+    def plan_fixes(self, findings: list[Finding], fallback: bool = True) -> list[FixAction]:
+        """Patches before the first run. When the LLM cannot answer (budget, service, answers rejected
+        past the retries), the rule plan (``fallback``) or none; ``notes`` says which and why."""
         if not findings:
             return []
         known = {f.id: f for f in findings}
@@ -409,8 +411,11 @@ class LLMPolicy:
                     "Plan the patches to make before the first run.")
         try:
             plan = self.ask("patcher", question, FixPlan, check)
-        except Exception:  # noqa: BLE001 - budget, service or answers: the offline plan still ports known hazards
-            return RulePolicy().plan_fixes(findings)
+        except Exception as exc:  # noqa: BLE001 - budget, service or answers: the offline plan still ports known hazards
+            what = "the rule plan is used" if fallback else "the findings stay unpatched"
+            self.notes.append(f"the LLM patcher gave no usable plan ({type(exc).__name__}: {first_line(exc, 200)}); {what}")
+            return RulePolicy().plan_fixes(findings) if fallback else []
+        self.notes.append(f"the LLM patcher planned {len(plan.fixes)} fix(es) (prompt {self.last_prompt_id})")
         actions = []
         for fx in plan.fixes:
             hits = [known[i] for i in fx.finding_ids]
@@ -446,8 +451,10 @@ class LLMPolicy:
         question = (f"Run {run_id} of the port failed.\n\n{_exception_text(exception)}\n\n"
                     f"npuport's classifier: {sig.kind} ({sig.key}): {sig.summary}\n"
                     + (f"The offline rules say: {rule_reading.summary}\n" if rule_reading else "")
-                    + f"\nEarlier diagnoses of this port:\n{earlier}\n\nCodemods:\n{_catalogue_text()}\n\n"
-                    "Find the cause in the model's files and propose a fix.")
+                    + f"\nEarlier diagnoses of this port:\n{earlier}\n\n"
+                    + self._changed_lines() + self._kb_passages(exception)
+                    + f"Codemods:\n{_catalogue_text()}\n\n"
+                    "Find the cause in the model's files and propose a fix; cite passages by their id.")
         start = self.budget.used
 
         def check(ans: DiagnosisAnswer) -> list[str]:
@@ -464,6 +471,34 @@ class LLMPolicy:
             base.params["llm_tokens"] = self.budget.used - start
             return base
         return self._diagnosis_from(base, ans, self.budget.used - start)
+
+    def _changed_lines(self, limit: int = 4000) -> str:
+        """What npuport changed so far (git diff from the original), so the model sees its own edits."""
+        if self.context.workdir is None:
+            return ""
+        from agents.workspace import Workspace
+
+        try:
+            diff = Workspace(self.context.workdir).diff_from_original()
+        except Exception:  # noqa: BLE001 - no repository yet: nothing changed
+            return ""
+        if not diff.strip():
+            return "Changes npuport made so far: none\n\n"
+        cut = "\n... (diff truncated)" if len(diff) > limit else ""
+        return f"Changes npuport made so far (git diff from the original):\n{diff[:limit]}{cut}\n\n"
+
+    def _kb_passages(self, exception: StructuredException) -> str:
+        """The knowledge base's top passages for the exception, each with its id to cite."""
+        from agents.citations import kb_citations
+
+        try:
+            hits = kb_citations(f"{exception.type}: {exception.message[:300]}", k=3)
+        except Exception:  # noqa: BLE001 - no usable knowledge base: the search_kb tool says so
+            hits = []
+        if not hits:
+            return ""
+        body = "\n".join(f"- [{c.source}] {c.title}: {c.excerpt}" for c in hits)
+        return f"Knowledge-base passages (cite by the id in brackets):\n{body}\n\n"
 
     def _diagnosis_from(self, base: Diagnosis, ans: DiagnosisAnswer, tokens: int) -> Diagnosis:
         params: dict[str, Any] = {"by": "llm", "llm_tokens": tokens, "prompt_id": self.last_prompt_id}
@@ -637,9 +672,19 @@ class HybridPolicy:
         self.settings = settings or LLMSettings()
         self.llm = LLMPolicy(self.settings, chat_model, context, toolbox)
         self.llm_available = chat_model is not None or self.settings.configured
+        self.notes: list[str] = []
 
     def plan_fixes(self, findings: list[Finding]) -> list[FixAction]:
-        return self.rule.plan_fixes(findings)
+        """The rules' plan; with an LLM, findings no codemod covers go to the LLM patcher, whose edits
+        are validated (apply exactly, parse) before they are planned."""
+        actions = self.rule.plan_fixes(findings)
+        covered = {fid for a in actions for fid in a.finding_ids}
+        left = [f for f in findings if f.id not in covered and not f.fixable]
+        if not left or not self.llm_available:
+            return actions
+        extra = self.llm.plan_fixes(left, fallback=False)
+        self.notes = self.llm.notes
+        return actions + [a for a in extra if a.codemod == LLM_EDIT or not set(a.finding_ids) & covered]
 
     def diagnose(self, run_id: str, exception: StructuredException, history: list[Diagnosis]) -> Diagnosis:
         reading = self.rule.diagnose(run_id, exception, history)
