@@ -62,8 +62,8 @@ def plan_goal(goal: str) -> tuple[dict[str, Any] | None, str, list[dict[str, Any
 
 # Calls and imports that look CUDA-specific but that no rule classifies: custom extensions, kernels,
 # device plumbing. Their lines (with context) go to the LLM code-reader.
-_CUDAISH = re.compile(r"\b(cuda|cupy|triton|cpp_extension|load_inline|nvrtc|cublas|cudnn|nccl|_C\b|\.cu\b|"
-                      r"custom_op|autograd\.Function|__cuda_array_interface__|get_device_capability|apex)", re.I)
+_CUDAISH = re.compile(r"(cuda|cupy|triton|cpp_extension|load_inline|nvrtc|cublas|cudnn|nccl|\._C\b|\.cu\b|"
+                      r"custom_op|autograd\.Function|__cuda_array_interface__|get_device_capability|\bapex\b)", re.I)
 
 
 def unclassified_sites(model_dir: Path, findings: list[Finding], limit: int = 30) -> list[dict[str, Any]]:

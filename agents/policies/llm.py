@@ -335,6 +335,10 @@ class LLMPolicy:
                 answer, problems = _parse(schema, parsed.model_dump() if isinstance(parsed, BaseModel) else parsed, check)
                 if answer is not None:
                     return answer
+            elif raw.invalid_tool_calls:
+                bad = raw.invalid_tool_calls[0]
+                problems = [f"the arguments of {bad.get('name')} are not valid JSON "
+                            f"({str(bad.get('error') or '')[:200] or 'cannot parse'})"]
             else:
                 problems = [f"the answer does not match {answer_name}: {str(out.get('parsing_error'))[:300]}"]
             messages.append(raw)
