@@ -171,6 +171,30 @@ def test_hybrid_policy_ports_a_planted_failure_through_the_graph(tmp_path: Path,
     assert rec["response"]["tool_calls"][0]["name"] == "DiagnosisAnswer"
     assert any("npuport-planted: unsupported layout strided" in str(m["content"]) for m in rec["messages"])
     assert "stub-key" not in "".join(p.read_text() for p in (out / "llm").glob("*.json"))
+    report = json.loads((out / "report.json").read_text())
+    assert report["llm"]["exchanges"] == len(stub.requests) and report["llm"]["tokens"] == 240 * len(stub.requests)
+    assert "## LLM" in (out / "report.md").read_text()
+
+
+@pytest.mark.slow
+def test_hybrid_policy_reports_the_fallback_when_the_llm_debugger_is_rate_limited(
+        tmp_path: Path, npuport_home: Path, llm_env: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    from graph.runner import run_port
+    from tests.llm_stub import http_error
+
+    model = write_planted_model(tmp_path / "planted")
+    out = tmp_path / "bundle"
+    script = {**_graph_script(), "debugger": [http_error(429, "rate limited")]}
+    with StubLLMServer(script) as stub:
+        monkeypatch.setenv("NPUPORT_LLM_BASE_URL", stub.base_url)
+        state = run_port({"request": {"model_path": str(model), "target": "cpu", "policy": "hybrid",
+                                      "out_dir": str(out)}}, "llm-429")
+    assert stub.agents.count("debugger") == 1
+    assert state["status"] == "failed"
+    assert "the LLM gave no usable fix (OpenAIRateLimitError: Error code: 429" in state["reason"], state["reason"]
+    assert "no recipe covers" in state["reason"]
+    rec = json.loads(sorted((out / "llm").glob("*-debugger.json"))[-1].read_text())
+    assert rec["response"] is None and "RateLimitError" in rec["error"]
     assert "llm-edit" not in (model / "modeling_planted.py").read_text()  # the original is untouched
     assert 'if layout != "packed"' in (model / "modeling_planted.py").read_text()
 
