@@ -17,7 +17,9 @@ def planner_node(state: dict[str, Any]) -> dict[str, Any]:
     started = time.time()
     raw = dict(state.get("request") or {})
     goal = state.get("goal") or ""
-    source, llm_note, constraints, records = "rules", "", [], []
+    source, llm_note = "rules", ""
+    constraints: list[str] = []
+    records: list[dict[str, Any]] = []
     if goal and llm_enabled(raw.get("policy")):
         # The LLM reads the goal (structured output); explicit request fields still win over it, and
         # the rule parser reads what it left out, or everything when it failed.
