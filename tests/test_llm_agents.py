@@ -33,6 +33,7 @@ def llm_env(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
 # --------------------------------------------------------------------------------------------- doctor
 
 
+@pytest.mark.slow  # starts the stub LLM server
 def test_doctor_shows_the_endpoint_with_the_key_masked_and_checks_that_it_answers(llm_env: pytest.MonkeyPatch) -> None:
     from api.cli import app
 
@@ -68,6 +69,7 @@ def _planner_state(model: Path, policy: str = "hybrid") -> dict[str, Any]:
                     "reply comes back, keep bf16", "request": {"policy": policy}}
 
 
+@pytest.mark.slow  # starts the stub LLM server
 def test_planner_turns_a_free_form_goal_into_a_typed_plan_through_the_llm(tmp_path: Path, llm_env: pytest.MonkeyPatch) -> None:
     from agents.nodes.planner import planner_node
 
@@ -90,6 +92,7 @@ def test_planner_turns_a_free_form_goal_into_a_typed_plan_through_the_llm(tmp_pa
     assert all(r["tokens"] == 240 for r in plan["llm_records"])
 
 
+@pytest.mark.slow  # starts the stub LLM server
 def test_planner_falls_back_to_the_rule_parser_on_429_and_timeout(tmp_path: Path, llm_env: pytest.MonkeyPatch) -> None:
     from agents.nodes.planner import planner_node
 
@@ -116,6 +119,7 @@ def test_planner_falls_back_to_the_rule_parser_on_429_and_timeout(tmp_path: Path
     assert out["plan"]["source"] == "rules" and "did not answer in time" in out["trace"][0]["summary"]
 
 
+@pytest.mark.slow  # starts the stub LLM server
 def test_planner_without_an_endpoint_or_with_the_rule_policy_never_calls_out(tmp_path: Path,
                                                                                llm_env: pytest.MonkeyPatch) -> None:
     from agents.nodes.planner import planner_node
@@ -164,6 +168,7 @@ def _reader_state(tmp_path: Path) -> dict[str, Any]:
     return {"request": {"model_path": str(model), "policy": "hybrid"}, "workdir": str(tmp_path / "work")}
 
 
+@pytest.mark.slow  # starts the stub LLM server
 def test_code_reader_sends_unclassified_cuda_sites_and_keeps_the_llm_findings(tmp_path: Path, npuport_home: Path,
                                                                               llm_env: pytest.MonkeyPatch) -> None:
     from agents.nodes.code_reader import code_reader_node
@@ -186,6 +191,7 @@ def test_code_reader_sends_unclassified_cuda_sites_and_keeps_the_llm_findings(tm
     assert "stub-key-0123456789" not in text
 
 
+@pytest.mark.slow  # starts the stub LLM server
 def test_code_reader_stops_asking_when_the_budget_is_spent(tmp_path: Path, npuport_home: Path,
                                                            llm_env: pytest.MonkeyPatch) -> None:
     from agents.nodes.code_reader import code_reader_node
@@ -215,6 +221,7 @@ def test_max_cost_lowers_the_token_budget(llm_env: pytest.MonkeyPatch) -> None:
 # -------------------------------------------------------------------------------------------- patcher
 
 
+@pytest.mark.slow  # starts the stub LLM server
 def test_patcher_asks_the_llm_for_findings_no_codemod_covers_and_rejects_an_edit_that_does_not_apply(
         tmp_path: Path, npuport_home: Path, llm_env: pytest.MonkeyPatch) -> None:
     from agents.nodes.code_reader import code_reader_node
@@ -252,6 +259,7 @@ def test_patcher_asks_the_llm_for_findings_no_codemod_covers_and_rejects_an_edit
 # ---------------------------------------------------------------------------------------------- tuner
 
 
+@pytest.mark.slow  # starts the stub LLM server
 def test_tuner_llm_proposals_stay_inside_the_constraint_space_and_the_optimiser_judges(
         tmp_path: Path, llm_env: pytest.MonkeyPatch) -> None:
     from agents.tuning.port import llm_proposals, space_for
