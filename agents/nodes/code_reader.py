@@ -51,7 +51,7 @@ def code_reader_node(state: dict[str, Any]) -> dict[str, Any]:
         update["plan"] = plan
     if llm_enabled(req.get("policy")):
         ctx = PolicyContext(workdir=workdir, entry=entry.as_manifest_dict(), request=dict(req))
-        extra, note = review_code(ctx, [Finding(**f) for f in findings])
+        extra, note = review_code(ctx, [Finding(**f) for f in findings], only_unclassified=req.get("policy") == "hybrid")
         findings += cite_findings([f.model_dump(mode="json") for f in extra])
         llm_trace.append(step("code_reader", note, llm_findings=[f"{f.file}:{f.line} {f.hazard}" for f in extra]))
     by_hazard: dict[str, int] = {}

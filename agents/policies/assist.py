@@ -89,13 +89,17 @@ def unclassified_sites(model_dir: Path, findings: list[Finding], limit: int = 30
     return out
 
 
-def review_code(context: PolicyContext, findings: list[Finding]) -> tuple[list[Finding], str]:
+def review_code(context: PolicyContext, findings: list[Finding], only_unclassified: bool = False
+                ) -> tuple[list[Finding], str]:
     """code_reader: findings the rules could not classify, from the LLM, each at a real file:line with
-    a proposed hazard class. Returns (new findings, note)."""
+    a proposed hazard class. Returns (new findings, note). ``only_unclassified`` (the hybrid policy):
+    ask only when some CUDA-looking line is left that no rule classified."""
     model_dir = context.model_dir
     if model_dir is None or not model_dir.is_dir():
         return [], "no workspace to review"
     sites = unclassified_sites(model_dir, findings)
+    if only_unclassified and not sites:
+        return [], "every CUDA-looking line is classified by a rule; the LLM code review is not needed"
     pol = _policy(context)
     try:
         extra = pol.review_findings(findings, sites)
