@@ -179,11 +179,26 @@ def write_bundle(state: dict[str, Any], out_dir: Path, status: str, reason: str)
             from agents.deploy import write_deploy_bundle
 
             files.update(write_deploy_bundle(state, out_dir))
+    llm_dir = Path(state["workdir"]) / "llm" if state.get("workdir") else None
+    if llm_dir is not None and llm_dir.is_dir():  # every prompt and response of the LLM agents, scrubbed
+        if (out_dir / "llm").exists():
+            shutil.rmtree(out_dir / "llm")
+        shutil.copytree(llm_dir, out_dir / "llm")
+        files["llm"] = str(out_dir / "llm")
+        usage_file = Path(state["workdir"]) / "llm_usage.json"
+        usage = json.loads(usage_file.read_text()) if usage_file.is_file() else {}
+        report["llm"] = {"exchanges": len(list(llm_dir.glob("*.json"))), "tokens": usage.get("tokens"),
+                         "limit": usage.get("limit"), "records": "llm/"}
     plot = _decode_profile_plot(report, out_dir)
     if plot:
         files["plot_decode_profile"] = str(out_dir / plot)
     (out_dir / "report.json").write_text(json.dumps(report, indent=1, default=str))
     markdown = render_markdown(report) + "\n".join(perf_markdown(report["perf"], status, plot))
+    if report.get("llm"):
+        llm = report["llm"]
+        markdown += (f"\n\n## LLM\n\n{llm['exchanges']} exchange(s), {llm['tokens']} of {llm['limit']} tokens; "
+                     "every prompt and response (secrets scrubbed) is in `llm/`, and each LLM fix's commit names "
+                     "its prompt.\n")
     if status == "validated":
         from agents.deploy import deploy_markdown
 

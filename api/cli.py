@@ -600,6 +600,29 @@ def batch(
 
 
 @app.command()
+def doctor(as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
+    """Show the configured LLM endpoint (NPUPORT_LLM_*, key masked) and check that it answers
+    (GET /models and a one-token chat call). Exit 1 when an endpoint is configured but does not answer;
+    with none configured, npuport uses its offline rules (exit 0)."""
+    from agents.llm_doctor import check_llm
+
+    res = check_llm()
+    if as_json:
+        console.print_json(json.dumps({**res.model_dump(), "ok": res.ok}, default=str))
+    else:
+        table = Table(title="LLM endpoint (NPUPORT_LLM_*)", show_header=False)
+        for k, v in res.settings.items():
+            table.add_row(k, str(v))
+        console.print(table)
+        if not res.configured:
+            console.print("no LLM is configured (set NPUPORT_LLM_BASE_URL and NPUPORT_LLM_MODEL): "
+                          "every agent uses the offline rules")
+        for p in res.probes:
+            console.print(f"{'ok  ' if p.ok else 'FAIL'} {p.name} ({p.seconds:.2f}s): {p.detail}")
+    raise typer.Exit(0 if res.ok or not res.configured else 1)
+
+
+@app.command()
 def serve(
     host: Annotated[str, typer.Option(help="address to listen on (loopback by default)")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="TCP port")] = 8000,

@@ -124,6 +124,11 @@ class LLMSettings(BaseSettings):
     support (DeepSeek has no json_schema response format); vLLM supports both."""
     token_budget: int = Field(default=200_000, ge=1)
     """Prompt + completion tokens the LLM may spend on one port, counted from the responses' usage."""
+    max_cost_usd: float | None = Field(default=None, gt=0)
+    """Most the LLM may cost on one port, in US dollars; with ``usd_per_million_tokens`` it lowers the
+    token budget (the lower of the two limits applies). Unset: only the token budget limits."""
+    usd_per_million_tokens: float = Field(default=0.0, ge=0)
+    """The endpoint's price per million tokens (prompt and completion alike), for ``max_cost_usd``."""
     max_tool_rounds: int = Field(default=8, ge=1, le=50)
     """Model turns per question (each may call tools) before it must answer."""
     max_answer_retries: int = Field(default=2, ge=0, le=10)
@@ -138,6 +143,13 @@ class LLMSettings(BaseSettings):
     """run_in_sandbox calls per question."""
     allow_process_sandbox: bool = False
     """Let the LLM's run_in_sandbox tool run code without bubblewrap (plain process sandbox)."""
+
+    @property
+    def port_token_limit(self) -> int:
+        """Tokens one port may spend: the token budget, lowered by the cost cap when a price is known."""
+        if self.max_cost_usd and self.usd_per_million_tokens > 0:
+            return max(1, min(self.token_budget, int(self.max_cost_usd / self.usd_per_million_tokens * 1_000_000)))
+        return self.token_budget
 
     @property
     def configured(self) -> bool:

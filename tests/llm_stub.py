@@ -5,8 +5,10 @@ so the real ``ChatOpenAI`` client and the real policy code run against it."""
 from __future__ import annotations
 
 import json
+import re
 import threading
-from collections.abc import Callable, Iterator, Sequence
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
@@ -83,6 +85,36 @@ def text_reply(content: str, **usage: int) -> dict[str, Any]:
     return completion({"content": content}, **usage)
 
 
+def agent_of(body: dict[str, Any]) -> str:
+    """The npuport agent that sent a request, from its system prompt's title ("# npuport code reader")."""
+    for m in body.get("messages") or []:
+        if m.get("role") == "system":
+            m_ = re.match(r"#\s*npuport\s+([\w ]+)", str(m.get("content") or ""))
+            if m_:
+                return m_.group(1).strip().replace(" ", "_")
+    return "?"
+
+
+def http_error(status: int, message: str = "scripted error", **headers: str) -> dict[str, Any]:
+    """A scripted HTTP error (429 rate limit, 5xx), answered instead of a completion."""
+    return {"_status": status, "_headers": headers, "error": {"message": message, "type": "scripted"}}
+
+
+def delayed(reply: Reply, seconds: float) -> Reply:
+    """A reply sent only after ``seconds`` (a client timeout shorter than that sees no answer)."""
+    def later(body: dict[str, Any]) -> dict[str, Any]:
+        data = reply(body) if callable(reply) else reply
+        return {**data, "_delay": seconds}
+
+    return later
+
+
+def malformed_tool_call(name: str, raw_arguments: str, call_id: str = "call_1") -> dict[str, Any]:
+    """A tool call whose arguments are not valid JSON, as a confused model sends them."""
+    return completion({"tool_calls": [{"id": call_id, "type": "function",
+                                       "function": {"name": name, "arguments": raw_arguments}}]})
+
+
 class StubLLMServer:
     """Serves scripted chat completions on 127.0.0.1:<free port>; records every request body.
 
@@ -90,14 +122,27 @@ class StubLLMServer:
     used up it answers HTTP 500, so an unexpected extra call fails loudly.
     """
 
-    def __init__(self, script: Sequence[Reply]) -> None:
-        self.script: Iterator[Reply] = iter(list(script))
+    def __init__(self, script: Sequence[Reply] | Mapping[str, Sequence[Reply]],
+                 models: Sequence[str] = ("stub-model",)) -> None:
+        # A mapping scripts each agent separately (keyed by the agent its system prompt names:
+        # planner, code_reader, patcher, debugger, tuner), so agents may ask in any order.
+        self.by_agent: dict[str, Iterator[Reply]] | None = (
+            {k: iter(list(v)) for k, v in script.items()} if isinstance(script, Mapping) else None)
+        self.script: Iterator[Reply] = iter([] if isinstance(script, Mapping) else list(script))
+        self.models = list(models)
+        self.agents: list[str] = []
         self.requests: list[dict[str, Any]] = []
         self.paths: list[str] = []
         self.headers: list[dict[str, str]] = []
         stub = self
 
         class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:  # noqa: N802 - http.server's naming
+                stub.paths.append(self.path)
+                if self.path.endswith("/models"):
+                    return self._send(200, {"object": "list", "data": [{"id": m, "object": "model"} for m in stub.models]})
+                return self._send(404, {"error": {"message": f"no route {self.path}"}})
+
             def do_POST(self) -> None:  # noqa: N802 - http.server's naming
                 body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))) or b"{}")
                 stub.requests.append(body)
@@ -105,17 +150,29 @@ class StubLLMServer:
                 stub.headers.append({k.lower(): v for k, v in self.headers.items()})
                 if not self.path.endswith("/chat/completions"):
                     return self._send(404, {"error": {"message": f"no route {self.path}"}})
-                reply = next(stub.script, None)
+                agent = agent_of(body)
+                stub.agents.append(agent)
+                if stub.by_agent is not None:
+                    reply = next(stub.by_agent.get(agent, iter(())), None)
+                else:
+                    reply = next(stub.script, None)
                 if reply is None:
                     return self._send(500, {"error": {"message": "the stub's script is used up"}})
                 data = reply(body) if callable(reply) else reply
+                if data.get("_delay"):
+                    time.sleep(float(data["_delay"]))
+                    data = {k: v for k, v in data.items() if k != "_delay"}
+                if data.get("_status"):
+                    return self._send(int(data["_status"]), {"error": data["error"]}, data.get("_headers"))
                 if body.get("stream"):
                     return self._stream(data)
                 return self._send(200, data)
 
-            def _send(self, code: int, data: dict[str, Any]) -> None:
+            def _send(self, code: int, data: dict[str, Any], headers: dict[str, str] | None = None) -> None:
                 raw = json.dumps(data).encode()
                 self.send_response(code)
+                for k, v in (headers or {}).items():
+                    self.send_header(k.replace("_", "-"), v)
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(raw)))
                 self.end_headers()

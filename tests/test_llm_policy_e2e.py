@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import inspect
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -100,10 +101,19 @@ def llm_env(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("NPUPORT_SANDBOX", "process")
 
 
+def _graph_script() -> dict[str, list[Any]]:
+    """Through the graph the code-reader asks too (the review finds nothing new here); the debugger
+    then reads the file and answers with the edit."""
+    return {"code_reader": [tool_call_reply("ReviewAnswer", {"findings": []}, call_id="call_r")],
+            "patcher": [tool_call_reply("FixPlan", {"fixes": []}, call_id="call_p")],
+            "debugger": _script()}
+
+
 def _assert_stub_conversation(stub: StubLLMServer) -> None:
     assert all(p == "/v1/chat/completions" for p in stub.paths)
-    assert len(stub.requests) == 2, [r["messages"][-1] for r in stub.requests]
-    first = stub.requests[0]
+    requests = [r for r, a in zip(stub.requests, stub.agents, strict=True) if a == "debugger"]
+    assert len(requests) == 2, [r["messages"][-1] for r in requests]
+    first = requests[0]
     assert first["model"] == "stub-model"
     tools = [t["function"]["name"] for t in first["tools"]]
     assert {"read_file", "grep", "search_kb", "run_in_sandbox", "DiagnosisAnswer"} <= set(tools)
@@ -130,7 +140,7 @@ def test_hybrid_policy_ports_a_planted_failure_through_the_graph(tmp_path: Path,
 
     model = write_planted_model(tmp_path / "planted")
     out = tmp_path / "bundle"
-    with StubLLMServer(_script()) as stub:
+    with StubLLMServer(_graph_script()) as stub:
         monkeypatch.setenv("NPUPORT_LLM_BASE_URL", stub.base_url)
         state = run_port({"request": {"model_path": str(model), "target": "cpu", "policy": "hybrid",
                                       "out_dir": str(out)}}, "llm-e2e")
@@ -145,6 +155,48 @@ def test_hybrid_policy_ports_a_planted_failure_through_the_graph(tmp_path: Path,
     assert '-        if layout != "packed":' in patch
     assert state["counters"]["port_runs"] == 2  # the failure no recipe predicted, then the fixed run
     _assert_stub_conversation(stub)
+    # Every CUDA-looking line is classified by a rule, so the hybrid code-reader does not ask; the
+    # patcher has no finding without a codemod; only the debugger asks.
+    assert stub.agents == ["debugger", "debugger"]
+    assert any("LLM code review is not needed" in t["summary"] for t in state["trace"] if t["agent"] == "code_reader")
+    # The bundle: the LLM's edit is its own commit, whose message names the prompt that produced it,
+    # and that prompt (with its response and token count) is in the bundle's llm/ folder.
+    llm_patch = state["patches"][-1]
+    from agents.workspace import Workspace
+
+    msg = Workspace(Path(state["workdir"])).git("log", "-1", "--format=%B", llm_patch["commit"])
+    pid = re.search(r"\[prompt llm/([\w-]+)\.json\]", msg)
+    assert pid and pid.group(1).endswith("-debugger"), msg
+    assert llm_patch["files"] == ["modeling_planted.py"]
+    rec = json.loads((out / "llm" / f"{pid.group(1)}.json").read_text())
+    assert rec["agent"] == "debugger" and rec["tokens"] == 240
+    assert rec["response"]["tool_calls"][0]["name"] == "DiagnosisAnswer"
+    assert any("npuport-planted: unsupported layout strided" in str(m["content"]) for m in rec["messages"])
+    assert "stub-key" not in "".join(p.read_text() for p in (out / "llm").glob("*.json"))
+    report = json.loads((out / "report.json").read_text())
+    assert report["llm"]["exchanges"] == len(stub.requests) and report["llm"]["tokens"] == 240 * len(stub.requests)
+    assert "## LLM" in (out / "report.md").read_text()
+
+
+@pytest.mark.slow
+def test_hybrid_policy_reports_the_fallback_when_the_llm_debugger_is_rate_limited(
+        tmp_path: Path, npuport_home: Path, llm_env: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    from graph.runner import run_port
+    from tests.llm_stub import http_error
+
+    model = write_planted_model(tmp_path / "planted")
+    out = tmp_path / "bundle"
+    script = {**_graph_script(), "debugger": [http_error(429, "rate limited")]}
+    with StubLLMServer(script) as stub:
+        monkeypatch.setenv("NPUPORT_LLM_BASE_URL", stub.base_url)
+        state = run_port({"request": {"model_path": str(model), "target": "cpu", "policy": "hybrid",
+                                      "out_dir": str(out)}}, "llm-429")
+    assert stub.agents.count("debugger") == 1
+    assert state["status"] == "failed"
+    assert "the LLM gave no usable fix (OpenAIRateLimitError: Error code: 429" in state["reason"], state["reason"]
+    assert "no recipe covers" in state["reason"]
+    rec = json.loads(sorted((out / "llm").glob("*-debugger.json"))[-1].read_text())
+    assert rec["response"] is None and "RateLimitError" in rec["error"]
     assert "llm-edit" not in (model / "modeling_planted.py").read_text()  # the original is untouched
     assert 'if layout != "packed"' in (model / "modeling_planted.py").read_text()
 
@@ -215,3 +267,44 @@ def test_stub_server_answers_only_on_loopback_and_fails_loudly_when_the_script_e
         with pytest.raises(Exception, match="script is used up"):
             llm.invoke("one more")
     assert stub.requests[1]["stream"] is True
+
+
+@pytest.mark.slow
+def test_goal_text_planner_code_reader_and_patcher_ask_the_llm_through_the_graph(
+        tmp_path: Path, npuport_home: Path, llm_env: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The llm policy: a free-form goal, read by the LLM planner; the LLM code-reader flags the
+    device-dependent layout check no rule classifies; the LLM patcher fixes it before the first run, so
+    the port validates with no failed run. Each step is an exchange in the bundle's llm/ folder."""
+    from graph.runner import run_port
+
+    model = write_planted_model(tmp_path / "planted")
+    out = tmp_path / "bundle"
+    line = PLANTED.splitlines().index('        if layout != "packed":') + 1
+    goal = f"bring {model} up here on the plain cpu, one answer at a time matters most, keep float32"
+    plan = {"model_path": str(model), "target": "cpu", "objective": "latency", "constraints": ["dtype=float32"]}
+    review = {"findings": [{"hazard": "H1", "rule": "device-dependent-branch", "file": "modeling_planted.py",
+                            "line": line, "message": "rejects the layout it picks without CUDA",
+                            "category": "blocks running", "severity": "high"}]}
+
+    def fix(body: dict[str, Any]) -> dict[str, Any]:
+        fid = re.search(r"- (H1-modeling_planted\.py-\d+-llm-device-dependent-branch):", body["messages"][1]["content"])
+        assert fid, body["messages"][1]["content"]
+        return tool_call_reply("FixPlan", {"fixes": [{"finding_ids": [fid.group(1)], "summary": "accept both layouts",
+                                                      "edits": [{"file": "modeling_planted.py", "search": SEARCH,
+                                                                 "replace": REPLACE}]}]})
+
+    script = {"planner": [tool_call_reply("GoalAnswer", plan)], "code_reader": [tool_call_reply("ReviewAnswer", review)],
+              "patcher": [fix]}
+    with StubLLMServer(script) as stub:
+        monkeypatch.setenv("NPUPORT_LLM_BASE_URL", stub.base_url)
+        state = run_port({"goal": goal, "request": {"policy": "llm", "out_dir": str(out)}}, "llm-goal")
+    assert state["status"] == "validated", state.get("reason")
+    assert stub.agents == ["planner", "code_reader", "patcher"]
+    assert state["plan"]["source"] == "llm" and state["plan"]["constraints"] == ["dtype=float32"]
+    assert state["request"]["objective"] == "latency" and "llm_records" not in state["plan"]
+    assert state["counters"]["port_runs"] == 1 and not state["diagnoses"]
+    llm_patch = state["patches"][-1]
+    assert llm_patch["codemod"] == "llm-edit" and llm_patch["finding_ids"][0].endswith("llm-device-dependent-branch")
+    assert "[prompt llm/003-patcher.json]" in llm_patch["summary"]
+    assert sorted(p.name for p in (out / "llm").glob("*.json")) == ["001-planner.json", "002-code_reader.json",
+                                                                     "003-patcher.json"]

@@ -8,6 +8,9 @@ from typing import Any
 
 from agents.citations import cite_findings, kb_status
 from agents.entry import EntryNotFound, discover_entry
+from agents.models import Finding
+from agents.policies.assist import llm_enabled, review_code, save_records
+from agents.policies.base import PolicyContext
 from agents.request import new_run_id
 from agents.scanner import scan_tree
 from agents.trace import step
@@ -40,16 +43,28 @@ def code_reader_node(state: dict[str, Any]) -> dict[str, Any]:
         reason = f"cannot find how to run the model: {exc}"
         return {"status": "failed", "reason": reason, "workdir": str(workdir), "findings": findings,
                 "original_digest": tree_digest(original), "trace": [step("code_reader", reason)]}
+    update: dict[str, Any] = {}
+    llm_trace = []
+    plan = dict(state.get("plan") or {})
+    if plan.get("llm_records"):
+        save_records(workdir, plan.pop("llm_records"))
+        update["plan"] = plan
+    if llm_enabled(req.get("policy")):
+        ctx = PolicyContext(workdir=workdir, entry=entry.as_manifest_dict(), request=dict(req))
+        extra, note = review_code(ctx, [Finding(**f) for f in findings], only_unclassified=req.get("policy") == "hybrid")
+        findings += cite_findings([f.model_dump(mode="json") for f in extra])
+        llm_trace.append(step("code_reader", note, llm_findings=[f"{f.file}:{f.line} {f.hazard}" for f in extra]))
     by_hazard: dict[str, int] = {}
-    for f in scan.findings:
-        by_hazard[f.hazard] = by_hazard.get(f.hazard, 0) + 1
+    for f in findings:
+        by_hazard[f["hazard"]] = by_hazard.get(f["hazard"], 0) + 1
     hz = ", ".join(f"{h} x{n}" for h, n in sorted(by_hazard.items(), key=lambda kv: int(kv[0][1:]))) or "none"
     return {
+        **update,
         "workdir": str(workdir),
         "original_digest": tree_digest(original),
         "findings": findings,
         "entry": entry.as_manifest_dict(),
         "trace": [step("code_reader", f"{len(findings)} hazard finding(s) in {len(scan.files)} file(s): {hz}; "
                        f"entry {entry.kind}; knowledge base: {kb_status()}", entry_kind=entry.kind,
-                       assumptions=list(entry.assumptions))],
+                       assumptions=list(entry.assumptions)), *llm_trace],
     }

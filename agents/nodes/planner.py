@@ -6,6 +6,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from agents.policies.assist import llm_enabled, plan_goal
 from agents.request import PortRequest, parse_goal, plan_steps
 from agents.trace import step
 from knowledge.errors import GoalError, first_line
@@ -16,6 +17,17 @@ def planner_node(state: dict[str, Any]) -> dict[str, Any]:
     started = time.time()
     raw = dict(state.get("request") or {})
     goal = state.get("goal") or ""
+    source, llm_note = "rules", ""
+    constraints: list[str] = []
+    records: list[dict[str, Any]] = []
+    if goal and llm_enabled(raw.get("policy")):
+        # The LLM reads the goal (structured output); explicit request fields still win over it, and
+        # the rule parser reads what it left out, or everything when it failed.
+        fields, llm_note, records = plan_goal(goal)
+        if fields is not None:
+            constraints = list(fields.pop("constraints", None) or [])
+            raw = {**{k: v for k, v in fields.items() if v is not None}, **raw}
+            source = "llm"
     try:
         req = parse_goal(goal, raw) if goal else PortRequest(**raw)
     except (GoalError, ValueError) as exc:
@@ -33,11 +45,19 @@ def planner_node(state: dict[str, Any]) -> dict[str, Any]:
                 "trace": [step("planner", f"model path {req.model_path} is not a folder")]}
     req = req.model_copy(update={"model_path": str(path.resolve())})
     steps = plan_steps(req)
+    plan: dict[str, Any] = {"steps": steps, "policy": req.policy, "source": source, "target": req.target, "chip": req.chip,
+            "objective": req.objective, "constraints": constraints,
+            "budget": {"max_runs": req.max_runs, "max_wall_s": req.max_wall_s, "tune_trials": req.tune_trials}}
+    if records:  # no workspace yet: the code-reader saves them under llm/ with the others
+        plan["llm_records"] = records
+    trace = [step("planner", llm_note, source=source)] if llm_note else []
+    trace.append(step("planner", f"plan ({'LLM' if source == 'llm' else 'rule parser'}): port {path.name} to "
+                      f"{req.target} (chip {req.chip}), objective {req.objective}"
+                      + (f", constraints {', '.join(constraints)}" if constraints else ""), steps=steps))
     return {
         "request": req.model_dump(),
-        "plan": {"steps": steps, "policy": req.policy},
+        "plan": plan,
         "status": "running",
         "started_at": state.get("started_at") or started,
-        "trace": [step("planner", f"plan: port {path.name} to {req.target} (chip {req.chip}), objective {req.objective}",
-                       steps=steps)],
+        "trace": trace,
     }

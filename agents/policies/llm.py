@@ -51,7 +51,7 @@ if TYPE_CHECKING:
 
 PROMPTS_DIR = Path(__file__).resolve().parents[1] / "prompts"
 LLM_EDIT = "llm-edit"
-_META_PARAMS = ("by", "llm_tokens", "rationale", "budget_exhausted")  # diagnosis params that are not codemod params
+_META_PARAMS = ("by", "llm_tokens", "rationale", "budget_exhausted", "prompt_id")  # diagnosis params that are not codemod params
 A = TypeVar("A", bound=BaseModel)
 
 
@@ -112,6 +112,10 @@ class GoalAnswer(BaseModel):
     chip: ChipName | None = None
     objective: Literal["throughput", "latency", "correctness"] | None = None
     tune: bool | None = None
+    constraints: list[str] = Field(default_factory=list,
+                                   description="what must hold, as key=value, e.g. 'dtype=bf16', 'max_batch=8'")
+    max_wall_s: float | None = Field(default=None, gt=0, description="time budget of the port, seconds")
+    tune_trials: int | None = Field(default=None, ge=1, le=200, description="tuning trials budget")
 
 
 class ReviewedFinding(BaseModel):
@@ -216,7 +220,11 @@ class LLMPolicy:
             max_chars=self.settings.tool_output_chars, sandbox_timeout_s=self.settings.sandbox_timeout_s,
             max_sandbox_calls=self.settings.max_sandbox_calls)
         ledger = self.context.workdir / "llm_usage.json" if self.context.workdir else None
-        self.budget = TokenBudget(self.settings.token_budget, ledger)
+        self.budget = TokenBudget(self.settings.port_token_limit, ledger)
+        self.records: list[dict[str, Any]] = []
+        self.notes: list[str] = []
+        self.last_prompt_id: str | None = None
+        self._agent = "llm"
 
     # ----------------------------------------------------------------------------- plumbing
 
@@ -235,9 +243,43 @@ class LLMPolicy:
 
     def _invoke(self, runnable: Any, messages: list[BaseMessage]) -> AIMessage:
         self.budget.check()
-        ai = runnable.invoke(messages)
-        self.budget.add(tokens_of(ai, messages))
+        try:
+            ai = runnable.invoke(messages)
+        except Exception as exc:
+            self._record(messages, None, 0, error=f"{type(exc).__name__}: {first_line(exc, 300)}")
+            raise
+        tokens = tokens_of(ai, messages)
+        self.budget.add(tokens)
+        self._record(messages, ai, tokens)
         return ai
+
+    @property
+    def records_dir(self) -> Path | None:
+        """Where every prompt and response of this port is saved (the bundle copies it as llm/)."""
+        return self.context.workdir / "llm" if self.context.workdir and self.context.workdir.is_dir() else None
+
+    def _record(self, sent: Sequence[BaseMessage], ai: AIMessage | None, tokens: int, error: str | None = None) -> None:
+        """Save one exchange (secrets scrubbed) as llm/<n>-<agent>.json; its stem is the prompt id that
+        commits and diagnoses cite. Without a workspace (the planner) the exchange is kept in memory."""
+        n = len(self.records) + 1
+        folder = self.records_dir
+        if folder is not None:
+            folder.mkdir(exist_ok=True)
+            n = len(list(folder.glob("*.json"))) + 1
+        pid = f"{n:03d}-{self._agent}"
+        usage = dict(ai.usage_metadata or {}) if ai is not None else {}
+        rec = {"id": pid, "agent": self._agent, "model": self.settings.model, "tokens": tokens, "usage": usage,
+               "budget": {"used": self.budget.used, "limit": self.budget.limit}, "error": error,
+               "messages": [_scrub(_message_dict(m), self._secrets()) for m in sent],
+               "response": _scrub(_message_dict(ai), self._secrets()) if ai is not None else None}
+        self.records.append(rec)
+        self.last_prompt_id = pid
+        if folder is not None:
+            (folder / f"{pid}.json").write_text(json.dumps(rec, indent=1, default=str), encoding="utf-8")
+
+    def _secrets(self) -> list[str]:
+        key = self.settings.api_key.get_secret_value() if self.settings.api_key else ""
+        return [key] if len(key) >= 4 else []
 
     def ask(self, agent: str, question: str, schema: type[A],
             validate: Callable[[A], list[str]] | None = None, tools: bool = True) -> A:
@@ -245,6 +287,7 @@ class LLMPolicy:
         with the reasons. Raises BudgetExhausted or AnswerRejected."""
         from langchain_core.messages import HumanMessage, SystemMessage, ToolMessage
 
+        self._agent = agent
         model = self.chat_model()
         check = validate or (lambda _a: [])
         messages: list[BaseMessage] = [SystemMessage(load_prompt(agent)), HumanMessage(question)]
@@ -278,14 +321,24 @@ class LLMPolicy:
         messages.append(HumanMessage(f"Give your answer now as {answer_name}."))
         for _ in range(self.settings.max_answer_retries + 1):
             self.budget.check()
-            out = cast(dict[str, Any], structured.invoke(messages))  # include_raw: raw, parsed, parsing_error
+            try:
+                out = cast(dict[str, Any], structured.invoke(messages))  # include_raw: raw, parsed, parsing_error
+            except Exception as exc:
+                self._record(messages, None, 0, error=f"{type(exc).__name__}: {first_line(exc, 300)}")
+                raise
             raw = out["raw"]
-            self.budget.add(tokens_of(raw, messages))
+            tokens = tokens_of(raw, messages)
+            self.budget.add(tokens)
+            self._record(messages, raw, tokens)
             parsed = out.get("parsed")
             if parsed is not None:
                 answer, problems = _parse(schema, parsed.model_dump() if isinstance(parsed, BaseModel) else parsed, check)
                 if answer is not None:
                     return answer
+            elif raw.invalid_tool_calls:
+                bad = raw.invalid_tool_calls[0]
+                problems = [f"the arguments of {bad.get('name')} are not valid JSON "
+                            f"({str(bad.get('error') or '')[:200] or 'cannot parse'})"]
             else:
                 problems = [f"the answer does not match {answer_name}: {str(out.get('parsing_error'))[:300]}"]
             messages.append(raw)
@@ -337,8 +390,9 @@ class LLMPolicy:
 
     # ----------------------------------------------------------------------------- Policy protocol
 
-    def plan_fixes(self, findings: list[Finding]) -> list[FixAction]:
-        """Patches before the first run. When the LLM cannot answer (budget, service), the rule plan."""
+    def plan_fixes(self, findings: list[Finding], fallback: bool = True) -> list[FixAction]:
+        """Patches before the first run. When the LLM cannot answer (budget, service, answers rejected
+        past the retries), the rule plan (``fallback``) or none; ``notes`` says which and why."""
         if not findings:
             return []
         known = {f.id: f for f in findings}
@@ -361,8 +415,11 @@ class LLMPolicy:
                     "Plan the patches to make before the first run.")
         try:
             plan = self.ask("patcher", question, FixPlan, check)
-        except Exception:  # noqa: BLE001 - budget, service or answers: the offline plan still ports known hazards
-            return RulePolicy().plan_fixes(findings)
+        except Exception as exc:  # noqa: BLE001 - budget, service or answers: the offline plan still ports known hazards
+            what = "the rule plan is used" if fallback else "the findings stay unpatched"
+            self.notes.append(f"the LLM patcher gave no usable plan ({type(exc).__name__}: {first_line(exc, 200)}); {what}")
+            return RulePolicy().plan_fixes(findings) if fallback else []
+        self.notes.append(f"the LLM patcher planned {len(plan.fixes)} fix(es) (prompt {self.last_prompt_id})")
         actions = []
         for fx in plan.fixes:
             hits = [known[i] for i in fx.finding_ids]
@@ -376,7 +433,8 @@ class LLMPolicy:
                 blocks = LLMEdit(edits=fx.edits, diff=fx.diff).blocks()
                 actions.append(FixAction(codemod=LLM_EDIT, files=sorted({b.file for b in blocks}),
                                          params={"edits": [b.model_dump() for b in blocks]}, finding_ids=fx.finding_ids,
-                                         summary=fx.summary or "LLM edit", citations=cites))
+                                         summary=(fx.summary or "LLM edit") + f" [prompt llm/{self.last_prompt_id}.json]",
+                                         citations=cites))
         return actions
 
     def diagnose(self, run_id: str, exception: StructuredException, history: list[Diagnosis],
@@ -397,8 +455,10 @@ class LLMPolicy:
         question = (f"Run {run_id} of the port failed.\n\n{_exception_text(exception)}\n\n"
                     f"npuport's classifier: {sig.kind} ({sig.key}): {sig.summary}\n"
                     + (f"The offline rules say: {rule_reading.summary}\n" if rule_reading else "")
-                    + f"\nEarlier diagnoses of this port:\n{earlier}\n\nCodemods:\n{_catalogue_text()}\n\n"
-                    "Find the cause in the model's files and propose a fix.")
+                    + f"\nEarlier diagnoses of this port:\n{earlier}\n\n"
+                    + self._changed_lines() + self._kb_passages(exception)
+                    + f"Codemods:\n{_catalogue_text()}\n\n"
+                    "Find the cause in the model's files and propose a fix; cite passages by their id.")
         start = self.budget.used
 
         def check(ans: DiagnosisAnswer) -> list[str]:
@@ -416,8 +476,36 @@ class LLMPolicy:
             return base
         return self._diagnosis_from(base, ans, self.budget.used - start)
 
+    def _changed_lines(self, limit: int = 4000) -> str:
+        """What npuport changed so far (git diff from the original), so the model sees its own edits."""
+        if self.context.workdir is None:
+            return ""
+        from agents.workspace import Workspace
+
+        try:
+            diff = Workspace(self.context.workdir).diff_from_original()
+        except Exception:  # noqa: BLE001 - no repository yet: nothing changed
+            return ""
+        if not diff.strip():
+            return "Changes npuport made so far: none\n\n"
+        cut = "\n... (diff truncated)" if len(diff) > limit else ""
+        return f"Changes npuport made so far (git diff from the original):\n{diff[:limit]}{cut}\n\n"
+
+    def _kb_passages(self, exception: StructuredException) -> str:
+        """The knowledge base's top passages for the exception, each with its id to cite."""
+        from agents.citations import kb_citations
+
+        try:
+            hits = kb_citations(f"{exception.type}: {exception.message[:300]}", k=3)
+        except Exception:  # noqa: BLE001 - no usable knowledge base: the search_kb tool says so
+            hits = []
+        if not hits:
+            return ""
+        body = "\n".join(f"- [{c.source}] {c.title}: {c.excerpt}" for c in hits)
+        return f"Knowledge-base passages (cite by the id in brackets):\n{body}\n\n"
+
     def _diagnosis_from(self, base: Diagnosis, ans: DiagnosisAnswer, tokens: int) -> Diagnosis:
-        params: dict[str, Any] = {"by": "llm", "llm_tokens": tokens}
+        params: dict[str, Any] = {"by": "llm", "llm_tokens": tokens, "prompt_id": self.last_prompt_id}
         fix: str | None = None
         file = ans.file or base.file
         fx = ans.fix
@@ -444,8 +532,10 @@ class LLMPolicy:
             files = [diagnosis.file] if diagnosis.file else []
         if not files:
             return None
+        pid = diagnosis.params.get("prompt_id")
         return FixAction(codemod=diagnosis.fix, files=files, params=params, diagnosis_id=diagnosis.id,
-                         summary=f"{diagnosis.fix}: {diagnosis.summary}", citations=diagnosis.citations)
+                         summary=f"{diagnosis.fix}: {diagnosis.summary}" + (f" [prompt llm/{pid}.json]" if pid else ""),
+                         citations=diagnosis.citations)
 
     # ----------------------------------------------------------------------------- other agents
 
@@ -458,10 +548,14 @@ class LLMPolicy:
             return []
 
         ans = self.ask("planner", f"Goal: {goal}", GoalAnswer, check, tools=False)
-        return ans.model_dump(exclude_none=True)
+        out = ans.model_dump(exclude_none=True)
+        if not out.get("constraints"):
+            out.pop("constraints", None)
+        return out
 
-    def review_findings(self, findings: list[Finding]) -> list[Finding]:
-        """code_reader: hazards the static scan missed, each checked to point at a real line."""
+    def review_findings(self, findings: list[Finding], sites: list[dict[str, Any]] | None = None) -> list[Finding]:
+        """code_reader: hazards the static scan missed, each checked to point at a real line. ``sites``:
+        CUDA-looking lines no rule classified, with their code context."""
         model_dir = self.toolbox.model_dir
         if model_dir is None:
             return []
@@ -482,8 +576,12 @@ class LLMPolicy:
             return problems
 
         table = "\n".join(f"- {f.hazard}/{f.rule} at {f.file}:{f.line}: {f.message}" for f in findings) or "none"
-        ans = self.ask("code_reader", f"The static scan found:\n{table}\n\nReview the model for what it missed.",
-                       ReviewAnswer, check)
+        unclassified = "\n\n".join(f"{x['file']}:{x['line']}: {x['code']}\n{x['context']}" for x in sites or [])
+        question = (f"The static scan found:\n{table}\n\n"
+                    + (f"Lines that look CUDA-specific but that no rule classified (custom extensions, kernels, "
+                       f"device logic), with context:\n{unclassified}\n\n" if unclassified else "")
+                    + "Review the model for what it missed: give each hazard its file:line and class.")
+        ans = self.ask("code_reader", question, ReviewAnswer, check)
         out = []
         for rf in ans.findings:
             if (rf.file, rf.line, rf.hazard) in seen:
@@ -520,6 +618,36 @@ class LLMPolicy:
         return fresh[:n]
 
 
+_SECRET_PATTERNS = (re.compile(r"\bsk-[A-Za-z0-9_-]{8,}"), re.compile(r"(?i)\bbearer\s+[A-Za-z0-9._~+/=-]{8,}"),
+                    re.compile(r"(?i)\b(api[_-]?key|token|secret|password)(\s*[=:]\s*)['\"]?[^\s'\",]{4,}"))
+
+
+def _scrub(data: Any, secrets: list[str]) -> Any:
+    """The record with secrets replaced: the configured key, and key-looking strings (sk-..., bearer
+    tokens, key=... assignments) the model may have read from a file."""
+    if isinstance(data, dict):
+        return {k: _scrub(v, secrets) for k, v in data.items()}
+    if isinstance(data, list):
+        return [_scrub(v, secrets) for v in data]
+    if isinstance(data, str):
+        for s in secrets:
+            data = data.replace(s, "[scrubbed]")
+        for pat in _SECRET_PATTERNS:
+            data = pat.sub(lambda m: (m.group(1) + m.group(2) + "[scrubbed]") if m.lastindex else "[scrubbed]", data)
+        return data
+    return data
+
+
+def _message_dict(m: BaseMessage) -> dict[str, Any]:
+    out: dict[str, Any] = {"role": m.type, "content": m.content}
+    calls = getattr(m, "tool_calls", None)
+    if calls:
+        out["tool_calls"] = [{"name": c["name"], "args": c["args"], "id": c.get("id")} for c in calls]
+    if getattr(m, "tool_call_id", None):
+        out["tool_call_id"] = m.tool_call_id  # type: ignore[attr-defined]
+    return out
+
+
 def _parse(schema: type[A], args: Any, check: Callable[[A], list[str]]) -> tuple[A | None, list[str]]:
     try:
         answer = schema.model_validate(args)
@@ -548,9 +676,19 @@ class HybridPolicy:
         self.settings = settings or LLMSettings()
         self.llm = LLMPolicy(self.settings, chat_model, context, toolbox)
         self.llm_available = chat_model is not None or self.settings.configured
+        self.notes: list[str] = []
 
     def plan_fixes(self, findings: list[Finding]) -> list[FixAction]:
-        return self.rule.plan_fixes(findings)
+        """The rules' plan; with an LLM, findings no codemod covers go to the LLM patcher, whose edits
+        are validated (apply exactly, parse) before they are planned."""
+        actions = self.rule.plan_fixes(findings)
+        covered = {fid for a in actions for fid in a.finding_ids}
+        left = [f for f in findings if f.id not in covered and not f.fixable]
+        if not left or not self.llm_available:
+            return actions
+        extra = self.llm.plan_fixes(left, fallback=False)
+        self.notes = self.llm.notes
+        return actions + [a for a in extra if a.codemod == LLM_EDIT or not set(a.finding_ids) & covered]
 
     def diagnose(self, run_id: str, exception: StructuredException, history: list[Diagnosis]) -> Diagnosis:
         reading = self.rule.diagnose(run_id, exception, history)

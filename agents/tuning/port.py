@@ -11,7 +11,7 @@ from typing import Any
 from agents import progress
 from agents.models import TrialRecord, Tuning
 from agents.target_state import target_from_dict
-from agents.tuning.constraints import NoFeasiblePoint
+from agents.tuning.constraints import NoFeasiblePoint, constraints_for, prune
 from agents.tuning.measure import REPORT_CONCURRENCIES, TUNE_CONCURRENCY, PortBench, at, points_of
 from agents.tuning.search import Budget, Evaluate, TuneResult, npuport_search
 from agents.tuning.space import HostFacts, SearchSpace, model_facts, torch_space
@@ -61,10 +61,31 @@ def trial_records(result: TuneResult) -> list[TrialRecord]:
     return out
 
 
-def search(space: SearchSpace, facts: HostFacts, evaluate: Evaluate, budget: Budget) -> tuple[Tuning, TuneResult | None]:
+def llm_proposals(state: dict[str, Any], space: SearchSpace, facts: HostFacts) -> tuple[list[dict[str, Any]], str]:
+    """The LLM tuner's proposals (policy llm/hybrid with an endpoint), kept only when they are points of
+    the constraint-pruned space; the note says how many were proposed, kept and rejected."""
+    from agents.policies.assist import llm_enabled, propose_trials
+    from agents.policies.base import policy_context
+
+    req = state.get("request") or {}
+    if not llm_enabled(req.get("policy")):
+        return [], ""
+    feasible, _pruned = prune(space, facts, constraints_for(space))
+    keys = {space.key(p) for p in feasible}
+    start = {d.name: d.start() for d in space.dims}
+    values = {d.name: list(d.values) for d in space.dims}
+    proposed, note = propose_trials(policy_context(state), values, [], str(req.get("objective", "throughput")))
+    kept = [p for p in proposed if space.key({**start, **p}) in keys]
+    if proposed:
+        note += f"; {len(kept)} inside the constraint space, {len(proposed) - len(kept)} rejected (pruned by constraints)"
+    return kept, note
+
+
+def search(space: SearchSpace, facts: HostFacts, evaluate: Evaluate, budget: Budget,
+           proposals: list[dict[str, Any]] | None = None) -> tuple[Tuning, TuneResult | None]:
     """Run the search; an empty feasible space ends with status failed and the reason, nothing run."""
     try:
-        result = npuport_search(space, facts, evaluate, budget)
+        result = npuport_search(space, facts, evaluate, budget, proposals=proposals)
     except NoFeasiblePoint as exc:
         return Tuning(status="failed", detail=str(exc)), None
     tuning = Tuning(status="done" if result.best else "failed", trials=trial_records(result))
@@ -121,7 +142,10 @@ def tune_port(state: dict[str, Any], space: SearchSpace | None = None) -> Tuning
                       python=(state.get("environment") or {}).get("python"))
     t0 = time.monotonic()
     budget = budget_of(req)
-    tuning, result = search(space, facts, _reporting(bench.evaluator(), budget.max_trials), budget)
+    proposals, llm_note = llm_proposals(state, space, facts)
+    tuning, result = search(space, facts, _reporting(bench.evaluator(), budget.max_trials), budget, proposals)
+    if llm_note:
+        tuning.detail = f"{tuning.detail}; {llm_note}" if tuning.detail else llm_note
     if result is None or not tuning.best:
         return tuning
     # Final measurements, same host, back to back: the tuned port and the original as written.
@@ -147,5 +171,5 @@ def tune_port(state: dict[str, Any], space: SearchSpace | None = None) -> Tuning
     speed = f"{tuning.tuned['speedup']:.1f}x" if tuning.tuned["speedup"] else "n/a"
     tuning.detail = (f"{len(tuning.trials)} trials ({result.stopped}); best {fmt_params(tuning.best)}: "
                      f"{tuned_tps or 0:.1f} tokens/s vs original {base_tps or 0:.1f} at concurrency {TUNE_CONCURRENCY} "
-                     f"({speed})")
+                     f"({speed})" + (f"; {llm_note}" if llm_note else ""))
     return tuning

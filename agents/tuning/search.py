@@ -148,9 +148,20 @@ def _restart_point(space: SearchSpace, runner: _Runner, by_key: dict[tuple[Any, 
     return max(untried, key=lambda k: (score(k), rng.random()))
 
 
+def probe_once(runner: _Runner, by_key: dict[tuple[Any, ...], dict[str, Any]], key: tuple[Any, ...],
+               note: str = "LLM proposal") -> bool:
+    if key in runner.seen:
+        return True
+    if runner.exhausted():
+        return False
+    runner.run(key, by_key[key], note)
+    return True
+
+
 def npuport_search(space: SearchSpace, facts: HostFacts, evaluate: Evaluate, budget: Budget | None = None,
                    seed: int = 0, constraints: list[Constraint] | None = None, min_gain: float = 0.02,
-                   feasible: list[dict[str, Any]] | None = None, restarts: int = 1) -> TuneResult:
+                   feasible: list[dict[str, Any]] | None = None, restarts: int = 1,
+                   proposals: list[dict[str, Any]] | None = None) -> TuneResult:
     budget = budget or Budget()
     rng = random.Random(seed)
     cons = constraints_for(space) if constraints is None else constraints
@@ -166,6 +177,14 @@ def npuport_search(space: SearchSpace, facts: HostFacts, evaluate: Evaluate, bud
     start = min(feasible, key=lambda p: (_distance(space, p, prior), rng.random()))
     cur = space.key(start)
     runner.run(cur, start, "start at the priors")
+    # Proposals (the LLM tuner's) are measured like any trial and replace the incumbent only when they
+    # win by the same margin; points outside the pruned space are never run.
+    for p in proposals or []:
+        key = space.key({**start, **p})
+        if key in by_key and probe_once(runner, by_key, key):
+            vc, vi = runner.value(key), runner.value(cur)
+            if vc is not None and (vi is None or vc > vi * (1 + min_gain)):
+                cur = key
 
     def better(challenger: tuple[Any, ...], incumbent: tuple[Any, ...]) -> bool:
         vc, vi = runner.value(challenger), runner.value(incumbent)
