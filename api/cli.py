@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import sys
 import time
 from pathlib import Path
@@ -24,10 +23,11 @@ import typer
 from rich.console import Console, Group
 from rich.live import Live
 from rich.padding import Padding
-from rich.spinner import Spinner
 from rich.table import Table
 from rich.text import Text
 
+from api.cli_inputs import clear_out_dir, goal_problem, model_folder_problem, out_dir_problem
+from api.cli_live import LiveStatus, fmt_params
 from knowledge.errors import first_line
 from sandbox.targets import chip_names, target_names
 
@@ -78,119 +78,6 @@ def _fail(message: str, code: int = EXIT_BAD_INPUT) -> typer.Exit:
     return typer.Exit(code)
 
 
-# ---------------------------------------------------------------------------------------------
-# input checks: everything a user can get wrong is refused here, before the graph starts
-
-
-def model_folder_problem(path: Path) -> str | None:
-    """Why ``path`` cannot be a model folder, or None. Hidden folders (.git, .venv) do not count."""
-    if not path.exists():
-        return f"model path {path} does not exist"
-    if not path.is_dir():
-        return f"model path {path} is not a folder (give the folder that holds the model's code)"
-    if not any(path.iterdir()):
-        return f"model folder {path} is empty"
-    if not any(not any(part.startswith(".") for part in p.relative_to(path).parts) for p in path.rglob("*.py")):
-        return f"model folder {path} has no Python files: npuport ports PyTorch source code"
-    return None
-
-
-def goal_problem(goal: str) -> str | None:
-    """Unknown chip or target named in the goal text (the planner's parser says which)."""
-    from agents.request import goal_words_problem
-
-    return goal_words_problem(goal)
-
-
-def out_dir_problem(out: Path, model: Path, force: bool) -> str | None:
-    """An out dir that holds anything is refused unless --force; --force never deletes the model."""
-    out_r, model_r = out.expanduser().resolve(), model.expanduser().resolve()
-    if out_r == model_r or out_r.is_relative_to(model_r) or model_r.is_relative_to(out_r):
-        return f"--out {out} overlaps the model folder {model}; the original is never written"
-    if out_r.exists() and not out_r.is_dir():
-        return f"--out {out} exists and is not a folder"
-    if out_r.is_dir() and any(out_r.iterdir()) and not force:
-        return f"--out {out} already holds files; pass --force to replace them, or choose another --out"
-    return None
-
-
-def clear_out_dir(out: Path) -> None:
-    """--force: a new report never sits beside stale plots of an earlier one."""
-    out = out.expanduser()
-    if out.is_symlink() or out.is_file():
-        out.unlink()
-    elif out.is_dir():
-        shutil.rmtree(out)
-
-
-# ---------------------------------------------------------------------------------------------
-# the live display
-
-
-def fmt_params(params: dict[str, Any] | None) -> str:
-    """{'batch': 4, 'dtype': 'bf16'} -> 'batch=4 dtype=bf16'."""
-    return " ".join(f"{k}={v}" for k, v in (params or {}).items()) or "-"
-
-
-class LiveStatus:
-    """What the port is doing right now: rendered four times a second by rich.Live, so the elapsed
-    time moves even while one agent works for minutes (a native build, a tuning trial)."""
-
-    def __init__(self, max_runs: int, tune_trials: int | None) -> None:
-        self.t0 = time.time()
-        self.agent = "starting"
-        self.agent_t0 = self.t0
-        self.max_runs = max_runs
-        self.port_runs = 0
-        self.reference_runs = 0
-        self.trial: tuple[int, int] | None = None
-        self.tune_trials = tune_trials
-        self.best: tuple[float, dict[str, Any]] | None = None
-        self.spinner = Spinner("dots")
-        self.in_run = False
-        self.phase = ""
-
-    def elapsed(self) -> float:
-        return time.time() - self.t0
-
-    def on_event(self, kind: str, data: dict[str, Any]) -> None:
-        if kind == "task":
-            self.agent, self.agent_t0 = str(data.get("node")), time.time()
-            self.in_run = self.agent == "executor"
-            self.phase = ""
-        elif kind == "counters":
-            self.in_run = False  # the executor's update: its run is counted now
-            self.port_runs = int(data.get("port_runs", self.port_runs))
-            self.reference_runs = int(data.get("reference_runs", self.reference_runs))
-        elif kind == "trial_start":
-            self.trial = (int(data["k"]), int(data["n"]))
-        elif kind == "phase":
-            self.phase = str(data.get("text") or "")
-        elif kind == "trial_done":
-            value = data.get("value")
-            if value is not None and (self.best is None or value > self.best[0]):
-                self.best = (float(value), dict(data.get("params") or {}))
-
-    def line(self) -> Text:
-        t = Text()
-        t.append(f"{self.elapsed():6.1f}s ", style="dim")
-        t.append(f"{self.agent:<12}", style="bold cyan")
-        t.append(f" {time.time() - self.agent_t0:5.1f}s")
-        run_n = self.port_runs + (1 if self.in_run else 0)
-        t.append(f"  sandbox run {run_n}/{self.max_runs}")
-        if self.trial:
-            t.append(f"  trial {self.trial[0]}/{self.trial[1]}")
-        if self.best:
-            t.append(f"  best {self.best[0]:.1f} tok/s ({fmt_params(self.best[1])})")
-        if self.phase:
-            t.append(f"  {self.phase}")
-        t.no_wrap, t.overflow = True, "ellipsis"  # one line at any width: it is redrawn in place
-        return t
-
-    def __rich__(self) -> Table:
-        grid = Table.grid(padding=(0, 1))
-        grid.add_row(self.spinner, self.line())
-        return grid
 
 
 def _print_step(event: dict[str, Any], t0: float) -> None:
