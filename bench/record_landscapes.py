@@ -7,9 +7,10 @@
 embedding + linear model of tests/tiny_models.py, written to a temporary folder (a third shape).
 ``--port-dir`` is the patched tree of a port of that model (a bundle's ``patched/`` folder; for
 ascend-sim, the tree of a port to ascend-sim). Without it the port is made first through the graph.
-Each grid point is measured by sandbox/bench.py: tokens/s at concurrency 8 (warm-up 1, repeats 2),
-and its first request's tokens are checked against the original's (run under the cuda->cpu redirect
-in the same invocation). Files are written as ``<space>.json`` for ocr_mini (the first recordings)
+Each grid point is measured by sandbox/bench.py: tokens/s at concurrency 8 (the space's, or
+``--concurrency``; warm-up 1, ``--repeats`` 2), and its first request's tokens are checked against the
+original's (run under the cuda->cpu redirect in the same invocation, in the environment the graph
+resolved for the model when it made the port). Files are written as ``<space>.json`` for ocr_mini (the first recordings)
 and ``<model>--<space>.json`` for other models.
 """
 
