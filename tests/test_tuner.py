@@ -205,6 +205,20 @@ def test_tpe_and_random_respect_constraints_and_never_rerun_a_point() -> None:
         assert res.best is not None and res.best.value == 8.0
 
 
+
+def test_tpe_and_random_run_a_given_prior_point_first() -> None:
+    """bench/tuner_efficiency.py gives every method the same prior: the baselines start at it too."""
+    facts = HostFacts(target="cpu", cores=8)
+    space = SearchSpace(name="p", target="cpu", dims=[Dim(name="threads", values=[1, 2, 4, 8], ordered=True),
+                                                      Dim(name="batch", values=[1, 2, 4], ordered=True)])
+    start = {"threads": 2, "batch": 4}
+    for method in (tpe_search, random_search):
+        for seed in range(3):
+            res = method(space, facts, lambda p: Outcome(float(p["batch"] * p["threads"])), Budget(max_trials=5),
+                         seed=seed, start=start)
+            assert res.trials[0].params == start
+            assert len({space.key(t.params) for t in res.trials}) == len(res.trials)  # the start is not rerun
+
 def test_tuner_node_contract_without_tuning() -> None:
     state = {"request": {"tune": False}, "runs": [
         {"purpose": "reference", "ok": True, "timings": {"run_s": [1.0]}, "target": "cpu (cuda->cpu redirect)"},

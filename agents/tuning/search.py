@@ -264,12 +264,17 @@ def npuport_search(space: SearchSpace, facts: HostFacts, evaluate: Evaluate, bud
 
 
 def random_search(space: SearchSpace, facts: HostFacts, evaluate: Evaluate, budget: Budget | None = None,
-                  seed: int = 0, feasible: list[dict[str, Any]] | None = None) -> TuneResult:
+                  seed: int = 0, feasible: list[dict[str, Any]] | None = None,
+                  start: dict[str, Any] | None = None) -> TuneResult:
+    """Feasible points in a seeded random order; ``start`` (a prior point) runs first."""
     budget = budget or Budget()
     pts = list(feasible if feasible is not None else prune(space, facts)[0])
     if not pts:
         raise NoFeasiblePoint(f"no configuration of {space.name!r} is feasible")
     random.Random(seed).shuffle(pts)
+    if start is not None:
+        skey = space.key(start)
+        pts.sort(key=lambda p: space.key(p) != skey)  # stable: the rest keep their random order
     runner = _Runner(evaluate, budget)
     for p in pts:
         if runner.exhausted():
@@ -281,9 +286,11 @@ def random_search(space: SearchSpace, facts: HostFacts, evaluate: Evaluate, budg
 
 
 def tpe_search(space: SearchSpace, facts: HostFacts, evaluate: Evaluate, budget: Budget | None = None,
-               seed: int = 0, feasible: list[dict[str, Any]] | None = None) -> TuneResult:
+               seed: int = 0, feasible: list[dict[str, Any]] | None = None,
+               start: dict[str, Any] | None = None) -> TuneResult:
     """Optuna's default TPE over the grid. A point the constraints reject costs no run (it is told
-    the worst value); a point TPE suggests again is answered from memory without a new run."""
+    the worst value); a point TPE suggests again is answered from memory without a new run.
+    ``start`` (a prior point) is enqueued as the first trial, so TPE learns from its value."""
     import optuna
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -293,6 +300,8 @@ def tpe_search(space: SearchSpace, facts: HostFacts, evaluate: Evaluate, budget:
     if not allowed:
         raise NoFeasiblePoint(f"no configuration of {space.name!r} is feasible")
     study = optuna.create_study(direction="maximize", sampler=optuna.samplers.TPESampler(seed=seed))
+    if start is not None:
+        study.enqueue_trial({d.name: start[d.name] for d in space.dims})
     runner = _Runner(evaluate, budget)
     asks = 0
     while not runner.exhausted() and len(runner.seen) < len(allowed) and asks < 50 * budget.max_trials:
