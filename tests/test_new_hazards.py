@@ -110,3 +110,11 @@ def test_attention_options_without_an_exact_sdpa_form_are_left_to_a_person() -> 
            "    return flash_attn_func(q, k, v, window_size=(8, 0))\n")
     assert _rules(src) == [("H16", "flash-attn-call", 3, False)]
     assert not attention_to_sdpa(src).changed
+
+
+def test_collectives_on_a_process_group_are_found() -> None:
+    src = ("import torch.distributed as dist\ndef f(x):\n    dist.init_process_group('nccl')\n"
+           "    dist.all_reduce(x)\n    g = dist.new_group([0])\n    return dist.get_rank()\n")
+    found = [(f.rule, f.line) for f in scan_source(src, "m.py") if f.hazard == "H9"]
+    assert ("collective-call", 4) in found and ("collective-call", 5) in found
+    assert ("nccl-backend", 3) in found and not any(line == 6 for _, line in found)
