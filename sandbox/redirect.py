@@ -68,11 +68,53 @@ class _StubAttr:
         return False
 
 
-def _module_getattr(qualname: str) -> Callable[[str], _StubAttr]:
-    def getattr_(attr: str) -> _StubAttr:
+def _sdpa_bshd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p: float = 0.0,
+               scale: float | None = None, causal: bool = False) -> torch.Tensor:
+    """Attention on (batch, seq, heads, dim) as flash-attn and xformers define it (grouped k/v heads, a
+    causal mask aligned to the bottom right), through torch's SDPA."""
+    if k.shape[2] != q.shape[2]:
+        k = k.repeat_interleave(q.shape[2] // k.shape[2], dim=2)
+        v = v.repeat_interleave(q.shape[2] // v.shape[2], dim=2)
+    mask = None
+    if causal and q.shape[1] != k.shape[1]:
+        mask = torch.ones(q.shape[1], k.shape[1], dtype=torch.bool, device=q.device).tril(k.shape[1] - q.shape[1])
+        causal = False
+    out = torch.nn.functional.scaled_dot_product_attention(
+        q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_mask=mask, dropout_p=dropout_p,
+        is_causal=causal, scale=scale)
+    return out.transpose(1, 2)
+
+
+def _flash_attn_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p: float = 0.0,
+                     softmax_scale: float | None = None, causal: bool = False, **kwargs: Any) -> torch.Tensor:
+    if any(kwargs.get(k_) not in (None, False, (-1, -1)) for k_ in kwargs):
+        raise StubCalled(f"flash_attn_func options {sorted(kwargs)} have no CPU reference implementation")
+    return _sdpa_bshd(q, k, v, dropout_p, softmax_scale, causal)
+
+
+def _xformers_mea(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attn_bias: Any = None,
+                  p: float = 0.0, scale: float | None = None, **_: Any) -> torch.Tensor:
+    causal = isinstance(attn_bias, _StubAttr) and attn_bias._qualname.endswith("LowerTriangularMask")
+    if attn_bias is not None and not causal:
+        raise StubCalled("xformers attention with this attn_bias has no CPU reference implementation")
+    return _sdpa_bshd(query, key, value, p, scale, causal)
+
+
+# Functions of CUDA-only libraries with an exact torch definition: the reference run computes them on the
+# CPU instead of stopping (what the library documents, not what its kernels do bit for bit).
+CPU_REFERENCE: dict[str, Callable[..., Any]] = {
+    "flash_attn.flash_attn_func": _flash_attn_func,
+    "flash_attn.flash_attn_interface.flash_attn_func": _flash_attn_func,
+    "xformers.ops.memory_efficient_attention": _xformers_mea,
+    "xformers.ops.fmha.memory_efficient_attention": _xformers_mea,
+}
+
+
+def _module_getattr(qualname: str) -> Callable[[str], Any]:
+    def getattr_(attr: str) -> Any:
         if attr.startswith("__"):
             raise AttributeError(attr)  # __file__, __spec__ ... : look like a plain module
-        return _StubAttr(f"{qualname}.{attr}")
+        return CPU_REFERENCE.get(f"{qualname}.{attr}") or _StubAttr(f"{qualname}.{attr}")
 
     return getattr_
 
@@ -222,8 +264,8 @@ class CpuStream:
     def __enter__(self) -> CpuStream:
         return self
 
-    def __exit__(self, *exc: Any) -> bool:
-        return False
+    def __exit__(self, *exc: Any) -> None:
+        return None
 
 
 class CpuGraph:
@@ -254,8 +296,8 @@ class CpuGraphContext:
     def __enter__(self) -> CpuGraph | None:
         return self.graph
 
-    def __exit__(self, *exc: Any) -> bool:
-        return False
+    def __exit__(self, *exc: Any) -> None:
+        return None
 
 
 @dataclasses.dataclass

@@ -283,3 +283,29 @@ def test_reference_stubs_import_submodules_and_are_inert_at_import_time(tmp_path
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.strip().splitlines()[-1] == "(2, True)"
+
+
+def test_reference_run_computes_documented_attention_of_stubbed_libraries(tmp_path: Path) -> None:
+    """The original calls flash-attn / xformers directly: under the redirect they compute the attention the
+    libraries document, so the reference run goes on (the port's SDPA rewrite is checked against it)."""
+    src = textwrap.dedent('''\
+        import torch
+        import xformers.ops as xops
+        from flash_attn import flash_attn_func
+
+        def run():
+            g = torch.Generator().manual_seed(0)
+            q, k, v = (torch.randn(1, 5, 2, 4, generator=g) for _ in range(3))
+            a = flash_attn_func(q, k, v, causal=True)
+            b = xops.memory_efficient_attention(q, k, v, attn_bias=xops.LowerTriangularMask())
+            ref = torch.nn.functional.scaled_dot_product_attention(
+                q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True).transpose(1, 2)
+            return torch.allclose(a, ref), torch.allclose(b, ref)
+    ''')
+    (tmp_path / "model_mod.py").write_text(src)
+    code = (f"import sys\nsys.path.insert(0, {str(tmp_path)!r})\nfrom sandbox import redirect\nredirect.install('cpu')\n"
+            "redirect.stub_module('xformers')\nredirect.stub_module('flash_attn')\n"
+            "import model_mod\nprint(repr(model_mod.run()))\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.strip().splitlines()[-1] == "(True, True)"

@@ -28,6 +28,7 @@ _TO_HELPER = {"p": "dropout_p", "dropout_p": "dropout_p", "scale": "scale", "sof
 _CAUSAL_BIASES = {"xformers.ops.LowerTriangularMask", "xformers.ops.fmha.attn_bias.LowerTriangularMask",
                   "xformers.ops.fmha.LowerTriangularMask"}
 
+_EQ = cst.AssignEqual(whitespace_before=cst.SimpleWhitespace(""), whitespace_after=cst.SimpleWhitespace(""))
 SDPA_HELPER_MARKER = "def _npuport_sdpa_bshd("
 SDPA_HELPER = '''
 
@@ -61,12 +62,12 @@ def _helper_args(call: cst.Call, params: tuple[str, ...], qual: Any) -> list[cst
             if isinstance(value, cst.Name) and value.value == "None":
                 continue
             if isinstance(value, cst.Call) and qual(value.func) in _CAUSAL_BIASES and not value.args:
-                out.append(cst.Arg(cst.Name("True"), keyword=cst.Name("causal")))
+                out.append(cst.Arg(cst.Name("True"), keyword=cst.Name("causal"), equal=_EQ))
                 continue
             return None
         if key not in _TO_HELPER:
             return None  # window_size, alibi_slopes, return_attn_probs ...: no exact SDPA form
-        out.append(cst.Arg(value, keyword=cst.Name(_TO_HELPER[key])))
+        out.append(cst.Arg(value, keyword=cst.Name(_TO_HELPER[key]), equal=_EQ))
     return out
 
 
