@@ -321,6 +321,12 @@ def cpu_properties(*_: Any, **__: Any) -> CpuProperties:
     return CpuProperties(total_memory=int(total), multi_processor_count=os.cpu_count() or 1)
 
 
+def _eager_compile(model: Any = None, **_: Any) -> Any:
+    """torch.compile under the CPU reference: eager (the same numbers; graph modes such as
+    "reduce-overhead" capture CUDA graphs, which need CUDA, and compiling costs minutes on small CPUs)."""
+    return model if model is not None else (lambda fn: fn)
+
+
 def _install_cpu_stand_ins(cuda: Any) -> None:
     cuda.Stream = CpuStream
     cuda.Event = CpuEvent
@@ -379,6 +385,7 @@ def install(device: str = "cpu") -> None:
         cuda.get_device_name = lambda *a, **k: "cpu (npuport cuda->cpu redirect)"  # type: ignore[assignment]
         cuda.is_bf16_supported = lambda *a, **k: True  # type: ignore[assignment]
         _install_cpu_stand_ins(cuda)
+        torch.compile = _eager_compile  # type: ignore[assignment]
     torch.autocast = autocast_cls  # type: ignore[misc,assignment]
     torch.cuda.amp.autocast = cuda_amp_autocast  # type: ignore[misc,assignment]
     _active = CudaRedirectMode(device)
