@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 import torch
 
+from agents.rules.h14_host_memory import guard_pin_memory
 from agents.rules.h15_graph_compile import compile_eager
 from agents.rules.h16_attention_calls import attention_to_sdpa
 from agents.scanner import scan_source
@@ -39,7 +40,7 @@ def test_pinned_memory_async_copies_and_is_cuda_branches() -> None:
            "    dl = loader(pin_memory=True)\n    if x.is_cuda:\n        return y\n    return x\n"
            "def g(x):\n    return x.to('cpu', non_blocking=False)\n")
     assert [(r, line) for _, r, line, _ in _rules(src)] == [("pin-memory", 3), ("non-blocking-copy", 4),
-                                                            ("pin-memory", 5), ("is-cuda-branch", 6)]
+                                                            ("pin-memory-loader", 5), ("is-cuda-branch", 6)]
 
 
 def test_cuda_graphs_and_graph_compile_modes() -> None:
@@ -118,3 +119,16 @@ def test_collectives_on_a_process_group_are_found() -> None:
     found = [(f.rule, f.line) for f in scan_source(src, "m.py") if f.hazard == "H9"]
     assert ("collective-call", 4) in found and ("collective-call", 5) in found
     assert ("nccl-backend", 3) in found and not any(line == 6 for _, line in found)
+
+
+def test_pin_memory_rewrite_keeps_values_where_the_device_cannot_pin() -> None:
+    src = "import torch\ndef f(x):\n    return x.pin_memory() * 2\n"
+    out = guard_pin_memory(src)
+    assert out.changed and "_npuport_pin(x) * 2" in out.source
+    ns: dict[str, Any] = {}
+    exec(compile(out.source, "m.py", "exec"), ns)
+    x = torch.arange(3.0)
+    assert torch.equal(ns["f"](x), x * 2)  # this host has no accelerator: x.pin_memory() itself raises here
+    with pytest.raises(RuntimeError):
+        exec(compile(src, "o.py", "exec"), ns)
+        ns["f"](x)
