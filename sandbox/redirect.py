@@ -327,6 +327,17 @@ def _eager_compile(model: Any = None, **_: Any) -> Any:
     return model if model is not None else (lambda fn: fn)
 
 
+_original_pin = torch.Tensor.pin_memory
+
+
+def _pin_or_same(self: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+    """Pinning needs an accelerator's allocator; on the CPU reference the values are the same unpinned."""
+    try:
+        return _original_pin(self, *args, **kwargs)
+    except RuntimeError:
+        return self
+
+
 def _install_cpu_stand_ins(cuda: Any) -> None:
     cuda.Stream = CpuStream
     cuda.Event = CpuEvent
@@ -386,6 +397,7 @@ def install(device: str = "cpu") -> None:
         cuda.is_bf16_supported = lambda *a, **k: True  # type: ignore[assignment]
         _install_cpu_stand_ins(cuda)
         torch.compile = _eager_compile  # type: ignore[assignment]
+        torch.Tensor.pin_memory = _pin_or_same  # type: ignore[method-assign,assignment]
     torch.autocast = autocast_cls  # type: ignore[misc,assignment]
     torch.cuda.amp.autocast = cuda_amp_autocast  # type: ignore[misc,assignment]
     _active = CudaRedirectMode(device)

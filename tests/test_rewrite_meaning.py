@@ -314,7 +314,7 @@ def test_reference_run_computes_documented_attention_of_stubbed_libraries(tmp_pa
 def test_reference_run_runs_graph_compile_modes_eagerly(tmp_path: Path) -> None:
     src = ("import torch\nlin = torch.compile(torch.nn.Linear(2, 2), mode='reduce-overhead')\n"
            "@torch.compile(mode='max-autotune')\ndef f(x):\n    return x + 1\n"
-           "def run():\n    return type(lin).__name__, f(torch.zeros(1)).tolist()\n")
+           "def run():\n    return type(lin).__name__, f(torch.zeros(1).pin_memory()).tolist()\n")
     (tmp_path / "model_mod.py").write_text(src)
     code = (f"import sys\nsys.path.insert(0, {str(tmp_path)!r})\nfrom sandbox import redirect\nredirect.install('cpu')\n"
             "import model_mod\nprint(repr(model_mod.run()))\n")
