@@ -5,7 +5,7 @@ from __future__ import annotations
 import libcst as cst
 
 from agents.codemods import CODEMODS
-from agents.models import Patch
+from agents.models import Diagnosis, Patch
 from agents.policies import FixAction
 from agents.workspace import Workspace
 from knowledge.errors import first_line
@@ -45,3 +45,23 @@ def apply_fix(ws: Workspace, action: FixAction, patch_no: int) -> tuple[Patch | 
                   finding_ids=action.finding_ids, diagnosis_id=action.diagnosis_id,
                   files=ws.changed_files(sha), codemod=action.codemod, citations=action.citations)
     return patch, notes
+
+
+def apply_revert(ws: Workspace, diagnosis: Diagnosis, patch_no: int) -> tuple[Patch | None, list[str]]:
+    """Undo the change of an earlier patch at the site where the port failed, as one revert commit."""
+    from agents.diagnosis import REVERT_FIX, revert_change
+
+    p = diagnosis.params
+    done = revert_change(ws, p)
+    if done is None:
+        return None, [f"could not undo {p.get('patch_id')} at {p.get('file')}:{p.get('line')}"]
+    body = "\n".join([f"The port failed at {p['file']}:{p['line']}, a line npuport's {p['patch_id']} changed "
+                      f"({p.get('patch_summary', '')}); no recipe covers the failure, so that change is undone "
+                      "there.", "", f"- {done}", "", f"Reverts: {p['commit']}", f"Fixes: {diagnosis.id}"])
+    sha = ws.commit(f"npuport revert {p['patch_id']} at {p['file']}:{p['line']}\n\n{body}")
+    if sha is None:
+        return None, ["the revert changed nothing"]
+    patch = Patch(id=f"patch-{patch_no}", commit=sha, summary=f"revert {p['patch_id']} at {p['file']}:{p['line']}",
+                  diagnosis_id=diagnosis.id, files=ws.changed_files(sha), codemod=REVERT_FIX,
+                  citations=diagnosis.citations)
+    return patch, [done]

@@ -3,13 +3,20 @@
 It does for cuda -> cpu what torch_npu's ``transfer_to_npu`` does for cuda -> npu: ``torch.cuda``
 calls answer as if a device were there, ``.cuda()`` and ``device="cuda"`` land on the CPU, and CUDA
 autocast is switched off (the reference is float32). CUDA-only libraries the original imports
-unguarded are replaced by stubs (see ``stub_module``) so that an unused import does not stop the
-reference run; calling anything in a stub raises, naming the library.
+unguarded are replaced by stubs (see ``stub_module``), submodules included, so that the import and
+import-time uses (decorators, base classes, constants) do not stop the reference run; calling a stub on
+tensors raises, naming the library. Streams, events, graphs and device properties are CPU objects with
+the fields models read.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import importlib.abc
+import importlib.machinery
+import os
 import sys
+import time
 import types
 from collections.abc import Callable
 from typing import Any
@@ -29,7 +36,9 @@ class StubCalled(RuntimeError):
 
 
 class _StubAttr:
-    """Any attribute of a stubbed module: callable, subscriptable, usable as a decorator target."""
+    """Any attribute of a stubbed module: a decorator hands the function back (``@triton.jit``), a
+    decorator factory or config object is inert (``triton.autotune(configs=...)``), it can be a base class
+    or be subscripted (``kernel[grid]``); calling it on tensors raises, naming the library."""
 
     def __init__(self, qualname: str) -> None:
         self._qualname = qualname
@@ -40,38 +49,119 @@ class _StubAttr:
         return _StubAttr(f"{self._qualname}.{name}")
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        raise StubCalled(
-            f"{self._qualname} was called, but it belongs to a CUDA-only library that has no CPU "
-            "implementation; the reference run stubs such libraries only for unused imports"
-        )
+        if len(args) == 1 and not kwargs and callable(args[0]):
+            return args[0]
+        if any(isinstance(a, torch.Tensor) for a in (*args, *kwargs.values())):
+            raise StubCalled(
+                f"{self._qualname} was called on tensors, but it belongs to a CUDA-only library that has no CPU "
+                "implementation; the reference run stubs such libraries so the model's torch path can run"
+            )
+        return self
 
     def __getitem__(self, item: Any) -> _StubAttr:
         return self
 
+    def __mro_entries__(self, bases: tuple[Any, ...]) -> tuple[type, ...]:
+        return (object,)
 
-def _module_getattr(qualname: str) -> Callable[[str], _StubAttr]:
-    def getattr_(attr: str) -> _StubAttr:
+    def __bool__(self) -> bool:
+        return False
+
+
+def _sdpa_bshd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p: float = 0.0,
+               scale: float | None = None, causal: bool = False) -> torch.Tensor:
+    """Attention on (batch, seq, heads, dim) as flash-attn and xformers define it (grouped k/v heads, a
+    causal mask aligned to the bottom right), through torch's SDPA."""
+    if k.shape[2] != q.shape[2]:
+        k = k.repeat_interleave(q.shape[2] // k.shape[2], dim=2)
+        v = v.repeat_interleave(q.shape[2] // v.shape[2], dim=2)
+    mask = None
+    if causal and q.shape[1] != k.shape[1]:
+        mask = torch.ones(q.shape[1], k.shape[1], dtype=torch.bool, device=q.device).tril(k.shape[1] - q.shape[1])
+        causal = False
+    out = torch.nn.functional.scaled_dot_product_attention(
+        q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_mask=mask, dropout_p=dropout_p,
+        is_causal=causal, scale=scale)
+    return out.transpose(1, 2)
+
+
+def _flash_attn_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p: float = 0.0,
+                     softmax_scale: float | None = None, causal: bool = False, **kwargs: Any) -> torch.Tensor:
+    if any(kwargs.get(k_) not in (None, False, (-1, -1)) for k_ in kwargs):
+        raise StubCalled(f"flash_attn_func options {sorted(kwargs)} have no CPU reference implementation")
+    return _sdpa_bshd(q, k, v, dropout_p, softmax_scale, causal)
+
+
+def _xformers_mea(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attn_bias: Any = None,
+                  p: float = 0.0, scale: float | None = None, **_: Any) -> torch.Tensor:
+    causal = isinstance(attn_bias, _StubAttr) and attn_bias._qualname.endswith("LowerTriangularMask")
+    if attn_bias is not None and not causal:
+        raise StubCalled("xformers attention with this attn_bias has no CPU reference implementation")
+    return _sdpa_bshd(query, key, value, p, scale, causal)
+
+
+# Functions of CUDA-only libraries with an exact torch definition: the reference run computes them on the
+# CPU instead of stopping (what the library documents, not what its kernels do bit for bit).
+CPU_REFERENCE: dict[str, Callable[..., Any]] = {
+    "flash_attn.flash_attn_func": _flash_attn_func,
+    "flash_attn.flash_attn_interface.flash_attn_func": _flash_attn_func,
+    "xformers.ops.memory_efficient_attention": _xformers_mea,
+    "xformers.ops.fmha.memory_efficient_attention": _xformers_mea,
+}
+
+
+def _module_getattr(qualname: str) -> Callable[[str], Any]:
+    def getattr_(attr: str) -> Any:
         if attr.startswith("__"):
             raise AttributeError(attr)  # __file__, __spec__ ... : look like a plain module
-        return _StubAttr(f"{qualname}.{attr}")
+        return CPU_REFERENCE.get(f"{qualname}.{attr}") or _StubAttr(f"{qualname}.{attr}")
 
     return getattr_
 
 
+_stub_roots: set[str] = set()
+
+
+class _StubFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """Resolves every submodule of a stubbed package (``import triton.language as tl``) to a stub."""
+
+    def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> importlib.machinery.ModuleSpec | None:
+        if fullname.split(".")[0] in _stub_roots and fullname not in sys.modules:
+            return importlib.machinery.ModuleSpec(fullname, self, is_package=True)
+        return None
+
+    def create_module(self, spec: importlib.machinery.ModuleSpec) -> types.ModuleType:
+        return _new_stub(spec.name)
+
+    def exec_module(self, module: types.ModuleType) -> None:
+        return None
+
+
+_FINDER = _StubFinder()
+
+
+def _new_stub(name: str) -> types.ModuleType:
+    mod = types.ModuleType(name, f"npuport stub for the CUDA-only module {name}")
+    mod.__path__ = []  # a package, so submodule imports resolve to stubs too
+    mod.__getattr__ = _module_getattr(name)  # type: ignore[method-assign]
+    mod.__npuport_stub__ = True  # type: ignore[attr-defined]
+    return mod
+
+
 def stub_module(name: str) -> types.ModuleType:
-    """Register a stub package for ``name`` (and its parents) in sys.modules."""
+    """Register a stub package for ``name`` (and its parents) in sys.modules; its submodules import as
+    stubs too."""
     parts = name.split(".")
+    _stub_roots.add(parts[0])
+    if _FINDER not in sys.meta_path:
+        sys.meta_path.insert(0, _FINDER)
     for i in range(1, len(parts) + 1):
         sub = ".".join(parts[:i])
         if sub in sys.modules:
             continue
-        mod = types.ModuleType(sub, f"npuport stub for the CUDA-only module {sub}")
-        mod.__path__ = []  # a package, so submodule imports resolve to stubs too
-        mod.__getattr__ = _module_getattr(sub)  # type: ignore[method-assign]
-        mod.__npuport_stub__ = True  # type: ignore[attr-defined]
-        sys.modules[sub] = mod
+        sys.modules[sub] = _new_stub(sub)
         if i > 1:
-            setattr(sys.modules[".".join(parts[: i - 1])], parts[i - 1], mod)
+            setattr(sys.modules[".".join(parts[: i - 1])], parts[i - 1], sys.modules[sub])
     return sys.modules[name]
 
 
@@ -123,6 +213,148 @@ def _autocast_class(device: str) -> type:
     return RedirectedAutocast
 
 
+class CpuEvent:
+    """torch.cuda.Event on the CPU: records wall-clock time."""
+
+    def __init__(self, enable_timing: bool = False, blocking: bool = False, interprocess: bool = False) -> None:
+        self._t: float | None = None
+
+    def record(self, stream: Any = None) -> None:
+        self._t = time.perf_counter()
+
+    def wait(self, stream: Any = None) -> None:
+        return None
+
+    def query(self) -> bool:
+        return True
+
+    def synchronize(self) -> None:
+        return None
+
+    def elapsed_time(self, end: CpuEvent) -> float:
+        if self._t is None or end._t is None:
+            raise RuntimeError("Event was not recorded")
+        return (end._t - self._t) * 1000.0
+
+
+class CpuStream:
+    """torch.cuda.Stream on the CPU: CPU work is already in order, so waits have nothing to do."""
+
+    def __init__(self, device: Any = None, priority: int = 0, **_: Any) -> None:
+        self.device = torch.device("cpu")
+        self.priority = priority
+
+    def wait_stream(self, stream: Any) -> None:
+        return None
+
+    def wait_event(self, event: Any) -> None:
+        return None
+
+    def record_event(self, event: CpuEvent | None = None) -> CpuEvent:
+        ev = event or CpuEvent()
+        ev.record(self)
+        return ev
+
+    def query(self) -> bool:
+        return True
+
+    def synchronize(self) -> None:
+        return None
+
+    def __enter__(self) -> CpuStream:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        return None
+
+
+class CpuGraph:
+    """torch.cuda.CUDAGraph on the CPU: the code under ``graph(g)`` runs eagerly once; a replay cannot
+    rerun it, so it says so instead of returning stale outputs."""
+
+    def capture_begin(self, *args: Any, **kwargs: Any) -> None:
+        return None
+
+    def capture_end(self) -> None:
+        return None
+
+    def replay(self) -> None:
+        raise RuntimeError("CUDA graph replay has no CPU equivalent under the reference redirect; the model "
+                           "must run its eager path")
+
+    def reset(self) -> None:
+        return None
+
+    def pool(self) -> None:
+        return None
+
+
+class CpuGraphContext:
+    def __init__(self, graph: CpuGraph | None = None, pool: Any = None, stream: Any = None, **_: Any) -> None:
+        self.graph = graph
+
+    def __enter__(self) -> CpuGraph | None:
+        return self.graph
+
+    def __exit__(self, *exc: Any) -> None:
+        return None
+
+
+@dataclasses.dataclass
+class CpuProperties:
+    """What models read from torch.cuda.get_device_properties(), describing the host."""
+
+    name: str = "cpu (npuport cuda->cpu redirect)"
+    total_memory: int = 0
+    major: int = 0
+    minor: int = 0
+    multi_processor_count: int = 1
+    is_integrated: bool = False
+    is_multi_gpu_board: bool = False
+
+
+def cpu_properties(*_: Any, **__: Any) -> CpuProperties:
+    try:
+        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        total = 16 * 1024**3
+    return CpuProperties(total_memory=int(total), multi_processor_count=os.cpu_count() or 1)
+
+
+def _eager_compile(model: Any = None, **_: Any) -> Any:
+    """torch.compile under the CPU reference: eager (the same numbers; graph modes such as
+    "reduce-overhead" capture CUDA graphs, which need CUDA, and compiling costs minutes on small CPUs)."""
+    return model if model is not None else (lambda fn: fn)
+
+
+_original_pin = torch.Tensor.pin_memory
+
+
+def _pin_or_same(self: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+    """Pinning needs an accelerator's allocator; on the CPU reference the values are the same unpinned."""
+    try:
+        return _original_pin(self, *args, **kwargs)
+    except RuntimeError:
+        return self
+
+
+def _install_cpu_stand_ins(cuda: Any) -> None:
+    cuda.Stream = CpuStream
+    cuda.Event = CpuEvent
+    cuda.CUDAGraph = CpuGraph
+    cuda.graph = CpuGraphContext
+    cuda.current_stream = lambda *a, **k: CpuStream()
+    cuda.default_stream = lambda *a, **k: CpuStream()
+    cuda.stream = lambda stream=None: stream if stream is not None else CpuStream()
+    cuda.get_device_properties = cpu_properties
+    cuda.get_device_capability = lambda *a, **k: (0, 0)
+    cuda.mem_get_info = lambda *a, **k: (cpu_properties().total_memory,) * 2
+    cuda.make_graphed_callables = lambda callables, *a, **k: callables
+    for name in ("memory_allocated", "max_memory_allocated", "memory_reserved", "max_memory_reserved"):
+        setattr(cuda, name, lambda *a, **k: 0)
+    cuda.reset_peak_memory_stats = lambda *a, **k: None
+
+
 _active: CudaRedirectMode | None = None
 
 
@@ -163,6 +395,9 @@ def install(device: str = "cpu") -> None:
         cuda.manual_seed_all = lambda seed: None  # type: ignore[assignment]
         cuda.get_device_name = lambda *a, **k: "cpu (npuport cuda->cpu redirect)"  # type: ignore[assignment]
         cuda.is_bf16_supported = lambda *a, **k: True  # type: ignore[assignment]
+        _install_cpu_stand_ins(cuda)
+        torch.compile = _eager_compile  # type: ignore[assignment]
+        torch.Tensor.pin_memory = _pin_or_same  # type: ignore[method-assign,assignment]
     torch.autocast = autocast_cls  # type: ignore[misc,assignment]
     torch.cuda.amp.autocast = cuda_amp_autocast  # type: ignore[misc,assignment]
     _active = CudaRedirectMode(device)

@@ -6,9 +6,10 @@ failure twice is recognised as the same and loops are detected.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
-from agents.diagnosis import budget_left
+from agents.diagnosis import REVERT_FIX, budget_left, npuport_change_at
 from agents.models import Diagnosis, RunRecord
 from agents.trace import step
 
@@ -36,6 +37,8 @@ def debugger_node(state: dict[str, Any]) -> dict[str, Any]:
     known = {c.source for c in diag.citations}
     diag.citations += [c for c in kb_citations(query) if c.source not in known]
     ok, why = budget_left(state)
+    if not diag.fix and ok and last.exception is not None:
+        diag = _revert_candidate(state, diag, last.exception)
     update: dict[str, Any] = {"diagnoses": [diag.model_dump(mode="json")]}
     where = f" ({diag.file}:{diag.line})" if diag.file else ""
     if diag.fix and ok:
@@ -50,3 +53,25 @@ def debugger_node(state: dict[str, Any]) -> dict[str, Any]:
         update["reason"] = f"could not port because {because}"
         update["trace"] = [step("debugger", f"give up: {update['reason']}", signature=diag.signature)]
     return update
+
+
+def _revert_candidate(state: dict[str, Any], diag: Diagnosis, exc: Any) -> Diagnosis:
+    """No recipe covers the failure: when the traceback lands in a line one of npuport's patches changed,
+    the next thing to try is undoing that change there (one site at a time, never the same one twice)."""
+    from agents.workspace import Workspace
+
+    workdir = state.get("workdir")
+    if not workdir:
+        return diag
+    ws = Workspace(Path(workdir))
+    if not ws.has_repo():
+        return diag
+    done = {(d["params"].get("commit", ""), d["params"].get("file", ""), int(d["params"].get("patch_line", 0)))
+            for d in state.get("diagnoses") or [] if d.get("fix") == REVERT_FIX}
+    site = npuport_change_at(ws, exc, state.get("patches") or [], done)
+    if site is None:
+        return diag
+    summary = (f"{diag.summary}; the failing line {site['file']}:{site['line']} was changed by npuport's "
+               f"{site['patch_id']} ({site['patch_summary']}): revert that change there and run again")
+    return diag.model_copy(update={"fix": REVERT_FIX, "params": site, "summary": summary,
+                                   "file": site["file"], "line": site["line"]})

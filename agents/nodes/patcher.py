@@ -6,7 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from agents.fixing import apply_fix
+from agents.diagnosis import REVERT_FIX
+from agents.fixing import apply_fix, apply_revert
 from agents.models import Diagnosis, Finding
 from agents.policies import get_policy, policy_context
 from agents.trace import step
@@ -18,6 +19,17 @@ def patcher_node(state: dict[str, Any]) -> dict[str, Any]:
     policy = get_policy(state["request"].get("policy", "rule"), context=policy_context(state))
     done = len(state.get("patches") or [])
     pending = state.get("pending_diagnosis")
+    if pending and pending.get("fix") == REVERT_FIX:
+        # Undo npuport's own change where the port failed (the debugger found no recipe for the failure).
+        patch, notes = apply_revert(ws, Diagnosis(**pending), done + 1)
+        trace = [step("patcher", f"commit {patch.commit[:8]} {patch.summary}" if patch else
+                      f"revert: nothing undone ({'; '.join(notes)})", files=patch.files if patch else [])]
+        out: dict[str, Any] = {"patches": [patch.model_dump(mode="json")] if patch else [],
+                               "static_fixes_done": True, "pending_diagnosis": None, "trace": trace}
+        if patch is None:
+            out["status"] = "failed"
+            out["reason"] = f"could not port because {pending.get('summary')}, and {'; '.join(notes)}"
+        return out
     if pending:
         action = policy.fix_for(Diagnosis(**pending))
         actions = [action] if action else []

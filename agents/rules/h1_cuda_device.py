@@ -37,6 +37,7 @@ from agents.rules.kit import (
     DEVICE_TYPE,
     CodemodResult,
     Rewriter,
+    code_of,
     dotted_name,
     is_cuda_string,
     run_codemod,
@@ -75,6 +76,12 @@ TORCH_CUDA_API: dict[str, tuple[Severity, str]] = {
     "LongTensor": (HIGH, "legacy CUDA tensor type; create the tensor with device= instead"),
     "BoolTensor": (HIGH, "legacy CUDA tensor type; create the tensor with device= instead"),
 }
+# torch.cuda names whose NPU form differs (torch_npu's native-API list, "NPU 形式名称"); the others keep
+# their name under torch.npu. tests/test_codemods.py checks every emitted name against that list.
+NPU_NAMES: dict[str, str] = {"CUDAGraph": "NPUGraph"}
+# NPU APIs that only newer torch_npu builds have: reached through _npuport_api(), which falls back to the
+# eager CPU stand-in when the NPU module lacks them.
+NPU_OPTIONAL = frozenset({"NPUGraph", "graph", "make_graphed_callables", "graph_pool_handle"})
 TORCH_CUDA_DEFAULT = (HIGH, "needs a CUDA build and GPU; torch_npu offers the same call under torch.npu")
 
 # H1: torch.backends.cudnn / torch.backends.cuda flags -> (category, note)
@@ -213,11 +220,23 @@ class DeviceAgnostic(Rewriter):
         if name == "torch.device" and updated.args and m.matches(updated.args[0].value, m.Call(func=m.Name("_npuport_device"))):
             self.note(original, 'torch.device("cuda") -> _npuport_device()')
             return DEVICE_CALL
-        # torch.cuda.X(...) -> _npuport_backend().X(...)
+        # torch.cuda.X(...) -> _npuport_backend().X(...), under X's NPU name
         if name.startswith("torch.cuda.") and not name.startswith("torch.cuda.amp"):
             attr = name.split(".", 2)[2]
-            self.note(original, f"torch.cuda.{attr} -> _npuport_backend().{attr}")
-            return updated.with_changes(func=cst.parse_expression(f"_npuport_backend().{attr}"))
+            head, _, rest = attr.partition(".")
+            npu = NPU_NAMES.get(head, head)
+            target = f'_npuport_api("{npu}")' if npu in NPU_OPTIONAL else f"_npuport_backend().{npu}"
+            target += f".{rest}" if rest else ""
+            self.note(original, f"torch.cuda.{attr} -> {target}")
+            return updated.with_changes(func=cst.parse_expression(target))
+        return updated
+
+    def leave_Assert(self, original: cst.Assert, updated: cst.Assert) -> cst.BaseSmallStatement:
+        # `assert torch.cuda.is_available()` means "the accelerator is there"; the port's device always is
+        # (the NPU where present, else the CPU), so the assertion must hold on the target, not turn false.
+        if "is_available" in code_of(original.test) and "cuda" in code_of(original.test):
+            self.note(original, "assert torch.cuda.is_available() -> assert the port's device exists")
+            return updated.with_changes(test=cst.parse_expression("_npuport_device() is not None"))
         return updated
 
     def leave_SimpleString(self, original: cst.SimpleString, updated: cst.SimpleString) -> cst.BaseExpression:

@@ -76,24 +76,54 @@ def _h2_autocast(ctx: ModuleContext) -> None:
 
 # --- fix ---------------------------------------------------------------------------------------
 
+# torch.cuda.amp.autocast's positional parameters, in order; its dtype defaults to float16, and so does
+# torch.autocast("cuda")'s, while torch.autocast("cpu"/"npu") would default to bfloat16: the rewrite names it.
+_CUDA_AMP_PARAMS = ("enabled", "dtype", "cache_enabled")
+_CUDA_DEFAULT_DTYPE = "torch.float16"
+
+
+_EQ = cst.AssignEqual(whitespace_before=cst.SimpleWhitespace(""), whitespace_after=cst.SimpleWhitespace(""))
+
+
+def _with_dtype(args: list[cst.Arg]) -> list[cst.Arg]:
+    if any(a.keyword is not None and a.keyword.value == "dtype" for a in args):
+        return args
+    return [*args, cst.Arg(keyword=cst.Name("dtype"), value=cst.parse_expression(_CUDA_DEFAULT_DTYPE),
+                           equal=_EQ)]
+
+
+def _no_commas(args: list[cst.Arg]) -> list[cst.Arg]:
+    return [a.with_changes(comma=cst.MaybeSentinel.DEFAULT) for a in args]
+
+
 class CudaAutocast(Rewriter):
-    """H2: CUDA autocast -> autocast on the port's device type."""
+    """H2: CUDA autocast -> autocast on the port's device type, with the dtype and flags CUDA's meant."""
 
     def leave_Call(self, original: cst.Call, updated: cst.Call) -> cst.BaseExpression:
         name = dotted_name(updated.func)
         if name == "torch.cuda.amp.autocast":
-            self.note(original, "torch.cuda.amp.autocast -> torch.autocast(_npuport_device().type)")
+            kept: list[cst.Arg] = []
+            for i, a in enumerate(updated.args):
+                if a.keyword is None and a.star == "" and i < len(_CUDA_AMP_PARAMS):
+                    a = a.with_changes(keyword=cst.Name(_CUDA_AMP_PARAMS[i]), equal=_EQ)
+                kept.append(a)
+            self.note(original, "torch.cuda.amp.autocast -> torch.autocast(_npuport_device().type, dtype=...)")
             return updated.with_changes(
                 func=cst.parse_expression("torch.autocast"),
-                args=[cst.Arg(DEVICE_TYPE), *updated.args],
+                args=_no_commas([cst.Arg(DEVICE_TYPE), *_with_dtype(kept)]),
             )
         if name == "torch.autocast":
             args = list(updated.args)
+            cuda = False
             for i, a in enumerate(args):
                 is_device_arg = (a.keyword is None and i == 0) or (a.keyword is not None and a.keyword.value == "device_type")
                 if is_device_arg and is_cuda_string(a.value):
                     args[i] = a.with_changes(value=DEVICE_TYPE)
-                    self.note(original, 'torch.autocast("cuda") -> torch.autocast(_npuport_device().type)')
+                    cuda = True
+                    self.note(original, 'torch.autocast("cuda") -> torch.autocast(_npuport_device().type, dtype=...)')
+            if cuda:
+                positional_dtype = len([a for a in args if a.keyword is None]) >= 2
+                args = args if positional_dtype else _no_commas(_with_dtype(args))
             return updated.with_changes(args=args)
         if name == "torch.get_autocast_gpu_dtype":
             self.note(original, "torch.get_autocast_gpu_dtype() -> torch.get_autocast_dtype(device type)")

@@ -31,6 +31,11 @@ from agents.rules.kit import (
     run_codemod,
 )
 
+COLLECTIVES = {"all_reduce", "all_gather", "all_gather_into_tensor", "reduce_scatter", "reduce_scatter_tensor",
+               "broadcast", "reduce", "all_to_all", "all_to_all_single", "barrier", "new_group", "send", "recv",
+               "isend", "irecv", "gather", "scatter"}
+
+
 # --- detector ----------------------------------------------------------------------------------
 
 def _h9_distributed(ctx: ModuleContext) -> None:
@@ -49,6 +54,10 @@ def _h9_distributed(ctx: ModuleContext) -> None:
                     f"`{ref.qual}` is NCCL-specific; Ascend uses HCCL through torch.distributed", BLOCKS, HIGH)
     for call in ctx.ix.calls:
         q = ctx.qual(call.func)
+        if q.startswith("torch.distributed.") and q.rsplit(".", 1)[-1] in COLLECTIVES:
+            ctx.add("H9", "collective-call", call,
+                    f"`{q.removeprefix('torch.')}` runs on the process group's backend: on Ascend the group must be "
+                    "hccl and the tensor on the NPU; validation runs a single-process world of size 1", BLOCKS, LOW)
         if q.endswith("init_process_group") and positional(call, 0) is None and kwarg(call, "backend") is None:
             ctx.add("H9", "process-group-init", call,
                     "init_process_group without a backend picks one by device: on Ascend import torch_npu first "
@@ -99,6 +108,8 @@ RULE = HazardRule(
     manual={
         "nccl-env": "the HCCL_* equivalents are tuning choices",
         "nccl-api": "NCCL-specific calls need a torch.distributed rewrite",
+        "collective-call": "a collective is correct on hccl once the group's backend is (nccl-to-hccl fixes that); "
+                           "its cost across devices needs a person's look",
         "process-group-init": "importing torch_npu registers hccl; passing the backend is the caller's choice",
     },
     kb_topic="recipe:H9",

@@ -25,8 +25,118 @@ except ImportError:
     torch_npu = None
 
 
+class _NpuportCpuEvent:
+    """A CPU event: records a wall-clock time, so elapsed_time() measures what ran between two records."""
+
+    def __init__(self, enable_timing=False, blocking=False, interprocess=False):
+        self._t = None
+
+    def record(self, stream=None):
+        import time
+        self._t = time.perf_counter()
+
+    def wait(self, stream=None):
+        return None
+
+    def query(self):
+        return True
+
+    def synchronize(self):
+        return None
+
+    def elapsed_time(self, end):
+        if self._t is None or end._t is None:
+            raise RuntimeError("Event was not recorded")
+        return (end._t - self._t) * 1000.0
+
+
+class _NpuportCpuStream:
+    """A CPU stream: work on the CPU is already in order, so waits and syncs have nothing to do."""
+
+    def __init__(self, device=None, priority=0, **kwargs):
+        self.device = torch.device("cpu")
+        self.priority = priority
+
+    def wait_stream(self, stream):
+        return None
+
+    def wait_event(self, event):
+        return None
+
+    def record_event(self, event=None):
+        event = event or _NpuportCpuEvent()
+        event.record(self)
+        return event
+
+    def query(self):
+        return True
+
+    def synchronize(self):
+        return None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+class _NpuportCpuGraph:
+    """No graph capture on the CPU: code under ``graph(g)`` runs eagerly once; replay cannot rerun it."""
+
+    def capture_begin(self, *args, **kwargs):
+        return None
+
+    def capture_end(self):
+        return None
+
+    def replay(self):
+        raise RuntimeError("npuport: graph replay has no CPU equivalent; run the captured code eagerly instead")
+
+    def reset(self):
+        return None
+
+    def pool(self):
+        return None
+
+
+class _NpuportCpuGraphContext:
+    def __init__(self, graph=None, pool=None, stream=None, **kwargs):
+        self.graph = graph
+
+    def __enter__(self):
+        return self.graph
+
+    def __exit__(self, *exc):
+        return False
+
+
+class _NpuportCpuProperties:
+    """The fields models read from get_device_properties(), describing the host CPU."""
+
+    def __init__(self):
+        import os
+        try:
+            total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        except (ValueError, OSError, AttributeError):
+            total = 16 * 1024 ** 3
+        self.name = "cpu"
+        self.total_memory = int(total)
+        self.major = 0
+        self.minor = 0
+        self.multi_processor_count = os.cpu_count() or 1
+        self.is_integrated = False
+        self.is_multi_gpu_board = False
+
+
 class _NpuportCpuBackend:
-    """Stands in for ``torch.npu`` where no NPU exists, so device calls are no-ops on the CPU."""
+    """Stands in for ``torch.npu`` where no NPU exists: streams, events, graphs and device properties are
+    real CPU objects, and the rest of the device calls are no-ops."""
+
+    Stream = _NpuportCpuStream
+    Event = _NpuportCpuEvent
+    NPUGraph = _NpuportCpuGraph
+    graph = _NpuportCpuGraphContext
 
     @staticmethod
     def is_available():
@@ -48,7 +158,46 @@ class _NpuportCpuBackend:
     def is_bf16_supported(*args, **kwargs):
         return True
 
+    @staticmethod
+    def get_device_properties(*args, **kwargs):
+        return _NpuportCpuProperties()
+
+    @staticmethod
+    def get_device_capability(*args, **kwargs):
+        return (0, 0)
+
+    @staticmethod
+    def mem_get_info(*args, **kwargs):
+        total = _NpuportCpuProperties().total_memory
+        return (total, total)
+
+    @staticmethod
+    def current_stream(*args, **kwargs):
+        return _NpuportCpuStream()
+
+    @staticmethod
+    def default_stream(*args, **kwargs):
+        return _NpuportCpuStream()
+
+    @staticmethod
+    def stream(stream=None):
+        return stream if stream is not None else _NpuportCpuStream()
+
+    @staticmethod
+    def make_graphed_callables(callables, *args, **kwargs):
+        return callables  # eager: the callables run as written
+
+    @staticmethod
+    def memory_summary(*args, **kwargs):
+        return "cpu: no device memory statistics"
+
+    @staticmethod
+    def memory_stats(*args, **kwargs):
+        return {{}}
+
     def __getattr__(self, name):
+        if name.startswith(("memory_", "max_memory_")):
+            return lambda *args, **kwargs: 0  # byte counters models print or compare: numbers, not None
         # synchronize, empty_cache, set_device, manual_seed ... have nothing to do on the CPU.
         return lambda *args, **kwargs: None
 
@@ -58,6 +207,13 @@ def _npuport_backend():
     if hasattr(torch, "npu") and torch.npu.is_available():
         return torch.npu
     return _NpuportCpuBackend()
+
+
+def _npuport_api(name):
+    """A device API that not every torch_npu has (graph capture): the NPU's when present, else the eager
+    CPU stand-in."""
+    api = getattr(_npuport_backend(), name, None)
+    return api if api is not None else getattr(_NpuportCpuBackend(), name)
 
 
 def _npuport_device():
@@ -123,6 +279,8 @@ def insert_after_imports(module: cst.Module, code: str, marker: str) -> cst.Modu
             idx = i + 1
         elif isinstance(stmt, cst.Try) and "import" in module.code_for_node(stmt).split("\n", 2)[1]:
             idx = i + 1  # keep guarded imports together
+        elif isinstance(stmt, cst.ClassDef) and stmt.name.value == "_NpuportMissing":
+            idx = i + 1  # the H3 stand-in the guarded imports use comes before them
         else:
             break
     parsed = cst.parse_module(code)

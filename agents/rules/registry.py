@@ -18,6 +18,11 @@ from agents.rules import (
     h9_distributed,
     h10_serving,
     h11_latent,
+    h12_half_precision,
+    h13_kernel_flags,
+    h14_host_memory,
+    h15_graph_compile,
+    h16_attention_calls,
 )
 from agents.rules.base import HazardRule, Registry
 
@@ -33,6 +38,11 @@ RULES: tuple[HazardRule, ...] = (
     h9_distributed.RULE,
     h10_serving.RULE,
     h11_latent.RULE,
+    h12_half_precision.RULE,
+    h13_kernel_flags.RULE,
+    h14_host_memory.RULE,
+    h15_graph_compile.RULE,
+    h16_attention_calls.RULE,
 )
 DEFAULT = Registry(RULES)
 

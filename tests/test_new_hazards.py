@@ -1,0 +1,134 @@
+"""The hazard classes H12-H16: each detector on positive and negative snippets, and the codemods run
+original vs rewritten (the CUDA-only library's documented semantics written out by hand where it cannot be
+installed here)."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import pytest
+import torch
+
+from agents.rules.h14_host_memory import guard_pin_memory
+from agents.rules.h15_graph_compile import compile_eager
+from agents.rules.h16_attention_calls import attention_to_sdpa
+from agents.scanner import scan_source
+
+
+def _rules(src: str) -> list[tuple[str, str, int, bool]]:
+    return [(f.hazard, f.rule, f.line, f.fixable) for f in scan_source(src, "m.py")
+            if f.hazard in ("H12", "H13", "H14", "H15", "H16")]
+
+
+def test_fp16_weights_are_found_and_fp32_is_not() -> None:
+    src = ("import torch\nm = torch.nn.Linear(2, 2).half()\nx = torch.zeros(2, dtype=torch.float16)\n"
+           "y = x.to(torch.half)\nz = torch.zeros(2, dtype=torch.float32)\n")
+    assert _rules(src) == [("H12", "fp16-weights", 2, False), ("H12", "fp16-weights", 3, False),
+                           ("H12", "fp16-weights", 4, False)]
+
+
+def test_kernel_path_flags() -> None:
+    src = ("triton_enabled = True\nuse_flash_attn = False\nclass C:\n    def __init__(self, use_xformers=True):\n"
+           "        self.fused_rmsnorm = True\nbuild(use_triton=True, verbose=True)\n")
+    assert [(r, line) for _, r, line, _ in _rules(src)] == [("kernel-path-flag", 1), ("kernel-path-flag", 4),
+                                                            ("kernel-path-flag", 5), ("kernel-path-flag", 6)]
+
+
+def test_pinned_memory_async_copies_and_is_cuda_branches() -> None:
+    src = ("import torch\ndef f(x, loader):\n    x = x.pin_memory()\n    y = x.to('cpu', non_blocking=True)\n"
+           "    dl = loader(pin_memory=True)\n    if x.is_cuda:\n        return y\n    return x\n"
+           "def g(x):\n    return x.to('cpu', non_blocking=False)\n")
+    assert [(r, line) for _, r, line, _ in _rules(src)] == [("pin-memory", 3), ("non-blocking-copy", 4),
+                                                            ("pin-memory-loader", 5), ("is-cuda-branch", 6)]
+
+
+def test_cuda_graphs_and_graph_compile_modes() -> None:
+    src = ("import torch\nm = torch.compile(torch.nn.Linear(2, 2), mode='reduce-overhead')\n"
+           "n = torch.compile(torch.nn.Linear(2, 2))\ng = torch.cuda.CUDAGraph()\n")
+    assert [(r, line, fx) for _, r, line, fx in _rules(src)] == [("compile-graph-mode", 2, True),
+                                                                 ("cuda-graph", 4, False)]
+
+
+def test_compile_eager_runs_the_same_function() -> None:
+    src = ("import torch\n@torch.compile(mode='reduce-overhead')\ndef f(x):\n    return x * 2 + 1\n"
+           "lin = torch.compile(torch.nn.Identity(), mode='max-autotune')\nkeep = torch.compile(torch.nn.Identity())\n")
+    out = compile_eager(src)
+    assert out.changed and len(out.edits) == 2 and "mode=" not in out.source
+    ns: dict[str, Any] = {}
+    exec(compile(out.source, "m.py", "exec"), ns)
+    x = torch.arange(4.0)
+    assert torch.equal(ns["f"](x), x * 2 + 1) and isinstance(ns["lin"], torch.nn.Identity)
+    assert "torch.compile(torch.nn.Identity())" in out.source  # the default mode stays
+
+
+def _reference_bshd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | None = None,
+                    causal: bool = False) -> torch.Tensor:
+    """Attention as xformers / flash-attn document it, on (batch, seq, heads, dim); flash-attn's causal
+    mask is aligned to the bottom right."""
+    if k.shape[2] != q.shape[2]:
+        k = k.repeat_interleave(q.shape[2] // k.shape[2], dim=2)
+        v = v.repeat_interleave(q.shape[2] // v.shape[2], dim=2)
+    s = scale if scale is not None else 1 / math.sqrt(q.shape[-1])
+    att = torch.einsum("bqhd,bkhd->bhqk", q, k) * s
+    if causal:
+        lq, lk = q.shape[1], k.shape[1]
+        mask = torch.ones(lq, lk, dtype=torch.bool).tril(lk - lq)
+        att = att.masked_fill(~mask, float("-inf"))
+    return torch.einsum("bhqk,bkhd->bqhd", att.softmax(-1), v)
+
+
+ATTN_CASES = [
+    ("import xformers.ops as xops\ndef f(q, k, v):\n    return xops.memory_efficient_attention(q, k, v)\n", {}),
+    ("import xformers.ops as xops\ndef f(q, k, v):\n    return xops.memory_efficient_attention(q, k, v, "
+     "attn_bias=xops.LowerTriangularMask(), scale=0.3)\n", {"causal": True, "scale": 0.3}),
+    ("from flash_attn import flash_attn_func\ndef f(q, k, v):\n    return flash_attn_func(q, k, v, 0.0, None, True)\n",
+     {"causal": True}),
+    ("from flash_attn import flash_attn_func\ndef f(q, k, v):\n    return flash_attn_func(q, k, v, softmax_scale=0.2)\n",
+     {"scale": 0.2}),
+]
+
+
+@pytest.mark.parametrize(("src", "meant"), ATTN_CASES)
+@pytest.mark.parametrize("kv_len", [6, 9])
+def test_attention_calls_to_sdpa_compute_the_documented_attention(src: str, meant: dict[str, Any],
+                                                                   kv_len: int) -> None:
+    found = _rules(src)
+    assert len(found) == 1 and found[0][3] is True
+    out = attention_to_sdpa(src)
+    assert out.changed and "_npuport_sdpa_bshd(q, k, v" in out.source
+    body = "\n".join(ln for ln in out.source.splitlines() if "import xformers" not in ln and "import flash_attn" not in ln)
+    ns: dict[str, Any] = {}
+    exec(compile(body, "m.py", "exec"), ns)
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(2, 6, 4, 8, generator=g)
+    k, v = torch.randn(2, kv_len, 2, 8, generator=g), torch.randn(2, kv_len, 2, 8, generator=g)
+    torch.testing.assert_close(ns["f"](q, k, v), _reference_bshd(q, k, v, **meant))
+
+
+def test_attention_options_without_an_exact_sdpa_form_are_left_to_a_person() -> None:
+    src = ("from flash_attn import flash_attn_func\ndef f(q, k, v):\n"
+           "    return flash_attn_func(q, k, v, window_size=(8, 0))\n")
+    assert _rules(src) == [("H16", "flash-attn-call", 3, False)]
+    assert not attention_to_sdpa(src).changed
+
+
+def test_collectives_on_a_process_group_are_found() -> None:
+    src = ("import torch.distributed as dist\ndef f(x):\n    dist.init_process_group('nccl')\n"
+           "    dist.all_reduce(x)\n    g = dist.new_group([0])\n    return dist.get_rank()\n")
+    found = [(f.rule, f.line) for f in scan_source(src, "m.py") if f.hazard == "H9"]
+    assert ("collective-call", 4) in found and ("collective-call", 5) in found
+    assert ("nccl-backend", 3) in found and not any(line == 6 for _, line in found)
+
+
+def test_pin_memory_rewrite_keeps_values_where_the_device_cannot_pin() -> None:
+    src = "import torch\ndef f(x):\n    return x.pin_memory() * 2\n"
+    out = guard_pin_memory(src)
+    assert out.changed and "_npuport_pin(x) * 2" in out.source
+    ns: dict[str, Any] = {}
+    exec(compile(out.source, "m.py", "exec"), ns)
+    x = torch.arange(3.0)
+    assert torch.equal(ns["f"](x), x * 2)  # this host has no accelerator: x.pin_memory() itself raises here
+    with pytest.raises(RuntimeError):
+        exec(compile(src, "o.py", "exec"), ns)
+        ns["f"](x)
