@@ -313,6 +313,7 @@ def run_bench(
     limits: Limits | None = None,
     sandbox: Sandbox | None = None,
     python: str | None = None,
+    shrink: bool = False,
 ) -> BenchRun:
     """Run this module in the sandbox on ``model_dir`` for each configuration. ``redirect="cuda->cpu"``
     with ``device="cuda"`` runs the original as written (the baseline)."""
@@ -322,6 +323,7 @@ def run_bench(
         "model_dir": str(model_dir.resolve()), "manifest": manifest, "device": device, "redirect": redirect,
         "target": target, "seed": seed, "configs": configs, "concurrencies": concurrencies or [1],
         "warmup": warmup, "repeats": repeats, "reference_tokens": reference_tokens, "result_path": str(result_path),
+        "shrink": shrink,
     }
     spec_path = run_dir / "bench_spec.json"
     spec_path.write_text(json.dumps(spec, indent=1))
