@@ -64,6 +64,12 @@ def _isolation_text(runs: list[dict[str, Any]]) -> str:
     return text
 
 
+def _environment_text(env: dict[str, Any]) -> str:
+    res = env.get("resolution") or {}
+    where = f"layered venv `{env['python']}`" if env.get("python") else "npuport's own interpreter (no layer needed)"
+    return f"{res.get('summary') or 'not resolved'}; ran in {where}"
+
+
 def _fallback_text(op: str, info: Any) -> str:
     return f"{op} x{info.get('count', '?')}" if isinstance(info, dict) else op
 
@@ -86,6 +92,7 @@ def render_markdown(report: dict[str, Any]) -> str:
         f"{report['counters'].get('reference_runs', 0)} of the original (reference)",
         f"- **Wall time:** {report['wall_s']:.1f} s",
         f"- **Sandbox isolation:** {_isolation_text(report['runs'])}",
+        f"- **Environment (every run):** {_environment_text(report.get('environment') or {})}",
         *failure_markdown(report.get("failure")),
         "",
         "## Findings",
