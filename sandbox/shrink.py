@@ -52,10 +52,12 @@ def shrink_config(config: dict[str, Any], overrides: dict[str, Any] | None = Non
             if not isinstance(nxt, dict):
                 nxt = node[p] = {}
             node = nxt
-        old = node.get(last, "<unset>")
+        original: Any = config
+        for part in key.split("."):
+            original = original.get(part, "<unset>") if isinstance(original, dict) else "<unset>"
         node[last] = value
         changes = [c for c in changes if not c.startswith(f"{key}:")]
-        changes.append(f"{key}: {old} -> {value} (manifest shrink override)")
+        changes.append(f"{key}: {original} -> {value} (manifest shrink override)")
     return out, changes
 
 
