@@ -174,7 +174,7 @@ def _from_auto_map(root: Path, config: dict[str, Any]) -> EntryInfo:
     module_file = _check_class(root, module, cls, field=f"config.json auto_map[{key!r}]", manifest=False)
     assumptions = [f"entry from config.json auto_map[{key!r}] -> {module}.{cls}"]
     tree = _parse(root / module_file, root)
-    method = _run_method(tree, cls, assumptions)
+    method = _run_method(tree, cls, assumptions, _package_classes(root, tree, module_file))
     inputs, decode = _find_inputs(root, assumptions, synthesise=True)
     name = str(config.get("model_type") or root.name)
     if isinstance(auto.get("AutoConfig"), str | list):
@@ -324,8 +324,33 @@ def _top_level_names(tree: ast.Module) -> set[str]:
     return names
 
 
-def _run_method(tree: ast.Module, cls: str, assumptions: list[str]) -> str:
-    classes = {n.name: n for n in tree.body if isinstance(n, ast.ClassDef)}
+def _package_classes(root: Path, tree: ast.Module, module_file: str) -> dict[str, ast.ClassDef]:
+    """Top-level classes of a module and of the modules it imports relatively (``from .x import Base``),
+    transitively: a remote-code model's bases often live in a sibling module."""
+    classes: dict[str, ast.ClassDef] = {}
+    seen: set[str] = set()
+    todo: list[tuple[ast.Module, str]] = [(tree, module_file)]
+    while todo:
+        mod_tree, rel = todo.pop()
+        if rel in seen:
+            continue
+        seen.add(rel)
+        for node in mod_tree.body:
+            if isinstance(node, ast.ClassDef):
+                classes.setdefault(node.name, node)
+            elif isinstance(node, ast.ImportFrom) and node.level == 1 and node.module:
+                path = _module_file(root, node.module)
+                if path is not None and path.relative_to(root).as_posix() not in seen:
+                    try:
+                        todo.append((_parse(path, root), path.relative_to(root).as_posix()))
+                    except EntryNotFound:
+                        continue
+    return classes
+
+
+def _run_method(tree: ast.Module, cls: str, assumptions: list[str],
+                classes: dict[str, ast.ClassDef] | None = None) -> str:
+    classes = classes or {n.name: n for n in tree.body if isinstance(n, ast.ClassDef)}
     seen: set[str] = set()
     todo = [cls]
     while todo:

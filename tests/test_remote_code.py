@@ -192,3 +192,14 @@ def test_port_remote_code_with_shrink_validates_and_verifies(tmp_path: Path, sim
                          capture_output=True, text=True, timeout=300, cwd=out)
     assert run.returncode == 0, run.stderr
     assert str(report["numerics"]["port_tokens"][0]) in run.stdout
+
+
+def test_a_generate_inherited_through_a_sibling_module_is_found(tmp_path: Path) -> None:
+    (tmp_path / "config.json").write_text(json.dumps({"auto_map": {"AutoModel": "modeling_top.TopLM"}}))
+    (tmp_path / "modeling_top.py").write_text("from .modeling_base import BaseLM\n\n\nclass TopLM(BaseLM):\n"
+                                              "    def forward(self, input_ids):\n        return input_ids\n")
+    (tmp_path / "modeling_base.py").write_text("from transformers import PreTrainedModel\n\n\n"
+                                               "class BaseLM(PreTrainedModel):\n    pass\n")
+    entry = discover_entry(tmp_path)
+    assert entry.run_method == "generate"
+    assert entry.run_kwargs == {"max_new_tokens": 8, "do_sample": False}  # greedy whatever the generation config
