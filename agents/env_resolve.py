@@ -423,6 +423,14 @@ def _imported_dependencies(model_dir: Path, pins: dict[str, str], dropped: dict[
                 dropped[dist] = "decided by the target (never installed into the sandbox env)"
                 continue
             requirement = f"{dist}=={companion}"
+            host_torch = host_version("torch") or ""
+            if "+" in host_torch:
+                # A local build (+cpu, +cu121): the registry's wheel is built against another torch build and
+                # fails to load its operators (torchvision::nms) at import time.
+                notes.append(f"the host's torch is the {host_torch} build: {dist} from the package registry is built "
+                             f"against PyPI's torch and may not load (\"operator {dist}::... does not exist\"); "
+                             f"install {dist} from the index the host's torch came from (e.g. "
+                             "https://download.pytorch.org/whl/cpu for +cpu).")
         else:
             requirement = dist
         pins[dist] = requirement
