@@ -125,13 +125,13 @@ def estimate_params(config: dict[str, Any]) -> int:
     if hidden and layers:
         ffn = _find(config, re.compile(r"^(intermediate_size|ffn_dim|ffn_hidden_size|n_inner|d_ff)$")) or 4 * hidden
         experts = _find(config, _EXPERT_KEYS) or 0
-        moe_ffn = config.get("moe_intermediate_size") if _int(config.get("moe_intermediate_size")) else ffn
-        per_layer = 4 * hidden * hidden + 3 * hidden * ffn + experts * 3 * hidden * int(moe_ffn)
-        total += layers * per_layer
-        vocab = config.get("vocab_size")
-        if _int(vocab):
-            total += 2 * int(vocab) * hidden
-    for v in config.values():
-        if isinstance(v, dict):
-            total += estimate_params(v)
-    return total
+        moe_ffn = _find(config, re.compile(r"^moe_intermediate_size$")) or ffn
+        dense = min(layers, _find(config, re.compile(r"^first_k_dense_replace$")) or 0) if experts else layers
+        total += layers * 4 * hidden * hidden + dense * 3 * hidden * ffn + \
+            (layers - dense) * (experts + (_find(config, re.compile(r"^n_shared_experts$")) or 0)) * 3 * hidden * moe_ffn
+        vocab = _find(config, re.compile(r"^vocab_size$"))
+        if vocab:
+            total += 2 * vocab * hidden
+    nested = sum(estimate_params(v) for v in config.values() if isinstance(v, dict))
+    # Composite configs often repeat the language model's sizes at the top level: count them once.
+    return max(total, nested) if total and nested and total <= nested * 1.5 else total + nested
