@@ -28,7 +28,7 @@ _EXPERT_KEYS = re.compile(r"^(n_routed_experts|num_experts|num_local_experts|moe
 _TOPK_KEYS = re.compile(r"^(num_experts_per_tok|moe_top_k|top_k|experts_per_token)$")
 _HEAD_KEYS = re.compile(r"^(num_attention_heads|n_heads?|num_heads|heads|encoder_attention_heads|decoder_attention_heads)$")
 _KV_KEYS = re.compile(r"^(num_key_value_heads|n_kv_heads|num_kv_heads|multi_query_group_num)$")
-_HIDDEN_KEYS = re.compile(r"^(hidden_size|d_model|n_embd|n_embed|embed_dim|dim|width|hidden_dim)$")
+_HIDDEN_KEYS = re.compile(r"^(hidden_size|d_model|n_embd|n_embed|embed_dim|dim|width|hidden_dim|input_dim|output_dim)$")
 _FFN_KEYS = re.compile(r"^(intermediate_size|ffn_dim|ffn_hidden_size|n_inner|d_ff|encoder_ffn_dim|"
                        r"decoder_ffn_dim|moe_intermediate_size|shared_expert_intermediate_size)$")
 # Expert groups (must divide the experts), groups picked per token, shared experts: one each.
