@@ -174,13 +174,20 @@ def _from_auto_map(root: Path, config: dict[str, Any]) -> EntryInfo:
     module_file = _check_class(root, module, cls, field=f"config.json auto_map[{key!r}]", manifest=False)
     assumptions = [f"entry from config.json auto_map[{key!r}] -> {module}.{cls}"]
     tree = _parse(root / module_file, root)
-    method = _run_method(tree, cls, assumptions)
-    inputs, decode = _find_inputs(root, assumptions)
+    method = _run_method(tree, cls, assumptions, _package_classes(root, tree, module_file))
+    inputs, decode = _find_inputs(root, assumptions, synthesise=True)
     name = str(config.get("model_type") or root.name)
-    assumptions.append("no shrink overrides: quick runs use the full config")
+    if isinstance(auto.get("AutoConfig"), str | list):
+        assumptions.append(f"config built through config.json auto_map['AutoConfig'] -> {auto['AutoConfig']}")
+    assumptions.append("the model folder is imported as a package (relative imports resolve, as transformers' "
+                       "remote-code loader does)")
+    assumptions.append("--shrink derives a small config from config.json (sandbox/shrink.py); no manifest overrides")
+    kwargs = dict(DEFAULT_RUN_KWARGS) if method == "generate" else {}
+    if method == "generate" and any("inherits generate from transformers" in a for a in assumptions):
+        kwargs["do_sample"] = False  # greedy whatever the generation config says
     return EntryInfo(kind="auto_map", name=name, module=module, module_file=module_file, class_name=cls,
                      config_path="config.json", inputs_fn=inputs, decode_fn=decode, run_method=method,
-                     run_kwargs=dict(DEFAULT_RUN_KWARGS) if method == "generate" else {}, assumptions=assumptions)
+                     run_kwargs=kwargs, assumptions=assumptions)
 
 
 def _generated(root: Path, py_files: list[Path], config: dict[str, Any] | None) -> EntryInfo:
@@ -211,8 +218,8 @@ def _generated(root: Path, py_files: list[Path], config: dict[str, Any] | None) 
     config_path = "config.json" if config is not None else None
     if config_path is None:
         assumptions.append("no config.json: the class is built with an empty config dict")
-    inputs, decode = _find_inputs(root, assumptions)
-    assumptions.append("no shrink overrides: quick runs use the full config")
+    inputs, decode = _find_inputs(root, assumptions, synthesise=True)
+    assumptions.append("--shrink derives a small config from config.json (sandbox/shrink.py); no manifest overrides")
     name = str((config or {}).get("model_type") or root.name)
     return EntryInfo(kind="generated", name=name, module=module, module_file=pick.file, class_name=pick.name,
                      config_path=config_path, inputs_fn=inputs, decode_fn=decode, run_method=method,
@@ -317,8 +324,33 @@ def _top_level_names(tree: ast.Module) -> set[str]:
     return names
 
 
-def _run_method(tree: ast.Module, cls: str, assumptions: list[str]) -> str:
-    classes = {n.name: n for n in tree.body if isinstance(n, ast.ClassDef)}
+def _package_classes(root: Path, tree: ast.Module, module_file: str) -> dict[str, ast.ClassDef]:
+    """Top-level classes of a module and of the modules it imports relatively (``from .x import Base``),
+    transitively: a remote-code model's bases often live in a sibling module."""
+    classes: dict[str, ast.ClassDef] = {}
+    seen: set[str] = set()
+    todo: list[tuple[ast.Module, str]] = [(tree, module_file)]
+    while todo:
+        mod_tree, rel = todo.pop()
+        if rel in seen:
+            continue
+        seen.add(rel)
+        for node in mod_tree.body:
+            if isinstance(node, ast.ClassDef):
+                classes.setdefault(node.name, node)
+            elif isinstance(node, ast.ImportFrom) and node.level == 1 and node.module:
+                path = _module_file(root, node.module)
+                if path is not None and path.relative_to(root).as_posix() not in seen:
+                    try:
+                        todo.append((_parse(path, root), path.relative_to(root).as_posix()))
+                    except EntryNotFound:
+                        continue
+    return classes
+
+
+def _run_method(tree: ast.Module, cls: str, assumptions: list[str],
+                classes: dict[str, ast.ClassDef] | None = None) -> str:
+    classes = classes or {n.name: n for n in tree.body if isinstance(n, ast.ClassDef)}
     seen: set[str] = set()
     todo = [cls]
     while todo:
@@ -398,9 +430,15 @@ def _module_classes(trees: dict[Path, ast.Module], root: Path) -> dict[str, _Cla
     return out
 
 
-def _find_inputs(root: Path, assumptions: list[str]) -> tuple[str | None, str | None]:
-    """A sample-inputs function (and decode) in the model's files, by conventional names."""
-    for path in _python_files(root):
+INPUTS_HOOK = "npuport_inputs.py"  # the documented inputs hook, looked at first
+
+
+def _find_inputs(root: Path, assumptions: list[str], synthesise: bool = False) -> tuple[str | None, str | None]:
+    """A sample-inputs function (and decode) in the model's files, by conventional names; the
+    ``npuport_inputs.py`` hook first. None: the harness synthesises inputs from the method's signature."""
+    files = _python_files(root)
+    files.sort(key=lambda p: p.name != INPUTS_HOOK)
+    for path in files:
         try:
             tree = ast.parse(path.read_text(encoding="utf-8"))
         except (SyntaxError, UnicodeDecodeError):
@@ -412,6 +450,11 @@ def _find_inputs(root: Path, assumptions: list[str]) -> tuple[str | None, str | 
                 decode = f"{module}:decode" if "decode" in fns else None
                 assumptions.append(f"sample inputs from {module}:{fn}(config, seed)")
                 return f"{module}:{fn}", decode
-    assumptions.append(f"no sample-inputs function ({', '.join(INPUT_FN_NAMES)}) found: inputs must be given "
-                       f"in an {MANIFEST_NAME}")
+    if synthesise:
+        assumptions.append(f"no sample-inputs function ({', '.join(INPUT_FN_NAMES)}) and no {INPUTS_HOOK}: inputs "
+                           "are synthesised from the run method's signature and the config (token ids within "
+                           "the vocabulary, images of the config's image size)")
+    else:
+        assumptions.append(f"no sample-inputs function ({', '.join(INPUT_FN_NAMES)}) found: inputs must be given "
+                           f"in an {MANIFEST_NAME}")
     return None, None

@@ -165,3 +165,61 @@ def saved_transformers_version(model_dir: Path) -> str | None:
     except (json.JSONDecodeError, AttributeError):
         return None
     return str(value) if value else None
+
+
+# ---------------------------------------------------------------------------------------------
+# What the model's code imports (dependencies no file pins)
+# ---------------------------------------------------------------------------------------------
+
+# import name -> distribution name, where they differ
+IMPORT_TO_DIST = {"yaml": "pyyaml", "PIL": "pillow", "cv2": "opencv-python", "sklearn": "scikit-learn",
+                  "attr": "attrs", "google.protobuf": "protobuf", "skimage": "scikit-image", "bs4": "beautifulsoup4",
+                  "fitz": "pymupdf", "docx": "python-docx", "Crypto": "pycryptodome"}
+
+
+def _model_py_files(model_dir: Path) -> list[Path]:
+    return [p for p in sorted(model_dir.rglob("*.py"))
+            if not any(part.startswith(".") or part in ("__pycache__", "tests", "test") for part in
+                       p.relative_to(model_dir).parts[:-1])]
+
+
+def unconditional_imports(model_dir: Path) -> dict[str, str]:
+    """Top-level third-party modules the model's files import at module level, outside any try/if
+    (an import a guard protects is optional): {module: "file:line"} of the first such import."""
+    import sys
+
+    files = _model_py_files(model_dir)
+    local = {p.stem for p in files} | {p.name for p in model_dir.iterdir() if p.is_dir()}
+    found: dict[str, str] = {}
+    for path in files:
+        try:
+            tree = ast.parse(path.read_text(encoding="utf-8", errors="replace"))
+        except SyntaxError:
+            continue
+        for node in tree.body:
+            names: list[str] = []
+            if isinstance(node, ast.Import):
+                names = [a.name.split(".")[0] for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                names = [node.module.split(".")[0]]
+            for n in names:
+                if n not in sys.stdlib_module_names and n not in local and n not in found:
+                    found[n] = f"{path.relative_to(model_dir).as_posix()}:{node.lineno}"
+    return found
+
+
+def transformers_names(model_dir: Path) -> list[tuple[str, str, str]]:
+    """(module, name, "file:line") for every ``from transformers[.x] import name`` in the model's files:
+    the API surface that couples the model to a transformers release."""
+    out: list[tuple[str, str, str]] = []
+    for path in _model_py_files(model_dir):
+        try:
+            tree = ast.parse(path.read_text(encoding="utf-8", errors="replace"))
+        except SyntaxError:
+            continue
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and not node.level and node.module and \
+                    node.module.split(".")[0] == "transformers":
+                where = f"{path.relative_to(model_dir).as_posix()}:{node.lineno}"
+                out += [(node.module, a.name, where) for a in node.names if a.name != "*"]
+    return out

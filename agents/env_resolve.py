@@ -37,7 +37,15 @@ from packaging.requirements import Requirement
 from packaging.specifiers import SpecifierSet
 from packaging.version import InvalidVersion, Version
 
-from agents.env_pins import RANK, Pin, find_pins, saved_transformers_version  # noqa: F401  (re-exported)
+from agents.env_pins import (  # noqa: F401  (re-exported)
+    IMPORT_TO_DIST,
+    RANK,
+    Pin,
+    find_pins,
+    saved_transformers_version,
+    transformers_names,
+    unconditional_imports,
+)
 from knowledge.errors import EnvBuildError  # noqa: F401  (re-exported)
 from sandbox.targets import TARGETS
 
@@ -90,6 +98,7 @@ class Resolution:
             "found": [vars(p) for p in self.found], "conflicts": self.conflicts, "notes": self.notes,
             "dropped": self.dropped, "install": self.install, "needs_layered_env": self.needs_layered_env,
             "env_key": self.env_key if self.needs_layered_env else None,
+            "summary": self.summary(),
         }
 
 
@@ -365,12 +374,23 @@ def resolve(model_dir: Path, target: str, torch_npu: str | None) -> Resolution:
     _resolve_vllm(merged, stack, compat, conflicts, notes)
 
     host_tf = host_version("transformers")
-    tf_exact = _exact(merged["transformers"][0]) if "transformers" in pins else None
-    stack["transformers"] = tf_exact or host_tf
     saved = saved_transformers_version(model_dir)
     if saved and "transformers" not in pins and host_tf and _minor(saved)[0] != _minor(host_tf)[0]:
-        notes.append(f"config.json was saved with transformers {saved} and the host has {host_tf}; if the model "
-                     "uses private transformers APIs (H8), pin transformers in its requirements.txt.")
+        missing = missing_transformers_names(model_dir)
+        if missing:
+            # A version coupling: the model's code needs names the host's transformers no longer has.
+            pins["transformers"] = f"transformers=={saved}"
+            install.append(pins["transformers"])
+            shown = ", ".join(f"{mod}.{name} ({where})" for mod, name, where in missing[:4])
+            notes.append(f"config.json was saved with transformers {saved}; the host's {host_tf} lacks "
+                         f"{shown}{' ...' if len(missing) > 4 else ''}: transformers=={saved} is installed into "
+                         "the layered environment.")
+        else:
+            notes.append(f"config.json was saved with transformers {saved} and the host has {host_tf}; every "
+                         "transformers name the model imports exists in the host's release, so it is kept.")
+    _imported_dependencies(model_dir, pins, dropped, install, notes, compat, stack)
+    tf_exact = _exact(SpecifierSet(str(Requirement(pins["transformers"]).specifier))) if "transformers" in pins else None
+    stack["transformers"] = tf_exact or host_tf
 
     requirements_txt, constraints_txt = _bundle_files(target, stack, pins, compat)
     return Resolution(
@@ -378,6 +398,71 @@ def resolve(model_dir: Path, target: str, torch_npu: str | None) -> Resolution:
         found=found, conflicts=conflicts, notes=notes, dropped=dropped, install=install,
         requirements_txt=requirements_txt, constraints_txt=constraints_txt, needs_layered_env=bool(install),
     )
+
+
+def _imported_dependencies(model_dir: Path, pins: dict[str, str], dropped: dict[str, str], install: list[str],
+                           notes: list[str], compat: dict[str, Any], stack: dict[str, str | None]) -> None:
+    """Third-party packages the model's code imports unconditionally that no file pins: the host's
+    version when it has one, else installed into the layered environment (torchvision at the
+    release that goes with the target's torch)."""
+    from packaging.utils import canonicalize_name
+
+    for module, where in sorted(unconditional_imports(model_dir).items()):
+        dist = str(canonicalize_name(IMPORT_TO_DIST.get(module, module)))
+        if dist in pins or dist in dropped or dist in ("torch", "torch-npu", "npuport", "sandbox"):
+            continue
+        if _cuda_only_reason(dist, compat):
+            continue  # H3's business: the port removes or replaces its uses
+        if host_version(dist) is not None:
+            pins[dist] = dist
+            continue
+        if dist in FRAMEWORK:
+            companion = companion_version(dist, stack.get("torch") or host_version("torch") or "", compat) \
+                if dist in ("torchvision", "torchaudio") else None
+            if companion is None:
+                dropped[dist] = "decided by the target (never installed into the sandbox env)"
+                continue
+            requirement = f"{dist}=={companion}"
+            host_torch = host_version("torch") or ""
+            if "+" in host_torch:
+                # A local build (+cpu, +cu121): the registry's wheel is built against another torch build and
+                # fails to load its operators (torchvision::nms) at import time.
+                notes.append(f"the host's torch is the {host_torch} build: {dist} from the package registry is built "
+                             f"against PyPI's torch and may not load (\"operator {dist}::... does not exist\"); "
+                             f"install {dist} from the index the host's torch came from (e.g. "
+                             "https://download.pytorch.org/whl/cpu for +cpu).")
+        else:
+            requirement = dist
+        pins[dist] = requirement
+        install.append(requirement)
+        notes.append(f"{module} is imported by the model ({where}) and the host does not have it: {requirement} is "
+                     "installed into the layered environment.")
+
+
+def missing_transformers_names(model_dir: Path, python: str | None = None) -> list[tuple[str, str, str]]:
+    """The (module, name, where) the model imports from transformers that the installed transformers
+    lacks (a removed or renamed API), checked in a child interpreter (importing transformers is slow
+    and must not happen in npuport's own process)."""
+    wanted = transformers_names(model_dir)
+    if not wanted:
+        return []
+    probe = ("import importlib, json, sys\n"
+             "out = []\n"
+             "for mod, name, where in json.loads(sys.stdin.read()):\n"
+             "    try:\n"
+             "        m = importlib.import_module(mod)\n"
+             "        ok = hasattr(m, name) or importlib.util.find_spec(mod + '.' + name) is not None\n"
+             "    except Exception:\n"
+             "        ok = False\n"
+             "    if not ok:\n"
+             "        out.append([mod, name, where])\n"
+             "print(json.dumps(out))\n")
+    try:
+        done = subprocess.run([python or sys.executable, "-c", probe], input=json.dumps(wanted), capture_output=True,
+                              text=True, timeout=120)
+        return [tuple(x) for x in json.loads(done.stdout.strip().splitlines()[-1])] if done.returncode == 0 else []
+    except (subprocess.TimeoutExpired, json.JSONDecodeError, IndexError):
+        return []
 
 
 def _bundle_files(target: str, stack: dict[str, str | None], pins: dict[str, str],

@@ -95,6 +95,7 @@ class RunRecord(BaseModel):
     warnings: list[str] = Field(default_factory=list)
     op_stats: dict[str, Any] = Field(default_factory=dict)
     isolation: str = ""  # "bwrap" or "process" (no filesystem/network isolation): said in the report
+    shrunk: list[str] | None = None  # under --shrink: each config change ("path: old -> new")
 
 
 class Diagnosis(BaseModel):

@@ -64,6 +64,12 @@ def _isolation_text(runs: list[dict[str, Any]]) -> str:
     return text
 
 
+def _environment_text(env: dict[str, Any]) -> str:
+    res = env.get("resolution") or {}
+    where = f"layered venv `{env['python']}`" if env.get("python") else "npuport's own interpreter (no layer needed)"
+    return f"{res.get('summary') or 'not resolved'}; ran in {where}"
+
+
 def _fallback_text(op: str, info: Any) -> str:
     return f"{op} x{info.get('count', '?')}" if isinstance(info, dict) else op
 
@@ -86,6 +92,7 @@ def render_markdown(report: dict[str, Any]) -> str:
         f"{report['counters'].get('reference_runs', 0)} of the original (reference)",
         f"- **Wall time:** {report['wall_s']:.1f} s",
         f"- **Sandbox isolation:** {_isolation_text(report['runs'])}",
+        f"- **Environment (every run):** {_environment_text(report.get('environment') or {})}",
         *failure_markdown(report.get("failure")),
         "",
         "## Findings",
@@ -99,6 +106,10 @@ def render_markdown(report: dict[str, Any]) -> str:
                          f"{_md_escape(f['message'])} | {_md_escape(res.get(f['id'], ''))} |")
     else:
         lines.append("No hazards found.")
+    shrunk = next((r["shrunk"] for r in report["runs"] if r.get("shrunk") is not None), None)
+    if shrunk is not None:
+        lines += ["", "## Shrunk config (--shrink: random weights, fixed seed; every run used it)", ""]
+        lines += [f"- `{c}`" for c in shrunk] or ["- nothing: no size in config.json matched a shrink rule"]
     lines += ["", "## Patches (one commit each; `port.patch` is the whole diff)", ""]
     for p in report["patches"]:
         lines.append(f"- `{p['commit'][:8]}` {p['summary']} — files: {', '.join(p['files'])}; cites: "
@@ -159,7 +170,7 @@ def write_bundle(state: dict[str, Any], out_dir: Path, status: str, reason: str)
         "perf": state.get("perf") or {}, "verdict": verdict(status, state.get("perf")),
         "original_digest": state.get("original_digest"), "workdir": state.get("workdir"),
         "wall_s": time.time() - (state.get("started_at") or time.time()),
-        "failure": state.get("failure"),
+        "failure": state.get("failure"), "environment": state.get("environment") or {},
     }
     kinds = {r.get("isolation") or "process" for r in report["runs"]}
     report["isolation"] = "unisolated (process)" if "process" in kinds else ("bwrap" if kinds else "none (no run)")

@@ -176,7 +176,7 @@ def port(
     out: Annotated[Path | None, typer.Option("--out", "-o", help="bundle folder (default ./npuport-out/<model>)")] = None,
     force: Annotated[bool, typer.Option("--force", help="replace an existing --out folder (its files are removed first)")] = False,
     policy: PolicyOpt = "rule",
-    shrink: Annotated[bool, typer.Option("--shrink", help="quick runs with the manifest's `shrink` config overrides")] = False,
+    shrink: Annotated[bool, typer.Option("--shrink", help="quick runs on a small config derived from config.json (random weights; the manifest's `shrink:` overrides win)")] = False,
     torch_npu: Annotated[str, typer.Option("--torch-npu", help="torch_npu version to emulate")] = "2.13.0",
     strict: Annotated[bool, typer.Option(help="fail on CPU fallbacks (TORCH_NPU_FALLBACK_CPU_DISABLE=1)")] = False,
     strict_perf: Annotated[bool, typer.Option("--strict-perf", help="fail the port on performance pathologies "

@@ -95,7 +95,8 @@ def _tokens_of(output: Any) -> list[list[int]]:
     return list(output)
 
 
-def _build_model(cls: Any, config: dict[str, Any], cfg: dict[str, Any], seed: int, device: str) -> tuple[Any, Any]:
+def _build_model(cls: Any, config: dict[str, Any], cfg: dict[str, Any], seed: int, device: str,
+                 model_dir: Path) -> tuple[Any, Any]:
     import torch
 
     config = dict(config)
@@ -113,7 +114,7 @@ def _build_model(cls: Any, config: dict[str, Any], cfg: dict[str, Any], seed: in
             raise Infeasible(f"unknown dtype {cfg['dtype']!r}")
         dtype = getattr(torch, cfg["dtype"])
     torch.manual_seed(seed)
-    model = cls(config)
+    model = harness.build_model(cls, config, model_dir)
     harness.seed_parameters(model, seed)
     model.eval()
     if dtype is not None:
@@ -170,15 +171,19 @@ def _run_config(cls: Any, base_config: dict[str, Any], manifest: dict[str, Any],
             torch.set_num_threads(int(cfg["threads"]))
         out["threads_used"] = torch.get_num_threads()
         t0 = time.perf_counter()
-        model, dtype = _build_model(cls, base_config, cfg, seed, device)
+        model, dtype = _build_model(cls, base_config, cfg, seed, device, model_dir)
         out["load_s"] = time.perf_counter() - t0
         mode = cfg.get("compile") or "none"
         if mode not in COMPILE_MODES:
             raise Infeasible(f"unknown torch.compile mode {mode!r}")
         if mode != "none":
             out["compiled_modules"] = _compile_children(model, mode)
-        inputs_fn = harness._load_attr(manifest["inputs"], model_dir)
         run_cfg = manifest.get("run") or {}
+        if manifest.get("inputs"):
+            inputs_fn = harness._load_attr(manifest["inputs"], model_dir)
+        else:
+            def inputs_fn(config: dict[str, Any], seed: int) -> dict[str, Any]:
+                return harness.synthesise_inputs(model, run_cfg.get("method", "generate"), config, seed)
         method = getattr(model, run_cfg.get("method", "generate"))
         kwargs = dict(run_cfg.get("kwargs") or {})
         kwargs.update(spec.get("run_kwargs") or {})
@@ -242,10 +247,7 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
             bootstrap = importlib.import_module(mod_name)
             getattr(bootstrap, fn_name)(target.get("options") or {})
         sys.path.insert(0, str(model_dir))
-        config: dict[str, Any] = json.loads((model_dir / manifest.get("config", "config.json")).read_text())
-        if spec.get("shrink"):
-            config.update(manifest.get("shrink") or {})
-        config.update(spec.get("config_overrides") or {})
+        config, _ = harness.load_config(model_dir, manifest, spec)
         stubbed: list[str] = []
         cls = harness._import_with_stubs(lambda: harness._load_attr(manifest["entry"]["class"], model_dir),
                                          redirect_on, stubbed)
@@ -311,6 +313,7 @@ def run_bench(
     limits: Limits | None = None,
     sandbox: Sandbox | None = None,
     python: str | None = None,
+    shrink: bool = False,
 ) -> BenchRun:
     """Run this module in the sandbox on ``model_dir`` for each configuration. ``redirect="cuda->cpu"``
     with ``device="cuda"`` runs the original as written (the baseline)."""
@@ -320,6 +323,7 @@ def run_bench(
         "model_dir": str(model_dir.resolve()), "manifest": manifest, "device": device, "redirect": redirect,
         "target": target, "seed": seed, "configs": configs, "concurrencies": concurrencies or [1],
         "warmup": warmup, "repeats": repeats, "reference_tokens": reference_tokens, "result_path": str(result_path),
+        "shrink": shrink,
     }
     spec_path = run_dir / "bench_spec.json"
     spec_path.write_text(json.dumps(spec, indent=1))

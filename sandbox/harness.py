@@ -24,15 +24,37 @@ from typing import Any
 MAX_STUB_RETRIES = 8
 
 
+MODEL_PACKAGE = "npuport_model"  # the synthetic package the model folder is imported as
+
+
+def register_model_package(model_dir: Path) -> None:
+    """Import the model folder as a package, as transformers' dynamic module loader does, so that its
+    modules' relative imports (``from .configuration_x import XConfig``) resolve. Absolute imports
+    still work through sys.path."""
+    pkg = ModuleType(MODEL_PACKAGE)
+    pkg.__path__ = [str(model_dir)]
+    pkg.__file__ = str(model_dir / "__init__.py")
+    pkg.__package__ = MODEL_PACKAGE
+    sys.modules[MODEL_PACKAGE] = pkg
+
+
 def _load_attr(spec: str, model_dir: Path) -> Any:
     module_name, _, attr = spec.partition(":")
     if not attr:
         module_name, _, attr = spec.rpartition(".")
-    module = importlib.import_module(module_name)
+    in_model = _module_in(model_dir, module_name)
+    if in_model and MODEL_PACKAGE not in sys.modules:
+        register_model_package(model_dir)
+    module = importlib.import_module(f"{MODEL_PACKAGE}.{module_name}" if in_model else module_name)
     obj: Any = module
     for part in attr.split("."):
         obj = getattr(obj, part)
     return obj
+
+
+def _module_in(model_dir: Path, module_name: str) -> bool:
+    base = model_dir / Path(*module_name.split("."))
+    return base.with_suffix(".py").is_file() or (base / "__init__.py").is_file()
 
 
 def _import_with_stubs(fn: Any, redirect: bool, stubbed: list[str]) -> Any:
@@ -59,7 +81,7 @@ _model_dir_str = ""
 def _forget_model_modules() -> None:
     for name, mod in list(sys.modules.items()):
         f = getattr(mod, "__file__", None) or ""
-        if _model_dir_str and f.startswith(_model_dir_str):
+        if _model_dir_str and f.startswith(_model_dir_str) and name != MODEL_PACKAGE:
             del sys.modules[name]
 
 
@@ -177,7 +199,122 @@ def _to_device(value: Any, device: str) -> Any:
 
     if isinstance(value, torch.Tensor):
         return value.to(device)
+    if isinstance(value, dict):
+        return {k: _to_device(v, device) for k, v in value.items()}
+    if isinstance(value, list | tuple):  # e.g. images as a list of (crops, global view) tuples
+        moved = [_to_device(v, device) for v in value]
+        return type(value)(moved) if isinstance(value, list) or type(value) is tuple else type(value)(*moved)
     return value
+
+
+def load_config(model_dir: Path, manifest: dict[str, Any], spec: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
+    """config.json as a dict; under ``shrink`` a derived small config (sandbox/shrink.py) with the
+    manifest's ``shrink:`` overrides on top, and the list of what was shrunk. Without ``shrink``, a
+    config too large for this machine's memory is refused with a message naming --shrink."""
+    from sandbox.shrink import estimate_params, shrink_config
+
+    config: dict[str, Any] = json.loads((model_dir / manifest.get("config", "config.json")).read_text())
+    changes: list[str] = []
+    if spec.get("shrink"):
+        config, changes = shrink_config(config, manifest.get("shrink") or {})
+    else:
+        params = estimate_params(config)
+        need = params * 4  # built in float32 before any dtype cast
+        avail = _available_memory()
+        if avail and need > 0.8 * avail:
+            raise MemoryError(f"the model's config describes about {params / 1e9:.2f}B parameters "
+                              f"({need / 2**30:.1f} GiB in float32) but {avail / 2**30:.1f} GiB of memory is "
+                              "available: rerun with --shrink (a small config derived from config.json, random "
+                              "weights)")
+    config.update(spec.get("config_overrides") or {})
+    return config, changes
+
+
+def _available_memory() -> int | None:
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+def _auto_ref(value: Any) -> str | None:
+    if isinstance(value, list | tuple):
+        value = next((v for v in value if v), None)
+    if not isinstance(value, str) or "." not in value:
+        return None
+    module, _, name = value.split("--", 1)[-1].rpartition(".")
+    return f"{module}:{name}"
+
+
+def build_model(cls: Any, config: dict[str, Any], model_dir: Path) -> Any:
+    """Build the model as transformers does for remote code: the config through config.json's
+    ``auto_map["AutoConfig"]`` (else the class's own ``config_class``) into its PretrainedConfig
+    class, then ``cls._from_config``; a plain nn.Module gets the dict (``cls(config)``)."""
+    auto = config.get("auto_map") if isinstance(config.get("auto_map"), dict) else {}
+    ref = _auto_ref(auto.get("AutoConfig")) if auto else None
+    config_cls: Any = _load_attr(ref, model_dir) if ref else None
+    if config_cls is None:
+        candidate = getattr(cls, "config_class", None)
+        if isinstance(candidate, type) and hasattr(candidate, "from_dict"):
+            config_cls = candidate
+    if config_cls is None:
+        return cls(config)
+    config_obj = config_cls(**config)  # what PretrainedConfig.from_dict does with a dict
+    if hasattr(cls, "_from_config"):
+        return cls._from_config(config_obj)
+    return cls(config_obj)
+
+
+def synthesise_inputs(model: Any, method_name: str, config: dict[str, Any], seed: int) -> dict[str, Any]:
+    """Inputs for a model with no inputs function: token ids within the vocabulary (and a mask) for a
+    method that takes them, an image batch of the config's image size for one that names pixels."""
+    import inspect
+
+    import torch
+
+    names: set[str] = set()
+    var_kw = False
+    for name in dict.fromkeys((method_name, "forward")):
+        fn = getattr(model, name, None)
+        if fn is None:
+            continue
+        try:
+            params = inspect.signature(fn).parameters
+        except (TypeError, ValueError):
+            continue
+        names |= set(params)
+        var_kw = var_kw or any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+    g = torch.Generator().manual_seed(seed)
+    vocab = _nested(config, "vocab_size") or 256
+    out: dict[str, Any] = {}
+    if "input_ids" in names or var_kw:
+        out["input_ids"] = torch.randint(0, int(vocab), (1, 8), generator=g)
+        if "attention_mask" in names:
+            out["attention_mask"] = torch.ones(1, 8, dtype=torch.long)
+    for pix in ("pixel_values", "images", "image"):
+        if pix in names:
+            size = int(_nested(config, "image_size") or 32)
+            chans = int(_nested(config, "num_channels") or 3)
+            out[pix] = torch.randn(1, chans, size, size, generator=g)
+            break
+    if not out:
+        raise ValueError(f"no inputs function and none can be synthesised for {method_name}: add an "
+                         "npuport_inputs.py with make_inputs(config, seed) (docs/architecture.md, Model manifest)")
+    return out
+
+
+def _nested(config: dict[str, Any], key: str) -> Any:
+    if key in config and config[key] is not None:
+        return config[key]
+    for v in config.values():
+        if isinstance(v, dict):
+            found = _nested(v, key)
+            if found is not None:
+                return found
+    return None
 
 
 def _digest_tokens(tokens: list[list[int]]) -> str:
@@ -229,23 +366,25 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
 
             redirect.install(redirect_to)
         sys.path.insert(0, str(model_dir))
-        config: dict[str, Any] = json.loads((model_dir / manifest.get("config", "config.json")).read_text())
+        config, shrunk = load_config(model_dir, manifest, spec)
         if spec.get("shrink"):
-            config.update(manifest.get("shrink") or {})
-        config.update(spec.get("config_overrides") or {})
+            result["shrunk"] = shrunk
         stubbed: list[str] = result["stubbed_modules"]
         redirect_on = bool(redirect_to)
         cls = _import_with_stubs(lambda: _load_attr(manifest["entry"]["class"], model_dir), redirect_on, stubbed)
         torch.manual_seed(seed)
-        model = cls(config)
+        model = _import_with_stubs(lambda: build_model(cls, config, model_dir), redirect_on, stubbed)
         seed_parameters(model, seed)
         model.eval()
         if spec.get("dtype"):
             model.to(getattr(torch, spec["dtype"]))
         model.to(device)
-        inputs_fn = _load_attr(manifest["inputs"], model_dir)
-        inputs = {k: _to_device(v, device) for k, v in inputs_fn(config, seed).items()}
         run_cfg = manifest.get("run") or {}
+        if manifest.get("inputs"):
+            raw_inputs = _load_attr(manifest["inputs"], model_dir)(config, seed)
+        else:
+            raw_inputs = synthesise_inputs(model, run_cfg.get("method", "generate"), config, seed)
+        inputs = {k: _to_device(v, device) for k, v in raw_inputs.items()}
         method = getattr(model, run_cfg.get("method", "generate"))
         kwargs = dict(run_cfg.get("kwargs") or {})
         kwargs.update(spec.get("run_kwargs") or {})

@@ -49,7 +49,17 @@ def write_deploy_bundle(state: dict[str, Any], out_dir: Path) -> dict[str, str]:
     model_dir = _model_dir(state, out_dir)
     name = Path((state.get("request") or {}).get("model_path") or "model").name
     files: dict[str, str] = {}
-    files["run_py"] = _write(out_dir / "run.py", runscript.render_run_py(tuning.get("best") or {}, target), True)
+    manifest = state.get("entry") or {}
+    files["run_py"] = _write(out_dir / "run.py", runscript.render_run_py(tuning.get("best") or {}, target, manifest),
+                             True)
+    if (state.get("request") or {}).get("shrink") and model_dir is not None:
+        # The exact small config the port was validated with; run.py uses it by default.
+        from sandbox.shrink import shrink_config
+
+        config_file = model_dir / str(manifest.get("config") or "config.json")
+        if config_file.is_file():
+            small, _ = shrink_config(json.loads(config_file.read_text()), manifest.get("shrink") or {})
+            files["run_config"] = _write(out_dir / "run_config.json", json.dumps(small, indent=1))
     settings = serve_settings(state, model_dir)
     files["serve_sh"] = _write(out_dir / "serve.sh", vllm.render_serve_sh(settings, name), True)
     files["set_env_sh"] = _write(out_dir / "set_env.sh", vllm.render_set_env_sh(settings), True)
@@ -57,7 +67,8 @@ def write_deploy_bundle(state: dict[str, Any], out_dir: Path) -> dict[str, str]:
         {"serve_settings": [s.model_dump() for s in settings], "tuned": tuning.get("best") or {},
          "target": target}, indent=1))
     if model_dir is not None:
-        req_txt, con_txt = requirements.render(model_dir)
+        python = (state.get("environment") or {}).get("python")  # the layered env the runs used, if any
+        req_txt, con_txt = requirements.render(model_dir, python if python and Path(python).exists() else None)
         files["requirements"] = _write(out_dir / "requirements.txt", req_txt)
         files["constraints"] = _write(out_dir / "constraints.txt", con_txt)
     files.update(plots.write_plots(tuning, out_dir / "plots", name))

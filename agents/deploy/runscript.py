@@ -21,6 +21,7 @@ import importlib
 import json
 import sys
 import time
+import types
 import zlib
 from pathlib import Path
 
@@ -31,14 +32,87 @@ HERE = Path(__file__).resolve().parent
 sys.dont_write_bytecode = True  # keep ./patched byte-identical to what port.patch yields
 TUNED = json.loads(__TUNED__)  # the tuned configuration (see report.md)
 TUNED_TARGET = __TARGET__
+RUN_CONFIG = HERE / "run_config.json"
+MANIFEST = json.loads(__MANIFEST__)  # how npuport ran the model (entry class, inputs, method)
+PACKAGE = "npuport_model"  # the model folder is imported as this package (its relative imports resolve)
 
 
-def load_attr(spec):
+def register_package(model_dir):
+    pkg = types.ModuleType(PACKAGE)
+    pkg.__path__ = [str(model_dir)]
+    sys.modules[PACKAGE] = pkg
+
+
+def load_attr(spec, model_dir):
     module_name, _, attr = spec.partition(":")
+    base = model_dir / Path(*module_name.split("."))
+    if base.with_suffix(".py").is_file() or (base / "__init__.py").is_file():
+        module_name = f"{PACKAGE}.{module_name}"
     obj = importlib.import_module(module_name)
     for part in attr.split("."):
         obj = getattr(obj, part)
     return obj
+
+
+def build_model(cls, config, model_dir):
+    """As transformers builds remote code: config.json's auto_map AutoConfig (else the class's
+    config_class) makes the config object; a plain nn.Module gets the dict."""
+    ref = (config.get("auto_map") or {}).get("AutoConfig")
+    if isinstance(ref, list):
+        ref = next((r for r in ref if r), None)
+    config_cls = None
+    if isinstance(ref, str) and "." in ref:
+        module, _, name = ref.split("--", 1)[-1].rpartition(".")
+        config_cls = load_attr(f"{module}:{name}", model_dir)
+    elif isinstance(getattr(cls, "config_class", None), type) and hasattr(cls.config_class, "from_dict"):
+        config_cls = cls.config_class
+    if config_cls is None:
+        return cls(config)
+    obj = config_cls(**config)
+    return cls._from_config(obj) if hasattr(cls, "_from_config") else cls(obj)
+
+
+def nested(config, key):
+    if config.get(key) is not None:
+        return config[key]
+    for v in config.values():
+        if isinstance(v, dict) and nested(v, key) is not None:
+            return nested(v, key)
+    return None
+
+
+def synthesise_inputs(model, method, config, seed):
+    """The inputs npuport's harness synthesised (no inputs function): token ids within the vocabulary,
+    a mask, an image batch of the config's image size, by what the method's signature names."""
+    import inspect
+    names, var_kw = set(), False
+    for name in dict.fromkeys((method, "forward")):
+        params = inspect.signature(getattr(model, name)).parameters
+        names |= set(params)
+        var_kw = var_kw or any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+    g = torch.Generator().manual_seed(seed)
+    out = {}
+    if "input_ids" in names or var_kw:
+        out["input_ids"] = torch.randint(0, int(nested(config, "vocab_size") or 256), (1, 8), generator=g)
+        if "attention_mask" in names:
+            out["attention_mask"] = torch.ones(1, 8, dtype=torch.long)
+    for pix in ("pixel_values", "images", "image"):
+        if pix in names:
+            size, chans = int(nested(config, "image_size") or 32), int(nested(config, "num_channels") or 3)
+            out[pix] = torch.randn(1, chans, size, size, generator=g)
+            break
+    return out
+
+
+def to_device(value, device, dtype):
+    if isinstance(value, torch.Tensor):
+        value = value.to(dtype) if value.is_floating_point() else value
+        return value.to(device)
+    if isinstance(value, dict):
+        return {k: to_device(v, device, dtype) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(to_device(v, device, dtype) for v in value)
+    return value
 
 
 def seed_parameters(model, seed):
@@ -63,6 +137,9 @@ def main():
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--weights", type=Path, help="a state_dict (torch.save) to load instead of seeded weights")
+    ap.add_argument("--config", type=Path, default=RUN_CONFIG if RUN_CONFIG.is_file() else None,
+                    help="the model config (default: run_config.json, the --shrink config the port was "
+                         "validated with, if present; else the model's own)")
     args = ap.parse_args()
 
     device = "cpu"
@@ -77,32 +154,37 @@ def main():
         torch.set_num_threads(args.threads)
 
     model_dir = args.model_dir.resolve()
-    manifest = yaml.safe_load((model_dir / "npuport.yaml").read_text())
+    manifest = MANIFEST
+    if (model_dir / "npuport.yaml").is_file():
+        manifest = yaml.safe_load((model_dir / "npuport.yaml").read_text())
     sys.path.insert(0, str(model_dir))
-    config = json.loads((model_dir / manifest.get("config", "config.json")).read_text())
+    register_package(model_dir)
+    config_path = args.config or model_dir / manifest.get("config", "config.json")
+    config = json.loads(Path(config_path).read_text())
     if args.attn:
         config["_attn_implementation"] = args.attn
-    cls = load_attr(manifest["entry"]["class"])
+    cls = load_attr(manifest["entry"]["class"], model_dir)
     torch.manual_seed(args.seed)
-    model = cls(config)
+    model = build_model(cls, config, model_dir)
     seed_parameters(model, args.seed)
     if args.weights:
         model.load_state_dict(torch.load(args.weights, map_location="cpu"))
     model.eval().to(getattr(torch, args.dtype)).to(device)
     if args.compile != "none":
         model.compile(mode=args.compile)
-    inputs_fn = load_attr(manifest["inputs"])
+    run = manifest.get("run") or {}
+    if manifest.get("inputs"):
+        inputs_fn = load_attr(manifest["inputs"], model_dir)
+    else:
+        def inputs_fn(config, seed):
+            return synthesise_inputs(model, run.get("method", "generate"), config, seed)
     per = [inputs_fn(config, args.seed + i) for i in range(args.batch)]
     inputs = {}
     for key, first in per[0].items():
         if isinstance(first, torch.Tensor):
-            value = torch.cat([p[key] for p in per], dim=0)
-            if value.is_floating_point():
-                value = value.to(getattr(torch, args.dtype))
-            inputs[key] = value.to(device)
-        else:
-            inputs[key] = first
-    run = manifest.get("run") or {}
+            inputs[key] = to_device(torch.cat([p[key] for p in per], dim=0), device, getattr(torch, args.dtype))
+        else:  # nested inputs (a list of image tuples, a dict): the first request's
+            inputs[key] = to_device(first, device, getattr(torch, args.dtype))
     method = getattr(model, run.get("method", "generate"))
     kwargs = dict(run.get("kwargs") or {})
     times, out = [], None
@@ -130,7 +212,8 @@ if __name__ == "__main__":
 '''
 
 
-def render_run_py(tuned: dict[str, Any], target: str) -> str:
+def render_run_py(tuned: dict[str, Any], target: str, manifest: dict[str, Any] | None = None) -> str:
     target = target if target in ("cpu", "npu", "ascend-sim") else "cpu"
     cfg = {k: v for k, v in tuned.items() if k in ("batch", "threads", "dtype", "attn", "compile")}
-    return TEMPLATE.replace("__TUNED__", repr(json.dumps(cfg))).replace("__TARGET__", repr(target))
+    return (TEMPLATE.replace("__TUNED__", repr(json.dumps(cfg))).replace("__TARGET__", repr(target))
+            .replace("__MANIFEST__", repr(json.dumps(manifest or {}))))

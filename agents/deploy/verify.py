@@ -61,11 +61,12 @@ def _apply_patch(original: Path, bundle: Path, root: Path) -> tuple[Claim, Works
     patch = bundle / "port.patch"
     if not patch.exists():
         return Claim(name="patch applies", verdict="disagree", detail="the bundle has no port.patch"), None
-    try:
-        ws.git("apply", "--whitespace=nowarn", str(patch.resolve()))
-    except WorkspaceError as exc:
-        return Claim(name="patch applies", verdict="disagree", detail=f"git apply failed: {str(exc)[:300]}"), None
-    ws.commit("port.patch from the bundle")
+    if patch.read_text().strip():  # an empty patch (the port changed nothing) applies trivially
+        try:
+            ws.git("apply", "--whitespace=nowarn", str(patch.resolve()))
+        except WorkspaceError as exc:
+            return Claim(name="patch applies", verdict="disagree", detail=f"git apply failed: {str(exc)[:300]}"), None
+        ws.commit("port.patch from the bundle")
     rebuilt = root / "rebuilt"
     ws.export_tree(rebuilt)
     patched = bundle / "patched"
@@ -76,6 +77,12 @@ def _apply_patch(original: Path, bundle: Path, root: Path) -> tuple[Claim, Works
                  observed=tree_digest(rebuilt)[:16],
                  detail="applies cleanly and yields the bundle's patched tree" if same
                  else "applies, but the result differs from the bundle's patched/ tree"), ws
+
+
+def report_python(report: dict[str, Any]) -> str | None:
+    """The interpreter of the environment the port ran in, when it still exists (else the host's)."""
+    python = (report.get("environment") or {}).get("python")
+    return python if python and Path(python).exists() else None
 
 
 def _target(report: dict[str, Any]) -> Target | None:
@@ -98,10 +105,13 @@ def _tokens_claim(report: dict[str, Any], ws: Workspace, target: Target, limits:
     original = ws.root / "original"
     ws.original_tree(original)
     manifest = report.get("entry") or {}
+    # The port's own conditions: its shrunk config and the environment it ran in (a layered venv).
+    extra = {"shrink": bool((report.get("request") or {}).get("shrink"))}
+    python = report_python(report)
     ref = run_harness(workdir=ws.root, model_dir=original, run_dir=ws.runs_dir / "verify-reference", manifest=manifest,
-                      target=Target("cpu", "cpu"), reference=True, limits=limits)
+                      target=Target("cpu", "cpu"), reference=True, limits=limits, extra=extra, python=python)
     port = run_harness(workdir=ws.root, model_dir=ws.model_dir, run_dir=ws.runs_dir / "verify-port", manifest=manifest,
-                       target=target, limits=limits)
+                       target=target, limits=limits, extra=extra, python=python)
     ref_t = (ref.result.get("outputs") or {}).get("tokens") if ref.ok else None
     port_t = (port.result.get("outputs") or {}).get("tokens") if port.ok else None
     if ref_t is None or port_t is None:
@@ -151,7 +161,8 @@ def _throughput_claim(report: dict[str, Any], ws: Workspace, target: Target, ref
     run = run_bench(workdir=ws.root, model_dir=ws.model_dir, run_dir=ws.runs_dir / "verify-bench",
                     manifest=report.get("entry") or {}, configs=[{"id": "verify", **tuning["best"]}], device=target.device,
                     target=target.harness_target() if target.bootstrap else None, env=target.env,
-                    concurrencies=[conc], warmup=1, repeats=3, reference_tokens=ref_tokens, limits=limits)
+                    concurrencies=[conc], warmup=1, repeats=3, reference_tokens=ref_tokens, limits=limits,
+                    python=report_python(report), shrink=bool((report.get("request") or {}).get("shrink")))
     observed = at(points_of(run), conc)
     if observed is None:
         return Claim(name="throughput", verdict="disagree", claimed=claimed, detail=f"benchmark failed: {run.error()}")

@@ -36,9 +36,10 @@ class PortBench:
 
     def __init__(self, *, workdir: Path, model_dir: Path, original_dir: Path, manifest: dict[str, Any],
                  target: Target, runs_dir: Path, reference_tokens: list[list[int]] | None, wall_s: float = 600.0,
-                 repeats: int = 3, python: str | None = None) -> None:
+                 repeats: int = 3, python: str | None = None, shrink: bool = False) -> None:
         self.workdir, self.model_dir, self.original_dir = workdir, model_dir, original_dir
         self.python = python  # the layered environment's interpreter, when the model has its own pins
+        self.shrink = shrink  # --shrink: the same derived small config as the validation runs
         self.manifest, self.target, self.runs_dir = manifest, target, runs_dir
         self.reference_tokens = reference_tokens
         self.limits = Limits(wall_s=wall_s)
@@ -50,13 +51,14 @@ class PortBench:
                          manifest=self.manifest, configs=configs, device=self.target.device,
                          target=self.target.harness_target() if self.target.bootstrap else None, env=self.target.env,
                          concurrencies=concurrencies, warmup=1, repeats=self.repeats,
-                         reference_tokens=self.reference_tokens, limits=self.limits, python=self.python)
+                         reference_tokens=self.reference_tokens, limits=self.limits, python=self.python,
+                         shrink=self.shrink)
 
     def baseline(self, concurrencies: list[int], tag: str = "bench-baseline") -> BenchRun:
         return run_bench(workdir=self.workdir, model_dir=self.original_dir, run_dir=self.runs_dir / tag,
                          manifest=self.manifest, configs=[dict(BASELINE_CONFIG)], device="cuda", redirect="cuda->cpu",
                          concurrencies=concurrencies, warmup=1, repeats=self.repeats, limits=self.limits,
-                         python=self.python)
+                         python=self.python, shrink=self.shrink)
 
     def evaluator(self) -> Evaluate:
         def evaluate(params: dict[str, Any]) -> Outcome:

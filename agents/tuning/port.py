@@ -139,7 +139,7 @@ def tune_port(state: dict[str, Any], space: SearchSpace | None = None) -> Tuning
     bench = PortBench(workdir=ws.root, model_dir=ws.model_dir, original_dir=original, manifest=state["entry"],
                       target=target, runs_dir=ws.runs_dir / "tuning", reference_tokens=ref_tokens,
                       wall_s=float(req.get("run_timeout_s", 300)) * 2,
-                      python=(state.get("environment") or {}).get("python"))
+                      python=(state.get("environment") or {}).get("python"), shrink=bool(req.get("shrink")))
     t0 = time.monotonic()
     budget = budget_of(req)
     proposals, llm_note = llm_proposals(state, space, facts)

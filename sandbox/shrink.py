@@ -1,0 +1,137 @@
+"""Derive a small config from a model's config.json, and estimate a config's size.
+
+Rules are by the CLASS of a key (a layer count, an expert count, a head count, a width), applied at
+every nesting level (sub-configs such as a language or vision config). Sizes stay consistent:
+hidden % heads == 0, kv heads divide heads, routed experts divisible by expert groups, top-k no
+larger than the experts. Vocabulary and image sizes are kept: token ids and image tensors built by
+the model's own preprocessing must stay valid. Sizes hard-coded in the model's code are not seen
+here; the manifest's ``shrink:`` dict (dotted keys for nested configs) overrides any derived value.
+Used by the harness (inside the sandbox), so it imports nothing of agents/graph.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+LAYERS = 2
+HEADS = 4
+HEAD_DIM = 16
+HIDDEN = HEADS * HEAD_DIM
+INTERMEDIATE = 2 * HIDDEN
+EXPERTS = 4
+TOP_K = 2
+
+_LAYER_KEYS = re.compile(r"^(num_hidden_layers|n_layers?|num_layers|layers|num_decoder_layers|num_encoder_layers|depth|"
+                         r"encoder_layers|decoder_layers)$")
+_EXPERT_KEYS = re.compile(r"^(n_routed_experts|num_experts|num_local_experts|moe_num_experts|n_experts)$")
+_TOPK_KEYS = re.compile(r"^(num_experts_per_tok|moe_top_k|top_k|experts_per_token)$")
+_HEAD_KEYS = re.compile(r"^(num_attention_heads|n_heads?|num_heads|heads|encoder_attention_heads|decoder_attention_heads)$")
+_KV_KEYS = re.compile(r"^(num_key_value_heads|n_kv_heads|num_kv_heads|multi_query_group_num)$")
+_HIDDEN_KEYS = re.compile(r"^(hidden_size|d_model|n_embd|n_embed|embed_dim|dim|width|hidden_dim|input_dim|output_dim)$")
+_FFN_KEYS = re.compile(r"^(intermediate_size|ffn_dim|ffn_hidden_size|n_inner|d_ff|encoder_ffn_dim|"
+                       r"decoder_ffn_dim|moe_intermediate_size|shared_expert_intermediate_size)$")
+# Expert groups (must divide the experts), groups picked per token, shared experts: one each.
+_TO_ONE = ("n_group", "num_expert_group", "topk_group", "n_shared_experts", "num_shared_experts")
+_HEAD_DIM_KEYS = re.compile(r"^(head_dim|qk_nope_head_dim|qk_rope_head_dim|v_head_dim|kv_lora_rank|q_lora_rank)$")
+
+
+def _int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def shrink_config(config: dict[str, Any], overrides: dict[str, Any] | None = None) -> tuple[dict[str, Any], list[str]]:
+    """A small copy of ``config`` and the list of changes ("path: old -> new"), overrides last."""
+    changes: list[str] = []
+    out = _shrink_level(config, "", changes)
+    for key, value in (overrides or {}).items():
+        node = out
+        *parents, last = key.split(".")
+        for p in parents:
+            nxt = node.get(p)
+            if not isinstance(nxt, dict):
+                nxt = node[p] = {}
+            node = nxt
+        original: Any = config
+        for part in key.split("."):
+            original = original.get(part, "<unset>") if isinstance(original, dict) else "<unset>"
+        node[last] = value
+        changes = [c for c in changes if not c.startswith(f"{key}:")]
+        changes.append(f"{key}: {original} -> {value} (manifest shrink override)")
+    return out, changes
+
+
+def _shrink_level(config: dict[str, Any], prefix: str, changes: list[str]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in config.items():
+        out[key] = _shrink_level(value, f"{prefix}{key}.", changes) if isinstance(value, dict) else value
+
+    def set_(key: str, new: int) -> None:
+        old = out[key]
+        if _int(old) and new < old:
+            out[key] = new
+            changes.append(f"{prefix}{key}: {old} -> {new}")
+
+    heads_key = next((k for k in out if _HEAD_KEYS.match(k) and _int(out[k])), None)
+    old_heads = out[heads_key] if heads_key else None
+    for key in list(out):
+        v = out[key]
+        if not _int(v) or v <= 0:
+            continue
+        if _LAYER_KEYS.match(key):
+            set_(key, LAYERS)
+        elif _EXPERT_KEYS.match(key):
+            set_(key, EXPERTS)
+        elif _HEAD_KEYS.match(key):
+            set_(key, HEADS)
+        elif _HIDDEN_KEYS.match(key):
+            set_(key, HIDDEN)
+        elif _FFN_KEYS.match(key):
+            set_(key, INTERMEDIATE)
+        elif _HEAD_DIM_KEYS.match(key):
+            set_(key, HEAD_DIM)
+    for key in list(out):
+        v = out[key]
+        if _KV_KEYS.match(key) and _int(v) and v > 0 and heads_key:
+            # Keep the grouping class: full MHA stays MHA, MQA stays MQA, GQA becomes 2 groups.
+            new = out[heads_key] if v == old_heads else (1 if v == 1 else HEADS // 2)
+            set_(key, new)
+        elif _TOPK_KEYS.match(key) and _int(v):
+            experts = next((out[k] for k in out if _EXPERT_KEYS.match(k) and _int(out[k])), EXPERTS)
+            set_(key, min(TOP_K, experts))
+        elif key in _TO_ONE and _int(v) and v > 1:
+            set_(key, 1)
+        elif key in ("first_k_dense_replace",) and _int(v) and v >= LAYERS:
+            set_(key, LAYERS - 1)
+    return out
+
+
+# ----------------------------------------------------------------------------------------------
+# Size estimate (refuse a model too large for the box)
+# ----------------------------------------------------------------------------------------------
+
+def _find(config: dict[str, Any], pattern: re.Pattern[str]) -> int | None:
+    for k, v in config.items():
+        if pattern.match(k) and _int(v):
+            return int(v)
+    return None
+
+
+def estimate_params(config: dict[str, Any]) -> int:
+    """A rough parameter count of a transformer config, summed over its nested sub-configs."""
+    total = 0
+    hidden = _find(config, _HIDDEN_KEYS)
+    layers = _find(config, _LAYER_KEYS)
+    if hidden and layers:
+        ffn = _find(config, re.compile(r"^(intermediate_size|ffn_dim|ffn_hidden_size|n_inner|d_ff)$")) or 4 * hidden
+        experts = _find(config, _EXPERT_KEYS) or 0
+        moe_ffn = _find(config, re.compile(r"^moe_intermediate_size$")) or ffn
+        dense = min(layers, _find(config, re.compile(r"^first_k_dense_replace$")) or 0) if experts else layers
+        total += layers * 4 * hidden * hidden + dense * 3 * hidden * ffn + \
+            (layers - dense) * (experts + (_find(config, re.compile(r"^n_shared_experts$")) or 0)) * 3 * hidden * moe_ffn
+        vocab = _find(config, re.compile(r"^vocab_size$"))
+        if vocab:
+            total += 2 * vocab * hidden
+    nested = sum(estimate_params(v) for v in config.values() if isinstance(v, dict))
+    # Composite configs often repeat the language model's sizes at the top level: count them once.
+    return max(total, nested) if total and nested and total <= nested * 1.5 else total + nested

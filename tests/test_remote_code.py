@@ -1,0 +1,205 @@
+"""HF remote-code models as transformers loads them, --shrink, and the one environment.
+
+The fixture tests/fixtures/hf_remote_pkg is a small synthetic model of the same SHAPE as an
+image-to-text remote-code release (relative imports between its modules, config.json auto_map with
+an AutoConfig, a PretrainedConfig subclass with nested sub-configs, a routed-expert decoder, images as
+a list of (crops, global view) tuples, a custom generate, an infer-style method taking a tokenizer);
+it is not any real model's code. Harness runs go through real subprocesses.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from agents.entry import discover_entry
+from sandbox.shrink import estimate_params, shrink_config
+from tests.conftest import REPO_ROOT
+
+FIXTURE = REPO_ROOT / "tests" / "fixtures" / "hf_remote_pkg"
+
+
+def _harness(model: Path, manifest: dict, tmp_path: Path, **spec: object) -> dict:  # type: ignore[type-arg]
+    run_dir = tmp_path / f"run-{len(list(tmp_path.glob('run-*')))}"
+    run_dir.mkdir()
+    spec_path = run_dir / "spec.json"
+    spec_path.write_text(json.dumps({"model_dir": str(model), "manifest": manifest, "device": "cpu", "seed": 0,
+                                     "result_path": str(run_dir / "result.json"), **spec}))
+    # -I as the sandbox runs it: the model's folder is not on the path unless the harness puts it there.
+    subprocess.run([sys.executable, "-I", "-B", "-m", "sandbox.harness", str(spec_path)], cwd=run_dir,
+                   capture_output=True, text=True, timeout=240, env={**os.environ, "PYTHONPATH": str(REPO_ROOT)})
+    return json.loads((run_dir / "result.json").read_text())
+
+
+# ----------------------------------------------------------------------------------------------
+# Shrink
+# ----------------------------------------------------------------------------------------------
+
+def test_shrink_derives_consistent_small_sizes_at_every_nesting_level() -> None:
+    config = json.loads((FIXTURE / "config.json").read_text())
+    small, changes = shrink_config(config)
+    lang, vision = small["language_config"], small["vision_config"]
+    assert (lang["num_hidden_layers"], lang["hidden_size"], lang["num_attention_heads"]) == (2, 64, 4)
+    assert lang["hidden_size"] % lang["num_attention_heads"] == 0
+    assert lang["num_attention_heads"] % lang["num_key_value_heads"] == 0
+    assert (lang["n_routed_experts"], lang["num_experts_per_tok"], lang["n_shared_experts"]) == (4, 2, 1)
+    assert lang["first_k_dense_replace"] < lang["num_hidden_layers"]
+    assert (vision["width"], vision["layers"], vision["heads"]) == (64, 2, 4)
+    # Kept: the vocabulary and the image size (preprocessed inputs must stay valid).
+    assert lang["vocab_size"] == 300 and vision["image_size"] == 16
+    assert "language_config.num_hidden_layers: 6 -> 2" in changes
+    assert "vision_config.width: 128 -> 64" in changes
+    assert not any("vocab_size" in c or "image_size" in c for c in changes)
+    assert config["language_config"]["hidden_size"] == 256, "the input config is not modified"
+
+
+def test_shrink_keeps_the_attention_grouping_class_and_applies_overrides_last() -> None:
+    gqa, _ = shrink_config({"num_attention_heads": 32, "num_key_value_heads": 8, "hidden_size": 4096})
+    mqa, _ = shrink_config({"num_attention_heads": 32, "num_key_value_heads": 1, "hidden_size": 4096})
+    assert (gqa["num_attention_heads"], gqa["num_key_value_heads"]) == (4, 2)
+    assert mqa["num_key_value_heads"] == 1
+    small, changes = shrink_config({"vision_config": {"width": 1024}, "hidden_size": 2048},
+                                   {"vision_config.width": 128, "projector_dim": 7})
+    assert small["vision_config"]["width"] == 128 and small["projector_dim"] == 7
+    assert "vision_config.width: 1024 -> 128 (manifest shrink override)" in changes
+    assert not any(c.startswith("vision_config.width: 1024 -> 64") for c in changes)
+
+
+def test_too_large_a_config_is_refused_naming_the_flag(tmp_path: Path) -> None:
+    big = {"auto_map": {"AutoModel": "modeling_mmocr.MmOcrForCausalLM"},
+           "language_config": {"hidden_size": 16384, "num_hidden_layers": 400, "intermediate_size": 65536,
+                               "vocab_size": 256000}}
+    assert estimate_params(big) > 10**12
+    model = tmp_path / "model"
+    shutil.copytree(FIXTURE, model)
+    (model / "config.json").write_text(json.dumps(big))
+    manifest = discover_entry(model).as_manifest_dict()
+    res = _harness(model, manifest, tmp_path)
+    assert not res["ok"] and res["exception"]["type"] == "MemoryError"
+    assert "--shrink" in res["exception"]["message"]
+
+
+# ----------------------------------------------------------------------------------------------
+# Loading as transformers does
+# ----------------------------------------------------------------------------------------------
+
+def test_entry_for_remote_code_uses_auto_map_and_the_inputs_hook() -> None:
+    entry = discover_entry(FIXTURE)
+    assert entry.kind == "auto_map" and entry.class_name == "MmOcrForCausalLM"
+    assert entry.inputs_fn == "npuport_inputs:make_inputs"
+    assert entry.run_method == "generate" and entry.run_kwargs == {"max_new_tokens": 8}
+    assert any("AutoConfig" in a for a in entry.assumptions)
+
+
+def test_harness_imports_the_folder_as_a_package_and_builds_through_auto_config(tmp_path: Path) -> None:
+    manifest = discover_entry(FIXTURE).as_manifest_dict()
+    res = _harness(FIXTURE, manifest, tmp_path, shrink=True)
+    assert res["ok"], res["exception"]
+    tokens = res["outputs"]["tokens"]
+    assert len(tokens) == 1 and len(tokens[0]) == 8  # greedy generation of N new tokens, not one forward
+    assert "language_config.hidden_size: 256 -> 64" in res["shrunk"]
+    again = _harness(FIXTURE, manifest, tmp_path, shrink=True)
+    assert again["outputs"]["tokens"] == tokens  # random weights with a fixed seed
+    # The class refuses a plain dict: building it as cls(dict) would fail here.
+    bad = {**manifest, "entry": {"class": "modeling_mmocr:MmOcrForCausalLM"}}
+    assert _harness(FIXTURE, bad, tmp_path, shrink=True)["ok"]
+
+
+def test_nested_inputs_move_to_the_device() -> None:
+    import torch
+
+    from sandbox.harness import _to_device
+
+    t = torch.ones(2)
+    moved = _to_device({"images": [(t, t)], "meta": {"mask": t}, "n": 3}, "meta")
+    assert moved["images"][0][1].device.type == "meta" and isinstance(moved["images"][0], tuple)
+    assert moved["meta"]["mask"].device.type == "meta" and moved["n"] == 3
+
+
+def test_without_an_inputs_function_inputs_are_synthesised_from_the_signature(tmp_path: Path) -> None:
+    model = tmp_path / "model"
+    shutil.copytree(FIXTURE, model)
+    (model / "npuport_inputs.py").unlink()
+    entry = discover_entry(model)
+    assert entry.inputs_fn is None and any("synthesised" in a for a in entry.assumptions)
+    res = _harness(model, entry.as_manifest_dict(), tmp_path, shrink=True)
+    assert res["ok"], res["exception"]
+    assert all(0 <= t < 300 for t in res["outputs"]["tokens"][0])
+
+
+# ----------------------------------------------------------------------------------------------
+# The environment
+# ----------------------------------------------------------------------------------------------
+
+def test_dependencies_are_inferred_from_imports_and_the_transformers_coupling(tmp_path: Path) -> None:
+    from agents.env_resolve import resolve
+
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps({"transformers_version": "4.46.3"}))
+    (model / "modeling_x.py").write_text(
+        "import torch\nfrom einops import rearrange\nimport PIL.Image\n"
+        "from transformers.utils.import_utils import is_torch_fx_available\n"
+        "from transformers import PreTrainedModel\nfrom .helpers import f\n"
+        "try:\n    import not_a_real_optional_dep\nexcept ImportError:\n    pass\n")
+    (model / "helpers.py").write_text("def f():\n    return 1\n")
+    res = resolve(model, "cpu", None)
+    assert "einops" in res.install  # imported, not on this host
+    assert "transformers==4.46.3" in res.install  # the host's release lacks is_torch_fx_available
+    assert res.pins["transformers"] == "transformers==4.46.3" and res.stack["transformers"] == "4.46.3"
+    assert not any("not_a_real_optional_dep" in i or "helpers" in i for i in res.install)
+    assert any("is_torch_fx_available" in n and "modeling_x.py:4" in n for n in res.notes)
+    assert "transformers==4.46.3" in res.requirements_txt and "einops" in res.requirements_txt
+
+
+def test_a_model_whose_transformers_names_all_exist_keeps_the_host_release() -> None:
+    from agents.env_resolve import host_version, resolve
+
+    res = resolve(FIXTURE, "cpu", None)
+    assert res.install == [] and res.stack["transformers"] == host_version("transformers")
+    assert any("every transformers name" in n for n in res.notes)
+
+
+# ----------------------------------------------------------------------------------------------
+# End to end
+# ----------------------------------------------------------------------------------------------
+
+@pytest.mark.slow
+@pytest.mark.parametrize("target", ["cpu", "ascend-sim"])
+def test_port_remote_code_with_shrink_validates_and_verifies(tmp_path: Path, sim_home: Path, target: str) -> None:
+    out = tmp_path / "bundle"
+    env = dict(os.environ, NPUPORT_HOME=str(sim_home), COLUMNS="200")
+    cli = [sys.executable, "-m", "api.cli"]
+    r = subprocess.run([*cli, "port", str(FIXTURE), "--target", target, "--shrink", "--out", str(out)],
+                       capture_output=True, text=True, timeout=600, env=env, cwd=REPO_ROOT)
+    assert r.returncode == 0, r.stdout + r.stderr
+    report = json.loads((out / "report.json").read_text())
+    assert report["numerics"]["verdict"] == "match"
+    assert report["numerics"]["port_tokens"] == report["numerics"]["reference_tokens"]
+    assert len(report["numerics"]["port_tokens"][0]) == 8
+    assert "language_config.n_routed_experts: 16 -> 4" in (out / "report.md").read_text()
+    assert json.loads((out / "run_config.json").read_text())["language_config"]["hidden_size"] == 64
+    v = subprocess.run([*cli, "verify", str(out)], capture_output=True, text=True, timeout=600, env=env, cwd=REPO_ROOT)
+    assert v.returncode == 0, v.stdout + v.stderr
+    assert "DISAGREE" not in v.stdout
+    run = subprocess.run([sys.executable, str(out / "run.py"), "--target", "cpu", "--repeats", "1"],
+                         capture_output=True, text=True, timeout=300, cwd=out)
+    assert run.returncode == 0, run.stderr
+    assert str(report["numerics"]["port_tokens"][0]) in run.stdout
+
+
+def test_a_generate_inherited_through_a_sibling_module_is_found(tmp_path: Path) -> None:
+    (tmp_path / "config.json").write_text(json.dumps({"auto_map": {"AutoModel": "modeling_top.TopLM"}}))
+    (tmp_path / "modeling_top.py").write_text("from .modeling_base import BaseLM\n\n\nclass TopLM(BaseLM):\n"
+                                              "    def forward(self, input_ids):\n        return input_ids\n")
+    (tmp_path / "modeling_base.py").write_text("from transformers import PreTrainedModel\n\n\n"
+                                               "class BaseLM(PreTrainedModel):\n    pass\n")
+    entry = discover_entry(tmp_path)
+    assert entry.run_method == "generate"
+    assert entry.run_kwargs == {"max_new_tokens": 8, "do_sample": False}  # greedy whatever the generation config
