@@ -7,7 +7,6 @@ the second time, and the preview says so."""
 from __future__ import annotations
 
 import shutil
-import subprocess
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -15,31 +14,31 @@ from typing import Any
 from graph.jobs_support import GraphBuilder, thread_snapshot
 
 
-def _git(cwd: Path, *args: str) -> str:
-    return subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True, check=True).stdout
-
-
 def pending_patches(thread_id: str, db_path: Path | None = None, builder: GraphBuilder | None = None) -> dict[str, Any]:
     """{"applied": diff so far, "pending": [patch records], "pending_diff": the next round's diff, "note"}."""
-    from agents.patcher import patcher_node
+    from agents.nodes.patcher import patcher_node
+    from agents.workspace import Workspace
 
     snap = thread_snapshot(thread_id, builder=builder, db_path=db_path)
     if snap is None:
         return {"applied": "", "pending": [], "pending_diff": "", "note": "the job has not started"}
     values = snap.values
     workdir = values.get("workdir")
-    model = Path(workdir) / "model" if workdir else None
-    if model is None or not (model / ".git").is_dir():
+    ws = Workspace(Path(workdir)) if workdir else None
+    if ws is None or not ws.has_repo():
         return {"applied": "", "pending": [], "pending_diff": "", "note": "no workspace yet"}
-    applied = _git(model, "diff", "original", "HEAD")
+    # npuport's git (outside the model tree, hardened: agents/workspace.py), never git run in the model folder
+    applied = ws.git("diff", "original", "HEAD")
     if "patcher" not in snap.next:
         return {"applied": applied, "pending": [], "pending_diff": "", "note": "not waiting before a patch round"}
     with tempfile.TemporaryDirectory(prefix="npuport-preview-") as tmp:
-        shutil.copytree(model, Path(tmp) / "model", symlinks=True)
+        shutil.copytree(ws.model_dir, Path(tmp) / ws.model_dir.name, symlinks=True)
+        shutil.copytree(ws.git_dir, Path(tmp) / ws.git_dir.name, symlinks=True)
         (Path(tmp) / "runs").mkdir()
-        before = _git(Path(tmp) / "model", "rev-parse", "HEAD").strip()
+        preview = Workspace(Path(tmp))
+        before = preview.head()
         out = patcher_node({**values, "workdir": tmp})
-        diff = _git(Path(tmp) / "model", "diff", before, "HEAD")
+        diff = preview.git("diff", before, "HEAD")
     policy = (values.get("request") or {}).get("policy", "rule")
     note = "" if policy == "rule" else f"previewed with the {policy} policy; the real round may differ"
     return {"applied": applied, "pending": out.get("patches") or [], "pending_diff": diff, "note": note}

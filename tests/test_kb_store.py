@@ -19,9 +19,12 @@ import pytest
 from knowledge.kb import KBDependencyError, KBError, KBStoreError, KnowledgeBase
 from knowledge.kb import embeddings as emb_mod
 from knowledge.kb.kb import FACTS_DIR
+from knowledge.kb.recipes import load_recipes
 
 # npuport's own runtime-failure notes (knowledge/facts) are part of every build
 N_FACTS = len(list(FACTS_DIR.glob("*.md")))
+# one per hazard class (knowledge/recipes)
+N_RECIPES = len(load_recipes())
 
 DOC_OP = """# torch_npu.npu_demo_norm
 
@@ -64,8 +67,8 @@ def test_build_is_incremental_and_search_is_op_aware(npuport_home: Path, docs: P
     kb = KnowledgeBase()
     assert kb.chroma_path == npuport_home / "chroma"
     s1 = kb.build([str(docs)], progress=False)
-    assert s1.added == 3 + 11 + N_FACTS  # three docs, the eleven recipes, the notes
-    assert s1.collections["recipes"] == 44 and s1.collections["ascend_ops"] >= 3
+    assert s1.added == 3 + N_RECIPES + N_FACTS  # three docs, the recipes, the notes
+    assert s1.collections["recipes"] == 4 * N_RECIPES and s1.collections["ascend_ops"] >= 3
     assert any(s.reason == "binary content" and s.path.endswith("blob.md") for s in s1.skipped)
     assert any("GB18030" in n for n in s1.notes)
 
@@ -90,7 +93,7 @@ def test_build_is_incremental_and_search_is_op_aware(npuport_home: Path, docs: P
 
     # Unchanged: nothing embedded, nothing written.
     s2 = KnowledgeBase().build([str(docs)], progress=False)
-    assert (s2.unchanged, s2.added, s2.updated, s2.removed, s2.chunks_added) == (14 + N_FACTS, 0, 0, 0, 0)
+    assert (s2.unchanged, s2.added, s2.updated, s2.removed, s2.chunks_added) == (3 + N_RECIPES + N_FACTS, 0, 0, 0, 0)
     assert s2.embed_seconds == 0
 
     # Changed file: its chunks are replaced. Removed file: its chunks are pruned.
@@ -99,7 +102,7 @@ def test_build_is_incremental_and_search_is_op_aware(npuport_home: Path, docs: P
     )
     (docs / "env" / "DEMO_NPU_SWITCH.md").unlink()
     s3 = KnowledgeBase().build([str(docs)], progress=False)
-    assert (s3.updated, s3.removed, s3.unchanged) == (1, 1, 12 + N_FACTS)
+    assert (s3.updated, s3.removed, s3.unchanged) == (1, 1, 1 + N_RECIPES + N_FACTS)
     kb3 = KnowledgeBase()
     new = kb3.search("aclnnDemoNormV2", k=3)
     assert new[0].match == "identifier" and "aclnnDemoNormV2" in new[0].text
@@ -107,7 +110,7 @@ def test_build_is_incremental_and_search_is_op_aware(npuport_home: Path, docs: P
     assert all("aclnn:aclnndemonorm" not in h.keys for h in old)
     assert all("DEMO_NPU_SWITCH.md" not in h.source for h in kb3.search("DEMO_NPU_SWITCH", k=10))
     st = kb3.stats()
-    assert st["source_files"] == 13 + N_FACTS and st["collections"]["ascend_ops"] == s3.collections["ascend_ops"]
+    assert st["source_files"] == 2 + N_RECIPES + N_FACTS and st["collections"]["ascend_ops"] == s3.collections["ascend_ops"]
 
 
 def test_port_memory_ranks_first_and_survives_rebuild(npuport_home: Path, docs: Path) -> None:
@@ -159,7 +162,7 @@ def test_corrupted_store_names_rebuild(npuport_home: Path, docs: Path) -> None:
         KnowledgeBase().search("aclnnDemoNorm", k=3)
     SharedSystemClient.clear_system_cache()
     s = KnowledgeBase().build([str(docs)], progress=False, rebuild=True)
-    assert s.added == 14 + N_FACTS and KnowledgeBase().search("aclnnDemoNorm", k=1)[0].match == "identifier"
+    assert s.added == 3 + N_RECIPES + N_FACTS and KnowledgeBase().search("aclnnDemoNorm", k=1)[0].match == "identifier"
 
 
 def test_other_embedding_model_needs_rebuild(
@@ -171,7 +174,7 @@ def test_other_embedding_model_needs_rebuild(
     monkeypatch.setenv("NPUPORT_EMBEDDINGS", f"st:{emb_mod.packaged_minilm_dir()}")
     with pytest.raises(KBStoreError, match="--rebuild"):
         KnowledgeBase().build([str(docs)], progress=False)
-    assert KnowledgeBase().build([str(docs)], progress=False, rebuild=True).added == 15 + N_FACTS
+    assert KnowledgeBase().build([str(docs)], progress=False, rebuild=True).added == 4 + N_RECIPES + N_FACTS
 
 
 def test_embedding_errors_are_clear(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
@@ -221,11 +224,11 @@ def test_chroma_server(
         kb = KnowledgeBase()
         assert kb.location == url
         s = kb.build([str(docs)], progress=False)
-        assert s.added == 14 + N_FACTS and not (npuport_home / "chroma").exists()
-        assert KnowledgeBase().build([str(docs)], progress=False).unchanged == 14 + N_FACTS
+        assert s.added == 3 + N_RECIPES + N_FACTS and not (npuport_home / "chroma").exists()
+        assert KnowledgeBase().build([str(docs)], progress=False).unchanged == 3 + N_RECIPES + N_FACTS
         assert kb.search("aclnnDemoNorm", k=1)[0].source == "demo-docs/npu_demo_norm.md"
         kb.build([str(docs)], progress=False, rebuild=True)
-        assert kb.stats()["source_files"] == 14 + N_FACTS
+        assert kb.stats()["source_files"] == 3 + N_RECIPES + N_FACTS
     finally:
         proc.terminate()
         proc.wait(timeout=30)
@@ -305,7 +308,7 @@ def test_openai_compatible_embeddings(
         monkeypatch.setenv("NPUPORT_EMBEDDINGS_BASE_URL", fake.url)
         monkeypatch.setenv("NPUPORT_EMBEDDINGS_API_KEY", "test-key")
         s = KnowledgeBase().build([str(docs)], progress=False)
-        assert s.embedder == "openai:fake-embed" and s.added == 14 + N_FACTS and fake.calls[0] >= 1
+        assert s.embedder == "openai:fake-embed" and s.added == 3 + N_RECIPES + N_FACTS and fake.calls[0] >= 1
         hits = KnowledgeBase().search("aclnnDemoNorm fails", k=3)
         assert hits[0].source == "demo-docs/npu_demo_norm.md"
     finally:

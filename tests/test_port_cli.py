@@ -42,7 +42,8 @@ def test_port_ocr_mini_on_cpu_end_to_end(tmp_path: Path, npuport_home: Path) -> 
     hazards = {f["hazard"] for f in report["findings"]}
     assert {"H1", "H2", "H3", "H5", "H6"} <= hazards
     codemods = [p["codemod"] for p in report["patches"]]
-    assert codemods[:3] == ["guard-cuda-only-imports", "cuda-autocast", "device-agnostic"]
+    # imports first, then the CUDA-only attention call (H16), autocast and the device
+    assert codemods[:4] == ["guard-cuda-only-imports", "attention-to-sdpa", "cuda-autocast", "device-agnostic"]
     patch = (out / "port.patch").read_text()
     assert "-from flash_attn import" in patch and "_npuport_device()" in patch
     assert (out / "patched" / "modeling_ocr_mini.py").exists()

@@ -197,7 +197,7 @@ def main():
                 torch.npu.synchronize()
             times.append(time.perf_counter() - t0)
     tokens = out.tolist() if isinstance(out, torch.Tensor) else out
-    decode = load_attr(manifest["decode"]) if manifest.get("decode") else None
+    decode = load_attr(manifest["decode"], model_dir) if manifest.get("decode") else None
     for i, row in enumerate(tokens):
         text = decode(config, row) if decode else ""
         print(f"request {i}: tokens {row} text {text!r}")
