@@ -75,6 +75,9 @@ def safe_git(git_dir: Path, work_tree: Path, *args: str, input: bytes | None = N
              check: bool = True) -> subprocess.CompletedProcess[bytes]:
     """Run git on npuport's repository with a fixed environment and every exec hook disabled."""
     _sanitise(git_dir)
+    if args and args[0] in ("diff", "show", "log") and "--no-ext-diff" not in args:
+        # the external-diff and textconv settings are blanked, not unset: commands that diff must say so
+        args = (args[0], "--no-ext-diff", "--no-textconv", *args[1:])
     argv = ["git", f"--git-dir={git_dir}", f"--work-tree={work_tree}", *_GIT_SAFE, *_GIT_ID, *args]
     r = subprocess.run(argv, cwd=work_tree, env=git_env(), capture_output=True, input=input)
     if check and r.returncode != 0:
