@@ -236,14 +236,18 @@ def _start_time(pid: int) -> str:
     return ""
 
 
-def _alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
+    """Whether ``pid`` is a running process (a zombie has exited: /proc says so)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
         return True
-    return True
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return True
 
 
 def _register(pid: int, cgroup: Path | None) -> Path | None:
@@ -271,7 +275,7 @@ def reap_orphans() -> int:
             rec.unlink(missing_ok=True)
             continue
         server = int(info.get("server") or 0)
-        if server and _alive(server) and _start_time(server) == info.get("server_start"):
+        if server and pid_alive(server) and _start_time(server) == info.get("server_start"):
             continue  # its server still runs it
         pgid = int(info.get("pgid") or 0)
         if pgid and _start_time(pgid) == info.get("start"):
@@ -286,7 +290,7 @@ def reap_orphans() -> int:
     root = _pids_cgroup_root()
     for cg_dir in root.glob("npuport-*") if root else []:
         owner = cg_dir.name.split("-")[1]
-        if owner.isdigit() and not _alive(int(owner)):
+        if owner.isdigit() and not pid_alive(int(owner)):
             cg = _Cgroup.__new__(_Cgroup)
             cg.path = cg_dir
             reaped += bool(cg.pids())

@@ -14,6 +14,8 @@ import sys
 from pathlib import Path
 from typing import Any, Protocol
 
+from sandbox.process import pid_alive
+
 INSTALL_HINT = "pip install 'npuport[batch]'"
 
 
@@ -111,21 +113,7 @@ class ProcHandle:
     def poll(self) -> int | None:
         if self.proc is not None:
             return self.proc.poll()
-        return None if _alive(self.pid) else 0
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    # a zombie has exited; /proc says so
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] != "Z"
-    except OSError:
-        return True
+        return None if pid_alive(self.pid) else 0
 
 
 def descendants(pid: int) -> list[int]:
@@ -161,7 +149,7 @@ def kill_tree(pid: int | None) -> None:
 def worker_alive(pid: int | None, attempt_id: str, any_cmd: bool = False) -> bool:
     """Is ``pid`` still the local worker of this attempt (not a reused pid)? ``any_cmd``: a Ray worker
     too (its command line does not name the attempt)."""
-    if not pid or not _alive(pid):
+    if not pid or not pid_alive(pid):
         return False
     try:
         cmd = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
