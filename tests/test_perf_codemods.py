@@ -176,6 +176,58 @@ def test_mask_fill_handles_extra_trailing_dims() -> None:
     assert torch.equal(_load(src)["build"](5, 3), _load(new)["build"](5, 3))
 
 
+# The index-tensor form (a class of code: a mask built per sample from token kinds, positions from
+# nonzero, one row at a time): full attention among the first kind, the second kind sees all of the first
+# and the second causally. Names and shapes are this test's own.
+ROW_MASK = """
+import torch
+
+
+def kinds_mask(kinds, neg=-1e4):
+    out = []
+    for s in range(kinds.shape[0]):
+        grid = torch.full((kinds.shape[1], kinds.shape[1]), neg)
+        a_pos = (kinds[s] == 0).nonzero(as_tuple=True)[0]
+        b_pos = (kinds[s] == 1).nonzero(as_tuple=True)[0]
+        if len(a_pos) > 0:
+            grid[a_pos[:, None], a_pos] = 0.0
+        for j, row in enumerate(b_pos):
+            if len(a_pos) > 0:
+                grid[row, a_pos] = 0.0
+            grid[row, b_pos[SLICE]] = 0.0
+        out.append(grid)
+    return torch.stack(out)
+"""
+
+
+@pytest.mark.parametrize("sl", [":j+1", ":j", "j:", "j + 2:", "1 + j:j + 3"])
+def test_row_mask_loop_over_index_tensor_is_vectorised_and_exact(sl: str) -> None:
+    src = ROW_MASK.replace("SLICE", sl)
+    result = vectorise_mask_loops(src)
+    assert result.changed and "row-by-row fill" in result.edits[0]
+    new = result.source
+    assert not re.search(r"^\s*for j, row in enumerate", new, re.M)
+    assert "def _npuport_fill_pairs(" in new
+    assert "def _npuport_span(" not in new and "def _npuport_fill(" not in new  # only the helper it calls
+    old_fn, new_fn = _load(src)["kinds_mask"], _load(new)["kinds_mask"]
+    g = torch.Generator().manual_seed(1)
+    for kinds in [torch.cat([torch.zeros(2, 5, dtype=torch.long), torch.ones(2, 5, dtype=torch.long)], 1),
+                  torch.randint(0, 2, (3, 9), generator=g), torch.ones(1, 4, dtype=torch.long),
+                  torch.zeros(1, 3, dtype=torch.long), torch.randint(0, 3, (2, 7), generator=g)]:
+        assert torch.equal(new_fn(kinds), old_fn(kinds)), (sl, kinds)
+
+
+@pytest.mark.parametrize("change", [
+    ("grid[row, b_pos[SLICE]] = 0.0", "grid[row, b_pos[:j + 1]] = 1.0"),  # two values: write order matters
+    ("grid[row, b_pos[SLICE]] = 0.0", "grid[row, b_pos[:j - 1]] = 0.0"),  # negative bound: Python wraps
+    ("grid[row, b_pos[SLICE]] = 0.0", "grid[row, b_pos[:j + 1]] = grid[row, 0]"),  # reads the tensor
+    ("        out.append(grid)", "        out.append(grid)\n        print(j)"),  # loop variable used after
+    ("grid[row, b_pos[SLICE]] = 0.0", "grid[row, b_pos[:j + 1]] = 0.0\n            b_pos = b_pos[1:]"),
+])
+def test_row_mask_loops_not_understood_are_left_alone(change: tuple[str, str]) -> None:
+    _unchanged(vectorise_mask_loops, ROW_MASK.replace(*change).replace("SLICE", ":j+1"))
+
+
 # ----------------------------------------------------------------------------------------------
 # moe-dense-dispatch
 # ----------------------------------------------------------------------------------------------
@@ -273,8 +325,99 @@ def test_moe_dense_dispatch_matches_and_has_no_host_syncs(src: str, order: str) 
             torch.testing.assert_close(b.moe_infer(x, idx, w), a.moe_infer(x, idx, w), rtol=1e-6, atol=1e-6)
 
 
+# The expert-parallel form (a class of code: experts sharded over ranks): the loop indexes the rank's experts
+# with an offset, counts come to the host with .cpu().numpy(), and a branch exchanges tokens with
+# collectives. Offsets, branch condition and the None experts of other ranks are this module's own.
+MOE_EP = """
+import torch
+import torch.nn as nn
+import torch.distributed as dist
+
+
+class MoE(nn.Module):
+    def __init__(self, n, d, k, ranks=1, rank=0):
+        super().__init__()
+        self.world = ranks
+        self.rank = rank
+        self.per_rank = n // ranks
+        self.experts = nn.ModuleList(
+            nn.Linear(d, d) if rank * self.per_rank <= i < (rank + 1) * self.per_rank else None for i in range(n))
+
+    @torch.no_grad()
+    def moe_infer(self, x, topk_ids, topk_weight):
+        cnts = topk_ids.new_zeros((topk_ids.shape[0], len(self.experts)))
+        cnts.scatter_(1, topk_ids, 1)
+        tokens_per_expert = cnts.sum(dim=0)
+        idxs = topk_ids.view(-1).argsort()
+        sorted_tokens = x[idxs // topk_ids.shape[1]]
+        if self.world > 1:
+            dist.all_to_all_single(tokens_per_expert.clone(), tokens_per_expert)
+            tokens_per_expert = tokens_per_expert.view(self.world, -1)[self.rank]
+        tokens_per_expert = tokens_per_expert.cpu().numpy()
+        outputs = []
+        start_idx = 0
+        for i, num_tokens in enumerate(tokens_per_expert):
+            end_idx = start_idx + num_tokens
+            if num_tokens == 0:
+                continue
+            expert = self.experts[i + self.rank * self.per_rank]
+            outputs.append(expert(sorted_tokens[start_idx:end_idx]))
+            start_idx = end_idx
+        outs = torch.cat(outputs, dim=0) if len(outputs) else sorted_tokens.new_empty(0)
+        new_x = torch.empty_like(outs)
+        new_x[idxs] = outs
+        return (new_x.view(*topk_ids.shape, -1).type(topk_weight.dtype).mul_(topk_weight.unsqueeze(dim=-1))
+                .sum(dim=1).type(new_x.dtype))
+"""
+
+
+def test_moe_offset_indexed_expert_parallel_loop_is_rewritten_under_a_guard() -> None:
+    result = moe_dense_dispatch(MOE_EP)
+    assert result.changed
+    assert "guarded by `not (self.world > 1) and (self.rank * self.per_rank) == 0" in result.edits[0]
+    new = result.source
+    guard = new.split("def moe_infer", 1)[1].split("cnts =", 1)[0]
+    assert "return _npuport_moe_dense(self.experts, x, topk_ids, topk_weight, \"slot\")" in guard
+    assert ".cpu()" not in guard and ".numpy()" not in guard
+    old_mod, new_mod = _load(MOE_EP)["MoE"], _load(new)["MoE"]
+    for n, k, tokens in [(4, 2, 7), (8, 3, 1), (6, 1, 12)]:
+        torch.manual_seed(0)
+        a, b = old_mod(n, 16, k).eval(), new_mod(n, 16, k).eval()
+        b.load_state_dict(a.state_dict())
+        x, idx, w = _route(tokens, n, k, seed=tokens)
+        torch.testing.assert_close(b.moe_infer(x, idx, w), a.moe_infer(x, idx, w), rtol=1e-6, atol=1e-6)
+    # Not single-device (another rank's experts are None, or the offset is not 0): the original code runs.
+    calls: list[str] = []
+    ns = _load(new)
+    ns["_npuport_moe_dense"] = lambda *a: calls.append("dense")
+    mod = ns["MoE"](4, 16, 2, ranks=1, rank=0)
+    mod.rank, mod.per_rank = 1, 2  # offset 2; world 1, so no collective runs
+    mod.experts = torch.nn.ModuleList([torch.nn.Linear(16, 16) for _ in range(4)])
+    x, idx, w = _route(5, 2, 2, seed=3)
+    mod.moe_infer(x, idx, w)
+    mod.rank = 0
+    mod.experts[3] = None
+    mod.moe_infer(x, idx, w)
+    assert calls == []
+
+
+def test_moe_collectives_outside_a_simple_branch_are_left_with_the_reason() -> None:
+    from agents.rules.h6_codemods import moe_plan
+
+    src = MOE_EP.replace("        if self.world > 1:\n            dist.all_to_all_single(tokens_per_expert.clone(), "
+                         "tokens_per_expert)\n",
+                         "        if self.world > 1:\n            pass\n        dist.all_to_all_single(tokens_per_expert.clone(), "
+                         "tokens_per_expert)\n        if self.world > 1:\n")
+    _unchanged(moe_dense_dispatch, src)
+    fn = next(n for n in __import__("libcst").parse_module(src).body[3].body.body
+              if getattr(n, "name", None) is not None and n.name.value == "moe_infer")
+    why = moe_plan(fn)
+    assert isinstance(why, str) and "collectives" in why and "all_to_all_single" in why
+
+
 @pytest.mark.parametrize("change", [
-    ("expert_out = self.experts[e](x[token_ids])", "expert_out = self.experts[e + self.offset](x[token_ids])"),
+    ("expert_out = self.experts[e](x[token_ids])", "expert_out = self.experts[e * 2](x[token_ids])"),
+    ("expert_out = self.experts[e](x[token_ids])", "expert_out = self.experts[e + self.pick(e)](x[token_ids])"),
     ("out.index_add_(0, token_ids, ", "out.scatter_add_(0, token_ids[:, None].expand(-1, x.shape[1]), "),
     ("def moe_infer(self, x, topk_idx, topk_weight):", "def moe_infer(self, x, topk_idx, topk_weight, extra=None):"),
 ])

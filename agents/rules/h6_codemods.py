@@ -59,6 +59,30 @@ def _npuport_fill(t, where, value):
     """t[where] = value, `where` a boolean grid over t's first two dims (one op instead of a loop)."""
     where = torch.as_tensor(where, device=t.device)
     t.masked_fill_(where.reshape(tuple(where.shape) + (1,) * (t.dim() - where.dim())), value)
+
+
+def _npuport_fill_pairs(t, rows, cols, value, lo=None, hi=None):
+    """for i, r in enumerate(rows): t[r, cols[lo(i):hi(i)]] = value (lo(i) = i + lo, hi(i) = i + hi, None:
+    no bound), as one masked_fill_. Every write stores the same value, so repeated pairs do not matter."""
+    rows = torch.as_tensor(rows, device=t.device)
+    cols = torch.as_tensor(cols, device=t.device)
+    for ix in (rows, cols):
+        if ix.dim() != 1 or ix.is_floating_point() or ix.is_complex() or ix.dtype == torch.bool:
+            raise TypeError("npuport: _npuport_fill_pairs expects 1-D integer positions")
+    n_rows, n_cols = t.shape[0], t.shape[1]
+    rows = torch.where(rows < 0, rows + n_rows, rows).long()
+    cols = torch.where(cols < 0, cols + n_cols, cols).long()
+    i = torch.arange(rows.numel(), device=t.device)[:, None]
+    j = torch.arange(cols.numel(), device=t.device)[None, :]
+    sel = torch.ones(rows.numel(), cols.numel(), dtype=torch.bool, device=t.device)
+    if lo is not None:
+        sel = sel & (j >= i + lo)
+    if hi is not None:
+        sel = sel & (j < i + hi)
+    hit = torch.zeros(n_rows * n_cols, dtype=torch.int32, device=t.device)
+    hit.scatter_add_(0, (rows[:, None] * n_cols + cols[None, :]).reshape(-1), sel.reshape(-1).to(torch.int32))
+    where = (hit > 0).reshape(n_rows, n_cols)
+    t.masked_fill_(where.reshape((n_rows, n_cols) + (1,) * (t.dim() - 2)), value)
 '''
 
 MOE_MARKER = "def _npuport_moe_dense("
@@ -389,26 +413,162 @@ def _vectorise_loop(loop: cst.For, before: Sequence[cst.BaseStatement],
     return stmts
 
 
+def _slot_offset(e: cst.BaseExpression | None, slot: str) -> int | None:
+    """c for a slice bound `slot + c` / `c + slot` / `slot` with c a non-negative integer literal."""
+    if e is None:
+        return None
+    if m.matches(e, m.Name(slot)):
+        return 0
+    if isinstance(e, cst.BinaryOperation) and isinstance(e.operator, cst.Add):
+        for a, b in ((e.left, e.right), (e.right, e.left)):
+            if m.matches(a, m.Name(slot)) and isinstance(b, cst.Integer):
+                return int(b.value)
+    raise _Unsupported
+
+
+def _invariant(e: cst.BaseExpression, loop_names: set[str]) -> None:
+    """e reads nothing the loop binds and has no calls but pure built-ins (len, min, ...)."""
+    if loop_names & set(name_uses(e)):
+        raise _Unsupported
+    for n in walk(e):
+        if isinstance(n, cst.Call) and dotted_name(n.func) not in _PURE_CALLS:
+            raise _Unsupported
+        if isinstance(n, cst.NamedExpr | cst.Lambda | cst.Await | cst.Yield):
+            raise _Unsupported
+
+
+def _vectorise_row_loop(loop: cst.For, before: Sequence[cst.BaseStatement], outside_uses: set[str]) -> list[cst.BaseStatement]:
+    """``for i, p in enumerate(P): T[p, C] = v`` (C the same index tensor every time, or a prefix/suffix
+    slice P[..i + c..] of the positions themselves; an `if` on loop-invariant values may guard a write)
+    -> one ``_npuport_fill_pairs`` per write: the same (row, col) pairs set in one masked_fill_."""
+    if loop.orelse is not None or loop.asynchronous is not None:
+        raise _Unsupported
+    it = loop.iter
+    if not (isinstance(it, cst.Call) and m.matches(it.func, m.Name("enumerate")) and len(it.args) == 1
+            and it.args[0].keyword is None and not it.args[0].star and isinstance(it.args[0].value, cst.Name)):
+        raise _Unsupported
+    rows = it.args[0].value.value
+    t = loop.target
+    if not (isinstance(t, cst.Tuple) and len(t.elements) == 2
+            and all(isinstance(e.value, cst.Name) for e in t.elements)):
+        raise _Unsupported
+    slot, pos = (e.value.value for e in t.elements)  # type: ignore[attr-defined]
+    loop_names = {slot, pos} | assigned_names(loop.body)
+    if loop_names & outside_uses or rows in loop_names:
+        raise _Unsupported
+    writes: list[tuple[cst.BaseExpression | None, cst.Subscript, cst.BaseExpression]] = []
+    for st in _block(loop.body):
+        cond: cst.BaseExpression | None = None
+        if isinstance(st, cst.If):
+            if st.orelse is not None or len(_block(st.body)) != 1:
+                raise _Unsupported
+            _invariant(st.test, loop_names)
+            cond, st = st.test, _block(st.body)[0]
+        a = st.body[0] if isinstance(st, cst.SimpleStatementLine) and len(st.body) == 1 else None
+        if not (isinstance(a, cst.Assign) and len(a.targets) == 1 and isinstance(a.targets[0].target, cst.Subscript)):
+            raise _Unsupported
+        writes.append((cond, a.targets[0].target, a.value))
+    if not writes:
+        raise _Unsupported
+    tensor = dotted_name(writes[0][1].value)
+    local_defs: dict[str, cst.BaseExpression] = {}
+    made_here = False
+    for st in before:
+        d = single_assign(st)
+        if d is not None:
+            local_defs[d[0]] = d[1]
+        if tensor in assigned_names(st):
+            made_here = d is not None and d[0] == tensor and isinstance(d[1], cst.Call) and \
+                dotted_name(d[1].func).startswith("torch.") and dotted_name(d[1].func).split(".")[-1] in _TENSOR_CREATORS
+    if not made_here or tensor in (rows, slot, pos):
+        raise _Unsupported
+    values = {code_of(v).strip() for _, _, v in writes}
+    if len(values) != 1:
+        raise _Unsupported  # different values: the order of overlapping writes would matter
+    lines: list[str] = []
+    for cond, target, value in writes:
+        if not _scalar_value(value, local_defs) or dotted_name(target.value) != tensor or len(target.slice) != 2:
+            raise _Unsupported
+        first, second = target.slice[0].slice, target.slice[1].slice
+        if not (isinstance(first, cst.Index) and m.matches(first.value, m.Name(pos)) and isinstance(second, cst.Index)):
+            raise _Unsupported
+        col = second.value
+        lo = hi = None
+        if isinstance(col, cst.Subscript) and m.matches(col.value, m.Name(rows)):
+            if len(col.slice) != 1 or not isinstance(col.slice[0].slice, cst.Slice) or col.slice[0].slice.step:
+                raise _Unsupported
+            sl = col.slice[0].slice
+            lo, hi = _slot_offset(sl.lower, slot), _slot_offset(sl.upper, slot)
+            cols = rows
+        else:
+            _invariant(col, loop_names)
+            if not isinstance(col, cst.Name | cst.Attribute):
+                raise _Unsupported
+            cols = code_of(col).strip()
+        call = f"_npuport_fill_pairs({tensor}, {rows}, {cols}, {code_of(value).strip()}, lo={lo}, hi={hi})"
+        lines.append(f"if {code_of(cond).strip()}:\n    {call}\n" if cond is not None else call + "\n")
+    stmts: list[cst.BaseStatement] = [cst.parse_statement(line) for line in lines]
+    comment = cst.EmptyLine(comment=cst.Comment(
+        f"# npuport (H6): `for {slot}, {pos} in enumerate({rows})` row-by-row fill of {tensor}, vectorised"))
+    stmts[0] = stmts[0].with_changes(leading_lines=[*loop.leading_lines, comment])
+    return stmts
+
+
 class _MaskLoops(PerfRewriter):
+    def __init__(self) -> None:
+        super().__init__()
+        self._fns: list[cst.FunctionDef] = []
+
+    def visit_FunctionDef(self, node: cst.FunctionDef) -> bool:
+        if not super().visit_FunctionDef(node):
+            return False
+        self._fns.append(node)
+        return True
+
     def leave_FunctionDef(self, original: cst.FunctionDef, updated: cst.FunctionDef) -> cst.FunctionDef:
-        if not isinstance(updated.body, cst.IndentedBlock):
+        if self._fns and self._fns[-1] is original:
+            self._fns.pop()
+        return updated
+
+    def leave_IndentedBlock(self, original: cst.IndentedBlock, updated: cst.IndentedBlock) -> cst.IndentedBlock:
+        if not self._fns:
             return updated
-        body = list(updated.body.body)
+        fn = self._fns[-1]
+        at_top = original is fn.body
+        body = list(updated.body)
         new: list[cst.BaseStatement] = []
         changed = False
         for i, st in enumerate(body):
             if isinstance(st, cst.For):
+                what = ""
+                repl: list[cst.BaseStatement] | None = None
                 try:
-                    repl = _vectorise_loop(st, body[:i], body[i + 1:])
+                    if at_top and isinstance(st.iter, cst.Call) and m.matches(st.iter.func, m.Name("range")):
+                        repl = _vectorise_loop(st, body[:i], body[i + 1:])
+                        what = "element-wise fill loop -> vectorised masked_fill_ over index grids"
+                    else:
+                        outside = _uses_outside(fn, original.body[i])
+                        repl = _vectorise_row_loop(st, body[:i], outside)
+                        what = "row-by-row fill over an index tensor -> one masked_fill_ of the same (row, col) pairs"
                 except _Unsupported:
                     repl = None
                 if repl is not None:
-                    self.note(original.body.body[i], "element-wise fill loop -> vectorised masked_fill_ over index grids")
+                    self.note(original.body[i], what)
                     new.extend(repl)
                     changed = True
                     continue
             new.append(st)
-        return updated.with_changes(body=updated.body.with_changes(body=new)) if changed else updated
+        return updated.with_changes(body=new) if changed else updated
+
+
+def _uses_outside(fn: cst.FunctionDef, node: cst.CSTNode) -> set[str]:
+    """Names read or bound in fn outside node (the loop's own variables must not be needed there)."""
+    counts: dict[str, int] = {}
+    for n in name_uses(fn.body):
+        counts[n] = counts.get(n, 0) + 1
+    for n in name_uses(node):
+        counts[n] -= 1
+    return {n for n, c in counts.items() if c > 0}
 
 
 def vectorise_mask_loops(source: str, **_: Any) -> CodemodResult:
@@ -439,29 +599,65 @@ def _expert_loop_var(loop: cst.For) -> str | None:
     return None
 
 
-def _experts_container(loop: cst.For, var: str) -> str | None:
-    """`self.experts` when the loop calls self.experts[var](...) (directly or through a local name)."""
-    containers: set[str] = set()
+_COLLECTIVE = re.compile(r"(^|\.)(all_to_all\w*|all_reduce|all_gather\w*|reduce_scatter\w*|broadcast|send|recv|"
+                         r"barrier)$")
+
+
+def _pure(e: cst.BaseExpression) -> bool:
+    """Reads of names/attributes, constants, arithmetic, comparisons and boolean logic: safe to evaluate
+    twice (the guard re-reads what the original tests)."""
+    if isinstance(e, cst.Name | cst.Integer | cst.Float | cst.SimpleString):
+        return True
+    if isinstance(e, cst.Attribute):
+        return _pure(e.value)
+    if isinstance(e, cst.UnaryOperation):
+        return _pure(e.expression)
+    if isinstance(e, cst.BinaryOperation | cst.BooleanOperation):
+        return _pure(e.left) and _pure(e.right)
+    if isinstance(e, cst.Comparison):
+        return _pure(e.left) and all(_pure(c.comparator) for c in e.comparisons)
+    return False
+
+
+def _expert_index(sub: cst.Subscript, var: str) -> tuple[bool, cst.BaseExpression | None]:
+    """(True, None) for experts[var]; (True, OFF) for experts[var + OFF] / experts[OFF + var] with OFF a
+    pure expression without var (expert parallelism: the rank's first expert); (False, None) otherwise."""
+    if len(sub.slice) != 1 or not isinstance(sub.slice[0].slice, cst.Index):
+        return False, None
+    idx = sub.slice[0].slice.value
+    if m.matches(idx, m.Name(var)):
+        return True, None
+    if isinstance(idx, cst.BinaryOperation) and isinstance(idx.operator, cst.Add):
+        for a, b in ((idx.left, idx.right), (idx.right, idx.left)):
+            if m.matches(a, m.Name(var)) and _pure(b) and var not in name_uses(b):
+                return True, b
+    return False, None
+
+
+def _experts_container(loop: cst.For, var: str) -> tuple[str, cst.BaseExpression | None] | None:
+    """(`self.experts`, offset) when the loop calls self.experts[var (+ offset)](...) (directly or through a
+    local name)."""
+    containers: dict[str, cst.BaseExpression | None] = {}
     called_via: dict[str, str] = {}
     for n in walk(loop.body):
-        if isinstance(n, cst.Subscript) and len(n.slice) == 1 and isinstance(n.slice[0].slice, cst.Index) \
-                and m.matches(n.slice[0].slice.value, m.Name(var)):
+        if isinstance(n, cst.Subscript):
+            ok, off = _expert_index(n, var)
             owner = dotted_name(n.value)
-            if owner.startswith("self.") and "expert" in owner.lower():
-                containers.add(owner)
+            if ok and owner.startswith("self.") and "expert" in owner.lower():
+                containers[owner] = off
         a = single_assign(n) if isinstance(n, cst.SimpleStatementLine) else None
         if a is not None and isinstance(a[1], cst.Subscript):
             called_via[a[0]] = dotted_name(a[1].value)
     if len(containers) != 1:
         return None
-    owner = containers.pop()
+    owner, off = containers.popitem()
     for n in walk(loop.body):
         if isinstance(n, cst.Call):
             f = n.func
             if isinstance(f, cst.Subscript) and dotted_name(f.value) == owner:
-                return owner
+                return owner, off
             if isinstance(f, cst.Name) and called_via.get(f.value) == owner:
-                return owner
+                return owner, off
     return None
 
 
@@ -476,39 +672,97 @@ def _combine_order(fn: cst.FunctionDef, weight: str) -> str | None:
     return None
 
 
+def _is_collective(call: cst.Call) -> bool:
+    return bool(_COLLECTIVE.search(dotted_name(call.func))) and "." in dotted_name(call.func)
+
+
+class MoePlan:
+    """What moe-dense-dispatch does to one function: the dense call, and the guard (None: always)."""
+
+    def __init__(self, owner: str, args: tuple[str, str, str], order: str, guard: list[str]) -> None:
+        self.owner = owner
+        self.args = args
+        self.order = order
+        self.guard = guard
+
+
+def moe_plan(fn: cst.FunctionDef) -> MoePlan | str:
+    """The rewrite of a routed-experts function ``(self, x, idx, weight)``, or why it is left as written
+    (a reason the report shows). An expert index with an offset (``experts[i + rank * per_rank]``, expert
+    parallelism) and branches that call collectives are handled by a guard: the dense path runs only when
+    the offset is 0, every expert is local (none is None) and no collective branch would run; otherwise the
+    original code runs unchanged."""
+    params = [p.name.value for p in fn.params.params]
+    if len(params) != 4 or params[0] != "self" or fn.params.star_kwarg or fn.params.kwonly_params \
+            or not isinstance(fn.params.star_arg, cst.MaybeSentinel):
+        return "not a (self, x, topk_idx, topk_weight) routed-experts function"
+    _, x, idx, weight = params
+    if not _IDX_PARAM.search(idx) or not _WEIGHT_PARAM.search(weight) or _IDX_PARAM.search(x):
+        return "its parameters are not (tokens, expert ids, expert weights)"
+    if not isinstance(fn.body, cst.IndentedBlock):
+        return "a one-line body"
+    loops = [s for s in fn.body.body if isinstance(s, cst.For) and _expert_loop_var(s)]
+    if len(loops) != 1:
+        return "no single top-level loop over the experts (it is nested in a branch, or there are several)"
+    if any(isinstance(n, cst.Yield | cst.Await) for n in walk(fn.body)):
+        return "a generator or coroutine"
+    var = _expert_loop_var(loops[0])
+    found = _experts_container(loops[0], var or "")
+    if found is None:
+        return ("the loop does not call one self.<experts>[i] (or [i + offset]) module; a computed expert index "
+                "cannot be proven to address the routed expert")
+    owner, offset = found
+    order = _combine_order(fn, weight)
+    if order is None:
+        return ("the outputs are not combined by index_add_ over tokens or by a weighted sum over the top-k "
+                "slots, so a dense combine could change the numbers")
+    if not {x, idx, weight} <= set(name_uses(fn.body)):
+        return "a routing parameter is unused"
+    guard: list[str] = []
+    for st in fn.body.body:
+        calls = [n for n in walk(st) if isinstance(n, cst.Call) and _is_collective(n)]
+        if not calls:
+            continue
+        if not isinstance(st, cst.If) or st.orelse is not None or not _pure(st.test):
+            return (f"it calls collectives ({dotted_name(calls[0].func)}) outside a branch with a simple condition, "
+                    "so the single-device case cannot be told apart")
+        test = code_of(st.test).strip()
+        if f"not ({test})" not in guard:
+            guard.append(f"not ({test})")
+    if offset is not None:
+        guard.append(f"({code_of(offset).strip()}) == 0")
+    if guard:
+        guard.append(f"None not in {owner}")
+    return MoePlan(owner, (x, idx, weight), order, guard)
+
+
 class _MoeDispatch(PerfRewriter):
     def leave_FunctionDef(self, original: cst.FunctionDef, updated: cst.FunctionDef) -> cst.FunctionDef:
-        params = [p.name.value for p in updated.params.params]
-        if len(params) != 4 or params[0] != "self" or updated.params.star_kwarg or updated.params.kwonly_params \
-                or not isinstance(updated.params.star_arg, cst.MaybeSentinel):
+        plan = moe_plan(updated)
+        if isinstance(plan, str):
             return updated
-        _, x, idx, weight = params
-        if not _IDX_PARAM.search(idx) or not _WEIGHT_PARAM.search(weight) or _IDX_PARAM.search(x):
-            return updated
-        if not isinstance(updated.body, cst.IndentedBlock):
-            return updated
-        loops = [s for s in updated.body.body if isinstance(s, cst.For) and _expert_loop_var(s)]
-        if len(loops) != 1 or any(isinstance(n, cst.Yield | cst.Await) for n in walk(updated.body)):
-            return updated
-        var = _expert_loop_var(loops[0])
-        owner = _experts_container(loops[0], var or "")
-        order = _combine_order(updated, weight)
-        if owner is None or order is None:
-            return updated
-        # Every parameter must feed the computation the way routing does.
-        used = set(name_uses(updated.body))
-        if not {x, idx, weight} <= used:
-            return updated
-        body: list[cst.BaseStatement] = []
-        first = updated.body.body[0]
-        if m.matches(first, m.SimpleStatementLine(body=[m.Expr(m.SimpleString() | m.ConcatenatedString())])):
-            body.append(first)
-        ret = cst.parse_statement(f'return _npuport_moe_dense({owner}, {x}, {idx}, {weight}, "{order}")\n')
-        ret = ret.with_changes(leading_lines=[cst.EmptyLine(comment=cst.Comment(
-            "# npuport (H6): dense dispatch: every expert on every token, no host syncs or per-expert batches"))])
-        body.append(ret)
+        assert isinstance(updated.body, cst.IndentedBlock)
+        x, idx, weight = plan.args
+        stmts = list(updated.body.body)
+        head: list[cst.BaseStatement] = []
+        if m.matches(stmts[0], m.SimpleStatementLine(body=[m.Expr(m.SimpleString() | m.ConcatenatedString())])):
+            head.append(stmts.pop(0))
+        call = f'_npuport_moe_dense({plan.owner}, {x}, {idx}, {weight}, "{plan.order}")'
+        why = "# npuport (H6): dense dispatch: every expert on every token, no host syncs or per-expert batches"
+        if plan.guard:
+            cond = " and ".join(plan.guard)
+            new = cst.parse_statement(f"if {cond}:\n    return {call}\n")
+            new = new.with_changes(leading_lines=[cst.EmptyLine(comment=cst.Comment(
+                why + "; the original below still runs with expert parallelism"))])
+            body = [*head, new, *stmts]
+            what = f"guarded by `{cond}` (the original code runs otherwise)"
+        else:
+            ret = cst.parse_statement(f"return {call}\n")
+            body = [*head, ret.with_changes(leading_lines=[cst.EmptyLine(comment=cst.Comment(why))])]
+            what = "the per-expert loop and its host syncs are gone"
         self.note(original, f"{updated.name.value}: per-expert loop with host syncs -> dense dispatch over "
-                            f"{owner} ({order} order)")
+                            f"{plan.owner} ({plan.order} order; every expert runs on every token: more expert "
+                            f"FLOPs, no host sync); {what}")
         return updated.with_changes(body=updated.body.with_changes(body=body))
 
 

@@ -8,6 +8,7 @@ small helpers inserted at the top of each patched module.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
@@ -229,6 +230,8 @@ class CodemodResult:
     source: str
     changed: bool
     edits: list[str] = field(default_factory=list)  # one line per rewrite, "line N: what"
+    spans: list[tuple[int, int]] = field(default_factory=list)  # the original lines each rewrite covers
+    skipped: list[str] = field(default_factory=list)  # "line N: why left as written" for sites it declined
 
 
 def is_cuda_string(node: cst.BaseExpression) -> bool:
@@ -257,12 +260,20 @@ class Rewriter(cst.CSTTransformer):
     def __init__(self) -> None:
         super().__init__()
         self.edits: list[str] = []
+        self.spans: list[tuple[int, int]] = []
+        self.skipped: list[str] = []
 
     def line_of(self, node: cst.CSTNode) -> int:
         return self.get_metadata(PositionProvider, node).start.line
 
     def note(self, node: cst.CSTNode, what: str) -> None:
-        self.edits.append(f"line {self.line_of(node)}: {what}")
+        pos = self.get_metadata(PositionProvider, node)
+        self.edits.append(f"line {pos.start.line}: {what}")
+        self.spans.append((pos.start.line, pos.end.line))
+
+    def skip(self, node: cst.CSTNode, why: str) -> None:
+        """A site the codemod was planned for but leaves as written, with the reason (shown in the report)."""
+        self.skipped.append(f"line {self.line_of(node)}: {why}")
 
 
 def insert_after_imports(module: cst.Module, code: str, marker: str) -> cst.Module:
@@ -297,16 +308,81 @@ def ensure_import_torch(module: cst.Module) -> cst.Module:
     return insert_after_imports(module, "import torch\n", "\nimport torch\n")
 
 
+_HELPER_NAME = re.compile(r"\b_[Nn]puport\w*")
+
+
+def _top_level_names(stmt: cst.BaseStatement) -> set[str]:
+    """What a helper statement defines: a function, a class or an assigned module-level name."""
+    if isinstance(stmt, cst.FunctionDef | cst.ClassDef):
+        return {stmt.name.value}
+    a = single_assign(stmt)
+    return {a[0]} if a is not None else set()
+
+
+def _defined_in(module_code: str, name: str) -> bool:
+    return bool(re.search(rf"^(def|class) {re.escape(name)}\b|^{re.escape(name)} = ", module_code, re.M))
+
+
+def insert_used_helpers(module: cst.Module, helpers: Sequence[tuple[str, str]]) -> cst.Module:
+    """Insert, from the helper blocks, only the definitions the module uses (directly or through another
+    helper) and does not define yet; a block's other statements (its guarded imports) come along with
+    any of its definitions. A file that calls `_npuport_device()` gets that function, not the CPU
+    stand-ins for streams and graphs it never reaches."""
+    blocks: list[tuple[list[cst.BaseStatement], list[tuple[str, cst.BaseStatement]], str]] = []
+    defs: dict[str, cst.BaseStatement] = {}
+    for code, _marker in helpers:
+        parsed = cst.parse_module(code)
+        glue: list[cst.BaseStatement] = []
+        named: list[tuple[str, cst.BaseStatement]] = []
+        for st in parsed.body:
+            names = _top_level_names(st)
+            if names:
+                for n in names:
+                    named.append((n, st))
+                    defs.setdefault(n, st)
+            else:
+                glue.append(st)
+        header = "".join(code_of(line) for line in parsed.header if line.comment is not None)
+        blocks.append((glue, named, header))
+    current = module.code
+    need = set(_HELPER_NAME.findall(current))
+    wanted: set[str] = set()
+    todo = [n for n in need if n in defs]
+    while todo:
+        n = todo.pop()
+        if n in wanted or _defined_in(current, n):
+            continue
+        wanted.add(n)
+        todo += [r for r in _HELPER_NAME.findall(code_of(defs[n])) if r in defs and r not in wanted]
+    if not wanted:
+        return module
+    module = ensure_import_torch(module)
+    for glue, named, header in blocks:
+        chosen = [st for n, st in named if n in wanted]
+        if not chosen:
+            continue
+        seen: list[cst.BaseStatement] = []
+        for st in chosen:
+            if not any(st is s for s in seen):
+                seen.append(st)
+        parts = [code_of(g) for g in glue if code_of(g).strip() not in module.code]
+        if header.strip() and header.strip() not in module.code:
+            parts.insert(0, header)
+        text = "".join([*parts, *(code_of(st) for st in seen)])
+        module = insert_after_imports(module, "\n" + text, "\0never-present\0")
+    return module
+
+
 def run_codemod(source: str, make: Callable[[cst.Module], Rewriter], helpers: Sequence[tuple[str, str]] = ()) -> CodemodResult:
     module = cst.parse_module(source)
     rewriter = make(module)
     new_module = MetadataWrapper(module).visit(rewriter)
     if not rewriter.edits:
-        return CodemodResult(source, False)
-    for code, marker in helpers:
-        new_module = ensure_import_torch(new_module)
-        new_module = insert_after_imports(new_module, code, marker)
-    return CodemodResult(new_module.code, new_module.code != source, rewriter.edits)
+        return CodemodResult(source, False, skipped=rewriter.skipped)
+    if helpers:
+        new_module = insert_used_helpers(new_module, helpers)
+    return CodemodResult(new_module.code, new_module.code != source, rewriter.edits, rewriter.spans,
+                         rewriter.skipped)
 
 
 # ----------------------------------------------------------------------------------------------
