@@ -16,6 +16,8 @@ def apply_fix(ws: Workspace, action: FixAction, patch_no: int) -> tuple[Patch | 
     fn, hazard, description = CODEMODS[action.codemod]
     notes: list[str] = []
     edits: list[str] = []
+    sites: list[str] = []
+    declined: list[str] = []
     for rel in action.files:
         path = ws.model_dir / rel
         if not path.is_file():
@@ -27,13 +29,15 @@ def apply_fix(ws: Workspace, action: FixAction, patch_no: int) -> tuple[Patch | 
         except cst.ParserSyntaxError as exc:
             notes.append(f"{rel}: cannot parse ({first_line(exc)})")
             continue
+        declined.extend(f"{rel} {e}" for e in result.skipped)
         if result.changed:
             path.write_text(result.source, encoding="utf-8")
             edits.extend(f"{rel} {e}" for e in result.edits)
+            sites.extend(f"{rel}:{a}-{b}" for a, b in result.spans)
         else:
             notes.extend(f"{rel}: {e}" for e in result.edits)  # e.g. an LLM edit that was rejected
     if not edits:
-        return None, notes or [f"{action.codemod} changed nothing"]
+        return None, [*notes, *declined] or [f"{action.codemod} changed nothing"]
     cites = ", ".join(c.source for c in action.citations) or f"recipe:{hazard}"
     refs = action.finding_ids or ([action.diagnosis_id] if action.diagnosis_id else [])
     body = "\n".join([f"{description}.", "", *[f"- {e}" for e in edits], "",
@@ -43,7 +47,8 @@ def apply_fix(ws: Workspace, action: FixAction, patch_no: int) -> tuple[Patch | 
         return None, notes
     patch = Patch(id=f"patch-{patch_no}", commit=sha, summary=f"{hazard} {action.codemod}: {action.summary}",
                   finding_ids=action.finding_ids, diagnosis_id=action.diagnosis_id,
-                  files=ws.changed_files(sha), codemod=action.codemod, citations=action.citations)
+                  files=ws.changed_files(sha), codemod=action.codemod, citations=action.citations,
+                  edits=edits, sites=sites, declined=declined)
     return patch, notes
 
 

@@ -61,6 +61,9 @@ class Patch(BaseModel):
     files: list[str] = Field(default_factory=list)
     codemod: str = ""  # name of the codemod / recipe that produced it
     citations: list[Citation] = Field(default_factory=list)
+    edits: list[str] = Field(default_factory=list)  # "file line N: what" for each rewrite (the report lists them)
+    sites: list[str] = Field(default_factory=list)  # "file:start-end": the original lines the rewrites covered
+    declined: list[str] = Field(default_factory=list)  # "file line N: why" for sites the codemod left as written
 
 
 class Frame(BaseModel):

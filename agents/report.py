@@ -39,19 +39,55 @@ def _left_as_written(hazard: str) -> str:
     return (rule.left_as_written if rule else "") or "no recipe changes it"
 
 
+def _covering_edit(patch: dict[str, Any], finding: dict[str, Any]) -> str | None:
+    """What the patch changed at the finding's line ("" when it does not say what), None when it rewrote
+    other lines only; a patch that does not record its lines counts as covering its findings."""
+    sites = patch.get("sites") or []
+    if not sites:
+        return ""
+    edits = patch.get("edits") or []
+    for i, site in enumerate(sites):
+        file, _, span = site.rpartition(":")
+        start, _, end = span.partition("-")
+        if file == finding["file"] and start.isdigit() and end.isdigit() and int(start) <= finding["line"] <= int(end):
+            edit = edits[i] if i < len(edits) and len(edits) == len(sites) else ""
+            return edit.split(": ", 1)[1] if ": " in edit else ""
+    return None
+
+
+def _declined_reason(patches: list[dict[str, Any]], finding: dict[str, Any]) -> str:
+    prefix = f"{finding['file']} line {finding['line']}: "
+    return next((d[len(prefix):] for p in patches for d in p.get("declined") or [] if d.startswith(prefix)), "")
+
+
 def finding_resolutions(findings: list[dict[str, Any]], patches: list[dict[str, Any]], status: str) -> dict[str, str]:
-    """finding id -> "fixed by patch-N (commit)" or "left as written: why"."""
-    fixed: dict[str, str] = {}
+    """finding id -> "fixed by patch-N (commit): what it changed", "NOT changed: ..." when the codemod planned
+    for it left its site as written (a finding for the user, never a silent success), or "left as written: why"."""
+    from agents.rules.registry import active
+
+    planned: dict[str, dict[str, Any]] = {}
     for p in patches:
         for fid in p.get("finding_ids") or []:
-            fixed.setdefault(fid, f"fixed by {p['id']} ({p['commit'][:8]}, {p['codemod']})")
+            planned.setdefault(fid, p)
     out: dict[str, str] = {}
+    tail = "" if status == "validated" else " (the port did not validate)"
     for f in findings:
-        if f["id"] in fixed:
-            out[f["id"]] = fixed[f["id"]]
+        p = planned.get(f["id"])
+        if p is not None:
+            what = _covering_edit(p, f)
+            if what is not None:
+                out[f["id"]] = f"fixed by {p['id']} ({p['commit'][:8]}, {p['codemod']})" + (f": {what}" if what else "")
+                continue
+            why = _declined_reason(patches, f) or "it does not recognise the code at this site"
+            out[f["id"]] = (f"NOT changed: {p['codemod']} ({p['id']}) rewrote other sites but left this one as "
+                            f"written: {why}{tail}")
+            continue
+        codemod = active().codemod_for(f["hazard"], f["rule"]) if f.get("fixable") else None
+        if codemod:
+            why = _declined_reason(patches, f) or "it does not recognise the code at this site"
+            out[f["id"]] = f"NOT changed: the planned codemod {codemod} changed nothing here: {why}{tail}"
         else:
-            why = _left_as_written(f["hazard"])
-            out[f["id"]] = f"left as written: {why}" + ("" if status == "validated" else " (the port did not validate)")
+            out[f["id"]] = f"left as written: {_left_as_written(f['hazard'])}{tail}"
     return out
 
 
@@ -114,6 +150,8 @@ def render_markdown(report: dict[str, Any]) -> str:
     for p in report["patches"]:
         lines.append(f"- `{p['commit'][:8]}` {p['summary']} — files: {', '.join(p['files'])}; cites: "
                      f"{', '.join(c['source'] for c in p['citations']) or '-'}")
+        lines += [f"  - changed {e}" for e in (p.get("edits") or [])[:40]]
+        lines += [f"  - NOT changed {d}" for d in (p.get("declined") or [])[:40]]
     if not report["patches"]:
         lines.append("No patches.")
     lines += ["", "## Sandbox runs", "", "| run | purpose | target | status | wall s | tokens | error |", "|---|---|---|---|---|---|---|"]

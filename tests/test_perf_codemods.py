@@ -402,7 +402,7 @@ def test_moe_offset_indexed_expert_parallel_loop_is_rewritten_under_a_guard() ->
 
 
 def test_moe_collectives_outside_a_simple_branch_are_left_with_the_reason() -> None:
-    from agents.rules.h6_codemods import moe_plan
+    from agents.rules.h6_moe import moe_plan
 
     src = MOE_EP.replace("        if self.world > 1:\n            dist.all_to_all_single(tokens_per_expert.clone(), "
                          "tokens_per_expert)\n",

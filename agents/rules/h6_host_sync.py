@@ -21,7 +21,8 @@ from agents.rules.cst_helpers import (
     last_name,
     walk_nodes,
 )
-from agents.rules.h6_codemods import moe_dense_dispatch, vectorise_mask_loops
+from agents.rules.h6_codemods import vectorise_mask_loops
+from agents.rules.h6_moe import MoePlan, moe_dense_dispatch, moe_plan
 
 # H6: host-sync method calls -> (rule, note)
 SYNC_METHODS: dict[str, tuple[str, str]] = {
@@ -49,12 +50,46 @@ def _h6_host_sync(ctx: ModuleContext) -> None:
         where = f" in {hot}()" if hot else ""
         if name in SYNC_METHODS and not call.args:
             rule, note = SYNC_METHODS[name]
+            fixable, why = _moe_fixable(ctx, call)
+            if rule == "tolist-sync":
+                fixable, why = False, ""
+            elif not fixable:
+                why = f"; left as written: {_sync_use(ctx, call)}"
             ctx.add("H6", rule, call, f"{note}{where}; on Ascend each sync stalls the NPU pipeline"
-                    + (" at every step" if hot else ""), SLOWS, MEDIUM if hot else LOW)
+                    + (" at every step" if hot else "") + why, SLOWS, MEDIUM if hot else LOW, fixable=fixable)
         elif name in DYNAMIC_SHAPE_OPS:
             _h6_dynamic(ctx, call, f".{name}()")
     for loop in ctx.ix.fors:
         _h6_loop(ctx, loop)
+
+
+def _moe_fixable(ctx: ModuleContext, node: cst.CSTNode) -> tuple[bool, str]:
+    """Whether moe-dense-dispatch rewrites the function around node, else why not (the same analysis the
+    codemod runs, so "fixable" is never claimed for a site the codemod leaves alone)."""
+    fns = [a for a, _ in ctx.ancestors(node) if isinstance(a, cst.FunctionDef)]
+    if not fns:
+        return False, "it is not in a routed-experts function"
+    plan = moe_plan(fns[0])
+    if isinstance(plan, MoePlan):
+        return True, ""
+    return False, f"{fns[0].name.value}(): {plan}"
+
+
+def _sync_use(ctx: ModuleContext, call: cst.Call) -> str:
+    """What the host value is for: why removing the sync is a redesign, not a rewrite."""
+    for a, child in ctx.ancestors(call):
+        if isinstance(a, cst.If | cst.While | cst.IfExp) and child is a.test:
+            return ("the value decides Python control flow (an `if`/`while` on a device value); keeping it on "
+                    "the device means computing both branches or masking (torch.where), a change of algorithm")
+        if isinstance(a, cst.Call) and last_name(a.func) in ("range", "zeros", "ones", "empty", "full", "arange",
+                                                             "new_empty", "new_zeros", "view", "reshape", "split",
+                                                             "narrow", "expand"):
+            return "the value is used as a size or count: Ascend needs it on the host (a static shape would remove it)"
+        if isinstance(a, cst.Subscript | cst.Slice):
+            return "the value indexes or slices a tensor: a data-dependent shape that needs the host value"
+        if isinstance(a, cst.SimpleStatementLine | cst.FunctionDef):
+            break
+    return "its Python number leaves the device; only a redesign that keeps it a tensor removes the sync"
 
 
 def _h6_dynamic(ctx: ModuleContext, call: cst.Call, what: str) -> None:
@@ -77,15 +112,23 @@ def _h6_loop(ctx: ModuleContext, loop: cst.For) -> None:
     where = f" in {hot}()" if hot else ""
     iter_code = ctx.code(loop.iter)
     if "expert" in iter_code.lower():
+        fixable, why = _moe_fixable(ctx, loop)
+        training = next((a for a, child in ctx.ancestors(loop) if isinstance(a, cst.If) and child is not a.test
+                         and "training" in ctx.code(a.test)), None)
+        if training is not None:
+            ctx.add("H6", "per-expert-loop", loop,
+                    f"Python loop over experts{where}, under `if {ctx.code(training.test).strip()}`: inference never "
+                    "takes it (the port validates inference); left as written", SLOWS, LOW, fixable=False)
+            return
         ctx.add("H6", "per-expert-loop", loop,
                 f"Python loop over experts{where}: one small matmul (and often a nonzero/where sync) per expert; "
-                "on Ascend group them with npu_moe_init_routing + npu_grouped_matmul", SLOWS,
-                HIGH if hot else MEDIUM)
+                "on Ascend group them with npu_moe_init_routing + npu_grouped_matmul"
+                + ("" if fixable else f"; moe-dense-dispatch leaves it as written: {why}"), SLOWS,
+                HIGH if hot else MEDIUM, fixable=fixable)
         return
     if not _range_loop_vars(loop):
         return
     # element-wise tensor building: `t[i, j] = ...` indexed by this loop's variables (or outer ones)
-    outer = _outermost_range_loop(ctx, loop)
     loop_vars: set[str] = set()
     for a in [loop, *[a for a, _ in ctx.ancestors(loop) if isinstance(a, cst.For)]]:
         loop_vars |= _range_loop_vars(a)
@@ -97,6 +140,7 @@ def _h6_loop(ctx: ModuleContext, loop: cst.For) -> None:
             # a tensor made with torch.* here, or 2-D indexing: not a Python list filled by index
             tensor_like = dotted(target.value) in tensors or len(target.slice) >= 2
             if idx & loop_vars and tensor_like:
+                outer = _outermost_range_loop(ctx, loop, idx)
                 ctx.add("H6", "elementwise-loop", outer,
                         f"Python loop writes tensor elements one at a time (`{ctx.code(target).strip()} = "
                         f"...`){where}: each write is a tiny device op; build it with vectorised ops (arange "
@@ -114,12 +158,14 @@ def _tensor_names(ctx: ModuleContext, node: cst.CSTNode) -> set[str]:
     return out
 
 
-def _outermost_range_loop(ctx: ModuleContext, loop: cst.For) -> cst.For:
+def _outermost_range_loop(ctx: ModuleContext, loop: cst.For, idx: set[str]) -> cst.For:
+    """The outermost enclosing range/enumerate loop whose variables index the write (a loop around it that
+    only repeats the fill per sample is not part of it)."""
     best = loop
     for a, _ in ctx.ancestors(loop):
         if isinstance(a, cst.FunctionDef | cst.ClassDef):
             break
-        if isinstance(a, cst.For) and _range_loop_vars(a):
+        if isinstance(a, cst.For) and _range_loop_vars(a) & idx:
             best = a
     return best
 

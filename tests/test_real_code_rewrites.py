@@ -1,0 +1,117 @@
+"""Rewrites on the shapes real model code takes (issue 13, point 4), on small synthetic models of those
+shapes: the scanner's findings, the codemods' rewrites and the report's resolution of each finding agree,
+and a site a codemod leaves as written is reported as NOT changed, never as fixed."""
+
+from __future__ import annotations
+
+import textwrap
+
+from agents.report import finding_resolutions
+from agents.rules.h6_moe import moe_dense_dispatch
+from agents.scanner import scan_source
+
+# A routed-experts block of the expert-parallel class: training loop under `if self.training`, inference
+# through a sorted-token function with host-synced counts and an offset expert index; a collective branch.
+MOE_MODEL = textwrap.dedent('''
+    import torch
+    import torch.nn as nn
+    import torch.distributed as dist
+
+
+    class Block(nn.Module):
+        def __init__(self, n, d, k, world=1, rank=0):
+            super().__init__()
+            self.world, self.rank, self.share = world, rank, n // world
+            self.k = k
+            self.gate = nn.Linear(d, n)
+            self.experts = nn.ModuleList(nn.Linear(d, d) for _ in range(n))
+
+        def forward(self, h):
+            w, ids = self.gate(h).softmax(-1).topk(self.k, dim=-1)
+            if self.training:
+                out = torch.zeros_like(h).repeat_interleave(self.k, 0)
+                flat = ids.view(-1)
+                for e, expert in enumerate(self.experts):
+                    out[flat == e] = expert(h.repeat_interleave(self.k, 0)[flat == e])
+                return (out.view(*w.shape, -1) * w.unsqueeze(-1)).sum(dim=1)
+            return self.route(h, ids, w)
+
+        @torch.no_grad()
+        def route(self, h, expert_ids, expert_weight):
+            counts = expert_ids.new_zeros((expert_ids.shape[0], len(self.experts)))
+            counts.scatter_(1, expert_ids, 1)
+            per_expert = counts.sum(dim=0)
+            order = expert_ids.view(-1).argsort()
+            tokens = h[order // expert_ids.shape[1]]
+            if self.world > 1:
+                dist.all_to_all_single(per_expert.clone(), per_expert)
+            per_expert = per_expert.cpu().numpy()
+            outs = []
+            at = 0
+            for i, n_tok in enumerate(per_expert):
+                if n_tok == 0:
+                    continue
+                outs.append(self.experts[i + self.rank * self.share](tokens[at:at + n_tok]))
+                at += n_tok
+            y = torch.empty_like(tokens)
+            y[order] = torch.cat(outs)
+            return (y.view(*expert_ids.shape, -1).type(expert_weight.dtype).mul_(expert_weight.unsqueeze(dim=-1))
+                    .sum(dim=1).type(y.dtype))
+
+        def decide(self, h):
+            if h.sum().item() != 0:
+                return h
+            return -h
+''')
+
+
+def _patch_from(result, file: str, finding_ids: list[str]) -> dict:  # type: ignore[no-untyped-def]
+    """The patch record apply_fix makes from a codemod result (agents/fixing.py)."""
+    return {"id": "patch-1", "commit": "0123456789ab", "codemod": "moe-dense-dispatch", "finding_ids": finding_ids,
+            "edits": [f"{file} {e}" for e in result.edits],
+            "sites": [f"{file}:{a}-{b}" for a, b in result.spans],
+            "declined": [f"{file} {d}" for d in result.skipped]}
+
+
+def test_moe_findings_are_fixed_only_where_the_rewrite_reached() -> None:
+    findings = [f.model_dump(mode="json") for f in scan_source(MOE_MODEL, "block.py") if f.hazard == "H6"]
+    by_rule: dict[str, list[dict]] = {}
+    for f in findings:
+        by_rule.setdefault(f["rule"], []).append(f)
+    loops = sorted(by_rule["per-expert-loop"], key=lambda f: f["line"])
+    assert [f["fixable"] for f in loops] == [False, True]  # the training loop: inference never takes it
+    assert "inference never takes it" in loops[0]["message"]
+    (numpy_sync,) = by_rule["numpy-sync"]
+    assert numpy_sync["fixable"]
+    (item,) = by_rule["item-sync"]
+    assert not item["fixable"] and "control flow" in item["message"]
+
+    result = moe_dense_dispatch(MOE_MODEL)
+    assert result.changed and "guarded by" in result.edits[0]
+    fixable = [f["id"] for f in findings if f["fixable"]]
+    res = finding_resolutions(findings, [_patch_from(result, "block.py", fixable)], "validated")
+    for f in findings:
+        if f["fixable"]:
+            assert res[f["id"]].startswith("fixed by patch-1"), res[f["id"]]
+            assert "dense dispatch" in res[f["id"]]  # the report says what the rewrite did
+        else:
+            assert res[f["id"]].startswith("left as written"), res[f["id"]]
+
+
+def test_a_planned_rewrite_that_changed_nothing_is_reported_not_claimed() -> None:
+    finding = {"id": "H6-x", "hazard": "H6", "rule": "elementwise-loop", "file": "m.py", "line": 40,
+               "fixable": True}
+    other = dict(finding, id="H6-y", line=10)
+    patch = {"id": "patch-2", "commit": "abcdef012345", "codemod": "vectorise-mask-loops",
+             "finding_ids": ["H6-x", "H6-y"], "edits": ["m.py line 9: element-wise fill loop -> masked_fill_"],
+             "sites": ["m.py:9-12"], "declined": ["m.py line 40: a loop over a generator"]}
+    res = finding_resolutions([finding, other], [patch], "validated")
+    assert res["H6-y"].startswith("fixed by patch-2") and res["H6-y"].endswith("element-wise fill loop -> masked_fill_")
+    assert res["H6-x"] == ("NOT changed: vectorise-mask-loops (patch-2) rewrote other sites but left this one as "
+                           "written: a loop over a generator")
+    # no patch at all (the codemod changed nothing in any file): still shown, not "left as written"
+    res = finding_resolutions([finding], [], "validated")
+    assert res["H6-x"].startswith("NOT changed: the planned codemod vectorise-mask-loops changed nothing here")
+    # a patch that does not record its lines (an LLM edit) keeps the old meaning
+    res = finding_resolutions([finding], [dict(patch, sites=[], edits=[])], "validated")
+    assert res["H6-x"].startswith("fixed by patch-2")
