@@ -115,3 +115,59 @@ def test_a_planned_rewrite_that_changed_nothing_is_reported_not_claimed() -> Non
     # a patch that does not record its lines (an LLM edit) keeps the old meaning
     res = finding_resolutions([finding], [dict(patch, sites=[], edits=[])], "validated")
     assert res["H6-x"].startswith("fixed by patch-2")
+
+
+NORMS = textwrap.dedent('''
+    import torch
+    import torch.nn as nn
+
+
+    class ChannelsFirstNorm(nn.Module):
+        def __init__(self, c, eps=1e-6):
+            super().__init__()
+            self.weight = nn.Parameter(torch.ones(c))
+            self.bias = nn.Parameter(torch.zeros(c))
+            self.eps = eps
+
+        def forward(self, x):
+            mu = x.mean(1, keepdim=True)
+            var = (x - mu).pow(2).mean(1, keepdim=True)
+            x = (x - mu) / torch.sqrt(var + self.eps)
+            return self.weight[:, None, None] * x + self.bias[:, None, None]
+
+
+    class LastDimLayerNorm(nn.Module):
+        def forward(self, x):
+            centred = x - x.mean(-1, keepdim=True)
+            return centred * torch.rsqrt(centred.pow(2).mean(-1, keepdim=True) + 1e-5)
+
+
+    class Rms(nn.Module):
+        def forward(self, x):
+            variance = x.pow(2).mean(-1, keepdim=True)
+            return x * torch.rsqrt(variance + 1e-6)
+
+
+    class RmsOverChannels(nn.Module):
+        def forward(self, x):
+            return x / torch.sqrt(x.pow(2).mean(1, keepdim=True) + 1e-6)
+''')
+
+
+def test_norms_are_classified_by_their_formula() -> None:
+    found = {(f.rule, f.line): f for f in scan_source(NORMS, "norms.py") if f.hazard == "H4"}
+    lines = NORMS.splitlines()
+
+    def line_of(text: str) -> int:
+        return next(i for i, s in enumerate(lines, 1) if text in s)
+
+    layer2d = found[("layer-norm-formula", line_of("torch.sqrt(var + self.eps)"))]
+    assert "channels-first" in layer2d.message and "NOT an RMSNorm" in layer2d.message and not layer2d.fixable
+    assert ("layer-norm-formula", line_of("centred * torch.rsqrt")) in found
+    rms = found[("rms-norm-opportunity", line_of("x * torch.rsqrt(variance"))]
+    assert rms.fixable
+    over_channels = found[("rms-norm-opportunity", line_of("x / torch.sqrt(x.pow(2).mean(1"))]
+    assert not over_channels.fixable and "left as written" in over_channels.message
+    assert sum(1 for rule, _ in found if rule == "rms-norm-opportunity") == 2
+    res = finding_resolutions([layer2d.model_dump(mode="json")], [], "validated")
+    assert res[layer2d.id].startswith("left as written")

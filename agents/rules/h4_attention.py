@@ -20,8 +20,9 @@ from agents.rules.context import ModuleContext
 from agents.rules.cst_helpers import (
     last_name,
     string_value,
+    walk_nodes,
 )
-from agents.rules.h4_fused import fused_rms_norm, fused_rotary_mul
+from agents.rules.h4_fused import _square_base, fused_rms_norm, fused_rotary_mul
 from agents.rules.h4_fused_attention import fused_attention
 
 # --- detector ----------------------------------------------------------------------------------
@@ -70,11 +71,63 @@ def _h4_attention(ctx: ModuleContext) -> None:
         ctx.add("H4", "fused-attention-opportunity", site,
                 f"hand-written attention softmax(QK^T)V {extra}; one fused kernel instead of several ops and a "
                 "materialised score matrix", SLOWS, LOW)
+    rewritten: list[tuple[int, int]] | None = None
     for site in ctx.flow.rms_sites:
+        kind, dim = _norm_kind(ctx, site)
+        if kind == "layer":
+            where = f" over dim {dim}" + (" (channels-first, a LayerNorm2d)" if dim in ("1", "-3") else "")
+            ctx.add("H4", "layer-norm-formula", site,
+                    f"hand-written LayerNorm{where}: (x - mean) / sqrt(var + eps) centres x, so it is NOT an RMSNorm "
+                    "and npu_rms_norm does not apply; F.layer_norm (fused on Ascend) fits once that dim is last",
+                    SLOWS, LOW)
+            continue
+        if rewritten is None:
+            rewritten = fused_rms_norm(ctx.source).spans
+        line = ctx.pos(site)[0]
+        fixable = any(a <= line <= b for a, b in rewritten)
         ctx.add("H4", "rms-norm-opportunity", site,
-                "hand-written RMSNorm (x * rsqrt(mean(x^2) + eps)): torch_npu.npu_rms_norm does it in one kernel",
-                SLOWS, LOW)
+                "hand-written RMSNorm (x * rsqrt(mean(x^2) + eps)): torch_npu.npu_rms_norm does it in one kernel"
+                + ("" if fixable else "; left as written: fused-rms-norm rewrites only `x * rsqrt(mean(x^2, -1, "
+                                      "keepdim=True) + eps)` over the last dim"), SLOWS, LOW, fixable=fixable)
     _h4_rotary(ctx)
+
+
+def _norm_kind(ctx: ModuleContext, site: cst.CSTNode) -> tuple[str, str]:
+    """("layer" | "rms", the mean's dim) for a sqrt/rsqrt of a mean of squares: "layer" when the squared
+    value is centred (x - mean), directly or through a local variable."""
+    fn = ctx.function_of(site)
+    defs: dict[str, cst.BaseExpression] = {}
+    if fn is not None:
+        for n in walk_nodes(fn):
+            if isinstance(n, cst.Assign) and len(n.targets) == 1 and isinstance(n.targets[0].target, cst.Name) \
+                    and ctx.pos(n)[0] <= ctx.pos(site)[0]:
+                defs[n.targets[0].target.value] = n.value
+
+    def expand(e: cst.CSTNode, depth: int = 0) -> list[cst.CSTNode]:
+        out = list(walk_nodes(e))
+        if depth < 3:
+            for n in list(out):
+                if isinstance(n, cst.Name) and n.value in defs:
+                    out += expand(defs[n.value], depth + 1)
+        return out
+
+    means = [n for n in expand(site) if isinstance(n, cst.Call) and last_name(n.func) == "mean"]
+    for mean in means:
+        method = isinstance(mean.func, cst.Attribute) and not ctx.is_module_ref(mean.func.value)
+        squared = mean.func.value if isinstance(mean.func, cst.Attribute) and method else \
+            (mean.args[0].value if mean.args else mean)
+        base = _square_base(squared)
+        dim_arg = next((a.value for a in mean.args if a.keyword is not None and a.keyword.value == "dim"), None)
+        if dim_arg is None:
+            positional = [a.value for a in mean.args if a.keyword is None]
+            dim_arg = positional[0] if method and positional else (positional[1] if len(positional) > 1 else None)
+        dim = ctx.code(dim_arg).strip() if dim_arg is not None else "all"
+        if base is not None and any(isinstance(n, cst.BinaryOperation) and isinstance(n.operator, cst.Subtract)
+                                    for n in expand(base)):
+            return "layer", dim
+        if base is not None:
+            return "rms", dim
+    return "rms", "?"
 
 
 def _h4_rotary(ctx: ModuleContext) -> None:
@@ -107,6 +160,7 @@ RULE = HazardRule(
         "flash-attention-2-impl": "the attention implementation is a configuration choice (sdpa or eager)",
         "sdpa-missing": "adding an SDPA path is a model change",
         "sdpa-used": "SDPA runs on Ascend; the op report says whether the fused kernel was taken",
+        "layer-norm-formula": "a LayerNorm over a non-last dim: F.layer_norm needs that dim moved last, a layout change",
     },
     kb_topic="recipe:H4",
     recipe="knowledge/recipes/H4.md",
