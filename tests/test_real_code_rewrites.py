@@ -171,3 +171,36 @@ def test_norms_are_classified_by_their_formula() -> None:
     assert sum(1 for rule, _ in found if rule == "rms-norm-opportunity") == 2
     res = finding_resolutions([layer2d.model_dump(mode="json")], [], "validated")
     assert res[layer2d.id].startswith("left as written")
+
+
+def test_private_transformers_hooks_and_removed_cache_api_are_reported() -> None:
+    src = textwrap.dedent('''
+        import transformers
+        from transformers.cache_utils import DynamicCache
+
+
+        def make(base_cls):
+            class Inner(base_cls):
+                def _update_causal_mask(self, attention_mask, input_tensor, cache_position, past, output_attentions):
+                    return None
+            return Inner
+
+
+        def step(past, n):
+            past = DynamicCache.from_legacy_cache(past)
+            used = past.get_usable_length(n)
+            return used, past.seen_tokens, past.get_max_length(), past.to_legacy_cache()
+    ''')
+    found = [f for f in scan_source(src, "m.py") if f.hazard == "H8"]
+    rules = sorted((f.rule, f.line) for f in found)
+    # one finding per line (the scanner dedupes by hazard, rule and line)
+    assert rules == [("deprecated-cache-api", 14), ("deprecated-cache-api", 15), ("deprecated-cache-api", 16),
+                     ("private-api-override", 8)]
+    assert "seen_tokens" in next(f.message for f in found if f.line == 16)
+    override = next(f for f in found if f.rule == "private-api-override")
+    assert "create_causal_mask" in override.message and "transformers_version" in override.message
+    assert not any(f.fixable for f in found)
+    # The same names in code that does not use transformers are not transformers' API.
+    plain = src.replace("import transformers\nfrom transformers.cache_utils import DynamicCache\n",
+                        "from mylib import DynamicCache\n")
+    assert not [f for f in scan_source(plain, "m.py") if f.hazard == "H8"]

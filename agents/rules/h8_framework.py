@@ -13,13 +13,16 @@ from agents.cuda_only import CUDA_ONLY_DISTS
 from agents.models import Finding
 from agents.rules.base import (
     BLOCKS,
+    HIGH,
     LOW,
     MEDIUM,
+    NUMBERS,
     HazardRule,
 )
 from agents.rules.context import PIN_RE, ModuleContext, TextFile
 from agents.rules.cst_helpers import (
     dotted,
+    walk_nodes,
 )
 
 FRAMEWORK_INTERNAL_MODULES = {
@@ -32,6 +35,32 @@ FLASH_AVAILABILITY_NAMES = {"is_flash_attn_2_available", "is_flash_attn_availabl
 FRAMEWORK_PACKAGES = {"torch", "torchvision", "torchaudio", "transformers", "vllm", "accelerate", "tokenizers",
                       "numpy", "safetensors", "deepspeed", "peft"}
 CUDA_WHEEL_RE = re.compile(r"\+cu\d+|/whl/cu\d+|cuda1\d[0-9x]*\b")
+
+
+# transformers API a model's code may lean on that later releases changed: name -> (what changed, what to do).
+# Private hooks are overridden by subclasses of transformers models; cache members are read by decode loops.
+# Both couple the code to the release it was written for (config.json's transformers_version).
+TRANSFORMERS_PRIVATE_HOOKS: dict[str, str] = {
+    "_update_causal_mask": "transformers 4.53 moved mask building to masking_utils (create_causal_mask): its models "
+                           "no longer call _update_causal_mask, so an override is silently skipped and the model runs "
+                           "with the default causal mask",
+    "_prepare_4d_causal_attention_mask_with_cache_position": "a private static helper of each model; removed with "
+                                                             "the 4.53 mask refactor",
+    "_prepare_decoder_attention_mask": "the pre-4.36 mask hook; later models never call it",
+    "_reorder_cache": "beam search reorders Cache objects itself in later releases; the hook is no longer called",
+    "_set_gradient_checkpointing": "its signature changed in 4.35 (gradient_checkpointing_func) and it is no longer "
+                                   "the hook later releases call",
+}
+TRANSFORMERS_CACHE_API: dict[str, str] = {
+    "seen_tokens": "deprecated since 4.39 (\"will be removed in v4.41\"); use get_seq_length() or cache_position",
+    "get_max_length": "deprecated for get_max_cache_shape(); transformers' note says it raises from v4.48",
+    "get_usable_length": "deprecated with the cache refactors (4.4x-4.5x) and gone from later releases; use "
+                         "get_seq_length()",
+    "from_legacy_cache": "the tuple (legacy) cache format is deprecated and removed in transformers 5",
+    "to_legacy_cache": "the tuple (legacy) cache format is deprecated and removed in transformers 5",
+}
+_COUPLING = ("keep transformers at the release the model was written for (config.json transformers_version; the "
+             "environment step pins it), or change this code with the release")
 
 
 # --- detector ----------------------------------------------------------------------------------
@@ -68,6 +97,7 @@ def _h8_framework(ctx: ModuleContext) -> None:
             ctx.add("H8", "flash-attn-availability-check", ref.node,
                     "checks for CUDA flash-attn: always False on Ascend, and renamed across transformers "
                     "releases", BLOCKS, LOW)
+    _h8_transformers_api(ctx)
     for arg in ctx.ix.args:
         if arg.keyword is not None and arg.keyword.value == "trust_remote_code" \
                 and isinstance(arg.value, cst.Name) and arg.value.value == "True":
@@ -75,6 +105,37 @@ def _h8_framework(ctx: ModuleContext) -> None:
                     "trust_remote_code=True runs the model repo's own Python: it is tied to the transformers "
                     "version it was written for, and serving workers must be able to import it (spawn)",
                     BLOCKS, LOW)
+
+
+def _uses_transformers(ctx: ModuleContext) -> bool:
+    return any(v == "transformers" or v.startswith("transformers.") for v in ctx.aliases.values())
+
+
+def _h8_transformers_api(ctx: ModuleContext) -> None:
+    """Private transformers hooks a class overrides or calls, and Cache members later releases removed."""
+    if not _uses_transformers(ctx):
+        return
+    for node in walk_nodes(ctx.module):
+        if isinstance(node, cst.ClassDef) and node.bases:
+            for st in node.body.body:
+                if isinstance(st, cst.FunctionDef) and st.name.value in TRANSFORMERS_PRIVATE_HOOKS:
+                    name = st.name.value
+                    ctx.add("H8", "private-api-override", st.name,
+                            f"`{node.name.value}` overrides transformers' private `{name}`: "
+                            f"{TRANSFORMERS_PRIVATE_HOOKS[name]}; {_COUPLING}", NUMBERS, HIGH)
+        elif isinstance(node, cst.Attribute) and node.attr.value in TRANSFORMERS_CACHE_API:
+            name = node.attr.value
+            parent = ctx.parent(node)
+            if name == "seen_tokens" or isinstance(parent, cst.Call) and parent.func is node:
+                ctx.add("H8", "deprecated-cache-api", node,
+                        f"`{ctx.code(node).strip()}`: Cache.{name} {TRANSFORMERS_CACHE_API[name]}; {_COUPLING}",
+                        BLOCKS, MEDIUM)
+        elif isinstance(node, cst.Attribute) and node.attr.value in TRANSFORMERS_PRIVATE_HOOKS and \
+                isinstance(ctx.parent(node), cst.Call):
+            name = node.attr.value
+            ctx.add("H8", "private-api-override", node,
+                    f"calls transformers' private `{name}`: {TRANSFORMERS_PRIVATE_HOOKS[name]}; {_COUPLING}",
+                    BLOCKS, MEDIUM)
 
 
 def _h8_text(tf: TextFile) -> list[Finding]:
@@ -111,6 +172,10 @@ RULE = HazardRule(
         "framework-model-import": "model internals are tied to the framework version",
         "flash-attn-availability-check": "the check is False on Ascend; the model takes its other branch",
         "trust-remote-code": "remote code is the model's own; serving runs it with spawn",
+        "private-api-override": "the override is the model's design; it works only with the transformers release it "
+                                "was written for, which the environment pins",
+        "deprecated-cache-api": "the cache calls work with the transformers release the model was written for, which "
+                                "the environment pins; newer releases need the code changed",
         "exact-pin": _LAYERED,
         "cuda-wheel": _LAYERED,
     },
