@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import textwrap
 
+import torch
+
 from agents.report import finding_resolutions
 from agents.rules.h6_moe import moe_dense_dispatch
 from agents.scanner import scan_source
@@ -204,3 +206,64 @@ def test_private_transformers_hooks_and_removed_cache_api_are_reported() -> None
     plain = src.replace("import transformers\nfrom transformers.cache_utils import DynamicCache\n",
                         "from mylib import DynamicCache\n")
     assert not [f for f in scan_source(plain, "m.py") if f.hazard == "H8"]
+
+
+AUX = textwrap.dedent('''
+    import torch
+    import torch.nn as nn
+
+
+    class QueryEncoder(nn.Module):
+        def __init__(self, d, n_q):
+            super().__init__()
+            self.queries = nn.Embedding(n_q, d)
+            self.table = torch.zeros(4, dtype=torch.long)  # built once, not per step: left alone
+            self.proj = nn.Linear(d, d)
+
+        def forward(self, x):
+            x = x.flatten(2).transpose(1, 2)
+            b, n, _ = x.shape
+            q = self.queries.weight.unsqueeze(0).expand(b, -1, -1)
+            kinds = torch.cat([torch.zeros(b, n, dtype=torch.long), torch.ones(b, q.shape[1], dtype=torch.long)], dim=1)
+            pos = torch.arange(n + q.shape[1], device=x.device)
+            return self.mix(torch.cat([x, q], dim=1), kinds, pos)
+
+        def mix(self, h, kinds, pos):
+            scale = torch.tensor(0.5)
+            return self.proj(h) * (kinds[..., None] + 1) * scale + pos[None, :, None]
+''')
+
+
+def test_aux_tensors_made_on_the_cpu_in_forward_move_to_the_inputs_device() -> None:
+    from agents.codemods import CODEMODS
+    from agents.rules.h11_aux_device import aux_tensors_on_device
+
+    found = {f.line: f for f in scan_source(AUX, "enc.py") if f.rule == "aux-tensor-device"}
+    lines = AUX.splitlines()
+    kinds_line = next(i for i, s in enumerate(lines, 1) if "kinds = torch.cat" in s)
+    scale_line = next(i for i, s in enumerate(lines, 1) if "scale = torch.tensor" in s)
+    assert sorted(found) == [kinds_line, scale_line]
+    assert found[kinds_line].fixable and "device=x.device" in found[kinds_line].message
+    # mix() never reads a parameter as a tensor (h only goes into a module): nothing to take the device from
+    assert not found[scale_line].fixable and "left as written" in found[scale_line].message
+    assert "aux-tensors-on-device" in CODEMODS
+
+    result = aux_tensors_on_device(AUX, file="enc.py")
+    assert result.changed and len(result.edits) == 2
+    new = result.source
+    assert "torch.zeros(b, n, dtype=torch.long, device=x.device)" in new
+    assert "torch.ones(b, q.shape[1], dtype=torch.long, device=x.device)" in new
+    assert "scale = torch.tensor(0.5)\n" in new
+    assert "self.table = torch.zeros(4, dtype=torch.long)  #" in new  # __init__ is not the forward path
+    assert new.count("device=x.device") == 3  # the arange that had a device keeps it, once
+    # meaning: the same outputs on the CPU
+    old_ns: dict = {}
+    new_ns: dict = {}
+    exec(compile(AUX, "<old>", "exec"), old_ns)
+    exec(compile(new, "<new>", "exec"), new_ns)
+    torch.manual_seed(0)
+    a = old_ns["QueryEncoder"](8, 3)
+    b = new_ns["QueryEncoder"](8, 3)
+    b.load_state_dict(a.state_dict())
+    x = torch.randn(2, 8, 2, 3)
+    assert torch.equal(a(x), b(x))

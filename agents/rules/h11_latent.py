@@ -1,4 +1,5 @@
-"""H11: latent bugs a new backend exposes (cuda-else-cpu device fallbacks, mixed-device cat, writes into expanded views).
+"""H11: latent bugs a new backend exposes (cuda-else-cpu device fallbacks, mixed-device cat, writes into expanded views,
+auxiliary tensors made on the CPU in the forward path).
 
 One hazard class, one module: detector, fix (codemod or the reason it is manual), the run-time
 errors it explains and its knowledge-base topic (see docs/rules.md)."""
@@ -13,6 +14,7 @@ from agents.models import Frame, StructuredException
 from agents.rules.base import (
     BLOCKS,
     HIGH,
+    LOW,
     MEDIUM,
     NUMBERS,
     ErrorPattern,
@@ -25,6 +27,7 @@ from agents.rules.cst_helpers import (
     last_name,
 )
 from agents.rules.h1_cuda_device import device_agnostic
+from agents.rules.h11_aux_device import aux_sites, aux_tensors_on_device
 from agents.rules.kit import (
     CodemodResult,
     Rewriter,
@@ -50,6 +53,15 @@ def _h11_latent(ctx: ModuleContext) -> None:
                 "in-place write into an expanded (broadcast) view: many elements share one memory location, "
                 "and on Ascend non-contiguous views may be copied for the kernel, so the write can be lost or "
                 "fail; .clone() (or .contiguous()) first", NUMBERS, MEDIUM)
+    for call, anchor, hot in aux_sites(ctx):
+        what = ctx.code(call).strip()
+        what = what if len(what) <= 60 else what[:57] + "..."
+        ctx.add("H11", "aux-tensor-device", call,
+                f"`{what}` is made on the CPU (no device=) in {hot}()'s path: beside inputs on the NPU it is a "
+                "device-mismatch error or a host-to-device copy every step"
+                + (f"; fix: device={anchor if anchor == 'device' else anchor + '.device'}" if anchor else
+                   "; left as written: no tensor argument of this function to take the device from"),
+                BLOCKS, MEDIUM if anchor else LOW, fixable=anchor is not None)
     for call in flow.masked_scatter_cuda:
         ctx.add("H11", "masked-scatter-device", call,
                 "masked_scatter with a mask moved by `.cuda()`: once ported, mask and tensor must be on the "
@@ -108,6 +120,9 @@ RULE = HazardRule(
     fixes=(
         Fix("device-agnostic", device_agnostic, "device-agnostic code instead of hard-coded CUDA",
             frozenset({"device-fallback-to-cpu", "masked-scatter-device"}), order=30),
+        Fix("aux-tensors-on-device", aux_tensors_on_device,
+            "auxiliary tensors made in the forward path on the device of the tensor they are used with",
+            frozenset({"aux-tensor-device"}), order=35),
         Fix("align-devices", align_devices, "move torch.cat/stack inputs to one device", order=55),  # after a run only
     ),
     manual={
