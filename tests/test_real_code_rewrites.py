@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import textwrap
 
+import pytest
 import torch
 
 from agents.report import finding_resolutions
@@ -267,3 +268,50 @@ def test_aux_tensors_made_on_the_cpu_in_forward_move_to_the_inputs_device() -> N
     b.load_state_dict(a.state_dict())
     x = torch.randn(2, 8, 2, 3)
     assert torch.equal(a(x), b(x))
+
+
+SCRIPT = textwrap.dedent('''
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    def run(path, ids):
+        model = AutoModelForCausalLM.from_pretrained(path, attn_implementation="flash_attention_2",
+                                                     torch_dtype=torch.float32)
+        with torch.no_grad():
+            return model.eval()(ids).logits
+''')
+
+
+def test_flash_attention_selected_in_a_script_becomes_sdpa_and_runs(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from transformers import AutoModelForCausalLM, LlamaConfig
+
+    from agents.rules.h4_attention import attn_impl_sdpa
+
+    (finding,) = [f for f in scan_source(SCRIPT, "infer.py") if f.rule == "flash-attention-2-impl"]
+    assert finding.fixable
+    result = attn_impl_sdpa(SCRIPT)
+    assert result.changed and 'attn_implementation="sdpa"' in result.source
+    assert result.edits == [f"line {finding.line}: attn_implementation=\"flash_attention_2\" -> \"sdpa\" (flash-attn "
+                            "needs CUDA; SDPA runs on Ascend and CPU)"]
+    cfg = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                      num_key_value_heads=2, max_position_embeddings=64)
+    torch.manual_seed(0)
+    AutoModelForCausalLM.from_config(cfg).save_pretrained(tmp_path)
+    ids = torch.tensor([[1, 5, 9, 3, 7]])
+    old_ns: dict = {}
+    new_ns: dict = {}
+    exec(compile(SCRIPT, "<old>", "exec"), old_ns)
+    exec(compile(result.source, "<new>", "exec"), new_ns)
+    try:
+        import flash_attn  # noqa: F401
+    except ImportError:
+        with pytest.raises(ImportError):  # what the user met: the script cannot load the model here
+            old_ns["run"](str(tmp_path), ids)
+    eager = AutoModelForCausalLM.from_pretrained(tmp_path, attn_implementation="eager", torch_dtype=torch.float32)
+    with torch.no_grad():
+        want = eager.eval()(ids).logits
+    torch.testing.assert_close(new_ns["run"](str(tmp_path), ids), want, rtol=1e-4, atol=1e-5)
+    # a table entry keyed by the name is not a selection: reported, not claimed
+    (entry,) = [f for f in scan_source("TABLE = {'flash_attention_2': object, 'sdpa': object}\n", "m.py")
+                if f.rule == "flash-attention-2-impl"]
+    assert not entry.fixable

@@ -5,6 +5,8 @@ errors it explains and its knowledge-base topic (see docs/rules.md)."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import libcst as cst
 
 from agents.rules.base import (
@@ -24,6 +26,7 @@ from agents.rules.cst_helpers import (
 )
 from agents.rules.h4_fused import _square_base, fused_rms_norm, fused_rotary_mul
 from agents.rules.h4_fused_attention import fused_attention
+from agents.rules.kit import CodemodResult, Rewriter, run_codemod
 
 # --- detector ----------------------------------------------------------------------------------
 
@@ -42,12 +45,16 @@ def _h4_attention(ctx: ModuleContext) -> None:
                     "model takes its other attention branch; check that branch is efficient", SLOWS, LOW)
         elif isinstance(parent, cst.DictElement) and parent.key is s:
             ctx.add("H4", "flash-attention-2-impl", s,
-                    f"attention table entry \"{value}\" maps to a FlashAttention class that needs CUDA", BLOCKS,
-                    MEDIUM)
+                    f"attention table entry \"{value}\" maps to a FlashAttention class that needs CUDA; left as "
+                    "written: the entry is dead once nothing selects it", BLOCKS, MEDIUM, fixable=False)
         else:
+            chosen = _selects_impl(parent, ctx.parent(parent) if parent is not None else None, s)
             ctx.add("H4", "flash-attention-2-impl", s,
                     f"selects attn_implementation \"{value}\": it imports flash_attn and fails on Ascend; use "
-                    "\"sdpa\" (or \"eager\")", BLOCKS, HIGH)
+                    "\"sdpa\" (torch's SDPA runs on Ascend and the CPU)"
+                    + ("" if chosen else "; left as written: not a keyword, default or assignment of "
+                                         "attn_implementation, so npuport cannot tell what else reads it"),
+                    BLOCKS, HIGH, fixable=chosen)
     chooses_impl = impl_nodes or any(r.qual.endswith("_attn_implementation") for r in ctx.refs)
     # a registry lookup (transformers' ALL_ATTENTION_FUNCTIONS) includes sdpa
     uses_sdpa = "sdpa" in strings or any(r.qual.endswith(("scaled_dot_product_attention", "ALL_ATTENTION_FUNCTIONS"))
@@ -90,6 +97,62 @@ def _h4_attention(ctx: ModuleContext) -> None:
                 + ("" if fixable else "; left as written: fused-rms-norm rewrites only `x * rsqrt(mean(x^2, -1, "
                                       "keepdim=True) + eps)` over the last dim"), SLOWS, LOW, fixable=fixable)
     _h4_rotary(ctx)
+
+
+_IMPL_NAMES = ("attn_implementation", "_attn_implementation")
+FLASH_IMPLS = ("flash_attention_2", "flash_attention_3")
+
+
+def _selects_impl(parent: cst.CSTNode | None, grand: cst.CSTNode | None, s: cst.CSTNode) -> bool:
+    """The string is the value of an attn_implementation keyword, parameter default or assignment."""
+    if isinstance(parent, cst.Arg) and parent.keyword is not None:
+        return parent.keyword.value in _IMPL_NAMES
+    if isinstance(parent, cst.Param):
+        return parent.name.value in _IMPL_NAMES and parent.default is s
+    if isinstance(parent, cst.Assign) and parent.value is s and len(parent.targets) == 1:
+        t = parent.targets[0].target
+        name = t.attr.value if isinstance(t, cst.Attribute) else t.value if isinstance(t, cst.Name) else ""
+        return name in _IMPL_NAMES
+    return False
+
+
+class _ImplToSdpa(Rewriter):
+    """attn_implementation="flash_attention_2" (keyword, parameter default, assignment) -> "sdpa"."""
+
+    def _swap(self, node: cst.BaseExpression | None, where: str) -> cst.BaseExpression | None:
+        if isinstance(node, cst.SimpleString) and node.evaluated_value in FLASH_IMPLS:
+            q = node.prefix + node.quote
+            self.note(node, f"{where}={node.value} -> \"sdpa\" (flash-attn needs CUDA; SDPA runs on Ascend and CPU)")
+            return node.with_changes(value=f"{q}sdpa{node.quote}")
+        return None
+
+    def leave_Arg(self, original: cst.Arg, updated: cst.Arg) -> cst.Arg:
+        if original.keyword is not None and original.keyword.value in _IMPL_NAMES:
+            new = self._swap(original.value, original.keyword.value)
+            if new is not None:
+                return updated.with_changes(value=new)
+        return updated
+
+    def leave_Param(self, original: cst.Param, updated: cst.Param) -> cst.Param:
+        if original.name.value in _IMPL_NAMES:
+            new = self._swap(original.default, original.name.value)
+            if new is not None:
+                return updated.with_changes(default=new)
+        return updated
+
+    def leave_Assign(self, original: cst.Assign, updated: cst.Assign) -> cst.Assign:
+        if len(original.targets) == 1:
+            t = original.targets[0].target
+            name = t.attr.value if isinstance(t, cst.Attribute) else t.value if isinstance(t, cst.Name) else ""
+            if name in _IMPL_NAMES:
+                new = self._swap(original.value, name)
+                if new is not None:
+                    return updated.with_changes(value=new)
+        return updated
+
+
+def attn_impl_sdpa(source: str, **_: Any) -> CodemodResult:
+    return run_codemod(source, lambda _m: _ImplToSdpa())
 
 
 def _norm_kind(ctx: ModuleContext, site: cst.CSTNode) -> tuple[str, str]:
@@ -147,6 +210,8 @@ RULE = HazardRule(
     title="Attention implementation and NPU fused-op opportunities",
     detect=_h4_attention,
     fixes=(
+        Fix("attn-impl-sdpa", attn_impl_sdpa, "attn_implementation \"flash_attention_2\" -> \"sdpa\"",
+            frozenset({"flash-attention-2-impl"}), order=40),
         Fix("fused-rms-norm", fused_rms_norm, "RMSNorm formula through torch_npu.npu_rms_norm where present",
             frozenset({"rms-norm-opportunity"}), order=80),
         Fix("fused-rotary-mul", fused_rotary_mul, "rotate_half rotary through torch_npu.npu_rotary_mul where present",
@@ -157,7 +222,6 @@ RULE = HazardRule(
     ),
     manual={
         "flash-attention-2-branch": "a branch for another attention implementation: dead on Ascend, nothing to fix",
-        "flash-attention-2-impl": "the attention implementation is a configuration choice (sdpa or eager)",
         "sdpa-missing": "adding an SDPA path is a model change",
         "sdpa-used": "SDPA runs on Ascend; the op report says whether the fused kernel was taken",
         "layer-norm-formula": "a LayerNorm over a non-last dim: F.layer_norm needs that dim moved last, a layout change",
