@@ -39,6 +39,10 @@ def _h4_attention(ctx: ModuleContext) -> None:
             continue
         impl_nodes.append(s)
         parent = ctx.parent(s)
+        if isinstance(parent, cst.Element):  # `impl in ("eager", "flash_attention_2")`: a test, like ==
+            container = ctx.parent(parent)
+            if container is not None and isinstance(ctx.parent(container), cst.ComparisonTarget | cst.Comparison):
+                parent = ctx.parent(container)
         if isinstance(parent, cst.ComparisonTarget | cst.Comparison):
             ctx.add("H4", "flash-attention-2-branch", s,
                     f"code path taken only with attn_implementation \"{value}\": it is dead on Ascend, where the "
