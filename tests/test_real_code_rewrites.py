@@ -315,3 +315,60 @@ def test_flash_attention_selected_in_a_script_becomes_sdpa_and_runs(tmp_path) ->
     (entry,) = [f for f in scan_source("TABLE = {'flash_attention_2': object, 'sdpa': object}\n", "m.py")
                 if f.rule == "flash-attention-2-impl"]
     assert not entry.fixable
+
+
+def test_scan_of_a_vllm_style_tree_reports_its_hazards_with_file_and_line(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """An upstream vLLM path (out-of-tree model + run script), in small: `npuport scan` names each hazard's
+    file:line, as the CLI prints it."""
+    from agents.scanner import scan_tree
+
+    pkg = tmp_path / "serve_ocr"
+    (pkg / "encoder").mkdir(parents=True)
+    (pkg / "encoder" / "__init__.py").write_text("")
+    (pkg / "encoder" / "mixer.py").write_text(textwrap.dedent('''
+        import torch
+        import transformers
+
+
+        def make(base):
+            class Inner(base):
+                def _update_causal_mask(self, mask, x, pos, past, out):
+                    return mask
+            return Inner
+
+
+        class Mixer(torch.nn.Module):
+            def forward(self, x):
+                kinds = torch.zeros(x.shape[0], x.shape[1], dtype=torch.long)
+                return x, kinds
+    ''').lstrip())
+    (pkg / "model.py").write_text(textwrap.dedent('''
+        import torch
+        from vllm.model_executor.models.interfaces import SupportsMultiModal
+
+
+        class OcrForCausalLM(torch.nn.Module, SupportsMultiModal):
+            def forward(self, input_ids, pixel_values):
+                if torch.sum(pixel_values).item() != 0:
+                    return input_ids
+                return input_ids
+    ''').lstrip())
+    (pkg / "run_image.py").write_text(textwrap.dedent('''
+        import os
+        os.environ['VLLM_USE_V1'] = '0'
+        os.environ["CUDA_VISIBLE_DEVICES"] = '0'
+        from vllm import LLM
+
+        llm = LLM(model="x", enforce_eager=False, trust_remote_code=True, disable_mm_preprocessor_cache=True)
+    ''').lstrip())
+    result = scan_tree(tmp_path)
+    where = {(f.rule, f"{f.file}:{f.line}") for f in result.findings}
+    for expected in [("private-api-override", "serve_ocr/encoder/mixer.py:7"),
+                     ("aux-tensor-device", "serve_ocr/encoder/mixer.py:14"),
+                     ("framework-model-import", "serve_ocr/model.py:2"),
+                     ("item-sync", "serve_ocr/model.py:7"),
+                     ("vllm-v0-engine", "serve_ocr/run_image.py:2"),
+                     ("cuda-graph-mode", "serve_ocr/run_image.py:6"),
+                     ("vllm-renamed-option", "serve_ocr/run_image.py:6"),
+                     ("trust-remote-code", "serve_ocr/run_image.py:6")]:
+        assert expected in where, (expected, sorted(where))

@@ -27,6 +27,9 @@ from agents.rules.cst_helpers import (
 
 CUDA_GRAPH_KNOBS = {"cuda_graph_sizes", "cudagraph_capture_sizes", "max_seq_len_to_capture",
                     "max_context_len_to_capture", "cuda_graph_batch_sizes"}
+# vLLM engine arguments renamed since the releases CUDA code was written for -> what vllm-ascend's docs pass
+RENAMED_ENGINE_ARGS = {"disable_mm_preprocessor_cache": "mm_processor_cache_gb=0 (--mm-processor-cache-gb 0)"}
+ENV_KEYS = ("VLLM_ATTENTION_BACKEND", "VLLM_WORKER_MULTIPROC_METHOD", "VLLM_USE_V1")
 CUDA_ATTENTION_BACKENDS = {"FLASH_ATTN", "FLASH_ATTN_VLLM_V1", "XFORMERS", "FLASHINFER", "TRITON_ATTN",
                            "TRITON_ATTN_VLLM_V1", "FLASHMLA", "CUTLASS_MLA"}
 
@@ -44,11 +47,15 @@ def _h10_serving(ctx: ModuleContext) -> None:
             ctx.add("H10", "cuda-graph-knob", arg,
                     f"`{kw}` tunes CUDA-graph capture; vllm-ascend's graph mode is configured differently",
                     SLOWS, LOW)
-        elif kw in ("VLLM_ATTENTION_BACKEND", "VLLM_WORKER_MULTIPROC_METHOD"):
+        elif kw in ENV_KEYS:
             _h10_env(ctx, arg, kw, arg.value)
+        elif kw in RENAMED_ENGINE_ARGS:
+            ctx.add("H10", "vllm-renamed-option", arg,
+                    f"`{kw}` is an engine argument later vLLM releases renamed; the vLLM that vllm-ascend pairs "
+                    f"with takes {RENAMED_ENGINE_ARGS[kw]}", BLOCKS, MEDIUM)
     for s in ctx.ix.strings:
         value = string_value(s)
-        if value in ("VLLM_ATTENTION_BACKEND", "VLLM_WORKER_MULTIPROC_METHOD"):
+        if value in ENV_KEYS:
             _h10_env(ctx, s, value or "", _env_value(ctx, s))
         elif value in CUDA_GRAPH_KNOBS and isinstance(ctx.parent(s), cst.DictElement):
             ctx.add("H10", "cuda-graph-knob", s,
@@ -69,6 +76,10 @@ def _h10_env(ctx: ModuleContext, node: cst.CSTNode, key: str, value_node: cst.CS
         ctx.add("H10", "vllm-attention-backend", node,
                 f"VLLM_ATTENTION_BACKEND={value} forces a CUDA attention backend; vllm-ascend picks its own, "
                 "so unset it", BLOCKS, HIGH)
+    elif key == "VLLM_USE_V1" and value == "0":
+        ctx.add("H10", "vllm-v0-engine", node,
+                "VLLM_USE_V1=0 selects vLLM's V0 engine: recent vLLM has only V1, and vllm-ascend's tutorials "
+                "serve with VLLM_USE_V1=1", BLOCKS, HIGH)
     elif key == "VLLM_WORKER_MULTIPROC_METHOD" and value == "fork":
         ctx.add("H10", "vllm-fork-workers", node,
                 "vLLM workers by fork: a forked child cannot use an NPU runtime initialised in the parent, and "
@@ -104,6 +115,11 @@ def _h10_text(tf: TextFile) -> list[Finding]:
             out.append(tf.finding("H10", "vllm-attention-backend", ln.lineno, m.start(), ln.snippet,
                                   f"VLLM_ATTENTION_BACKEND={m.group(1)} forces a CUDA attention backend; "
                                   "vllm-ascend picks its own, so unset it", BLOCKS, HIGH))
+        m = re.search(r"\bVLLM_USE_V1\s*=\s*[\"']?0\b", ln.line)
+        if m:
+            out.append(tf.finding("H10", "vllm-v0-engine", ln.lineno, m.start(), ln.snippet,
+                                  "VLLM_USE_V1=0 selects vLLM's V0 engine: recent vLLM has only V1, and "
+                                  "vllm-ascend's tutorials serve with VLLM_USE_V1=1", BLOCKS, HIGH))
         m = re.search(r"\bVLLM_WORKER_MULTIPROC_METHOD\s*=\s*[\"']?fork", ln.line)
         if m:
             out.append(tf.finding("H10", "vllm-fork-workers", ln.lineno, m.start(), ln.snippet,
@@ -121,7 +137,8 @@ RULE = HazardRule(
     detect=_h10_serving,
     detect_text=_h10_text,
     manual={"cuda-graph-mode": _SERVE, "cuda-graph-knob": _SERVE, "vllm-attention-backend": _SERVE,
-            "vllm-fork-workers": _SERVE, "fork-start-method": _SERVE},
+            "vllm-fork-workers": _SERVE, "fork-start-method": _SERVE, "vllm-v0-engine": _SERVE,
+            "vllm-renamed-option": _SERVE},
     kb_topic="recipe:H10",
     recipe="knowledge/recipes/H10.md",
     left_as_written="serving settings are written into serve.sh / set_env.sh",
