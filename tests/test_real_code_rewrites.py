@@ -372,3 +372,31 @@ def test_scan_of_a_vllm_style_tree_reports_its_hazards_with_file_and_line(tmp_pa
                      ("vllm-renamed-option", "serve_ocr/run_image.py:6"),
                      ("trust-remote-code", "serve_ocr/run_image.py:6")]:
         assert expected in where, (expected, sorted(where))
+
+
+def test_helpers_are_inserted_only_where_used_and_added_when_a_later_rewrite_needs_more() -> None:
+    from agents.codemods import CODEMODS
+
+    src = textwrap.dedent('''
+        import torch
+
+
+        def f(x):
+            return x.cuda() * 2
+    ''')
+    first = CODEMODS["device-agnostic"][0](src)
+    assert first.changed and "def _npuport_device(" in first.source
+    assert "_NpuportCpuBackend" not in first.source and "_NpuportCpuStream" not in first.source
+    assert len(first.source.splitlines()) - len(src.splitlines()) < 20
+    # a second rewrite in the same file that needs the backend stand-ins gets them (and only them), once
+    more = first.source + "\n\ndef g():\n    torch.cuda.synchronize()\n    return torch.cuda.Event(enable_timing=True)\n"
+    second = CODEMODS["device-agnostic"][0](more)
+    assert second.changed
+    out = second.source
+    assert out.count("def _npuport_device(") == 1 and out.count("import torch_npu") == 1
+    assert "class _NpuportCpuBackend" in out and "class _NpuportCpuEvent" in out
+    assert "def _npuport_api(" not in out  # never reached
+    ns: dict = {}
+    exec(compile(out, "<patched>", "exec"), ns)
+    assert torch.equal(ns["f"](torch.ones(2)), torch.full((2,), 2.0))
+    ns["g"]().record()
