@@ -400,3 +400,28 @@ def test_helpers_are_inserted_only_where_used_and_added_when_a_later_rewrite_nee
     exec(compile(out, "<patched>", "exec"), ns)
     assert torch.equal(ns["f"](torch.ones(2)), torch.full((2,), 2.0))
     ns["g"]().record()
+
+
+def test_sizes_fixed_in_code_are_reported_for_shrink() -> None:
+    src = textwrap.dedent('''
+        import torch.nn as nn
+
+
+        def build_tower(layers=12, width=768, heads=12, kernel_size=3, checkpoint=None):
+            return nn.Sequential(*[nn.Linear(width, width) for _ in range(layers)])
+
+
+        class Model(nn.Module):
+            def __init__(self, config):
+                super().__init__()
+                self.tower = build_tower()
+                self.queries = nn.Embedding(144, config.hidden_size)
+                self.proj = nn.Linear(config.hidden_size, config.hidden_size)
+                self.mixer = make_mixer(in_dim=896, out_dim=config.hidden_size)
+                self.conv = nn.Conv2d(3, 8, kernel_size=3)
+    ''')
+    found = {f.line: f for f in scan_source(src, "m.py") if f.hazard == "H17"}
+    assert sorted(found) == [5, 13, 15]
+    assert "layers=12, width=768, heads=12" in found[5].message and "kernel_size" not in found[5].message
+    assert "arg 1=144" in found[13].message and "in_dim=896" in found[15].message
+    assert not any(f.fixable for f in found.values())

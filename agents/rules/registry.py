@@ -23,6 +23,7 @@ from agents.rules import (
     h14_host_memory,
     h15_graph_compile,
     h16_attention_calls,
+    h17_fixed_sizes,
 )
 from agents.rules.base import HazardRule, Registry
 
@@ -43,6 +44,7 @@ RULES: tuple[HazardRule, ...] = (
     h14_host_memory.RULE,
     h15_graph_compile.RULE,
     h16_attention_calls.RULE,
+    h17_fixed_sizes.RULE,
 )
 DEFAULT = Registry(RULES)
 
