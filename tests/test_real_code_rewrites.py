@@ -425,3 +425,45 @@ def test_sizes_fixed_in_code_are_reported_for_shrink() -> None:
     assert "layers=12, width=768, heads=12" in found[5].message and "kernel_size" not in found[5].message
     assert "arg 1=144" in found[13].message and "in_dim=896" in found[15].message
     assert not any(f.fixable for f in found.values())
+
+
+def test_a_mask_loop_the_codemod_declines_is_reported_with_its_reason() -> None:
+    from agents.rules.h6_codemods import vectorise_mask_loops
+
+    src = textwrap.dedent('''
+        import torch
+
+
+        def masks(kinds, scores):
+            out = []
+            for s in range(kinds.shape[0]):
+                m = torch.full((kinds.shape[1], kinds.shape[1]), -1e4)
+                pos = (kinds[s] == 1).nonzero(as_tuple=True)[0]
+                for j, row in enumerate(pos):
+                    m[row, pos[:j + 1]] = 0.0
+                w = torch.zeros(kinds.shape[1], kinds.shape[1])
+                for k, r in enumerate(pos):
+                    w[r, pos] = scores[s, k]
+                out.append(m + w)
+            return torch.stack(out)
+    ''')
+    findings = [f.model_dump(mode="json") for f in scan_source(src, "m.py") if f.rule == "elementwise-loop"]
+    assert sorted(f["line"] for f in findings) == [10, 13]
+    result = vectorise_mask_loops(src)
+    assert result.changed and len(result.edits) == 1 and result.edits[0].startswith("line 10:")
+    assert len(result.skipped) == 1 and result.skipped[0].startswith("line 13: not a fill npuport can prove")
+    patch = {"id": "patch-1", "commit": "0123456789ab", "codemod": "vectorise-mask-loops",
+             "finding_ids": [f["id"] for f in findings], "edits": [f"m.py {e}" for e in result.edits],
+             "sites": [f"m.py:{a}-{b}" for a, b in result.spans], "declined": [f"m.py {d}" for d in result.skipped]}
+    res = finding_resolutions(findings, [patch], "validated")
+    by_line = {f["line"]: res[f["id"]] for f in findings}
+    assert by_line[10].startswith("fixed by patch-1") and "row-by-row fill" in by_line[10]
+    assert by_line[13].startswith("NOT changed: vectorise-mask-loops (patch-1) rewrote other sites") and \
+        "only constant values" in by_line[13]
+    ns_old: dict = {}
+    ns_new: dict = {}
+    exec(compile(src, "<old>", "exec"), ns_old)
+    exec(compile(result.source, "<new>", "exec"), ns_new)
+    kinds = torch.tensor([[0, 1, 1, 0, 1], [1, 1, 0, 0, 0]])
+    scores = torch.arange(10.0).view(2, 5)
+    assert torch.equal(ns_new["masks"](kinds, scores), ns_old["masks"](kinds, scores))

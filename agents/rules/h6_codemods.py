@@ -529,6 +529,10 @@ class _MaskLoops(PerfRewriter):
                         what = "row-by-row fill over an index tensor -> one masked_fill_ of the same (row, col) pairs"
                 except _Unsupported:
                     repl = None
+                    if _writes_by_loop_index(st):
+                        self.skip(original.body[i], "not a fill npuport can prove equivalent: only constant values "
+                                                    "written at positions given by the loop (range or enumerate over "
+                                                    "positions) are vectorised")
                 if repl is not None:
                     self.note(original.body[i], what)
                     new.extend(repl)
@@ -536,6 +540,22 @@ class _MaskLoops(PerfRewriter):
                     continue
             new.append(st)
         return updated.with_changes(body=new) if changed else updated
+
+
+def _writes_by_loop_index(loop: cst.For) -> bool:
+    """The loop itself (not a loop nested in it) writes t[..] at an index made of its own variables."""
+    own = set(name_uses(loop.target))
+
+    def visit(n: cst.CSTNode) -> bool:
+        if isinstance(n, cst.For) and n is not loop:
+            return False
+        if isinstance(n, cst.AssignTarget) and isinstance(n.target, cst.Subscript) and \
+                own & set(name_uses(cst.Tuple([cst.Element(e.slice.value) for e in n.target.slice
+                                               if isinstance(e.slice, cst.Index)]))):
+            return True
+        return any(visit(c) for c in n.children)
+
+    return visit(loop)
 
 
 def _uses_outside(fn: cst.FunctionDef, node: cst.CSTNode) -> set[str]:

@@ -214,6 +214,10 @@ class _MoeDispatch(PerfRewriter):
     def leave_FunctionDef(self, original: cst.FunctionDef, updated: cst.FunctionDef) -> cst.FunctionDef:
         plan = moe_plan(updated)
         if isinstance(plan, str):
+            if isinstance(original.body, cst.IndentedBlock):
+                for st in original.body.body:
+                    if isinstance(st, cst.For) and _expert_loop_var(st):
+                        self.skip(st, f"{original.name.value}(): {plan}")
             return updated
         assert isinstance(updated.body, cst.IndentedBlock)
         x, idx, weight = plan.args
