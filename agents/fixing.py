@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import difflib
+import re
+from collections.abc import Callable
+
 import libcst as cst
 
 from agents.codemods import CODEMODS
 from agents.models import Diagnosis, Patch
 from agents.policies import FixAction
-from agents.workspace import Workspace
+from agents.workspace import Workspace, WorkspaceError
 from knowledge.errors import first_line
 
 
@@ -29,11 +33,12 @@ def apply_fix(ws: Workspace, action: FixAction, patch_no: int) -> tuple[Patch | 
         except cst.ParserSyntaxError as exc:
             notes.append(f"{rel}: cannot parse ({first_line(exc)})")
             continue
-        declined.extend(f"{rel} {e}" for e in result.skipped)
+        to_orig = _to_original_lines(ws, rel, source)
+        declined.extend(f"{rel} {_renumber(e, to_orig)}" for e in result.skipped)
         if result.changed:
             path.write_text(result.source, encoding="utf-8")
-            edits.extend(f"{rel} {e}" for e in result.edits)
-            sites.extend(f"{rel}:{a}-{b}" for a, b in result.spans)
+            edits.extend(f"{rel} {_renumber(e, to_orig)}" for e in result.edits)
+            sites.extend(f"{rel}:{to_orig(a)}-{max(to_orig(a), to_orig(b))}" for a, b in result.spans)
         else:
             notes.extend(f"{rel}: {e}" for e in result.edits)  # e.g. an LLM edit that was rejected
     if not edits:
@@ -70,3 +75,33 @@ def apply_revert(ws: Workspace, diagnosis: Diagnosis, patch_no: int) -> tuple[Pa
                   diagnosis_id=diagnosis.id, files=ws.changed_files(sha), codemod=REVERT_FIX,
                   citations=diagnosis.citations)
     return patch, [done]
+
+
+def _to_original_lines(ws: Workspace, rel: str, current: str) -> Callable[[int], int]:
+    """Maps a line of the file as it is now (earlier patches may have inserted helpers) to the line of the
+    original the findings point at; a line earlier patches wrote maps to the original lines they replaced."""
+    try:
+        original = ws.git("show", f"original:{rel}")
+    except WorkspaceError:
+        return lambda n: n
+    if original == current:
+        return lambda n: n
+    blocks = difflib.SequenceMatcher(a=current.splitlines(), b=original.splitlines(), autojunk=False).get_matching_blocks()
+
+    def to_orig(line: int) -> int:
+        i = line - 1
+        after = 0
+        for a, b, size in blocks:
+            if a <= i < a + size:
+                return b + (i - a) + 1
+            if a + size <= i:
+                after = b + size
+        return after + 1
+
+    return to_orig
+
+
+def _renumber(edit: str, to_orig: Callable[[int], int]) -> str:
+    """"line N: what" with N counted in the original file."""
+    m = re.match(r"line (\d+): ", edit)
+    return f"line {to_orig(int(m.group(1)))}: {edit[m.end():]}" if m else edit

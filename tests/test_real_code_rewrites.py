@@ -467,3 +467,37 @@ def test_a_mask_loop_the_codemod_declines_is_reported_with_its_reason() -> None:
     kinds = torch.tensor([[0, 1, 1, 0, 1], [1, 1, 0, 0, 0]])
     scores = torch.arange(10.0).view(2, 5)
     assert torch.equal(ns_new["masks"](kinds, scores), ns_old["masks"](kinds, scores))
+
+
+def test_patch_sites_are_counted_in_the_original_file_after_earlier_patches_moved_lines(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """Two codemods on one file, one commit each, as the patcher runs them: the first inserts helpers at the
+    top, so the second rewrites lines that have moved; its patch still names the original lines, and the
+    report resolves the findings (which point at the original) as fixed."""
+    from agents.fixing import apply_fix
+    from agents.policies.base import FixAction
+    from agents.workspace import Workspace
+
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "enc.py").write_text(AUX.replace("    def mix(self, h, kinds, pos):",
+                                              "    def mix(self, h, kinds, pos):\n        h = h.cuda()"))
+    ws = Workspace.create(model, tmp_path / "ws")
+    findings = [f.model_dump(mode="json") for f in scan_source((model / "enc.py").read_text(), "enc.py")
+                if f.fixable and (f.rule == "aux-tensor-device" or f.hazard == "H1")]
+    aux = [f for f in findings if f["rule"] == "aux-tensor-device"]
+    assert len(aux) == 1 and len(findings) == 2
+    cuda = [f for f in findings if f["rule"] != "aux-tensor-device"]
+    p1, _ = apply_fix(ws, FixAction(codemod="device-agnostic", files=["enc.py"], finding_ids=[cuda[0]["id"]],
+                                    summary="device"), 1)
+    p2, _ = apply_fix(ws, FixAction(codemod="aux-tensors-on-device", files=["enc.py"], finding_ids=[aux[0]["id"]],
+                                    summary="aux"), 2)
+    assert p1 is not None and p2 is not None
+    patched = (ws.model_dir / "enc.py").read_text()
+    moved = next(i for i, s in enumerate(patched.splitlines(), 1) if "kinds = torch.cat" in s)
+    assert moved > aux[0]["line"]  # the helpers moved it down
+    # (the .cuda() fix made mix()'s h a tensor it can read, so torch.tensor(0.5) there gets a device too)
+    line = aux[0]["line"]
+    assert p2.sites[:2] == [f"enc.py:{line}-{line}"] * 2
+    assert all(e.startswith(f"enc.py line {line}: ") for e in p2.edits[:2])
+    res = finding_resolutions(findings, [p1.model_dump(mode="json"), p2.model_dump(mode="json")], "validated")
+    assert all(r.startswith("fixed by") for r in res.values()), res
