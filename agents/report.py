@@ -66,9 +66,9 @@ def finding_resolutions(findings: list[dict[str, Any]], patches: list[dict[str, 
     from agents.rules.registry import active
 
     planned: dict[str, dict[str, Any]] = {}
-    for p in patches:
-        for fid in p.get("finding_ids") or []:
-            planned.setdefault(fid, p)
+    for patch in patches:
+        for fid in patch.get("finding_ids") or []:
+            planned.setdefault(fid, patch)
     out: dict[str, str] = {}
     tail = "" if status == "validated" else " (the port did not validate)"
     for f in findings:

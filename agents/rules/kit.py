@@ -358,17 +358,16 @@ def insert_used_helpers(module: cst.Module, helpers: Sequence[tuple[str, str]]) 
         return module
     module = ensure_import_torch(module)
     for glue, named, header in blocks:
-        chosen = [st for n, st in named if n in wanted]
-        if not chosen:
-            continue
         seen: list[cst.BaseStatement] = []
-        for st in chosen:
-            if not any(st is s for s in seen):
-                seen.append(st)
+        for n, stmt in named:
+            if n in wanted and not any(stmt is s for s in seen):
+                seen.append(stmt)
+        if not seen:
+            continue
         parts = [code_of(g) for g in glue if code_of(g).strip() not in module.code]
         if header.strip() and header.strip() not in module.code:
             parts.insert(0, header)
-        text = "".join([*parts, *(code_of(st) for st in seen)])
+        text = "".join([*parts, *(code_of(s) for s in seen)])
         module = insert_after_imports(module, "\n" + text, "\0never-present\0")
     return module
 
