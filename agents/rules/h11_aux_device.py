@@ -11,6 +11,7 @@ from typing import Any
 import libcst as cst
 from libcst.metadata import PositionProvider
 
+from agents.rules.base import Registry
 from agents.rules.context import ModuleContext
 from agents.rules.cst_helpers import walk_nodes
 from agents.rules.kit import CodemodResult, Rewriter, dotted_name, run_codemod
@@ -122,8 +123,6 @@ class _OnDevice(Rewriter):
 
 
 def aux_tensors_on_device(source: str, file: str = "model.py", **_: Any) -> CodemodResult:
-    from agents.rules.registry import active
-
-    ctx = ModuleContext(file, source, cst.parse_module(source), active())
+    ctx = ModuleContext(file, source, cst.parse_module(source), Registry(()))  # reads the index; adds no finding
     sites = {ctx.pos(call): anchor for call, anchor, _hot in aux_sites(ctx) if anchor is not None}
     return run_codemod(source, lambda _m: _OnDevice(sites))
