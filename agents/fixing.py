@@ -102,6 +102,10 @@ def _to_original_lines(ws: Workspace, rel: str, current: str) -> Callable[[int],
 
 
 def _renumber(edit: str, to_orig: Callable[[int], int]) -> str:
-    """"line N: what" with N counted in the original file."""
-    m = re.match(r"line (\d+): ", edit)
-    return f"line {to_orig(int(m.group(1)))}: {edit[m.end():]}" if m else edit
+    """"line N: what" (or "line N-M: why") with the lines counted in the original file."""
+    m = re.match(r"line (\d+)(?:-(\d+))?: ", edit)
+    if not m:
+        return edit
+    start = to_orig(int(m.group(1)))
+    end = f"-{max(start, to_orig(int(m.group(2))))}" if m.group(2) else ""
+    return f"line {start}{end}: {edit[m.end():]}"

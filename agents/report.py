@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import time
 from pathlib import Path
@@ -56,8 +57,14 @@ def _covering_edit(patch: dict[str, Any], finding: dict[str, Any]) -> str | None
 
 
 def _declined_reason(patches: list[dict[str, Any]], finding: dict[str, Any]) -> str:
-    prefix = f"{finding['file']} line {finding['line']}: "
-    return next((d[len(prefix):] for p in patches for d in p.get("declined") or [] if d.startswith(prefix)), "")
+    """Why a codemod left the finding's site as written ("file line N[-M]: why" covering its line)."""
+    for p in patches:
+        for d in p.get("declined") or []:
+            m = re.match(r"(.+) line (\d+)(?:-(\d+))?: (.*)$", d, re.S)
+            if m and m.group(1) == finding["file"] and \
+                    int(m.group(2)) <= finding["line"] <= int(m.group(3) or m.group(2)):
+                return m.group(4)
+    return ""
 
 
 def finding_resolutions(findings: list[dict[str, Any]], patches: list[dict[str, Any]], status: str) -> dict[str, str]:

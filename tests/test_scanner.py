@@ -162,8 +162,9 @@ POSITIVE: list[tuple[str, str, str, list[int]]] = [
     ("H11", "mixed-device-cat", "import torch\ndef f(x, y):\n    a = y.cpu()\n    return torch.stack((x, a))\n", [4]),
     ("H11", "inplace-on-expanded-view", "def f(x, y):\n    return x.expand(4, 3).add_(y)\n", [2]),
     ("H11", "inplace-on-expanded-view", "def f(x, y):\n    e = x.expand(4, 3)\n    e.mul_(2)\n    return e\n", [3]),
+    # reported where the mask is moved: the line the fix rewrites
     ("H11", "masked-scatter-device",
-     "def f(emb, mask, feats):\n    mask = mask.cuda()\n    return emb.masked_scatter(mask, feats)\n", [3]),
+     "def f(emb, mask, feats):\n    mask = mask.cuda()\n    return emb.masked_scatter(mask, feats)\n", [2]),
     ("H11", "masked-scatter-device", "def f(emb, mask, feats):\n    emb.masked_scatter_(mask.cuda(), feats)\n", [2]),
 ]
 

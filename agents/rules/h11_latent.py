@@ -25,6 +25,7 @@ from agents.rules.base import (
 from agents.rules.context import ModuleContext
 from agents.rules.cst_helpers import (
     last_name,
+    walk_nodes,
 )
 from agents.rules.h1_cuda_device import device_agnostic
 from agents.rules.h11_aux_device import aux_sites, aux_tensors_on_device
@@ -63,9 +64,33 @@ def _h11_latent(ctx: ModuleContext) -> None:
                    "; left as written: no tensor argument of this function to take the device from"),
                 BLOCKS, MEDIUM if anchor else LOW, fixable=anchor is not None)
     for call in flow.masked_scatter_cuda:
-        ctx.add("H11", "masked-scatter-device", call,
-                "masked_scatter with a mask moved by `.cuda()`: once ported, mask and tensor must be on the "
+        site = _mask_cuda_move(ctx, call)
+        where = "" if site is call else f" (the mask of masked_scatter at line {ctx.pos(call)[0]}, moved here)"
+        ctx.add("H11", "masked-scatter-device", site,
+                f"masked_scatter with a mask moved by `.cuda()`{where}: once ported, mask and tensor must be on the "
                 "same device (and the mask bool, same shape); move the mask with `.to(x.device)`", BLOCKS, HIGH)
+
+
+def _mask_cuda_move(ctx: ModuleContext, call: cst.Call) -> cst.CSTNode:
+    """The `.cuda()` that moved the mask (in the argument, or in the mask variable's definition): the fix
+    rewrites that line."""
+    if not call.args:
+        return call
+    mask = call.args[0].value
+
+    def cuda_in(e: cst.CSTNode) -> cst.CSTNode | None:
+        return next((n for n in walk_nodes(e) if isinstance(n, cst.Call) and last_name(n.func) == "cuda"), None)
+
+    if cuda_in(mask) is not None:
+        return call
+    fn = ctx.function_of(call)
+    if isinstance(mask, cst.Name) and fn is not None:
+        line = ctx.pos(call)[0]
+        defs = [n for n in walk_nodes(fn) if isinstance(n, cst.Assign) and ctx.pos(n)[0] < line
+                and any(isinstance(t.target, cst.Name) and t.target.value == mask.value for t in n.targets)]
+        if defs and (hit := cuda_in(defs[-1].value)) is not None:
+            return hit
+    return call
 
 
 # --- fix ---------------------------------------------------------------------------------------

@@ -231,7 +231,7 @@ class CodemodResult:
     changed: bool
     edits: list[str] = field(default_factory=list)  # one line per rewrite, "line N: what"
     spans: list[tuple[int, int]] = field(default_factory=list)  # the original lines each rewrite covers
-    skipped: list[str] = field(default_factory=list)  # "line N: why left as written" for sites it declined
+    skipped: list[str] = field(default_factory=list)  # "line N-M: why left as written" for sites it declined
 
 
 def is_cuda_string(node: cst.BaseExpression) -> bool:
@@ -273,7 +273,8 @@ class Rewriter(cst.CSTTransformer):
 
     def skip(self, node: cst.CSTNode, why: str) -> None:
         """A site the codemod was planned for but leaves as written, with the reason (shown in the report)."""
-        self.skipped.append(f"line {self.line_of(node)}: {why}")
+        pos = self.get_metadata(PositionProvider, node)
+        self.skipped.append(f"line {pos.start.line}-{pos.end.line}: {why}")
 
 
 def insert_after_imports(module: cst.Module, code: str, marker: str) -> cst.Module:
