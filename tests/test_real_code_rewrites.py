@@ -451,7 +451,7 @@ def test_a_mask_loop_the_codemod_declines_is_reported_with_its_reason() -> None:
     assert sorted(f["line"] for f in findings) == [10, 13]
     result = vectorise_mask_loops(src)
     assert result.changed and len(result.edits) == 1 and result.edits[0].startswith("line 10:")
-    assert len(result.skipped) == 1 and result.skipped[0].startswith("line 13-14: not a fill npuport can prove")
+    assert len(result.skipped) == 1 and result.skipped[0].startswith("line 7-15: not a fill npuport can prove")
     patch = {"id": "patch-1", "commit": "0123456789ab", "codemod": "vectorise-mask-loops",
              "finding_ids": [f["id"] for f in findings], "edits": [f"m.py {e}" for e in result.edits],
              "sites": [f"m.py:{a}-{b}" for a, b in result.spans], "declined": [f"m.py {d}" for d in result.skipped]}

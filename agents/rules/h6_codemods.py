@@ -16,6 +16,7 @@ from typing import Any
 
 import libcst as cst
 import libcst.matchers as m
+from libcst.metadata import PositionProvider
 
 from agents.rules.kit import (
     CodemodResult,
@@ -495,6 +496,7 @@ class _MaskLoops(PerfRewriter):
     def __init__(self) -> None:
         super().__init__()
         self._fns: list[cst.FunctionDef] = []
+        self._declined: list[tuple[int, int]] = []
 
     def visit_FunctionDef(self, node: cst.FunctionDef) -> bool:
         if not super().visit_FunctionDef(node):
@@ -530,6 +532,12 @@ class _MaskLoops(PerfRewriter):
                 except _Unsupported:
                     repl = None
                     if _writes_by_loop_index(st):
+                        # one reason per loop nest, on the outermost loop (where the finding points)
+                        pos = self.get_metadata(PositionProvider, original.body[i])
+                        keep = [not (pos.start.line <= a and b <= pos.end.line) for a, b in self._declined]
+                        self._declined = [d for d, k in zip(self._declined, keep, strict=True) if k]
+                        self.skipped = [d for d, k in zip(self.skipped, keep, strict=True) if k]
+                        self._declined.append((pos.start.line, pos.end.line))
                         self.skip(original.body[i], "not a fill npuport can prove equivalent: only constant values "
                                                     "written at positions given by the loop (range or enumerate over "
                                                     "positions) are vectorised")
@@ -543,19 +551,13 @@ class _MaskLoops(PerfRewriter):
 
 
 def _writes_by_loop_index(loop: cst.For) -> bool:
-    """The loop itself (not a loop nested in it) writes t[..] at an index made of its own variables."""
-    own = set(name_uses(loop.target))
-
-    def visit(n: cst.CSTNode) -> bool:
-        if isinstance(n, cst.For) and n is not loop:
-            return False
-        if isinstance(n, cst.AssignTarget) and isinstance(n.target, cst.Subscript) and \
-                own & set(name_uses(cst.Tuple([cst.Element(e.slice.value) for e in n.target.slice
-                                               if isinstance(e.slice, cst.Index)]))):
+    """The loop (or a loop in it that is still there) writes t[..] at an index made of the loops' variables."""
+    own = {name for n in walk(loop) if isinstance(n, cst.For) for name in name_uses(n.target)}
+    for n in walk(loop):
+        target = n.target if isinstance(n, cst.AssignTarget | cst.AugAssign) else None
+        if isinstance(target, cst.Subscript) and any(own & set(name_uses(e.slice)) for e in target.slice):
             return True
-        return any(visit(c) for c in n.children)
-
-    return visit(loop)
+    return False
 
 
 def _uses_outside(fn: cst.FunctionDef, node: cst.CSTNode) -> set[str]:
