@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import importlib.abc
 import importlib.machinery
+import inspect
 import os
 import sys
 import time
@@ -402,3 +403,95 @@ def install(device: str = "cpu") -> None:
     torch.cuda.amp.autocast = cuda_amp_autocast  # type: ignore[misc,assignment]
     _active = CudaRedirectMode(device)
     _active.__enter__()
+
+
+# --- a single-process world for validation runs -------------------------------------------------------
+
+class _DoneWork:
+    """The handle an ``async_op=True`` collective returns: already complete (one rank has nothing to wait for)."""
+
+    def wait(self, *_: Any, **__: Any) -> bool:
+        return True
+
+    def is_completed(self) -> bool:
+        return True
+
+    def is_success(self) -> bool:
+        return True
+
+    def get_future(self) -> Any:
+        fut: Any = torch.futures.Future()
+        fut.set_result(None)
+        return fut
+
+
+def _copy_into(dst: Any, src: Any) -> None:
+    if isinstance(dst, torch.Tensor) and isinstance(src, torch.Tensor) and dst is not src:
+        dst.copy_(src.reshape(dst.shape))
+
+
+# What each collective means on a world of one rank: reductions, broadcasts and barriers leave the
+# tensor as it is; gathers and scatters copy the one rank's part into place.
+_ONE_RANK: dict[str, Callable[..., None]] = {
+    "all_reduce": lambda *a, **k: None,
+    "reduce": lambda *a, **k: None,
+    "broadcast": lambda *a, **k: None,
+    "barrier": lambda *a, **k: None,
+    "monitored_barrier": lambda *a, **k: None,
+    "broadcast_object_list": lambda *a, **k: None,
+    "all_gather": lambda tensor_list, tensor, *a, **k: _copy_into(tensor_list[0], tensor),
+    "all_gather_into_tensor": lambda out, inp, *a, **k: _copy_into(out, inp),
+    "_all_gather_base": lambda out, inp, *a, **k: _copy_into(out, inp),
+    "reduce_scatter": lambda out, inputs, *a, **k: _copy_into(out, inputs[0]),
+    "reduce_scatter_tensor": lambda out, inp, *a, **k: _copy_into(out, inp),
+    "_reduce_scatter_base": lambda out, inp, *a, **k: _copy_into(out, inp),
+    "all_to_all_single": lambda out, inp, *a, **k: _copy_into(out, inp),
+    "all_to_all": lambda outs, inps, *a, **k: _copy_into(outs[0], inps[0]),
+    "gather": lambda tensor, gather_list=None, *a, **k: _copy_into(gather_list[0], tensor) if gather_list else None,
+    "scatter": lambda tensor, scatter_list=None, *a, **k: _copy_into(tensor, scatter_list[0]) if scatter_list else None,
+    "all_gather_object": lambda objs, obj, *a, **k: objs.__setitem__(0, obj),
+}
+
+
+def install_single_process_world() -> bool:
+    """Validation runs are one process: ``init_process_group`` (any backend, ``env://`` without MASTER_ADDR)
+    makes a world of size 1 over gloo and an in-memory store, and collectives on a world of one rank are
+    what they mean there (all_reduce leaves the tensor as it is, all_gather copies it into place), also on
+    device tensors gloo cannot carry. A real multi-process launch (WORLD_SIZE > 1) is left alone.
+    Returns whether the world was installed."""
+    import torch.distributed as dist
+
+    if not dist.is_available() or getattr(dist, "_npuport_single_world", False):
+        return False
+    if os.environ.get("WORLD_SIZE", "1") not in ("", "1"):
+        return False
+    original_init = dist.init_process_group
+
+    def init_process_group(backend: Any = None, init_method: Any = None, timeout: Any = None, world_size: int = -1,
+                           rank: int = -1, store: Any = None, group_name: str = "", **_: Any) -> None:
+        kwargs: dict[str, Any] = {"timeout": timeout} if timeout is not None else {}
+        original_init(backend="gloo", store=dist.HashStore(), rank=0, world_size=1, **kwargs)
+
+    def one_rank(name: str, original: Callable[..., Any]) -> Callable[..., Any]:
+        sig = inspect.signature(original)
+
+        def collective(*args: Any, **kwargs: Any) -> Any:
+            bound = sig.bind(*args, **kwargs)
+            bound.apply_defaults()
+            group = bound.arguments.get("group")
+            if dist.is_initialized() and dist.get_world_size(group) != 1:
+                return original(*args, **kwargs)
+            values = list(bound.arguments.values())
+            _ONE_RANK[name](*values[:2])
+            return _DoneWork() if bound.arguments.get("async_op") else None
+
+        collective.__name__ = name
+        collective.__doc__ = original.__doc__
+        return collective
+
+    dist.init_process_group = init_process_group  # type: ignore[assignment]
+    for name in _ONE_RANK:
+        if hasattr(dist, name):
+            setattr(dist, name, one_rank(name, getattr(dist, name)))
+    dist._npuport_single_world = True  # type: ignore[attr-defined]
+    return True

@@ -40,7 +40,7 @@ def patcher_node(state: dict[str, Any]) -> dict[str, Any]:
     patches: list[dict[str, Any]] = []
     trace = [step("patcher", note) for note in getattr(policy, "notes", [])]  # the LLM patcher's outcome
     for action in actions:
-        patch, notes = apply_fix(ws, action, done + len(patches) + 1)
+        patch, notes = apply_fix(ws, action, done + len(patches) + 1, target=state.get("target"))
         if patch:
             patches.append(patch.model_dump(mode="json"))
             trace.append(step("patcher", f"commit {patch.commit[:8]} {patch.summary}", files=patch.files,

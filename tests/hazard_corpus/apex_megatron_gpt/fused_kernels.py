@@ -4,7 +4,7 @@ import torch.nn.functional as F
 
 try:
     from apex.normalization.fused_layer_norm import FusedLayerNormAffineFunction  # HAZARD: cuda-only-import-guarded
-    HAVE_PERSIST_LAYER_NORM = True
+    HAVE_PERSIST_LAYER_NORM = True  # HAZARD: kernel-path-flag
 except ImportError:
     HAVE_PERSIST_LAYER_NORM = False
 
@@ -22,7 +22,7 @@ class MixedFusedLayerNorm(torch.nn.Module):
         self.eps = eps
         self.weight = torch.nn.Parameter(torch.ones(normalized_shape))
         self.bias = torch.nn.Parameter(torch.zeros(normalized_shape))
-        self.no_persist_layer_norm = no_persist_layer_norm or not HAVE_PERSIST_LAYER_NORM  # HAZARD: kernel-path-flag
+        self.no_persist_layer_norm = no_persist_layer_norm or not HAVE_PERSIST_LAYER_NORM
 
     def forward(self, x):
         if self.no_persist_layer_norm or not x.is_cuda:  # HAZARD: is-cuda-branch

@@ -73,7 +73,7 @@ class GPTModel(nn.Module):
         s = input_ids.shape[1]
         pos = torch.arange(s, device=input_ids.device).unsqueeze(0)
         mask = torch.triu(torch.ones(s, s, dtype=torch.bool, device=input_ids.device), 1)
-        with torch.cuda.amp.autocast(enabled=self.fp16):  # HAZARD: cuda-amp
+        with torch.cuda.amp.autocast(enabled=self.fp16):  # HAZARD: cuda-autocast
             h = self.word_embeddings(input_ids) + self.position_embeddings(pos)
             for layer in self.layers:
                 h = layer(h, mask)
