@@ -11,6 +11,7 @@ the fields models read.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import importlib.abc
 import importlib.machinery
@@ -339,6 +340,15 @@ def _pin_or_same(self: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
         return self
 
 
+_original_record_stream = torch.Tensor.record_stream
+
+
+def _record_stream_or_skip(self: torch.Tensor, stream: Any) -> None:
+    """A CPU tensor has no stream to record on (and the CPU stand-in stream is not a torch.Stream)."""
+    if self.device.type != "cpu":
+        _original_record_stream(self, stream)
+
+
 def _install_cpu_stand_ins(cuda: Any) -> None:
     cuda.Stream = CpuStream
     cuda.Event = CpuEvent
@@ -354,6 +364,9 @@ def _install_cpu_stand_ins(cuda: Any) -> None:
     for name in ("memory_allocated", "max_memory_allocated", "memory_reserved", "max_memory_reserved"):
         setattr(cuda, name, lambda *a, **k: 0)
     cuda.reset_peak_memory_stats = lambda *a, **k: None
+    # profiler range markers: nothing to mark without CUDA's NVTX library
+    cuda.nvtx = types.SimpleNamespace(range_push=lambda *a, **k: 0, range_pop=lambda *a, **k: 0,
+                                      mark=lambda *a, **k: None, range=lambda *a, **k: contextlib.nullcontext())
 
 
 _active: CudaRedirectMode | None = None
@@ -399,6 +412,7 @@ def install(device: str = "cpu") -> None:
         _install_cpu_stand_ins(cuda)
         torch.compile = _eager_compile  # type: ignore[assignment]
         torch.Tensor.pin_memory = _pin_or_same  # type: ignore[method-assign,assignment]
+        torch.Tensor.record_stream = _record_stream_or_skip  # type: ignore[method-assign,assignment]
     torch.autocast = autocast_cls  # type: ignore[misc,assignment]
     torch.cuda.amp.autocast = cuda_amp_autocast  # type: ignore[misc,assignment]
     _active = CudaRedirectMode(device)

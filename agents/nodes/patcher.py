@@ -31,6 +31,9 @@ def patcher_node(state: dict[str, Any]) -> dict[str, Any]:
             out["reason"] = f"could not port because {pending.get('summary')}, and {'; '.join(notes)}"
         return out
     if pending:
+        if (pending.get("params") or {}).get("by") == "llm" and policy.name == "rule":
+            # the debugger asked the LLM policy when no recipe covered the failure: its fix is the LLM's
+            policy = get_policy("llm", context=policy_context(state))
         action = policy.fix_for(Diagnosis(**pending))
         actions = [action] if action else []
     elif not state.get("static_fixes_done"):

@@ -56,17 +56,36 @@ def _kb_matmul_dtypes(chip: str) -> tuple[list[str] | None, str]:
     return sorted({names[d.upper()] for d in first if d.upper() in names}), sup.source
 
 
-def _cpu_computes_float16() -> tuple[bool, str]:
-    """Probe this CPU's torch build: the float16 kernels a decoder needs (matmul, softmax, layer norm)."""
+_CPU_FP16 = ("avx512_fp16", "amx_fp16", "fphp", "asimdhp")  # x86 / Arm feature flags of float16 arithmetic
+_CPU_BF16 = ("avx512_bf16", "amx_bf16", "bf16")
+
+
+def _cpu_flags() -> set[str]:
+    try:
+        text = open("/proc/cpuinfo", encoding="utf-8").read()  # noqa: SIM115 - read once
+    except OSError:
+        return set()
+    return {w for line in text.splitlines() if line.lower().startswith(("flags", "features")) for w in line.split()}
+
+
+def _cpu_dtypes() -> tuple[tuple[str, ...], str]:
+    """The CPU's float dtypes: float16 where the CPU has float16 arithmetic (its feature flags) and this
+    torch build runs the float16 kernels a decoder needs (matmul, softmax, layer norm: probed)."""
     import torch
 
+    flags = _cpu_flags()
+    units = [f for f in _CPU_FP16 if f in flags]
+    bf16 = [f for f in _CPU_BF16 if f in flags]
     try:
         x = torch.ones(4, 4, dtype=torch.float16)
         y = torch.nn.functional.layer_norm((x @ x).softmax(-1), (4,))
-        ok = y.dtype == torch.float16 and bool(torch.isfinite(y).all())
-    except (RuntimeError, NotImplementedError) as exc:
-        return False, f"this CPU's torch {torch.__version__} has no float16 kernel ({str(exc)[:80]})"
-    return ok, f"this CPU's torch {torch.__version__} computes float16 (matmul, softmax, layer_norm probed)"
+        probe = y.dtype == torch.float16 and bool(torch.isfinite(y).all())
+    except (RuntimeError, NotImplementedError):
+        probe = False
+    dtypes = ("float32", *(("bfloat16",) if bf16 else ()), *(("float16",) if units and probe else ()))
+    why = (f"CPU float16 units: {', '.join(units) or 'none'}; bfloat16 units: {', '.join(bf16) or 'none'}; "
+           f"torch {torch.__version__} float16 kernels (matmul, softmax, layer_norm) {'run' if probe else 'fail'}")
+    return dtypes, why
 
 
 def chip_dtypes(target: Mapping[str, Any] | None) -> tuple[tuple[str, ...], str]:
@@ -74,8 +93,7 @@ def chip_dtypes(target: Mapping[str, Any] | None) -> tuple[tuple[str, ...], str]
     t = dict(target or {})
     name = t.get("name") or "cpu"
     if name == "cpu" or t.get("device") == "cpu":
-        ok, why = _cpu_computes_float16()
-        return (("float32", "bfloat16", "float16") if ok else ("float32", "bfloat16")), why
+        return _cpu_dtypes()
     from sandbox.targets.registry import canonical_chip, get_chip
 
     key = canonical_chip(str((t.get("options") or {}).get("chip") or "910b")) or "910b"
@@ -102,6 +120,14 @@ def cast_policy(target: Mapping[str, Any] | None) -> tuple[str, str]:
     return "float32", f"float16 -> float32 on {where}: neither float16 nor bfloat16 compute ({why})"
 
 
+def port_compute_dtype(state: Mapping[str, Any]) -> str:
+    """The dtype the port computes in, for the validator's tolerance: the cast policy's choice where the
+    model casts to float16 (an H12 finding), else float32 (the reference's dtype)."""
+    if not any(f.get("hazard") == "H12" for f in state.get("findings") or []):
+        return "float32"
+    return cast_policy(state.get("target"))[0]
+
+
 class CastPolicy(Rewriter):
     """`.half()`, `dtype=torch.float16`, `.to(torch.float16)`, `set_default_dtype(torch.float16)` -> ``dtype``."""
 
@@ -117,6 +143,13 @@ class CastPolicy(Rewriter):
         if isinstance(f, cst.Attribute) and f.attr.value == "half" and not updated.args:
             self.note(original, f".half() -> .to(torch.{self.dtype})")
             return updated.with_changes(func=f.with_changes(attr=cst.Name("to")), args=[cst.Arg(self._dtype())])
+        name = f.attr.value if isinstance(f, cst.Attribute) else f.value if isinstance(f, cst.Name) else ""
+        if name == "autocast" and self.dtype == "float32" and any(
+                a.keyword is not None and a.keyword.value == "dtype" and _is_fp16(a.value) for a in updated.args):
+            # autocast to float32 is no autocast (and CPU autocast rejects float32): switch it off
+            self.note(original, "float16 autocast -> enabled=False (the target computes float32)")
+            kept = [a for a in updated.args if a.keyword is None or a.keyword.value not in ("dtype", "enabled")]
+            return updated.with_changes(args=[*kept, cst.Arg(cst.Name("False"), keyword=cst.Name("enabled"), equal=_EQ)])
         is_to = isinstance(f, cst.Attribute) and f.attr.value == "to"
         is_default = isinstance(f, cst.Attribute) and f.attr.value == "set_default_dtype"
         args = []
@@ -131,6 +164,7 @@ class CastPolicy(Rewriter):
 
 
 EMPTY = cst.Module(body=[])
+_EQ = cst.AssignEqual(whitespace_before=cst.SimpleWhitespace(""), whitespace_after=cst.SimpleWhitespace(""))
 
 
 def _is_fp16(node: cst.BaseExpression) -> bool:

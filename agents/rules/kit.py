@@ -133,6 +133,26 @@ class _NpuportCpuBackend:
     """Stands in for ``torch.npu`` where no NPU exists: streams, events, graphs and device properties are
     real CPU objects, and the rest of the device calls are no-ops."""
 
+    class nvtx:  # noqa: N801 - torch.cuda.nvtx's name
+        """No profiler ranges on the CPU: range markers do nothing."""
+
+        @staticmethod
+        def range_push(*args, **kwargs):
+            return 0
+
+        @staticmethod
+        def range_pop(*args, **kwargs):
+            return 0
+
+        @staticmethod
+        def mark(*args, **kwargs):
+            return None
+
+        @staticmethod
+        def range(*args, **kwargs):
+            import contextlib
+            return contextlib.nullcontext()
+
     Stream = _NpuportCpuStream
     Event = _NpuportCpuEvent
     NPUGraph = _NpuportCpuGraph
@@ -221,6 +241,13 @@ def _npuport_device():
     if hasattr(torch, "npu") and torch.npu.is_available():
         return torch.device("npu", torch.npu.current_device())
     return torch.device("cpu")
+
+
+def _npuport_record_stream(tensor, stream):
+    """Tensor.record_stream where the tensor lives on a device with streams; a CPU tensor has none (and the
+    CPU stand-in stream is not a torch.Stream), so there is nothing to record."""
+    if tensor.device.type != "cpu":
+        tensor.record_stream(stream)
 '''
 
 
