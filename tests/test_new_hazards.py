@@ -23,9 +23,9 @@ def _rules(src: str) -> list[tuple[str, str, int, bool]]:
 
 def test_fp16_weights_are_found_and_fp32_is_not() -> None:
     src = ("import torch\nm = torch.nn.Linear(2, 2).half()\nx = torch.zeros(2, dtype=torch.float16)\n"
-           "y = x.to(torch.half)\nz = torch.zeros(2, dtype=torch.float32)\n")
-    assert _rules(src) == [("H12", "fp16-weights", 2, False), ("H12", "fp16-weights", 3, False),
-                           ("H12", "fp16-weights", 4, False)]
+           "y = x.to(torch.half)\nz = torch.zeros(2, dtype=torch.float32)\ntorch.set_default_dtype(torch.float16)\n")
+    assert _rules(src) == [("H12", "fp16-weights", 2, True), ("H12", "fp16-weights", 3, True),
+                           ("H12", "fp16-weights", 4, True), ("H12", "fp16-weights", 6, True)]
 
 
 def test_kernel_path_flags() -> None:
