@@ -25,6 +25,7 @@ from typing import Any
 
 import torch
 from torch.overrides import TorchFunctionMode
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from sandbox.cuda_only import STUB_ROOTS
 
@@ -271,24 +272,58 @@ class CpuStream:
 
 
 class CpuGraph:
-    """torch.cuda.CUDAGraph on the CPU: the code under ``graph(g)`` runs eagerly once; a replay cannot
-    rerun it, so it says so instead of returning stale outputs."""
+    """torch.cuda.CUDAGraph on the CPU: the aten ops run under ``graph(g)`` are recorded with the tensors
+    they read and wrote, and ``replay()`` runs them again on those same (static) tensors, copying each
+    result into the tensor the capture produced, which is what replaying a captured device graph does."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self._ops: list[tuple[Any, Any, Any, Any]] = []
+        self._mode: Any = None
 
     def capture_begin(self, *args: Any, **kwargs: Any) -> None:
-        return None
+        self._ops = []
+        self._mode = _OpRecorder(self._ops)
+        self._mode.__enter__()
 
     def capture_end(self) -> None:
-        return None
+        if self._mode is not None:
+            self._mode.__exit__(None, None, None)
+            self._mode = None
 
     def replay(self) -> None:
-        raise RuntimeError("CUDA graph replay has no CPU equivalent under the reference redirect; the model "
-                           "must run its eager path")
+        replay_ops(self._ops)
 
     def reset(self) -> None:
-        return None
+        self._ops = []
 
     def pool(self) -> None:
         return None
+
+
+class _OpRecorder(TorchDispatchMode):
+    def __init__(self, ops: list[tuple[Any, Any, Any, Any]]) -> None:
+        super().__init__()
+        self.ops = ops
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        self.ops.append((func, args, kwargs, out))
+        return out
+
+
+def replay_ops(ops: list[tuple[Any, Any, Any, Any]]) -> None:
+    """Run recorded ops again; a fresh result is copied into the tensor the capture produced, so later ops
+    (which hold the captured tensors) and the model's static outputs see the new values."""
+    import torch.utils._pytree as pytree
+
+    with torch.no_grad():
+        for func, args, kwargs, out in ops:
+            new = func(*args, **kwargs)
+            for old, fresh in zip(pytree.tree_leaves(out), pytree.tree_leaves(new), strict=False):
+                if isinstance(old, torch.Tensor) and isinstance(fresh, torch.Tensor) and old is not fresh \
+                        and old.shape == fresh.shape:
+                    old.copy_(fresh)
 
 
 class CpuGraphContext:
@@ -296,10 +331,13 @@ class CpuGraphContext:
         self.graph = graph
 
     def __enter__(self) -> CpuGraph | None:
+        if self.graph is not None:
+            self.graph.capture_begin()
         return self.graph
 
     def __exit__(self, *exc: Any) -> None:
-        return None
+        if self.graph is not None:
+            self.graph.capture_end()
 
 
 @dataclasses.dataclass
