@@ -177,3 +177,38 @@ def test_reference_world_and_record_stream_under_the_cuda_redirect(tmp_path: Pat
             "import ref_mod\nprint(repr(ref_mod.run()))\n")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert r.returncode == 0 and r.stdout.strip() == "[1.0, 1.0]", r.stderr[-1500:]
+
+
+# --- meaning tests of the remaining correctness codemods ----------------------------------------------
+
+@pytest.mark.meaning("float64-to-float32")
+def test_float64_to_float32_computes_the_same_values_to_float32_precision() -> None:
+    from agents.rules.h5_dtypes import float64_to_float32
+
+    src = ("import torch\ndef run(x):\n    t = torch.linspace(0, 1, 16, dtype=torch.float64)\n"
+           "    w = x.double() * t.sin()\n    return (w @ w.T).cumsum(0)\n")
+    out = float64_to_float32(src)
+    assert out.changed and "float64" not in out.source and "double" not in out.source
+    x = torch.randn(3, 16)
+    ns_a: dict[str, Any] = {}
+    ns_b: dict[str, Any] = {}
+    exec(compile(src, "a.py", "exec"), ns_a)
+    exec(compile(out.source, "b.py", "exec"), ns_b)
+    a, b = ns_a["run"](x), ns_b["run"](x)
+    assert a.dtype == torch.float64 and b.dtype == torch.float32
+    assert torch.allclose(b.double(), a, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.meaning("align-devices")
+def test_align_devices_concatenates_the_same_values() -> None:
+    from agents.rules.h11_latent import align_devices
+
+    src = "import torch\ndef run(x, y):\n    return torch.cat([x, y * 2], dim=0)\n"
+    out = align_devices(src, line=3)
+    assert out.changed and "_npuport_same_device" in out.source
+    x, y = torch.randn(2, 3), torch.randn(1, 3)
+    ns_a: dict[str, Any] = {}
+    ns_b: dict[str, Any] = {}
+    exec(compile(src, "a.py", "exec"), ns_a)
+    exec(compile(out.source, "b.py", "exec"), ns_b)
+    assert torch.equal(ns_a["run"](x, y), ns_b["run"](x, y))
