@@ -64,27 +64,44 @@ def npuport_change_at(ws: Workspace, exc: StructuredException, patches: list[dic
 
 
 def revert_change(ws: Workspace, params: dict[str, Any]) -> str | None:
-    """Undo one patch's change at one site: the diff hunk of ``params["commit"]`` holding the failing line,
-    else that commit's whole change to the file. Returns a description of what was undone, None when
-    nothing could be."""
+    """Undo one patch's change at one site: the diff hunk of ``params["commit"]`` holding the failing line.
+    The hunk's new lines are found in the file as it is now (later patches may have moved them) nearest the
+    failing line and replaced by the lines they replaced. Returns a description of what was undone, None when
+    nothing could be (the lines are gone, or undoing them would leave a use of an npuport helper the file
+    no longer defines)."""
     sha, rel, line = params["commit"], params["file"], int(params["patch_line"])
+    now_line = int(params.get("line", line))
     diff = safe_git(ws.git_dir, ws.model_dir, "diff", "--no-ext-diff", "--no-textconv", "-U0", f"{sha}^", sha,
                     "--", rel).stdout.decode("utf-8", "replace")
-    head, _, body = diff.partition("\n@@")
+    _head, _, body = diff.partition("\n@@")
     hunks = ["@@" + h for h in ("\n@@" + body).split("\n@@")[1:]] if body else []
+    path = ws.model_dir / rel
     for hunk in hunks:
         m = _HUNK.match(hunk)
         if m is None:
             continue
         start, count = int(m.group(3)), int(m.group(4) if m.group(4) is not None else 1)
-        if start <= line < start + max(count, 1):
-            one = f"{head}\n{hunk.rstrip(chr(10))}\n"
-            r = safe_git(ws.git_dir, ws.model_dir, "apply", "-R", "--unidiff-zero", "-", input=one.encode(),
-                         check=False)
-            if r.returncode == 0:
-                return f"{rel}: undid lines {start}-{start + max(count, 1) - 1} of {sha[:8]}"
-    r = safe_git(ws.git_dir, ws.model_dir, "apply", "-R", "--unidiff-zero", "-", input=diff.encode(), check=False)
-    return f"{rel}: undid {sha[:8]}'s whole change to the file" if r.returncode == 0 and diff else None
+        if not start <= line < start + max(count, 1):
+            continue
+        rows = hunk.split("\n")[1:]
+        minus = [r[1:] for r in rows if r.startswith("-")]
+        plus = [r[1:] for r in rows if r.startswith("+")]
+        text = path.read_text(encoding="utf-8")
+        cur = text.split("\n")
+        if not plus:
+            return None
+        found = [i for i in range(len(cur) - len(plus) + 1) if cur[i:i + len(plus)] == plus]
+        if not found:
+            return None
+        i = min(found, key=lambda k: abs(k + 1 - now_line))
+        new = "\n".join(cur[:i] + minus + cur[i + len(plus):])
+        used = set(re.findall(r"\b(_npuport_\w+)\(", new))
+        defined = set(re.findall(r"^\s*(?:def|class) (_npuport_\w+)", new, re.M))
+        if used - defined:
+            return None  # the hunk defined helpers other lines still call
+        path.write_text(new, encoding="utf-8")
+        return f"{rel}: undid lines {i + 1}-{i + len(plus)} ({sha[:8]}'s change there)"
+    return None
 
 
 # --- when no recipe covers a failure: the next step within the budget ------------------------------

@@ -277,8 +277,14 @@ def _npuport_device():
 def _npuport_record_stream(tensor, stream):
     """Tensor.record_stream where the tensor lives on a device with streams; a CPU tensor has none (and the
     CPU stand-in stream is not a torch.Stream), so there is nothing to record."""
-    if tensor.device.type != "cpu":
+    if tensor.device.type == "cpu":
+        return
+    try:
         tensor.record_stream(stream)
+    except (RuntimeError, TypeError):
+        # a stream object the allocator does not know (an emulated or stand-in stream): recording only
+        # delays reuse of the memory, and with nothing to order against there is nothing to delay
+        return
 '''
 
 
