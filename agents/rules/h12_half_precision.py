@@ -190,5 +190,5 @@ RULE = HazardRule(
     kb_topic="recipe:H12",
     recipe="knowledge/recipes/H12.md",
     left_as_written="float16 kept: the target computes float16",
-    fixtures=("tests/test_new_hazards.py", "tests/test_rewrite_meaning.py"),
+    fixtures=("tests/test_new_hazards.py", "tests/test_cast_world_fallback.py"),
 )

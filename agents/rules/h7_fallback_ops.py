@@ -119,5 +119,5 @@ RULE = HazardRule(
     kb_topic="recipe:H7",
     recipe="knowledge/recipes/H7.md",
     left_as_written="falls back to the CPU on this torch_npu build; correct but slow",
-    fixtures=("tests/test_scanner.py", "examples/ocr_mini"),
+    fixtures=("tests/test_cast_world_fallback.py", "examples/ocr_mini"),
 )
