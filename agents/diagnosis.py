@@ -8,17 +8,18 @@ from __future__ import annotations
 
 import re
 import time
+from pathlib import Path
 from typing import Any
 
-from agents.models import StructuredException
+from agents.models import Diagnosis, StructuredException
 
 # The failure classifier lives with the hazard rules (agents/rules/diagnose.py); re-exported here.
 from agents.rules.base import Signature
 from agents.rules.diagnose import classify, innermost_model_frame
 from agents.workspace import Workspace, safe_git
 
-__all__ = ["REVERT_FIX", "Signature", "budget_left", "classify", "innermost_model_frame", "npuport_change_at",
-           "revert_change"]
+__all__ = ["REVERT_FIX", "Signature", "budget_left", "classify", "escalate", "innermost_model_frame",
+           "npuport_change_at", "revert_change", "tried_so_far"]
 
 
 def budget_left(state: dict[str, Any]) -> tuple[bool, str]:
@@ -63,24 +64,123 @@ def npuport_change_at(ws: Workspace, exc: StructuredException, patches: list[dic
 
 
 def revert_change(ws: Workspace, params: dict[str, Any]) -> str | None:
-    """Undo one patch's change at one site: the diff hunk of ``params["commit"]`` holding the failing line,
-    else that commit's whole change to the file. Returns a description of what was undone, None when
-    nothing could be."""
+    """Undo one patch's change at one site: the diff hunk of ``params["commit"]`` holding the failing line.
+    The hunk's new lines are found in the file as it is now (later patches may have moved them) nearest the
+    failing line and replaced by the lines they replaced. Returns a description of what was undone, None when
+    nothing could be (the lines are gone, or undoing them would leave a use of an npuport helper the file
+    no longer defines)."""
     sha, rel, line = params["commit"], params["file"], int(params["patch_line"])
+    now_line = int(params.get("line", line))
     diff = safe_git(ws.git_dir, ws.model_dir, "diff", "--no-ext-diff", "--no-textconv", "-U0", f"{sha}^", sha,
                     "--", rel).stdout.decode("utf-8", "replace")
-    head, _, body = diff.partition("\n@@")
+    _head, _, body = diff.partition("\n@@")
     hunks = ["@@" + h for h in ("\n@@" + body).split("\n@@")[1:]] if body else []
+    path = ws.model_dir / rel
     for hunk in hunks:
         m = _HUNK.match(hunk)
         if m is None:
             continue
         start, count = int(m.group(3)), int(m.group(4) if m.group(4) is not None else 1)
-        if start <= line < start + max(count, 1):
-            one = f"{head}\n{hunk.rstrip(chr(10))}\n"
-            r = safe_git(ws.git_dir, ws.model_dir, "apply", "-R", "--unidiff-zero", "-", input=one.encode(),
-                         check=False)
-            if r.returncode == 0:
-                return f"{rel}: undid lines {start}-{start + max(count, 1) - 1} of {sha[:8]}"
-    r = safe_git(ws.git_dir, ws.model_dir, "apply", "-R", "--unidiff-zero", "-", input=diff.encode(), check=False)
-    return f"{rel}: undid {sha[:8]}'s whole change to the file" if r.returncode == 0 and diff else None
+        if not start <= line < start + max(count, 1):
+            continue
+        rows = hunk.split("\n")[1:]
+        minus = [r[1:] for r in rows if r.startswith("-")]
+        plus = [r[1:] for r in rows if r.startswith("+")]
+        text = path.read_text(encoding="utf-8")
+        cur = text.split("\n")
+        if not plus:
+            return None
+        found = [i for i in range(len(cur) - len(plus) + 1) if cur[i:i + len(plus)] == plus]
+        if not found:
+            return None
+        i = min(found, key=lambda k: abs(k + 1 - now_line))
+        new = "\n".join(cur[:i] + minus + cur[i + len(plus):])
+        used = set(re.findall(r"\b(_npuport_\w+)\(", new))
+        defined = set(re.findall(r"^\s*(?:def|class) (_npuport_\w+)", new, re.M))
+        if used - defined:
+            return None  # the hunk defined helpers other lines still call
+        path.write_text(new, encoding="utf-8")
+        return f"{rel}: undid lines {i + 1}-{i + len(plus)} ({sha[:8]}'s change there)"
+    return None
+
+
+# --- when no recipe covers a failure: the next step within the budget ------------------------------
+
+def escalate(state: dict[str, Any], diag: Diagnosis, exc: StructuredException,
+             policy_name: str) -> tuple[Diagnosis, list[str]]:
+    """The next thing to try for a failure no recipe covers, as a diagnosis with a fix (or ``diag`` as it
+    is when nothing is left), and notes for the trace. In order: undo npuport's own change where the
+    traceback lands (one site at a time); then, under the rule policy with an LLM configured, the LLM
+    policy's diagnosis, which reads the knowledge base's passages for the error (the hybrid and llm
+    policies have asked the LLM already)."""
+    notes: list[str] = []
+    reverted = revert_candidate(state, diag, exc)
+    if reverted.fix:
+        return reverted, notes
+    passages = [c for c in diag.citations if not c.source.startswith("recipe:")]
+    if passages:
+        notes.append("knowledge base for " + f"{exc.type}: " + "; ".join(f"[{c.source}] {c.title}" for c in passages[:3]))
+    if policy_name != "rule":
+        return diag, notes
+    from agents.llm_settings import LLMSettings
+
+    if not LLMSettings().configured:
+        notes.append("no LLM is configured to ask (set NPUPORT_LLM_BASE_URL and NPUPORT_LLM_MODEL)")
+        return diag.model_copy(update={"params": {**diag.params, "llm": "not configured"}}), notes
+    from agents.policies import get_policy, policy_context
+
+    llm = get_policy("llm", context=policy_context(state))
+    history = [Diagnosis(**d) for d in state.get("diagnoses") or []]
+    answer = llm.diagnose(diag.run_id, exc, history)  # type: ignore[call-arg]
+    answer = answer.model_copy(update={"id": diag.id})
+    known = {c.source for c in answer.citations}
+    answer.citations += [c for c in diag.citations if c.source not in known]
+    notes.append(f"asked the LLM policy: {answer.fix or 'no fix'} ({answer.summary[:200]})")
+    if not answer.fix:
+        return diag.model_copy(update={"summary": f"{diag.summary}; the LLM policy proposed no fix "
+                                                  f"({answer.summary[:200]})",
+                                       "params": {**diag.params, "llm": "no fix"}}), notes
+    return answer, notes
+
+
+def revert_candidate(state: dict[str, Any], diag: Diagnosis, exc: StructuredException) -> Diagnosis:
+    """No recipe covers the failure: when the traceback lands in a line one of npuport's patches changed,
+    the next thing to try is undoing that change there (one site at a time, never the same one twice)."""
+    workdir = state.get("workdir")
+    if not workdir:
+        return diag
+    ws = Workspace(Path(workdir))
+    if not ws.has_repo():
+        return diag
+    done = {(d["params"].get("commit", ""), d["params"].get("file", ""), int(d["params"].get("patch_line", 0)))
+            for d in state.get("diagnoses") or [] if d.get("fix") == REVERT_FIX}
+    site = npuport_change_at(ws, exc, state.get("patches") or [], done)
+    if site is None:
+        return diag
+    summary = (f"{diag.summary}; the failing line {site['file']}:{site['line']} was changed by npuport's "
+               f"{site['patch_id']} ({site['patch_summary']}): revert that change there and run again")
+    return diag.model_copy(update={"fix": REVERT_FIX, "params": site, "summary": summary,
+                                   "file": site["file"], "line": site["line"]})
+
+
+def tried_so_far(state: dict[str, Any], last: Diagnosis) -> str:
+    """What the debugger tried on this port, for the give-up reason: runs, fixes, reverts, LLM answers and
+    the knowledge-base passages consulted for the last failure."""
+    diags = [*(state.get("diagnoses") or []), last.model_dump(mode="json")]
+    runs = (state.get("counters") or {}).get("port_runs", 0)
+    fixes = [d for d in diags if d.get("fix") and d.get("fix") != REVERT_FIX]
+    reverts = [d for d in diags if d.get("fix") == REVERT_FIX]
+    llm = [d for d in diags if (d.get("params") or {}).get("by") == "llm"]
+    parts = [f"{runs} sandbox run(s)"]
+    if fixes:
+        parts.append(f"{len(fixes)} fix(es) ({', '.join(sorted({d['fix'] for d in fixes}))})")
+    if reverts:
+        parts.append(f"{len(reverts)} revert(s) of npuport's own changes")
+    if llm:
+        parts.append(f"{len(llm)} LLM diagnosis(es)")
+    elif last.params.get("llm"):
+        parts.append(f"LLM: {last.params['llm']}")
+    kb = [c.source for c in last.citations if not c.source.startswith("recipe:")]
+    if kb:
+        parts.append("knowledge base consulted: " + ", ".join(kb[:3]))
+    return "; ".join(parts)

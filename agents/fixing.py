@@ -5,6 +5,7 @@ from __future__ import annotations
 import difflib
 import re
 from collections.abc import Callable
+from typing import Any
 
 import libcst as cst
 
@@ -15,8 +16,11 @@ from agents.workspace import Workspace, WorkspaceError
 from knowledge.errors import first_line
 
 
-def apply_fix(ws: Workspace, action: FixAction, patch_no: int) -> tuple[Patch | None, list[str]]:
-    """Apply one FixAction over its files; commit. Returns the patch (None when nothing changed) and notes."""
+def apply_fix(ws: Workspace, action: FixAction, patch_no: int,
+              target: dict[str, Any] | None = None) -> tuple[Patch | None, list[str]]:
+    """Apply one FixAction over its files; commit. Returns the patch (None when nothing changed) and notes.
+    ``target`` (the resolved target as a dict) reaches codemods whose choice depends on the chip (H12's cast
+    policy)."""
     fn, hazard, description = CODEMODS[action.codemod]
     notes: list[str] = []
     edits: list[str] = []
@@ -29,7 +33,7 @@ def apply_fix(ws: Workspace, action: FixAction, patch_no: int) -> tuple[Patch | 
             continue
         source = path.read_text(encoding="utf-8")
         try:
-            result = fn(source, file=rel, **action.params)
+            result = fn(source, file=rel, **({"target": target} if target is not None else {}), **action.params)
         except cst.ParserSyntaxError as exc:
             notes.append(f"{rel}: cannot parse ({first_line(exc)})")
             continue

@@ -19,12 +19,15 @@ class Tolerance:
     max_share_over_1e3: float
 
 
-# Per dtype of the port's computation. float32 ports of float32/float64 originals differ only by
-# rounding; half precision is allowed a visible but small drift.
+# Per dtype of the port's computation, against the float32 reference. float32 ports of float32/float64
+# originals differ only by rounding. A half-precision port rounds every op's result (float16's unit
+# roundoff is 4.9e-4, bfloat16's 3.9e-3), so after a few layers a large share of elements differs from
+# float32 by more than 1e-3 as a matter of course (a float16 GPT measured 18-30 %); there the cosine is the
+# guard, and the share only catches wholesale divergence.
 TOLERANCES: dict[str, Tolerance] = {
     "float32": Tolerance(min_cosine=0.99999, max_share_over_1e3=0.01),
-    "float16": Tolerance(min_cosine=0.999, max_share_over_1e3=0.05),
-    "bfloat16": Tolerance(min_cosine=0.99, max_share_over_1e3=0.2),
+    "float16": Tolerance(min_cosine=0.999, max_share_over_1e3=0.5),
+    "bfloat16": Tolerance(min_cosine=0.99, max_share_over_1e3=0.9),
 }
 
 

@@ -365,6 +365,9 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
             from sandbox import redirect
 
             redirect.install(redirect_to)
+        from sandbox.redirect import install_single_process_world
+
+        install_single_process_world()  # one process: init_process_group makes a world of size 1 (hazard H9)
         sys.path.insert(0, str(model_dir))
         config, shrunk = load_config(model_dir, manifest, spec)
         if spec.get("shrink"):

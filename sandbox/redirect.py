@@ -11,9 +11,11 @@ the fields models read.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import importlib.abc
 import importlib.machinery
+import inspect
 import os
 import sys
 import time
@@ -23,6 +25,7 @@ from typing import Any
 
 import torch
 from torch.overrides import TorchFunctionMode
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from sandbox.cuda_only import STUB_ROOTS
 
@@ -269,24 +272,58 @@ class CpuStream:
 
 
 class CpuGraph:
-    """torch.cuda.CUDAGraph on the CPU: the code under ``graph(g)`` runs eagerly once; a replay cannot
-    rerun it, so it says so instead of returning stale outputs."""
+    """torch.cuda.CUDAGraph on the CPU: the aten ops run under ``graph(g)`` are recorded with the tensors
+    they read and wrote, and ``replay()`` runs them again on those same (static) tensors, copying each
+    result into the tensor the capture produced, which is what replaying a captured device graph does."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self._ops: list[tuple[Any, Any, Any, Any]] = []
+        self._mode: Any = None
 
     def capture_begin(self, *args: Any, **kwargs: Any) -> None:
-        return None
+        self._ops = []
+        self._mode = _OpRecorder(self._ops)
+        self._mode.__enter__()
 
     def capture_end(self) -> None:
-        return None
+        if self._mode is not None:
+            self._mode.__exit__(None, None, None)
+            self._mode = None
 
     def replay(self) -> None:
-        raise RuntimeError("CUDA graph replay has no CPU equivalent under the reference redirect; the model "
-                           "must run its eager path")
+        replay_ops(self._ops)
 
     def reset(self) -> None:
-        return None
+        self._ops = []
 
     def pool(self) -> None:
         return None
+
+
+class _OpRecorder(TorchDispatchMode):
+    def __init__(self, ops: list[tuple[Any, Any, Any, Any]]) -> None:
+        super().__init__()
+        self.ops = ops
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        self.ops.append((func, args, kwargs, out))
+        return out
+
+
+def replay_ops(ops: list[tuple[Any, Any, Any, Any]]) -> None:
+    """Run recorded ops again; a fresh result is copied into the tensor the capture produced, so later ops
+    (which hold the captured tensors) and the model's static outputs see the new values."""
+    import torch.utils._pytree as pytree
+
+    with torch.no_grad():
+        for func, args, kwargs, out in ops:
+            new = func(*args, **kwargs)
+            for old, fresh in zip(pytree.tree_leaves(out), pytree.tree_leaves(new), strict=False):
+                if isinstance(old, torch.Tensor) and isinstance(fresh, torch.Tensor) and old is not fresh \
+                        and old.shape == fresh.shape:
+                    old.copy_(fresh)
 
 
 class CpuGraphContext:
@@ -294,10 +331,13 @@ class CpuGraphContext:
         self.graph = graph
 
     def __enter__(self) -> CpuGraph | None:
+        if self.graph is not None:
+            self.graph.capture_begin()
         return self.graph
 
     def __exit__(self, *exc: Any) -> None:
-        return None
+        if self.graph is not None:
+            self.graph.capture_end()
 
 
 @dataclasses.dataclass
@@ -338,6 +378,15 @@ def _pin_or_same(self: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
         return self
 
 
+_original_record_stream = torch.Tensor.record_stream
+
+
+def _record_stream_or_skip(self: torch.Tensor, stream: Any) -> None:
+    """A CPU tensor has no stream to record on (and the CPU stand-in stream is not a torch.Stream)."""
+    if self.device.type != "cpu":
+        _original_record_stream(self, stream)
+
+
 def _install_cpu_stand_ins(cuda: Any) -> None:
     cuda.Stream = CpuStream
     cuda.Event = CpuEvent
@@ -353,6 +402,9 @@ def _install_cpu_stand_ins(cuda: Any) -> None:
     for name in ("memory_allocated", "max_memory_allocated", "memory_reserved", "max_memory_reserved"):
         setattr(cuda, name, lambda *a, **k: 0)
     cuda.reset_peak_memory_stats = lambda *a, **k: None
+    # profiler range markers: nothing to mark without CUDA's NVTX library
+    cuda.nvtx = types.SimpleNamespace(range_push=lambda *a, **k: 0, range_pop=lambda *a, **k: 0,
+                                      mark=lambda *a, **k: None, range=lambda *a, **k: contextlib.nullcontext())
 
 
 _active: CudaRedirectMode | None = None
@@ -398,7 +450,100 @@ def install(device: str = "cpu") -> None:
         _install_cpu_stand_ins(cuda)
         torch.compile = _eager_compile  # type: ignore[assignment]
         torch.Tensor.pin_memory = _pin_or_same  # type: ignore[method-assign,assignment]
+        torch.Tensor.record_stream = _record_stream_or_skip  # type: ignore[method-assign,assignment]
     torch.autocast = autocast_cls  # type: ignore[misc,assignment]
     torch.cuda.amp.autocast = cuda_amp_autocast  # type: ignore[misc,assignment]
     _active = CudaRedirectMode(device)
     _active.__enter__()
+
+
+# --- a single-process world for validation runs -------------------------------------------------------
+
+class _DoneWork:
+    """The handle an ``async_op=True`` collective returns: already complete (one rank has nothing to wait for)."""
+
+    def wait(self, *_: Any, **__: Any) -> bool:
+        return True
+
+    def is_completed(self) -> bool:
+        return True
+
+    def is_success(self) -> bool:
+        return True
+
+    def get_future(self) -> Any:
+        fut: Any = torch.futures.Future()
+        fut.set_result(None)
+        return fut
+
+
+def _copy_into(dst: Any, src: Any) -> None:
+    if isinstance(dst, torch.Tensor) and isinstance(src, torch.Tensor) and dst is not src:
+        dst.copy_(src.reshape(dst.shape))
+
+
+# What each collective means on a world of one rank: reductions, broadcasts and barriers leave the
+# tensor as it is; gathers and scatters copy the one rank's part into place.
+_ONE_RANK: dict[str, Callable[..., None]] = {
+    "all_reduce": lambda *a, **k: None,
+    "reduce": lambda *a, **k: None,
+    "broadcast": lambda *a, **k: None,
+    "barrier": lambda *a, **k: None,
+    "monitored_barrier": lambda *a, **k: None,
+    "broadcast_object_list": lambda *a, **k: None,
+    "all_gather": lambda tensor_list, tensor, *a, **k: _copy_into(tensor_list[0], tensor),
+    "all_gather_into_tensor": lambda out, inp, *a, **k: _copy_into(out, inp),
+    "_all_gather_base": lambda out, inp, *a, **k: _copy_into(out, inp),
+    "reduce_scatter": lambda out, inputs, *a, **k: _copy_into(out, inputs[0]),
+    "reduce_scatter_tensor": lambda out, inp, *a, **k: _copy_into(out, inp),
+    "_reduce_scatter_base": lambda out, inp, *a, **k: _copy_into(out, inp),
+    "all_to_all_single": lambda out, inp, *a, **k: _copy_into(out, inp),
+    "all_to_all": lambda outs, inps, *a, **k: _copy_into(outs[0], inps[0]),
+    "gather": lambda tensor, gather_list=None, *a, **k: _copy_into(gather_list[0], tensor) if gather_list else None,
+    "scatter": lambda tensor, scatter_list=None, *a, **k: _copy_into(tensor, scatter_list[0]) if scatter_list else None,
+    "all_gather_object": lambda objs, obj, *a, **k: objs.__setitem__(0, obj),
+}
+
+
+def install_single_process_world() -> bool:
+    """Validation runs are one process: ``init_process_group`` (any backend, ``env://`` without MASTER_ADDR)
+    makes a world of size 1 over gloo and an in-memory store, and collectives on a world of one rank are
+    what they mean there (all_reduce leaves the tensor as it is, all_gather copies it into place), also on
+    device tensors gloo cannot carry. A real multi-process launch (WORLD_SIZE > 1) is left alone.
+    Returns whether the world was installed."""
+    import torch.distributed as dist
+
+    if not dist.is_available() or getattr(dist, "_npuport_single_world", False):
+        return False
+    if os.environ.get("WORLD_SIZE", "1") not in ("", "1"):
+        return False
+    original_init = dist.init_process_group
+
+    def init_process_group(backend: Any = None, init_method: Any = None, timeout: Any = None, world_size: int = -1,
+                           rank: int = -1, store: Any = None, group_name: str = "", **_: Any) -> None:
+        kwargs: dict[str, Any] = {"timeout": timeout} if timeout is not None else {}
+        original_init(backend="gloo", store=dist.HashStore(), rank=0, world_size=1, **kwargs)
+
+    def one_rank(name: str, original: Callable[..., Any]) -> Callable[..., Any]:
+        sig = inspect.signature(original)
+
+        def collective(*args: Any, **kwargs: Any) -> Any:
+            bound = sig.bind(*args, **kwargs)
+            bound.apply_defaults()
+            group = bound.arguments.get("group")
+            if dist.is_initialized() and dist.get_world_size(group) != 1:
+                return original(*args, **kwargs)
+            values = list(bound.arguments.values())
+            _ONE_RANK[name](*values[:2])
+            return _DoneWork() if bound.arguments.get("async_op") else None
+
+        collective.__name__ = name
+        collective.__doc__ = original.__doc__
+        return collective
+
+    dist.init_process_group = init_process_group  # type: ignore[assignment]
+    for name in _ONE_RANK:
+        if hasattr(dist, name):
+            setattr(dist, name, one_rank(name, getattr(dist, name)))
+    dist._npuport_single_world = True  # type: ignore[attr-defined]
+    return True

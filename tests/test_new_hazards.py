@@ -23,9 +23,9 @@ def _rules(src: str) -> list[tuple[str, str, int, bool]]:
 
 def test_fp16_weights_are_found_and_fp32_is_not() -> None:
     src = ("import torch\nm = torch.nn.Linear(2, 2).half()\nx = torch.zeros(2, dtype=torch.float16)\n"
-           "y = x.to(torch.half)\nz = torch.zeros(2, dtype=torch.float32)\n")
-    assert _rules(src) == [("H12", "fp16-weights", 2, False), ("H12", "fp16-weights", 3, False),
-                           ("H12", "fp16-weights", 4, False)]
+           "y = x.to(torch.half)\nz = torch.zeros(2, dtype=torch.float32)\ntorch.set_default_dtype(torch.float16)\n")
+    assert _rules(src) == [("H12", "fp16-weights", 2, True), ("H12", "fp16-weights", 3, True),
+                           ("H12", "fp16-weights", 4, True), ("H12", "fp16-weights", 6, True)]
 
 
 def test_kernel_path_flags() -> None:
@@ -50,6 +50,7 @@ def test_cuda_graphs_and_graph_compile_modes() -> None:
                                                                  ("cuda-graph", 4, False)]
 
 
+@pytest.mark.meaning("compile-eager")
 def test_compile_eager_runs_the_same_function() -> None:
     src = ("import torch\n@torch.compile(mode='reduce-overhead')\ndef f(x):\n    return x * 2 + 1\n"
            "lin = torch.compile(torch.nn.Identity(), mode='max-autotune')\nkeep = torch.compile(torch.nn.Identity())\n")
@@ -91,6 +92,7 @@ ATTN_CASES = [
 
 @pytest.mark.parametrize(("src", "meant"), ATTN_CASES)
 @pytest.mark.parametrize("kv_len", [6, 9])
+@pytest.mark.meaning("attention-to-sdpa")
 def test_attention_calls_to_sdpa_compute_the_documented_attention(src: str, meant: dict[str, Any],
                                                                    kv_len: int) -> None:
     found = _rules(src)
@@ -121,6 +123,7 @@ def test_collectives_on_a_process_group_are_found() -> None:
     assert ("nccl-backend", 3) in found and not any(line == 6 for _, line in found)
 
 
+@pytest.mark.meaning("guard-pin-memory")
 def test_pin_memory_rewrite_keeps_values_where_the_device_cannot_pin() -> None:
     src = "import torch\ndef f(x):\n    return x.pin_memory() * 2\n"
     out = guard_pin_memory(src)

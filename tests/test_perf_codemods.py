@@ -113,6 +113,7 @@ MASKS = {
 
 
 @pytest.mark.parametrize("shape", sorted(MASKS))
+@pytest.mark.meaning("vectorise-mask-loops")
 def test_mask_loop_vectorised_is_exact(shape: str) -> None:
     src = textwrap.dedent(MASKS[shape])
     new = _rewrite(vectorise_mask_loops, src)
@@ -307,6 +308,7 @@ def _route(tokens: int, n: int, k: int, seed: int) -> tuple[torch.Tensor, torch.
 
 
 @pytest.mark.parametrize("src,order", [(MOE_INDEX_ADD, "expert"), (MOE_SORTED, "slot")])
+@pytest.mark.meaning("moe-dense-dispatch")
 def test_moe_dense_dispatch_matches_and_has_no_host_syncs(src: str, order: str) -> None:
     new = _rewrite(moe_dense_dispatch, src)
     body = new.split("def moe_infer", 1)[1]
@@ -455,6 +457,7 @@ RMS = {
 
 
 @pytest.mark.parametrize("shape", sorted(RMS))
+@pytest.mark.meaning("fused-rms-norm")
 def test_rms_norm_fallback_exact_and_fused_close(shape: str) -> None:
     src = textwrap.dedent(RMS[shape])
     new = _rewrite(fused_rms_norm, src)
@@ -508,6 +511,7 @@ HALF_BODIES = [
 
 
 @pytest.mark.parametrize("body", HALF_BODIES)
+@pytest.mark.meaning("fused-rotary-mul")
 def test_rotary_rewrite_exact_and_fused_close(body: str) -> None:
     src = ROTARY.format(body=body)
     new = _rewrite(fused_rotary_mul, src)
@@ -560,6 +564,7 @@ ATTENTION = {
 
 
 @pytest.mark.parametrize("shape", sorted(ATTENTION))
+@pytest.mark.meaning("fused-attention")
 def test_attention_rewrite_exact_and_fused_close(shape: str) -> None:
     src = textwrap.dedent(ATTENTION[shape])
     new = _rewrite(fused_attention, src)

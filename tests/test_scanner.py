@@ -126,10 +126,7 @@ POSITIVE: list[tuple[str, str, str, list[int]]] = [
      [2]),
     ("H6", "per-expert-loop",
      "def forward(self, x):\n    for i, expert in enumerate(self.experts):\n        x = expert(x)\n    return x\n", [2]),
-    # H7
-    ("H7", "cpu-fallback-op", "import torch\ny = torch.isneginf(torch.ones(2))\n", [2]),
-    ("H7", "cpu-fallback-op", "def f(x):\n    return x.lgamma()\n", [2]),
-    ("H7", "cpu-fallback-op", "import torch\nw = torch.linalg.eigh(torch.eye(2))\n", [2]),
+    # H7 reads the op matrix of the torch_npu wheel: tests/test_cast_world_fallback.py
     # H8
     ("H8", "private-framework-import",
      "from transformers.models.llama.modeling_llama import _prepare_4d_causal_attention_mask\n", [1]),
@@ -204,7 +201,6 @@ NEGATIVE: list[tuple[str, str, str]] = [
      "        return ALL_ATTENTION_FUNCTIONS[self.config._attn_implementation](q)\n"),
     ("H6", "per-expert-loop", "def forward(self, x):\n    for layer in self.layers:\n        x = layer(x)\n    return x\n"),
     ("H6", "dynamic-shape-sync", "import torch\ny = torch.where(torch.ones(2) > 0, 1.0, 0.0)\n"),
-    ("H7", "cpu-fallback-op", "import torch\ny = torch.isfinite(torch.ones(2))\n"),
     ("H8", "private-framework-import", "from transformers import AutoModel, PreTrainedModel\n"),
     ("H8", "trust-remote-code", "from transformers import AutoModel\n"
      "m = AutoModel.from_pretrained('x', trust_remote_code=False)\n"),
@@ -237,7 +233,8 @@ def test_rule_stays_quiet(hazard: str, rule: str, src: str) -> None:
 
 
 def test_every_hazard_family_has_a_positive_case() -> None:
-    assert {h for h, *_ in POSITIVE} == {f"H{i}" for i in range(1, 12)}
+    # H7's cases need the op matrix (tests/test_cast_world_fallback.py)
+    assert {h for h, *_ in POSITIVE} == {f"H{i}" for i in range(1, 12)} - {"H7"}
 
 
 def test_finding_record_fields() -> None:

@@ -2,14 +2,19 @@
 
 Signatures are pure functions of the exception (type, message, innermost model frame), so the same
 failure twice is recognised as the same and loops are detected.
+
+When no recipe covers the failure the debugger keeps going within the port's budget, one step at a time
+(agents/diagnosis.py, ``next_step``): undo npuport's own change where the traceback lands, then ask the LLM
+policy (when an LLM is configured) with the knowledge base's passages for the error. Each step is one
+patch (a commit or a revert commit) and one more sandbox run; when nothing is left to try, or the budget
+is spent, the port stops with a report of what was tried and the passages that were consulted.
 """
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
-from agents.diagnosis import REVERT_FIX, budget_left, npuport_change_at
+from agents.diagnosis import budget_left, escalate, tried_so_far
 from agents.models import Diagnosis, RunRecord
 from agents.trace import step
 
@@ -37,41 +42,26 @@ def debugger_node(state: dict[str, Any]) -> dict[str, Any]:
     known = {c.source for c in diag.citations}
     diag.citations += [c for c in kb_citations(query) if c.source not in known]
     ok, why = budget_left(state)
+    notes: list[str] = []
     if not diag.fix and ok and last.exception is not None:
-        diag = _revert_candidate(state, diag, last.exception)
+        diag, notes = escalate(state, diag, last.exception, policy.name)
     update: dict[str, Any] = {"diagnoses": [diag.model_dump(mode="json")]}
     where = f" ({diag.file}:{diag.line})" if diag.file else ""
+    trace = [step("debugger", n) for n in notes]
     if diag.fix and ok:
         update["pending_diagnosis"] = diag.model_dump(mode="json")
-        update["trace"] = [step("debugger", f"{diag.kind}{where}: {diag.summary}; fix: {diag.fix}",
-                                signature=diag.signature, citations=[c.source for c in diag.citations])]
+        trace.append(step("debugger", f"{diag.kind}{where}: {diag.summary}; fix: {diag.fix}",
+                          signature=diag.signature, citations=[c.source for c in diag.citations]))
     else:
         because = diag.summary if ok or not diag.fix else f"{why} ({diag.summary})"
-        if not diag.fix and ok:
+        if not ok and not diag.fix:
+            because = f"{diag.summary}; {why}"
+        elif not diag.fix:
             because = f"{diag.summary}; no recipe covers {diag.kind}"
+        tried = tried_so_far(state, diag)
         update["status"] = "failed"
-        update["reason"] = f"could not port because {because}"
-        update["trace"] = [step("debugger", f"give up: {update['reason']}", signature=diag.signature)]
+        update["reason"] = f"could not port because {because}" + (f". Tried: {tried}" if tried else "")
+        trace.append(step("debugger", f"give up: {update['reason']}", signature=diag.signature,
+                          citations=[c.source for c in diag.citations]))
+    update["trace"] = trace
     return update
-
-
-def _revert_candidate(state: dict[str, Any], diag: Diagnosis, exc: Any) -> Diagnosis:
-    """No recipe covers the failure: when the traceback lands in a line one of npuport's patches changed,
-    the next thing to try is undoing that change there (one site at a time, never the same one twice)."""
-    from agents.workspace import Workspace
-
-    workdir = state.get("workdir")
-    if not workdir:
-        return diag
-    ws = Workspace(Path(workdir))
-    if not ws.has_repo():
-        return diag
-    done = {(d["params"].get("commit", ""), d["params"].get("file", ""), int(d["params"].get("patch_line", 0)))
-            for d in state.get("diagnoses") or [] if d.get("fix") == REVERT_FIX}
-    site = npuport_change_at(ws, exc, state.get("patches") or [], done)
-    if site is None:
-        return diag
-    summary = (f"{diag.summary}; the failing line {site['file']}:{site['line']} was changed by npuport's "
-               f"{site['patch_id']} ({site['patch_summary']}): revert that change there and run again")
-    return diag.model_copy(update={"fix": REVERT_FIX, "params": site, "summary": summary,
-                                   "file": site["file"], "line": site["line"]})

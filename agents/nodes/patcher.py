@@ -31,6 +31,9 @@ def patcher_node(state: dict[str, Any]) -> dict[str, Any]:
             out["reason"] = f"could not port because {pending.get('summary')}, and {'; '.join(notes)}"
         return out
     if pending:
+        if (pending.get("params") or {}).get("by") == "llm" and policy.name == "rule":
+            # the debugger asked the LLM policy when no recipe covered the failure: its fix is the LLM's
+            policy = get_policy("llm", context=policy_context(state))
         action = policy.fix_for(Diagnosis(**pending))
         actions = [action] if action else []
     elif not state.get("static_fixes_done"):
@@ -40,7 +43,7 @@ def patcher_node(state: dict[str, Any]) -> dict[str, Any]:
     patches: list[dict[str, Any]] = []
     trace = [step("patcher", note) for note in getattr(policy, "notes", [])]  # the LLM patcher's outcome
     for action in actions:
-        patch, notes = apply_fix(ws, action, done + len(patches) + 1)
+        patch, notes = apply_fix(ws, action, done + len(patches) + 1, target=state.get("target"))
         if patch:
             patches.append(patch.model_dump(mode="json"))
             trace.append(step("patcher", f"commit {patch.commit[:8]} {patch.summary}", files=patch.files,

@@ -29,7 +29,10 @@ def validator_node(state: dict[str, Any]) -> dict[str, Any]:
         numerics = Numerics(verdict="not-run", detail=detail)
     else:
         numerics = compare_tokens(ref.tokens, port.tokens)
-        numerics = with_metrics(numerics, port, ref, "float32")
+        from agents.rules.h12_half_precision import port_compute_dtype
+
+        # a port that keeps float16 (the chip's cast policy) is held to float16's tolerance
+        numerics = with_metrics(numerics, port, ref, port_compute_dtype(state))
     # Decode profiles of the same two runs (sandbox/profile.py) -> performance pathologies.
     perf = analyse(profile_of(port.result_path), profile_of(ref.result_path) if ref.ok else None)
     perf_note = f"; {verdict('validated', perf)}" if numerics.verdict == "match" else ""

@@ -12,6 +12,7 @@ import libcst as cst
 from agents.rules.base import BLOCKS, MEDIUM, HazardRule
 from agents.rules.context import ModuleContext
 from agents.rules.cst_helpers import walk_nodes
+from sandbox.cuda_only import BY_MODULE
 
 # A flag that switches on a CUDA-only kernel path, by its name.
 KERNEL_FLAG = re.compile(
@@ -39,6 +40,35 @@ def _h13_flags(ctx: ModuleContext) -> None:
             ctx.add("H13", "kernel-path-flag", node,
                     f"`{name}` = True selects a CUDA-only kernel path: on Ascend the flag must be off (the torch "
                     "path) or choose an NPU fused op", BLOCKS, MEDIUM)
+        if isinstance(node, cst.Try):
+            _availability_flags(ctx, node)
+
+
+def _cuda_only(module: str) -> str | None:
+    parts = module.split(".")
+    return next((".".join(parts[:i]) for i in range(len(parts), 0, -1) if ".".join(parts[:i]) in BY_MODULE), None)
+
+
+def _availability_flags(ctx: ModuleContext, node: cst.Try) -> None:
+    """``try: import <CUDA-only library>; FLAG = True except ImportError: FLAG = False``: whatever the flag
+    is called, it is the switch between the library's kernel path and the fallback."""
+    libs: list[str] = []
+    for stmt in node.body.body:
+        for sub in walk_nodes(stmt):
+            if isinstance(sub, cst.Import):
+                libs += [lib for a in sub.names if (lib := _cuda_only(ctx.code(a.name).strip()))]
+            elif isinstance(sub, cst.ImportFrom) and sub.module is not None and not sub.relative:
+                lib = _cuda_only(ctx.code(sub.module).strip())
+                libs += [lib] if lib else []
+    if not libs:
+        return
+    for stmt in node.body.body:
+        for sub in walk_nodes(stmt):
+            if isinstance(sub, cst.Assign) and len(sub.targets) == 1 and isinstance(sub.targets[0].target, cst.Name) \
+                    and _is_true(sub.value) and not KERNEL_FLAG.match(sub.targets[0].target.value):
+                ctx.add("H13", "kernel-path-flag", sub,
+                        f"`{sub.targets[0].target.value}` = True records that {libs[0]} imported: it switches "
+                        "between that CUDA-only library's kernel path and the model's fallback", BLOCKS, MEDIUM)
 
 
 RULE = HazardRule(

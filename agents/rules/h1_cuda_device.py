@@ -81,7 +81,7 @@ TORCH_CUDA_API: dict[str, tuple[Severity, str]] = {
 NPU_NAMES: dict[str, str] = {"CUDAGraph": "NPUGraph"}
 # NPU APIs that only newer torch_npu builds have: reached through _npuport_api(), which falls back to the
 # eager CPU stand-in when the NPU module lacks them.
-NPU_OPTIONAL = frozenset({"NPUGraph", "graph", "make_graphed_callables", "graph_pool_handle"})
+NPU_OPTIONAL = frozenset({"NPUGraph", "graph", "make_graphed_callables", "graph_pool_handle", "nvtx"})
 TORCH_CUDA_DEFAULT = (HIGH, "needs a CUDA build and GPU; torch_npu offers the same call under torch.npu")
 
 # H1: torch.backends.cudnn / torch.backends.cuda flags -> (category, note)
@@ -216,6 +216,12 @@ class DeviceAgnostic(Rewriter):
                 func=updated.func.with_changes(attr=cst.Name("to")),
                 args=[cst.Arg(DEVICE_CALL), *[a.with_changes(comma=cst.MaybeSentinel.DEFAULT) for a in kept]],
             )
+        # x.record_stream(s) -> _npuport_record_stream(x, s): CPU tensors have no stream to record on
+        if isinstance(updated.func, cst.Attribute) and updated.func.attr.value == "record_stream" \
+                and len(updated.args) == 1:
+            self.note(original, "x.record_stream(s) -> _npuport_record_stream(x, s)")
+            return cst.Call(func=cst.Name("_npuport_record_stream"),
+                            args=[cst.Arg(updated.func.value), updated.args[0].with_changes(comma=cst.MaybeSentinel.DEFAULT)])
         # torch.device("cuda") -> _npuport_device()  (the literal inside was rewritten already)
         if name == "torch.device" and updated.args and m.matches(updated.args[0].value, m.Call(func=m.Name("_npuport_device"))):
             self.note(original, 'torch.device("cuda") -> _npuport_device()')

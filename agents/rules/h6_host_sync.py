@@ -31,7 +31,8 @@ SYNC_METHODS: dict[str, tuple[str, str]] = {
     "numpy": ("numpy-sync", "`.numpy()` needs a host tensor: the preceding `.cpu()` copies and waits for "
                             "the device"),
 }
-DYNAMIC_SHAPE_OPS = {"nonzero", "argwhere", "masked_select", "unique", "unique_consecutive"}
+# bincount's length is max(input) + 1 (at least minlength): data-dependent as well
+DYNAMIC_SHAPE_OPS = {"nonzero", "argwhere", "masked_select", "unique", "unique_consecutive", "bincount"}
 
 
 # --- detector ----------------------------------------------------------------------------------
@@ -41,7 +42,7 @@ def _h6_host_sync(ctx: ModuleContext) -> None:
         f = call.func
         if not isinstance(f, cst.Attribute) or ctx.is_module_ref(f.value):
             q = ctx.qual(f)
-            if q in ("torch.nonzero", "torch.argwhere", "torch.masked_select", "torch.unique") or (
+            if q in ("torch.nonzero", "torch.argwhere", "torch.masked_select", "torch.unique", "torch.bincount") or (
                     q == "torch.where" and len(call.args) == 1):
                 _h6_dynamic(ctx, call, q)
             continue

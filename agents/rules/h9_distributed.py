@@ -114,5 +114,5 @@ RULE = HazardRule(
     },
     kb_topic="recipe:H9",
     recipe="knowledge/recipes/H9.md",
-    fixtures=("tests/test_scanner.py", "tests/test_codemods.py"),
+    fixtures=("tests/test_scanner.py", "tests/test_codemods.py", "tests/test_cast_world_fallback.py"),
 )

@@ -83,19 +83,46 @@ class _NpuportCpuStream:
 
 
 class _NpuportCpuGraph:
-    """No graph capture on the CPU: code under ``graph(g)`` runs eagerly once; replay cannot rerun it."""
+    """A CPU graph: the aten ops run under ``graph(g)`` are recorded with the tensors they read and wrote,
+    and replay() runs them again on those same (static) tensors, as a captured device graph does."""
+
+    def __init__(self, *args, **kwargs):
+        self._ops = []
+        self._mode = None
 
     def capture_begin(self, *args, **kwargs):
-        return None
+        from torch.utils._python_dispatch import TorchDispatchMode
+
+        ops = self._ops = []
+
+        class _Record(TorchDispatchMode):
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                kwargs = kwargs or dict()
+                out = func(*args, **kwargs)
+                ops.append((func, args, kwargs, out))
+                return out
+
+        self._mode = _Record()
+        self._mode.__enter__()
 
     def capture_end(self):
-        return None
+        if self._mode is not None:
+            self._mode.__exit__(None, None, None)
+            self._mode = None
 
     def replay(self):
-        raise RuntimeError("npuport: graph replay has no CPU equivalent; run the captured code eagerly instead")
+        import torch.utils._pytree as pytree
+
+        with torch.no_grad():
+            for func, args, kwargs, out in self._ops:
+                new = func(*args, **kwargs)
+                for old, fresh in zip(pytree.tree_leaves(out), pytree.tree_leaves(new)):
+                    if isinstance(old, torch.Tensor) and isinstance(fresh, torch.Tensor) and old is not fresh \
+                            and old.shape == fresh.shape:
+                        old.copy_(fresh)
 
     def reset(self):
-        return None
+        self._ops = []
 
     def pool(self):
         return None
@@ -106,9 +133,13 @@ class _NpuportCpuGraphContext:
         self.graph = graph
 
     def __enter__(self):
+        if self.graph is not None:
+            self.graph.capture_begin()
         return self.graph
 
     def __exit__(self, *exc):
+        if self.graph is not None:
+            self.graph.capture_end()
         return False
 
 
@@ -133,6 +164,26 @@ class _NpuportCpuProperties:
 class _NpuportCpuBackend:
     """Stands in for ``torch.npu`` where no NPU exists: streams, events, graphs and device properties are
     real CPU objects, and the rest of the device calls are no-ops."""
+
+    class nvtx:  # noqa: N801 - torch.cuda.nvtx's name
+        """No profiler ranges on the CPU: range markers do nothing."""
+
+        @staticmethod
+        def range_push(*args, **kwargs):
+            return 0
+
+        @staticmethod
+        def range_pop(*args, **kwargs):
+            return 0
+
+        @staticmethod
+        def mark(*args, **kwargs):
+            return None
+
+        @staticmethod
+        def range(*args, **kwargs):
+            import contextlib
+            return contextlib.nullcontext()
 
     Stream = _NpuportCpuStream
     Event = _NpuportCpuEvent
@@ -222,6 +273,19 @@ def _npuport_device():
     if hasattr(torch, "npu") and torch.npu.is_available():
         return torch.device("npu", torch.npu.current_device())
     return torch.device("cpu")
+
+
+def _npuport_record_stream(tensor, stream):
+    """Tensor.record_stream where the tensor lives on a device with streams; a CPU tensor has none (and the
+    CPU stand-in stream is not a torch.Stream), so there is nothing to record."""
+    if tensor.device.type == "cpu":
+        return
+    try:
+        tensor.record_stream(stream)
+    except (RuntimeError, TypeError):
+        # a stream object the allocator does not know (an emulated or stand-in stream): recording only
+        # delays reuse of the memory, and with nothing to order against there is nothing to delay
+        return
 '''
 
 
