@@ -235,6 +235,7 @@ AUX = textwrap.dedent('''
 ''')
 
 
+@pytest.mark.meaning("aux-tensors-on-device")
 def test_aux_tensors_made_on_the_cpu_in_forward_move_to_the_inputs_device() -> None:
     from agents.codemods import CODEMODS
     from agents.rules.h11_aux_device import aux_tensors_on_device
@@ -282,6 +283,7 @@ SCRIPT = textwrap.dedent('''
 ''')
 
 
+@pytest.mark.meaning("attn-impl-sdpa")
 def test_flash_attention_selected_in_a_script_becomes_sdpa_and_runs(tmp_path) -> None:  # type: ignore[no-untyped-def]
     from transformers import AutoModelForCausalLM, LlamaConfig
 
