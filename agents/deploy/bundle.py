@@ -75,24 +75,52 @@ def write_deploy_bundle(state: dict[str, Any], out_dir: Path) -> dict[str, str]:
     return files
 
 
+NOT_MEASURED = "not measured"
+
+
+def _tps(point: dict[str, Any] | None) -> str:
+    v = (point or {}).get("tokens_per_s")
+    return NOT_MEASURED if v is None else f"{v:.1f}"
+
+
+def benchmark_lines(tuning: dict[str, Any]) -> list[str]:
+    """The benchmark table: new tokens/s of the original, the untuned and the deployed port per
+    concurrency; a point that was not measured says so (never 0.0)."""
+    from agents.tuning.port import performance_sentence
+
+    base, tuned = tuning.get("baseline") or {}, tuning.get("tuned") or {}
+    if not tuned:
+        return [f"No benchmark: {tuning.get('detail') or 'tuning not requested'}", ""]
+    deployed = {p["concurrency"]: p for p in tuned.get("points") or []}
+    search = {p["concurrency"]: p for p in (tuned.get("search_best") or {}).get("points") or []}
+    bmap = {p["concurrency"]: p for p in base.get("points") or []}
+    conc = sorted(set(deployed) | set(search) | set(bmap))
+    untuned = tuned.get("untuned") or {}
+    lines = ["Throughput counts new tokens only (generated minus prompt), measured the same way for the original "
+             "and the port.", "",
+             "| concurrency | original tokens/s | untuned port tokens/s | tuned port tokens/s | deployed p50 / p99 "
+             "latency (s) |", "|---|---|---|---|---|"]
+    for c in conc:
+        d = deployed.get(c) or {}
+        lat = (f"{d['latency_p50_s']:.3f} / {d['latency_p99_s']:.3f}" if d.get("latency_p50_s") is not None
+               else NOT_MEASURED)
+        un = {"tokens_per_s": untuned.get("tokens_per_s")} if c == tuned.get("concurrency") else None
+        lines.append(f"| {c} | {_tps(bmap.get(c))} | {_tps(un)} | {_tps(search.get(c) or deployed.get(c))} | {lat} |")
+    lines += ["", f"Measured on {tuned.get('measured_on', 'this host')}: {performance_sentence(tuned)}. "
+              f"Deployed configuration: `{tuning.get('best')}`.", ""]
+    effects = tuned.get("knob_effects") or {}
+    if effects:
+        lines += ["Knobs searched and what they did to the executed run (sandbox/bench.py records it):", ""]
+        lines += [f"- {k}: {v}" for k, v in effects.items()] + [""]
+    return lines
+
+
 def deploy_markdown(state: dict[str, Any], out_dir: Path) -> str:
     """A report section: benchmark numbers and the serve settings, each with reason and citation."""
     tuning = state.get("tuning") or {}
-    lines = ["## Benchmark", ""]
-    base, tuned = tuning.get("baseline") or {}, tuning.get("tuned") or {}
-    if tuned.get("points"):
-        lines += ["| concurrency | original tokens/s | tuned tokens/s | tuned p50 / p99 latency (s) |", "|---|---|---|---|"]
-        bmap = {p["concurrency"]: p for p in base.get("points") or []}
-        for p in tuned["points"]:
-            b = bmap.get(p["concurrency"], {})
-            lines.append(f"| {p['concurrency']} | {b.get('tokens_per_s', 0):.1f} | {p['tokens_per_s']:.1f} | "
-                         f"{p['latency_p50_s']:.3f} / {p['latency_p99_s']:.3f} |")
-        lines += ["", f"Measured on {tuned.get('measured_on', 'this host')}; speedup at concurrency "
-                  f"{tuned.get('concurrency')}: {tuned.get('speedup') or 0:.1f}x. Tuned: `{tuning.get('best')}`.", ""]
-        if (out_dir / "plots").is_dir():
-            lines += [f"![{p.stem}](plots/{p.name})" for p in sorted((out_dir / "plots").glob("*.png"))] + [""]
-    else:
-        lines += [f"No benchmark: {tuning.get('detail', 'tuning not requested')}", ""]
+    lines = ["## Benchmark", ""] + benchmark_lines(tuning)
+    if tuning.get("tuned") and (out_dir / "plots").is_dir():
+        lines += [f"![{p.stem}](plots/{p.name})" for p in sorted((out_dir / "plots").glob("*.png"))] + [""]
     deploy = out_dir / "deploy.json"
     if deploy.exists():
         lines += ["## Serving on vllm-ascend (serve.sh, set_env.sh)", "",
