@@ -247,6 +247,8 @@ def knob_effects(result: TuneResult) -> dict[str, str]:
     effects: dict[tuple[Any, ...], Any] = {}
     for t in result.trials:
         e = (t.outcome.extras or {}).get("effects")
+        if e is None and t.outcome.status in ("error", "infeasible", "mismatch"):
+            e = {"failed": t.outcome.status}  # the setting made the run fail: it did change what ran
         if e is not None:
             effects[tuple(sorted(t.params.items(), key=lambda kv: kv[0]))] = e
     out: dict[str, str] = {}
