@@ -171,3 +171,13 @@ def test_knob_effects_compare_trials_that_differ_in_one_knob() -> None:
     assert eff["attn"] == "changed nothing in the executed run"
     assert eff["dtype"] == "changed the executed run"
     assert eff["batch"].startswith("not compared")
+
+
+def test_decode_profile_table_says_not_measured() -> None:
+    from agents.perf_evidence import perf_markdown
+
+    perf = {"profiled": True, "pathologies": [], "port": {"counters": "cpu-host-reads", "steps": [{}]},
+            "rows": [{"step": 0, "input_len": 4, "ref_input_len": None, "ms": 1.5, "ref_ms": None, "ops": None,
+                      "syncs": 0, "ref_syncs": None, "fallbacks": 0, "cache_bytes": None, "ref_cache_bytes": None}]}
+    text = "\n".join(perf_markdown(perf, "validated"))
+    assert "| 0 | n/m / 4 | n/m / 1.50 | n/m |" in text and "n/m: not measured" in text
