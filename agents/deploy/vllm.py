@@ -59,7 +59,8 @@ def plan_serve(facts: ModelFacts, *, chip: str = "910b", n_devices: int = 1, tun
                              "device; split across devices only when they crowd out the KV cache, and only by a "
                              f"divisor of the {facts.num_heads or '?'} attention heads", measured=how)]
     for d in docs.settings:
-        src = "knowledge base" if d.from_kb else "documented default"
+        src = ("knowledge base" if d.from_kb else "documented default" if d.citation.startswith("documented default")
+               else "derived")
         if d.name == "additional-config" and isinstance(d.value, dict):
             s += [ServeSetting(name=k, value=v, kind="additional_config", reason=d.reason, citation=d.citation,
                                source=src, measured=how) for k, v in d.value.items()]
