@@ -181,3 +181,19 @@ def test_decode_profile_table_says_not_measured() -> None:
                       "syncs": 0, "ref_syncs": None, "fallbacks": 0, "cache_bytes": None, "ref_cache_bytes": None}]}
     text = "\n".join(perf_markdown(perf, "validated"))
     assert "| 0 | n/m / 4 | n/m / 1.50 | n/m |" in text and "n/m: not measured" in text
+
+
+@pytest.mark.slow
+def test_compile_knob_reaches_the_run(hf_toy: Path, tmp_path: Path) -> None:
+    """torch.compile is applied to the model the benchmark times (its blocks are compiled in place)."""
+    run = run_bench(workdir=tmp_path, model_dir=hf_toy, run_dir=tmp_path / "c", manifest=MANIFEST,
+                    configs=[{"id": "plain"}, {"id": "compiled", "compile": "default"}], concurrencies=[1], warmup=1,
+                    repeats=1, limits=Limits(wall_s=400))
+    assert run.ok, run.error()
+    plain, compiled = run.result["configs"]
+    assert plain["status"] == "ok" and "compiled_modules" not in plain["effects"]
+    if compiled["status"] == "infeasible":  # no working compiler toolchain on this host: said, not measured
+        assert "torch.compile" in compiled["detail"] and not compiled["points"]
+    else:
+        assert compiled["status"] == "ok", compiled.get("detail")
+        assert compiled["effects"]["compiled_modules"] == 3 and compiled.get("compile_s", 0) > 0  # emb, qkv, head
