@@ -170,3 +170,7 @@ def test_serve_sh_serves_the_original_files_with_the_patched_code(tmp_path: Path
     r = subprocess.run([str(bundle / "serve.sh"), str(tmp_path / "nowhere")], capture_output=True, text=True,
                        env={**os.environ, "PATH": f"{fake}:{os.environ['PATH']}"}, timeout=60)
     assert r.returncode == 2 and "original model folder" in r.stderr
+    # A served folder inside the original would write into it: refused.
+    r = subprocess.run([str(bundle / "serve.sh"), str(original), str(original / "served")], capture_output=True,
+                       text=True, env={**os.environ, "PATH": f"{fake}:{os.environ['PATH']}"}, timeout=60)
+    assert r.returncode == 2 and "outside" in r.stderr and not (original / "served").exists()
