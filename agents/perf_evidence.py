@@ -264,7 +264,7 @@ def strict_failure(perf: dict[str, Any] | None) -> str | None:
 
 
 def _num(v: Any, fmt: str = "{:.2f}") -> str:
-    return "-" if v is None else (fmt.format(v) if isinstance(v, float) else str(v))
+    return "n/m" if v is None else (fmt.format(v) if isinstance(v, float) else str(v))
 
 
 def perf_markdown(perf: dict[str, Any] | None, status: str, plot: str | None = None) -> list[str]:
@@ -289,6 +289,7 @@ def perf_markdown(perf: dict[str, Any] | None, status: str, plot: str | None = N
         lines.append(f"| {r['step']} | {_num(r['ref_input_len'])} / {_num(r['input_len'])} | {_num(r['ref_ms'])} / "
                      f"{_num(r['ms'])} | {_num(r['ops'])} | {_num(r['ref_syncs'])} / {_num(r['syncs'])} | "
                      f"{_num(r['fallbacks'])} | {_num(r['ref_cache_bytes'])} / {_num(r['cache_bytes'])} |")
+    lines += ["", "n/m: not measured (the profile of that run has no such counter or step)."]
     if plot:
         lines += ["", f"![decode profile]({plot})"]
     return lines + [""]

@@ -97,6 +97,9 @@ def _summary(state: dict[str, Any]) -> None:
     table.add_row("validation", str(numerics.get("verdict", "not-run")))
     if tuning.get("best"):
         table.add_row("tuned", fmt_params(tuning["best"]))
+        tuned = tuning.get("tuned") or {}
+        if tuned.get("chosen"):  # the final benchmark's verdict, in the report's words (slower is said)
+            table.add_row("throughput", str(tuning.get("detail") or ""))
     perf = state.get("perf") or {}
     if perf.get("profiled"):
         found = perf.get("pathologies") or []

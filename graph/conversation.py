@@ -66,7 +66,8 @@ def summary(state: dict[str, Any]) -> str:
         lines.append(f"{len(patches)} patches: " + "; ".join(str(p.get("summary", "")) for p in patches[:8]))
     tuned = (state.get("tuning") or {}).get("tuned") or {}
     if tuned.get("speedup"):
-        lines.append(f"tuned: {tuned.get('tokens_per_s', 0):.1f} tokens/s, {tuned['speedup']:.1f}x the original")
+        slower = " (SLOWER than the original)" if tuned["speedup"] < 1 else ""
+        lines.append(f"tuned: {tuned['tokens_per_s']:.1f} tokens/s, {tuned['speedup']:.2f}x the original{slower}")
     bundle = (state.get("bundle") or {}).get("dir")
     if bundle:
         lines.append(f"bundle: {bundle} (report.md, port.patch)")

@@ -11,10 +11,13 @@ the result gives the median, min/max spread, and latency p50/p99 over all timed 
 
 Configuration knobs (all optional): ``batch``, ``dtype`` (float32 | bfloat16 | float16),
 ``compile`` (none | default | reduce-overhead), ``threads``, ``attn`` (written to the config as
-``_attn_implementation``), ``kv_cache`` (written as ``use_cache``; only for models whose config has
-that flag). A configuration that cannot run is reported as ``infeasible`` (compile failures, unknown
-knobs) or ``error`` (anything else), with the message; a run whose first request's tokens differ
-from ``reference_tokens`` is ``mismatch``.
+``_attn_implementation``). Any other knob is ``infeasible``: a knob the run cannot apply must not be
+measured as if it had been. Each configuration's ``effects`` record what the run actually executed
+(parameter dtype, threads, the attention implementation read back from the built model, compiled
+modules, rows per call, and the aten ops of one untimed call), so a knob that changes nothing shows.
+A configuration that cannot run is reported as ``infeasible`` (compile failures, unknown knobs) or
+``error`` (anything else), with the message; a run whose first request's tokens differ from
+``reference_tokens`` is ``mismatch``.
 
 The parent side, :func:`run_bench`, writes the spec and runs this module in the sandbox.
 """
@@ -38,6 +41,49 @@ from sandbox.runner import HarnessRun
 
 DTYPES = ("float32", "bfloat16", "float16")
 COMPILE_MODES = ("none", "default", "reduce-overhead")
+KNOBS = ("id", "batch", "dtype", "compile", "threads", "attn")
+NOT_KNOBS = ("id", "concurrencies")  # bookkeeping a configuration may carry
+
+
+def new_token_counts(tokens: list[list[int]], prompts: list[list[int]] | None) -> list[int]:
+    """New tokens per row: the row's length minus its prompt's when the row starts with that prompt
+    (generate returned prompt + continuation), else the row's length (it returned the continuation)."""
+    out = []
+    for i, row in enumerate(tokens):
+        prompt = prompts[i] if prompts and i < len(prompts) else []
+        n = len(prompt)
+        out.append(len(row) - n if n and len(row) >= n and list(row[:n]) == list(prompt) else len(row))
+    return out
+
+
+def _prompt_rows(inputs: dict[str, Any]) -> list[list[int]] | None:
+    ids = inputs.get("input_ids")
+    if ids is None or not hasattr(ids, "tolist") or getattr(ids, "dim", lambda: 0)() != 2:
+        return None
+    return [list(r) for r in ids.detach().to("cpu").tolist()]
+
+
+def _op_counts(call: Any, inputs: dict[str, Any]) -> dict[str, int] | None:
+    """aten ops of one call (what the knobs changed in the executed program); None where a dispatch
+    mode cannot observe the run (the call is then made plainly)."""
+    from collections import Counter
+
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    counts: Counter[str] = Counter()
+
+    class _Count(TorchDispatchMode):
+        def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+            counts[str(func.overloadpacket)] += 1
+            return func(*args, **(kwargs or {}))
+
+    try:
+        with _Count():
+            call(inputs)
+    except Exception:
+        call(inputs)
+        return None
+    return dict(sorted(counts.items()))
 
 
 def _percentile(values: list[float], q: float) -> float:
@@ -102,12 +148,9 @@ def _build_model(cls: Any, config: dict[str, Any], cfg: dict[str, Any], seed: in
     config = dict(config)
     if cfg.get("attn"):
         config["_attn_implementation"] = cfg["attn"]
-    if cfg.get("kv_cache") is not None:
-        if "use_cache" not in config:
-            if cfg["kv_cache"]:
-                raise Infeasible("the model's config has no use_cache flag: it has no KV cache to switch on")
-        else:
-            config["use_cache"] = bool(cfg["kv_cache"])
+    unknown = sorted(k for k in cfg if k not in KNOBS + NOT_KNOBS and cfg[k] is not None)
+    if unknown:
+        raise Infeasible(f"the benchmark cannot apply the knob(s) {unknown}: nothing in the run would change")
     dtype = None
     if cfg.get("dtype"):
         if cfg["dtype"] not in DTYPES:
@@ -124,15 +167,20 @@ def _build_model(cls: Any, config: dict[str, Any], cfg: dict[str, Any], seed: in
 
 
 def _measure_point(call: Any, inputs_fn: Any, config: dict[str, Any], seed: int, concurrency: int, batch: int,
-                   device: str, dtype: Any, warmup: int, repeats: int) -> tuple[dict[str, Any], list[list[int]]]:
+                   device: str, dtype: Any, warmup: int, repeats: int,
+                   effects: dict[str, Any] | None = None) -> tuple[dict[str, Any], list[list[int]]]:
     waves = []
     for start in range(0, concurrency, batch):
         n = min(batch, concurrency - start)
         waves.append(_concat_requests(inputs_fn, config, seed + start, n, device, dtype))
+    prompts = [_prompt_rows(w) for w in waves]
     first_tokens: list[list[int]] = []
-    for _ in range(warmup):
-        for w in waves:
-            call(w)
+    for k in range(warmup):
+        for i, w in enumerate(waves):
+            if k == 0 and i == 0 and effects is not None and "ops" not in effects:
+                effects["ops"] = _op_counts(call, w)  # untimed: the first warm-up call
+            else:
+                call(w)
     harness._synchronize(device)
     throughputs: list[float] = []
     latencies: list[float] = []
@@ -145,7 +193,7 @@ def _measure_point(call: Any, inputs_fn: Any, config: dict[str, Any], seed: int,
             harness._synchronize(device)
             done = time.perf_counter() - t0
             latencies.extend([done] * len(tokens))
-            new_tokens += sum(len(r) for r in tokens)
+            new_tokens += sum(new_token_counts(tokens, prompts[i]))
             if i == 0 and not first_tokens:
                 first_tokens = tokens[:1]
         elapsed = time.perf_counter() - t0
@@ -153,6 +201,7 @@ def _measure_point(call: Any, inputs_fn: Any, config: dict[str, Any], seed: int,
     med = statistics.median(throughputs)
     point = {
         "concurrency": concurrency, "batch": batch, "waves": len(waves), "new_tokens": new_tokens,
+        "counted": "new tokens (generated minus prompt)",
         "tokens_per_s": med, "tokens_per_s_runs": throughputs,
         "spread": (max(throughputs) - min(throughputs)) / med if med > 0 else 0.0,
         "latency_p50_s": _percentile(latencies, 50), "latency_p99_s": _percentile(latencies, 99),
@@ -173,11 +222,18 @@ def _run_config(cls: Any, base_config: dict[str, Any], manifest: dict[str, Any],
         t0 = time.perf_counter()
         model, dtype = _build_model(cls, base_config, cfg, seed, device, model_dir)
         out["load_s"] = time.perf_counter() - t0
+        effects: dict[str, Any] = {"threads": torch.get_num_threads(), "rows_per_call": int(cfg.get("batch") or 1)}
+        param = next((p for p in model.parameters() if p.is_floating_point()), None)
+        effects["param_dtype"] = str(param.dtype).removeprefix("torch.") if param is not None else None
+        model_config = getattr(model, "config", None)
+        effects["attn"] = getattr(model_config, "_attn_implementation", None) if model_config is not None else None
+        out["effects"] = effects
         mode = cfg.get("compile") or "none"
         if mode not in COMPILE_MODES:
             raise Infeasible(f"unknown torch.compile mode {mode!r}")
         if mode != "none":
-            out["compiled_modules"] = _compile_children(model, mode)
+            out["compiled_modules"] = effects["compiled_modules"] = _compile_children(model, mode)
+            effects["ops"] = None  # a dispatch mode would trace into the compiled graphs
         run_cfg = manifest.get("run") or {}
         if manifest.get("inputs"):
             inputs_fn = harness._load_attr(manifest["inputs"], model_dir)
@@ -203,9 +259,9 @@ def _run_config(cls: Any, base_config: dict[str, Any], manifest: dict[str, Any],
             out["compile_s"] = time.perf_counter() - t1
         batch = max(1, int(cfg.get("batch") or 1))
         ref = spec.get("reference_tokens")
-        for c in spec.get("concurrencies") or [1]:
+        for c in cfg.get("concurrencies") or spec.get("concurrencies") or [1]:
             point, first = _measure_point(call, inputs_fn, base_config, seed, int(c), batch, device, dtype,
-                                          int(spec.get("warmup", 1)), int(spec.get("repeats", 3)))
+                                          int(spec.get("warmup", 1)), int(spec.get("repeats", 3)), effects)
             out["points"].append(point)
             out.setdefault("tokens", first)
         if ref is not None:

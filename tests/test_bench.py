@@ -89,7 +89,7 @@ def test_bad_configurations_are_reported_not_raised(toy: tuple[Path, dict], tmp_
                     concurrencies=[1], warmup=0, repeats=1, reference_tokens=wrong_ref)
     assert run.ok, run.error()
     by = {c["id"]: c for c in run.result["configs"]}
-    assert by["kv"]["status"] == "infeasible" and "use_cache" in by["kv"]["detail"]
+    assert by["kv"]["status"] == "infeasible" and "kv_cache" in by["kv"]["detail"]
     assert by["compile"]["status"] == "infeasible" and "max-speed" in by["compile"]["detail"]
     assert by["dtype"]["status"] == "infeasible"
     assert by["ok"]["status"] == "mismatch" and by["ok"]["tokens_match"] is False

@@ -9,7 +9,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from agents.deploy import plots, requirements, runscript, vllm
+from agents.deploy import plots, requirements, runscript, serve, vllm
 from agents.tuning.space import model_facts
 
 
@@ -20,7 +20,11 @@ def _model_dir(state: dict[str, Any], out_dir: Path) -> Path | None:
     return None
 
 
-def serve_settings(state: dict[str, Any], model_dir: Path | None) -> list[vllm.ServeSetting]:
+def serve_plan(state: dict[str, Any], model_dir: Path | None,
+               search: serve.Search | None = None) -> tuple[list[vllm.ServeSetting], serve.ServePlan]:
+    """The serve settings: the model's class from its config and code, the vllm-ascend docs the knowledge
+    base holds for that class (``search``; default: the KB, when one is built), npuport's derived values,
+    and what the real-NPU loop measured."""
     manifest = state.get("entry") or {}
     config: dict[str, Any] = {}
     if model_dir is not None:
@@ -29,9 +33,16 @@ def serve_settings(state: dict[str, Any], model_dir: Path | None) -> list[vllm.S
             config = json.loads(cfg_path.read_text())
     facts = model_facts(config, has_custom_code=bool(model_dir and any(model_dir.glob("*.py"))))
     req = state.get("request") or {}
+    docs = serve.plan_from_docs(serve.model_class(config, model_dir),
+                                search if search is not None else serve.default_search(), req.get("chip", "910b"))
     serving = (state.get("tuning") or {}).get("serving") or {}  # from the real-NPU loop, when it ran
-    return vllm.plan_serve(facts, chip=req.get("chip", "910b"), tuned=serving.get("best"),
-                           measured=serving.get("measured_on"))
+    settings = vllm.plan_serve(facts, chip=req.get("chip", "910b"), tuned=serving.get("best"),
+                               measured=serving.get("measured_on"), docs=docs)
+    return settings, docs
+
+
+def serve_settings(state: dict[str, Any], model_dir: Path | None) -> list[vllm.ServeSetting]:
+    return serve_plan(state, model_dir)[0]
 
 
 def _write(path: Path, text: str, executable: bool = False) -> str:
@@ -60,12 +71,15 @@ def write_deploy_bundle(state: dict[str, Any], out_dir: Path) -> dict[str, str]:
         if config_file.is_file():
             small, _ = shrink_config(json.loads(config_file.read_text()), manifest.get("shrink") or {})
             files["run_config"] = _write(out_dir / "run_config.json", json.dumps(small, indent=1))
-    settings = serve_settings(state, model_dir)
-    files["serve_sh"] = _write(out_dir / "serve.sh", vllm.render_serve_sh(settings, name), True)
+    settings, docs = serve_plan(state, model_dir)
+    src = (state.get("request") or {}).get("model_path")
+    files["serve_sh"] = _write(out_dir / "serve.sh", vllm.render_serve_sh(
+        settings, name, str(Path(src).resolve()) if src else None), True)
     files["set_env_sh"] = _write(out_dir / "set_env.sh", vllm.render_set_env_sh(settings), True)
     files["deploy_json"] = _write(out_dir / "deploy.json", json.dumps(
         {"serve_settings": [s.model_dump() for s in settings], "tuned": tuning.get("best") or {},
-         "target": target}, indent=1))
+         "target": target, "model_class": docs.model.model_dump(), "serving_docs": docs.docs,
+         "serving_note": docs.note}, indent=1))
     if model_dir is not None:
         python = (state.get("environment") or {}).get("python")  # the layered env the runs used, if any
         req_txt, con_txt = requirements.render(model_dir, python if python and Path(python).exists() else None)
@@ -75,30 +89,66 @@ def write_deploy_bundle(state: dict[str, Any], out_dir: Path) -> dict[str, str]:
     return files
 
 
+NOT_MEASURED = "not measured"
+
+
+def _tps(point: dict[str, Any] | None) -> str:
+    v = (point or {}).get("tokens_per_s")
+    return NOT_MEASURED if v is None else f"{v:.1f}"
+
+
+def benchmark_lines(tuning: dict[str, Any]) -> list[str]:
+    """The benchmark table: new tokens/s of the original, the untuned and the deployed port per
+    concurrency; a point that was not measured says so (never 0.0)."""
+    from agents.tuning.port import performance_sentence
+
+    base, tuned = tuning.get("baseline") or {}, tuning.get("tuned") or {}
+    if not tuned:
+        return [f"No benchmark: {tuning.get('detail') or 'tuning not requested'}", ""]
+    deployed = {p["concurrency"]: p for p in tuned.get("points") or []}
+    search = {p["concurrency"]: p for p in (tuned.get("search_best") or {}).get("points") or []}
+    bmap = {p["concurrency"]: p for p in base.get("points") or []}
+    conc = sorted(set(deployed) | set(search) | set(bmap))
+    untuned = tuned.get("untuned") or {}
+    lines = ["Throughput counts new tokens only (generated minus prompt), measured the same way for the original "
+             "and the port.", "",
+             "| concurrency | original tokens/s | untuned port tokens/s | tuned port tokens/s | deployed p50 / p99 "
+             "latency (s) |", "|---|---|---|---|---|"]
+    for c in conc:
+        d = deployed.get(c) or {}
+        lat = (f"{d['latency_p50_s']:.3f} / {d['latency_p99_s']:.3f}" if d.get("latency_p50_s") is not None
+               else NOT_MEASURED)
+        un = {"tokens_per_s": untuned.get("tokens_per_s")} if c == tuned.get("concurrency") else None
+        lines.append(f"| {c} | {_tps(bmap.get(c))} | {_tps(un)} | {_tps(search.get(c) or deployed.get(c))} | {lat} |")
+    lines += ["", f"Measured on {tuned.get('measured_on', 'this host')}: {performance_sentence(tuned)}. "
+              f"Deployed configuration: `{tuning.get('best')}`.", ""]
+    effects = tuned.get("knob_effects") or {}
+    if effects:
+        lines += ["Knobs searched and what they did to the executed run (sandbox/bench.py records it):", ""]
+        lines += [f"- {k}: {v}" for k, v in effects.items()] + [""]
+    return lines
+
+
 def deploy_markdown(state: dict[str, Any], out_dir: Path) -> str:
     """A report section: benchmark numbers and the serve settings, each with reason and citation."""
     tuning = state.get("tuning") or {}
-    lines = ["## Benchmark", ""]
-    base, tuned = tuning.get("baseline") or {}, tuning.get("tuned") or {}
-    if tuned.get("points"):
-        lines += ["| concurrency | original tokens/s | tuned tokens/s | tuned p50 / p99 latency (s) |", "|---|---|---|---|"]
-        bmap = {p["concurrency"]: p for p in base.get("points") or []}
-        for p in tuned["points"]:
-            b = bmap.get(p["concurrency"], {})
-            lines.append(f"| {p['concurrency']} | {b.get('tokens_per_s', 0):.1f} | {p['tokens_per_s']:.1f} | "
-                         f"{p['latency_p50_s']:.3f} / {p['latency_p99_s']:.3f} |")
-        lines += ["", f"Measured on {tuned.get('measured_on', 'this host')}; speedup at concurrency "
-                  f"{tuned.get('concurrency')}: {tuned.get('speedup') or 0:.1f}x. Tuned: `{tuning.get('best')}`.", ""]
-        if (out_dir / "plots").is_dir():
-            lines += [f"![{p.stem}](plots/{p.name})" for p in sorted((out_dir / "plots").glob("*.png"))] + [""]
-    else:
-        lines += [f"No benchmark: {tuning.get('detail', 'tuning not requested')}", ""]
+    lines = ["## Benchmark", ""] + benchmark_lines(tuning)
+    if tuning.get("tuned") and (out_dir / "plots").is_dir():
+        lines += [f"![{p.stem}](plots/{p.name})" for p in sorted((out_dir / "plots").glob("*.png"))] + [""]
     deploy = out_dir / "deploy.json"
     if deploy.exists():
+        data = json.loads(deploy.read_text())
+        mc = data.get("model_class") or {}
         lines += ["## Serving on vllm-ascend (serve.sh, set_env.sh)", "",
-                  "| setting | value | reason | citation | measured |", "|---|---|---|---|---|"]
-        for s in json.loads(deploy.read_text())["serve_settings"]:
+                  "- model class: " + (", ".join(f"{k.replace('_', ' ')} ({v})" for k, v in (mc.get("why") or {}).items())
+                                       or "text-only, no remote code"),
+                  f"- {data.get('serving_note') or 'no serving docs consulted'}",
+                  "- serve.sh serves an overlay folder: the original model's files (weights, tokenizer) linked, the "
+                  "ported code of patched/ linked over them; the original folder is not written", "",
+                  "| setting | value | reason | citation | source | measured |", "|---|---|---|---|---|---|"]
+        for s in data["serve_settings"]:
             value = json.dumps(s["value"]) if isinstance(s["value"], dict) else s["value"]
-            lines.append(f"| {s['name']} | `{value}` | {s['reason']} | {s['citation']} | {s['measured']} |")
+            lines.append(f"| {s['name']} | `{value}` | {s['reason']} | {s['citation']} | {s.get('source', '')} | "
+                         f"{s['measured']} |")
         lines.append("")
     return "\n".join(lines)

@@ -23,11 +23,14 @@ def throughput_vs_concurrency(tuning: dict[str, Any], path: Path, model: str) ->
         return None
     plt = _plt()
     fig, ax = plt.subplots(figsize=(7, 4.5), dpi=110)
-    for pts, label, marker in ((tuned, f"tuned port ({_cfg(tuning.get('best'))})", "o"),
+    for pts, label, marker in ((tuned, f"deployed port ({_cfg(tuning.get('best'))})", "o"),
                                (base, "original as written (eager, batch 1)", "s")):
-        if pts:
-            xs = [p["concurrency"] for p in pts]
-            ax.plot(xs, [p["tokens_per_s"] for p in pts], marker=marker, label=label)
+        measured = [p for p in pts if p.get("tokens_per_s") is not None]
+        if measured:
+            xs = [p["concurrency"] for p in measured]
+            # Only measured concurrencies are drawn (markers, no line between them): nothing is interpolated.
+            label += f"; measured at {', '.join(map(str, xs))}"
+            ax.plot(xs, [p["tokens_per_s"] for p in measured], marker=marker, linestyle="--", label=label)
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
     ax.set_xlabel("concurrency (requests in flight)")
@@ -46,19 +49,36 @@ def _cfg(best: dict[str, Any] | None) -> str:
 
 
 def baseline_vs_tuned(tuning: dict[str, Any], path: Path, model: str) -> Path | None:
+    """Bars of the original, the untuned and the tuned port at the tuning concurrency; a value that was
+    not measured is written as "not measured" on an empty slot, never drawn as 0."""
     tuned = tuning.get("tuned") or {}
+    if not tuned:
+        return None
     base = tuning.get("baseline") or {}
-    t, b = tuned.get("tokens_per_s"), base.get("tokens_per_s")
-    if not t or not b:
+    search = tuned.get("search_best") or {"config": tuning.get("best"), "tokens_per_s": tuned.get("tokens_per_s")}
+    bars_data = [("original as written\n(eager, batch 1)", base.get("tokens_per_s"), "#999999"),
+                 ("untuned port\n(batch 1)", (tuned.get("untuned") or {}).get("tokens_per_s"), "#9ecae1"),
+                 (f"tuned port\n({_cfg(search.get('config'))})", search.get("tokens_per_s"), "#2b7bba")]
+    if all(v is None for _, v, _ in bars_data):
         return None
     plt = _plt()
-    fig, ax = plt.subplots(figsize=(6, 4.5), dpi=110)
-    bars = ax.bar(["original as written\n(eager, batch 1)", f"tuned port\n({_cfg(tuning.get('best'))})"], [b, t],
-                  color=["#999999", "#2b7bba"])
-    for bar, v in zip(bars, [b, t], strict=True):
-        ax.annotate(f"{v:.1f}", (bar.get_x() + bar.get_width() / 2, v), ha="center", va="bottom", fontsize=9)
+    fig, ax = plt.subplots(figsize=(7, 4.5), dpi=110)
+    top = max(v for _, v, _ in bars_data if v is not None)
+    for i, (_label, v, color) in enumerate(bars_data):
+        if v is None:
+            ax.bar(i, 0, color=color)
+            ax.annotate("not measured", (i, top * 0.02), ha="center", va="bottom", fontsize=9, color="#aa0000")
+        else:
+            ax.bar(i, v, color=color)
+            ax.annotate(f"{v:.1f}", (i, v), ha="center", va="bottom", fontsize=9)
+    ax.set_xticks(range(len(bars_data)), [b[0] for b in bars_data], fontsize=8)
     ax.set_ylabel("throughput (new tokens/s)")
-    ax.set_title(f"{model}: {t / b:.1f}x at concurrency {tuned.get('concurrency', '?')} (same host, same run)")
+    speed, vs = tuned.get("speedup"), tuned.get("vs_original")
+    verdict = ("original not measured" if speed is None else
+               f"port SLOWER than the original ({speed:.2f}x)" if vs == "slower" else f"{speed:.2f}x the original")
+    if tuned.get("chosen") == "untuned":
+        verdict += "; tuned slower than untuned: untuned deployed"
+    ax.set_title(f"{model} at concurrency {tuned.get('concurrency', '?')}: {verdict}", fontsize=9)
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)

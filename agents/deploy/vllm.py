@@ -12,6 +12,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from agents.deploy.serve import ModelClass, ServePlan, plan_from_docs
 from agents.tuning.space import DEVICE_MEMORY_GIB, ModelFacts
 from sandbox.targets import CHIP_REGISTRY
 
@@ -25,6 +26,7 @@ class ServeSetting(BaseModel):
     kind: str  # "flag" | "additional_config" | "env"
     reason: str
     citation: str
+    source: str = "derived"  # knowledge base | documented default | derived | tuned
     measured: str = NOT_MEASURED
 
 
@@ -32,17 +34,15 @@ def _size(gib: float) -> str:
     return f"{gib:.1f} GiB" if gib >= 1 else f"{gib * 1024:.1f} MiB" if gib * 1024 >= 0.1 else f"{gib * 2**20:.0f} KiB"
 
 
-def _pow2_at_most(n: int, cap: int) -> int:
-    v = 1
-    while v * 2 <= min(n, cap):
-        v *= 2
-    return v
-
-
 def plan_serve(facts: ModelFacts, *, chip: str = "910b", n_devices: int = 1, tuned: dict[str, Any] | None = None,
-               measured: str | None = None) -> list[ServeSetting]:
-    """The settings, in serve.sh order. ``tuned`` (from the real-NPU loop) overrides the derived values."""
+               measured: str | None = None, docs: ServePlan | None = None) -> list[ServeSetting]:
+    """The settings, in serve.sh order: the doc-derived ones (``docs``, from agents/deploy/serve.py; when
+    absent, the documented defaults for the facts' class), the tensor-parallel split and dtype npuport
+    derives, and what the real-NPU loop measured (``tuned`` overrides)."""
     tuned = tuned or {}
+    if docs is None:
+        docs = plan_from_docs(ModelClass(remote_code=facts.remote_code, moe=facts.moe,
+                                         max_len=facts.max_position or None), None)
     hbm = DEVICE_MEMORY_GIB.get(chip, 32.0)
     weights_gib = facts.param_estimate() * 2 / 2**30
     tp = 1
@@ -50,85 +50,52 @@ def plan_serve(facts: ModelFacts, *, chip: str = "910b", n_devices: int = 1, tun
         tp *= 2  # split until the weights leave room for the KV cache
     while facts.num_heads and facts.num_heads % tp:
         tp //= 2
-    max_len = int(tuned.get("max_model_len") or min(facts.max_position or 4096, 32768))
-    seqs = int(tuned.get("max_num_seqs") or (256 if weights_gib < 0.5 * hbm else 64))
-    batched = int(tuned.get("max_num_batched_tokens") or max(max_len, 8192))
-    util = float(tuned.get("gpu_memory_utilization") or 0.9)
-    eager = bool(tuned.get("enforce_eager", False))
-    capture = _pow2_at_most(seqs, 512)
     spec = CHIP_REGISTRY.get(chip)
     dtype = spec.serve_dtype if spec else "bfloat16"
     how = measured or NOT_MEASURED
-    s = [
-        ServeSetting(name="tensor-parallel-size", value=tp, kind="flag", citation=f"{DOCS}/supported_models.md",
-                     reason=f"bf16 weights are about {_size(weights_gib)} against {hbm:g} GiB of HBM per {chip} device; "
-                            "split across devices only when they crowd out the KV cache, and only by a divisor of "
-                            f"the {facts.num_heads or '?'} attention heads", measured=how),
-        ServeSetting(name="max-model-len", value=max_len, kind="flag", citation=f"{DOCS}/supported_models.md",
-                     reason=f"the model's max_position_embeddings is {facts.max_position or 'unknown'}; longer contexts "
-                            "would run past what it was trained for, and a shorter cap frees KV-cache blocks",
-                     measured=how),
-        ServeSetting(name="max-num-seqs", value=seqs, kind="flag", citation=f"{DOCS}/optimization_and_tuning.md",
-                     reason="how many requests decode together: throughput grows with it until HBM or the scheduler "
-                            "saturates; a small model can keep many in flight", measured=how),
-        ServeSetting(name="max-num-batched-tokens", value=batched, kind="flag",
-                     citation=f"{DOCS}/optimization_and_tuning.md",
-                     reason=f"tokens per scheduler step; kept >= max-model-len ({max_len}) so that a full-length prompt "
-                            "can be scheduled even with chunked prefill off", measured=how),
-        ServeSetting(name="gpu-memory-utilization", value=util, kind="flag", citation=f"{DOCS}/optimization_and_tuning.md",
-                     reason="share of HBM vLLM may take for weights, activations and KV cache; 0.9 leaves room for the "
-                            "ACL graph capture workspace", measured=how),
-        ServeSetting(name="dtype", value=dtype, kind="flag", citation="recipe:H5",
-                     reason=spec.serve_note if spec and spec.serve_note
-                     else f"the checkpoint dtype is {facts.dtype}; bfloat16 is the native half type on {chip}",
-                     measured=how),
-    ]
-    if facts.remote_code:
-        s.append(ServeSetting(name="trust-remote-code", value=True, kind="flag", citation="recipe:H10",
-                              reason="the model's classes live in its own folder (auto_map / custom modeling code)",
-                              measured=how))
-    if eager:
+    s = [ServeSetting(name="tensor-parallel-size", value=tp, kind="flag", source="derived",
+                      citation=f"{DOCS}/supported_models.md",
+                      reason=f"bf16 weights are about {_size(weights_gib)} against {hbm:g} GiB of HBM per {chip} "
+                             "device; split across devices only when they crowd out the KV cache, and only by a "
+                             f"divisor of the {facts.num_heads or '?'} attention heads", measured=how)]
+    for d in docs.settings:
+        src = ("knowledge base" if d.from_kb else "documented default" if d.citation.startswith("documented default")
+               else "derived")
+        if d.name == "additional-config" and isinstance(d.value, dict):
+            s += [ServeSetting(name=k, value=v, kind="additional_config", reason=d.reason, citation=d.citation,
+                               source=src, measured=how) for k, v in d.value.items()]
+        else:
+            value = tuned.get(d.name.replace("-", "_"), d.value)
+            s.append(ServeSetting(name=d.name, value=value, kind=d.kind, reason=d.reason, citation=d.citation,
+                                  source="tuned" if value != d.value else src, measured=how))
+    s.append(ServeSetting(name="dtype", value=dtype, kind="flag", citation="recipe:H5", source="derived",
+                          reason=spec.serve_note if spec and spec.serve_note
+                          else f"the checkpoint dtype is {facts.dtype}; bfloat16 is the native half type on {chip}",
+                          measured=how))
+    for key in ("max_num_seqs", "max_num_batched_tokens", "block_size"):
+        if tuned.get(key) is not None:
+            s.append(ServeSetting(name=key.replace("_", "-"), value=tuned[key], kind="flag", source="tuned",
+                                  citation="agents/deploy/vllm_loop.py", measured=how,
+                                  reason="the value the serving benchmark on the NPU measured fastest"))
+    if tuned.get("enforce_eager"):
         s.append(ServeSetting(name="enforce-eager", value=True, kind="flag", citation=f"{DOCS}/graph_mode.md",
+                              source="tuned", measured=how,
                               reason="graph capture was measured slower or failed for this model; eager mode is the "
-                                     "documented fallback", measured=how))
-    else:
-        mode = "FULL_DECODE_ONLY" if facts.moe else "FULL_AND_PIECEWISE"
-        s.append(ServeSetting(
-            name="compilation-config", value={"cudagraph_mode": mode, "max_cudagraph_capture_size": capture}, kind="flag",
-            citation=f"{DOCS}/graph_mode.md; {DOCS}/ACL_Graph.md",
-            reason=("graph mode (ACL graph capture and replay) removes per-op launch overhead in decode; "
-                    + ("a MoE model's decode batches are uniform, so full decode-only graphs capture fewer pieces "
-                       if facts.moe else "the default mixed mode keeps piecewise graphs for prefill ")
-                    + f"and the capture sizes stop at max-num-seqs ({capture}), the lever the docs give when capture "
-                      "runs out of stream resources"), measured=how))
-    extra: dict[str, Any] = {}
-    if facts.moe:
-        extra["multistream_overlap_shared_expert"] = True
+                                     "documented fallback"))
+    if facts.moe and not any(x.kind == "additional_config" for x in s):
         s.append(ServeSetting(name="multistream_overlap_shared_expert", value=True, kind="additional_config",
-                              citation=f"{DOCS}/additional_config.md",
+                              citation=f"{DOCS}/additional_config.md", source="derived", measured=how,
                               reason="the model is MoE with shared experts: run the shared expert on a second stream, "
-                                     "overlapping the routed experts", measured=how))
-    s += [
-        ServeSetting(name="PYTORCH_NPU_ALLOC_CONF", value="expandable_segments:True", kind="env",
-                     citation=f"{DOCS}/optimization_and_tuning.md",
-                     reason="lets the caching allocator grow segments instead of splitting blocks, which cuts "
-                            "fragmentation when batch shapes vary", measured=how),
-        ServeSetting(name="TASK_QUEUE_ENABLE", value="2", kind="env", citation=f"{DOCS}/optimization_and_tuning.md",
-                     reason="deeper operator dispatch queue: hides host-side launch cost (raises peak memory a little)",
-                     measured=how),
-        ServeSetting(name="CPU_AFFINITY_CONF", value="1", kind="env", citation=f"{DOCS}/optimization_and_tuning.md",
-                     reason="binds the host threads that feed each NPU to nearby cores, which helps host-bound models",
-                     measured=how),
-    ]
+                                     "overlapping the routed experts"))
     if facts.remote_code:
         s.append(ServeSetting(name="VLLM_WORKER_MULTIPROC_METHOD", value="spawn", kind="env", citation="recipe:H10",
+                              source="derived", measured=how,
                               reason="remote-code models must not be forked after the NPU runtime is initialised: "
-                                     "workers are started with spawn", measured=how))
+                                     "workers are started with spawn"))
     if tp > 1:
-        s.append(ServeSetting(name="HCCL_OP_EXPANSION_MODE", value="AIV", kind="env",
-                              citation=f"{DOCS}/optimization_and_tuning.md",
-                              reason="tensor parallel traffic: let the AI vector cores schedule HCCL communication",
-                              measured=how))
+        s.append(ServeSetting(name="HCCL_OP_EXPANSION_MODE", value="AIV", kind="env", source="derived",
+                              citation=f"{DOCS}/optimization_and_tuning.md", measured=how,
+                              reason="tensor parallel traffic: let the AI vector cores schedule HCCL communication"))
     return s
 
 
@@ -139,26 +106,47 @@ def _flag(setting: ServeSetting) -> str:
     return f"--{setting.name} {shlex.quote(value)}"
 
 
-def render_serve_sh(settings: list[ServeSetting], served_name: str) -> str:
+def render_serve_sh(settings: list[ServeSetting], served_name: str, model_src: str | None = None) -> str:
+    """serve.sh: builds an overlay folder (the original model's files, linked, with the patched code over
+    them; the original folder is never written) and serves it, so vLLM finds weights, tokenizer and the
+    ported code in one place."""
     flags = [x for x in settings if x.kind == "flag"]
     extra = {x.name: x.value for x in settings if x.kind == "additional_config"}
+    src = shlex.quote(model_src) if model_src else "''"
     lines = [
         "#!/usr/bin/env bash",
         f"# Serve {served_name} with vLLM on Ascend (vllm-ascend). Generated by npuport.",
         f"# Every value below is derived, {NOT_MEASURED}, unless its comment says it was measured.",
-        "# Usage: ./serve.sh [MODEL_DIR] (default: ./patched, the ported model)",
+        "# Usage: ./serve.sh [ORIGINAL_MODEL_DIR [SERVE_DIR]]  (default: the folder that was ported, ./serve_model)",
+        "# The served folder (SERVE_DIR) holds links to the original's files",
+        "# (weights, tokenizer, processor) with the ported code of ./patched linked over them.",
         "set -euo pipefail",
         'HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"',
         'source "$HERE/set_env.sh"',
-        'MODEL="${1:-$HERE/patched}"',
+        f"DEFAULT_SRC={src}",
+        'SRC="${1:-$DEFAULT_SRC}"',
+        'SERVE_DIR="${2:-$HERE/serve_model}"',
+        'if [ -z "$SRC" ] || [ ! -d "$SRC" ]; then',
+        '  echo "serve.sh: the original model folder ($SRC) is missing; pass it as the first argument" >&2; exit 2',
+        "fi",
+        'SRC="$(cd "$SRC" && pwd)"',
+        'case "$SERVE_DIR" in "$SRC"|"$SRC"/*) echo "serve.sh: SERVE_DIR must be outside $SRC" >&2; exit 2;; esac',
+        'rm -rf "$SERVE_DIR" && mkdir -p "$SERVE_DIR"',
+        'cp -rs "$SRC/." "$SERVE_DIR/"  # real folders, linked files: nothing is written under $SRC',
+        'cp -rsf "$HERE/patched/." "$SERVE_DIR/"  # the ported code replaces the links to the original code',
+        "shopt -s nullglob",
+        'weights=("$SERVE_DIR"/*.safetensors "$SERVE_DIR"/*.bin "$SERVE_DIR"/*.pt "$SERVE_DIR"/*.pth)',
+        'if [ ${#weights[@]} -eq 0 ]; then',
+        '  echo "serve.sh: warning: no weights (*.safetensors, *.bin) in $SRC" >&2',
+        "fi",
         "",
     ]
     for x in flags:
-        lines.append(f"# --{x.name}: {x.reason} [{x.citation}; {x.measured}]")
+        lines.append(f"# --{x.name}: {x.reason} [{x.citation}; {x.source}; {x.measured}]")
     for k, v in extra.items():
         x = next(s for s in settings if s.name == k)
-        lines.append(f"# additional_config.{k}={json.dumps(v)}: {x.reason} [{x.citation}; {x.measured}]")
-    cmd = ['exec vllm serve "$MODEL"', f"--served-model-name {shlex.quote(served_name)}"]
+        lines.append(f"# additional_config.{k}={json.dumps(v)}: {x.reason} [{x.citation}; {x.source}; {x.measured}]")
+    cmd = ['exec vllm serve "$SERVE_DIR"', f"--served-model-name {shlex.quote(served_name)}"]
     cmd += [_flag(x) for x in flags]
     if extra:
         cmd.append(f"--additional-config {shlex.quote(json.dumps(extra))}")
@@ -178,6 +166,6 @@ def render_set_env_sh(settings: list[ServeSetting]) -> str:
     ]
     for x in settings:
         if x.kind == "env":
-            lines.append(f"# {x.name}: {x.reason} [{x.citation}; {x.measured}]")
+            lines.append(f"# {x.name}: {x.reason} [{x.citation}; {x.source}; {x.measured}]")
             lines.append(f"export {x.name}={shlex.quote(str(x.value))}")
     return "\n".join(lines) + "\n"

@@ -50,12 +50,6 @@ def _attn_known(p: dict[str, Any], f: HostFacts) -> str | None:
     return None
 
 
-def _kv_cache(p: dict[str, Any], f: HostFacts) -> str | None:
-    if p.get("kv_cache") and not f.model.supports_kv_cache:
-        return "the model has no KV cache (its config has no use_cache flag)"
-    return None
-
-
 def _compile(p: dict[str, Any], f: HostFacts) -> str | None:
     mode = p.get("compile") or "none"
     if mode == "none":
@@ -93,7 +87,7 @@ def _memory(p: dict[str, Any], f: HostFacts) -> str | None:
 TORCH_CONSTRAINTS = [
     Constraint("threads<=cores", _threads), Constraint("no-bf16-on-310p", _bf16_310p),
     Constraint("flash-attn-needs-cuda", _flash_attn), Constraint("attn-known", _attn_known),
-    Constraint("kv-cache-supported", _kv_cache), Constraint("compile-on-target", _compile),
+    Constraint("compile-on-target", _compile),
     Constraint("batch<=memory", _memory),
 ]
 

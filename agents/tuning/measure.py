@@ -26,7 +26,7 @@ def outcome_of(run: BenchRun) -> Outcome:
         return Outcome(None, c["status"], c.get("detail", ""))
     pt = c["points"][0]
     return Outcome(pt["tokens_per_s"], "ok", spread=pt.get("spread", 0.0),
-                   extras={"runs": pt.get("tokens_per_s_runs"), "latency_p50_s": pt.get("latency_p50_s"),
+                   extras={"effects": c.get("effects"), "runs": pt.get("tokens_per_s_runs"), "latency_p50_s": pt.get("latency_p50_s"),
                            "latency_p99_s": pt.get("latency_p99_s"), "compile_s": c.get("compile_s"),
                            "run_dir": str(run.run_dir)})
 
@@ -68,11 +68,13 @@ class PortBench:
         return evaluate
 
 
-def points_of(run: BenchRun) -> list[dict[str, Any]]:
+def points_of(run: BenchRun, config_id: str | None = None) -> list[dict[str, Any]]:
+    """The measured points of the run's first configuration (or the one with ``config_id``); [] when it
+    did not run. A mismatching configuration is not measured: its speed is not the model's."""
     if not run.ok or not run.result.get("configs"):
         return []
-    c = run.result["configs"][0]
-    return list(c.get("points") or []) if c["status"] in ("ok", "mismatch") else []
+    c = next((c for c in run.result["configs"] if config_id is None or c.get("id") == config_id), None)
+    return list(c.get("points") or []) if c is not None and c["status"] == "ok" else []
 
 
 def at(points: list[dict[str, Any]], concurrency: int) -> float | None:

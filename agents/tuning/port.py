@@ -36,7 +36,12 @@ def facts_of(state: dict[str, Any]) -> HostFacts:
     model_dir = Path(state["workdir"]) / "model"
     config_path = model_dir / manifest.get("config", "config.json")
     config = json.loads(config_path.read_text()) if config_path.exists() else {}
-    facts = model_facts(config, has_custom_code=any(model_dir.glob("*.py")))
+    code = list(model_dir.rglob("*.py"))
+    facts = model_facts(config, has_custom_code=bool(code))
+    if code and facts.attn_impls and not any("attn_implementation" in f.read_text(errors="replace") for f in code):
+        # The config names an implementation but the model's own code never reads it: the knob would
+        # change nothing in the run, so it is not searched.
+        facts.attn_impls = ()
     ref = (state.get("numerics") or {}).get("reference_tokens") or [[]]
     facts.new_tokens = max(1, len(ref[0]))
     return HostFacts(target=state["target"]["name"], chip=req.get("chip", "910b"), model=facts)
@@ -148,28 +153,118 @@ def tune_port(state: dict[str, Any], space: SearchSpace | None = None) -> Tuning
         tuning.detail = f"{tuning.detail}; {llm_note}" if tuning.detail else llm_note
     if result is None or not tuning.best:
         return tuning
-    # Final measurements, same host, back to back: the tuned port and the original as written.
-    progress.emit("phase", text="final benchmark: the tuned port, then the original")
-    tuned_run = bench.port([{"id": "tuned", **tuning.best}], REPORT_CONCURRENCIES, "bench-tuned")
+    # Final measurements, same host: the tuned and the untuned port in one run, then the original as written.
+    progress.emit("phase", text="final benchmark: the tuned and the untuned port, then the original")
+    configs = [{"id": "tuned", **tuning.best}]
+    if {k: v for k, v in tuning.best.items() if v is not None} != UNTUNED_CONFIG:
+        configs.append({"id": "untuned", **UNTUNED_CONFIG, "concurrencies": [TUNE_CONCURRENCY]})
+    final_run = bench.port(configs, REPORT_CONCURRENCIES, "bench-tuned")
     # The original serves one request at a time: its tokens/s hardly depends on concurrency, and each
     # point costs concurrency x (warm-up + repeats) slow generations, so two points suffice.
     base_run = bench.baseline(sorted({1, TUNE_CONCURRENCY}))
-    tuned_pts, base_pts = points_of(tuned_run), points_of(base_run)
+    tuned_pts = points_of(final_run, "tuned")
+    untuned_pts = points_of(final_run, "untuned") if len(configs) > 1 else tuned_pts
+    base_pts = points_of(base_run)
     host = {"machine": platform.machine(), "cores": facts.cores, "processor": platform.processor() or platform.machine()}
     tuning.baseline = {"what": "original as written, eager, batch 1, cuda->cpu redirect, CPU float32",
                        "config": {"batch": 1}, "target": "cpu (cuda->cpu redirect)", "points": base_pts,
                        "tokens_per_s": at(base_pts, TUNE_CONCURRENCY),
                        "error": "" if base_run.ok else base_run.error()}
-    tuned_tps = at(tuned_pts, TUNE_CONCURRENCY)
-    base_tps = tuning.baseline["tokens_per_s"]
-    tuning.tuned = {"config": tuning.best, "target": target.name, "points": tuned_pts, "tokens_per_s": tuned_tps,
-                    "concurrency": TUNE_CONCURRENCY, "speedup": (tuned_tps / base_tps) if tuned_tps and base_tps else None,
-                    "space": space.name, "stopped": result.stopped, "feasible_points": result.feasible,
-                    "pruned_points": result.pruned, "search_s": round(time.monotonic() - t0, 1), "host": host,
-                    "measured_on": f"{target.name} on this host ({host['machine']}, {host['cores']} cores)",
-                    "error": "" if tuned_run.ok else tuned_run.error()}
-    speed = f"{tuning.tuned['speedup']:.1f}x" if tuning.tuned["speedup"] else "n/a"
-    tuning.detail = (f"{len(tuning.trials)} trials ({result.stopped}); best {fmt_params(tuning.best)}: "
-                     f"{tuned_tps or 0:.1f} tokens/s vs original {base_tps or 0:.1f} at concurrency {TUNE_CONCURRENCY} "
-                     f"({speed})" + (f"; {llm_note}" if llm_note else ""))
+    tuning.best, tuning.tuned = settle(dict(tuning.best), tuned_pts, untuned_pts, tuning.baseline["tokens_per_s"])
+    tuning.tuned.update({"target": target.name, "knob_effects": knob_effects(result),
+                         "space": space.name, "stopped": result.stopped, "feasible_points": result.feasible,
+                         "pruned_points": result.pruned, "search_s": round(time.monotonic() - t0, 1), "host": host,
+                         "measured_on": f"{target.name} on this host ({host['machine']}, {host['cores']} cores)",
+                         "error": "" if final_run.ok else final_run.error()})
+    tuning.detail = performance_sentence(tuning.tuned) + (f"; {llm_note}" if llm_note else "")
     return tuning
+
+
+UNTUNED_CONFIG: dict[str, Any] = {"batch": 1}  # the port as validated: no knob changed
+
+
+def settle(searched: dict[str, Any], tuned_pts: list[dict[str, Any]], untuned_pts: list[dict[str, Any]],
+           base_tps: float | None) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(the configuration to deploy, the "tuned" record): the search's best and the untuned port compared
+    at the tuning concurrency; the faster one is deployed, and the record says which and by how much.
+    A value that was not measured stays None."""
+    tuned_tps, untuned_tps = at(tuned_pts, TUNE_CONCURRENCY), at(untuned_pts, TUNE_CONCURRENCY)
+    chosen = "tuned"
+    if untuned_tps is not None and (tuned_tps is None or untuned_tps > tuned_tps):
+        chosen = "untuned"
+    best = dict(searched) if chosen == "tuned" else dict(UNTUNED_CONFIG)
+    pts, value = (tuned_pts, tuned_tps) if chosen == "tuned" else (untuned_pts, untuned_tps)
+    return best, {"config": best, "chosen": chosen, "points": pts, "tokens_per_s": value,
+                  "concurrency": TUNE_CONCURRENCY, "speedup": ratio(value, base_tps),
+                  "vs_original": compare(value, base_tps),
+                  "search_best": {"config": searched, "tokens_per_s": tuned_tps, "points": tuned_pts},
+                  "untuned": {"config": dict(UNTUNED_CONFIG), "tokens_per_s": untuned_tps},
+                  "tuned_vs_untuned": compare(tuned_tps, untuned_tps)}
+
+
+def ratio(a: float | None, b: float | None) -> float | None:
+    return a / b if a is not None and b else None
+
+
+def compare(a: float | None, b: float | None) -> str:
+    """"faster" / "slower" / "not measured": a against b, by the medians the benchmark reported."""
+    if a is None or b is None:
+        return "not measured"
+    return "faster" if a > b else "slower" if a < b else "equal"
+
+
+def tps(v: float | None) -> str:
+    return "not measured" if v is None else f"{v:.1f} tokens/s"
+
+
+def performance_sentence(tuned: dict[str, Any]) -> str:
+    """What the final benchmark showed, in words that never call a slower port an improvement."""
+    conc = tuned.get("concurrency")
+    search = tuned.get("search_best") or {}
+    untuned = tuned.get("untuned") or {}
+    parts = []
+    if tuned.get("chosen") == "untuned":
+        parts.append(f"the tuned configuration ({fmt_params(search.get('config'))}, {tps(search.get('tokens_per_s'))}) "
+                     f"was SLOWER than the untuned port ({tps(untuned.get('tokens_per_s'))}) at concurrency {conc}; "
+                     "the deploy uses the untuned configuration")
+    else:
+        parts.append(f"deployed {fmt_params(tuned.get('config'))}: {tps(tuned.get('tokens_per_s'))} at concurrency "
+                     f"{conc} vs the untuned port {tps(untuned.get('tokens_per_s'))}")
+    vs, speed = tuned.get("vs_original"), tuned.get("speedup")
+    if vs == "not measured" or speed is None:
+        parts.append("the original was not measured: no speed-up is claimed")
+    elif vs == "slower":
+        parts.append(f"the port is SLOWER than the original ({speed:.2f}x, {tps(tuned.get('tokens_per_s'))} vs "
+                     "the original's), not an improvement")
+    else:
+        parts.append(f"{speed:.2f}x the original's throughput")
+    return "; ".join(parts)
+
+
+def knob_effects(result: TuneResult) -> dict[str, str]:
+    """Per searched knob: whether trials that differ in it executed differently (their recorded effects:
+    dtype, threads, attention read back from the model, compiled modules, rows per call, aten ops)."""
+    effects: dict[tuple[Any, ...], Any] = {}
+    for t in result.trials:
+        e = (t.outcome.extras or {}).get("effects")
+        if e is None and t.outcome.status in ("error", "infeasible", "mismatch"):
+            e = {"failed": t.outcome.status}  # the setting made the run fail: it did change what ran
+        if e is not None:
+            effects[tuple(sorted(t.params.items(), key=lambda kv: kv[0]))] = e
+    out: dict[str, str] = {}
+    keys = list(effects)
+    for name in sorted({k for t in result.trials for k in t.params}):
+        verdict = "not compared (no two trials differ in it alone)"
+        for i, a in enumerate(keys):
+            for b in keys[i + 1:]:
+                da, db = dict(a), dict(b)
+                if da.get(name) == db.get(name) or any(da.get(k) != db.get(k) for k in set(da) | set(db) if k != name):
+                    continue
+                if effects[a] != effects[b]:
+                    verdict = "changed the executed run"
+                    break
+                verdict = "changed nothing in the executed run"
+            if verdict == "changed the executed run":
+                break
+        out[name] = verdict
+    return out

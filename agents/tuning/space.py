@@ -66,7 +66,6 @@ class TorchRunConfig(BaseModel):
     attn: Literal["eager", "sdpa", "flash_attention_2"] | None = None
     compile: Literal["none", "default", "reduce-overhead"] = "none"
     threads: int | None = Field(default=None, ge=1)
-    kv_cache: bool | None = None
 
 
 class VllmAscendConfig(BaseModel):
@@ -205,7 +204,11 @@ def model_facts(config: dict[str, Any], has_custom_code: bool = False) -> ModelF
 
 def torch_space(facts: HostFacts, *, batches: list[int] | None = None, compile_modes: list[str] | None = None,
                 name: str | None = None) -> SearchSpace:
-    """cpu / ascend-sim / npu: batch size, dtype, attention implementation, torch.compile, threads, KV cache."""
+    """cpu / ascend-sim / npu: batch size, dtype, attention implementation, torch.compile, threads.
+
+    Only knobs the benchmark applies to the executed run are dimensions (sandbox/bench.py records what
+    each changed). There is no KV-cache knob: the model's own generate decides whether it caches, and a
+    config flag it does not read changed nothing in the measured run."""
     batches = batches or [1, 2, 4, 8, 16, 32]
     dims = [
         Dim(name="batch", values=batches, ordered=True, prior=max(batches)),
@@ -214,8 +217,6 @@ def torch_space(facts: HostFacts, *, batches: list[int] | None = None, compile_m
         Dim(name="dtype", values=["float32", "bfloat16", "float16"], prior="float32"),
         Dim(name="attn", values=list(facts.model.attn_impls) or [None], prior="sdpa" if facts.model.attn_impls else None),
         Dim(name="compile", values=compile_modes or ["none", "default", "reduce-overhead"], prior="none"),
-        Dim(name="kv_cache", values=[True, False] if facts.model.supports_kv_cache else [False],
-            prior=facts.model.supports_kv_cache),
     ]
     if facts.target != "cpu":
         dims = [d for d in dims if d.name != "threads"]  # host threads do not drive device kernels
