@@ -52,6 +52,8 @@ def debugger_node(state: dict[str, Any]) -> dict[str, Any]:
         update["status"] = "failed"
         update["reason"] = f"could not port because {because}"
         update["trace"] = [step("debugger", f"give up: {update['reason']}", signature=diag.signature)]
+    # What the LLM debugger did, or why the rules decided instead (the report's LLM section lists these).
+    update["trace"] = [step("debugger", n, llm=True) for n in getattr(policy, "notes", [])] + update["trace"]
     return update
 
 
