@@ -150,7 +150,7 @@ class LLMPolicy:
     def _think_turn(self, ai: AIMessage, tokens: int) -> None:
         """The turn as live progress (the chat API and the job stream show it)."""
         reasoning = (ai.additional_kwargs or {}).get("reasoning_content")  # reasoning models behind vLLM and others
-        calls = [{"name": c["name"], "args": c["args"]} for c in ai.tool_calls]
+        calls: list[dict[str, Any]] = [{"name": c["name"], "args": c["args"]} for c in ai.tool_calls]
         calls += [{"name": c.get("name"), "args": {"invalid arguments": str(c.get("args"))[:120]}}
                   for c in ai.invalid_tool_calls]
         think(self._agent, "llm", llm_turn_text(ai.content, calls, self._answer_name, reasoning),
