@@ -125,7 +125,7 @@ def _chat_script(model: Path) -> dict[str, list[Any]]:
         "patcher": [tool_call_reply("FixPlan", {"fixes": [{"finding_ids": [], "summary": "stale diff", "diff": stale}]}),
                     plan_after_rejection],
         # Slower than the client's timeout, twice (the client retries once).
-        "debugger": [delayed(never, 5.0), delayed(never, 5.0)],
+        "debugger": [delayed(never, 8.0), delayed(never, 8.0)],
         "tuner": [tool_call_reply("TrialsAnswer", {"trials": [{"batch": 64}]}),
                   tool_call_reply("TrialsAnswer", {"trials": [{"batch": 2, "dtype": "float32"},
                                                               {"batch": 4, "compile": "reduce-overhead"}]},
@@ -145,7 +145,7 @@ def test_chat_port_streams_every_agents_reasoning_and_survives_each_llm_failure(
     model = write_model(models / "planted", PLANTED_CUDA)
     original = (model / "modeling_planted.py").read_text()
     llm_env.setenv("NPUPORT_LLM_MAX_RETRIES", "1")  # one retry with backoff (the 429, the timeout)
-    llm_env.setenv("NPUPORT_LLM_TIMEOUT_S", "2")
+    llm_env.setenv("NPUPORT_LLM_TIMEOUT_S", "3")  # the stub answers at once, except the debugger (8 s)
     llm_env.setenv("NPUPORT_TUNE_TRIALS", "2")
     settings = Settings(home=npuport_home, tokens={"tok": ["read", "write"]}, allowed_roots=[models])
     with StubLLMServer(_chat_script(model)) as stub:
