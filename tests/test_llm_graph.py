@@ -212,6 +212,7 @@ def test_chat_port_streams_every_agents_reasoning_and_survives_each_llm_failure(
     assert proposed[0]["status"] == "ok" and proposed[0]["value"] is not None  # measured, not trusted
     assert report["tuning"]["best"] in [t["params"] for t in trials if t["status"] == "ok"]
     assert "1 inside the constraint space, 1 rejected" in report["tuning"]["detail"]
+    assert any(d.startswith("tuner: ") and "LLM proposed 2 trial(s)" in d for d in report["llm"]["decisions"])
     # secrets never reach the bundle; the user's folder is never written
     assert "stub-key-0123456789" not in "".join(p.read_text() for p in (bundle / "llm").glob("*.json"))
     assert (model / "modeling_planted.py").read_text() == original
