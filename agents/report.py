@@ -243,8 +243,10 @@ def write_bundle(state: dict[str, Any], out_dir: Path, status: str, reason: str)
         files["llm"] = str(out_dir / "llm")
         usage_file = Path(state["workdir"]) / "llm_usage.json"
         usage = json.loads(usage_file.read_text()) if usage_file.is_file() else {}
+        # What each agent did with the LLM, or why the rules decided instead (a timeout, a spent budget).
+        notes = [f"{t['agent']}: {t['summary']}" for t in state.get("trace") or [] if (t.get("detail") or {}).get("llm")]
         report["llm"] = {"exchanges": len(list(llm_dir.glob("*.json"))), "tokens": usage.get("tokens"),
-                         "limit": usage.get("limit"), "records": "llm/"}
+                         "limit": usage.get("limit"), "records": "llm/", "decisions": notes}
     plot = _decode_profile_plot(report, out_dir)
     if plot:
         files["plot_decode_profile"] = str(out_dir / plot)
@@ -255,6 +257,7 @@ def write_bundle(state: dict[str, Any], out_dir: Path, status: str, reason: str)
         markdown += (f"\n\n## LLM\n\n{llm['exchanges']} exchange(s), {llm['tokens']} of {llm['limit']} tokens; "
                      "every prompt and response (secrets scrubbed) is in `llm/`, and each LLM fix's commit names "
                      "its prompt.\n")
+        markdown += "".join(f"\n- {_md_escape(n)}" for n in llm.get("decisions") or []) + "\n"
     if status == "validated":
         from agents.deploy import deploy_markdown
 

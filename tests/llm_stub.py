@@ -176,7 +176,10 @@ class StubLLMServer:
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(raw)))
                 self.end_headers()
-                self.wfile.write(raw)
+                try:
+                    self.wfile.write(raw)
+                except (BrokenPipeError, ConnectionResetError):  # the client gave up first (a scripted timeout)
+                    return
 
             def _stream(self, data: dict[str, Any]) -> None:
                 # One delta with the whole message, then the usage chunk, as OpenAI streams them.

@@ -480,3 +480,75 @@ def test_search_replace_schema_is_what_the_model_sees() -> None:
 
     spec = convert_to_openai_tool(SearchReplace)["function"]
     assert set(spec["parameters"]["required"]) == {"file", "search", "replace"}
+
+
+# ----------------------------------------------------------------------------- fallbacks and reasoning
+
+
+def cuda_assert_in_mod() -> StructuredException:
+    """A failure a recipe covers (H1: CUDA called on a host without it)."""
+    return StructuredException(type="AssertionError", message="Torch not compiled with CUDA enabled",
+                               frames=[Frame(file="mod.py", line=3, func="scale", code="x.cuda()", in_model=True)])
+
+
+def test_llm_debugger_that_gives_nothing_falls_back_to_the_rule_recipe(ws: Workspace) -> None:
+    policy, chat = policy_for(ws, [])  # the script is empty: the call fails like an unreachable service
+    diag = policy.diagnose("run-1", cuda_assert_in_mod(), [])
+    assert len(chat.seen) == 1
+    assert diag.fix == "device-agnostic" and diag.params.get("by") != "llm"
+    assert "the LLM gave no usable fix (AssertionError: the scripted LLM" in diag.summary
+    assert "the rules decided: device-agnostic" in diag.summary
+    assert len(policy.notes) == 1 and policy.notes[0].endswith("the rules decided: device-agnostic")
+    action = policy.fix_for(diag)
+    assert action is not None and action.codemod == "device-agnostic" and action.files == ["mod.py"]
+    # No recipe covers the failure: no fix, and the reason says both sides gave up.
+    policy2, _ = policy_for(ws, [])
+    none = policy2.diagnose("run-2", exc_in_mod(), [])
+    assert none.fix is None and none.params["by"] == "llm" and "the LLM gave no usable fix" in none.summary
+    assert policy2.notes[-1].endswith("the rules have no fix either")
+
+
+def test_malformed_answers_count_against_the_retries(ws: Workspace) -> None:
+    from langchain_core.messages import AIMessage
+
+    from knowledge.errors import AnswerRejected
+
+    def bad(i: int) -> AIMessage:
+        return AIMessage(content="", invalid_tool_calls=[{"name": "ReviewAnswer", "args": '{"findings": [',
+                                                          "id": f"c{i}", "error": "bad json", "type": "invalid_tool_call"}])
+
+    policy, chat = policy_for(ws, [bad(i) for i in range(3)], max_answer_retries=2)
+    with pytest.raises(AnswerRejected, match="not valid JSON"):
+        policy.review_findings([], [])
+    assert len(chat.seen) == 3  # the first answer and two retries, each sent back with the reason
+    last = chat.seen[-1][-1]
+    assert isinstance(last, ToolMessage) and str(last.content).startswith("rejected: the arguments of ReviewAnswer")
+
+
+def test_reasoning_events_reach_a_graph_stream(ws: Workspace) -> None:
+    """Inside a graph run, each LLM turn and each rejection is a ``reasoning`` progress event; the rule
+    policy's decisions too. Outside a graph they go nowhere (no error)."""
+    from langgraph.graph import END, START, StateGraph
+    from typing_extensions import TypedDict
+
+    class S(TypedDict, total=False):
+        out: str
+
+    def node(_: S) -> S:
+        policy, _chat = policy_for(ws, [edit_answer(search="no such line\n", call_id="c1"), edit_answer(call_id="c2")])
+        policy.diagnose("run-1", exc_in_mod(), [])
+        RulePolicy().diagnose("run-1", cuda_assert_in_mod(), [])
+        return {"out": "done"}
+
+    g: StateGraph[Any] = StateGraph(S)
+    g.add_node("n", node)
+    g.add_edge(START, "n")
+    g.add_edge("n", END)
+    events = [c for mode, c in g.compile().stream({}, stream_mode=["custom"]) if mode == "custom"]
+    said = [(e["agent"], e["source"], e["text"]) for e in events if e["kind"] == "reasoning"]
+    assert said[0][:2] == ("debugger", "llm") and said[0][2].startswith("answers DiagnosisAnswer: scale rejects its own")
+    assert said[1][:2] == ("debugger", "llm") and said[1][2].startswith("npuport rejected the answer: ")
+    assert said[2][:2] == ("debugger", "llm") and said[2][2].startswith("answers DiagnosisAnswer")
+    assert said[3][:2] == ("debugger", "rules") and said[3][2].endswith("fix: device-agnostic")
+    assert len(said) == 4 and all(e.get("prompt") for e in events[:3])
+    RulePolicy().diagnose("run-1", cuda_assert_in_mod(), [])  # outside a graph: nothing to send, no error

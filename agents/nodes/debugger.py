@@ -63,5 +63,6 @@ def debugger_node(state: dict[str, Any]) -> dict[str, Any]:
         update["reason"] = f"could not port because {because}" + (f". Tried: {tried}" if tried else "")
         trace.append(step("debugger", f"give up: {update['reason']}", signature=diag.signature,
                           citations=[c.source for c in diag.citations]))
-    update["trace"] = trace
+    # What the LLM debugger did, or why the rules decided instead (the report's LLM section lists these).
+    update["trace"] = [step("debugger", n, llm=True) for n in getattr(policy, "notes", [])] + trace
     return update

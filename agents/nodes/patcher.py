@@ -41,7 +41,7 @@ def patcher_node(state: dict[str, Any]) -> dict[str, Any]:
     else:
         actions = []
     patches: list[dict[str, Any]] = []
-    trace = [step("patcher", note) for note in getattr(policy, "notes", [])]  # the LLM patcher's outcome
+    trace = [step("patcher", note, llm=True) for note in getattr(policy, "notes", [])]  # the LLM patcher's outcome
     for action in actions:
         patch, notes = apply_fix(ws, action, done + len(patches) + 1, target=state.get("target"))
         if patch:

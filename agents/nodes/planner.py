@@ -12,6 +12,16 @@ from agents.trace import step
 from knowledge.errors import GoalError, first_line
 
 
+def _explicit(goal: str, raw: dict[str, Any]) -> dict[str, Any]:
+    """The request fields the caller set, as opposed to what the rule parser read from the goal (the
+    service sends a whole parsed request): those the LLM's reading of the goal may replace."""
+    try:
+        ruled = parse_goal(goal, {"model_path": raw.get("model_path") or "."}).model_dump()
+    except (GoalError, ValueError):
+        return raw
+    return {k: v for k, v in raw.items() if k in ("model_path", "policy") or k not in ruled or ruled[k] != v}
+
+
 def planner_node(state: dict[str, Any]) -> dict[str, Any]:
     """Turn the goal (text or structured request) into a PortRequest and a plan."""
     started = time.time()
@@ -26,7 +36,9 @@ def planner_node(state: dict[str, Any]) -> dict[str, Any]:
         fields, llm_note, records = plan_goal(goal)
         if fields is not None:
             constraints = list(fields.pop("constraints", None) or [])
-            raw = {**{k: v for k, v in fields.items() if v is not None}, **raw}
+            if raw.get("model_path"):  # a folder the caller named (the service confined it) is never replaced
+                fields.pop("model_path", None)
+            raw = {**{k: v for k, v in fields.items() if v is not None}, **_explicit(goal, raw)}
             source = "llm"
     try:
         req = parse_goal(goal, raw) if goal else PortRequest(**raw)
@@ -50,7 +62,7 @@ def planner_node(state: dict[str, Any]) -> dict[str, Any]:
             "budget": {"max_runs": req.max_runs, "max_wall_s": req.max_wall_s, "tune_trials": req.tune_trials}}
     if records:  # no workspace yet: the code-reader saves them under llm/ with the others
         plan["llm_records"] = records
-    trace = [step("planner", llm_note, source=source)] if llm_note else []
+    trace = [step("planner", llm_note, source=source, llm=True)] if llm_note else []
     trace.append(step("planner", f"plan ({'LLM' if source == 'llm' else 'rule parser'}): port {path.name} to "
                       f"{req.target} (chip {req.chip}), objective {req.objective}"
                       + (f", constraints {', '.join(constraints)}" if constraints else ""), steps=steps))

@@ -18,11 +18,17 @@ from agents.tuning.port import skeleton_tuning, tune_port
 
 
 def tuner_node(state: dict[str, Any]) -> dict[str, Any]:
-    if not (state.get("request") or {}).get("tune"):
+    req = state.get("request") or {}
+    asked_llm = False
+    if not req.get("tune"):
         tuning = skeleton_tuning(state)
     else:
+        from agents.policies.assist import llm_enabled
+
+        asked_llm = llm_enabled(req.get("policy"))  # the LLM proposed trials: the report lists the outcome
         try:
             tuning = tune_port(state)
         except Exception as exc:  # tuning must never lose a validated port
             tuning = Tuning(status="failed", detail=f"tuning stopped: {type(exc).__name__}: {str(exc)[:300]}")
-    return {"tuning": tuning.model_dump(mode="json"), "trace": [step("tuner", tuning.detail)]}
+    return {"tuning": tuning.model_dump(mode="json"),
+            "trace": [step("tuner", tuning.detail, **({"llm": True} if asked_llm else {}))]}

@@ -12,7 +12,7 @@ from typing import Any
 
 from agents.models import Finding
 from agents.policies.base import PolicyContext
-from knowledge.errors import first_line
+from agents.policies.reasoning import think, why_failed
 from knowledge.settings import LLMSettings
 
 LLM_POLICIES = ("llm", "hybrid")
@@ -20,17 +20,6 @@ LLM_POLICIES = ("llm", "hybrid")
 
 def llm_enabled(policy: str | None, settings: LLMSettings | None = None) -> bool:
     return (policy or "rule") in LLM_POLICIES and (settings or LLMSettings()).configured
-
-
-def _why(exc: BaseException) -> str:
-    from knowledge.errors import BudgetExhausted
-
-    if isinstance(exc, BudgetExhausted):
-        return f"{first_line(exc, 200)}"
-    name = type(exc).__name__
-    if "Timeout" in name:
-        return f"the LLM did not answer in time ({name})"
-    return f"{name}: {first_line(exc, 200)}"
 
 
 def _policy(context: PolicyContext | None) -> Any:
@@ -56,7 +45,9 @@ def plan_goal(goal: str) -> tuple[dict[str, Any] | None, str, list[dict[str, Any
     try:
         fields = pol.understand_goal(goal)
     except Exception as exc:  # noqa: BLE001 - the rule parser is the fallback
-        return None, f"the LLM planner failed ({_why(exc)}); the rule parser read the goal", pol.records
+        note = f"the LLM planner failed ({why_failed(exc)}); the rule parser read the goal"
+        think("planner", "rules", note)
+        return None, note, pol.records
     return fields, f"the LLM read the goal ({pol.budget.used} tokens, prompt {pol.last_prompt_id})", pol.records
 
 
@@ -104,7 +95,9 @@ def review_code(context: PolicyContext, findings: list[Finding], only_unclassifi
     try:
         extra = pol.review_findings(findings, sites)
     except Exception as exc:  # noqa: BLE001 - the static findings stand on their own
-        return [], f"the LLM code review failed ({_why(exc)}); the rule findings stand"
+        note = f"the LLM code review failed ({why_failed(exc)}); the rule findings stand"
+        think("code_reader", "rules", note)
+        return [], note
     return extra, (f"the LLM reviewed {len(sites)} unclassified site(s) and proposed {len(extra)} finding(s) "
                    f"(prompt {pol.last_prompt_id})")
 
@@ -117,5 +110,7 @@ def propose_trials(context: PolicyContext, space: dict[str, list[Any]], tried: l
     try:
         trials = pol.suggest_trials(space, tried, objective, n=n)
     except Exception as exc:  # noqa: BLE001 - the optimiser goes on alone
-        return [], f"the LLM tuner failed ({_why(exc)}); the optimiser searches alone"
+        note = f"the LLM tuner failed ({why_failed(exc)}); the optimiser searches alone"
+        think("tuner", "rules", note)
+        return [], note
     return trials, f"the LLM proposed {len(trials)} trial(s) (prompt {pol.last_prompt_id})"

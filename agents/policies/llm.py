@@ -50,6 +50,7 @@ from agents.policies.llm_answers import (  # noqa: F401  (re-exported)
     TrialsAnswer,
     tokens_of,
 )
+from agents.policies.reasoning import llm_turn_text, think, why_failed
 from agents.policies.rule import RulePolicy
 from agents.policies.tools import ToolBox, ToolError, resolve_in
 from agents.rules.diagnose import classify
@@ -115,6 +116,7 @@ class LLMPolicy:
         self.notes: list[str] = []
         self.last_prompt_id: str | None = None
         self._agent = "llm"
+        self._answer_name: str | None = None
 
     # ----------------------------------------------------------------------------- plumbing
 
@@ -137,11 +139,22 @@ class LLMPolicy:
             ai = runnable.invoke(messages)
         except Exception as exc:
             self._record(messages, None, 0, error=f"{type(exc).__name__}: {first_line(exc, 300)}")
+            think(self._agent, "llm", f"the LLM call failed: {why_failed(exc)}", prompt=self.last_prompt_id)
             raise
         tokens = tokens_of(ai, messages)
         self.budget.add(tokens)
         self._record(messages, ai, tokens)
+        self._think_turn(ai, tokens)
         return ai
+
+    def _think_turn(self, ai: AIMessage, tokens: int) -> None:
+        """The turn as live progress (the chat API and the job stream show it)."""
+        reasoning = (ai.additional_kwargs or {}).get("reasoning_content")  # reasoning models behind vLLM and others
+        calls: list[dict[str, Any]] = [{"name": c["name"], "args": c["args"]} for c in ai.tool_calls]
+        calls += [{"name": c.get("name"), "args": {"invalid arguments": str(c.get("args"))[:120]}}
+                  for c in ai.invalid_tool_calls]
+        think(self._agent, "llm", llm_turn_text(ai.content, calls, self._answer_name, reasoning),
+              prompt=self.last_prompt_id, tokens=tokens)
 
     @property
     def records_dir(self) -> Path | None:
@@ -178,6 +191,7 @@ class LLMPolicy:
         from langchain_core.messages import HumanMessage, SystemMessage, ToolMessage
 
         self._agent = agent
+        self._answer_name = schema.__name__
         model = self.chat_model()
         check = validate or (lambda _a: [])
         messages: list[BaseMessage] = [SystemMessage(load_prompt(agent)), HumanMessage(question)]
@@ -192,8 +206,14 @@ class LLMPolicy:
                 if not ai.tool_calls and not ai.invalid_tool_calls:
                     break
                 for bad in ai.invalid_tool_calls:
-                    messages.append(ToolMessage(f"error: the arguments of {bad.get('name')} are not valid JSON",
-                                                tool_call_id=bad.get("id") or ""))
+                    why = f"the arguments of {bad.get('name')} are not valid JSON"
+                    if bad.get("name") == answer_name:  # a malformed answer counts against the retries
+                        rejected += 1
+                        problems = [why]
+                        messages.append(ToolMessage(_rejection(problems), tool_call_id=bad.get("id") or ""))
+                        think(agent, "llm", f"npuport rejected the answer: {why}", prompt=self.last_prompt_id)
+                        continue
+                    messages.append(ToolMessage(f"error: {why}", tool_call_id=bad.get("id") or ""))
                 for call in ai.tool_calls:
                     if call["name"] != answer_name:
                         messages.append(ToolMessage(self.toolbox.run(call["name"], call["args"]),
@@ -204,6 +224,7 @@ class LLMPolicy:
                         return answer
                     rejected += 1
                     messages.append(ToolMessage(_rejection(problems), tool_call_id=call["id"] or ""))
+                    think(agent, "llm", f"npuport rejected the answer: {'; '.join(problems)}", prompt=self.last_prompt_id)
                 if rejected > self.settings.max_answer_retries:
                     raise AnswerRejected("; ".join(problems))
         # The model stopped calling tools (or used up its rounds): ask for the structured answer.
@@ -215,11 +236,13 @@ class LLMPolicy:
                 out = cast(dict[str, Any], structured.invoke(messages))  # include_raw: raw, parsed, parsing_error
             except Exception as exc:
                 self._record(messages, None, 0, error=f"{type(exc).__name__}: {first_line(exc, 300)}")
+                think(self._agent, "llm", f"the LLM call failed: {why_failed(exc)}", prompt=self.last_prompt_id)
                 raise
             raw = out["raw"]
             tokens = tokens_of(raw, messages)
             self.budget.add(tokens)
             self._record(messages, raw, tokens)
+            self._think_turn(raw, tokens)
             parsed = out.get("parsed")
             if parsed is not None:
                 answer, problems = _parse(schema, parsed.model_dump() if isinstance(parsed, BaseModel) else parsed, check)
@@ -232,6 +255,7 @@ class LLMPolicy:
             else:
                 problems = [f"the answer does not match {answer_name}: {str(out.get('parsing_error'))[:300]}"]
             messages.append(raw)
+            think(agent, "llm", f"npuport rejected the answer: {'; '.join(problems)}", prompt=self.last_prompt_id)
             if raw.tool_calls:
                 messages.extend(ToolMessage(_rejection(problems), tool_call_id=c["id"] or "") for c in raw.tool_calls)
             else:
@@ -307,7 +331,9 @@ class LLMPolicy:
             plan = self.ask("patcher", question, FixPlan, check)
         except Exception as exc:  # noqa: BLE001 - budget, service or answers: the offline plan still ports known hazards
             what = "the rule plan is used" if fallback else "the findings stay unpatched"
-            self.notes.append(f"the LLM patcher gave no usable plan ({type(exc).__name__}: {first_line(exc, 200)}); {what}")
+            note = f"the LLM patcher gave no usable plan ({why_failed(exc)}); {what}"
+            self.notes.append(note)
+            think("patcher", "rules", note)
             return RulePolicy().plan_fixes(findings) if fallback else []
         self.notes.append(f"the LLM patcher planned {len(plan.fixes)} fix(es) (prompt {self.last_prompt_id})")
         actions = []
@@ -356,15 +382,27 @@ class LLMPolicy:
 
         try:
             ans = self.ask("debugger", question, DiagnosisAnswer, check)
-        except BudgetExhausted as exc:
-            base.summary = f"{sig.summary}; {exc}, so the LLM policy stops"
-            base.params.update(budget_exhausted=True, llm_tokens=self.budget.used - start)
-            return base
-        except Exception as exc:  # noqa: BLE001 - an unreachable service or unusable answers end in a report, not a crash
-            base.summary = f"{sig.summary}; the LLM gave no usable fix ({type(exc).__name__}: {str(exc)[:200]})"
-            base.params["llm_tokens"] = self.budget.used - start
-            return base
+        except Exception as exc:  # noqa: BLE001 - a spent budget, a timeout, an unreachable service or unusable answers
+            return self._rule_fallback(run_id, exception, history, base, rule_reading, exc, self.budget.used - start)
         return self._diagnosis_from(base, ans, self.budget.used - start)
+
+    def _rule_fallback(self, run_id: str, exception: StructuredException, history: list[Diagnosis], base: Diagnosis,
+                       rule_reading: Diagnosis | None, exc: Exception, tokens: int) -> Diagnosis:
+        """The LLM debugger gave nothing: the rule policy's diagnosis decides (its recipe, when one covers
+        the failure), and the summary says that the LLM failed and why. Never a crash."""
+        spent = isinstance(exc, BudgetExhausted)
+        why = f"{exc}, so the LLM policy stops" if spent else f"the LLM gave no usable fix ({why_failed(exc)})"
+        reading = rule_reading or RulePolicy().diagnose(run_id, exception, history)
+        if reading.fix:
+            note = f"{why}; the rules decided: {reading.fix}"
+            diag = reading.model_copy(update={"summary": f"{reading.summary} ({note})"})
+        else:
+            note = f"{why}; the rules have no fix either"
+            diag = base.model_copy(update={"summary": f"{base.summary}; {why}", "citations": reading.citations})
+            diag.params = {"by": "llm", "llm_tokens": tokens, **({"budget_exhausted": True} if spent else {})}
+        self.notes.append(note)
+        think("debugger", "rules", f"{diag.summary}; fix: {diag.fix or 'none'}")
+        return diag
 
     def _changed_lines(self, limit: int = 4000) -> str:
         """What npuport changed so far (git diff from the original), so the model sees its own edits."""
@@ -407,6 +445,8 @@ class LLMPolicy:
             blocks = LLMEdit(edits=fx.edits, diff=fx.diff).blocks()
             params["edits"] = [b.model_dump() for b in blocks]
             file = blocks[0].file
+        self.notes.append(f"the LLM diagnosed {ans.kind or base.kind} and proposed "
+                          f"{fix or 'no fix'} (prompt {self.last_prompt_id}, {tokens} tokens)")
         return base.model_copy(update={
             "kind": ans.kind or base.kind, "summary": ans.summary or base.summary, "file": file,
             "line": ans.line if ans.line is not None else base.line, "fix": fix, "params": params,
@@ -587,7 +627,9 @@ class HybridPolicy:
         if not self.llm_available:
             return reading.model_copy(update={"summary": f"{reading.summary}; no LLM is configured to escalate to "
                                                          "(set NPUPORT_LLM_BASE_URL and NPUPORT_LLM_MODEL)"})
-        return self.llm.diagnose(run_id, exception, history, rule_reading=reading)
+        diag = self.llm.diagnose(run_id, exception, history, rule_reading=reading)
+        self.notes = self.llm.notes
+        return diag
 
     def fix_for(self, diagnosis: Diagnosis) -> FixAction | None:
         if diagnosis.params.get("by") == "llm":

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from agents.models import Citation, Diagnosis, Finding, StructuredException
 from agents.policies.base import FixAction
+from agents.policies.reasoning import think
 from agents.rules.diagnose import classify, explain
 from agents.rules.registry import active
 
@@ -32,6 +33,8 @@ class RulePolicy:
             actions.append(FixAction(codemod=codemod, files=files, finding_ids=ids,
                                      summary=f"{codemod} ({hz}): {len(hits)} finding(s) in {', '.join(files)}",
                                      citations=list(citations.values())))
+        think("patcher", "rules", "the recipes plan " + ("; ".join(a.summary for a in actions) if actions
+                                                           else "no patch: no finding has a codemod"))
         return actions
 
     def diagnose(self, run_id: str, exception: StructuredException, history: list[Diagnosis]) -> Diagnosis:
@@ -43,6 +46,7 @@ class RulePolicy:
             # The same failure after its fix: the recipe did not help. Stop rather than loop.
             summary = f"{sig.summary}; the same failure came back after its fix, so no recipe makes progress"
             fix = None
+        think("debugger", "rules", f"{sig.kind}: {summary}; fix: {fix or 'none (no recipe covers it)'}")
         return Diagnosis(
             id=f"diag-{len(history) + 1}",
             run_id=run_id,

@@ -83,6 +83,9 @@ def llm_proposals(state: dict[str, Any], space: SearchSpace, facts: HostFacts) -
     kept = [p for p in proposed if space.key({**start, **p}) in keys]
     if proposed:
         note += f"; {len(kept)} inside the constraint space, {len(proposed) - len(kept)} rejected (pruned by constraints)"
+        from agents.policies.reasoning import think
+
+        think("tuner", "llm", note + "; the optimiser measures them and judges")
     return kept, note
 
 

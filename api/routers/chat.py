@@ -11,6 +11,11 @@ What the last user message may say:
 - "status" / "progress" (or anything else, once a job is bound): where the job stands;
 - "report": the final report (report.md);
 - "cancel" / "stop"; "approve": steer the job (these and new goals need the write scope).
+
+``metadata.policy`` ("rule", "llm" or "hybrid") chooses who decides for a new port; with an LLM policy
+and a configured endpoint (NPUPORT_LLM_*) each agent's reasoning streams as it happens, as does the rule
+policy's decision text. Those chunks carry ``npuport.event = "reasoning"`` with the agent and the source
+(``llm`` or ``rules``), so a client can show them apart from the replies.
 """
 
 from __future__ import annotations
@@ -116,7 +121,8 @@ async def chat_completions(body: ChatRequest, request: Request,
     reply: str
     if intent == "goal":
         try:
-            new_job, _ = await asyncio.to_thread(submit_job, mgr, owner=principal.name, goal=text, fields={},
+            fields = {"policy": policy} if (policy := (body.metadata or {}).get("policy")) else {}
+            new_job, _ = await asyncio.to_thread(submit_job, mgr, owner=principal.name, goal=text, fields=fields,
                                                  conversation=conversation)
             reply = (f"Started job `{new_job.id}`: port {Path(new_job.request['model_path']).name} "
                      f"to {new_job.request['target']}.\n")
@@ -185,7 +191,10 @@ def _chunk(cid: str, delta: dict[str, Any], finish: str | None = None, extra: di
 def _event_line(kind: str, data: dict[str, Any]) -> str | None:
     if kind == "step":
         return f"- **{data.get('agent')}**: {data.get('summary')}\n"
-    if kind != "status":  # live progress (node starts, trials) is for the page; chat gets the steps
+    if kind == "progress" and data.get("kind") == "reasoning":  # an agent thinking aloud (agents/policies/reasoning.py)
+        who = "LLM" if data.get("source") == "llm" else "rules"
+        return f"  > _{data.get('agent')} ({who})_: {data.get('text')}\n"
+    if kind != "status":  # other live progress (node starts, trials) is for the page; chat gets the steps
         return None
     status = data.get("status")
     if status in ("queued", "running") and not data.get("reason"):
@@ -198,15 +207,16 @@ async def _stream(request: Request, mgr: JobManager, cid: str, reply: str, follo
     yield _chunk(cid, {"role": "assistant", "content": ""}, extra=extra)
     yield _chunk(cid, {"content": reply})
     if follow is not None:
-        async for line in _follow(request, mgr, follow.id, follow_after):
-            yield line if line.startswith(":") else _chunk(cid, {"content": line})
+        async for line, meta in _follow(request, mgr, follow.id, follow_after):
+            yield line if line.startswith(":") else _chunk(cid, {"content": line}, extra=meta)
     yield _chunk(cid, {}, finish="stop")
     yield "data: [DONE]\n\n"
 
 
-async def _follow(request: Request, mgr: JobManager, job_id: str, after: int = 0) -> AsyncIterator[str]:
-    """Lines about the job's events after seq ``after`` until it ends or waits for approval; SSE comments
-    keep idle links open."""
+async def _follow(request: Request, mgr: JobManager, job_id: str,
+                  after: int = 0) -> AsyncIterator[tuple[str, dict[str, Any] | None]]:
+    """Lines about the job's events after seq ``after`` until it ends or waits for approval, each with
+    what the chunk says about itself (reasoning: its agent and source); SSE comments keep idle links open."""
     last = after
     wake = mgr.listen(job_id)
     idle = 0.0
@@ -216,14 +226,14 @@ async def _follow(request: Request, mgr: JobManager, job_id: str, after: int = 0
             for e in mgr.store.events(job_id, after=last):
                 last = e.seq
                 if (line := _event_line(e.kind, e.data)) is not None:
-                    yield line
+                    yield line, _meta(e.kind, e.data)
                 status = e.data.get("status") if e.kind == "status" else None
                 if status in TERMINAL:
                     job = mgr.store.get(job_id)
-                    yield _final_line(job) if job else ""
+                    yield (_final_line(job) if job else ""), None
                     return
                 if status == "awaiting_approval":
-                    yield f"job `{job_id}` waits for your approval: reply \"approve\" or \"cancel\".\n"
+                    yield f"job `{job_id}` waits for your approval: reply \"approve\" or \"cancel\".\n", None
                     return
             if await request.is_disconnected():
                 return
@@ -234,9 +244,16 @@ async def _follow(request: Request, mgr: JobManager, job_id: str, after: int = 0
                 idle += 2.0
                 if idle >= 14.0:
                     idle = 0.0
-                    yield ": keep-alive\n\n"
+                    yield ": keep-alive\n\n", None
     finally:
         mgr.unlisten(job_id, wake)
+
+
+def _meta(kind: str, data: dict[str, Any]) -> dict[str, Any] | None:
+    if kind == "progress" and data.get("kind") == "reasoning":
+        return {"event": "reasoning", "agent": data.get("agent"), "source": data.get("source"),
+                **({"prompt": data["prompt"]} if data.get("prompt") else {})}
+    return None
 
 
 def _final_line(job: Job) -> str:
