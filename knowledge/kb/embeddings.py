@@ -16,6 +16,7 @@ import hashlib
 import importlib.util
 import os
 import threading
+import warnings
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -130,7 +131,11 @@ class SentenceTransformerEmbedder:
                     return self.m(input_ids=ids, attention_mask=mask).last_hidden_state
 
             enc = model.tokenizer(["trace example error code 507011"], return_tensors="pt")
-            with torch.inference_mode():
+            # TorchScript is deprecated in torch but still shipped; its tracer warnings are noise here
+            # (the shapes it reads are the batch of one every query has), and a torch without it lands
+            # in the except below.
+            with torch.inference_mode(), warnings.catch_warnings():
+                warnings.simplefilter("ignore")
                 traced = torch.jit.trace(_Hidden(inner).eval(), (enc["input_ids"], enc["attention_mask"]),
                                          strict=False)
                 self._traced = torch.jit.optimize_for_inference(torch.jit.freeze(traced))
