@@ -2,9 +2,10 @@
 
     python bench/kb_eval.py [--data ../shared/data] [--home DIR] [--split test|dev|all] [--online] [--json]
 
-Cases: bench/kb_eval_real.yaml, error messages and symptoms quoted from public issue trackers, each
-with its thread, split into dev and test halves by source (recipes and notes may be written from the
-dev half only). The goal is judged on the test half.
+Cases: bench/kb_eval_real.yaml, error messages and symptoms quoted from public issue trackers and
+pages, each with its thread, split into dev and test halves by source. The test half was collected after
+npuport's notes and recipe patterns were frozen, from sources used nowhere else in the repository;
+retrieval is tuned on the dev half only. The goal is judged on the test half.
 
 Two stores are measured, both built in this run:
 - "readme": exactly what README's `npuport kb build` (no arguments) builds: the torch_npu wheel, the op
