@@ -313,3 +313,30 @@ def test_openai_compatible_embeddings(
         assert hits[0].source == "demo-docs/npu_demo_norm.md"
     finally:
         fake.server.shutdown()
+
+
+def test_dense_half_matches_chroma_and_frozen_query_matches_encode(npuport_home: Path, docs: Path) -> None:
+    """Search ranks the dense half over vectors read once into memory (no Chroma query per search) and
+    embeds queries with a traced, frozen transformer: both must give what Chroma and encode() give."""
+    kb = KnowledgeBase()
+    kb.build([str(docs)], progress=False)
+    query = "call aclnnDemoNorm failed: not implemented for DT_DOUBLE"
+    emb = kb.embedder()
+    assert isinstance(emb, emb_mod.SentenceTransformerEmbedder)
+    qvec = emb.embed_query(query)
+    assert emb._traced is not False  # the fast path is the one measured
+    ref = emb._load().encode([query], normalize_embeddings=True, show_progress_bar=False)[0]
+    assert sum(a * b for a, b in zip(qvec, ref, strict=True)) > 0.99999
+
+    lex = kb.lexical()
+    for name in ("ascend_ops", "recipes"):
+        n = kb.counts()[name]
+        res = kb._collection(name).query(query_embeddings=[qvec], n_results=min(n, 8), include=["distances"])
+        mine = lex.nearest(qvec, name, min(n, 8))
+        assert [d.id for d, _ in mine] == res["ids"][0]
+        for (_, sim), dist in zip(mine, res["distances"][0], strict=True):
+            assert abs((1.0 - sim) - dist) < 1e-4  # cosine distance, as Chroma stores it
+
+    # A write through this KnowledgeBase is searchable at once: the in-memory index is rebuilt.
+    kb.record_fix("npu-dtype:aclnnDemoNorm float64", "cast to float32 before npu_demo_norm", "demo", "ascend")
+    assert kb.search("aclnnDemoNorm float64 cast", k=3)[0].collection == "port_memory"

@@ -16,6 +16,7 @@ import hashlib
 import importlib.util
 import os
 import threading
+import warnings
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -75,6 +76,7 @@ class SentenceTransformerEmbedder:
         self.name = name
         self.model_dir = model_dir
         self._model: Any = None
+        self._traced: Any = None  # None: not tried yet; False: not usable
         self._lock = threading.Lock()
 
     def _load(self) -> Any:
@@ -101,6 +103,46 @@ class SentenceTransformerEmbedder:
         vecs = self._load().encode(texts, batch_size=64, normalize_embeddings=True, show_progress_bar=False)
         return [v.tolist() for v in vecs]
 
+    def _frozen(self, model: Any) -> Any:
+        """The transformer traced and frozen for one-text queries (the same numbers as ``encode``,
+        measured here at ~30 % less CPU: fused ops, no Python per layer), or False when the model is
+        not a plain transformer + mean pooling, or tracing fails (then ``encode`` is used)."""
+        if self._traced is not None:
+            return self._traced
+        self._traced = False
+        try:
+            import torch
+
+            mods = list(model)
+            pool = mods[1] if len(mods) > 1 else None
+            mode = getattr(pool, "pooling_mode", None)
+            if mode is None:  # older sentence-transformers
+                mode = getattr(pool, "get_pooling_mode_str", lambda: "")()
+            if len(mods) not in (2, 3) or mode != "mean" or not hasattr(mods[0], "auto_model"):
+                return self._traced
+            inner = mods[0].auto_model.eval()
+
+            class _Hidden(torch.nn.Module):
+                def __init__(self, m: Any) -> None:
+                    super().__init__()
+                    self.m = m
+
+                def forward(self, ids: Any, mask: Any) -> Any:
+                    return self.m(input_ids=ids, attention_mask=mask).last_hidden_state
+
+            enc = model.tokenizer(["trace example error code 507011"], return_tensors="pt")
+            # TorchScript is deprecated in torch but still shipped; its tracer warnings are noise here
+            # (the shapes it reads are the batch of one every query has), and a torch without it lands
+            # in the except below.
+            with torch.inference_mode(), warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                traced = torch.jit.trace(_Hidden(inner).eval(), (enc["input_ids"], enc["attention_mask"]),
+                                         strict=False)
+                self._traced = torch.jit.optimize_for_inference(torch.jit.freeze(traced))
+        except Exception:  # an unusual model: encode() still works
+            self._traced = False
+        return self._traced
+
     def embed_query(self, text: str) -> list[float]:
         model = self._load()
         import torch
@@ -111,10 +153,20 @@ class SentenceTransformerEmbedder:
             prev = torch.get_num_threads()
             torch.set_num_threads(1)
             try:
-                vec = model.encode([text], normalize_embeddings=True, show_progress_bar=False)[0]
+                frozen = self._frozen(model)
+                if frozen is False:
+                    vec = model.encode([text], normalize_embeddings=True, show_progress_bar=False)[0]
+                    return [float(x) for x in vec]
+                enc = model.tokenizer([text], return_tensors="pt", truncation=True,
+                                      max_length=model.max_seq_length)
+                with torch.inference_mode():
+                    hidden = frozen(enc["input_ids"], enc["attention_mask"])
+                    mask = enc["attention_mask"].unsqueeze(-1).to(hidden.dtype)
+                    pooled = (hidden * mask).sum(1) / mask.sum(1).clamp(min=1e-9)
+                    out = torch.nn.functional.normalize(pooled, p=2, dim=1)[0]
+                return [float(x) for x in out.tolist()]
             finally:
                 torch.set_num_threads(prev)
-        return [float(x) for x in vec]
 
 
 class OpenAIEmbedder:

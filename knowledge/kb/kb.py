@@ -53,6 +53,7 @@ MEMORY_MIN_SIM = 0.55  # a port-memory hit without shared identifiers must be at
 EMBED_BATCH = 512
 SMALL_COLLECTION = 300  # collections up to this size are ranked whole: one query instead of two
 LEXICAL_K = 30  # BM25 candidates fused with the dense and identifier rankings
+QUERY_CACHE = 256  # query embeddings kept per KnowledgeBase
 REBUILD_HINT = "run `npuport kb build --rebuild` to recreate it"
 
 
@@ -74,6 +75,7 @@ class KnowledgeBase:
         self._client: Any = None
         self._counts: dict[str, int] = {}
         self._bm25: BM25Index | None = None
+        self._qcache: dict[str, list[float]] = {}
 
     # ------------------------------------------------------------------ plumbing
 
@@ -367,16 +369,22 @@ class KnowledgeBase:
         return dict(self._counts)
 
     def lexical(self) -> BM25Index:
-        """The BM25 index over every stored chunk (built on first use after a build)."""
+        """The in-memory index of every stored chunk: BM25 postings, identifier keys and the chunks'
+        vectors (built on first use after a build, in one read of each collection)."""
         if self._bm25 is None:
             docs: list[Doc] = []
+            vectors: dict[str, list[Any]] = {}
             for name in COLLECTIONS:
                 if not self.counts().get(name):
                     continue
-                got = self._collection(name).get(include=["documents", "metadatas"])
+                got = self._collection(name).get(include=["documents", "metadatas", "embeddings"])
+                embs = got.get("embeddings")
+                embs = [] if embs is None else list(embs)
                 for cid, doc, meta in zip(got["ids"], got["documents"] or [], got["metadatas"] or [], strict=False):
                     docs.append(Doc(cid, name, doc or "", dict(meta or {})))
+                vectors[name] = embs
             self._bm25 = BM25Index.build(docs)
+            self._bm25.set_vectors(vectors)
         return self._bm25
 
     def search(self, query: str, k: int = 5, collections: Iterable[str] | None = None) -> list[Hit]:
@@ -393,26 +401,22 @@ class KnowledgeBase:
             return []
         keys = extract_keys(query, hazards=True)
         keys += [hk for hk in recipe_keys_for(query) if hk not in keys]
-        qvec = self.embedder().embed_query(dense_text(query))
+        try:
+            lex = self.lexical()
+        except KBError:
+            raise
+        except Exception as e:
+            raise KBStoreError(f"Search failed on {self.location} ({e}); {REBUILD_HINT}.") from e
+        qvec = self._query_vector(dense_text(query))
         cands: dict[str, Hit] = {}
-        # Dense: one query per collection (small ones ranked whole).
+        # Dense: exact cosine over the in-memory vectors (no store round trip per query); small
+        # collections ranked whole, large ones to 3k.
         for name in names:
             n = counts[name]
-            try:
-                res = self._collection(name).query(
-                    query_embeddings=[qvec],
-                    n_results=n if n <= SMALL_COLLECTION else min(n, 3 * k),
-                    include=["documents", "metadatas", "distances"],
-                )
-            except Exception as e:
-                raise KBStoreError(f"Search failed on {self.location} ({e}); {REBUILD_HINT}.") from e
-            for cid, doc, meta, dist in zip(
-                res["ids"][0], res["documents"][0], res["metadatas"][0], res["distances"][0], strict=False
-            ):
-                cands[cid] = self._hit(cid, name, doc or "", dict(meta or {}), dist, keys)
+            for d, sim in lex.nearest(qvec, name, n if n <= SMALL_COLLECTION else min(n, 3 * k)):
+                cands[d.id] = self._hit(d.id, name, d.text, d.meta, 1.0 - sim, keys)
         dense_rank = {h.id: i for i, h in enumerate(sorted(cands.values(), key=lambda h: -h.score))}
-        # Lexical (BM25) and identifier candidates come from the in-memory index of the store.
-        lex = self.lexical()
+        # Lexical (BM25) and identifier candidates come from the same in-memory index.
         bm = lex.scores(query)
         wanted = set(names)
         lex_rank: dict[str, int] = {}
@@ -424,6 +428,16 @@ class KnowledgeBase:
             if d.id not in cands:
                 cands[d.id] = self._hit(d.id, d.collection, d.text, d.meta, None, keys)
         return fuse_rank(list(cands.values()), k, dense_rank, lex_rank)
+
+    def _query_vector(self, text: str) -> list[float]:
+        """The query's embedding; repeated queries (a debugger retrying one failure) are not re-embedded."""
+        vec = self._qcache.get(text)
+        if vec is None:
+            vec = self.embedder().embed_query(text)
+            if len(self._qcache) >= QUERY_CACHE:
+                self._qcache.pop(next(iter(self._qcache)))
+            self._qcache[text] = vec
+        return vec
 
     def _hit(
         self, cid: str, collection: str, doc: str, meta: dict[str, Any], dist: float | None, qkeys: list[str]

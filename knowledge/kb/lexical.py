@@ -93,6 +93,8 @@ class BM25Index:
     lengths: list[int] = field(default_factory=list)
     avg_len: float = 1.0
     by_key: dict[str, list[int]] = field(default_factory=dict)  # identifier key -> docs (metadata "keys")
+    # collection -> (unit vectors as a float32 matrix, row -> doc index): the dense half, searched exactly
+    dense: dict[str, tuple[Any, list[int]]] = field(default_factory=dict)
 
     @classmethod
     def build(cls, docs: list[Doc]) -> BM25Index:
@@ -106,6 +108,37 @@ class BM25Index:
                 idx.by_key.setdefault(str(key), []).append(i)
         idx.avg_len = (sum(idx.lengths) / len(idx.lengths)) if idx.lengths else 1.0
         return idx
+
+    def set_vectors(self, vectors: dict[str, list[Any]]) -> None:
+        """Attach each collection's stored embeddings (in the order its docs were added)."""
+        import numpy as np
+
+        rows: dict[str, list[int]] = {}
+        for i, d in enumerate(self.docs):
+            rows.setdefault(d.collection, []).append(i)
+        self.dense = {}
+        for name, vecs in vectors.items():
+            idx = rows.get(name, [])
+            if not len(vecs) or len(vecs) != len(idx):
+                continue
+            mat = np.asarray(vecs, dtype=np.float32)
+            norms = np.linalg.norm(mat, axis=1, keepdims=True)
+            self.dense[name] = (mat / np.where(norms > 0, norms, 1.0), idx)
+
+    def nearest(self, qvec: list[float], collection: str, k: int) -> list[tuple[Doc, float]]:
+        """The ``k`` docs of ``collection`` closest to ``qvec`` by cosine similarity, best first."""
+        import numpy as np
+
+        if collection not in self.dense or k <= 0:
+            return []
+        mat, idx = self.dense[collection]
+        q = np.asarray(qvec, dtype=np.float32)
+        q = q / (float(np.linalg.norm(q)) or 1.0)
+        sims = mat @ q
+        k = min(k, len(idx))
+        top = np.argpartition(-sims, k - 1)[:k] if k < len(idx) else np.arange(len(idx))
+        top = top[np.argsort(-sims[top], kind="stable")]
+        return [(self.docs[idx[j]], float(sims[j])) for j in top]
 
     def with_keys(
         self, keys: list[str], k: int, collections: set[str] | None, tiebreak: dict[int, float]
