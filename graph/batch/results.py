@@ -26,7 +26,8 @@ def rows(batch: BatchRow, ports: list[PortRow], home: Path) -> list[dict[str, An
     learned_by: dict[str, str] = {}
     by_port: dict[str, list[str]] = {}
     records = memory_records(home)
-    what = {r["id"]: str(r.get("failure") or r.get("signature") or "") for r in records}
+    what = {r["id"]: f"fixes \"{r.get('failure') or r.get('signature') or '?'}\" with: {r.get('patch_summary', '')}"[:300]
+            for r in records}
     for p in ports:
         name = Path((p.result or {}).get("model_path") or "-").name
         mine = [r["id"] for r in records if r["id"] not in before and r.get("model") == name]
