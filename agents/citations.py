@@ -114,7 +114,8 @@ def _journal_learned(state: dict[str, Any]) -> list[str]:
         if not d or not exc or d.get("params", {}).get("by") != "llm" or not d.get("fix"):
             continue
         params = {k: v for k, v in d["params"].items() if k not in ("by", "llm_tokens", "rationale", "prompt_id")}
-        rec = {"id": record_id(d["signature"], p["summary"], model, target), "signature": d["signature"],
+        sig = _memory_signature(d, runs)
+        rec = {"id": record_id(sig, p["summary"], model, target), "signature": sig,
                "patch_summary": p["summary"], "model": model, "target": target, "hazard": "", "ops": [],
                "files": list(p.get("files") or []), "date": date.today().isoformat(),
                "failure_key": failure_key(exc.get("type", ""), exc.get("message", "")),
@@ -125,7 +126,14 @@ def _journal_learned(state: dict[str, Any]) -> list[str]:
     return ids
 
 
+def _memory_signature(d: dict[str, Any], runs: dict[str, dict[str, Any]]) -> str:
+    """The diagnosis's signature with the failure's first line: searchable text, not only file:line."""
+    exc = (runs.get(d["run_id"]) or {}).get("exception")
+    return f"{d['signature']}: {exc.get('type', '')}: {first_line(exc.get('message', ''), 300)}" if exc else d["signature"]
+
+
 def _record_fixes(kb: Any, state: dict[str, Any]) -> list[str]:
+    runs = {r["id"]: r for r in state.get("runs") or []}
     diagnoses = {d["id"]: d for d in state.get("diagnoses") or []}
     req = state.get("request") or {}
     ids = []
@@ -136,7 +144,7 @@ def _record_fixes(kb: Any, state: dict[str, Any]) -> list[str]:
         try:
             # the same id as _journal_learned's record (knowledge.port_memory.record_id), so a learned fix
             # journalled there is only indexed here, not journalled twice
-            ids.append(kb.record_fix(d["signature"], p["summary"], model=os.path.basename(req.get("model_path", "")),
+            ids.append(kb.record_fix(_memory_signature(d, runs), p["summary"], model=os.path.basename(req.get("model_path", "")),
                                      target=(state.get("target") or {}).get("name", ""), files=p.get("files")))
         except Exception:  # memory is best effort; the port itself is done
             continue

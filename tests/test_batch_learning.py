@@ -165,3 +165,34 @@ def test_port_memory_appends_are_serialized_across_processes(npuport_home: Path)
     assert all(json.loads(line)["id"] for line in lines)  # no torn or interleaved line
     ids = [r["id"] for r in read_records(npuport_home)]
     assert len(ids) == len(set(ids)) == 3 * 40 + 1
+
+
+@pytest.mark.slow
+def test_learned_fix_goes_into_the_knowledge_base_store(tmp_path: Path, npuport_home: Path,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """With a Chroma store (real, MiniLM embeddings), the validated port's learned fix is journalled once,
+    with its edit, and indexed under the same id: a search for the failure finds it as port memory."""
+    import agents.citations as citations
+    from knowledge.kb import KnowledgeBase
+    from knowledge.port_memory import read_records
+
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    (docs / "layouts.md").write_text("# Layouts\n\nTensors are stored strided unless packed.\n")
+    KnowledgeBase().build([str(docs)], progress=False)
+    monkeypatch.setattr(citations, "_kb", None)  # the module caches one per process: this test's home
+    monkeypatch.setattr(citations, "_failed", "")
+    state = {"request": {"model_path": "/m/alpha"}, "target": {"name": "cpu"},
+             "runs": [{"id": "run-1", "exception": {"type": "RuntimeError", "message": FAILURE}}],
+             "diagnoses": [{"id": "diag-1", "run_id": "run-1", "signature": "exception:RuntimeError@m.py:9",
+                            "fix": "llm-edit", "file": "modeling_planted.py",
+                            "params": {"by": "llm", "edits": [{"file": "modeling_planted.py", "search": SEARCH,
+                                                               "replace": REPLACE}]}}],
+             "patches": [{"id": "patch-1", "diagnosis_id": "diag-1", "summary": "LLM llm-edit: accept both layouts",
+                          "files": ["modeling_planted.py"]}]}
+    ids = citations.record_validated_fixes(state)
+    assert len(ids) == 1
+    records = read_records(npuport_home)
+    assert [r["id"] for r in records] == ids and records[0]["fix"]["codemod"] == "llm-edit"
+    hits = KnowledgeBase().search(f"RuntimeError: {FAILURE}", k=3)
+    assert hits and hits[0].id == ids[0] and hits[0].match == "memory", hits
