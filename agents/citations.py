@@ -107,11 +107,15 @@ def _journal_learned(state: dict[str, Any]) -> list[str]:
     diagnoses = {d["id"]: d for d in state.get("diagnoses") or []}
     req = state.get("request") or {}
     model, target = os.path.basename(req.get("model_path", "")), (state.get("target") or {}).get("name", "")
+    patches = state.get("patches") or []
+    # a fix the debugger later undid (revert-and-retry) is not what the port validated with
+    undone = {diagnoses[p["diagnosis_id"]]["params"].get("commit") for p in patches
+              if p.get("codemod") == "revert-npuport-change" and p.get("diagnosis_id") in diagnoses}
     ids = []
-    for p in state.get("patches") or []:
+    for p in patches:
         d = diagnoses.get(p.get("diagnosis_id") or "")
         exc = (runs.get(d["run_id"]) or {}).get("exception") if d else None
-        if not d or not exc or d.get("params", {}).get("by") != "llm" or not d.get("fix"):
+        if not d or not exc or d.get("params", {}).get("by") != "llm" or not d.get("fix") or p.get("commit") in undone:
             continue
         params = {k: v for k, v in d["params"].items() if k not in ("by", "llm_tokens", "rationale", "prompt_id")}
         sig = _memory_signature(d, runs)

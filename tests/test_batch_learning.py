@@ -196,3 +196,28 @@ def test_learned_fix_goes_into_the_knowledge_base_store(tmp_path: Path, npuport_
     assert [r["id"] for r in records] == ids and records[0]["fix"]["codemod"] == "llm-edit"
     hits = KnowledgeBase().search(f"RuntimeError: {FAILURE}", k=3)
     assert hits and hits[0].id == ids[0] and hits[0].match == "memory", hits
+
+
+def test_only_llm_fixes_the_port_kept_are_learned(npuport_home: Path) -> None:
+    """A recipe's fix is not journalled as learned (the recipe covers it already), nor an LLM fix that
+    the debugger undid later (revert-and-retry): the port did not validate with it."""
+    from agents.citations import _journal_learned
+    from knowledge.port_memory import read_records
+
+    edits = [{"file": "m.py", "search": SEARCH, "replace": REPLACE}]
+    state = {"request": {"model_path": "/m/alpha"}, "target": {"name": "cpu"},
+             "runs": [{"id": "run-1", "exception": {"type": "RuntimeError", "message": FAILURE}},
+                      {"id": "run-2", "exception": {"type": "NameError", "message": "name 'x' is not defined"}}],
+             "diagnoses": [{"id": "diag-1", "run_id": "run-1", "signature": "s1", "fix": "llm-edit",
+                            "params": {"by": "llm", "edits": edits}},
+                           {"id": "diag-2", "run_id": "run-2", "signature": "s2", "fix": "revert-npuport-change",
+                            "params": {"commit": "c1"}},
+                           {"id": "diag-3", "run_id": "run-2", "signature": "s3", "fix": "device-agnostic",
+                            "params": {}}],
+             "patches": [{"id": "patch-1", "commit": "c1", "diagnosis_id": "diag-1", "summary": "llm"},
+                         {"id": "patch-2", "commit": "c2", "diagnosis_id": "diag-2", "summary": "revert",
+                          "codemod": "revert-npuport-change"},
+                         {"id": "patch-3", "commit": "c3", "diagnosis_id": "diag-3", "summary": "recipe"}]}
+    assert _journal_learned(state) == [] and read_records(npuport_home) == []
+    state["patches"] = [state["patches"][0], state["patches"][2]]  # nothing undone: the LLM fix is learned
+    assert len(_journal_learned(state)) == 1 and read_records(npuport_home)[0]["fix"]["codemod"] == "llm-edit"
