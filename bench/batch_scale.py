@@ -21,7 +21,7 @@ Fairness:
   and how many ports really ran at once.
 Goal: >= 1.6x ports per minute with 2 workers on a 2-core machine. Prints the load average (a shared
 machine makes the figure noisy), the figure last; exits 1 when the goal is missed.
-Usage: python bench/batch_scale.py [--models 6] [--executor ray|local]
+Usage: python bench/batch_scale.py [--models 6] [--executor ray|local] [--rounds 1]
 """
 
 from __future__ import annotations
@@ -87,6 +87,7 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--models", type=int, default=6)
     ap.add_argument("--executor", choices=("ray", "local"), default="ray")
+    ap.add_argument("--rounds", type=int, default=1, help="ABBA rounds (more rounds average out a load that drifts)")
     args = ap.parse_args()
     os.environ.pop("RAY_ADDRESS", None)
     load0 = os.getloadavg()
@@ -95,7 +96,7 @@ def main() -> int:
         manifest = _zoo(Path(tmp) / "zoo", args.models)
         warm = _zoo(Path(tmp) / "warm", 1, name="warmup")
         run(warm, 1, args.executor, Path(tmp) / "home-warmup")
-        for i, workers in enumerate((1, 2, 2, 1)):  # ABBA
+        for i, workers in enumerate((1, 2, 2, 1) * args.rounds):  # ABBA
             runs[workers].append(run(manifest, workers, args.executor, Path(tmp) / f"home-{i}-{workers}w"))
     load1 = os.getloadavg()
     print(f"machine: {os.cpu_count()} CPUs; load average (1 min) before {load0[0]:.2f}, after {load1[0]:.2f}; "
