@@ -79,18 +79,65 @@ def cite_findings(findings: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def record_validated_fixes(state: dict[str, Any]) -> list[str]:
-    """Port memory: every fix a diagnosis led to, once the port validated."""
-    kb = _knowledge_base()
-    if kb is None:
-        return []
+    """Port memory: every fix a diagnosis led to, once the port validated. A fix that no recipe covered
+    (the LLM's) is journalled with its codemod and params and the failure it fixed, with or without a
+    knowledge-base store, so later ports reuse it (agents/learned.py); with a store, every fix is indexed too."""
     from knowledge.locks import home_lock
+    from knowledge.port_memory import WRITE_LOCK
 
-    # concurrent ports (npuport batch) write one journal and one store: one writer at a time
-    with home_lock("knowledge-base"):
-        return _record_fixes(kb, state)
+    kb = _knowledge_base()
+    try:
+        # concurrent ports (npuport batch) write one journal and one store: one writer at a time
+        with home_lock(WRITE_LOCK):
+            ids = _journal_learned(state)
+            if kb is not None:
+                ids += [i for i in _record_fixes(kb, state) if i not in ids]
+            return ids
+    except (OSError, TimeoutError):  # memory is best effort: the port itself is done
+        return []
+
+
+def _journal_learned(state: dict[str, Any]) -> list[str]:
+    """The validated port's fixes that the LLM found (``by: llm``), as port-memory records with the fix."""
+    from datetime import date
+
+    from knowledge.port_memory import append_record, failure_key, record_id
+
+    runs = {r["id"]: r for r in state.get("runs") or []}
+    diagnoses = {d["id"]: d for d in state.get("diagnoses") or []}
+    req = state.get("request") or {}
+    model, target = os.path.basename(req.get("model_path", "")), (state.get("target") or {}).get("name", "")
+    patches = state.get("patches") or []
+    # a fix the debugger later undid (revert-and-retry) is not what the port validated with
+    undone = {diagnoses[p["diagnosis_id"]]["params"].get("commit") for p in patches
+              if p.get("codemod") == "revert-npuport-change" and p.get("diagnosis_id") in diagnoses}
+    ids = []
+    for p in patches:
+        d = diagnoses.get(p.get("diagnosis_id") or "")
+        exc = (runs.get(d["run_id"]) or {}).get("exception") if d else None
+        if not d or not exc or d.get("params", {}).get("by") != "llm" or not d.get("fix") or p.get("commit") in undone:
+            continue
+        params = {k: v for k, v in d["params"].items() if k not in ("by", "llm_tokens", "rationale", "prompt_id")}
+        sig = _memory_signature(d, runs)
+        rec = {"id": record_id(sig, p["summary"], model, target), "signature": sig,
+               "patch_summary": p["summary"], "model": model, "target": target, "hazard": "", "ops": [],
+               "files": list(p.get("files") or []), "date": date.today().isoformat(),
+               "failure_key": failure_key(exc.get("type", ""), exc.get("message", "")),
+               "failure": f"{exc.get('type', '')}: {first_line(exc.get('message', ''), 300)}",
+               "fix": {"codemod": d["fix"], "params": params, "by": "llm", "file": d.get("file")}}
+        append_record(rec)
+        ids.append(rec["id"])
+    return ids
+
+
+def _memory_signature(d: dict[str, Any], runs: dict[str, dict[str, Any]]) -> str:
+    """The diagnosis's signature with the failure's first line: searchable text, not only file:line."""
+    exc = (runs.get(d["run_id"]) or {}).get("exception")
+    return f"{d['signature']}: {exc.get('type', '')}: {first_line(exc.get('message', ''), 300)}" if exc else d["signature"]
 
 
 def _record_fixes(kb: Any, state: dict[str, Any]) -> list[str]:
+    runs = {r["id"]: r for r in state.get("runs") or []}
     diagnoses = {d["id"]: d for d in state.get("diagnoses") or []}
     req = state.get("request") or {}
     ids = []
@@ -99,7 +146,9 @@ def _record_fixes(kb: Any, state: dict[str, Any]) -> list[str]:
         if not d:
             continue
         try:
-            ids.append(kb.record_fix(d["signature"], p["summary"], model=os.path.basename(req.get("model_path", "")),
+            # the same id as _journal_learned's record (knowledge.port_memory.record_id), so a learned fix
+            # journalled there is only indexed here, not journalled twice
+            ids.append(kb.record_fix(_memory_signature(d, runs), p["summary"], model=os.path.basename(req.get("model_path", "")),
                                      target=(state.get("target") or {}).get("name", ""), files=p.get("files")))
         except Exception:  # memory is best effort; the port itself is done
             continue

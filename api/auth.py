@@ -23,6 +23,17 @@ class Principal:
     scopes: frozenset[str]
 
 
+def can_see(principal: Principal, owner: str) -> bool:
+    """The one owner rule for everything a token creates (ports, batches): its creator's token sees it,
+    and so does a token with the ``admin`` scope; to anyone else it does not exist (404, not in lists)."""
+    return principal.name == owner or "admin" in principal.scopes
+
+
+def owner_filter(principal: Principal) -> str | None:
+    """The owner to filter lists by under the same rule: None (every owner) for an admin."""
+    return None if "admin" in principal.scopes else principal.name
+
+
 def _unauthorized(detail: str) -> HTTPException:
     return HTTPException(status_code=401, detail=detail, headers={"WWW-Authenticate": "Bearer"})
 

@@ -82,6 +82,11 @@ def _final_table(result: Any, console: Console) -> None:
                       str(r["sandbox_runs"]), f"{r['time_s']:.1f}" if isinstance(r.get("time_s"), int | float) else "-",
                       f"{r['hazards_found']}/{r['hazards_fixed']}", speed, r["bundle"] or "-", r["reason"] or "")
     console.print(table)
+    for r in rows:  # shared learning: what each port taught the memory, and what it reused from it
+        if r.get("learned"):
+            console.print(f"{escape(r['model'])} learned: {escape(', '.join(r['learned']))}")
+        if r.get("reused"):
+            console.print(f"{escape(r['model'])} reused: {escape(', '.join(r['reused']))}")
     n_ok = sum(r["verdict"] == "validated" for r in rows)
     console.print(f"{n_ok} of {len(rows)} validated; results: {result.files['csv']}, {result.files['json']}, "
                   f"{result.files['md']}")

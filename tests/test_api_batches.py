@@ -99,3 +99,32 @@ def test_batch_inputs_are_checked(client: TestClient, tmp_path: Path) -> None:
     assert client.post("/v1/batches", json={"manifest": _manifest("m1")}, headers=ADMIN).status_code == 403
     assert client.get("/v1/batches/nope", headers=A).status_code == 404
     assert client.get("/v1/batches", headers={}).status_code == 401
+
+
+def test_ports_and_batches_answer_the_owner_rule_alike(client: TestClient) -> None:
+    """One owner rule (api.auth.can_see / owner_filter) serves both routers: for the owner, another token
+    and an admin, a port job and a batch of the same token are visible (or 404) alike, in lists too."""
+    import api.routers.batches as batches
+    import api.routers.ports as ports
+    from api.auth import Principal, can_see, owner_filter
+
+    assert ports.can_see is batches.can_see is can_see
+    assert ports.owner_filter is batches.owner_filter is owner_filter
+    owner, other = Principal("a", frozenset({"read"})), Principal("b", frozenset({"read", "write"}))
+    admin = Principal("c", frozenset({"read", "admin"}))
+    assert [can_see(p, "a") for p in (owner, other, admin)] == [True, False, True]
+    assert [owner_filter(p) for p in (owner, other, admin)] == ["a", "b", None]
+
+    job = client.post("/v1/ports", json={"request": {"model_path": "m1", "target": "cpu"}}, headers=A)
+    assert job.status_code == 201, job.text
+    bid = client.post("/v1/batches", json={"manifest": _manifest("m2"), "executor": "local"}, headers=A).json()["id"]
+    jid = job.json()["id"]
+    for who, seen in ((A, True), (B, False), (ADMIN, True)):
+        want = 200 if seen else 404
+        assert client.get(f"/v1/ports/{jid}", headers=who).status_code == want
+        assert client.get(f"/v1/batches/{bid}", headers=who).status_code == want
+        assert client.get(f"/v1/ports/{jid}/events?stream=false", headers=who).status_code == want
+        assert client.get(f"/v1/batches/{bid}/events?stream=false", headers=who).status_code == want
+        assert (jid in [j["id"] for j in client.get("/v1/ports", headers=who).json()]) is seen
+        assert (bid in [b["id"] for b in client.get("/v1/batches", headers=who).json()]) is seen
+    _wait_done(client, bid)

@@ -32,7 +32,11 @@ def debugger_node(state: dict[str, Any]) -> dict[str, Any]:
         diag = Diagnosis(id=f"diag-{len(history) + 1}", run_id=last.id, signature="numerics-mismatch",
                          kind="numerics-mismatch", summary=f"the port runs but its outputs differ: {numerics.get('detail')}")
     elif last.exception is not None:
-        diag = policy.diagnose(last.id, last.exception, history)
+        from agents.learned import learned_diagnosis
+
+        # a fix an earlier port learned for this failure (port memory) comes before asking the policy's LLM
+        diag = (learned_diagnosis(state, last.id, last.exception, history)
+                or policy.diagnose(last.id, last.exception, history))
     else:
         diag = Diagnosis(id=f"diag-{len(history) + 1}", run_id=last.id, signature=f"status:{last.status}",
                          kind=last.status, summary=f"the run ended with status {last.status}")

@@ -42,14 +42,15 @@ def patcher_node(state: dict[str, Any]) -> dict[str, Any]:
         actions = []
     patches: list[dict[str, Any]] = []
     trace = [step("patcher", note, llm=True) for note in getattr(policy, "notes", [])]  # the LLM patcher's outcome
-    for action in actions:
-        patch, notes = apply_fix(ws, action, done + len(patches) + 1, target=state.get("target"))
-        if patch:
-            patches.append(patch.model_dump(mode="json"))
-            trace.append(step("patcher", f"commit {patch.commit[:8]} {patch.summary}", files=patch.files,
-                              citations=[c.source for c in patch.citations]))
-        else:
-            trace.append(step("patcher", f"{action.codemod}: nothing to change ({'; '.join(notes)})"))
+    target = state.get("target")
+    if not pending and not state.get("static_fixes_done"):
+        from agents.learned import learned_actions
+
+        _apply(ws, actions, done, patches, trace, target)
+        # then what earlier ports learned (port memory), matched against the code as the plan left it
+        actions = [*actions, *_apply(ws, learned_actions(state, ws), done, patches, trace, target)]
+    else:
+        _apply(ws, actions, done, patches, trace, target)
     if not actions:
         trace.append(step("patcher", "no patch to apply"))
     update: dict[str, Any] = {"patches": patches, "static_fixes_done": True, "pending_diagnosis": None, "trace": trace}
@@ -58,3 +59,18 @@ def patcher_node(state: dict[str, Any]) -> dict[str, Any]:
         update["status"] = "failed"
         update["reason"] = f"could not port because the fix for {pending.get('kind')} changed nothing ({pending.get('summary')})"
     return update
+
+
+def _apply(ws: Workspace, actions: list[Any], done: int, patches: list[dict[str, Any]],
+           trace: list[dict[str, Any]], target: dict[str, Any] | None = None) -> list[Any]:
+    """Apply ``actions`` in order (one commit each), adding to ``patches`` and ``trace``; returns them.
+    ``target`` reaches codemods whose choice depends on the chip (H12's cast policy)."""
+    for action in actions:
+        patch, notes = apply_fix(ws, action, done + len(patches) + 1, target=target)
+        if patch:
+            patches.append(patch.model_dump(mode="json"))
+            trace.append(step("patcher", f"commit {patch.commit[:8]} {patch.summary}", files=patch.files,
+                              citations=[c.source for c in patch.citations]))
+        else:
+            trace.append(step("patcher", f"{action.codemod}: nothing to change ({'; '.join(notes)})"))
+    return actions

@@ -1,7 +1,7 @@
 """/v1/batches: batch ports (create, list, status with the results table, events over SSE).
 
-Owner rules as for ports: a batch belongs to the token that created it; other tokens get 404 for it
-and do not see it in lists; a token with the ``admin`` scope sees every batch (``visible``).
+Owner rules as for ports (one function, ``api.auth.can_see``, serves both): a batch belongs to the token
+that created it; other tokens get 404 for it and do not see it in lists; an ``admin`` token sees every batch.
 The driver runs in a thread of the service; ports run on the executor the body names."""
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field, ValidationError
 from sse_starlette.sse import EventSourceResponse
 
-from api.auth import Principal, require
+from api.auth import Principal, can_see, owner_filter, require
 from api.uploads import UploadError, confine_model_path
 
 router = APIRouter(prefix="/v1/batches", tags=["batches"])
@@ -38,11 +38,6 @@ class BatchCreate(BaseModel):
     retry_failed: bool = False
 
 
-def visible(principal: Principal, owner: str) -> bool:
-    """The one owner rule: the creator's token, or an admin."""
-    return principal.name == owner or "admin" in principal.scopes
-
-
 @contextlib.contextmanager
 def _store(request: Request) -> Iterator[Any]:
     from graph.batch.store import BatchStore
@@ -57,7 +52,7 @@ def _store(request: Request) -> Iterator[Any]:
 
 def _owned(store: Any, batch_id: str, principal: Principal) -> Any:
     batch = store.batch(batch_id)
-    if batch is None or not visible(principal, batch.owner):
+    if batch is None or not can_see(principal, batch.owner):
         raise HTTPException(status_code=404, detail=f"no batch {batch_id}")
     return batch
 
@@ -127,8 +122,7 @@ def create_batch(body: BatchCreate, request: Request, principal: Writer) -> JSON
 def list_batches(request: Request, principal: Reader,
                  limit: Annotated[int, Query(ge=1, le=500)] = 50) -> list[dict[str, Any]]:
     with _store(request) as store:
-        owner = None if "admin" in principal.scopes else principal.name
-        return [_out(store, b) for b in store.list_batches(owner=owner, limit=limit)]
+        return [_out(store, b) for b in store.list_batches(owner=owner_filter(principal), limit=limit)]
 
 
 @router.get("/{batch_id}", responses={404: {"description": "unknown batch (or another token's)"}})

@@ -18,7 +18,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, Field, ValidationError
 from sse_starlette.sse import EventSourceResponse
 
-from api.auth import Principal, require
+from api.auth import Principal, can_see, owner_filter, require
 from api.jobs import STATUSES, TERMINAL, Job, JobError, JobManager
 from api.submit import SubmitError, submit_job
 
@@ -80,13 +80,9 @@ def job_out(mgr: JobManager, job: Job) -> dict[str, Any]:
 def get_job(mgr: JobManager, job_id: str, principal: Principal) -> Job:
     """The job, if ``principal`` owns it or holds the admin scope; otherwise 404 (existence is not told)."""
     job = mgr.store.get(job_id)
-    if job is None or not can_see(principal, job):
+    if job is None or not can_see(principal, job.owner):
         raise HTTPException(status_code=404, detail=f"no job {job_id}")
     return job
-
-
-def can_see(principal: Principal, job: Job) -> bool:
-    return job.owner == principal.name or "admin" in principal.scopes
 
 
 _CREATE_DOC = {
@@ -222,8 +218,7 @@ async def _read_multipart(request: Request) -> tuple[PortCreate, tuple[bytes, st
 def list_ports(principal: Reader, mgr: Manager, limit: Annotated[int, Query(ge=1, le=500)] = 50,
                status: Annotated[Literal[STATUSES] | None, Query()] = None) -> list[dict[str, Any]]:  # type: ignore[valid-type]
     """Recent jobs of this token (every job for an admin token), newest first."""
-    owner = None if "admin" in principal.scopes else principal.name
-    return [job_out(mgr, j) for j in mgr.store.list_jobs(limit=limit, status=status, owner=owner)]
+    return [job_out(mgr, j) for j in mgr.store.list_jobs(limit=limit, status=status, owner=owner_filter(principal))]
 
 
 @router.get("/{job_id}", response_model=JobOut, responses={404: {"description": "unknown job"}})

@@ -88,7 +88,11 @@ class RayExecutor:
     def done(self, handles: list[Any], timeout: float) -> list[Any]:
         if not handles:
             return []
-        ready, _ = self._ray.wait(handles, num_returns=len(handles), timeout=timeout)
+        # back as soon as one port ends (waiting for all, up to the poll time, delayed the next port's start)
+        ready, rest = self._ray.wait(handles, num_returns=1, timeout=timeout)
+        if ready and rest:
+            more, _ = self._ray.wait(rest, num_returns=len(rest), timeout=0)
+            ready += more
         return list(ready)
 
     def error(self, handle: Any) -> str | None:

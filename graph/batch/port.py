@@ -56,6 +56,7 @@ def summarize(state: dict[str, Any], spec: PortSpec, wall_s: float, note: str) -
         "reason": "" if status == "validated" else str(state.get("reason") or "unknown reason"),
         "model_path": (state.get("request") or {}).get("model_path") or "",
         "memory_cited": [c for c in cited if c.startswith("memory:")], "note": note,
+        "llm_calls": int((report.get("llm") or {}).get("exchanges") or 0),
     }
 
 
