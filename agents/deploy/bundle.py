@@ -58,7 +58,7 @@ def write_deploy_bundle(state: dict[str, Any], out_dir: Path) -> dict[str, str]:
 
         config_file = model_dir / str(manifest.get("config") or "config.json")
         if config_file.is_file():
-            small, _ = shrink_config(json.loads(config_file.read_text()), manifest.get("shrink") or {})
+            small, _ = shrink_config(json.loads(config_file.read_text()), manifest.get("shrink") or {}, model_dir)
             files["run_config"] = _write(out_dir / "run_config.json", json.dumps(small, indent=1))
     settings = serve_settings(state, model_dir)
     files["serve_sh"] = _write(out_dir / "serve.sh", vllm.render_serve_sh(settings, name), True)
