@@ -133,6 +133,58 @@ def test_without_an_inputs_function_inputs_are_synthesised_from_the_signature(tm
     assert all(0 <= t < 300 for t in res["outputs"]["tokens"][0])
 
 
+TILED = REPO_ROOT / "tests" / "fixtures" / "hf_remote_tiled"
+
+
+def test_shrink_keeps_a_width_the_code_hard_codes_and_says_where() -> None:
+    from sandbox.shrink import hard_coded_widths
+
+    config = json.loads((TILED / "config.json").read_text())
+    small, changes = shrink_config(config, {}, TILED)
+    # The projector's output width is the literal 96 in the code: shrinking hidden_size would break it.
+    assert small["hidden_size"] == 96 and small["num_attention_heads"] == 4 and small["num_hidden_layers"] == 2
+    kept = next(c for c in changes if c.startswith("hidden_size: kept at 96"))
+    assert "modeling_tiled.py:" in kept and "n_embed = 96" in kept and "shrink: {hidden_size: N}" in kept
+    # A config class's own defaults and a parameter named as the key are the config's, not hard-coded.
+    assert all(param != "hidden_size" for _, param in hard_coded_widths(TILED).get(96, []) if param)
+    assert small["vision_config"]["width"] == 64  # read by nothing, but nothing in the code pins 128
+    # The override (npuport.yaml shrink:) wins over the kept width.
+    forced, changes = shrink_config(config, {"hidden_size": 64}, TILED)
+    assert forced["hidden_size"] == 64 and "hidden_size: 96 -> 64 (manifest shrink override)" in changes
+    # Without the model's code (plain shrink) the width shrinks as before.
+    assert shrink_config(config)[0]["hidden_size"] == 64
+
+
+def test_tiled_image_list_inputs_are_synthesised_and_reach_the_vision_tower(tmp_path: Path) -> None:
+    entry = discover_entry(TILED)
+    assert entry.inputs_fn is None and entry.run_method == "generate"
+    manifest = entry.as_manifest_dict()
+    res = _harness(TILED, manifest, tmp_path, shrink=True, capture=["projector"],
+                   capture_path=str(tmp_path / "capture.pt"))
+    assert res["ok"], res["exception"]
+    assert len(res["outputs"]["tokens"][0]) == 8 and all(0 <= t < 200 for t in res["outputs"]["tokens"][0])
+    assert res["outputs"]["captured"] == ["projector"]  # the synthesised image went through the vision tower
+    assert any(c.startswith("hidden_size: kept at 96") for c in res["shrunk"])
+
+
+def test_synthesised_tiled_inputs_have_the_tiling_convention() -> None:
+    import torch
+
+    from sandbox.harness import SYNTH_IMAGE_TOKENS, SYNTH_TOKENS, synthesise_inputs
+
+    class Tiled(torch.nn.Module):
+        def forward(self, input_ids, images=None, images_seq_mask=None, images_spatial_crop=None):
+            return input_ids
+
+    out = synthesise_inputs(Tiled(), "forward", {"vocab_size": 50, "vision_config": {"image_size": 24}}, 0)
+    (tiles, global_view), = out["images"]
+    assert tiles.shape == global_view.shape == (1, 3, 24, 24) and not tiles.any() and global_view.any()
+    assert out["images_spatial_crop"].tolist() == [[1, 1]]
+    mask = out["images_seq_mask"]
+    assert mask.shape == (1, SYNTH_TOKENS) and int(mask.sum()) == SYNTH_IMAGE_TOKENS and not mask[0, 0]
+    assert out["input_ids"].shape == (1, SYNTH_TOKENS) and int(out["input_ids"].max()) < 50
+
+
 # ----------------------------------------------------------------------------------------------
 # The environment
 # ----------------------------------------------------------------------------------------------
