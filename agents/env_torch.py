@@ -320,8 +320,45 @@ def _try_overlay(companions: dict[str, str], host_torch: str, host_python: str, 
 def choose_pair(companions: list[str], host_python: str, host_torch: str | None, compat: dict[str, Any],
                 root: Path, log: Log, index: IndexVersions | None = None,
                 constraints: list[str] | None = None) -> TorchPair:
-    """The torch + companions pair the model runs on, proven by a probe (module docstring)."""
-    index = index or pip_index_versions
+    """The torch + companions pair the model runs on, proven by a probe (module docstring). The choice
+    is remembered per host torch, companions and pip constraints (``torch-pairs.json`` under ``root``):
+    a later port reuses it while its base env still exists."""
+    constraints = pip_constraints() if constraints is None else constraints
+    memo_key = json.dumps([host_torch, sorted(companions), sorted(constraints), sys.version])
+    memo = root / "torch-pairs.json"
+    remembered = _recall(memo, memo_key)
+    if remembered is not None:
+        return remembered
+    pair = _choose(companions, host_python, host_torch, compat, root, log, index or pip_index_versions, constraints)
+    _remember(memo, memo_key, pair)
+    return pair
+
+
+def _recall(memo: Path, key: str) -> TorchPair | None:
+    try:
+        raw = json.loads(memo.read_text()).get(key)
+    except (OSError, ValueError, AttributeError):
+        return None
+    if not isinstance(raw, dict):
+        return None
+    pair = TorchPair(**raw)
+    if pair.base_env and not (Path(pair.base_env) / BASE_MARKER).is_file():
+        return None  # its base env was removed: choose again
+    return pair
+
+
+def _remember(memo: Path, key: str, pair: TorchPair) -> None:
+    with _locked(memo.with_suffix(".lock")):
+        try:
+            data = json.loads(memo.read_text()) if memo.is_file() else {}
+        except ValueError:
+            data = {}
+        data[key] = pair.as_dict()
+        memo.write_text(json.dumps(data, indent=1))
+
+
+def _choose(companions: list[str], host_python: str, host_torch: str | None, compat: dict[str, Any], root: Path,
+            log: Log, index: IndexVersions, constraints: list[str]) -> TorchPair:
     failures: list[str] = []
     have = {c: _host_has(c) for c in companions}
     if host_torch and all(have.values()):
@@ -330,7 +367,6 @@ def choose_pair(companions: list[str], host_python: str, host_torch: str | None,
             return TorchPair(torch=host_torch, companions={c: str(v) for c, v in have.items()}, source="host",
                              reason=f"the host's torch {host_torch} and {_fmt(have)} load together", proof=proof)
         failures.append(f"the host's {_fmt(have)} does not load beside its torch {host_torch}: {proof}")
-    constraints = pip_constraints() if constraints is None else constraints
     if host_torch:
         lines = {c: paired_line(c, host_torch, compat) for c in companions}
         same = {c: companion_on_line(c, line, [v for v in index(c) if _allowed(c, v, constraints)])

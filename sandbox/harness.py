@@ -93,12 +93,16 @@ def seed_parameters(model: Any, seed: int) -> None:
 
     with torch.no_grad():
         for name, p in model.named_parameters():
+            if not p.is_floating_point() or not p.numel():
+                continue
             g = torch.Generator().manual_seed((zlib.crc32(name.encode()) + seed) % (2**31))
-            data = p.detach().float()
-            mean = float(data.mean()) if p.numel() else 0.0
-            std = float(data.std()) if p.numel() > 1 else 0.0
-            vals = mean + std * torch.randn(p.shape, generator=g)
-            p.copy_(vals.to(p.dtype))
+            if p.numel() > 1:
+                std_t, mean_t = torch.std_mean(p.detach().float())
+                mean, std = float(mean_t), float(std_t)
+            else:
+                mean, std = float(p.detach().float().mean()), 0.0
+            # In place, one pass: a shrunk model with a hard-coded vision tower still holds ~1e9 values.
+            p.normal_(mean, std, generator=g) if std > 0 else p.fill_(mean)
 
 
 def _frames(exc: BaseException, model_dir: Path) -> list[dict[str, Any]]:

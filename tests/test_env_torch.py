@@ -60,6 +60,12 @@ def test_choose_pair_records_why_the_host_line_failed(tmp_path: Path, monkeypatc
     assert pair.source == "index" and pair.torch == "2.14.1" and pair.companions == {"torchvision": "0.29.1"}
     assert "operator torchvision::nms does not exist" in pair.reason
 
+    # The choice is remembered: the next port neither probes nor builds again (while its base env exists).
+    (tmp_path / "env").mkdir()
+    (tmp_path / "env" / et.BASE_MARKER).write_text("{}")
+    again = et.choose_pair(["torchvision"], sys.executable, "2.13.0+cpu", load_compat(), tmp_path, lambda m: None,
+                           index=fake_index, constraints=["torch<=2.14.1", "torchvision<=0.29.1"])
+    assert again == pair and len(calls) == 2
     calls.clear()
 
     def base_fails_first(torch_v: str, chosen: dict[str, str], root: Path, log: object) -> tuple[Path, str]:

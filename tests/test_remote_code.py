@@ -158,6 +158,9 @@ def test_shrink_keeps_a_width_the_code_hard_codes_and_says_where() -> None:
 def test_tiled_image_list_inputs_are_synthesised_and_reach_the_vision_tower(tmp_path: Path) -> None:
     entry = discover_entry(TILED)
     assert entry.inputs_fn is None and entry.run_method == "generate"
+    # Its own preprocessing path needs a tokenizer the folder does not hold: the entry says so.
+    assert any("TiledOcrForCausalLM.infer(tokenizer, ...)" in a and "no tokenizer file" in a
+               for a in entry.assumptions)
     manifest = entry.as_manifest_dict()
     res = _harness(TILED, manifest, tmp_path, shrink=True, capture=["projector"],
                    capture_path=str(tmp_path / "capture.pt"))
