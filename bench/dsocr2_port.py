@@ -31,10 +31,11 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("model")
     ap.add_argument("--target", default="ascend-sim")
+    ap.add_argument("--keep", type=Path, help="write the bundle here (kept) instead of a temporary folder")
     args = ap.parse_args()
     model = Path(args.model).resolve()
     with tempfile.TemporaryDirectory() as tmp:
-        out = Path(tmp) / "bundle"
+        out = args.keep.resolve() if args.keep else Path(tmp) / "bundle"
         start = time.perf_counter()
         r = subprocess.run([sys.executable, "-m", "api.cli", "port", str(model), "--target", args.target, "--shrink",
                             "--out", str(out)], capture_output=True, text=True, cwd=ROOT, env=dict(os.environ))

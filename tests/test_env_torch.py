@@ -130,3 +130,28 @@ def test_real_pair_is_chosen_built_and_proven(tmp_path: Path) -> None:
     pair = et.choose_pair(["torchvision"], sys.executable, host_version("torch"), load_compat(), env_cache_root(),
                           print)
     assert "torchvision" in json.loads(pair.proof)
+
+
+def test_native_engine_key_follows_the_torch_of_the_interpreter_that_runs_the_sandbox(tmp_path: Path) -> None:
+    from sandbox.ascend_sim import native_build as nb
+
+    # An interpreter with another torch build (a torch pair's env), faked by a script that answers the probe.
+    other = tmp_path / "python"
+    other.write_text("#!/bin/sh\necho '2.99.1+cu130|1|3.11.7 (main)'\n")
+    other.chmod(0o755)
+    nb._torch_identity.cache_clear()
+    assert nb.build_key(sys.executable) == nb.build_key()
+    assert nb.build_key(str(other)) != nb.build_key()
+    assert nb._torch_identity(str(other))[0] == "2.99.1+cu130"
+
+
+def test_the_sandbox_binds_a_layered_envs_base_env(tmp_path: Path) -> None:
+    from sandbox.process import _interpreter_paths
+
+    base, env = tmp_path / "base", tmp_path / "layered"
+    for d in (base, env):
+        (d / "bin").mkdir(parents=True)
+        (d / "bin" / "python").symlink_to(sys.executable)
+    (env / "npuport-env.json").write_text(json.dumps({"layers": [str(base)]}))
+    paths = _interpreter_paths(str(env / "bin" / "python"))
+    assert env in paths and base in paths  # under a masked home the base env is invisible unless bound
