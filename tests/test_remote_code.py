@@ -258,3 +258,34 @@ def test_a_generate_inherited_through_a_sibling_module_is_found(tmp_path: Path) 
     entry = discover_entry(tmp_path)
     assert entry.run_method == "generate"
     assert entry.run_kwargs == {"max_new_tokens": 8, "do_sample": False}  # greedy whatever the generation config
+
+
+def test_run_py_seeds_and_synthesises_exactly_as_the_harness() -> None:
+    import torch
+
+    from agents.deploy.runscript import render_run_py
+    from sandbox import harness
+
+    script: dict[str, object] = {"__name__": "run_py_under_test", "__file__": "/nonexistent/run.py"}
+    exec(compile(render_run_py({}, "cpu", {"entry": {"class": "m:C"}}), "run.py", "exec"), script)
+
+    class Tiled(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.proj = torch.nn.Linear(12, 7)
+            self.norm = torch.nn.LayerNorm(7)
+
+        def forward(self, input_ids, images=None, images_seq_mask=None, images_spatial_crop=None):  # type: ignore[no-untyped-def]
+            return input_ids
+
+    config = {"vocab_size": 40, "vision_config": {"image_size": 8}}
+    ours, theirs = Tiled(), Tiled()
+    theirs.load_state_dict(ours.state_dict())
+    harness.seed_parameters(ours, 3)
+    script["seed_parameters"](theirs, 3)  # type: ignore[operator]
+    assert all(torch.equal(a, b) for a, b in zip(ours.state_dict().values(), theirs.state_dict().values(), strict=True))
+    a = harness.synthesise_inputs(ours, "forward", config, 5)
+    b = script["synthesise_inputs"](theirs, "forward", config, 5)  # type: ignore[operator]
+    assert set(a) == set(b) == {"input_ids", "images", "images_spatial_crop", "images_seq_mask"}
+    assert torch.equal(a["input_ids"], b["input_ids"]) and torch.equal(a["images_seq_mask"], b["images_seq_mask"])
+    assert torch.equal(a["images"][0][1], b["images"][0][1])
