@@ -8,9 +8,11 @@ Targets pass the built path to the sandbox, which only loads it; nothing is comp
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import importlib.metadata
+import json
 import os
 import platform
 import shutil
@@ -53,10 +55,26 @@ def _torch_identity(python: str | None) -> tuple[str, ...]:
     host = importlib.metadata.version("torch"), sys.version
     if python is None or os.path.abspath(python) == os.path.abspath(sys.executable):
         return host
-    done = subprocess.run([python, "-c", _TORCH_ID], capture_output=True, text=True, timeout=300)
-    if done.returncode != 0:
-        raise NativeUnavailable(f"{python} cannot import torch: {done.stderr.strip()[-300:]}")
-    version, abi, py = done.stdout.strip().splitlines()[-1].split("|", 2)
+    # Importing a CUDA torch build to ask its version takes seconds to a minute: remembered per env build
+    # (its marker file's mtime changes when the env is rebuilt).
+    marker = Path(python).parent.parent / "npuport-env.json"
+    memo_key = f"{os.path.abspath(python)}|{marker.stat().st_mtime if marker.is_file() else 'none'}"
+    memo = cache_root() / "torch-identities.json"
+    try:
+        known = json.loads(memo.read_text()) if memo.is_file() else {}
+    except (OSError, ValueError):
+        known = {}
+    line = known.get(memo_key) if marker.is_file() else None
+    if not line:
+        done = subprocess.run([python, "-c", _TORCH_ID], capture_output=True, text=True, timeout=300)
+        if done.returncode != 0:
+            raise NativeUnavailable(f"{python} cannot import torch: {done.stderr.strip()[-300:]}")
+        line = done.stdout.strip().splitlines()[-1]
+        if marker.is_file():
+            with contextlib.suppress(OSError):
+                memo.parent.mkdir(parents=True, exist_ok=True)
+                memo.write_text(json.dumps({**known, memo_key: line}, indent=1))
+    version, abi, py = str(line).split("|", 2)
     # A layered env over the host's own torch shares the host's build.
     return host if (version, py) == (host[0], sys.version.replace("\n", " ")) else (version, f"cxx11abi={abi}", py)
 
