@@ -56,7 +56,7 @@ def hard_coded_widths(model_dir: Path) -> dict[int, list[tuple[str, str | None]]
         if _int(value) and value >= MIN_HARD_WIDTH:
             line = getattr(node, "lineno", 0)
             code = lines[line - 1].strip() if 0 < line <= len(lines) else ""
-            found.setdefault(value, []).append((f"{path.relative_to(model_dir).as_posix()}:{line} `{code[:80]}`",
+            found.setdefault(value, []).append((f"{path.relative_to(model_dir).as_posix()}:{line} \"{code[:80]}\"",
                                                 param))
 
     for path in sorted(model_dir.rglob("*.py")):
