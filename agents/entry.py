@@ -176,6 +176,8 @@ def _from_auto_map(root: Path, config: dict[str, Any]) -> EntryInfo:
     tree = _parse(root / module_file, root)
     method = _run_method(tree, cls, assumptions, _package_classes(root, tree, module_file))
     inputs, decode = _find_inputs(root, assumptions, synthesise=True)
+    if inputs is None:
+        _preprocessing_note(root, cls, _package_classes(root, tree, module_file), assumptions)
     name = str(config.get("model_type") or root.name)
     if isinstance(auto.get("AutoConfig"), str | list):
         assumptions.append(f"config built through config.json auto_map['AutoConfig'] -> {auto['AutoConfig']}")
@@ -431,6 +433,44 @@ def _module_classes(trees: dict[Path, ast.Module], root: Path) -> dict[str, _Cla
 
 
 INPUTS_HOOK = "npuport_inputs.py"  # the documented inputs hook, looked at first
+PREPROCESS_METHODS = ("infer", "chat", "preprocess", "process_inputs", "prepare_inputs")
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "spiece.model")
+
+
+def _preprocessing_note(root: Path, cls: str, classes: dict[str, ast.ClassDef], assumptions: list[str]) -> None:
+    """Say why the model's own preprocessing path (a method taking a tokenizer) is not used: its
+    tokenizer files are absent, so the harness synthesises the inputs."""
+    seen: set[str] = set()
+    todo = [cls]
+    while todo:
+        name = todo.pop()
+        node = classes.get(name)
+        if node is None or name in seen:
+            continue
+        seen.add(name)
+        for fn in node.body:
+            if isinstance(fn, ast.FunctionDef) and fn.name in PREPROCESS_METHODS and \
+                    any(a.arg == "tokenizer" for a in fn.args.args):
+                have = [f for f in TOKENIZER_FILES if (root / f).is_file()]
+                why = (f"tokenizer files are present ({', '.join(have)}) but npuport does not drive "
+                       "preprocessing methods yet" if have else
+                       f"no tokenizer file ({', '.join(TOKENIZER_FILES)}) is in the folder")
+                assumptions.append(f"the model's own preprocessing path is {name}.{fn.name}(tokenizer, ...) "
+                                   f"({_rel_of(root, node)}:{fn.lineno}); {why}, so the inputs are synthesised "
+                                   "(docs/architecture.md, Inputs when the model has none)")
+                return
+        todo += [_base_name(b).rsplit(".", 1)[-1] for b in node.bases]
+
+
+def _rel_of(root: Path, node: ast.ClassDef) -> str:
+    for path in _python_files(root):
+        try:
+            tree = ast.parse(path.read_text(encoding="utf-8"))
+        except (SyntaxError, UnicodeDecodeError):
+            continue
+        if any(isinstance(n, ast.ClassDef) and n.name == node.name and n.lineno == node.lineno for n in tree.body):
+            return path.relative_to(root).as_posix()
+    return "?"
 
 
 def _find_inputs(root: Path, assumptions: list[str], synthesise: bool = False) -> tuple[str | None, str | None]:

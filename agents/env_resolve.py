@@ -27,7 +27,7 @@ import site
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -46,6 +46,7 @@ from agents.env_pins import (  # noqa: F401  (re-exported)
     transformers_names,
     unconditional_imports,
 )
+from agents.env_torch import COMPANIONS, TorchPair, choose_pair
 from knowledge.errors import EnvBuildError  # noqa: F401  (re-exported)
 from sandbox.targets import TARGETS
 
@@ -74,6 +75,10 @@ class Resolution:
     constraints_txt: str
     needs_layered_env: bool
     host_python: str = field(default_factory=lambda: sys.executable)
+    # torchvision / torchaudio the model imports or pins: the torch pair they run on is chosen and proven
+    # when the environment is built (agents/env_torch.py), then recorded in torch_pair.
+    companions: list[str] = field(default_factory=list)
+    torch_pair: dict[str, Any] | None = None
 
     @property
     def env_key(self) -> str:
@@ -84,6 +89,7 @@ class Resolution:
             "host": os.path.realpath(self.host_python),
             "host_sites": host_site_dirs(),
             "npuport_root": str(NPUPORT_ROOT),
+            "torch_pair": {k: (self.torch_pair or {}).get(k) for k in ("base_env", "overlay", "torch")},
         }
         return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()[:16]
 
@@ -98,6 +104,7 @@ class Resolution:
             "found": [vars(p) for p in self.found], "conflicts": self.conflicts, "notes": self.notes,
             "dropped": self.dropped, "install": self.install, "needs_layered_env": self.needs_layered_env,
             "env_key": self.env_key if self.needs_layered_env else None,
+            "companions": self.companions, "torch_pair": self.torch_pair,
             "summary": self.summary(),
         }
 
@@ -349,6 +356,7 @@ def resolve(model_dir: Path, target: str, torch_npu: str | None) -> Resolution:
     pins: dict[str, str] = {}
     dropped: dict[str, str] = {}
     install: list[str] = []
+    companions: list[str] = []
     for name, (spec, lead) in sorted(merged.items()):
         req = Requirement(lead.requirement)
         extras = f"[{','.join(sorted(req.extras))}]" if req.extras else ""
@@ -364,6 +372,9 @@ def resolve(model_dir: Path, target: str, torch_npu: str | None) -> Resolution:
             if problem:
                 conflicts.append(problem)
             dropped[name] = "decided by the target (never installed into the sandbox env)"
+            if name in COMPANIONS:
+                dropped[name] = "paired with the torch the port runs on (chosen and proven when the env is built)"
+                companions.append(name)
             continue
         pins[name] = requirement
         have = host_version(name)
@@ -388,7 +399,7 @@ def resolve(model_dir: Path, target: str, torch_npu: str | None) -> Resolution:
         else:
             notes.append(f"config.json was saved with transformers {saved} and the host has {host_tf}; every "
                          "transformers name the model imports exists in the host's release, so it is kept.")
-    _imported_dependencies(model_dir, pins, dropped, install, notes, compat, stack)
+    _imported_dependencies(model_dir, pins, dropped, install, notes, compat, stack, companions)
     tf_exact = _exact(SpecifierSet(str(Requirement(pins["transformers"]).specifier))) if "transformers" in pins else None
     stack["transformers"] = tf_exact or host_tf
 
@@ -396,19 +407,30 @@ def resolve(model_dir: Path, target: str, torch_npu: str | None) -> Resolution:
     return Resolution(
         model_dir=model_dir, target=target, torch_npu=stack.get("torch_npu"), stack=stack, pins=pins,
         found=found, conflicts=conflicts, notes=notes, dropped=dropped, install=install,
-        requirements_txt=requirements_txt, constraints_txt=constraints_txt, needs_layered_env=bool(install),
+        requirements_txt=requirements_txt, constraints_txt=constraints_txt,
+        needs_layered_env=bool(install) or bool(companions), companions=sorted(set(companions)),
     )
 
 
 def _imported_dependencies(model_dir: Path, pins: dict[str, str], dropped: dict[str, str], install: list[str],
-                           notes: list[str], compat: dict[str, Any], stack: dict[str, str | None]) -> None:
+                           notes: list[str], compat: dict[str, Any], stack: dict[str, str | None],
+                           companions: list[str]) -> None:
     """Third-party packages the model's code imports unconditionally that no file pins: the host's
-    version when it has one, else installed into the layered environment (torchvision at the
-    release that goes with the target's torch)."""
+    version when it has one, else installed into the layered environment. torchvision / torchaudio are
+    companions of torch: the pair is chosen and proven when the environment is built (agents/env_torch.py)."""
     from packaging.utils import canonicalize_name
 
     for module, where in sorted(unconditional_imports(model_dir).items()):
         dist = str(canonicalize_name(IMPORT_TO_DIST.get(module, module)))
+        if dist in COMPANIONS:
+            if dist not in companions:
+                companions.append(dist)
+                dropped.setdefault(dist, "paired with the torch the port runs on (chosen and proven when the env "
+                                         "is built)")
+                notes.append(f"{module} is imported by the model ({where}): it must be built for the torch it "
+                             "runs with, so the torch pair is chosen and proven by importing it when the "
+                             "environment is built.")
+            continue
         if dist in pins or dist in dropped or dist in ("torch", "torch-npu", "npuport", "sandbox"):
             continue
         if _cuda_only_reason(dist, compat):
@@ -417,22 +439,9 @@ def _imported_dependencies(model_dir: Path, pins: dict[str, str], dropped: dict[
             pins[dist] = dist
             continue
         if dist in FRAMEWORK:
-            companion = companion_version(dist, stack.get("torch") or host_version("torch") or "", compat) \
-                if dist in ("torchvision", "torchaudio") else None
-            if companion is None:
-                dropped[dist] = "decided by the target (never installed into the sandbox env)"
-                continue
-            requirement = f"{dist}=={companion}"
-            host_torch = host_version("torch") or ""
-            if "+" in host_torch:
-                # A local build (+cpu, +cu121): the registry's wheel is built against another torch build and
-                # fails to load its operators (torchvision::nms) at import time.
-                notes.append(f"the host's torch is the {host_torch} build: {dist} from the package registry is built "
-                             f"against PyPI's torch and may not load (\"operator {dist}::... does not exist\"); "
-                             f"install {dist} from the index the host's torch came from (e.g. "
-                             "https://download.pytorch.org/whl/cpu for +cpu).")
-        else:
-            requirement = dist
+            dropped[dist] = "decided by the target (never installed into the sandbox env)"
+            continue
+        requirement = dist
         pins[dist] = requirement
         install.append(requirement)
         notes.append(f"{module} is imported by the model ({where}) and the host does not have it: {requirement} is "
@@ -466,16 +475,27 @@ def missing_transformers_names(model_dir: Path, python: str | None = None) -> li
 
 
 def _bundle_files(target: str, stack: dict[str, str | None], pins: dict[str, str],
-                  compat: dict[str, Any]) -> tuple[str, str]:
+                  compat: dict[str, Any], pair: dict[str, Any] | None = None) -> tuple[str, str]:
     """requirements.txt (what the port needs) and constraints.txt (the versions it was validated
-    with) for the bundle."""
+    with) for the bundle. With a torch pair (agents/env_torch.py), both pin the pair that ran."""
     header = f"# Generated by npuport for target {target}"
     if stack.get("torch_npu"):
         header += f", torch_npu {stack['torch_npu']}" + (f" (CANN {stack['cann']})" if stack.get("cann") else "")
     req_lines = [header]
     con_lines = [header]
     torch_v = stack.get("torch")
-    if torch_v:
+    if pair:
+        why = f"# validated on torch {pair['torch']} + " + " + ".join(f"{c} {v}" for c, v in
+                                                                   sorted(pair["companions"].items()))
+        req_lines.append(why)
+        con_lines.append(why)
+        torch_v = _release(str(pair["torch"]))
+        req_lines.append(f"torch=={torch_v}")
+        con_lines.append(f"torch=={torch_v}")
+        for companion, version in sorted(pair["companions"].items()):
+            req_lines.append(f"{companion}=={_release(str(version))}")
+            con_lines.append(f"{companion}=={_release(str(version))}")
+    elif torch_v:
         req_lines.append(f"torch=={torch_v}")
         con_lines.append(f"torch=={torch_v}")
         for companion in ("torchvision", "torchaudio"):
@@ -529,20 +549,28 @@ def _locked(path: Path) -> Iterator[None]:
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
-def _layer_pth(env_dir: Path) -> Path:
-    """The .pth that layers the env on the host: the host's site-packages (processed as site dirs, so
-    their own .pth files work) after the env's own, and the npuport source root for the harness."""
-    purelib = subprocess.run(
-        [str(env_python(env_dir)), "-I", "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-        capture_output=True, text=True, check=True,
-    ).stdout.strip()
-    sites = host_site_dirs()
+def _layer_pth(env_dir: Path, resolution: Resolution) -> Path:
+    """The .pth that layers the env on the host: a torch pair's base env (its own torch shadows the
+    host's), then the host's site-packages (processed as site dirs, so their own .pth files work), after
+    the env's own, and the npuport source root for the harness."""
+    purelib = _purelib(env_python(env_dir))
+    sites = [*_base_sites(resolution), *host_site_dirs()]
     pth = Path(purelib) / "_npuport_layer.pth"
     pth.write_text(
         f"import site; list(map(site.addsitedir, {sites!r}))\n"
         f"{NPUPORT_ROOT}\n"
     )
     return pth
+
+
+def _purelib(python: Path) -> str:
+    return subprocess.run([str(python), "-I", "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                          capture_output=True, text=True, check=True).stdout.strip()
+
+
+def _base_sites(resolution: Resolution) -> list[str]:
+    base = (resolution.torch_pair or {}).get("base_env")
+    return [_purelib(env_python(Path(base)))] if base else []
 
 
 def _run_pip(python: Path, install: list[str], constraints: Path, timeout_s: float) -> subprocess.CompletedProcess[str]:
@@ -553,18 +581,60 @@ def _run_pip(python: Path, install: list[str], constraints: Path, timeout_s: flo
     return subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s)
 
 
-def ensure_env(resolution: Resolution, cache_root: Path | None = None, timeout_s: float = 900.0) -> Path | None:
+def _stderr_log(msg: str) -> None:
+    print(f"npuport: {msg}", file=sys.stderr, flush=True)
+
+
+def apply_pair(resolution: Resolution, pair: TorchPair) -> None:
+    """Record the chosen torch pair in the resolution: stack, notes, installs, bundle files."""
+    resolution.torch_pair = pair.as_dict()
+    resolution.stack["torch"] = _release(pair.torch)
+    for c, v in pair.companions.items():
+        resolution.stack[c] = v
+    resolution.notes.append(f"torch pair: torch {pair.torch} + "
+                            + " + ".join(f"{c} {v}" for c, v in sorted(pair.companions.items()))
+                            + f" ({pair.source}): {pair.reason}. Proof: {pair.proof}.")
+    for req in pair.overlay:
+        if req not in resolution.install:
+            resolution.install.append(req)
+    if pair.source != "host" and resolution.target in NPU_TARGETS and resolution.torch_npu and \
+            _release(pair.torch) != _release(str(_stack_torch_npu_torch(resolution) or pair.torch)):
+        resolution.conflicts.append(
+            f"the sandbox runs torch {pair.torch} (the pair that loads {', '.join(resolution.companions)} here); "
+            f"on an Ascend host torch_npu {resolution.torch_npu} needs its own torch and the "
+            f"{'/'.join(resolution.companions)} release of that line.")
+    resolution.needs_layered_env = bool(resolution.install) or pair.source == "index"
+    resolution.requirements_txt, resolution.constraints_txt = _bundle_files(
+        resolution.target, resolution.stack, resolution.pins, load_compat(), resolution.torch_pair)
+
+
+def _stack_torch_npu_torch(resolution: Resolution) -> str | None:
+    row = torch_npu_row(resolution.torch_npu, load_compat()) if resolution.torch_npu else None
+    return row["torch"] if row else None
+
+
+def ensure_env(resolution: Resolution, cache_root: Path | None = None, timeout_s: float = 900.0,
+               log: Callable[[str], None] | None = None) -> Path | None:
     """The python of the layered venv for ``resolution`` (built once, then reused), or None when the
-    host already satisfies every pin. Raises EnvBuildError when installing fails."""
-    if not resolution.needs_layered_env:
-        return None
+    host already satisfies every pin. When the model imports torchvision / torchaudio, the torch pair is
+    chosen and proven first (agents/env_torch.py) and recorded in the resolution. Raises EnvBuildError
+    when installing fails."""
+    log = log or _stderr_log
     root = cache_root or env_cache_root()
     root.mkdir(parents=True, exist_ok=True)
+    if resolution.companions and resolution.torch_pair is None:
+        pair = choose_pair(resolution.companions, resolution.host_python, host_version("torch"), load_compat(),
+                           root, log)
+        apply_pair(resolution, pair)
+    if not resolution.needs_layered_env:
+        return None
     env_dir = root / resolution.env_key
     with _locked(root / f"{resolution.env_key}.lock"):
         if (env_dir / MARKER).is_file() and env_python(env_dir).exists():
             return env_python(env_dir)
         shutil.rmtree(env_dir, ignore_errors=True)  # a build that died half way
+        if resolution.install:
+            log(f"building the model's layered environment ({', '.join(resolution.install)}) in {env_dir}")
         try:
             _build(env_dir, resolution, timeout_s)
         except BaseException:
@@ -579,27 +649,53 @@ def _build(env_dir: Path, resolution: Resolution, timeout_s: float) -> None:
     made = subprocess.run([str(host), "-m", "venv", "--without-pip", str(env_dir)], capture_output=True, text=True)
     if made.returncode != 0:
         raise EnvBuildError(f"could not create a venv at {env_dir}: {made.stderr.strip()[-800:]}")
-    _layer_pth(env_dir)
-    # Keep the host's torch stack as it is: the model's pins must not move it.
-    keep = [f"{n}=={v}" for n in sorted(FRAMEWORK) if (v := host_version(n))]
+    _layer_pth(env_dir, resolution)
+    # Keep the torch stack as it is (the host's, or the pair's): the model's pins must not move it.
+    pair = resolution.torch_pair or {}
+    if pair.get("base_env"):
+        keep = [f"torch=={pair['torch']}", *(f"{c}=={v}" for c, v in sorted(pair["companions"].items()))]
+    else:
+        keep = [f"{n}=={v}" for n in sorted(FRAMEWORK) if (v := host_version(n))]
     constraints = env_dir / "npuport-constraints.txt"
     constraints.write_text("\n".join(keep) + "\n")
     start = time.monotonic()
-    try:
-        done = _run_pip(env_python(env_dir), resolution.install, constraints, timeout_s)
-    except subprocess.TimeoutExpired as exc:
-        raise EnvBuildError(f"installing {', '.join(resolution.install)} into the layered environment took longer "
-                            f"than {timeout_s:g} s and was stopped") from exc
-    if done.returncode != 0:
-        tail = "\n".join((done.stderr or done.stdout).strip().splitlines()[-8:])
-        raise EnvBuildError(
-            f"could not install {', '.join(resolution.install)} into the layered environment at {env_dir} "
-            f"(pip exit {done.returncode}); the model's pins may not exist for Python "
-            f"{sys.version_info.major}.{sys.version_info.minor}, may need torch other than the host's, or the "
-            f"package registry may be unreachable:\n{tail}"
-        )
+    if resolution.install:
+        try:
+            done = _run_pip(env_python(env_dir), resolution.install, constraints, timeout_s)
+        except subprocess.TimeoutExpired as exc:
+            raise EnvBuildError(f"installing {', '.join(resolution.install)} into the layered environment took "
+                                f"longer than {timeout_s:g} s and was stopped") from exc
+        if done.returncode != 0:
+            tail = "\n".join((done.stderr or done.stdout).strip().splitlines()[-8:])
+            raise EnvBuildError(
+                f"could not install {', '.join(resolution.install)} into the layered environment at {env_dir} "
+                f"(pip exit {done.returncode}); the model's pins may not exist for Python "
+                f"{sys.version_info.major}.{sys.version_info.minor}, may need torch other than the host's, or the "
+                f"package registry may be unreachable:\n{tail}"
+            )
     (env_dir / MARKER).write_text(json.dumps({
         "key": resolution.env_key, "install": resolution.install, "host_python": resolution.host_python,
         "host_sites": host_site_dirs(), "npuport_root": str(NPUPORT_ROOT),
         "built_s": round(time.monotonic() - start, 1), "model_dir": str(resolution.model_dir),
+        "torch_pair": resolution.torch_pair,
+        # Folders the env reads besides its own (the sandbox binds them read-only: sandbox/process.py).
+        "layers": [str(Path(pair["base_env"]).resolve())] if pair.get("base_env") else [],
     }, indent=1))
+
+
+def native_for(target: Any, python: str) -> Any:
+    """The target with ascend-sim's native engine built for the torch of ``python`` (a torch pair's env
+    runs its own torch, and a library built for another torch does not load); other targets unchanged."""
+    from sandbox.ascend_sim.native_build import NativeUnavailable, choose_engine
+    from sandbox.targets import Target
+
+    if not (target.options or {}).get("native_lib"):
+        return target
+    try:
+        engine, lib, why = choose_engine("auto", log=_stderr_log, python=python)
+    except (NativeUnavailable, ValueError) as exc:
+        engine, lib, why = "python", None, f"native engine unavailable ({str(exc).splitlines()[0]}); python engine"
+    if lib == target.options.get("native_lib"):
+        return target
+    options = {**target.options, "engine": engine, "native_lib": lib, "engine_note": f"{why} (for {python})"}
+    return Target(target.name, target.device, target.bootstrap, options, target.env, reason=target.reason)

@@ -149,6 +149,10 @@ def render_markdown(report: dict[str, Any]) -> str:
                          f"{_md_escape(f['message'])} | {_md_escape(res.get(f['id'], ''))} |")
     else:
         lines.append("No hazards found.")
+    assumptions = (report.get("entry") or {}).get("assumptions") or []
+    if assumptions:
+        lines += ["", "## How the model was run (entry, inputs)", ""]
+        lines += [f"- {_md_escape(a)}" for a in assumptions]
     shrunk = next((r["shrunk"] for r in report["runs"] if r.get("shrunk") is not None), None)
     if shrunk is not None:
         lines += ["", "## Shrunk config (--shrink: random weights, fixed seed; every run used it)", ""]

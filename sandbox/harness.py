@@ -93,12 +93,16 @@ def seed_parameters(model: Any, seed: int) -> None:
 
     with torch.no_grad():
         for name, p in model.named_parameters():
+            if not p.is_floating_point() or not p.numel():
+                continue
             g = torch.Generator().manual_seed((zlib.crc32(name.encode()) + seed) % (2**31))
-            data = p.detach().float()
-            mean = float(data.mean()) if p.numel() else 0.0
-            std = float(data.std()) if p.numel() > 1 else 0.0
-            vals = mean + std * torch.randn(p.shape, generator=g)
-            p.copy_(vals.to(p.dtype))
+            if p.numel() > 1:
+                std_t, mean_t = torch.std_mean(p.detach().float())
+                mean, std = float(mean_t), float(std_t)
+            else:
+                mean, std = float(p.detach().float().mean()), 0.0
+            # In place, one pass: a shrunk model with a hard-coded vision tower still holds ~1e9 values.
+            p.normal_(mean, std, generator=g) if std > 0 else p.fill_(mean)
 
 
 def _frames(exc: BaseException, model_dir: Path) -> list[dict[str, Any]]:
@@ -216,7 +220,7 @@ def load_config(model_dir: Path, manifest: dict[str, Any], spec: dict[str, Any])
     config: dict[str, Any] = json.loads((model_dir / manifest.get("config", "config.json")).read_text())
     changes: list[str] = []
     if spec.get("shrink"):
-        config, changes = shrink_config(config, manifest.get("shrink") or {})
+        config, changes = shrink_config(config, manifest.get("shrink") or {}, model_dir)
     else:
         params = estimate_params(config)
         need = params * 4  # built in float32 before any dtype cast
@@ -268,6 +272,10 @@ def build_model(cls: Any, config: dict[str, Any], model_dir: Path) -> Any:
     return cls(config_obj)
 
 
+SYNTH_TOKENS = 8  # prompt length of synthesised inputs
+SYNTH_IMAGE_TOKENS = 4  # prompt positions an image's features fill (its processor's count is unknown)
+
+
 def synthesise_inputs(model: Any, method_name: str, config: dict[str, Any], seed: int) -> dict[str, Any]:
     """Inputs for a model with no inputs function: token ids within the vocabulary (and a mask) for a
     method that takes them, an image batch of the config's image size for one that names pixels."""
@@ -291,13 +299,24 @@ def synthesise_inputs(model: Any, method_name: str, config: dict[str, Any], seed
     vocab = _nested(config, "vocab_size") or 256
     out: dict[str, Any] = {}
     if "input_ids" in names or var_kw:
-        out["input_ids"] = torch.randint(0, int(vocab), (1, 8), generator=g)
+        out["input_ids"] = torch.randint(0, int(vocab), (1, SYNTH_TOKENS), generator=g)
         if "attention_mask" in names:
-            out["attention_mask"] = torch.ones(1, 8, dtype=torch.long)
+            out["attention_mask"] = torch.ones(1, SYNTH_TOKENS, dtype=torch.long)
+    size = int(_nested(config, "image_size") or 32)
+    chans = int(_nested(config, "num_channels") or 3)
+    if "images" in names and "images_spatial_crop" in names:
+        # The tiling convention (a list of (tiles, global view) per image, the tile grid per image, and a mask
+        # of the prompt positions the image features fill): one image, its global view only (all-zero tiles
+        # mean "no tiles" in this convention), at the config's image size.
+        out["images"] = [(torch.zeros(1, chans, size, size), torch.randn(1, chans, size, size, generator=g))]
+        out["images_spatial_crop"] = torch.tensor([[1, 1]])
+        if "images_seq_mask" in names:
+            mask = torch.zeros(1, SYNTH_TOKENS, dtype=torch.bool)
+            mask[0, 1:1 + SYNTH_IMAGE_TOKENS] = True  # after the first token; the features fill them in order
+            out["images_seq_mask"] = mask
+        return out
     for pix in ("pixel_values", "images", "image"):
         if pix in names:
-            size = int(_nested(config, "image_size") or 32)
-            chans = int(_nested(config, "num_channels") or 3)
             out[pix] = torch.randn(1, chans, size, size, generator=g)
             break
     if not out:

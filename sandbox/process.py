@@ -433,6 +433,16 @@ def _interpreter_paths(python: str) -> set[Path]:
                 key, _, value = line.partition("=")
                 if key.strip() == "home" and value.strip():
                     paths.add(Path(value.strip()).parent)
+        # A layered env (agents/env_resolve.py) names the folders it reads besides its own: a torch pair's
+        # base env. Under a masked home they are invisible unless bound too.
+        marker = p.parent.parent / "npuport-env.json"
+        if marker.is_file():
+            try:
+                layers = json.loads(marker.read_text()).get("layers") or []
+            except (OSError, ValueError, AttributeError):
+                layers = []
+            for layer in layers:
+                paths |= _interpreter_paths(str(Path(layer) / "bin" / "python")) if Path(layer).is_dir() else set()
     return paths
 
 

@@ -11,7 +11,9 @@ Used by the harness (inside the sandbox), so it imports nothing of agents/graph.
 
 from __future__ import annotations
 
+import ast
 import re
+from pathlib import Path
 from typing import Any
 
 LAYERS = 2
@@ -40,10 +42,68 @@ def _int(v: Any) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
 
-def shrink_config(config: dict[str, Any], overrides: dict[str, Any] | None = None) -> tuple[dict[str, Any], list[str]]:
-    """A small copy of ``config`` and the list of changes ("path: old -> new"), overrides last."""
+MIN_HARD_WIDTH = 64  # smaller literals are too common (kernel sizes, counts) to tie to a config width
+
+
+def hard_coded_widths(model_dir: Path) -> dict[int, list[tuple[str, str | None]]]:
+    """Integer literals of the model's code that may be widths: ``n = 1280``, ``def f(dim=896)``,
+    ``Config(hidden_size=896)``, ``nn.Linear(1280, ...)``: {value: [("file:line `code`", parameter name
+    for a default else None)]}. A config width equal to one is kept by the shrink: the code builds that
+    size whatever the config says, and a shrunk config would no longer fit it."""
+    found: dict[int, list[tuple[str, str | None]]] = {}
+
+    def note(value: Any, path: Path, node: ast.AST, lines: list[str], param: str | None = None) -> None:
+        if _int(value) and value >= MIN_HARD_WIDTH:
+            line = getattr(node, "lineno", 0)
+            code = lines[line - 1].strip() if 0 < line <= len(lines) else ""
+            found.setdefault(value, []).append((f"{path.relative_to(model_dir).as_posix()}:{line} \"{code[:80]}\"",
+                                                param))
+
+    for path in sorted(model_dir.rglob("*.py")):
+        if any(part.startswith(".") or part == "__pycache__" for part in path.relative_to(model_dir).parts):
+            continue
+        text = path.read_text(encoding="utf-8", errors="replace")
+        try:
+            tree = ast.parse(text)
+        except SyntaxError:
+            continue
+        lines = text.splitlines()
+        # A config class's __init__ defaults are what the config overrides, not sizes the code fixes.
+        config_nodes = {id(n) for c in ast.walk(tree) if isinstance(c, ast.ClassDef) and _is_config_class(c)
+                        for n in ast.walk(c)}
+        for node in ast.walk(tree):
+            if id(node) in config_nodes:
+                continue
+            if isinstance(node, ast.Assign | ast.AnnAssign) and isinstance(node.value, ast.Constant):
+                note(node.value.value, path, node, lines)
+            elif isinstance(node, ast.arguments):
+                positional = [*node.posonlyargs, *node.args]
+                for arg, d in zip(positional[len(positional) - len(node.defaults):], node.defaults, strict=True):
+                    if isinstance(d, ast.Constant):
+                        note(d.value, path, d, lines, arg.arg)
+                for arg, kd in zip(node.kwonlyargs, node.kw_defaults, strict=True):
+                    if isinstance(kd, ast.Constant):
+                        note(kd.value, path, kd, lines, arg.arg)
+            elif isinstance(node, ast.Call):
+                for a in [*node.args, *(k.value for k in node.keywords)]:
+                    if isinstance(a, ast.Constant):
+                        note(a.value, path, a, lines)
+    return found
+
+
+def _is_config_class(node: ast.ClassDef) -> bool:
+    names = [node.name, *(b.attr if isinstance(b, ast.Attribute) else getattr(b, "id", "") for b in node.bases)]
+    return any(n.endswith("Config") for n in names)
+
+
+def shrink_config(config: dict[str, Any], overrides: dict[str, Any] | None = None,
+                  model_dir: Path | None = None) -> tuple[dict[str, Any], list[str]]:
+    """A small copy of ``config`` and the list of changes ("path: old -> new"), overrides last. With
+    ``model_dir``, widths the code hard-codes are kept and reported (override: the manifest's
+    ``shrink:``)."""
     changes: list[str] = []
-    out = _shrink_level(config, "", changes)
+    hard = hard_coded_widths(model_dir) if model_dir is not None else {}
+    out = _shrink_level(config, "", changes, hard)
     for key, value in (overrides or {}).items():
         node = out
         *parents, last = key.split(".")
@@ -61,16 +121,28 @@ def shrink_config(config: dict[str, Any], overrides: dict[str, Any] | None = Non
     return out, changes
 
 
-def _shrink_level(config: dict[str, Any], prefix: str, changes: list[str]) -> dict[str, Any]:
+def _shrink_level(config: dict[str, Any], prefix: str, changes: list[str],
+                  hard: dict[int, list[tuple[str, str | None]]] | None = None) -> dict[str, Any]:
+    hard = hard or {}
     out: dict[str, Any] = {}
     for key, value in config.items():
-        out[key] = _shrink_level(value, f"{prefix}{key}.", changes) if isinstance(value, dict) else value
+        out[key] = _shrink_level(value, f"{prefix}{key}.", changes, hard) if isinstance(value, dict) else value
 
     def set_(key: str, new: int) -> None:
         old = out[key]
         if _int(old) and new < old:
             out[key] = new
             changes.append(f"{prefix}{key}: {old} -> {new}")
+
+    def width(key: str, new: int) -> None:
+        old = out[key]
+        # A default of a parameter named as the key (``width=128`` for "width") is the config's to override.
+        where = [w for w, param in hard.get(old, []) if param != key] if _int(old) else []
+        if where:
+            changes.append(f"{prefix}{key}: kept at {old}, hard-coded in the model's code at {where[0]} "
+                           f"(override: shrink: {{{prefix}{key}: N}} in npuport.yaml)")
+            return
+        set_(key, new)
 
     heads_key = next((k for k in out if _HEAD_KEYS.match(k) and _int(out[k])), None)
     old_heads = out[heads_key] if heads_key else None
@@ -85,11 +157,16 @@ def _shrink_level(config: dict[str, Any], prefix: str, changes: list[str]) -> di
         elif _HEAD_KEYS.match(key):
             set_(key, HEADS)
         elif _HIDDEN_KEYS.match(key):
-            set_(key, HIDDEN)
+            width(key, HIDDEN)
         elif _FFN_KEYS.match(key):
-            set_(key, INTERMEDIATE)
+            width(key, INTERMEDIATE)
         elif _HEAD_DIM_KEYS.match(key):
-            set_(key, HEAD_DIM)
+            width(key, HEAD_DIM)
+    hidden_key = next((k for k in out if _HIDDEN_KEYS.match(k) and _int(out[k])), None)
+    if heads_key and hidden_key and _int(out[heads_key]) and out[hidden_key] % out[heads_key]:
+        # A kept (hard-coded) width the shrunk head count does not divide: keep the heads too.
+        out[heads_key] = old_heads
+        changes[:] = [c for c in changes if not c.startswith(f"{prefix}{heads_key}:")]
     for key in list(out):
         v = out[key]
         if _KV_KEYS.match(key) and _int(v) and v > 0 and heads_key:

@@ -133,6 +133,61 @@ def test_without_an_inputs_function_inputs_are_synthesised_from_the_signature(tm
     assert all(0 <= t < 300 for t in res["outputs"]["tokens"][0])
 
 
+TILED = REPO_ROOT / "tests" / "fixtures" / "hf_remote_tiled"
+
+
+def test_shrink_keeps_a_width_the_code_hard_codes_and_says_where() -> None:
+    from sandbox.shrink import hard_coded_widths
+
+    config = json.loads((TILED / "config.json").read_text())
+    small, changes = shrink_config(config, {}, TILED)
+    # The projector's output width is the literal 96 in the code: shrinking hidden_size would break it.
+    assert small["hidden_size"] == 96 and small["num_attention_heads"] == 4 and small["num_hidden_layers"] == 2
+    kept = next(c for c in changes if c.startswith("hidden_size: kept at 96"))
+    assert "modeling_tiled.py:" in kept and "n_embed = 96" in kept and "shrink: {hidden_size: N}" in kept
+    # A config class's own defaults and a parameter named as the key are the config's, not hard-coded.
+    assert all(param != "hidden_size" for _, param in hard_coded_widths(TILED).get(96, []) if param)
+    assert small["vision_config"]["width"] == 64  # read by nothing, but nothing in the code pins 128
+    # The override (npuport.yaml shrink:) wins over the kept width.
+    forced, changes = shrink_config(config, {"hidden_size": 64}, TILED)
+    assert forced["hidden_size"] == 64 and "hidden_size: 96 -> 64 (manifest shrink override)" in changes
+    # Without the model's code (plain shrink) the width shrinks as before.
+    assert shrink_config(config)[0]["hidden_size"] == 64
+
+
+def test_tiled_image_list_inputs_are_synthesised_and_reach_the_vision_tower(tmp_path: Path) -> None:
+    entry = discover_entry(TILED)
+    assert entry.inputs_fn is None and entry.run_method == "generate"
+    # Its own preprocessing path needs a tokenizer the folder does not hold: the entry says so.
+    assert any("TiledOcrForCausalLM.infer(tokenizer, ...)" in a and "no tokenizer file" in a
+               for a in entry.assumptions)
+    manifest = entry.as_manifest_dict()
+    res = _harness(TILED, manifest, tmp_path, shrink=True, capture=["projector"],
+                   capture_path=str(tmp_path / "capture.pt"))
+    assert res["ok"], res["exception"]
+    assert len(res["outputs"]["tokens"][0]) == 8 and all(0 <= t < 200 for t in res["outputs"]["tokens"][0])
+    assert res["outputs"]["captured"] == ["projector"]  # the synthesised image went through the vision tower
+    assert any(c.startswith("hidden_size: kept at 96") for c in res["shrunk"])
+
+
+def test_synthesised_tiled_inputs_have_the_tiling_convention() -> None:
+    import torch
+
+    from sandbox.harness import SYNTH_IMAGE_TOKENS, SYNTH_TOKENS, synthesise_inputs
+
+    class Tiled(torch.nn.Module):
+        def forward(self, input_ids, images=None, images_seq_mask=None, images_spatial_crop=None):
+            return input_ids
+
+    out = synthesise_inputs(Tiled(), "forward", {"vocab_size": 50, "vision_config": {"image_size": 24}}, 0)
+    (tiles, global_view), = out["images"]
+    assert tiles.shape == global_view.shape == (1, 3, 24, 24) and not tiles.any() and global_view.any()
+    assert out["images_spatial_crop"].tolist() == [[1, 1]]
+    mask = out["images_seq_mask"]
+    assert mask.shape == (1, SYNTH_TOKENS) and int(mask.sum()) == SYNTH_IMAGE_TOKENS and not mask[0, 0]
+    assert out["input_ids"].shape == (1, SYNTH_TOKENS) and int(out["input_ids"].max()) < 50
+
+
 # ----------------------------------------------------------------------------------------------
 # The environment
 # ----------------------------------------------------------------------------------------------
@@ -203,3 +258,34 @@ def test_a_generate_inherited_through_a_sibling_module_is_found(tmp_path: Path) 
     entry = discover_entry(tmp_path)
     assert entry.run_method == "generate"
     assert entry.run_kwargs == {"max_new_tokens": 8, "do_sample": False}  # greedy whatever the generation config
+
+
+def test_run_py_seeds_and_synthesises_exactly_as_the_harness() -> None:
+    import torch
+
+    from agents.deploy.runscript import render_run_py
+    from sandbox import harness
+
+    script: dict[str, object] = {"__name__": "run_py_under_test", "__file__": "/nonexistent/run.py"}
+    exec(compile(render_run_py({}, "cpu", {"entry": {"class": "m:C"}}), "run.py", "exec"), script)
+
+    class Tiled(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.proj = torch.nn.Linear(12, 7)
+            self.norm = torch.nn.LayerNorm(7)
+
+        def forward(self, input_ids, images=None, images_seq_mask=None, images_spatial_crop=None):  # type: ignore[no-untyped-def]
+            return input_ids
+
+    config = {"vocab_size": 40, "vision_config": {"image_size": 8}}
+    ours, theirs = Tiled(), Tiled()
+    theirs.load_state_dict(ours.state_dict())
+    harness.seed_parameters(ours, 3)
+    script["seed_parameters"](theirs, 3)  # type: ignore[operator]
+    assert all(torch.equal(a, b) for a, b in zip(ours.state_dict().values(), theirs.state_dict().values(), strict=True))
+    a = harness.synthesise_inputs(ours, "forward", config, 5)
+    b = script["synthesise_inputs"](theirs, "forward", config, 5)  # type: ignore[operator]
+    assert set(a) == set(b) == {"input_ids", "images", "images_spatial_crop", "images_seq_mask"}
+    assert torch.equal(a["input_ids"], b["input_ids"]) and torch.equal(a["images_seq_mask"], b["images_seq_mask"])
+    assert torch.equal(a["images"][0][1], b["images"][0][1])

@@ -69,7 +69,7 @@ def write_deploy_bundle(state: dict[str, Any], out_dir: Path) -> dict[str, str]:
 
         config_file = model_dir / str(manifest.get("config") or "config.json")
         if config_file.is_file():
-            small, _ = shrink_config(json.loads(config_file.read_text()), manifest.get("shrink") or {})
+            small, _ = shrink_config(json.loads(config_file.read_text()), manifest.get("shrink") or {}, model_dir)
             files["run_config"] = _write(out_dir / "run_config.json", json.dumps(small, indent=1))
     settings, docs = serve_plan(state, model_dir)
     src = (state.get("request") or {}).get("model_path")

@@ -96,9 +96,17 @@ def synthesise_inputs(model, method, config, seed):
         out["input_ids"] = torch.randint(0, int(nested(config, "vocab_size") or 256), (1, 8), generator=g)
         if "attention_mask" in names:
             out["attention_mask"] = torch.ones(1, 8, dtype=torch.long)
+    size, chans = int(nested(config, "image_size") or 32), int(nested(config, "num_channels") or 3)
+    if "images" in names and "images_spatial_crop" in names:  # the tiling convention (list of (tiles, global))
+        out["images"] = [(torch.zeros(1, chans, size, size), torch.randn(1, chans, size, size, generator=g))]
+        out["images_spatial_crop"] = torch.tensor([[1, 1]])
+        if "images_seq_mask" in names:
+            mask = torch.zeros(1, 8, dtype=torch.bool)
+            mask[0, 1:5] = True
+            out["images_seq_mask"] = mask
+        return out
     for pix in ("pixel_values", "images", "image"):
         if pix in names:
-            size, chans = int(nested(config, "image_size") or 32), int(nested(config, "num_channels") or 3)
             out[pix] = torch.randn(1, chans, size, size, generator=g)
             break
     return out
@@ -118,11 +126,15 @@ def to_device(value, device, dtype):
 def seed_parameters(model, seed):
     with torch.no_grad():
         for name, p in model.named_parameters():
+            if not p.is_floating_point() or not p.numel():
+                continue
             g = torch.Generator().manual_seed((zlib.crc32(name.encode()) + seed) % (2**31))
-            data = p.detach().float()
-            mean = float(data.mean()) if p.numel() else 0.0
-            std = float(data.std()) if p.numel() > 1 else 0.0
-            p.copy_((mean + std * torch.randn(p.shape, generator=g)).to(p.dtype))
+            if p.numel() > 1:
+                std_t, mean_t = torch.std_mean(p.detach().float())
+                mean, std = float(mean_t), float(std_t)
+            else:
+                mean, std = float(p.detach().float().mean()), 0.0
+            p.normal_(mean, std, generator=g) if std > 0 else p.fill_(mean)
 
 
 def main():

@@ -196,6 +196,10 @@ def verify_bundle(bundle_dir: Path, original: Path | None = None, *, tolerance: 
         result.claims.append(Claim(name="tokens match", verdict="unchecked", detail="the patch did not reproduce the port"))
         return result
     target = _target(report)
+    if target is not None and report_python(report):
+        from agents.env_resolve import native_for
+
+        target = native_for(target, str(report_python(report)))  # the emulator's engine for the env's torch
     if target is None:
         result.claims.append(Claim(name="tokens match", verdict="unchecked",
                                    detail=f"target {(report.get('target') or {}).get('name')} is not available here"))

@@ -63,7 +63,8 @@ def code_reader_node(state: dict[str, Any]) -> dict[str, Any]:
         "workdir": str(workdir),
         "original_digest": tree_digest(original),
         "findings": findings,
-        "entry": entry.as_manifest_dict(),
+        # The guesses behind the entry (inputs synthesised and why, ...) travel with it to the report.
+        "entry": {**entry.as_manifest_dict(), "assumptions": list(entry.assumptions)},
         "trace": [step("code_reader", f"{len(findings)} hazard finding(s) in {len(scan.files)} file(s): {hz}; "
                        f"entry {entry.kind}; knowledge base: {kb_status()}", entry_kind=entry.kind,
                        assumptions=list(entry.assumptions)), *llm_trace],

@@ -31,15 +31,19 @@ def environment_node(state: dict[str, Any]) -> dict[str, Any]:
     trace = [step("environment", summary, notes=notes)]
     environment: dict[str, Any] = {"notes": notes}
     try:
-        from agents.env_resolve import EnvBuildError, ensure_env, resolve
+        from agents.env_resolve import EnvBuildError, ensure_env, native_for, resolve
 
         resolution = resolve(Path(req["model_path"]), target.name, req["torch_npu"])
         environment["resolution"] = resolution.as_dict()
         python = ensure_env(resolution)
+        environment["resolution"] = resolution.as_dict()  # with the torch pair chosen while building
         environment["python"] = str(python) if python else None
+        if python and target.options.get("native_lib"):
+            target = native_for(target, str(python))
         trace.append(step("environment", resolution.summary(), conflicts=resolution.conflicts))
     except EnvBuildError as exc:
         reason = f"cannot build the model's environment: {first_line(exc)}"
         return {"status": "failed", "reason": reason, "target": target_to_dict(target), "environment": environment,
                 "trace": [*trace, step("environment", reason)]}
     return {"target": target_to_dict(target), "environment": environment, "trace": trace}
+

@@ -8,8 +8,11 @@ Targets pass the built path to the sandbox, which only loads it; nothing is comp
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import hashlib
 import importlib.metadata
+import json
 import os
 import platform
 import shutil
@@ -41,9 +44,44 @@ def cache_root() -> Path:
     return Path(base) / "npuport" / "ascend-sim-native"
 
 
-def build_key() -> str:
+_TORCH_ID = ("import sys, torch; print(torch.__version__, int(torch._C._GLIBCXX_USE_CXX11_ABI), "
+             "sys.version.replace(chr(10), ' '), sep='|')")
+
+
+@functools.lru_cache(maxsize=8)
+def _torch_identity(python: str | None) -> tuple[str, ...]:
+    """torch version, C++ ABI and Python of ``python`` (this interpreter when None): a library built
+    for one torch does not load into another (a torch pair's env runs its own torch)."""
+    host = importlib.metadata.version("torch"), sys.version
+    if python is None or os.path.abspath(python) == os.path.abspath(sys.executable):
+        return host
+    # Importing a CUDA torch build to ask its version takes seconds to a minute: remembered per env build
+    # (its marker file's mtime changes when the env is rebuilt).
+    marker = Path(python).parent.parent / "npuport-env.json"
+    memo_key = f"{os.path.abspath(python)}|{marker.stat().st_mtime if marker.is_file() else 'none'}"
+    memo = cache_root() / "torch-identities.json"
+    try:
+        known = json.loads(memo.read_text()) if memo.is_file() else {}
+    except (OSError, ValueError):
+        known = {}
+    line = known.get(memo_key) if marker.is_file() else None
+    if not line:
+        done = subprocess.run([python, "-c", _TORCH_ID], capture_output=True, text=True, timeout=300)
+        if done.returncode != 0:
+            raise NativeUnavailable(f"{python} cannot import torch: {done.stderr.strip()[-300:]}")
+        line = done.stdout.strip().splitlines()[-1]
+        if marker.is_file():
+            with contextlib.suppress(OSError):
+                memo.parent.mkdir(parents=True, exist_ok=True)
+                memo.write_text(json.dumps({**known, memo_key: line}, indent=1))
+    version, abi, py = str(line).split("|", 2)
+    # A layered env over the host's own torch shares the host's build.
+    return host if (version, py) == (host[0], sys.version.replace("\n", " ")) else (version, f"cxx11abi={abi}", py)
+
+
+def build_key(python: str | None = None) -> str:
     h = hashlib.sha256(SOURCE.read_bytes())
-    for part in (importlib.metadata.version("torch"), sys.version, platform.machine()):
+    for part in (*_torch_identity(python), platform.machine()):
         h.update(part.encode())
     return h.hexdigest()[:16]
 
@@ -52,15 +90,16 @@ def module_name(key: str) -> str:
     return f"ascend_sim_native_{key}"
 
 
-def cached_library() -> Path | None:
-    key = build_key()
+def cached_library(python: str | None = None) -> Path | None:
+    key = build_key(python)
     so = cache_root() / key / f"{module_name(key)}.so"
     return so if so.is_file() else None
 
 
-def library_path(*, build: bool = True, log: Callable[[str], None] | None = None) -> Path:
-    """The compiled engine for this torch; builds it when missing (under a minute on 2 cores)."""
-    found = cached_library()
+def library_path(*, build: bool = True, log: Callable[[str], None] | None = None, python: str | None = None) -> Path:
+    """The compiled engine for the torch of ``python`` (this interpreter when None); builds it when
+    missing (under a minute on 2 cores)."""
+    found = cached_library(python)
     if found is not None:
         return found
     if not build:
@@ -68,18 +107,19 @@ def library_path(*, build: bool = True, log: Callable[[str], None] | None = None
     cxx = os.environ.get("CXX") or "c++"
     if shutil.which(cxx) is None:
         raise NativeUnavailable(f"no C++ compiler ({cxx}) on PATH")
-    key = build_key()
+    key = build_key(python)
     build_dir = cache_root() / key
     build_dir.mkdir(parents=True, exist_ok=True)
     if log is not None:
         log(f"building the ascend-sim native engine once for this torch (about a minute) in {build_dir}")
     # ninja from the environment's bin dir (the `ninja` wheel) when it is not on PATH.
     env = dict(os.environ)
-    env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
+    builder = python or sys.executable
+    env["PATH"] = os.pathsep.join([str(Path(builder).parent), str(Path(sys.executable).parent), env.get("PATH", "")])
     env.setdefault("MAX_JOBS", str(os.cpu_count() or 1))
     try:
         r = subprocess.run(
-            [sys.executable, "-c", _BUILD, module_name(key), str(SOURCE), str(build_dir)],
+            [builder, "-c", _BUILD, module_name(key), str(SOURCE), str(build_dir)],
             capture_output=True,
             text=True,
             timeout=BUILD_TIMEOUT_S,
@@ -94,14 +134,16 @@ def library_path(*, build: bool = True, log: Callable[[str], None] | None = None
     return so
 
 
-def choose_engine(requested: str, *, log: Callable[[str], None] | None = None) -> tuple[str, str | None, str]:
-    """("native"|"python", library path or None, why) for NPUPORT_SIM_ENGINE-style requests."""
+def choose_engine(requested: str, *, log: Callable[[str], None] | None = None,
+                  python: str | None = None) -> tuple[str, str | None, str]:
+    """("native"|"python", library path or None, why) for NPUPORT_SIM_ENGINE-style requests, for the
+    torch of ``python`` (the interpreter that will run the sandbox; this one when None)."""
     if requested not in ("auto", "native", "python"):
         raise ValueError(f"unknown ascend-sim engine {requested!r}; choose auto, native or python")
     if requested == "python":
         return "python", None, "python engine requested"
     try:
-        lib = library_path(log=log)
+        lib = library_path(log=log, python=python)
     except NativeUnavailable as e:
         if requested == "native":
             raise
