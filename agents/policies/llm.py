@@ -54,6 +54,7 @@ from agents.policies.reasoning import llm_turn_text, think, why_failed
 from agents.policies.rule import RulePolicy
 from agents.policies.tools import ToolBox, ToolError, resolve_in
 from agents.rules.diagnose import classify
+from agents.rules.registry import active
 from knowledge.errors import AnswerRejected, BudgetExhausted, LLMEditError, first_line  # noqa: F401  (re-exported)
 
 if TYPE_CHECKING:
@@ -613,7 +614,9 @@ class HybridPolicy:
         are validated (apply exactly, parse) before they are planned."""
         actions = self.rule.plan_fixes(findings)
         covered = {fid for a in actions for fid in a.finding_ids}
-        left = [f for f in findings if f.id not in covered and not f.fixable]
+        rules = active()
+        left = [f for f in findings if f.id not in covered and not f.fixable
+                and not getattr(rules.get(f.hazard), "report_only", False)]
         if not left or not self.llm_available:
             return actions
         extra = self.llm.plan_fixes(left, fallback=False)

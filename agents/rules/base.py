@@ -74,6 +74,9 @@ class HazardRule:
     recipe: str = ""  # the recipe file behind kb_topic (knowledge/recipes/H1.md), "" when none
     left_as_written: str = ""  # the report's reason when a finding of this class stays as written
     fixtures: tuple[str, ...] = ()  # tests / fixtures that exercise the rule
+    # Findings are information for the person (e.g. sizes fixed in code, for --shrink), never a patch: not
+    # even the LLM patcher is asked to change them.
+    report_only: bool = False
 
     @property
     def topic(self) -> str:
