@@ -35,7 +35,7 @@ from typing import Any
 import yaml
 from packaging.requirements import Requirement
 from packaging.specifiers import SpecifierSet
-from packaging.version import InvalidVersion, Version
+from packaging.version import Version
 
 from agents.env_pins import (  # noqa: F401  (re-exported)
     IMPORT_TO_DIST,
@@ -47,6 +47,8 @@ from agents.env_pins import (  # noqa: F401  (re-exported)
     unconditional_imports,
 )
 from agents.env_torch import COMPANIONS, TorchPair, choose_pair
+from agents.env_torch import minor_of as _minor
+from agents.env_torch import release_of as _release
 from knowledge.errors import EnvBuildError  # noqa: F401  (re-exported)
 from sandbox.targets import TARGETS
 
@@ -118,19 +120,6 @@ class Resolution:
 def load_compat(path: Path = COMPAT_PATH) -> dict[str, Any]:
     data: dict[str, Any] = yaml.safe_load(path.read_text())
     return data
-
-
-def _release(version: str) -> str:
-    """'2.10.0.post4' -> '2.10.0'; '2.13.0+cpu' -> '2.13.0'."""
-    try:
-        return ".".join(str(p) for p in Version(version).release)
-    except InvalidVersion:
-        return version
-
-
-def _minor(version: str) -> tuple[int, int]:
-    release = Version(_release(version)).release
-    return release[0], release[1] if len(release) > 1 else 0
 
 
 def torch_npu_row(version: str, compat: dict[str, Any]) -> dict[str, Any] | None:

@@ -72,15 +72,16 @@ class TorchPair:
         return asdict(self)
 
 
-def _release(version: str) -> str:
+def release_of(version: str) -> str:
+    """'2.10.0.post4' -> '2.10.0'; '2.13.0+cpu' -> '2.13.0'."""
     try:
         return ".".join(str(p) for p in Version(version).release)
     except InvalidVersion:
         return version
 
 
-def _minor(version: str) -> tuple[int, int]:
-    rel = Version(_release(version)).release
+def minor_of(version: str) -> tuple[int, int]:
+    rel = Version(release_of(version)).release
     return rel[0], rel[1] if len(rel) > 1 else 0
 
 
@@ -89,7 +90,7 @@ def paired_line(companion: str, torch_version: str, compat: dict[str, Any]) -> t
     rule = compat.get("torch_companions", {}).get(companion)
     if not rule:
         return None
-    major, minor = _minor(torch_version)
+    major, minor = minor_of(torch_version)
     if rule.get("same"):
         return major, minor
     return (0, minor + int(rule["offset"])) if major == 2 else None
@@ -198,7 +199,7 @@ def candidate_pairs(companions: list[str], host_torch: str | None, index: IndexV
         if len(chosen) == len(companions):
             pairs.append((torch_v, chosen))
     if host_torch:
-        pairs.sort(key=lambda p: _release(p[0]) != _release(host_torch))  # stable: newest stays first otherwise
+        pairs.sort(key=lambda p: release_of(p[0]) != release_of(host_torch))  # stable: newest stays first otherwise
     return pairs
 
 
@@ -386,7 +387,7 @@ def _choose(companions: list[str], host_python: str, host_torch: str | None, com
     if host_torch and any("beside the host's torch" in f for f in failures):
         # pip resolves the host's release to the build the host already has (a local wheel, the same index):
         # the companion just failed beside it, so a base env of that release would fail the same way.
-        pairs = [p for p in pairs if _release(p[0]) != _release(host_torch)]
+        pairs = [p for p in pairs if release_of(p[0]) != release_of(host_torch)]
     for torch_v, chosen in pairs[:MAX_PAIR_ATTEMPTS]:
         try:
             python, proof = ensure_base_env(torch_v, chosen, root, log)
