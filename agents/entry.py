@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import ast
 import json
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Literal
 
@@ -353,14 +354,7 @@ def _package_classes(root: Path, tree: ast.Module, module_file: str) -> dict[str
 def _run_method(tree: ast.Module, cls: str, assumptions: list[str],
                 classes: dict[str, ast.ClassDef] | None = None) -> str:
     classes = classes or {n.name: n for n in tree.body if isinstance(n, ast.ClassDef)}
-    seen: set[str] = set()
-    todo = [cls]
-    while todo:
-        name = todo.pop()
-        node = classes.get(name)
-        if node is None or name in seen:
-            continue
-        seen.add(name)
+    for _, node in _local_hierarchy(classes, cls):
         if any(isinstance(b, ast.FunctionDef) and b.name == "generate" for b in node.body):
             return "generate"
         for b in node.bases:
@@ -369,9 +363,22 @@ def _run_method(tree: ast.Module, cls: str, assumptions: list[str],
                 assumptions.append(f"{cls} inherits generate from transformers ({base}); HF generate returns "
                                    "the prompt and the new tokens")
                 return "generate"
-            todo.append(base)
     assumptions.append(f"{cls} has no generate: runs forward, whose output is not greedy token ids")
     return "forward"
+
+
+def _local_hierarchy(classes: dict[str, ast.ClassDef], cls: str) -> Iterator[tuple[str, ast.ClassDef]]:
+    """``cls`` and its base classes defined in the model's own files (each once), nearest first."""
+    seen: set[str] = set()
+    todo = [cls]
+    while todo:
+        name = todo.pop().rsplit(".", 1)[-1]
+        node = classes.get(name)
+        if node is None or name in seen:
+            continue
+        seen.add(name)
+        yield name, node
+        todo += [_base_name(b) for b in reversed(node.bases)]
 
 
 def _base_name(node: ast.expr) -> str:
@@ -440,14 +447,7 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "spiece.mo
 def _preprocessing_note(root: Path, cls: str, classes: dict[str, ast.ClassDef], assumptions: list[str]) -> None:
     """Say why the model's own preprocessing path (a method taking a tokenizer) is not used: its
     tokenizer files are absent, so the harness synthesises the inputs."""
-    seen: set[str] = set()
-    todo = [cls]
-    while todo:
-        name = todo.pop()
-        node = classes.get(name)
-        if node is None or name in seen:
-            continue
-        seen.add(name)
+    for name, node in _local_hierarchy(classes, cls):
         for fn in node.body:
             if isinstance(fn, ast.FunctionDef) and fn.name in PREPROCESS_METHODS and \
                     any(a.arg == "tokenizer" for a in fn.args.args):
@@ -459,7 +459,6 @@ def _preprocessing_note(root: Path, cls: str, classes: dict[str, ast.ClassDef], 
                                    f"({_rel_of(root, node)}:{fn.lineno}); {why}, so the inputs are synthesised "
                                    "(docs/architecture.md, Inputs when the model has none)")
                 return
-        todo += [_base_name(b).rsplit(".", 1)[-1] for b in node.bases]
 
 
 def _rel_of(root: Path, node: ast.ClassDef) -> str:
