@@ -337,15 +337,7 @@ def _vectorise_loop(loop: cst.For, before: Sequence[cst.BaseStatement],
     if inner_var is not None:
         grids[inner_var if row_var == outer_var else outer_var] = _COL
     # The tensor was made right here by a torch factory; the loop variables are not read afterwards.
-    local_defs: dict[str, cst.BaseExpression] = {}
-    made_here = False
-    for st in before:
-        a = single_assign(st)
-        if a is not None:
-            local_defs[a[0]] = a[1]
-        if tensor in assigned_names(st):
-            made_here = a is not None and a[0] == tensor and isinstance(a[1], cst.Call) and \
-                dotted_name(a[1].func).startswith("torch.") and dotted_name(a[1].func).split(".")[-1] in _TENSOR_CREATORS
+    local_defs, made_here = _local_defs_and_made_here(before, tensor)
     if not made_here:
         raise _Unsupported
     if any(n in ranges for st in after for n in name_uses(st)):
@@ -449,15 +441,7 @@ def _vectorise_row_loop(loop: cst.For, before: Sequence[cst.BaseStatement], outs
     if not writes:
         raise _Unsupported
     tensor = dotted_name(writes[0][1].value)
-    local_defs: dict[str, cst.BaseExpression] = {}
-    made_here = False
-    for st in before:
-        d = single_assign(st)
-        if d is not None:
-            local_defs[d[0]] = d[1]
-        if tensor in assigned_names(st):
-            made_here = d is not None and d[0] == tensor and isinstance(d[1], cst.Call) and \
-                dotted_name(d[1].func).startswith("torch.") and dotted_name(d[1].func).split(".")[-1] in _TENSOR_CREATORS
+    local_defs, made_here = _local_defs_and_made_here(before, tensor)
     if not made_here or tensor in (rows, slot, pos):
         raise _Unsupported
     values = {code_of(v).strip() for _, _, v in writes}
@@ -572,3 +556,18 @@ def _uses_outside(fn: cst.FunctionDef, node: cst.CSTNode) -> set[str]:
 
 def vectorise_mask_loops(source: str, **_: Any) -> CodemodResult:
     return run_codemod(source, lambda _m: _MaskLoops(), [(FILL_HELPERS, FILL_MARKER)])
+
+
+def _local_defs_and_made_here(before: Sequence[cst.BaseStatement], tensor: str) -> tuple[dict[str, cst.BaseExpression], bool]:
+    """The single-name assignments before a loop, and whether ``tensor`` was last made there by a torch
+    factory (so the loop's writes are the only ones the vectorised fill must reproduce)."""
+    local_defs: dict[str, cst.BaseExpression] = {}
+    made_here = False
+    for st in before:
+        d = single_assign(st)
+        if d is not None:
+            local_defs[d[0]] = d[1]
+        if tensor in assigned_names(st):
+            made_here = d is not None and d[0] == tensor and isinstance(d[1], cst.Call) and \
+                dotted_name(d[1].func).startswith("torch.") and dotted_name(d[1].func).split(".")[-1] in _TENSOR_CREATORS
+    return local_defs, made_here
