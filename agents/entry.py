@@ -22,6 +22,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from knowledge.errors import EntryNotFound, ManifestError  # noqa: F401  (re-exported)
+from sandbox.model_inputs import TOKENIZER_FILES
 
 MANIFEST_NAME = "npuport.yaml"
 # auto_map keys tried in order; the first the config names wins.
@@ -62,6 +63,9 @@ class RunSpec(BaseModel):
     kwargs: dict[str, Any] = Field(default_factory=dict)
     # The method called once per decode step (per-step op and host-sync counts); default: forward.
     step: str | None = Field(default=None, pattern=r"^[A-Za-z_]\w*$")
+    # The model's own preprocessing method (infer-style, takes a tokenizer): when set and there is no
+    # inputs function, its generate call is intercepted and those arguments are the inputs.
+    preprocess: str | None = Field(default=None, pattern=r"^[A-Za-z_]\w*$")
 
 
 class Manifest(BaseModel):
@@ -90,6 +94,7 @@ class EntryInfo(BaseModel):
     run_method: str = "generate"
     run_kwargs: dict[str, Any] = Field(default_factory=dict)
     run_step: str | None = None
+    run_preprocess: str | None = None
     shrink: dict[str, Any] = Field(default_factory=dict)
     assumptions: list[str] = Field(default_factory=list)
 
@@ -105,6 +110,8 @@ class EntryInfo(BaseModel):
         out["run"] = {"method": self.run_method, "kwargs": dict(self.run_kwargs)}
         if self.run_step:
             out["run"]["step"] = self.run_step
+        if self.run_preprocess:
+            out["run"]["preprocess"] = self.run_preprocess
         out["shrink"] = dict(self.shrink)
         return out
 
@@ -164,7 +171,8 @@ def _from_manifest(root: Path) -> EntryInfo:
             _check_function(root, mod, fn, field=field)
     return EntryInfo(kind="manifest", name=m.name, module=module, module_file=module_file, class_name=cls,
                      config_path=m.config, inputs_fn=m.inputs, decode_fn=m.decode, run_method=m.run.method,
-                     run_kwargs=m.run.kwargs, run_step=m.run.step, shrink=m.shrink, assumptions=assumptions)
+                     run_kwargs=m.run.kwargs, run_step=m.run.step, run_preprocess=m.run.preprocess,
+                     shrink=m.shrink, assumptions=assumptions)
 
 
 def _from_auto_map(root: Path, config: dict[str, Any]) -> EntryInfo:
@@ -177,8 +185,8 @@ def _from_auto_map(root: Path, config: dict[str, Any]) -> EntryInfo:
     tree = _parse(root / module_file, root)
     method = _run_method(tree, cls, assumptions, _package_classes(root, tree, module_file))
     inputs, decode = _find_inputs(root, assumptions, synthesise=True)
-    if inputs is None:
-        _preprocessing_note(root, cls, _package_classes(root, tree, module_file), assumptions)
+    preprocess = _preprocessing_method(root, cls, _package_classes(root, tree, module_file), assumptions) \
+        if inputs is None else None
     name = str(config.get("model_type") or root.name)
     if isinstance(auto.get("AutoConfig"), str | list):
         assumptions.append(f"config built through config.json auto_map['AutoConfig'] -> {auto['AutoConfig']}")
@@ -190,7 +198,7 @@ def _from_auto_map(root: Path, config: dict[str, Any]) -> EntryInfo:
         kwargs["do_sample"] = False  # greedy whatever the generation config says
     return EntryInfo(kind="auto_map", name=name, module=module, module_file=module_file, class_name=cls,
                      config_path="config.json", inputs_fn=inputs, decode_fn=decode, run_method=method,
-                     run_kwargs=kwargs, assumptions=assumptions)
+                     run_kwargs=kwargs, run_preprocess=preprocess, assumptions=assumptions)
 
 
 def _generated(root: Path, py_files: list[Path], config: dict[str, Any] | None) -> EntryInfo:
@@ -222,11 +230,14 @@ def _generated(root: Path, py_files: list[Path], config: dict[str, Any] | None) 
     if config_path is None:
         assumptions.append("no config.json: the class is built with an empty config dict")
     inputs, decode = _find_inputs(root, assumptions, synthesise=True)
+    preprocess = _preprocessing_method(root, pick.name, _package_classes(root, trees[root / pick.file], pick.file),
+                                       assumptions) if inputs is None else None
     assumptions.append("--shrink derives a small config from config.json (sandbox/shrink.py); no manifest overrides")
     name = str((config or {}).get("model_type") or root.name)
     return EntryInfo(kind="generated", name=name, module=module, module_file=pick.file, class_name=pick.name,
                      config_path=config_path, inputs_fn=inputs, decode_fn=decode, run_method=method,
-                     run_kwargs=dict(DEFAULT_RUN_KWARGS) if method == "generate" else {}, assumptions=assumptions)
+                     run_kwargs=dict(DEFAULT_RUN_KWARGS) if method == "generate" else {}, run_preprocess=preprocess,
+                     assumptions=assumptions)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -441,24 +452,26 @@ def _module_classes(trees: dict[Path, ast.Module], root: Path) -> dict[str, _Cla
 
 INPUTS_HOOK = "npuport_inputs.py"  # the documented inputs hook, looked at first
 PREPROCESS_METHODS = ("infer", "chat", "preprocess", "process_inputs", "prepare_inputs")
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "spiece.model")
 
 
-def _preprocessing_note(root: Path, cls: str, classes: dict[str, ast.ClassDef], assumptions: list[str]) -> None:
-    """Say why the model's own preprocessing path (a method taking a tokenizer) is not used: its
-    tokenizer files are absent, so the harness synthesises the inputs."""
+def _preprocessing_method(root: Path, cls: str, classes: dict[str, ast.ClassDef],
+                          assumptions: list[str]) -> str | None:
+    """The model's own preprocessing path: an infer-style method of the class (or a local base) that
+    takes a tokenizer. The harness drives it for the inputs (sandbox/model_inputs.py)."""
     for name, node in _local_hierarchy(classes, cls):
         for fn in node.body:
             if isinstance(fn, ast.FunctionDef) and fn.name in PREPROCESS_METHODS and \
                     any(a.arg == "tokenizer" for a in fn.args.args):
                 have = [f for f in TOKENIZER_FILES if (root / f).is_file()]
-                why = (f"tokenizer files are present ({', '.join(have)}) but npuport does not drive "
-                       "preprocessing methods yet" if have else
-                       f"no tokenizer file ({', '.join(TOKENIZER_FILES)}) is in the folder")
-                assumptions.append(f"the model's own preprocessing path is {name}.{fn.name}(tokenizer, ...) "
-                                   f"({_rel_of(root, node)}:{fn.lineno}); {why}, so the inputs are synthesised "
+                tok = (f"the folder's tokenizer ({', '.join(have)})" if have else
+                       f"a stand-in tokenizer (no {', '.join(TOKENIZER_FILES)} in the folder: character ids, the "
+                       "special tokens of tokenizer_config.json)")
+                assumptions.append(f"inputs come from the model's own preprocessing path {name}.{fn.name}(tokenizer, "
+                                   f"...) ({_rel_of(root, node)}:{fn.lineno}) with {tok}, a test prompt and a test "
+                                   "image: its generate call is intercepted and its arguments are the inputs "
                                    "(docs/architecture.md, Inputs when the model has none)")
-                return
+                return fn.name
+    return None
 
 
 def _rel_of(root: Path, node: ast.ClassDef) -> str:
@@ -491,8 +504,9 @@ def _find_inputs(root: Path, assumptions: list[str], synthesise: bool = False) -
                 return f"{module}:{fn}", decode
     if synthesise:
         assumptions.append(f"no sample-inputs function ({', '.join(INPUT_FN_NAMES)}) and no {INPUTS_HOOK}: inputs "
-                           "are synthesised from the run method's signature and the config (token ids within "
-                           "the vocabulary, images of the config's image size)")
+                           "come from the model's own preprocessing path when it has one, else are synthesised "
+                           "from the run method's signature and the config (token ids within the vocabulary, "
+                           "images of the config's image size)")
     else:
         assumptions.append(f"no sample-inputs function ({', '.join(INPUT_FN_NAMES)}) found: inputs must be given "
                            f"in an {MANIFEST_NAME}")

@@ -99,6 +99,7 @@ class RunRecord(BaseModel):
     op_stats: dict[str, Any] = Field(default_factory=dict)
     isolation: str = ""  # "bwrap" or "process" (no filesystem/network isolation): said in the report
     shrunk: list[str] | None = None  # under --shrink: each config change ("path: old -> new")
+    inputs: dict[str, Any] | None = None  # where the inputs came from: {source: hook|preprocess|synthesised, notes}
 
 
 class Diagnosis(BaseModel):

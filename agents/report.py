@@ -150,9 +150,11 @@ def render_markdown(report: dict[str, Any]) -> str:
     else:
         lines.append("No hazards found.")
     assumptions = (report.get("entry") or {}).get("assumptions") or []
-    if assumptions:
+    inputs: dict[str, Any] = next((r["inputs"] for r in report["runs"] if r.get("inputs")), {})
+    if assumptions or inputs:
         lines += ["", "## How the model was run (entry, inputs)", ""]
         lines += [f"- {_md_escape(a)}" for a in assumptions]
+        lines += [f"- inputs ({inputs.get('source')}): {_md_escape(n)}" for n in inputs.get("notes") or []]
     shrunk = next((r["shrunk"] for r in report["runs"] if r.get("shrunk") is not None), None)
     if shrunk is not None:
         lines += ["", "## Shrunk config (--shrink: random weights, fixed seed; every run used it)", ""]

@@ -27,7 +27,7 @@ def record_of(run: HarnessRun, run_id: str, purpose: str, target: str) -> RunRec
         wall_s=round(run.exec_result.wall_s, 3), result_path=str(run.run_dir / "result.json"),
         outputs_digest=outputs.get("digest", ""), tokens=outputs.get("tokens"), timings=res.get("timings") or {},
         exception=_exception(res), warnings=res.get("warnings") or [], op_stats=res.get("op_stats") or {},
-        isolation=run.exec_result.isolation, shrunk=res.get("shrunk"),
+        isolation=run.exec_result.isolation, shrunk=res.get("shrunk"), inputs=res.get("inputs"),
     )
 
 

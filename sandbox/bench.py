@@ -36,6 +36,7 @@ from typing import Any
 
 from knowledge.errors import Infeasible  # noqa: F401  (re-exported)
 from sandbox import harness
+from sandbox.model_inputs import cast_floats
 from sandbox.process import Limits, Mounts, Sandbox, default_sandbox, scrub, scrubbed_env
 from sandbox.runner import HarnessRun
 
@@ -109,8 +110,8 @@ def _concat_requests(inputs_fn: Any, config: dict[str, Any], seed: int, n: int, 
             if value.is_floating_point() and dtype is not None:
                 value = value.to(dtype)
             out[key] = value.to(device)
-        else:
-            out[key] = first
+        else:  # nested inputs (a list of image tuples, a dict): the first request's, on the device
+            out[key] = harness._to_device(cast_floats(first, dtype), device)
     return out
 
 
@@ -235,14 +236,15 @@ def _run_config(cls: Any, base_config: dict[str, Any], manifest: dict[str, Any],
             out["compiled_modules"] = effects["compiled_modules"] = _compile_children(model, mode)
             effects["ops"] = None  # a dispatch mode would trace into the compiled graphs
         run_cfg = manifest.get("run") or {}
-        if manifest.get("inputs"):
-            inputs_fn = harness._load_attr(manifest["inputs"], model_dir)
-        else:
-            def inputs_fn(config: dict[str, Any], seed: int) -> dict[str, Any]:
-                return harness.synthesise_inputs(model, run_cfg.get("method", "generate"), config, seed)
         method = getattr(model, run_cfg.get("method", "generate"))
         kwargs = dict(run_cfg.get("kwargs") or {})
         kwargs.update(spec.get("run_kwargs") or {})
+        # the inputs the harness's runs got (hook, the model's preprocessing path, or synthesised)
+        source_kwargs = harness.model_inputs_for(model, manifest, model_dir, base_config, seed, kwargs)[1]
+        kwargs = {**source_kwargs, **kwargs}
+
+        def inputs_fn(config: dict[str, Any], seed: int) -> dict[str, Any]:
+            return harness.model_inputs_for(model, manifest, model_dir, config, seed, kwargs)[0]
 
         def call(inputs: dict[str, Any]) -> Any:
             with torch.no_grad():

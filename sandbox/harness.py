@@ -272,68 +272,38 @@ def build_model(cls: Any, config: dict[str, Any], model_dir: Path) -> Any:
     return cls(config_obj)
 
 
-SYNTH_TOKENS = 8  # prompt length of synthesised inputs
-SYNTH_IMAGE_TOKENS = 4  # prompt positions an image's features fill (its processor's count is unknown)
+def model_inputs_for(model: Any, manifest: dict[str, Any], model_dir: Path, config: dict[str, Any], seed: int,
+            run_kwargs: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
+    """(inputs, generate kwargs the inputs' source passed, {source, notes}): the manifest's inputs
+    function, else the model's own preprocessing path, else inputs synthesised from the signature."""
+    from sandbox.model_inputs import PreprocessingFailed, capture_preprocessed_inputs, synthesise_inputs
+
+    run_cfg = manifest.get("run") or {}
+    if manifest.get("inputs"):
+        return _load_attr(manifest["inputs"], model_dir)(config, seed), {}, \
+            {"source": "hook", "notes": [f"inputs from {manifest['inputs']}(config, seed)"]}
+    notes: list[str] = []
+    if run_cfg.get("preprocess"):
+        try:
+            inputs, kwargs, notes = capture_preprocessed_inputs(
+                model, run_cfg["preprocess"], model_dir, config, seed,
+                max_new_tokens=int(run_kwargs.get("max_new_tokens") or 8))
+            return inputs, kwargs, {"source": "preprocess", "notes": notes}
+        except PreprocessingFailed as exc:
+            notes = [f"the model's preprocessing path could not be driven ({exc}); inputs synthesised instead"]
+    inputs = synthesise_inputs(model, run_cfg.get("method", "generate"), config, seed)
+    notes.append("inputs synthesised from the run method's signature: " + ", ".join(sorted(inputs)))
+    return inputs, {}, {"source": "synthesised", "notes": notes}
 
 
-def synthesise_inputs(model: Any, method_name: str, config: dict[str, Any], seed: int) -> dict[str, Any]:
-    """Inputs for a model with no inputs function: token ids within the vocabulary (and a mask) for a
-    method that takes them, an image batch of the config's image size for one that names pixels."""
-    import inspect
-
+def new_token_count(row: list[int], input_ids: Any) -> int:
+    """Tokens a generate call added: its row minus the prompt when the row starts with the prompt."""
     import torch
 
-    names: set[str] = set()
-    var_kw = False
-    for name in dict.fromkeys((method_name, "forward")):
-        fn = getattr(model, name, None)
-        if fn is None:
-            continue
-        try:
-            params = inspect.signature(fn).parameters
-        except (TypeError, ValueError):
-            continue
-        names |= set(params)
-        var_kw = var_kw or any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
-    g = torch.Generator().manual_seed(seed)
-    vocab = _nested(config, "vocab_size") or 256
-    out: dict[str, Any] = {}
-    if "input_ids" in names or var_kw:
-        out["input_ids"] = torch.randint(0, int(vocab), (1, SYNTH_TOKENS), generator=g)
-        if "attention_mask" in names:
-            out["attention_mask"] = torch.ones(1, SYNTH_TOKENS, dtype=torch.long)
-    size = int(_nested(config, "image_size") or 32)
-    chans = int(_nested(config, "num_channels") or 3)
-    if "images" in names and "images_spatial_crop" in names:
-        # The tiling convention (a list of (tiles, global view) per image, the tile grid per image, and a mask
-        # of the prompt positions the image features fill): one image, its global view only (all-zero tiles
-        # mean "no tiles" in this convention), at the config's image size.
-        out["images"] = [(torch.zeros(1, chans, size, size), torch.randn(1, chans, size, size, generator=g))]
-        out["images_spatial_crop"] = torch.tensor([[1, 1]])
-        if "images_seq_mask" in names:
-            mask = torch.zeros(1, SYNTH_TOKENS, dtype=torch.bool)
-            mask[0, 1:1 + SYNTH_IMAGE_TOKENS] = True  # after the first token; the features fill them in order
-            out["images_seq_mask"] = mask
-        return out
-    for pix in ("pixel_values", "images", "image"):
-        if pix in names:
-            out[pix] = torch.randn(1, chans, size, size, generator=g)
-            break
-    if not out:
-        raise ValueError(f"no inputs function and none can be synthesised for {method_name}: add an "
-                         "npuport_inputs.py with make_inputs(config, seed) (docs/architecture.md, Model manifest)")
-    return out
-
-
-def _nested(config: dict[str, Any], key: str) -> Any:
-    if key in config and config[key] is not None:
-        return config[key]
-    for v in config.values():
-        if isinstance(v, dict):
-            found = _nested(v, key)
-            if found is not None:
-                return found
-    return None
+    if not isinstance(input_ids, torch.Tensor) or input_ids.dim() == 0:
+        return len(row)
+    prompt = input_ids.reshape(-1, input_ids.shape[-1])[0].tolist()
+    return len(row) - len(prompt) if row[:len(prompt)] == prompt else len(row)
 
 
 def _digest_tokens(tokens: list[list[int]]) -> str:
@@ -402,14 +372,12 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
             model.to(getattr(torch, spec["dtype"]))
         model.to(device)
         run_cfg = manifest.get("run") or {}
-        if manifest.get("inputs"):
-            raw_inputs = _load_attr(manifest["inputs"], model_dir)(config, seed)
-        else:
-            raw_inputs = synthesise_inputs(model, run_cfg.get("method", "generate"), config, seed)
-        inputs = {k: _to_device(v, device) for k, v in raw_inputs.items()}
-        method = getattr(model, run_cfg.get("method", "generate"))
         kwargs = dict(run_cfg.get("kwargs") or {})
         kwargs.update(spec.get("run_kwargs") or {})
+        raw_inputs, source_kwargs, result["inputs"] = model_inputs_for(model, manifest, model_dir, config, seed, kwargs)
+        kwargs = {**source_kwargs, **kwargs}  # npuport's run kwargs (greedy, N new tokens) decide decoding
+        inputs = {k: _to_device(v, device) for k, v in raw_inputs.items()}
+        method = getattr(model, run_cfg.get("method", "generate"))
         if bootstrap is not None and hasattr(bootstrap, "begin_step"):
             _bracket_steps(model, run_cfg.get("step"), bootstrap)
         captured: dict[str, Any] = {}
@@ -437,7 +405,7 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
         tokens = output.detach().to("cpu").tolist() if isinstance(output, torch.Tensor) else output
         result["outputs"]["tokens"] = tokens
         result["outputs"]["digest"] = _digest_tokens(tokens)
-        result["outputs"]["new_tokens"] = sum(len(r) for r in tokens)
+        result["outputs"]["new_tokens"] = sum(new_token_count(row, raw_inputs.get("input_ids")) for row in tokens)
         if manifest.get("decode"):
             decode = _load_attr(manifest["decode"], model_dir)
             result["outputs"]["text"] = [decode(config, row) for row in tokens]

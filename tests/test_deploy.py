@@ -102,7 +102,7 @@ def test_write_deploy_bundle_without_tuning(tmp_path: Path) -> None:
     state = {"request": {"model_path": str(EXAMPLE), "chip": "910b"}, "target": {"name": "cpu"},
              "entry": {"config": "config.json"}, "tuning": {"status": "skipped"}}
     files = write_deploy_bundle(state, tmp_path / "bundle")
-    assert {"run_py", "serve_sh", "set_env_sh", "requirements", "constraints", "deploy_json"} <= set(files)
+    assert {"run_py", "model_inputs_py", "serve_sh", "set_env_sh", "requirements", "constraints", "deploy_json"} <= set(files)
     deploy = json.loads(Path(files["deploy_json"]).read_text())
     assert any(s["name"] == "VLLM_WORKER_MULTIPROC_METHOD" for s in deploy["serve_settings"])
     compile(Path(files["run_py"]).read_text(), "run.py", "exec")

@@ -155,37 +155,102 @@ def test_shrink_keeps_a_width_the_code_hard_codes_and_says_where() -> None:
     assert shrink_config(config)[0]["hidden_size"] == 64
 
 
-def test_tiled_image_list_inputs_are_synthesised_and_reach_the_vision_tower(tmp_path: Path) -> None:
+def test_tiled_inputs_come_from_the_models_own_preprocessing_path_and_reach_the_vision_tower(tmp_path: Path) -> None:
     entry = discover_entry(TILED)
-    assert entry.inputs_fn is None and entry.run_method == "generate"
-    # Its own preprocessing path needs a tokenizer the folder does not hold: the entry says so.
-    assert any("TiledOcrForCausalLM.infer(tokenizer, ...)" in a and "no tokenizer file" in a
+    assert entry.inputs_fn is None and entry.run_method == "generate" and entry.run_preprocess == "infer"
+    # No tokenizer file in the folder: the entry says a stand-in drives the model's own infer method.
+    assert any("TiledOcrForCausalLM.infer(tokenizer, ...)" in a and "stand-in tokenizer" in a
                for a in entry.assumptions)
     manifest = entry.as_manifest_dict()
+    assert manifest["run"]["preprocess"] == "infer"
     res = _harness(TILED, manifest, tmp_path, shrink=True, capture=["projector"],
                    capture_path=str(tmp_path / "capture.pt"))
     assert res["ok"], res["exception"]
-    assert len(res["outputs"]["tokens"][0]) == 8 and all(0 <= t < 200 for t in res["outputs"]["tokens"][0])
-    assert res["outputs"]["captured"] == ["projector"]  # the synthesised image went through the vision tower
+    assert res["inputs"]["source"] == "preprocess", res["inputs"]
+    # the shapes are the model's: one (tiles, global view) tuple at its tower's 16 px, 16 feature positions
+    assert "images [((1, 3, 16, 16) float32, (1, 3, 16, 16) float32)]" in res["inputs"]["notes"][0]
+    assert len(res["outputs"]["tokens"][0]) == 8 == res["outputs"]["new_tokens"]  # its generate returns new ones
+    assert res["outputs"]["captured"] == ["projector"]  # the test image went through the vision tower
     assert any(c.startswith("hidden_size: kept at 96") for c in res["shrunk"])
 
 
-def test_synthesised_tiled_inputs_have_the_tiling_convention() -> None:
+def test_new_tokens_leave_out_a_prompt_the_output_repeats() -> None:
     import torch
 
-    from sandbox.harness import SYNTH_IMAGE_TOKENS, SYNTH_TOKENS, synthesise_inputs
+    from sandbox.harness import new_token_count
 
-    class Tiled(torch.nn.Module):
-        def forward(self, input_ids, images=None, images_seq_mask=None, images_spatial_crop=None):
-            return input_ids
+    prompt = torch.tensor([[5, 6, 7]])
+    assert new_token_count([5, 6, 7, 1, 2], prompt) == 2  # transformers' generate: prompt + new
+    assert new_token_count([1, 2], prompt) == 2  # a generate that returns only the new tokens
+    assert new_token_count([5, 6, 1], prompt) == 3 and new_token_count([1, 2], None) == 2
 
-    out = synthesise_inputs(Tiled(), "forward", {"vocab_size": 50, "vision_config": {"image_size": 24}}, 0)
-    (tiles, global_view), = out["images"]
-    assert tiles.shape == global_view.shape == (1, 3, 24, 24) and not tiles.any() and global_view.any()
-    assert out["images_spatial_crop"].tolist() == [[1, 1]]
-    mask = out["images_seq_mask"]
-    assert mask.shape == (1, SYNTH_TOKENS) and int(mask.sum()) == SYNTH_IMAGE_TOKENS and not mask[0, 0]
-    assert out["input_ids"].shape == (1, SYNTH_TOKENS) and int(out["input_ids"].max()) < 50
+
+def _tiled_model() -> tuple[object, dict]:  # type: ignore[type-arg]
+    from sandbox import harness
+
+    harness.register_model_package(TILED)
+    config = json.loads((TILED / "config.json").read_text())
+    cls = harness._load_attr("modeling_tiled:TiledOcrForCausalLM", TILED)
+    return harness.build_model(cls, config, TILED).eval(), config
+
+
+def test_captured_inputs_are_what_the_preprocessing_path_built() -> None:
+    import torch
+
+    from sandbox.model_inputs import capture_preprocessed_inputs
+
+    model, config = _tiled_model()
+    inputs, kwargs, notes = capture_preprocessed_inputs(model, "infer", TILED, config, seed=1, max_new_tokens=5)
+    ids, mask = inputs["input_ids"], inputs["images_seq_mask"]
+    assert ids.shape == mask.shape and int(mask.sum()) == 16 and ids[mask].eq(3).all()  # its image token
+    (tiles, global_view), = inputs["images"]
+    assert not tiles.any() and global_view.dtype == torch.float32  # bfloat16 in infer, cast to the model's dtype
+    assert inputs["images_spatial_crop"].tolist() == [[1, 1]]
+    assert "streamer" not in kwargs and "max_new_tokens" not in kwargs  # npuport decides decoding
+    assert any("stand-in tokenizer" in n for n in notes)
+    assert not hasattr(model, "generate") or "generate" not in vars(model)  # the intercept is gone
+    again, _, _ = capture_preprocessed_inputs(model, "infer", TILED, config, seed=1)
+    other, _, _ = capture_preprocessed_inputs(model, "infer", TILED, config, seed=2)
+    assert torch.equal(again["images"][0][1], global_view)  # deterministic per seed
+    assert not torch.equal(other["images"][0][1], global_view)
+
+
+def test_the_folders_own_tokenizer_is_used_when_present(tmp_path: Path) -> None:
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    from sandbox.model_inputs import TEST_PROMPT, capture_preprocessed_inputs
+
+    folder = tmp_path / "tiled"
+    shutil.copytree(TILED, folder)
+    words = TEST_PROMPT.rstrip(".").split() + ["."]
+    vocab = {"[UNK]": 0, **{w: 10 + i for i, w in enumerate(words)}}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok.save(str(folder / "tokenizer.json"))
+    (folder / "tokenizer_config.json").write_text(json.dumps({"tokenizer_class": "PreTrainedTokenizerFast",
+                                                              "unk_token": "[UNK]"}))
+    assert "the folder's tokenizer (tokenizer.json)" in " ".join(discover_entry(folder).assumptions)
+    from sandbox import harness
+
+    harness.register_model_package(folder)
+    config = json.loads((folder / "config.json").read_text())
+    model = harness.build_model(harness._load_attr("modeling_tiled:TiledOcrForCausalLM", folder), config, folder)
+    inputs, _, notes = capture_preprocessed_inputs(model, "infer", folder, config, seed=0)
+    ids = inputs["input_ids"][0][~inputs["images_seq_mask"][0]].tolist()
+    assert ids == [vocab["Read"], vocab["the"], vocab["text"], vocab["in"], vocab["the"], 0], ids  # "image." unknown
+    assert "the folder's tokenizer (tokenizer.json)" in notes[0]
+
+
+def test_a_preprocessing_path_that_cannot_be_driven_falls_back_with_the_reason(tmp_path: Path) -> None:
+    folder = tmp_path / "tiled"
+    shutil.copytree(TILED, folder)
+    code = (folder / "modeling_tiled.py").read_text()
+    (folder / "modeling_tiled.py").write_text(code.replace('def infer(self, tokenizer, prompt="",',
+                                                           'def infer(self, tokenizer, processor, prompt="",'))
+    entry = discover_entry(folder)
+    res = _harness(folder, entry.as_manifest_dict(), tmp_path, shrink=True)
+    assert res["inputs"]["source"] == "synthesised"
+    assert "needs 'processor', which npuport cannot supply" in res["inputs"]["notes"][0]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -260,32 +325,34 @@ def test_a_generate_inherited_through_a_sibling_module_is_found(tmp_path: Path) 
     assert entry.run_kwargs == {"max_new_tokens": 8, "do_sample": False}  # greedy whatever the generation config
 
 
-def test_run_py_seeds_and_synthesises_exactly_as_the_harness() -> None:
+def test_run_py_seeds_and_builds_inputs_exactly_as_the_harness(tmp_path: Path) -> None:
     import torch
 
-    from agents.deploy.runscript import render_run_py
+    from agents.deploy.runscript import model_inputs_source, render_run_py
     from sandbox import harness
 
-    script: dict[str, object] = {"__name__": "run_py_under_test", "__file__": "/nonexistent/run.py"}
-    exec(compile(render_run_py({}, "cpu", {"entry": {"class": "m:C"}}), "run.py", "exec"), script)
+    (tmp_path / "model_inputs.py").write_text(model_inputs_source())  # as the bundle ships it
+    (tmp_path / "run.py").write_text(render_run_py({}, "cpu", {"entry": {"class": "m:C"}}))
+    script: dict[str, object] = {"__name__": "run_py_under_test", "__file__": str(tmp_path / "run.py")}
+    exec(compile((tmp_path / "run.py").read_text(), "run.py", "exec"), script)
 
-    class Tiled(torch.nn.Module):
+    class Vision(torch.nn.Module):
         def __init__(self) -> None:
             super().__init__()
             self.proj = torch.nn.Linear(12, 7)
             self.norm = torch.nn.LayerNorm(7)
 
-        def forward(self, input_ids, images=None, images_seq_mask=None, images_spatial_crop=None):  # type: ignore[no-untyped-def]
+        def forward(self, input_ids, pixel_values=None, attention_mask=None):  # type: ignore[no-untyped-def]
             return input_ids
 
     config = {"vocab_size": 40, "vision_config": {"image_size": 8}}
-    ours, theirs = Tiled(), Tiled()
+    ours, theirs = Vision(), Vision()
     theirs.load_state_dict(ours.state_dict())
     harness.seed_parameters(ours, 3)
     script["seed_parameters"](theirs, 3)  # type: ignore[operator]
     assert all(torch.equal(a, b) for a, b in zip(ours.state_dict().values(), theirs.state_dict().values(), strict=True))
-    a = harness.synthesise_inputs(ours, "forward", config, 5)
-    b = script["synthesise_inputs"](theirs, "forward", config, 5)  # type: ignore[operator]
-    assert set(a) == set(b) == {"input_ids", "images", "images_spatial_crop", "images_seq_mask"}
-    assert torch.equal(a["input_ids"], b["input_ids"]) and torch.equal(a["images_seq_mask"], b["images_seq_mask"])
-    assert torch.equal(a["images"][0][1], b["images"][0][1])
+    a = harness.model_inputs_for(ours, {"run": {"method": "forward"}}, tmp_path, config, 5, {})[0]
+    b = script["model_inputs"].synthesise_inputs(theirs, "forward", config, 5)  # type: ignore[attr-defined]
+    assert set(a) == set(b) == {"input_ids", "attention_mask", "pixel_values"}
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert a["pixel_values"].shape == (1, 3, 8, 8)

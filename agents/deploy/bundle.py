@@ -63,6 +63,7 @@ def write_deploy_bundle(state: dict[str, Any], out_dir: Path) -> dict[str, str]:
     manifest = state.get("entry") or {}
     files["run_py"] = _write(out_dir / "run.py", runscript.render_run_py(tuning.get("best") or {}, target, manifest),
                              True)
+    files["model_inputs_py"] = _write(out_dir / "model_inputs.py", runscript.model_inputs_source())
     if (state.get("request") or {}).get("shrink") and model_dir is not None:
         # The exact small config the port was validated with; run.py uses it by default.
         from sandbox.shrink import shrink_config

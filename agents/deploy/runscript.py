@@ -1,10 +1,12 @@
 """run.py for the bundle: a standalone script (torch + pyyaml, no npuport needed for cpu / npu) that
 loads the patched model from ./patched through its manifest, applies the tuned settings, generates,
-and prints the text and the timing."""
+and prints the text and the timing. It builds its inputs as the harness did, with model_inputs.py
+(sandbox/model_inputs.py, written beside it)."""
 
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 TEMPLATE = r'''#!/usr/bin/env python
@@ -29,6 +31,9 @@ import torch
 import yaml
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+import model_inputs  # noqa: E402  (npuport's inputs module, shipped beside this script)
+
 sys.dont_write_bytecode = True  # keep ./patched byte-identical to what port.patch yields
 TUNED = json.loads(__TUNED__)  # the tuned configuration (see report.md)
 TUNED_TARGET = __TARGET__
@@ -70,46 +75,6 @@ def build_model(cls, config, model_dir):
         return cls(config)
     obj = config_cls(**config)
     return cls._from_config(obj) if hasattr(cls, "_from_config") else cls(obj)
-
-
-def nested(config, key):
-    if config.get(key) is not None:
-        return config[key]
-    for v in config.values():
-        if isinstance(v, dict) and nested(v, key) is not None:
-            return nested(v, key)
-    return None
-
-
-def synthesise_inputs(model, method, config, seed):
-    """The inputs npuport's harness synthesised (no inputs function): token ids within the vocabulary,
-    a mask, an image batch of the config's image size, by what the method's signature names."""
-    import inspect
-    names, var_kw = set(), False
-    for name in dict.fromkeys((method, "forward")):
-        params = inspect.signature(getattr(model, name)).parameters
-        names |= set(params)
-        var_kw = var_kw or any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
-    g = torch.Generator().manual_seed(seed)
-    out = {}
-    if "input_ids" in names or var_kw:
-        out["input_ids"] = torch.randint(0, int(nested(config, "vocab_size") or 256), (1, 8), generator=g)
-        if "attention_mask" in names:
-            out["attention_mask"] = torch.ones(1, 8, dtype=torch.long)
-    size, chans = int(nested(config, "image_size") or 32), int(nested(config, "num_channels") or 3)
-    if "images" in names and "images_spatial_crop" in names:  # the tiling convention (list of (tiles, global))
-        out["images"] = [(torch.zeros(1, chans, size, size), torch.randn(1, chans, size, size, generator=g))]
-        out["images_spatial_crop"] = torch.tensor([[1, 1]])
-        if "images_seq_mask" in names:
-            mask = torch.zeros(1, 8, dtype=torch.bool)
-            mask[0, 1:5] = True
-            out["images_seq_mask"] = mask
-        return out
-    for pix in ("pixel_values", "images", "image"):
-        if pix in names:
-            out[pix] = torch.randn(1, chans, size, size, generator=g)
-            break
-    return out
 
 
 def to_device(value, device, dtype):
@@ -185,12 +150,25 @@ def main():
     if args.compile != "none":
         model.compile(mode=args.compile)
     run = manifest.get("run") or {}
+    kwargs = dict(run.get("kwargs") or {})
+    source_kwargs = {}  # generate arguments the model's preprocessing path passed (not decoding controls)
     if manifest.get("inputs"):
         inputs_fn = load_attr(manifest["inputs"], model_dir)
     else:
         def inputs_fn(config, seed):
-            return synthesise_inputs(model, run.get("method", "generate"), config, seed)
+            # as npuport's harness: the model's own preprocessing path (its generate call intercepted), else
+            # inputs synthesised from the signature (model_inputs.py, shipped beside this script)
+            if run.get("preprocess"):
+                try:
+                    inputs, extra, _ = model_inputs.capture_preprocessed_inputs(
+                        model, run["preprocess"], model_dir, config, seed, int(kwargs.get("max_new_tokens") or 8))
+                    source_kwargs.update(extra)
+                    return inputs
+                except model_inputs.PreprocessingFailed as exc:
+                    print(f"preprocessing path not usable ({exc}); synthesising inputs", file=sys.stderr)
+            return model_inputs.synthesise_inputs(model, run.get("method", "generate"), config, seed)
     per = [inputs_fn(config, args.seed + i) for i in range(args.batch)]
+    kwargs = {**source_kwargs, **kwargs}
     inputs = {}
     for key, first in per[0].items():
         if isinstance(first, torch.Tensor):
@@ -198,7 +176,6 @@ def main():
         else:  # nested inputs (a list of image tuples, a dict): the first request's
             inputs[key] = to_device(first, device, getattr(torch, args.dtype))
     method = getattr(model, run.get("method", "generate"))
-    kwargs = dict(run.get("kwargs") or {})
     times, out = [], None
     with torch.no_grad():
         method(**inputs, **kwargs)  # warm-up
@@ -214,7 +191,8 @@ def main():
         text = decode(config, row) if decode else ""
         print(f"request {i}: tokens {row} text {text!r}")
     best = min(times)
-    n = sum(len(r) for r in tokens)
+    prompt = per[0]["input_ids"][0].tolist() if isinstance(per[0].get("input_ids"), torch.Tensor) else []
+    n = sum(len(r) - len(prompt) if prompt and r[:len(prompt)] == prompt else len(r) for r in tokens)  # new only
     print(f"target {args.target} batch {args.batch} dtype {args.dtype} threads {torch.get_num_threads()}: "
           f"{n} new tokens in {best * 1000:.1f} ms (best of {len(times)}) = {n / best:.1f} tokens/s")
 
@@ -229,3 +207,10 @@ def render_run_py(tuned: dict[str, Any], target: str, manifest: dict[str, Any] |
     cfg = {k: v for k, v in tuned.items() if k in ("batch", "threads", "dtype", "attn", "compile")}
     return (TEMPLATE.replace("__TUNED__", repr(json.dumps(cfg))).replace("__TARGET__", repr(target))
             .replace("__MANIFEST__", repr(json.dumps(manifest or {}))))
+
+
+def model_inputs_source() -> str:
+    """The text of model_inputs.py for the bundle: npuport's own module, which imports nothing of npuport."""
+    from sandbox import model_inputs
+
+    return Path(model_inputs.__file__).read_text(encoding="utf-8")
