@@ -314,6 +314,24 @@ def test_port_remote_code_with_shrink_validates_and_verifies(tmp_path: Path, sim
     assert str(report["numerics"]["port_tokens"][0]) in run.stdout
 
 
+@pytest.mark.slow
+def test_port_through_the_preprocessing_path_and_run_py_builds_the_same_inputs(tmp_path: Path, sim_home: Path) -> None:
+    out = tmp_path / "bundle"
+    env = dict(os.environ, NPUPORT_HOME=str(sim_home), COLUMNS="200")
+    r = subprocess.run([sys.executable, "-m", "api.cli", "port", str(TILED), "--target", "ascend-sim", "--shrink",
+                        "--out", str(out)], capture_output=True, text=True, timeout=600, env=env, cwd=REPO_ROOT)
+    assert r.returncode == 0, r.stdout + r.stderr
+    report = json.loads((out / "report.json").read_text())
+    assert report["numerics"]["verdict"] == "match"
+    assert all((run.get("inputs") or {}).get("source") == "preprocess" for run in report["runs"]), report["runs"]
+    assert "inputs (preprocess): inputs built by the model's own preprocessing path" in (out / "report.md").read_text()
+    run = subprocess.run([sys.executable, str(out / "run.py"), "--target", "cpu", "--repeats", "1"],
+                         capture_output=True, text=True, timeout=300, cwd=out)
+    assert run.returncode == 0, run.stderr
+    assert str(report["numerics"]["port_tokens"][0]) in run.stdout  # run.py drove the same path
+    assert ": 8 new tokens in" in run.stdout
+
+
 def test_a_generate_inherited_through_a_sibling_module_is_found(tmp_path: Path) -> None:
     (tmp_path / "config.json").write_text(json.dumps({"auto_map": {"AutoModel": "modeling_top.TopLM"}}))
     (tmp_path / "modeling_top.py").write_text("from .modeling_base import BaseLM\n\n\nclass TopLM(BaseLM):\n"
