@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from agents.perf_evidence import perf_markdown, strict_failure, verdict
+from agents.runs import token_summary
 from agents.workspace import Workspace
 from sandbox.targets import CHIP_REGISTRY
 
@@ -172,7 +173,7 @@ def render_markdown(report: dict[str, Any]) -> str:
         exc = r.get("exception") or {}
         err = f"{exc.get('type')}: {exc.get('message', '')[:120]}" if exc else ""
         lines.append(f"| {r['id']} | {r['purpose']} | {r['target']} | {r['status']} | {r['wall_s']:.2f} | "
-                     f"{r.get('tokens')} | {_md_escape(err)} |")
+                     f"{token_summary(r.get('tokens'))} | {_md_escape(err)} |")
     lines += ["", "## Diagnoses", ""]
     for d in report["diagnoses"]:
         lines.append(f"- {d['id']} `{d['signature']}`: {d['summary']} — fix: {d.get('fix') or 'none'}")

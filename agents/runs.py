@@ -33,3 +33,19 @@ def record_of(run: HarnessRun, run_id: str, purpose: str, target: str) -> RunRec
 
 def limits_for(req: dict[str, Any]) -> Limits:
     return Limits(wall_s=float(req.get("run_timeout_s", 300)))
+
+
+def token_summary(tokens: list[list[int]] | None, edge: int = 6) -> str:
+    """Token rows for a person to read: a long row (a prompt of image tokens) keeps its first and last
+    ``edge`` ids and says how many it leaves out; report.json keeps them all."""
+    if tokens is None:
+        return "None"
+    rows = []
+    for row in tokens:
+        if len(row) <= 3 * edge:
+            rows.append(str(list(row)))
+        else:
+            head, tail = ", ".join(map(str, row[:edge])), ", ".join(map(str, row[-edge:]))
+            rows.append(f"[{head}, ... {len(row) - 2 * edge} more ..., {tail}] ({len(row)} ids)")
+    return "[" + ", ".join(rows) + "]"
+

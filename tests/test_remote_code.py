@@ -374,3 +374,12 @@ def test_run_py_seeds_and_builds_inputs_exactly_as_the_harness(tmp_path: Path) -
     assert set(a) == set(b) == {"input_ids", "attention_mask", "pixel_values"}
     assert all(torch.equal(a[k], b[k]) for k in a)
     assert a["pixel_values"].shape == (1, 3, 8, 8)
+
+
+def test_long_token_rows_are_summarised_for_people_and_short_ones_kept() -> None:
+    from agents.runs import token_summary
+
+    prompt = [0] + [128815] * 280 + [13, 85]
+    text = token_summary([prompt + [7, 7, 7]])
+    assert text.startswith("[[0, 128815, 128815") and "... 274 more ..." in text and text.endswith("85, 7, 7, 7] (286 ids)]")
+    assert token_summary([[1, 2, 3]]) == "[[1, 2, 3]]" and token_summary(None) == "None"

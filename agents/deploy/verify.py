@@ -12,6 +12,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
+from agents.runs import token_summary
 from agents.tuning.measure import TUNE_CONCURRENCY, at, points_of
 from agents.workspace import Workspace, WorkspaceError
 from sandbox.bench import run_bench
@@ -120,8 +121,9 @@ def _tokens_claim(report: dict[str, Any], ws: Workspace, target: Target, limits:
         return Claim(name="tokens match", verdict="disagree", claimed=claimed,
                      detail=f"the {which} did not run: {exc.get('type')}: {str(exc.get('message'))[:200]}"), None
     ok = ref_t == port_t and (claimed is None or claimed == port_t)
-    detail = (f"the port's tokens {port_t} equal the original's" + (" and the report's" if claimed is not None else "")
-              if ok else f"port {port_t}, original {ref_t}, report {claimed}")
+    detail = (f"the port's tokens {token_summary(port_t)} equal the original's"
+              + (" and the report's" if claimed is not None else "")
+              if ok else f"port {port_t}, original {ref_t}, report {claimed}")  # a disagreement shows every id
     return Claim(name="tokens match", verdict="agree" if ok else "disagree", claimed=claimed, observed=port_t,
                  detail=detail), ref_t
 

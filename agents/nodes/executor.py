@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from agents.runs import limits_for, record_of
+from agents.runs import limits_for, record_of, token_summary
 from agents.target_state import target_from_dict
 from agents.trace import step
 from agents.workspace import Workspace
@@ -27,7 +27,7 @@ def executor_node(state: dict[str, Any]) -> dict[str, Any]:
     counters["port_runs"] = n
     if rec.ok:
         text = (run.result.get("outputs") or {}).get("text")
-        summary = f"{run_id} on {target.name}: ok in {rec.wall_s:.1f} s, tokens {rec.tokens}" + (f" {text!r}" if text else "")
+        summary = f"{run_id} on {target.name}: ok in {rec.wall_s:.1f} s, tokens {token_summary(rec.tokens)}" + (f" {text!r}" if text else "")
     else:
         exc = rec.exception
         where = next((f"{f.file}:{f.line}" for f in reversed(exc.frames) if f.in_model), "") if exc else ""
