@@ -43,8 +43,10 @@ def unsupported_reason(params: dict[str, Any], detail: str, frames: list[dict[st
     else:
         return None
     where = next((f for f in reversed(frames) if f.get("in_model")), None)
-    at = f" (at {where['file']}:{where['line']} in {where['func']}: `{where['code']}`)" if where else ""
-    return who, f"dtype {dtype} not supported by {who}: {detail}{at}"
+    at = f" (at {where['file']}:{where['line']} in {where['func']}: `{where['code'][:100]}`)" if where else ""
+    hint = (f"; the code likely keeps or makes a tensor in another dtype (`.float()`, dtype=torch.float32 in "
+            f"forward, a float32 buffer) next to the {dtype} weights") if who == "the model code" else ""
+    return who, f"dtype {dtype} not supported by {who}: {detail}{at}{hint}"
 
 
 def outcome_of(run: BenchRun) -> Outcome:
