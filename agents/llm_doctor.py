@@ -7,11 +7,15 @@ chat completion with the configured model. The endpoint is healthy only when the
 from __future__ import annotations
 
 import time
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, Field
 
 from knowledge.settings import LLMSettings
+
+if TYPE_CHECKING:
+    import httpx
 
 
 class Probe(BaseModel):
@@ -47,6 +51,22 @@ def shown_settings(s: LLMSettings) -> dict[str, Any]:
             "port_token_limit": s.port_token_limit, "structured_method": s.structured_method}
 
 
+def _probe(name: str, call: Callable[[], httpx.Response], answered: Callable[[httpx.Response], str | None]) -> Probe:
+    """One timed request: ok with ``answered``'s detail when it answers (HTTP 200 and ``answered`` gives a
+    detail), else the status and body, or the transport error."""
+    import httpx
+
+    t0 = time.monotonic()
+    try:
+        r = call()
+        detail = answered(r) if r.status_code == 200 else None
+        if detail is not None:
+            return Probe(name=name, ok=True, seconds=time.monotonic() - t0, detail=detail)
+        return Probe(name=name, ok=False, seconds=time.monotonic() - t0, detail=f"HTTP {r.status_code}: {r.text[:200]}")
+    except (httpx.HTTPError, ValueError) as exc:
+        return Probe(name=name, ok=False, seconds=time.monotonic() - t0, detail=f"{type(exc).__name__}: {str(exc)[:200]}")
+
+
 def check_llm(settings: LLMSettings | None = None) -> LLMCheck:
     import httpx
 
@@ -56,35 +76,19 @@ def check_llm(settings: LLMSettings | None = None) -> LLMCheck:
         return out
     base = (s.base_url or "https://api.openai.com/v1").rstrip("/")
     key = s.api_key.get_secret_value() if s.api_key else "not-needed"
-    headers = {"Authorization": f"Bearer {key}"}
-    with httpx.Client(timeout=s.timeout_s, headers=headers) as client:
-        t0 = time.monotonic()
-        try:
-            r = client.get(f"{base}/models")
-            if r.status_code == 200:
-                ids = [m.get("id") for m in (r.json().get("data") or []) if isinstance(m, dict)]
-                listed = "listed" if s.model in ids else "not listed"
-                out.probes.append(Probe(name="GET /models", ok=True, seconds=time.monotonic() - t0,
-                                        detail=f"{len(ids)} model(s); {s.model} {listed}"))
-            else:
-                out.probes.append(Probe(name="GET /models", ok=False, seconds=time.monotonic() - t0,
-                                        detail=f"HTTP {r.status_code}: {r.text[:200]}"))
-        except (httpx.HTTPError, ValueError) as exc:
-            out.probes.append(Probe(name="GET /models", ok=False, seconds=time.monotonic() - t0,
-                                    detail=f"{type(exc).__name__}: {str(exc)[:200]}"))
-        t0 = time.monotonic()
-        body = {"model": s.model, "messages": [{"role": "user", "content": "Say OK."}], "max_tokens": 1,
-                "temperature": 0}
-        try:
-            r = client.post(f"{base}/chat/completions", json=body)
-            if r.status_code == 200 and r.json().get("choices"):
-                usage = r.json().get("usage") or {}
-                out.probes.append(Probe(name="chat completion (1 token)", ok=True, seconds=time.monotonic() - t0,
-                                        detail=f"answered; {usage.get('total_tokens', '?')} token(s)"))
-            else:
-                out.probes.append(Probe(name="chat completion (1 token)", ok=False, seconds=time.monotonic() - t0,
-                                        detail=f"HTTP {r.status_code}: {r.text[:200]}"))
-        except (httpx.HTTPError, ValueError) as exc:
-            out.probes.append(Probe(name="chat completion (1 token)", ok=False, seconds=time.monotonic() - t0,
-                                    detail=f"{type(exc).__name__}: {str(exc)[:200]}"))
+
+    def models(r: httpx.Response) -> str:
+        ids = [m.get("id") for m in (r.json().get("data") or []) if isinstance(m, dict)]
+        return f"{len(ids)} model(s); {s.model} {'listed' if s.model in ids else 'not listed'}"
+
+    def chat(r: httpx.Response) -> str | None:
+        if not r.json().get("choices"):
+            return None  # HTTP 200 without an answer
+        return f"answered; {(r.json().get('usage') or {}).get('total_tokens', '?')} token(s)"
+
+    body = {"model": s.model, "messages": [{"role": "user", "content": "Say OK."}], "max_tokens": 1, "temperature": 0}
+    with httpx.Client(timeout=s.timeout_s, headers={"Authorization": f"Bearer {key}"}) as client:
+        out.probes.append(_probe("GET /models", lambda: client.get(f"{base}/models"), models))
+        out.probes.append(_probe("chat completion (1 token)", lambda: client.post(f"{base}/chat/completions", json=body),
+                                 chat))
     return out

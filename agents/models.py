@@ -144,3 +144,5 @@ class Tuning(BaseModel):
     baseline: dict[str, Any] = Field(default_factory=dict)
     tuned: dict[str, Any] = Field(default_factory=dict)
     detail: str = ""
+    # "knob=value" -> why it cannot run (e.g. "not supported by the model code: <error> (at file:line)")
+    unsupported: dict[str, str] = Field(default_factory=dict)

@@ -190,7 +190,9 @@ def render_markdown(report: dict[str, Any]) -> str:
                   f"- host syncs: {(op.get('host_syncs') or {}).get('total')}"]
     t = report.get("tuning") or {}
     lines += ["", "## Tuning", "", f"- status: {t.get('status', 'skipped')} — {t.get('detail', '')}",
-              f"- trials: {len(t.get('trials') or [])}; best: {t.get('best') or '-'}", ""]
+              f"- trials: {len(t.get('trials') or [])}; best: {t.get('best') or '-'}"]
+    lines += [f"- not a tuning result: {kv} {_md_escape(why)}" for kv, why in (t.get("unsupported") or {}).items()]
+    lines.append("")
     cites = sorted({c for p in report["patches"] for c in (x["source"] for x in p["citations"])}
                    | {c["source"] for f in report["findings"] for c in f.get("citations", [])}
                    | {c["source"] for d in report["diagnoses"] for c in d.get("citations", [])})

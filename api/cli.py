@@ -139,7 +139,8 @@ def run_port_cli(request: dict[str, Any], goal: str = "") -> int:
             value = data.get("value")
             console.print(Text.assemble((f"{status.elapsed():6.1f}s ", "dim"), ("tuner       ", "bold cyan"),
                                         f" trial {data.get('k')}/{data.get('n')} {fmt_params(data.get('params'))}: ",
-                                        f"{value:.1f} tok/s" if value is not None else str(data.get("outcome", "failed"))))
+                                        f"{value:.1f} tok/s" if value is not None
+                                        else str(data.get("reason") or data.get("outcome", "failed"))))
 
     try:
         # transient: the live line disappears at the end; on a non-terminal rich prints nothing for it

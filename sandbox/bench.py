@@ -275,7 +275,8 @@ def _run_config(cls: Any, base_config: dict[str, Any], manifest: dict[str, Any],
         out.update(status="infeasible", detail=str(exc))
     except Exception as exc:  # one configuration failing must not lose the others
         out.update(status="error", detail=f"{type(exc).__name__}: {str(exc)[:300]}",
-                   traceback="".join(traceback.format_exception(exc))[-4000:])
+                   traceback="".join(traceback.format_exception(exc))[-4000:],
+                   frames=harness._frames(exc, model_dir))  # where in the model's code it failed
     return out
 
 

@@ -47,6 +47,14 @@ def test_doctor_shows_the_endpoint_with_the_key_masked_and_checks_that_it_answer
     assert [p["ok"] for p in data["probes"]] == [True, True] and "stub-model listed" in data["probes"][0]["detail"]
     assert stub.paths == ["/v1/models", "/v1/chat/completions"]
     assert stub.requests[0]["max_tokens"] == 1
+    # An endpoint that lists other models and refuses the chat: exit 1, the HTTP status and body said.
+    with StubLLMServer([http_error(401, "bad key")], models=["other-model"]) as stub:
+        llm_env.setenv("NPUPORT_LLM_BASE_URL", stub.base_url)
+        res = runner.invoke(app, ["doctor", "--json"])
+    assert res.exit_code == 1, res.output
+    models, chat = json.loads(res.output)["probes"]
+    assert models["ok"] and models["detail"] == "1 model(s); stub-model not listed"
+    assert not chat["ok"] and chat["detail"].startswith("HTTP 401: ") and "bad key" in chat["detail"]
     # The same endpoint, gone: exit 1 and the reason.
     llm_env.setenv("NPUPORT_LLM_TIMEOUT_S", "2")
     res = runner.invoke(app, ["doctor"])

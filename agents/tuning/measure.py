@@ -4,6 +4,7 @@ measured by the same benchmark on the same host."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -17,11 +18,49 @@ REPORT_CONCURRENCIES = [1, 2, 4, 8]
 BASELINE_CONFIG = {"id": "baseline", "batch": 1}  # as written: no dtype, threads, attn or compile changes
 
 
+# torch's messages when two floating dtypes meet in one op (LayerNorm, Linear, matmul, index_add_, ...).
+_DTYPE_MIX = re.compile(r"mixed dtype|expected scalar type|same (?:scalar )?(?:d)?types?\b|should be the same|"
+                        r"dtypes? match|can't be cast to the desired output type", re.IGNORECASE)
+_HALF_NAMES = re.compile(r"Half|BFloat16|float16", re.IGNORECASE)
+_DEVICE_MIX = re.compile(r"\b(?:cuda|npu|xpu)\.\w*Tensor|same device", re.IGNORECASE)
+_NO_KERNEL = re.compile(r"not implemented for '(?:Half|BFloat16)'")
+
+
+def unsupported_reason(params: dict[str, Any], detail: str, frames: list[dict[str, Any]]) -> tuple[str, str] | None:
+    """(who, reason) when a trial failed only because its dtype knob asked for a dtype the model cannot run
+    in, else None. The port was validated in float32, so a dtype mismatch in a float16/bfloat16 run is the
+    model's code keeping or building tensors in another dtype (``.float()``, dtype=torch.float32 in
+    forward, a float32 buffer) next to the cast weights; an op without a kernel for the dtype is the
+    target's. Such a trial is no tuning result: the value cannot run at all, whatever the other knobs."""
+    dtype = params.get("dtype")
+    if not dtype or dtype == "float32":
+        return None
+    if _NO_KERNEL.search(detail):
+        who = "this target's operators"
+    elif _DTYPE_MIX.search(detail) and not _DEVICE_MIX.search(detail) and (
+            "mixed dtype" in detail.lower() or _HALF_NAMES.search(detail)):
+        who = "the model code"
+    else:
+        return None
+    where = next((f for f in reversed(frames) if f.get("in_model")), None)
+    at = f" (at {where['file']}:{where['line']} in {where['func']}: `{where['code'][:100]}`)" if where else ""
+    hint = (f"; the code likely keeps or makes a tensor in another dtype (`.float()`, dtype=torch.float32 in "
+            f"forward, a float32 buffer) next to the {dtype} weights") if who == "the model code" else ""
+    return who, f"dtype {dtype} not supported by {who}: {detail}{at}{hint}"
+
+
 def outcome_of(run: BenchRun) -> Outcome:
     if not run.ok:
         status = "timeout" if run.exec_result.status == "timeout" else "error"
         return Outcome(None, status, run.error())
     c = run.result["configs"][0]
+    if c["status"] == "error":
+        params = {k: v for k, v in (c.get("config") or {}).items() if k not in ("id", "concurrencies")}
+        unsupported = unsupported_reason(params, c.get("detail", ""), c.get("frames") or [])
+        if unsupported is not None:
+            # The search runs no other point with this value (agents/tuning/search.py).
+            return Outcome(None, "unsupported", unsupported[1],
+                           extras={"rules_out": {"dtype": params["dtype"]}, "by": unsupported[0]})
     if c["status"] != "ok":
         return Outcome(None, c["status"], c.get("detail", ""))
     pt = c["points"][0]

@@ -66,6 +66,26 @@ def trial_records(result: TuneResult) -> list[TrialRecord]:
     return out
 
 
+def unsupported_values(result: TuneResult) -> dict[str, str]:
+    """"knob=value" -> why it cannot run ("not supported by the model code: <error> (at file:line ...)"),
+    for the values a trial ruled out: they are no tuning result, and the report says so."""
+    out: dict[str, str] = {}
+    for t in result.trials:
+        for knob, value in (t.outcome.extras.get("rules_out") or {}).items():
+            _, sep, why = t.outcome.detail.partition(" not supported ")  # "dtype float16 not supported by ..."
+            out.setdefault(f"{knob}={value}", f"not supported {why}" if sep else t.outcome.detail)
+    return dict(sorted(out.items()))
+
+
+def unsupported_sentence(unsupported: dict[str, str]) -> str:
+    """One clause for the tuning summary: which knob values could not run, and by whom."""
+    by: dict[str, list[str]] = {}
+    for kv, reason in unsupported.items():
+        who = reason.removeprefix("not supported by ").split(":", 1)[0]
+        by.setdefault(who, []).append(kv)
+    return "; ".join(f"{', '.join(kvs)} not supported by {who} (not a tuning result)" for who, kvs in by.items())
+
+
 def llm_proposals(state: dict[str, Any], space: SearchSpace, facts: HostFacts) -> tuple[list[dict[str, Any]], str]:
     """The LLM tuner's proposals (policy llm/hybrid with an endpoint), kept only when they are points of
     the constraint-pruned space; the note says how many were proposed, kept and rejected."""
@@ -96,9 +116,12 @@ def search(space: SearchSpace, facts: HostFacts, evaluate: Evaluate, budget: Bud
         result = npuport_search(space, facts, evaluate, budget, proposals=proposals)
     except NoFeasiblePoint as exc:
         return Tuning(status="failed", detail=str(exc)), None
-    tuning = Tuning(status="done" if result.best else "failed", trials=trial_records(result))
+    tuning = Tuning(status="done" if result.best else "failed", trials=trial_records(result),
+                    unsupported=unsupported_values(result))
     if result.best is None:
         tuning.detail = f"no trial ran successfully ({len(result.trials)} tried; {result.stopped})"
+        if tuning.unsupported:
+            tuning.detail += f"; {unsupported_sentence(tuning.unsupported)}"
     else:
         tuning.best = dict(result.best.params)
     return tuning, result
@@ -113,7 +136,9 @@ def _reporting(evaluate: Evaluate, n: int) -> Evaluate:
         k += 1
         progress.emit("trial_start", k=k, n=n, params=params)
         outcome = evaluate(params)
-        progress.emit("trial_done", k=k, n=n, params=params, value=outcome.value, outcome=outcome.status)
+        why = outcome.detail.split(":", 1)[0] if outcome.status == "unsupported" else ""  # "dtype X not supported by ..."
+        progress.emit("trial_done", k=k, n=n, params=params, value=outcome.value, outcome=outcome.status,
+                      **({"reason": why} if why else {}))
         return outcome
 
     return run
@@ -180,6 +205,8 @@ def tune_port(state: dict[str, Any], space: SearchSpace | None = None) -> Tuning
                          "measured_on": f"{target.name} on this host ({host['machine']}, {host['cores']} cores)",
                          "error": "" if final_run.ok else final_run.error()})
     tuning.detail = performance_sentence(tuning.tuned) + (f"; {llm_note}" if llm_note else "")
+    if tuning.unsupported:
+        tuning.detail += f"; {unsupported_sentence(tuning.unsupported)}"
     return tuning
 
 
@@ -248,7 +275,12 @@ def knob_effects(result: TuneResult) -> dict[str, str]:
     """Per searched knob: whether trials that differ in it executed differently (their recorded effects:
     dtype, threads, attention read back from the model, compiled modules, rows per call, aten ops)."""
     effects: dict[tuple[Any, ...], Any] = {}
+    ruled_out: dict[str, dict[str, str]] = {}  # knob -> {value that cannot run: by whom}; compared with nothing
     for t in result.trials:
+        for knob, value in (t.outcome.extras.get("rules_out") or {}).items():
+            ruled_out.setdefault(knob, {})[f"{value}"] = str(t.outcome.extras.get("by") or "the model code")
+        if t.outcome.status == "unsupported":
+            continue
         e = (t.outcome.extras or {}).get("effects")
         if e is None and t.outcome.status in ("error", "infeasible", "mismatch"):
             e = {"failed": t.outcome.status}  # the setting made the run fail: it did change what ran
@@ -269,5 +301,10 @@ def knob_effects(result: TuneResult) -> dict[str, str]:
                 verdict = "changed nothing in the executed run"
             if verdict == "changed the executed run":
                 break
+        by_who: dict[str, list[str]] = {}
+        for value, who in sorted(ruled_out.get(name, {}).items()):
+            by_who.setdefault(who, []).append(value)
+        for who, values in by_who.items():
+            verdict += f"; {', '.join(values)} not supported by {who} (not a tuning result)"
         out[name] = verdict
     return out

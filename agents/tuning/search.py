@@ -32,9 +32,11 @@ from agents.tuning.space import HostFacts, SearchSpace
 @dataclass
 class Outcome:
     value: float | None  # objective (tokens/s); None when the point could not run
-    status: str = "ok"  # ok | infeasible | error | mismatch | timeout
+    status: str = "ok"  # ok | infeasible | error | mismatch | timeout | unsupported
     detail: str = ""
     spread: float = 0.0  # relative spread of the repeats, (max - min) / median
+    # extras["rules_out"] = {knob: value}: the value cannot run at all (an "unsupported" dtype), so no
+    # other point with it is run
     extras: dict[str, Any] = field(default_factory=dict)
 
 
@@ -77,7 +79,12 @@ class _Runner:
         self.budget = budget
         self.trials: list[Trial] = []
         self.seen: dict[tuple[Any, ...], list[Trial]] = {}
+        self.ruled_out: dict[str, set[Any]] = {}  # knob -> values a trial showed cannot run
         self.t0 = time.monotonic()
+
+    def rules_out(self, params: dict[str, Any]) -> bool:
+        """True when a point has a knob value an earlier trial showed cannot run (it would fail the same way)."""
+        return any(params.get(k) in values for k, values in self.ruled_out.items())
 
     def exhausted(self) -> str | None:
         if len(self.trials) >= self.budget.max_trials:
@@ -92,6 +99,8 @@ class _Runner:
         trial = Trial(len(self.trials) + 1, params, outcome, time.monotonic() - t, note)
         self.trials.append(trial)
         self.seen.setdefault(key, []).append(trial)
+        for knob, value in (outcome.extras.get("rules_out") or {}).items():
+            self.ruled_out.setdefault(knob, set()).add(value)
         return trial
 
     def value(self, key: tuple[Any, ...]) -> float | None:
@@ -131,7 +140,7 @@ def _restart_point(space: SearchSpace, runner: _Runner, by_key: dict[tuple[Any, 
                    rng: random.Random) -> tuple[Any, ...] | None:
     """The untried feasible point with the best main-effects prediction (sum over dimensions of the
     mean log-objective of trials sharing each value), or None when every point was tried."""
-    untried = [k for k in by_key if k not in runner.seen]
+    untried = [k for k in by_key if k not in runner.seen and not runner.rules_out(by_key[k])]
     if not untried:
         return None
     logs: list[dict[Any, list[float]]] = [{} for _ in space.dims]
@@ -152,7 +161,7 @@ def probe_once(runner: _Runner, by_key: dict[tuple[Any, ...], dict[str, Any]], k
                note: str = "LLM proposal") -> bool:
     if key in runner.seen:
         return True
-    if runner.exhausted():
+    if runner.exhausted() or runner.rules_out(by_key[key]):
         return False
     runner.run(key, by_key[key], note)
     return True
@@ -205,7 +214,7 @@ def npuport_search(space: SearchSpace, facts: HostFacts, evaluate: Evaluate, bud
         if key not in by_key:
             return False
         if key not in runner.seen:
-            if runner.exhausted():
+            if runner.exhausted() or runner.rules_out(by_key[key]):
                 return False
             runner.run(key, by_key[key], note)
         return True
@@ -279,7 +288,8 @@ def random_search(space: SearchSpace, facts: HostFacts, evaluate: Evaluate, budg
     for p in pts:
         if runner.exhausted():
             break
-        runner.run(space.key(p), p, "random")
+        if not runner.rules_out(p):
+            runner.run(space.key(p), p, "random")
     ok = [t for t in runner.trials if t.value is not None]
     return TuneResult(runner.trials, max(ok, key=lambda t: t.value or 0.0) if ok else None,
                       runner.exhausted() or "grid exhausted", len(pts), 0)
@@ -303,13 +313,17 @@ def tpe_search(space: SearchSpace, facts: HostFacts, evaluate: Evaluate, budget:
     if start is not None:
         study.enqueue_trial({d.name: start[d.name] for d in space.dims})
     runner = _Runner(evaluate, budget)
+
+    def runnable() -> int:  # points not ruled out by an earlier trial's unsupported value
+        return sum(1 for k, p in allowed.items() if k in runner.seen or not runner.rules_out(p))
+
     asks = 0
-    while not runner.exhausted() and len(runner.seen) < len(allowed) and asks < 50 * budget.max_trials:
+    while not runner.exhausted() and len(runner.seen) < runnable() and asks < 50 * budget.max_trials:
         asks += 1
         trial = study.ask()
         params = {d.name: trial.suggest_categorical(d.name, d.values) for d in space.dims}
         key = space.key(params)
-        if key not in allowed:
+        if key not in allowed or (key not in runner.seen and runner.rules_out(allowed[key])):
             study.tell(trial, 0.0)
             continue
         if key not in runner.seen:
