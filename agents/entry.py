@@ -22,7 +22,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from knowledge.errors import EntryNotFound, ManifestError  # noqa: F401  (re-exported)
-from sandbox.model_inputs import TOKENIZER_FILES
+from sandbox.model_inputs import PROCESSOR_FILES, PROCESSOR_PATH, TOKENIZER_FILES
 
 MANIFEST_NAME = "npuport.yaml"
 # auto_map keys tried in order; the first the config names wins.
@@ -64,7 +64,8 @@ class RunSpec(BaseModel):
     # The method called once per decode step (per-step op and host-sync counts); default: forward.
     step: str | None = Field(default=None, pattern=r"^[A-Za-z_]\w*$")
     # The model's own preprocessing method (infer-style, takes a tokenizer): when set and there is no
-    # inputs function, its generate call is intercepted and those arguments are the inputs.
+    # inputs function, its generate call is intercepted and those arguments are the inputs. The value
+    # "AutoProcessor" means the folder's processor instead (sandbox/model_inputs.py).
     preprocess: str | None = Field(default=None, pattern=r"^[A-Za-z_]\w*$")
 
 
@@ -457,7 +458,8 @@ PREPROCESS_METHODS = ("infer", "chat", "preprocess", "process_inputs", "prepare_
 def _preprocessing_method(root: Path, cls: str, classes: dict[str, ast.ClassDef],
                           assumptions: list[str]) -> str | None:
     """The model's own preprocessing path: an infer-style method of the class (or a local base) that
-    takes a tokenizer. The harness drives it for the inputs (sandbox/model_inputs.py)."""
+    takes a tokenizer, else the folder's processor (AutoProcessor) when its files are there. The harness
+    drives it for the inputs (sandbox/model_inputs.py)."""
     for name, node in _local_hierarchy(classes, cls):
         for fn in node.body:
             if isinstance(fn, ast.FunctionDef) and fn.name in PREPROCESS_METHODS and \
@@ -471,6 +473,16 @@ def _preprocessing_method(root: Path, cls: str, classes: dict[str, ast.ClassDef]
                                    "image: its generate call is intercepted and its arguments are the inputs "
                                    "(docs/architecture.md, Inputs when the model has none)")
                 return fn.name
+    have_processor = [f for f in PROCESSOR_FILES if (root / f).is_file()]
+    have_tokenizer = [f for f in TOKENIZER_FILES if (root / f).is_file()]
+    if have_processor and have_tokenizer:
+        assumptions.append(f"inputs come from the folder's own processor (AutoProcessor: {', '.join(have_processor)}, "
+                           f"{', '.join(have_tokenizer)}) on a test prompt and a test image, through its chat "
+                           "template when it has one (docs/architecture.md, Inputs when the model has none)")
+        return PROCESSOR_PATH
+    if have_processor:
+        assumptions.append(f"the folder has a processor config ({', '.join(have_processor)}) but no tokenizer file "
+                           f"({', '.join(TOKENIZER_FILES)}), so its processor cannot be loaded; inputs are synthesised")
     return None
 
 

@@ -29,6 +29,8 @@ SYNTH_TOKENS = 8  # prompt length of synthesised inputs
 TEST_PROMPT = "Read the text in the image."
 TEST_IMAGE_MAX_SIDE = 448  # small, so tiling code stays in its single-view branch on a 2-core box
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "spiece.model")
+PROCESSOR_FILES = ("processor_config.json", "preprocessor_config.json")
+PROCESSOR_PATH = "AutoProcessor"  # run.preprocess value: the folder's processor, not a method of the model
 # generate() arguments that steer decoding rather than describe the input: npuport's run kwargs decide
 # these (greedy, N new tokens), and a streamer would print every token.
 DECODING_CONTROLS = frozenset({"streamer", "max_new_tokens", "max_length", "min_new_tokens", "min_length",
@@ -322,6 +324,8 @@ def capture_preprocessed_inputs(model: Any, method_name: str, model_dir: Path, c
     dtype: an infer method typically casts images for an autocast region npuport does not reproduce."""
     import torch
 
+    if method_name == PROCESSOR_PATH:
+        return processor_inputs(model, model_dir, config, seed)
     fn = preprocessing_method(model, method_name)
     tokenizer, how = load_tokenizer(model_dir, config)
     workdir = Path(tempfile.mkdtemp(prefix="npuport-preprocess-"))
@@ -376,6 +380,41 @@ def capture_preprocessed_inputs(model: Any, method_name: str, model_dir: Path, c
     if dtype is not None:
         notes.append(f"floating inputs cast to the model's dtype ({str(dtype).removeprefix('torch.')})")
     return inputs, kwargs, notes
+
+
+def processor_inputs(model: Any, model_dir: Path, config: dict[str, Any],
+                     seed: int) -> tuple[dict[str, Any], dict[str, Any], list[str]]:
+    """The folder's own processor (AutoProcessor: its tokenizer and image processor) on a test prompt and,
+    when it processes images, a test image; the prompt goes through its chat template when it has one,
+    so image placeholders are expanded the way the processor does it."""
+    try:
+        from PIL import Image
+        from transformers import AutoProcessor
+
+        proc = AutoProcessor.from_pretrained(str(model_dir), trust_remote_code=True)
+        takes_images = getattr(proc, "image_processor", None) is not None
+        content: list[dict[str, Any]] = [{"type": "image"}] if takes_images else []
+        content.append({"type": "text", "text": TEST_PROMPT})
+        if getattr(proc, "chat_template", None):
+            text = proc.apply_chat_template([{"role": "user", "content": content}], add_generation_prompt=True)
+            how = "its chat template"
+        else:
+            mark = getattr(proc, "image_token", None) if takes_images else None
+            text, how = (f"{mark}\n{TEST_PROMPT}" if mark else TEST_PROMPT), "no chat template"
+        kwargs: dict[str, Any] = {"text": [text], "return_tensors": "pt"}
+        if takes_images:
+            with tempfile.TemporaryDirectory(prefix="npuport-preprocess-") as tmp:
+                kwargs["images"] = [Image.open(test_image(config, seed, Path(tmp) / "test.png")).convert("RGB")]
+        out = dict(proc(**kwargs))
+    except Exception as exc:
+        raise PreprocessingFailed(f"the folder's processor failed: {type(exc).__name__}: "
+                                  f"{str(exc).splitlines()[0] if str(exc) else ''}") from exc
+    dtype = _model_float_dtype(model)
+    inputs = {k: cast_floats(v, dtype) for k, v in out.items() if _has_tensor(v)}
+    shapes = ", ".join(f"{k} {_shape(v)}" for k, v in inputs.items())
+    notes = [f"inputs built by the folder's own processor ({type(proc).__name__}, {how}) from a test prompt"
+             + (" and a test image" if takes_images else "") + f": {shapes}"]
+    return inputs, {}, notes
 
 
 def _shape(value: Any) -> str:

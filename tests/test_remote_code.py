@@ -383,3 +383,50 @@ def test_long_token_rows_are_summarised_for_people_and_short_ones_kept() -> None
     text = token_summary([prompt + [7, 7, 7]])
     assert text.startswith("[[0, 128815, 128815") and "... 274 more ..." in text and text.endswith("85, 7, 7, 7] (286 ids)]")
     assert token_summary([[1, 2, 3]]) == "[[1, 2, 3]]" and token_summary(None) == "None"
+
+
+VLM = REPO_ROOT / "tests" / "fixtures" / "hf_processor_vlm"
+
+
+def _with_processor(dest: Path) -> Path:
+    """The fixture plus the files a processor-based release ships (tokenizer.json, processor_config.json,
+    chat template), written with transformers' own LlavaProcessor: the placeholder expands to one token
+    per 4x4 patch of a 16x16 image."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import CLIPImageProcessor, LlavaProcessor, PreTrainedTokenizerFast
+
+    shutil.copytree(VLM, dest)
+    words = ["[UNK]", "<image>", "USER:", "ASSISTANT:", "Read", "the", "text", "in", "image."]
+    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="[UNK]")
+    fast.add_special_tokens({"additional_special_tokens": ["<image>"]})
+    template = ("{% for m in messages %}USER: {% for c in m['content'] %}{% if c['type'] == 'image' %}<image> "
+                "{% else %}{{ c['text'] }}{% endif %}{% endfor %} ASSISTANT:{% endfor %}")
+    LlavaProcessor(image_processor=CLIPImageProcessor(size={"shortest_edge": 16}, crop_size={"height": 16, "width": 16}),
+                   tokenizer=fast, patch_size=4, vision_feature_select_strategy="full",
+                   chat_template=template).save_pretrained(dest)
+    return dest
+
+
+def test_a_processor_release_gets_its_inputs_from_its_own_processor(tmp_path: Path) -> None:
+    folder = _with_processor(tmp_path / "vlm")
+    entry = discover_entry(folder)
+    assert entry.run_preprocess == "AutoProcessor"
+    assert any("the folder's own processor (AutoProcessor: processor_config.json" in a for a in entry.assumptions)
+    res = _harness(folder, entry.as_manifest_dict(), tmp_path)
+    assert res["ok"], res["exception"]
+    assert res["inputs"]["source"] == "preprocess", res["inputs"]
+    note = res["inputs"]["notes"][0]
+    assert "LlavaProcessor, its chat template" in note and "pixel_values (1, 3, 16, 16) float32" in note
+    row = res["outputs"]["tokens"][0]
+    assert row[:2] == [2, 1] and row.count(1) >= 16  # "USER:" then the placeholder expanded per patch
+    assert res["outputs"]["new_tokens"] == 8 and len(row) == 8 + row.index(3) + 1  # prompt ends at "ASSISTANT:"
+
+
+def test_a_processor_config_without_a_tokenizer_is_named_and_inputs_synthesised(tmp_path: Path) -> None:
+    folder = _with_processor(tmp_path / "vlm")
+    (folder / "tokenizer.json").unlink()
+    entry = discover_entry(folder)
+    assert entry.run_preprocess is None
+    assert any("no tokenizer file" in a and "cannot be loaded" in a for a in entry.assumptions)
