@@ -22,7 +22,7 @@ from agents.rules.cst_helpers import (
     walk_nodes,
 )
 from agents.rules.h6_codemods import vectorise_mask_loops
-from agents.rules.h6_moe import MoePlan, moe_dense_dispatch, moe_plan
+from agents.rules.h6_moe import MoePlan, expert_loop_var, moe_dense_dispatch, moe_plan
 
 # H6: host-sync method calls -> (rule, note)
 SYNC_METHODS: dict[str, tuple[str, str]] = {
@@ -111,8 +111,8 @@ def _range_loop_vars(loop: cst.For) -> set[str]:
 def _h6_loop(ctx: ModuleContext, loop: cst.For) -> None:
     hot = ctx.in_hot_path(loop)
     where = f" in {hot}()" if hot else ""
-    iter_code = ctx.code(loop.iter)
-    if "expert" in iter_code.lower():
+    # over experts, or over per-expert counts (a tensor or list) with self.<experts>[i] called in the body
+    if "expert" in ctx.code(loop.iter).lower() or expert_loop_var(loop) is not None:
         fixable, why = _moe_fixable(ctx, loop)
         training = next((a for a, child in ctx.ancestors(loop) if isinstance(a, cst.If) and child is not a.test
                          and "training" in ctx.code(a.test)), None)
