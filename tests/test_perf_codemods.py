@@ -7,6 +7,7 @@ from __future__ import annotations
 import re
 import textwrap
 import types
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -400,6 +401,43 @@ def test_moe_loop_over_counts_is_found_and_a_capacity_cap_is_left_with_the_reaso
     # A loop over something else that does not call self.<experts>[i] is not an expert loop.
     plain = "class M:\n    def f(self, xs):\n        for i, n in enumerate(xs):\n            self.layers[i](n)\n"
     assert not [f for f in scan_source(plain, "m.py") if f.rule == "per-expert-loop"]
+
+
+def test_moe_config_finding_names_the_path_the_full_size_config_takes(tmp_path: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    import json
+
+    from agents.rules.registry import active
+    from agents.scanner import scan_tree
+
+    monkeypatch.delenv("NPUPORT_MOE_DENSE_MAX_RATIO", raising=False)
+    # The shapes of a multimodal MoE config: the counts in a nested language sub-config.
+    (tmp_path / "config.json").write_text(json.dumps(
+        {"model_type": "vl", "vision_config": {"width": 768, "layers": 12},
+         "language_config": {"hidden_size": 1280, "n_routed_experts": 64, "num_experts_per_tok": 6}}, indent=1))
+    sub = tmp_path / "small"
+    sub.mkdir()
+    (sub / "config.json").write_text(json.dumps({"num_local_experts": 8, "top_k": 2, "d_model": 32}))
+    (tmp_path / "other.json").write_text(json.dumps({"num_experts": 64, "moe_top_k": 2}))  # not a config.json
+
+    def cost_findings() -> list[Finding]:
+        return [f for f in scan_tree(tmp_path).findings if f.rule == "moe-dispatch-cost"]
+
+    big, small = cost_findings()
+    assert (big.file, small.file) == ("config.json", "small/config.json")
+    key_line = next(i for i, ln in enumerate((tmp_path / "config.json").read_text().splitlines(), 1)
+                    if '"n_routed_experts"' in ln)
+    assert big.line == key_line and big.snippet == '"n_routed_experts": 64,' and not big.fixable
+    assert "`language_config.n_routed_experts`" in big.message
+    assert ("64 experts, top-6: the original host-synced loop runs (dense would be 10.7x the routed experts' FLOPs, "
+            "above R = 4") in big.message
+    assert "a --shrink run (4 experts, top-2) takes the dense path instead" in big.message
+    assert "8 experts, top-2: the dense path runs (4.0x the routed experts' FLOPs, within R = 4" in small.message
+    monkeypatch.setenv("NPUPORT_MOE_DENSE_MAX_RATIO", "11")
+    big, small = cost_findings()
+    assert "64 experts, top-6: the dense path runs (10.7x" in big.message and "--shrink" not in big.message
+    # Information for the person: never handed to a patcher.
+    assert active().get("H6").reports_only("moe-dispatch-cost")  # type: ignore[union-attr]
 
 
 # The expert-parallel form (a class of code: experts sharded over ranks): the loop indexes the rank's experts

@@ -5,8 +5,12 @@ errors it explains and its knowledge-base topic (see docs/rules.md)."""
 
 from __future__ import annotations
 
+import json
+import re
+
 import libcst as cst
 
+from agents.models import Finding
 from agents.rules.base import (
     HIGH,
     LOW,
@@ -15,14 +19,15 @@ from agents.rules.base import (
     Fix,
     HazardRule,
 )
-from agents.rules.context import ModuleContext
+from agents.rules.context import ModuleContext, TextFile
 from agents.rules.cst_helpers import (
     dotted,
     last_name,
     walk_nodes,
 )
 from agents.rules.h6_codemods import vectorise_mask_loops
-from agents.rules.h6_moe import MoePlan, expert_loop_var, moe_dense_dispatch, moe_plan
+from agents.rules.h6_moe import MoePlan, expert_loop_var, moe_config_notes, moe_dense_dispatch, moe_plan
+from knowledge.settings import settings
 
 # H6: host-sync method calls -> (rule, note)
 SYNC_METHODS: dict[str, tuple[str, str]] = {
@@ -171,10 +176,32 @@ def _outermost_range_loop(ctx: ModuleContext, loop: cst.For, idx: set[str]) -> c
     return best
 
 
+def _h6_config(tf: TextFile) -> list[Finding]:
+    """A model config with routed experts: which path moe-dense-dispatch's guard takes at its sizes."""
+    if tf.kind != "model-config":
+        return []
+    try:
+        config = json.loads(tf.text)
+    except ValueError:
+        return []
+    if not isinstance(config, dict):
+        return []
+    out = []
+    for key, what in moe_config_notes(config, settings().moe_dense_max_ratio):
+        m = re.search(rf'"{re.escape(key.rsplit(".", 1)[-1])}"\s*:', tf.text)
+        line = tf.text.count("\n", 0, m.start()) + 1 if m else 1
+        snippet = tf.text.splitlines()[line - 1].strip() if m else ""
+        out.append(tf.finding("H6", "moe-dispatch-cost", line, 0, snippet,
+                              f"MoE config `{key}`, where moe-dense-dispatch rewrites an expert loop (guarded: dense "
+                              f"when experts <= R x top-k, else the original loop): {what}", SLOWS, LOW))
+    return out
+
+
 RULE = HazardRule(
     hazard="H6",
     title="Host syncs and Python loops in the hot path",
     detect=_h6_host_sync,
+    detect_text=_h6_config,
     fixes=(
         Fix("vectorise-mask-loops", vectorise_mask_loops,
             "element-wise tensor fill loops -> vectorised masked_fill_", frozenset({"elementwise-loop"}), order=60),
@@ -184,7 +211,10 @@ RULE = HazardRule(
     manual={
         "tolist-sync": "copying to the host is usually the point of .tolist(); moving it out of the loop is a design change",
         "dynamic-shape-sync": "a data-dependent output size needs a static-shape rewrite of the algorithm",
+        "moe-dispatch-cost": "information: which MoE dispatch runs is decided when the code runs, from the expert "
+                             "count and top-k (NPUPORT_MOE_DENSE_MAX_RATIO); nothing in the config changes",
     },
+    report_only_rules=frozenset({"moe-dispatch-cost"}),
     kb_topic="recipe:H6",
     recipe="knowledge/recipes/H6.md",
     left_as_written="a performance issue (host syncs / Python loops); the port is correct with it",

@@ -193,6 +193,9 @@ def _is_collective(call: cst.Call) -> bool:
     return bool(_COLLECTIVE.search(dotted_name(call.func))) and "." in dotted_name(call.func)
 
 
+ALREADY = "already rewritten: the dense path runs under npuport's guard, the original loop otherwise"
+
+
 class MoePlan:
     """What moe-dense-dispatch does to one function: the dense call, and the guard under which it runs (its
     conditions are and-ed; the original code runs when it is false)."""
@@ -225,6 +228,8 @@ def moe_plan(fn: cst.FunctionDef) -> MoePlan | str:
         return "its parameters are not (tokens, expert ids, expert weights)"
     if not isinstance(fn.body, cst.IndentedBlock):
         return "a one-line body"
+    if "_npuport_moe_dense(" in code_of(fn.body):
+        return ALREADY
     loops = [s for s in fn.body.body if isinstance(s, cst.For) and expert_loop_var(s)]
     if len(loops) != 1:
         return "no single top-level loop over the experts (it is nested in a branch, or there are several)"
@@ -273,7 +278,7 @@ class _MoeDispatch(PerfRewriter):
     def leave_FunctionDef(self, original: cst.FunctionDef, updated: cst.FunctionDef) -> cst.FunctionDef:
         plan = moe_plan(updated)
         if isinstance(plan, str):
-            if isinstance(original.body, cst.IndentedBlock):
+            if isinstance(original.body, cst.IndentedBlock) and plan != ALREADY:
                 for st in original.body.body:
                     if isinstance(st, cst.For) and expert_loop_var(st):
                         self.skip(st, f"{original.name.value}(): {plan}")
@@ -299,3 +304,56 @@ class _MoeDispatch(PerfRewriter):
 def moe_dense_dispatch(source: str, **_: Any) -> CodemodResult:
     return run_codemod(source, lambda _m: _MoeDispatch(), [(MOE_HELPER, MOE_MARKER)])
 
+
+
+# ----------------------------------------------------------------------------------------------
+# What the guard does at the config's sizes (a finding on config.json)
+# ----------------------------------------------------------------------------------------------
+
+def moe_sizes(config: dict[str, Any], prefix: str = "") -> list[tuple[str, int, int]]:
+    """(key path of the expert count, experts, top-k) for each (sub-)config that names both, e.g.
+    ("language_config.n_routed_experts", 64, 6); a pair repeated at another level is listed once."""
+    from sandbox.shrink import _EXPERT_KEYS, _TOPK_KEYS
+
+    out: list[tuple[str, int, int]] = []
+
+    def count(pattern: re.Pattern[str]) -> tuple[str, int] | None:
+        # num_experts_per_tok / moe_top_k before a bare top_k (which may be a sampling default)
+        hits = sorted((k for k, v in config.items() if pattern.match(k) and type(v) is int and v > 0),
+                      key=lambda k: k == "top_k")
+        return (hits[0], config[hits[0]]) if hits else None
+
+    experts, top_k = count(_EXPERT_KEYS), count(_TOPK_KEYS)
+    if experts and top_k and top_k[1] <= experts[1]:
+        out.append((f"{prefix}{experts[0]}", experts[1], top_k[1]))
+    for k, v in config.items():
+        if isinstance(v, dict):
+            out += [s for s in moe_sizes(v, f"{prefix}{k}.") if s[1:] not in {o[1:] for o in out}]
+    return out
+
+
+def dense_path_taken(experts: int, top_k: int, ratio: float) -> bool:
+    """The guard's cost condition, as the patched code evaluates it."""
+    return experts <= ratio * top_k
+
+
+def moe_config_notes(config: dict[str, Any], ratio: float) -> list[tuple[str, str]]:
+    """(key path, what moe-dense-dispatch's guard does at the config's sizes), e.g. "64 experts, top-6: the
+    original host-synced loop runs (dense would be 10.7x the routed experts' FLOPs, above R = 4 ...)". A --shrink run's small
+    config is named when it takes the other path (its validation then exercises that path, not this one)."""
+    from sandbox.shrink import shrink_config
+
+    small = {s[0]: s[1:] for s in moe_sizes(shrink_config(config)[0])}
+    notes: list[tuple[str, str]] = []
+    for key, e, k in moe_sizes(config):
+        factor = f"{e / k:.1f}x the routed experts' FLOPs"
+        dense = dense_path_taken(e, k, ratio)
+        what = (f"{e} experts, top-{k}: the dense path runs ({factor}, within R = {ratio:g}; no host sync)" if dense
+                else f"{e} experts, top-{k}: the original host-synced loop runs (dense would be {factor}, above "
+                     f"R = {ratio:g}; {RATIO_ENV} raises R)")
+        if key in small and dense_path_taken(*small[key], ratio) != dense:
+            se, sk = small[key]
+            what += (f"; a --shrink run ({se} experts, top-{sk}) takes the "
+                     f"{'dense path' if not dense else 'original loop'} instead")
+        notes.append((key, what))
+    return notes
