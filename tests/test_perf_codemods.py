@@ -407,6 +407,7 @@ def test_moe_config_finding_names_the_path_the_full_size_config_takes(tmp_path: 
                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
     import json
 
+    from agents.report import finding_resolutions
     from agents.rules.registry import active
     from agents.scanner import scan_tree
 
@@ -436,8 +437,10 @@ def test_moe_config_finding_names_the_path_the_full_size_config_takes(tmp_path: 
     monkeypatch.setenv("NPUPORT_MOE_DENSE_MAX_RATIO", "11")
     big, small = cost_findings()
     assert "64 experts, top-6: the dense path runs (10.7x" in big.message and "--shrink" not in big.message
-    # Information for the person: never handed to a patcher.
+    # Information for the person: never handed to a patcher, and the report says it is information.
     assert active().get("H6").reports_only("moe-dispatch-cost")  # type: ignore[union-attr]
+    res = finding_resolutions([big.model_dump(mode="json")], [], "validated")
+    assert res[big.id].startswith("left as written: information: which MoE dispatch runs is decided when the code runs")
 
 
 # The expert-parallel form (a class of code: experts sharded over ranks): the loop indexes the rank's experts
