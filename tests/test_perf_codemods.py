@@ -434,6 +434,12 @@ def test_moe_config_finding_names_the_path_the_full_size_config_takes(tmp_path: 
             "above R = 4") in big.message
     assert "a --shrink run (4 experts, top-2) takes the dense path instead" in big.message
     assert "8 experts, top-2: the dense path runs (4.0x the routed experts' FLOPs, within R = 4" in small.message
+    # The same pair at the top level too (as some releases repeat the language config there): one finding,
+    # at the top-level key's line.
+    (sub / "config.json").write_text('{"language_config": {"num_local_experts": 8, "top_k": 2},\n'
+                                     ' "num_local_experts": 8,\n "top_k": 2}')
+    big, small = cost_findings()
+    assert small.line == 2 and "`num_local_experts`" in small.message
     monkeypatch.setenv("NPUPORT_MOE_DENSE_MAX_RATIO", "11")
     big, small = cost_findings()
     assert "64 experts, top-6: the dense path runs (10.7x" in big.message and "--shrink" not in big.message

@@ -176,6 +176,42 @@ def _outermost_range_loop(ctx: ModuleContext, loop: cst.For, idx: set[str]) -> c
     return best
 
 
+_JSON_STRING = re.compile(r'"(?:[^"\\\n]|\\.)*"')
+_JSON_COLON = re.compile(r"\s*:")
+
+
+def _json_key_line(text: str, path: str) -> int:
+    """The line of the key at dotted path ("language_config.n_routed_experts") in JSON text; 1 if not found."""
+    stack: list[str] = []  # the key path of each open object or array ("" for the top level)
+    last = ""  # the last key read in the innermost open object
+    i, line = 0, 1
+    while i < len(text):
+        c = text[i]
+        if c == '"':
+            m = _JSON_STRING.match(text, i)
+            if m is None:
+                return 1
+            i = m.end()
+            if _JSON_COLON.match(text, i):  # a key
+                last = json.loads(m.group(0))
+                full = f"{stack[-1]}.{last}" if stack and stack[-1] else last
+                if full == path:
+                    return line
+            continue
+        if c == "\n":
+            line += 1
+        elif c in "{[":
+            parent = stack[-1] if stack else ""
+            stack.append((f"{parent}.{last}" if parent else last) if last else parent)
+            last = ""
+        elif c in "}]":
+            if stack:
+                stack.pop()
+            last = ""
+        i += 1
+    return 1
+
+
 def _h6_config(tf: TextFile) -> list[Finding]:
     """A model config with routed experts: which path moe-dense-dispatch's guard takes at its sizes."""
     if tf.kind != "model-config":
@@ -187,10 +223,10 @@ def _h6_config(tf: TextFile) -> list[Finding]:
     if not isinstance(config, dict):
         return []
     out = []
+    lines = tf.text.splitlines()
     for key, what in moe_config_notes(config, settings().moe_dense_max_ratio):
-        m = re.search(rf'"{re.escape(key.rsplit(".", 1)[-1])}"\s*:', tf.text)
-        line = tf.text.count("\n", 0, m.start()) + 1 if m else 1
-        snippet = tf.text.splitlines()[line - 1].strip() if m else ""
+        line = _json_key_line(tf.text, key)
+        snippet = lines[line - 1].strip() if 0 < line <= len(lines) else ""
         out.append(tf.finding("H6", "moe-dispatch-cost", line, 0, snippet,
                               f"MoE config `{key}`, where moe-dense-dispatch rewrites an expert loop (guarded: dense "
                               f"when experts <= R x top-k, else the original loop): {what}", SLOWS, LOW))
