@@ -33,11 +33,14 @@ def _md_escape(text: str) -> str:
     return text.replace("|", "\\|").replace("\n", " ")
 
 
-def _left_as_written(hazard: str) -> str:
-    """Why a finding can stay as written: its hazard rule's wording (the report names the message too)."""
+def _left_as_written(hazard: str, finding_rule: str = "") -> str:
+    """Why a finding can stay as written: its hazard rule's wording (the report names the message too); a
+    finding that is information only (the rule's report_only_rules) says so in its own words."""
     from agents.rules.registry import active
 
     rule = active().get(hazard)
+    if rule is not None and finding_rule in rule.report_only_rules and rule.manual.get(finding_rule):
+        return rule.manual[finding_rule]
     return (rule.left_as_written if rule else "") or "no recipe changes it"
 
 
@@ -95,7 +98,7 @@ def finding_resolutions(findings: list[dict[str, Any]], patches: list[dict[str, 
             why = _declined_reason(patches, f) or "it does not recognise the code at this site"
             out[f["id"]] = f"NOT changed: the planned codemod {codemod} changed nothing here: {why}{tail}"
         else:
-            out[f["id"]] = f"left as written: {_left_as_written(f['hazard'])}{tail}"
+            out[f["id"]] = f"left as written: {_left_as_written(f['hazard'], f['rule'])}{tail}"
     return out
 
 

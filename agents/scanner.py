@@ -26,7 +26,7 @@ from agents.rules.registry import active
 SKIP_DIRS = {".git", ".hg", ".svn", "__pycache__", ".venv", "venv", "env", ".tox", ".nox", "node_modules",
              "site-packages", ".mypy_cache", ".pytest_cache", ".ruff_cache", ".ipynb_checkpoints", ".eggs"}
 MAX_FILE_BYTES = 2_000_000
-DEFAULT_INCLUDE = ["*.py", "requirements*.txt", "README*.md", "*.sh", "*.cu", "*.cuh"]
+DEFAULT_INCLUDE = ["*.py", "requirements*.txt", "README*.md", "*.sh", "*.cu", "*.cuh", "config.json"]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -116,7 +116,7 @@ def scan_tree(root: Path, *, include: list[str] | None = None, registry: Registr
     """Scan every Python (and requirements / README / shell) file under root.
 
     include: glob patterns matched against the posix path relative to root and against the
-    file name; default: Python, requirements*.txt, README*.md, *.sh and CUDA sources.
+    file name; default: Python, requirements*.txt, README*.md, *.sh, CUDA sources and config.json.
     """
     reg = registry or active()
     root = Path(root)
@@ -146,6 +146,8 @@ def scan_tree(root: Path, *, include: list[str] | None = None, registry: Registr
                 findings.extend(_scan_text(TextFile(rel, path.name, text, reg, kind="setup.py")))
         elif path.suffix in (".cu", ".cuh"):
             findings.extend(_scan_text(TextFile(rel, path.name, text, reg, kind="cuda-source")))
+        elif path.name == "config.json":  # a model config: sizes (H6's MoE dispatch cost)
+            findings.extend(_scan_text(TextFile(rel, path.name, text, reg, kind="model-config")))
         else:
             findings.extend(_scan_text(TextFile(rel, path.name, text, reg)))
     result.findings = _dedupe_sorted(findings)

@@ -77,6 +77,10 @@ class Settings(BaseSettings):
     """A vllm-ascend source tree for the ascend-sim fidelity audit (else its committed name list)."""
     profile: bool = True
     """0: no decode profile in the sandbox runs (the baseline of bench/profile_overhead.py)."""
+    moe_dense_max_ratio: float = Field(default=4.0, gt=0)
+    """moe-dense-dispatch runs every expert on every token only when experts <= this x top-k (at most this many
+    times the routed experts' FLOPs); otherwise the original host-synced loop runs. The patched code reads it
+    when it runs (sandbox runs and the bundle)."""
     tune_trials: int | None = Field(default=None, ge=1)
     """Default tuning trials when the request names none (else 12)."""
     tune_time_s: float | None = Field(default=None, gt=0)

@@ -43,6 +43,7 @@ _KEEP = {
     "OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE",
     "ASCEND_HOME_PATH", "ASCEND_TOOLKIT_HOME", "ASCEND_OPP_PATH", "ASCEND_AICPU_PATH",
     "LD_LIBRARY_PATH", "ASCEND_RT_VISIBLE_DEVICES", "NPUPORT_HOME",
+    "NPUPORT_MOE_DENSE_MAX_RATIO",  # read by moe-dense-dispatch's patched code when it runs
 }
 MAX_OUTPUT_BYTES = 1024 * 1024  # per stream; the rest is dropped and the result says so
 DRAIN_AFTER_EXIT_S = 1.0  # how long pipes are read after the command exits (a grandchild may hold them)

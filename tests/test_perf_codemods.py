@@ -7,6 +7,7 @@ from __future__ import annotations
 import re
 import textwrap
 import types
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -307,24 +308,145 @@ def _route(tokens: int, n: int, k: int, seed: int) -> tuple[torch.Tensor, torch.
     return x, idx, w
 
 
-@pytest.mark.parametrize("src,order", [(MOE_INDEX_ADD, "expert"), (MOE_SORTED, "slot")])
-@pytest.mark.meaning("moe-dense-dispatch")
-def test_moe_dense_dispatch_matches_and_has_no_host_syncs(src: str, order: str) -> None:
-    new = _rewrite(moe_dense_dispatch, src)
+# The counts-list form: the loop runs over per-expert counts (a list from .tolist(), not named after experts)
+# and calls self.experts[e] in its body.
+MOE_COUNTS = MOE_SORTED.replace(
+    "        tokens_per_expert = tokens_per_expert.cpu().numpy()\n",
+    "        counts = tokens_per_expert.tolist()\n").replace(
+    "for i, num_tokens in enumerate(tokens_per_expert):", "for i, num_tokens in enumerate(counts):")
+
+
+def _guarded_branch(new: str) -> str:
+    """The dense branch the rewrite puts before the original body of moe_infer."""
     body = new.split("def moe_infer", 1)[1]
-    for sync in (".item()", ".cpu()", ".numpy()"):
-        assert sync not in body
-    assert not re.search(r"^\s+for ", body, re.M)
-    assert f'"{order}"' in body
+    head, call = body.split("return _npuport_moe_dense(", 1)
+    return head + call.split("\n", 1)[0]
+
+
+def _counted(mod: torch.nn.Module) -> list[int]:
+    """Rows each expert call sees, in call order (a forward hook on every expert)."""
+    rows: list[int] = []
+    for e in mod.experts:
+        e.register_forward_hook(lambda _m, args, _out: rows.append(int(args[0].shape[0])))
+    return rows
+
+
+# (experts, top-k, tokens): with the default R = 4, dense runs when experts <= 4 * top-k.
+DENSE_SIDE = [(4, 2, 7), (5, 3, 12), (8, 2, 5)]  # 8 == 4 * 2: the bound itself is dense
+ORIGINAL_SIDE = [(6, 1, 3), (9, 2, 6), (16, 2, 9)]
+
+
+@pytest.mark.parametrize("src,order", [(MOE_INDEX_ADD, "expert"), (MOE_SORTED, "slot"), (MOE_COUNTS, "slot")])
+@pytest.mark.meaning("moe-dense-dispatch")
+def test_moe_dense_dispatch_matches_on_both_sides_of_the_cost_guard(src: str, order: str,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("NPUPORT_MOE_DENSE_MAX_RATIO", raising=False)
+    result = moe_dense_dispatch(src)
+    assert result.changed
+    assert "dense when experts <= R x top-k" in result.edits[0]
+    assert "otherwise the original host-synced loop runs" in result.edits[0]
+    new = result.source
+    dense = _guarded_branch(new)
+    assert "len(self.experts) <= _npuport_moe_dense_ratio() * " in dense
+    for sync in (".item()", ".cpu()", ".numpy()", ".tolist()"):
+        assert sync not in dense
+    assert not re.search(r"^\s+for ", dense, re.M)
+    assert f'"{order}"' in dense
     old_mod, new_mod = _load(src)["MoE"], _load(new)["MoE"]
-    for n, k, tokens in [(4, 2, 7), (6, 1, 3), (5, 3, 12)]:
+    for n, k, tokens in DENSE_SIDE + ORIGINAL_SIDE:
         torch.manual_seed(0)
         a = old_mod(n, 16, k).eval()
         b = new_mod(n, 16, k).eval()
         b.load_state_dict(a.state_dict())
+        rows = _counted(b)
         x, idx, w = _route(tokens, n, k, seed=n + k)
         with torch.no_grad():
             torch.testing.assert_close(b.moe_infer(x, idx, w), a.moe_infer(x, idx, w), rtol=1e-6, atol=1e-6)
+        if (n, k, tokens) in DENSE_SIDE:  # every expert once, on every token
+            assert rows == [tokens] * n
+        else:  # the original loop: only the routed experts, on their tokens (tokens * k rows in all)
+            assert sum(rows) == tokens * k and len(rows) == len(set(idx.flatten().tolist()))
+
+
+@pytest.mark.meaning("moe-dense-dispatch")
+def test_moe_dense_ratio_is_read_when_the_patched_code_runs(monkeypatch: pytest.MonkeyPatch) -> None:
+    new = _rewrite(moe_dense_dispatch, MOE_SORTED)
+    old_mod, new_mod = _load(MOE_SORTED)["MoE"], _load(new)["MoE"]
+    n, k, tokens = 16, 2, 9  # ratio 8: the original by default
+    torch.manual_seed(0)
+    a, b = old_mod(n, 16, k).eval(), new_mod(n, 16, k).eval()
+    b.load_state_dict(a.state_dict())
+    rows = _counted(b)
+    x, idx, w = _route(tokens, n, k, seed=5)
+    for ratio, dense in [("8", True), ("7.5", False), ("not-a-number", False)]:
+        monkeypatch.setenv("NPUPORT_MOE_DENSE_MAX_RATIO", ratio)
+        rows.clear()
+        with torch.no_grad():
+            torch.testing.assert_close(b.moe_infer(x, idx, w), a.moe_infer(x, idx, w), rtol=1e-6, atol=1e-6)
+        assert (rows == [tokens] * n) is dense, ratio
+
+
+def test_moe_loop_over_counts_is_found_and_a_capacity_cap_is_left_with_the_reason() -> None:
+    from agents.scanner import scan_source
+
+    loops = [f for f in scan_source(MOE_COUNTS, "moe.py") if f.rule == "per-expert-loop"]
+    assert len(loops) == 1 and loops[0].fixable and loops[0].snippet == "for i, num_tokens in enumerate(counts):"
+    capped = MOE_COUNTS.replace("outputs.append(expert(sorted_tokens[start_idx:end_idx]))",
+                                "outputs.append(expert(sorted_tokens[start_idx:min(end_idx, start_idx + 4)]))")
+    result = moe_dense_dispatch(capped)
+    assert not result.changed
+    assert "caps the tokens each expert takes (`min(end_idx, start_idx + 4)`)" in result.skipped[0]
+    (loop,) = [f for f in scan_source(capped, "moe.py") if f.rule == "per-expert-loop"]
+    assert not loop.fixable and "caps the tokens" in loop.message
+    # A loop over something else that does not call self.<experts>[i] is not an expert loop.
+    plain = "class M:\n    def f(self, xs):\n        for i, n in enumerate(xs):\n            self.layers[i](n)\n"
+    assert not [f for f in scan_source(plain, "m.py") if f.rule == "per-expert-loop"]
+
+
+def test_moe_config_finding_names_the_path_the_full_size_config_takes(tmp_path: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    import json
+
+    from agents.report import finding_resolutions
+    from agents.rules.registry import active
+    from agents.scanner import scan_tree
+
+    monkeypatch.delenv("NPUPORT_MOE_DENSE_MAX_RATIO", raising=False)
+    # The shapes of a multimodal MoE config: the counts in a nested language sub-config.
+    (tmp_path / "config.json").write_text(json.dumps(
+        {"model_type": "vl", "vision_config": {"width": 768, "layers": 12},
+         "language_config": {"hidden_size": 1280, "n_routed_experts": 64, "num_experts_per_tok": 6}}, indent=1))
+    sub = tmp_path / "small"
+    sub.mkdir()
+    (sub / "config.json").write_text(json.dumps({"num_local_experts": 8, "top_k": 2, "d_model": 32}))
+    (tmp_path / "other.json").write_text(json.dumps({"num_experts": 64, "moe_top_k": 2}))  # not a config.json
+
+    def cost_findings() -> list[Finding]:
+        return [f for f in scan_tree(tmp_path).findings if f.rule == "moe-dispatch-cost"]
+
+    big, small = cost_findings()
+    assert (big.file, small.file) == ("config.json", "small/config.json")
+    key_line = next(i for i, ln in enumerate((tmp_path / "config.json").read_text().splitlines(), 1)
+                    if '"n_routed_experts"' in ln)
+    assert big.line == key_line and big.snippet == '"n_routed_experts": 64,' and not big.fixable
+    assert "`language_config.n_routed_experts`" in big.message
+    assert ("64 experts, top-6: the original host-synced loop runs (dense would be 10.7x the routed experts' FLOPs, "
+            "above R = 4") in big.message
+    assert "a --shrink run (4 experts, top-2) takes the dense path instead" in big.message
+    assert "8 experts, top-2: the dense path runs (4.0x the routed experts' FLOPs, within R = 4" in small.message
+    # The same pair at the top level too (as some releases repeat the language config there): one finding,
+    # at the top-level key's line.
+    (sub / "config.json").write_text('{"language_config": {"num_local_experts": 8, "top_k": 2},\n'
+                                     ' "num_local_experts": 8,\n "top_k": 2}')
+    big, small = cost_findings()
+    assert small.line == 2 and "`num_local_experts`" in small.message
+    monkeypatch.setenv("NPUPORT_MOE_DENSE_MAX_RATIO", "11")
+    big, small = cost_findings()
+    assert "64 experts, top-6: the dense path runs (10.7x" in big.message and "--shrink" not in big.message
+    # Information for the person: never handed to a patcher, and the report says it is information.
+    assert active().get("H6").reports_only("moe-dispatch-cost")  # type: ignore[union-attr]
+    res = finding_resolutions([big.model_dump(mode="json")], [], "validated")
+    assert res[big.id].startswith("left as written: information: which MoE dispatch runs is decided when the code runs")
 
 
 # The expert-parallel form (a class of code: experts sharded over ranks): the loop indexes the rank's experts
@@ -376,7 +498,8 @@ class MoE(nn.Module):
 def test_moe_offset_indexed_expert_parallel_loop_is_rewritten_under_a_guard() -> None:
     result = moe_dense_dispatch(MOE_EP)
     assert result.changed
-    assert "guarded by `not (self.world > 1) and (self.rank * self.per_rank) == 0" in result.edits[0]
+    assert "guarded by `not (self.world > 1) and (self.rank * self.per_rank) == 0 and None not in self.experts " \
+           "and len(self.experts) <= _npuport_moe_dense_ratio() * topk_ids.shape[-1]`" in result.edits[0]
     new = result.source
     guard = new.split("def moe_infer", 1)[1].split("cnts =", 1)[0]
     assert "return _npuport_moe_dense(self.experts, x, topk_ids, topk_weight, \"slot\")" in guard

@@ -96,7 +96,9 @@ def test_moe_findings_are_fixed_only_where_the_rewrite_reached() -> None:
     for f in findings:
         if f["fixable"]:
             assert res[f["id"]].startswith("fixed by patch-1"), res[f["id"]]
-            assert "dense dispatch" in res[f["id"]]  # the report says what the rewrite did
+            assert "dense dispatch" in res[f["id"]]  # the report says what the rewrite did, and its cost bound
+            assert "dense when experts <= R x top-k" in res[f["id"]]
+            assert "otherwise the original host-synced loop runs" in res[f["id"]]
         else:
             assert res[f["id"]].startswith("left as written"), res[f["id"]]
 

@@ -616,7 +616,7 @@ class HybridPolicy:
         covered = {fid for a in actions for fid in a.finding_ids}
         rules = active()
         left = [f for f in findings if f.id not in covered and not f.fixable
-                and not getattr(rules.get(f.hazard), "report_only", False)]
+                and not ((r := rules.get(f.hazard)) is not None and r.reports_only(f.rule))]
         if not left or not self.llm_available:
             return actions
         extra = self.llm.plan_fixes(left, fallback=False)

@@ -77,6 +77,11 @@ class HazardRule:
     # Findings are information for the person (e.g. sizes fixed in code, for --shrink), never a patch: not
     # even the LLM patcher is asked to change them.
     report_only: bool = False
+    report_only_rules: frozenset[str] = frozenset()  # the same for these finding rule ids only
+
+    def reports_only(self, rule: str) -> bool:
+        """Whether findings of this rule id are information for the person, never a patch."""
+        return self.report_only or rule in self.report_only_rules
 
     @property
     def topic(self) -> str:

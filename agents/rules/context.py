@@ -301,7 +301,7 @@ class TextFile:
     name: str
     text: str
     registry: Registry
-    kind: str = "text"  # "text" | "setup.py" | "cuda-source"
+    kind: str = "text"  # "text" | "setup.py" | "cuda-source" | "model-config" (config.json)
 
     def finding(self, hazard: str, rule: str, lineno: int, col: int, snippet: str, message: str,
                 category: HazardCategory, severity: Severity) -> Finding:

@@ -5,8 +5,12 @@ errors it explains and its knowledge-base topic (see docs/rules.md)."""
 
 from __future__ import annotations
 
+import json
+import re
+
 import libcst as cst
 
+from agents.models import Finding
 from agents.rules.base import (
     HIGH,
     LOW,
@@ -15,14 +19,15 @@ from agents.rules.base import (
     Fix,
     HazardRule,
 )
-from agents.rules.context import ModuleContext
+from agents.rules.context import ModuleContext, TextFile
 from agents.rules.cst_helpers import (
     dotted,
     last_name,
     walk_nodes,
 )
 from agents.rules.h6_codemods import vectorise_mask_loops
-from agents.rules.h6_moe import MoePlan, moe_dense_dispatch, moe_plan
+from agents.rules.h6_moe import MoePlan, expert_loop_var, moe_config_notes, moe_dense_dispatch, moe_plan
+from knowledge.settings import settings
 
 # H6: host-sync method calls -> (rule, note)
 SYNC_METHODS: dict[str, tuple[str, str]] = {
@@ -111,8 +116,8 @@ def _range_loop_vars(loop: cst.For) -> set[str]:
 def _h6_loop(ctx: ModuleContext, loop: cst.For) -> None:
     hot = ctx.in_hot_path(loop)
     where = f" in {hot}()" if hot else ""
-    iter_code = ctx.code(loop.iter)
-    if "expert" in iter_code.lower():
+    # over experts, or over per-expert counts (a tensor or list) with self.<experts>[i] called in the body
+    if "expert" in ctx.code(loop.iter).lower() or expert_loop_var(loop) is not None:
         fixable, why = _moe_fixable(ctx, loop)
         training = next((a for a, child in ctx.ancestors(loop) if isinstance(a, cst.If) and child is not a.test
                          and "training" in ctx.code(a.test)), None)
@@ -171,10 +176,68 @@ def _outermost_range_loop(ctx: ModuleContext, loop: cst.For, idx: set[str]) -> c
     return best
 
 
+_JSON_STRING = re.compile(r'"(?:[^"\\\n]|\\.)*"')
+_JSON_COLON = re.compile(r"\s*:")
+
+
+def _json_key_line(text: str, path: str) -> int:
+    """The line of the key at dotted path ("language_config.n_routed_experts") in JSON text; 1 if not found."""
+    stack: list[str] = []  # the key path of each open object or array ("" for the top level)
+    last = ""  # the last key read in the innermost open object
+    i, line = 0, 1
+    while i < len(text):
+        c = text[i]
+        if c == '"':
+            m = _JSON_STRING.match(text, i)
+            if m is None:
+                return 1
+            i = m.end()
+            if _JSON_COLON.match(text, i):  # a key
+                last = json.loads(m.group(0))
+                full = f"{stack[-1]}.{last}" if stack and stack[-1] else last
+                if full == path:
+                    return line
+            continue
+        if c == "\n":
+            line += 1
+        elif c in "{[":
+            parent = stack[-1] if stack else ""
+            stack.append((f"{parent}.{last}" if parent else last) if last else parent)
+            last = ""
+        elif c in "}]":
+            if stack:
+                stack.pop()
+            last = ""
+        i += 1
+    return 1
+
+
+def _h6_config(tf: TextFile) -> list[Finding]:
+    """A model config with routed experts: which path moe-dense-dispatch's guard takes at its sizes."""
+    if tf.kind != "model-config":
+        return []
+    try:
+        config = json.loads(tf.text)
+    except ValueError:
+        return []
+    if not isinstance(config, dict):
+        return []
+    out = []
+    lines = tf.text.splitlines()
+    for key, what in moe_config_notes(config, settings().moe_dense_max_ratio):
+        line = _json_key_line(tf.text, key)
+        snippet = lines[line - 1].strip() if 0 < line <= len(lines) else ""
+        out.append(tf.finding("H6", "moe-dispatch-cost", line, 0, snippet,
+                              f"MoE config `{key}`, where moe-dense-dispatch rewrites an expert loop (guarded: dense "
+                              f"when experts <= R x top-k, else the original loop): {what}", SLOWS, LOW))
+    return out
+
+
 RULE = HazardRule(
     hazard="H6",
     title="Host syncs and Python loops in the hot path",
     detect=_h6_host_sync,
+    detect_text=_h6_config,
     fixes=(
         Fix("vectorise-mask-loops", vectorise_mask_loops,
             "element-wise tensor fill loops -> vectorised masked_fill_", frozenset({"elementwise-loop"}), order=60),
@@ -184,7 +247,10 @@ RULE = HazardRule(
     manual={
         "tolist-sync": "copying to the host is usually the point of .tolist(); moving it out of the loop is a design change",
         "dynamic-shape-sync": "a data-dependent output size needs a static-shape rewrite of the algorithm",
+        "moe-dispatch-cost": "information: which MoE dispatch runs is decided when the code runs, from the expert "
+                             "count and top-k (NPUPORT_MOE_DENSE_MAX_RATIO); nothing in the config changes",
     },
+    report_only_rules=frozenset({"moe-dispatch-cost"}),
     kb_topic="recipe:H6",
     recipe="knowledge/recipes/H6.md",
     left_as_written="a performance issue (host syncs / Python loops); the port is correct with it",
