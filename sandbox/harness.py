@@ -273,7 +273,7 @@ def build_model(cls: Any, config: dict[str, Any], model_dir: Path) -> Any:
 
 
 def model_inputs_for(model: Any, manifest: dict[str, Any], model_dir: Path, config: dict[str, Any], seed: int,
-            run_kwargs: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
+                     run_kwargs: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
     """(inputs, generate kwargs the inputs' source passed, {source, notes}): the manifest's inputs
     function, else the model's own preprocessing path, else inputs synthesised from the signature."""
     from sandbox.model_inputs import PreprocessingFailed, capture_preprocessed_inputs, synthesise_inputs

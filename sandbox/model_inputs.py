@@ -328,27 +328,28 @@ def capture_preprocessed_inputs(model: Any, method_name: str, model_dir: Path, c
         return processor_inputs(model, model_dir, config, seed)
     fn = preprocessing_method(model, method_name)
     tokenizer, how = load_tokenizer(model_dir, config)
-    workdir = Path(tempfile.mkdtemp(prefix="npuport-preprocess-"))
-    call = preprocessing_arguments(fn, tokenizer, config, seed, workdir, max_new_tokens)
     original_generate = getattr(model, "generate", None)
 
     def intercept(*args: Any, **kwargs: Any) -> Any:
         raise _GenerateCalled(args, kwargs)
 
-    model.generate = intercept  # an instance attribute shadows the class's method for self.generate(...)
-    model.forward = intercept  # a path that calls self(...) instead
     captured: _GenerateCalled | None = None
-    try:
-        with torch.no_grad():
-            fn(**call)
-    except _GenerateCalled as got:
-        captured = got
-    except Exception as exc:
-        raise PreprocessingFailed(f"{method_name}() failed before calling generate: {type(exc).__name__}: "
-                                  f"{str(exc).splitlines()[0] if str(exc) else ''}") from exc
-    finally:
-        del model.generate
-        del model.forward
+    # the test image and the method's output folder live only for the call: the captured tensors are in memory
+    with tempfile.TemporaryDirectory(prefix="npuport-preprocess-") as tmp:
+        call = preprocessing_arguments(fn, tokenizer, config, seed, Path(tmp), max_new_tokens)
+        model.generate = intercept  # an instance attribute shadows the class's method for self.generate(...)
+        model.forward = intercept  # a path that calls self(...) instead
+        try:
+            with torch.no_grad():
+                fn(**call)
+        except _GenerateCalled as got:
+            captured = got
+        except Exception as exc:
+            raise PreprocessingFailed(f"{method_name}() failed before calling generate: {type(exc).__name__}: "
+                                      f"{str(exc).splitlines()[0] if str(exc) else ''}") from exc
+        finally:
+            del model.generate
+            del model.forward
     if captured is None:
         raise PreprocessingFailed(f"{method_name}() returned without calling generate or forward")
     target = original_generate if original_generate is not None else model.forward

@@ -199,8 +199,12 @@ def test_captured_inputs_are_what_the_preprocessing_path_built() -> None:
 
     from sandbox.model_inputs import capture_preprocessed_inputs
 
+    import tempfile
+
+    scratch = set(Path(tempfile.gettempdir()).glob("npuport-preprocess-*"))
     model, config = _tiled_model()
     inputs, kwargs, notes = capture_preprocessed_inputs(model, "infer", TILED, config, seed=1, max_new_tokens=5)
+    assert set(Path(tempfile.gettempdir()).glob("npuport-preprocess-*")) == scratch  # the test image is gone
     ids, mask = inputs["input_ids"], inputs["images_seq_mask"]
     assert ids.shape == mask.shape and int(mask.sum()) == 16 and ids[mask].eq(3).all()  # its image token
     (tiles, global_view), = inputs["images"]
