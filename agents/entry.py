@@ -465,9 +465,15 @@ def _preprocessing_method(root: Path, cls: str, classes: dict[str, ast.ClassDef]
             if isinstance(fn, ast.FunctionDef) and fn.name in PREPROCESS_METHODS and \
                     any(a.arg == "tokenizer" for a in fn.args.args):
                 have = [f for f in TOKENIZER_FILES if (root / f).is_file()]
-                tok = (f"the folder's tokenizer ({', '.join(have)})" if have else
-                       f"a stand-in tokenizer (no {', '.join(TOKENIZER_FILES)} in the folder: character ids, the "
-                       "special tokens of tokenizer_config.json)")
+                if have:
+                    tok = f"the folder's tokenizer ({', '.join(have)})"
+                elif (root / "tokenizer_config.json").is_file():
+                    tok = ("the folder's tokenizer if AutoTokenizer loads it from tokenizer_config.json (no "
+                           f"{', '.join(TOKENIZER_FILES)}), else a stand-in tokenizer (character ids, the special "
+                           "tokens of tokenizer_config.json)")
+                else:
+                    tok = (f"a stand-in tokenizer (no {', '.join(TOKENIZER_FILES)} in the folder: character ids, "
+                           "the special tokens of tokenizer_config.json)")
                 assumptions.append(f"inputs come from the model's own preprocessing path {name}.{fn.name}(tokenizer, "
                                    f"...) ({_rel_of(root, node)}:{fn.lineno}) with {tok}, a test prompt and a test "
                                    "image: its generate call is intercepted and its arguments are the inputs "

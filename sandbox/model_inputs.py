@@ -126,16 +126,24 @@ def load_tokenizer(model_dir: Path, config: dict[str, Any]) -> tuple[Any, str]:
 
 
 def _load_tokenizer(model_dir: Path, config: dict[str, Any]) -> tuple[Any, str]:
+    """AutoTokenizer over the folder when it holds tokenizer files or a tokenizer_config.json (a custom
+    tokenizer class through auto_map with its own vocabulary file loads this way too); a stand-in when
+    there is none or it does not load here, with the reason."""
     have = has_tokenizer_files(model_dir)
-    if have:
-        from transformers import AutoTokenizer
+    why = f"no {', '.join(TOKENIZER_FILES)} or tokenizer_config.json in the folder"
+    if have or (Path(model_dir) / "tokenizer_config.json").is_file():
+        try:
+            from transformers import AutoTokenizer
 
-        return AutoTokenizer.from_pretrained(str(model_dir), trust_remote_code=True), \
-            f"the folder's tokenizer ({', '.join(have)})"
+            tok = AutoTokenizer.from_pretrained(str(model_dir), trust_remote_code=True, local_files_only=True)
+            return tok, f"the folder's tokenizer ({', '.join(have) or 'tokenizer_config.json'}, {type(tok).__name__})"
+        except Exception as exc:  # a missing vocabulary file, a tokenizer class this transformers lacks, ...
+            first = str(exc).splitlines()[0][:160] if str(exc) else ""
+            why = f"the folder's tokenizer does not load here ({type(exc).__name__}: {first})"
     return stand_in_tokenizer(model_dir, config), (
-        f"a stand-in tokenizer (no {', '.join(TOKENIZER_FILES)} in the folder): character ids within the "
-        "vocabulary, the special tokens of tokenizer_config.json; the text differs from the real tokenizer's, "
-        "the structure built around it is the model's own")
+        f"a stand-in tokenizer ({why}): character ids within the vocabulary, the special tokens of "
+        "tokenizer_config.json; the text differs from the real tokenizer's, the structure built around it is "
+        "the model's own")
 
 
 def _special_tokens(model_dir: Path) -> tuple[dict[str, int], dict[str, str]]:

@@ -195,11 +195,11 @@ def _tiled_model() -> tuple[object, dict]:  # type: ignore[type-arg]
 
 
 def test_captured_inputs_are_what_the_preprocessing_path_built() -> None:
+    import tempfile
+
     import torch
 
     from sandbox.model_inputs import capture_preprocessed_inputs
-
-    import tempfile
 
     scratch = set(Path(tempfile.gettempdir()).glob("npuport-preprocess-*"))
     model, config = _tiled_model()
@@ -242,7 +242,7 @@ def test_the_folders_own_tokenizer_is_used_when_present(tmp_path: Path) -> None:
     inputs, _, notes = capture_preprocessed_inputs(model, "infer", folder, config, seed=0)
     ids = inputs["input_ids"][0][~inputs["images_seq_mask"][0]].tolist()
     assert ids == [vocab["Read"], vocab["the"], vocab["text"], vocab["in"], vocab["the"], 0], ids  # "image." unknown
-    assert "the folder's tokenizer (tokenizer.json)" in notes[0]
+    assert "the folder's tokenizer (tokenizer.json, " in notes[0], notes[0]
 
 
 def test_a_preprocessing_path_that_cannot_be_driven_falls_back_with_the_reason(tmp_path: Path) -> None:
@@ -434,3 +434,24 @@ def test_a_processor_config_without_a_tokenizer_is_named_and_inputs_synthesised(
     entry = discover_entry(folder)
     assert entry.run_preprocess is None
     assert any("no tokenizer file" in a and "cannot be loaded" in a for a in entry.assumptions)
+
+
+def test_a_tokenizer_config_whose_tokenizer_does_not_load_falls_back_to_the_stand_in_with_the_reason(
+        tmp_path: Path) -> None:
+    from sandbox import harness
+    from sandbox.model_inputs import capture_preprocessed_inputs
+
+    folder = tmp_path / "tiled"
+    shutil.copytree(TILED, folder)
+    # a custom tokenizer class through auto_map whose module is not in the folder (a vocabulary or code file
+    # the release did not ship)
+    (folder / "tokenizer_config.json").write_text(json.dumps(
+        {"tokenizer_class": "TiledTokenizer", "auto_map": {"AutoTokenizer": ["tokenization_tiled.TiledTokenizer", None]},
+         "added_tokens_decoder": {"5": {"content": "<|eot|>", "special": True}}, "eos_token": "<|eot|>"}))
+    assert any("if AutoTokenizer loads it" in a for a in discover_entry(folder).assumptions)
+    harness.register_model_package(folder)
+    config = json.loads((folder / "config.json").read_text())
+    model = harness.build_model(harness._load_attr("modeling_tiled:TiledOcrForCausalLM", folder), config, folder)
+    inputs, _, notes = capture_preprocessed_inputs(model, "infer", folder, config, seed=0)
+    assert "a stand-in tokenizer (the folder's tokenizer does not load here (" in notes[0]
+    assert int(inputs["images_seq_mask"].sum()) == 16
