@@ -24,7 +24,7 @@ from agents.rules.cst_helpers import (
     string_value,
     walk_nodes,
 )
-from agents.rules.h4_fused import _square_base, fused_rms_norm, fused_rotary_mul
+from agents.rules.h4_fused import _square_base, fused_rms_norm, fused_rms_norm_spans, fused_rotary_mul
 from agents.rules.h4_fused_attention import fused_attention
 from agents.rules.kit import CodemodResult, Rewriter, run_codemod
 
@@ -93,7 +93,7 @@ def _h4_attention(ctx: ModuleContext) -> None:
                     SLOWS, LOW)
             continue
         if rewritten is None:
-            rewritten = fused_rms_norm(ctx.source).spans
+            rewritten = fused_rms_norm_spans(ctx.module, ctx.positions)
         line = ctx.pos(site)[0]
         fixable = any(a <= line <= b for a, b in rewritten)
         ctx.add("H4", "rms-norm-opportunity", site,

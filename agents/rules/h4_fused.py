@@ -10,11 +10,12 @@ when it does not understand the code.
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import libcst as cst
 import libcst.matchers as m
+from libcst.metadata import CodeRange
 
 from agents.rules.kit import (
     CodemodResult,
@@ -27,6 +28,7 @@ from agents.rules.kit import (
     is_true,
     kwarg,
     name_uses,
+    rewrite_spans,
     run_codemod,
     single_assign,
 )
@@ -263,8 +265,11 @@ class _RmsFinder(cst.CSTTransformer):
                 if def_at is not None:
                     self.dead.add(def_at)
                 self.hits += 1
-                call = cst.parse_expression(f"_npuport_rms_norm({x.value}, {code_of(eps)})")
-                return call.with_changes(lpar=updated.lpar, rpar=updated.rpar)
+                # built as nodes, not parsed from text: a large model has one site per norm
+                return cst.Call(func=cst.Name("_npuport_rms_norm"),
+                                args=[cst.Arg(cst.Name(x.value), comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))),
+                                      cst.Arg(eps)],
+                                lpar=updated.lpar, rpar=updated.rpar)
         return updated
 
     def _mean_sq(self, e: cst.BaseExpression) -> tuple[cst.BaseExpression | None, int | None]:
@@ -283,6 +288,11 @@ class _RmsFinder(cst.CSTTransformer):
 
 def fused_rms_norm(source: str, **_: Any) -> CodemodResult:
     return run_codemod(source, lambda _m: _RmsNorm(), [(NPU_PRELUDE, NPU_MARKER), (RMS_HELPER, RMS_MARKER)])
+
+
+def fused_rms_norm_spans(module: cst.Module, positions: Mapping[cst.CSTNode, CodeRange]) -> list[tuple[int, int]]:
+    """The lines fused-rms-norm would rewrite in the scanned module (the detector's question)."""
+    return rewrite_spans(module, positions, _RmsNorm())
 
 
 # ----------------------------------------------------------------------------------------------

@@ -9,12 +9,12 @@ small helpers inserted at the top of each patched module.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import libcst as cst
 import libcst.matchers as m
-from libcst.metadata import MetadataWrapper, PositionProvider
+from libcst.metadata import CodeRange, MetadataWrapper, PositionProvider
 
 HELPER_MARKER = "# --- npuport: device-agnostic helpers"
 
@@ -445,8 +445,17 @@ def run_codemod(source: str, make: Callable[[cst.Module], Rewriter], helpers: Se
         return CodemodResult(source, False, skipped=rewriter.skipped)
     if helpers:
         new_module = insert_used_helpers(new_module, helpers)
-    return CodemodResult(new_module.code, new_module.code != source, rewriter.edits, rewriter.spans,
-                         rewriter.skipped)
+    code = new_module.code  # one codegen of the whole module (it is the costly part on a large file)
+    return CodemodResult(code, code != source, rewriter.edits, rewriter.spans, rewriter.skipped)
+
+
+def rewrite_spans(module: cst.Module, positions: Mapping[cst.CSTNode, CodeRange], rewriter: Rewriter) -> list[tuple[int, int]]:
+    """The original lines a rewriter would change in an already parsed module, given that module's
+    PositionProvider metadata (a detector's question: which sites does the fix cover). No re-parse, no
+    second position pass, no code generated: on a large model those cost seconds."""
+    rewriter.metadata = {PositionProvider: positions}  # type: ignore[dict-item]
+    module.visit(rewriter)
+    return rewriter.spans
 
 
 # ----------------------------------------------------------------------------------------------
