@@ -15,11 +15,12 @@ import sys
 import time
 import traceback
 import warnings
-import zlib
 from collections import Counter
 from pathlib import Path
 from types import ModuleType
 from typing import Any
+
+from sandbox.model_inputs import seed_parameters  # one seeding for the harness, the bench and run.py
 
 MAX_STUB_RETRIES = 8
 
@@ -83,26 +84,6 @@ def _forget_model_modules() -> None:
         f = getattr(mod, "__file__", None) or ""
         if _model_dir_str and f.startswith(_model_dir_str) and name != MODEL_PACKAGE:
             del sys.modules[name]
-
-
-def seed_parameters(model: Any, seed: int) -> None:
-    """Give every parameter values that depend only on its name and the seed, so the original and the
-    port (whose module construction order may differ) get the same weights. Each parameter keeps the
-    mean and spread of the model's own initialisation (gains, ones for norm scales, zero biases)."""
-    import torch
-
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if not p.is_floating_point() or not p.numel():
-                continue
-            g = torch.Generator().manual_seed((zlib.crc32(name.encode()) + seed) % (2**31))
-            if p.numel() > 1:
-                std_t, mean_t = torch.std_mean(p.detach().float())
-                mean, std = float(mean_t), float(std_t)
-            else:
-                mean, std = float(p.detach().float().mean()), 0.0
-            # In place, one pass: a shrunk model with a hard-coded vision tower still holds ~1e9 values.
-            p.normal_(mean, std, generator=g) if std > 0 else p.fill_(mean)
 
 
 def _frames(exc: BaseException, model_dir: Path) -> list[dict[str, Any]]:

@@ -10,8 +10,9 @@ the model's and not guessed from argument names. The tokenizer is the folder's o
 ...) when present, else a stand-in: deterministic character ids within the vocabulary that avoid the
 special ids, with the special tokens of tokenizer_config.json.
 
-Self-contained (torch, and transformers / Pillow when a preprocessing path is driven): it runs in the
-sandbox harness and ships in the bundle as ``model_inputs.py`` for run.py. It imports nothing of npuport.
+Also the weight seeding both use (seed_parameters). Self-contained (torch, and transformers / Pillow when a
+preprocessing path is driven): it runs in the sandbox harness and ships in the bundle as ``model_inputs.py``
+for run.py, so the two cannot drift apart. It imports nothing of npuport.
 """
 
 from __future__ import annotations
@@ -52,6 +53,32 @@ def nested(config: dict[str, Any], key: str) -> Any:
             if found is not None:
                 return found
     return None
+
+
+# ----------------------------------------------------------------------------------------------
+# Weights (random, per parameter name, so the original and the port get the same)
+# ----------------------------------------------------------------------------------------------
+
+def seed_parameters(model: Any, seed: int) -> None:
+    """Give every parameter values that depend only on its name and the seed, so the original and the
+    port (whose module construction order may differ) get the same weights. Each parameter keeps the
+    mean and spread of the model's own initialisation (gains, ones for norm scales, zero biases)."""
+    import zlib
+
+    import torch
+
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if not p.is_floating_point() or not p.numel():
+                continue
+            g = torch.Generator().manual_seed((zlib.crc32(name.encode()) + seed) % (2**31))
+            if p.numel() > 1:
+                std_t, mean_t = torch.std_mean(p.detach().float())
+                mean, std = float(mean_t), float(std_t)
+            else:
+                mean, std = float(p.detach().float().mean()), 0.0
+            # In place, one pass: a shrunk model with a hard-coded vision tower still holds ~1e9 values.
+            p.normal_(mean, std, generator=g) if std > 0 else p.fill_(mean)
 
 
 # ----------------------------------------------------------------------------------------------

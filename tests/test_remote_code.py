@@ -371,7 +371,7 @@ def test_run_py_seeds_and_builds_inputs_exactly_as_the_harness(tmp_path: Path) -
     ours, theirs = Vision(), Vision()
     theirs.load_state_dict(ours.state_dict())
     harness.seed_parameters(ours, 3)
-    script["seed_parameters"](theirs, 3)  # type: ignore[operator]
+    script["model_inputs"].seed_parameters(theirs, 3)  # type: ignore[attr-defined]
     assert all(torch.equal(a, b) for a, b in zip(ours.state_dict().values(), theirs.state_dict().values(), strict=True))
     a = harness.model_inputs_for(ours, {"run": {"method": "forward"}}, tmp_path, config, 5, {})[0]
     b = script["model_inputs"].synthesise_inputs(theirs, "forward", config, 5)  # type: ignore[attr-defined]

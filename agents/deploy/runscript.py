@@ -24,7 +24,6 @@ import json
 import sys
 import time
 import types
-import zlib
 from pathlib import Path
 
 import torch
@@ -88,20 +87,6 @@ def to_device(value, device, dtype):
     return value
 
 
-def seed_parameters(model, seed):
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if not p.is_floating_point() or not p.numel():
-                continue
-            g = torch.Generator().manual_seed((zlib.crc32(name.encode()) + seed) % (2**31))
-            if p.numel() > 1:
-                std_t, mean_t = torch.std_mean(p.detach().float())
-                mean, std = float(mean_t), float(std_t)
-            else:
-                mean, std = float(p.detach().float().mean()), 0.0
-            p.normal_(mean, std, generator=g) if std > 0 else p.fill_(mean)
-
-
 def main():
     ap = argparse.ArgumentParser(description="run the ported model")
     ap.add_argument("--target", default=TUNED_TARGET, choices=["cpu", "npu", "ascend-sim"])
@@ -143,7 +128,7 @@ def main():
     cls = load_attr(manifest["entry"]["class"], model_dir)
     torch.manual_seed(args.seed)
     model = build_model(cls, config, model_dir)
-    seed_parameters(model, args.seed)
+    model_inputs.seed_parameters(model, args.seed)
     if args.weights:
         model.load_state_dict(torch.load(args.weights, map_location="cpu"))
     model.eval().to(getattr(torch, args.dtype)).to(device)
