@@ -49,7 +49,10 @@ from agents.env_pins import (  # noqa: F401  (re-exported)
 from agents.env_torch import COMPANIONS, TorchPair, choose_pair
 from agents.env_torch import minor_of as _minor
 from agents.env_torch import release_of as _release
-from knowledge.errors import EnvBuildError  # noqa: F401  (re-exported)
+from knowledge.errors import (
+    EnvBuildError,  # noqa: F401  (re-exported)
+    first_line,
+)
 from sandbox.targets import TARGETS
 
 COMPAT_PATH = Path(__file__).with_name("data") / "compat.yaml"
@@ -683,7 +686,7 @@ def native_for(target: Any, python: str) -> Any:
     try:
         engine, lib, why = choose_engine("auto", log=_stderr_log, python=python)
     except (NativeUnavailable, ValueError) as exc:
-        engine, lib, why = "python", None, f"native engine unavailable ({str(exc).splitlines()[0]}); python engine"
+        engine, lib, why = "python", None, f"native engine unavailable ({first_line(exc)}); python engine"
     if lib == target.options.get("native_lib"):
         return target
     options = {**target.options, "engine": engine, "native_lib": lib, "engine_note": f"{why} (for {python})"}

@@ -21,6 +21,7 @@ from agents.models import Finding
 from agents.rules.base import Registry
 from agents.rules.context import ModuleContext, TextFile
 from agents.rules.registry import active
+from knowledge.errors import SourceSyntaxError
 
 # Directories never scanned; files we read as text (not Python).
 SKIP_DIRS = {".git", ".hg", ".svn", "__pycache__", ".venv", "venv", "env", ".tox", ".nox", "node_modules",
@@ -71,16 +72,6 @@ class ScanResult(BaseModel):
         """Findings outside test files."""
         tests = set(self.test_files)
         return [f for f in self.findings if f.file not in tests]
-
-
-class SourceSyntaxError(ValueError):
-    """scan_source on text that does not parse (scan_tree reports these as ParseError)."""
-
-    def __init__(self, file: str, line: int, col: int, message: str) -> None:
-        super().__init__(f"{file}:{line}: {message}")
-        self.error = ParseError(file=file, line=line, col=col, message=message)
-
-
 
 
 # ----------------------------------------------------------------------------------------------
@@ -141,7 +132,7 @@ def scan_tree(root: Path, *, include: list[str] | None = None, registry: Registr
             try:
                 findings.extend(scan_source(text, rel, reg))
             except SourceSyntaxError as exc:
-                result.parse_errors.append(exc.error)
+                result.parse_errors.append(ParseError(file=exc.file, line=exc.line, col=exc.col, message=exc.message))
             if path.name == "setup.py":
                 findings.extend(_scan_text(TextFile(rel, path.name, text, reg, kind="setup.py")))
         elif path.suffix in (".cu", ".cuh"):

@@ -12,6 +12,8 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
+from knowledge.errors import exit_code
+
 STYLE = {"queued": "dim", "running": "cyan", "validated": "bold green", "failed": "bold red"}
 
 
@@ -44,7 +46,7 @@ def run_batch_cli(manifest: Path, overrides: dict[str, Any], *, executor: str, r
         resolved = load_manifest(manifest, overrides)
     except BatchManifestError as exc:
         err.print(f"[bold red]error:[/] invalid batch manifest:\n{escape(str(exc))}")
-        return 2
+        return exit_code(exc)
     console.print(f"[bold]npuport batch[/] {resolved.name}: {len(resolved.ports)} models (batch {resolved.batch_id})")
     live = Live(console=console, refresh_per_second=2, transient=False) if console.is_terminal else None
 
@@ -60,7 +62,7 @@ def run_batch_cli(manifest: Path, overrides: dict[str, Any], *, executor: str, r
         result = run_batch(resolved, opts)
     except (ExecutorError, BatchBusy) as exc:
         err.print(f"[bold red]error:[/] {escape(str(exc))}")
-        return 2
+        return exit_code(exc)
     finally:
         if live is not None:
             live.stop()

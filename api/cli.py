@@ -28,7 +28,7 @@ from rich.text import Text
 
 from api.cli_inputs import clear_out_dir, goal_problem, model_folder_problem, out_dir_problem
 from api.cli_live import LiveStatus, fmt_params
-from knowledge.errors import first_line
+from knowledge.errors import exit_code, first_line
 from sandbox.targets import chip_names, target_names
 
 EXIT_OK, EXIT_NOT_VALIDATED, EXIT_BAD_INPUT, EXIT_INTERNAL = 0, 1, 2, 3
@@ -124,7 +124,8 @@ def _isolation_fallback() -> None:
 
 
 def run_port_cli(request: dict[str, Any], goal: str = "") -> int:
-    """Run one port with the live display; returns the exit code (0, 1 or 3)."""
+    """Run one port with the live display; returns the exit code: 0 validated, else the failure's kind
+    (knowledge/errors.py: 2 a user's error, 3 a bug or a broken host) or 1 (not validated)."""
     from agents.request import new_run_id
     from graph.runner import run_port
 
@@ -161,7 +162,8 @@ def run_port_cli(request: dict[str, Any], goal: str = "") -> int:
         console.print(f"[bold green]{verdict('validated', state.get('perf'))}[/]: {state.get('reason')}")
         return EXIT_OK
     err.print(f"[bold red]not ported:[/] {state.get('reason', 'unknown reason')}")
-    return EXIT_NOT_VALIDATED
+    failure = state.get("failure") or {}
+    return exit_code(failure["kind"]) if failure.get("kind") else EXIT_NOT_VALIDATED
 
 
 def _checked_out_dir(out: Path | None, model: Path, force: bool) -> Path:
@@ -337,9 +339,9 @@ def ops(
     try:
         inv = op_inventory(model, target=target, chip=chip, torch_npu=torch_npu, strict=strict)
     except EntryNotFound as exc:
-        raise _fail(f"cannot find how to run the model: {exc}", 1) from exc
+        raise _fail(f"cannot find how to run the model: {exc}", exit_code(exc)) from exc
     except TargetError as exc:
-        raise _fail(str(exc), 2) from exc
+        raise _fail(str(exc), exit_code(exc)) from exc
     if as_json:
         sys.stdout.write(json.dumps(inv.as_dict(), indent=1, default=str) + "\n")
     else:
@@ -383,7 +385,7 @@ def _ops_matrix(torch_npu: str, wheel: Path | None, yaml: list[Path], rebuild: b
     try:
         matrix = op_matrix.load_or_build(torch_npu, wheel=wheel, yaml_paths=yaml, rebuild=rebuild)
     except Exception as exc:
-        raise _fail(f"cannot build the matrix for torch_npu {torch_npu}: {first_line(exc)}", 1) from exc
+        raise _fail(f"cannot build the matrix for torch_npu {torch_npu}: {first_line(exc)}", exit_code(exc)) from exc
     if as_json:
         sys.stdout.write(json.dumps(matrix.summary(), indent=1, default=str) + "\n")
     else:
@@ -411,7 +413,7 @@ def kb_build_cmd(
     try:
         out = kb_build(list(source or []), json=as_json, rebuild=rebuild)
     except _kb_errors() as exc:
-        raise _fail(str(exc), 1) from exc
+        raise _fail(str(exc), exit_code(exc)) from exc
     sys.stdout.write((json.dumps(out, indent=1, default=str) if as_json else str(out)) + "\n")
 
 
@@ -427,7 +429,7 @@ def kb_search_cmd(
     try:
         out = kb_search(query, k=k, json=as_json)
     except _kb_errors() as exc:
-        raise _fail(str(exc), 1) from exc
+        raise _fail(str(exc), exit_code(exc)) from exc
     sys.stdout.write((json.dumps(out, indent=1, default=str, ensure_ascii=False) if as_json else str(out)) + "\n")
 
 
@@ -439,7 +441,7 @@ def kb_stats_cmd(as_json: Annotated[bool, typer.Option("--json")] = False) -> No
     try:
         out = kb_stats(json=as_json)
     except _kb_errors() as exc:
-        raise _fail(str(exc), 1) from exc
+        raise _fail(str(exc), exit_code(exc)) from exc
     sys.stdout.write((json.dumps(out, indent=1, default=str) if as_json else str(out)) + "\n")
 
 

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from api.settings import Settings
-from knowledge.errors import first_line
+from knowledge.errors import JobError, first_line
 
 TERMINAL = frozenset({"validated", "failed", "cancelled"})
 STATUSES = ("queued", "running", "awaiting_approval", *sorted(TERMINAL))
@@ -44,14 +44,6 @@ CREATE TABLE IF NOT EXISTS events (
 );
 CREATE TABLE IF NOT EXISTS conversations (id TEXT PRIMARY KEY, job_id TEXT NOT NULL, updated REAL NOT NULL);
 """
-
-
-class JobError(Exception):
-    """A request the job's state does not allow (maps to 409), or a full queue (429)."""
-
-    def __init__(self, message: str, status_code: int = 409) -> None:
-        super().__init__(message)
-        self.status_code = status_code
 
 
 @dataclass

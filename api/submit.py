@@ -13,12 +13,7 @@ from pydantic import ValidationError
 from api.jobs import Job, JobManager, body_digest, make_job
 from api.settings import Settings
 from api.uploads import UploadError, confine_model_path, extract_archive
-
-
-class SubmitError(ValueError):
-    def __init__(self, message: str, status_code: int = 422) -> None:
-        super().__init__(message)
-        self.status_code = status_code
+from knowledge.errors import SubmitError
 
 
 def build_request(settings: Settings, goal: str, fields: dict[str, Any], uploaded_model: Path | None) -> dict[str, Any]:

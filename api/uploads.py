@@ -19,13 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
-
-class UploadError(ValueError):
-    """An archive or a model path we refuse; ``status_code`` is the HTTP answer (400, 403, 413)."""
-
-    def __init__(self, message: str, status_code: int = 400) -> None:
-        super().__init__(message)
-        self.status_code = status_code
+from knowledge.errors import UploadError
 
 
 def confine_model_path(raw: str, roots: Sequence[Path]) -> Path:

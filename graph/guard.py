@@ -24,7 +24,7 @@ from langchain_core.messages import AIMessage
 from langgraph.errors import GraphBubbleUp
 
 from agents.trace import step
-from knowledge.errors import NpuportError, first_line
+from knowledge.errors import error_record, first_line
 from knowledge.home import cache_dir
 
 Node = Callable[[dict[str, Any]], dict[str, Any]]
@@ -52,14 +52,10 @@ def save_traceback(node: str, exc: BaseException, state: dict[str, Any]) -> str 
 
 
 def failure_record(node: str, exc: BaseException, state: dict[str, Any]) -> dict[str, Any]:
-    return {
-        "node": node,
-        "error": type(exc).__name__,
-        "message": first_line(exc, 500),
-        "expected": isinstance(exc, NpuportError),
-        "traceback": save_traceback(node, exc, state),
-        "t": round(time.time(), 3),
-    }
+    """The failure in the state: the class tells a user's error or a port failure (an ``NpuportError``
+    and its ``kind``) from a bug (anything else: kind ``internal``, ``expected`` false)."""
+    return {"node": node, **error_record(exc, 500), "traceback": save_traceback(node, exc, state),
+            "t": round(time.time(), 3)}
 
 
 def failure_reason(failure: dict[str, Any]) -> str:

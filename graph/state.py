@@ -59,8 +59,10 @@ class PortState(TypedDict, total=False):
     reason: str
     """One line: why the port ended as it did."""
     failure: dict[str, Any]
-    """Set when a node raised (graph/guard.py): node, error (type name), message (first line), expected
-    (an npuport error rather than a bug), traceback (a file in the workspace; never in the state)."""
+    """Set when a node raised (graph/guard.py): node, error (type name), kind (user | port | internal,
+    from the error's class: the CLI's exit code), expected (an npuport error rather than a bug),
+    message (first line), fields (the error's structured details), traceback (a file in the
+    workspace; never in the state)."""
     trace: Annotated[list[dict[str, Any]], operator.add]
     """Agent steps, in order (progress lines, SSE events, trace.jsonl)."""
     messages: Annotated[list[AnyMessage], add_messages]

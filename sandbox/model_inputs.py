@@ -126,7 +126,13 @@ def synthesise_inputs(model: Any, method_name: str, config: dict[str, Any], seed
 # The model's own preprocessing path
 # ----------------------------------------------------------------------------------------------
 
-class PreprocessingFailed(RuntimeError):
+try:  # inside npuport, one of its errors; beside a bundle's run.py (no npuport there), a plain one
+    from knowledge.errors import NpuportError as _ErrorBase
+except ImportError:  # pragma: no cover - exercised by the bundle's run.py
+    _ErrorBase = Exception  # type: ignore[misc,assignment]
+
+
+class PreprocessingFailed(_ErrorBase, RuntimeError):
     """The preprocessing path could not be driven; the message says why (the harness falls back)."""
 
 

@@ -35,6 +35,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
+from knowledge.errors import IsolationUnavailable
+
 # Environment variables that may carry secrets never reach patched code.
 _SECRET_PATTERN = re.compile(r"(KEY|TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL|AUTH|COOKIE|SESSION)", re.I)
 # What the sandboxed process may inherit from the host (everything else is dropped).
@@ -511,10 +513,6 @@ def _bwrap_works(bwrap: str) -> bool:
     except (OSError, subprocess.TimeoutExpired):
         return False
     return r.returncode == 0
-
-
-class IsolationUnavailable(RuntimeError):
-    """bwrap is missing or unusable and nobody allowed unisolated runs."""
 
 
 def isolation_setting() -> str:

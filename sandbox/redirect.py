@@ -27,15 +27,12 @@ import torch
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from knowledge.errors import StubCalled
 from sandbox.cuda_only import STUB_ROOTS
 
 # Libraries that exist only for CUDA (one table: sandbox/cuda_only.py); an unguarded import of one of
 # them is stubbed.
 CUDA_ONLY_MODULES = STUB_ROOTS
-
-
-class StubCalled(RuntimeError):
-    pass
 
 
 class _StubAttr:

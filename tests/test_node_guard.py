@@ -1,6 +1,7 @@
 """Every graph node is guarded (graph/guard.py): an exception inside a node, whether an npuport error
-(WorkspaceError) or a bug (RuntimeError), ends the run with a partial bundle and a report naming the
-failed node, a non-zero exit and one line on stderr, never a traceback.
+(EnvBuildError, a port failure: exit 1) or a bug (RuntimeError: exit 3), ends the run with a partial
+bundle and a report naming the failed node, an exit code derived from the error's class and one line
+on stderr, never a traceback.
 
 Faults are injected by replacing one skill that the node calls (a real function of ours, raising);
 everything else is real: the graph, the workspace (git), the subprocess sandbox runs on the CPU target.
@@ -15,9 +16,9 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from agents.workspace import WorkspaceError
 from api.cli import app
-from knowledge.errors import first_line
+from graph.guard import failure_record
+from knowledge.errors import EnvBuildError, GoalError, WorkspaceError, first_line
 from tests.tiny_models import write_tiny_model
 
 # node -> (module attribute the node calls, model twist that makes the run reach the node, runs before it)
@@ -34,7 +35,7 @@ SKILLS: dict[str, tuple[str, str]] = {
 }
 # Nodes reached without a sandbox run are quick; the others run the tiny model in a subprocess.
 QUICK = ("planner", "environment", "code_reader", "patcher", "executor")
-ERRORS = (WorkspaceError("the workspace's git repository is gone"), RuntimeError("boom: an npuport bug"))
+ERRORS = (EnvBuildError("the model's pins cannot be resolved"), RuntimeError("boom: an npuport bug"))
 
 
 def _cases() -> list[Any]:
@@ -63,7 +64,7 @@ def test_a_failing_node_ends_with_a_partial_bundle(node: str, exc: Exception, tm
     out = tmp_path / "out"
     r = CliRunner().invoke(app, ["port", str(model), "--target", "cpu", "--out", str(out), "--max-runs", "2"])
 
-    assert r.exit_code == 1, r.output
+    assert r.exit_code == (1 if isinstance(exc, EnvBuildError) else 3), r.output
     assert r.exception is None or isinstance(r.exception, SystemExit), r.exception
     assert "Traceback" not in r.stderr + r.stdout
     failed_lines = [ln for ln in r.stderr.splitlines() if "step failed" in ln]
@@ -72,7 +73,8 @@ def test_a_failing_node_ends_with_a_partial_bundle(node: str, exc: Exception, tm
     report = json.loads((out / "report.json").read_text())
     assert report["status"] == "failed"
     assert report["failure"]["node"] == node and report["failure"]["error"] == type(exc).__name__
-    assert report["failure"]["expected"] is isinstance(exc, WorkspaceError)
+    assert report["failure"]["expected"] is isinstance(exc, EnvBuildError)
+    assert report["failure"]["kind"] == ("port" if isinstance(exc, EnvBuildError) else "internal")
     md = (out / "report.md").read_text()
     assert "## Failure" in md and f"`{node}`" in md and "partial bundle" in md
     tb = (out / "failure-traceback.txt").read_text()
@@ -92,6 +94,22 @@ def test_a_failing_node_ends_with_a_partial_bundle(node: str, exc: Exception, tm
         assert report["runs"], "the sandbox runs were lost"
     if node not in ("planner", "environment", "code_reader", "reporter"):
         assert (out / "port.patch").exists(), "the partial bundle lacks the diff so far"
+
+
+def test_the_failure_record_tells_the_kind_by_the_class(tmp_path: Path) -> None:
+    """A user's mistake, a port failure, a broken host and a bug are told apart by the class, never by
+    the message's words; structured fields that JSON can hold are kept."""
+    state = {"workdir": str(tmp_path)}
+    cases = [(GoalError("unknown chip 'h100'", value="h100", choices=["910b", "a3"]), "user", True),
+             (EnvBuildError("the model's pins cannot be resolved"), "port", True),
+             (WorkspaceError("git is not installed"), "internal", True),
+             (RuntimeError("unknown chip 'h100'"), "internal", False)]  # a bug, whatever its words
+    for exc, kind, expected in cases:
+        rec = failure_record("planner", exc, state)
+        assert (rec["kind"], rec["expected"], rec["error"]) == (kind, expected, type(exc).__name__)
+        assert rec["traceback"] and Path(rec["traceback"]).is_file()
+    rec = failure_record("planner", GoalError("bad", value="h100", path=tmp_path), state)
+    assert rec["fields"] == {"value": "h100"}  # a Path is not kept in the state
 
 
 def test_first_line_never_raises() -> None:

@@ -358,7 +358,8 @@ def test_findings_sorted_by_line() -> None:
 def test_syntax_error_raises_from_scan_source() -> None:
     with pytest.raises(SourceSyntaxError) as exc:
         scan_source("def f(:\n    pass\n", "bad.py")
-    assert exc.value.error.file == "bad.py" and exc.value.error.line == 1
+    assert exc.value.fields["file"] == "bad.py" and exc.value.fields["line"] == 1
+    assert exc.value.kind == "user"  # `npuport scan` exits 2 on it
 
 
 def write(root: Path, rel: str, text: str) -> None:

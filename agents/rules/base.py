@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from agents.models import Citation, Finding, Frame, HazardCategory, Severity, StructuredException
+from knowledge.errors import UnknownFindingRule
 
 if TYPE_CHECKING:
     from agents.rules.context import ModuleContext, TextFile
@@ -92,10 +93,6 @@ class HazardRule:
 
     def codemod_for(self, rule: str) -> str | None:
         return next((f.codemod for f in self.fixes if rule in f.rules), None)
-
-
-class UnknownFindingRule(ValueError):
-    """A detector emitted a finding rule id its HazardRule does not declare (neither fixed nor manual)."""
 
 
 class Registry:

@@ -14,13 +14,10 @@ import sys
 from pathlib import Path
 from typing import Any, Protocol
 
+from knowledge.errors import ExecutorError, first_line
 from sandbox.process import pid_alive
 
 INSTALL_HINT = "pip install 'npuport[batch]'"
-
-
-class ExecutorError(RuntimeError):
-    """The executor cannot start (Ray missing, cluster unreachable)."""
 
 
 class Executor(Protocol):
@@ -69,7 +66,7 @@ class RayExecutor:
                          object_store_memory=80 * 1024 * 1024, **common)
         except Exception as exc:
             raise ExecutorError(f"cannot start Ray{f' at {address}' if address else ''}: "
-                                f"{str(exc).splitlines()[0] if str(exc) else type(exc).__name__}") from exc
+                                f"{first_line(exc)}") from exc
         self.address = address or "embedded"
         self.local = not address  # the ports' processes live on this machine
         cpus = float(ray.cluster_resources().get("CPU", 1))
@@ -99,7 +96,7 @@ class RayExecutor:
         try:
             self._ray.get(handle, timeout=10)
         except Exception as exc:
-            return f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:300]
+            return f"{type(exc).__name__}: {first_line(exc)}"[:300]
         return None
 
     def cancel(self, handle: Any) -> None:

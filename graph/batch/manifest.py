@@ -32,11 +32,9 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from knowledge.errors import BatchManifestError, first_line
+
 ARCHIVE_SUFFIXES = (".zip", ".tar", ".tar.gz", ".tgz")
-
-
-class BatchManifestError(ValueError):
-    """A manifest we cannot use; the message says where and why (one line per problem)."""
 
 
 class Budget(BaseModel):
@@ -198,7 +196,7 @@ def load_manifest(path: Path, overrides: dict[str, Any] | None = None) -> Resolv
         try:
             raw = yaml.safe_load(path.read_text())
         except yaml.YAMLError as exc:
-            raise BatchManifestError(f"{path}: not valid YAML: {str(exc).splitlines()[0]}") from exc
+            raise BatchManifestError(f"{path}: not valid YAML: {first_line(exc)}") from exc
         if not isinstance(raw, dict):
             raise BatchManifestError(f"{path}: the manifest must be a mapping with `models:` (and optional `defaults:`)")
         base = path.resolve().parent

@@ -17,6 +17,7 @@ from typing import Any
 from graph.batch.manifest import PortSpec
 from graph.batch.sources import SourceError, stage
 from graph.batch.store import BatchStore
+from knowledge.errors import error_record
 
 
 def _limit_threads(n: int) -> None:
@@ -104,9 +105,10 @@ def execute_port(job: dict[str, Any]) -> dict[str, Any]:
         row = summarize(values, spec, time.time() - min(prior, t0), note)
         return _record(store, job, spec, row["verdict"], row["reason"], row)
     except Exception as exc:  # a bug or a broken host: this port fails with the reason, the batch goes on
-        reason = f"internal error: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+        rec = error_record(exc)
+        reason = f"{'internal error: ' if rec['kind'] == 'internal' else ''}{rec['error']}: {rec['message']}"
         return _record(store, job, spec, "failed", reason, {"model": spec.key, "source": spec.source,
-                       "target": spec.settings.target, "verdict": "failed", "reason": reason,
+                       "target": spec.settings.target, "verdict": "failed", "reason": reason, "error": rec,
                        "traceback": traceback.format_exc(limit=5)})
     finally:
         store.close()

@@ -23,13 +23,10 @@ from graph.batch.executors import (
 from graph.batch.manifest import PortSpec, ResolvedBatch
 from graph.batch.results import memory_records, write_results
 from graph.batch.store import FINISHED, BatchStore, PortRow
+from knowledge.errors import BatchBusy, first_line
 from knowledge.home import npuport_home
 
 ExecutorName = Literal["ray", "local"]
-
-
-class BatchBusy(RuntimeError):
-    """Another driver is running this batch."""
 
 
 @dataclass
@@ -222,7 +219,7 @@ def _start(executor: Executor, store: BatchStore, bid: str, p: PortRow, out: Pat
     try:
         handle = executor.submit(job)
     except Exception as exc:
-        reason = f"could not start the port: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+        reason = f"could not start the port: {type(exc).__name__}: {first_line(exc)}"
         store.complete(claim.attempt_id, "failed", reason, {"model": p.key, "verdict": "failed", "reason": reason})
         return
     inflight[p.key] = (handle, time.time() + spec.settings.timeout_s, claim.attempt_id)

@@ -13,12 +13,10 @@ from typing import Any
 
 import yaml
 
+from knowledge.errors import SourceError
+
 MAX_MEMBERS = 10_000
 MAX_BYTES = 2 * 1024**3
-
-
-class SourceError(ValueError):
-    pass
 
 
 def _safe_names(names: list[str]) -> None:

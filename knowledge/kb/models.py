@@ -10,18 +10,6 @@ COLLECTIONS = ("ascend_ops", "recipes", "serving", "port_memory")
 Collection = Literal["ascend_ops", "recipes", "serving", "port_memory"]
 
 
-class KBError(RuntimeError):
-    """A knowledge-base problem with a message that says what to do."""
-
-
-class KBStoreError(KBError):
-    """The Chroma store cannot be read or does not match this configuration."""
-
-
-class KBDependencyError(KBError):
-    """An optional package (chromadb, sentence-transformers, the packaged model ...) is missing."""
-
-
 class Chunk(BaseModel):
     """One unit of retrieval, before embedding."""
 

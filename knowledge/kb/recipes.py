@@ -14,8 +14,9 @@ from pathlib import Path
 import yaml
 from pydantic import BaseModel, Field
 
+from knowledge.errors import KBError
 from knowledge.kb.chunking import digest
-from knowledge.kb.models import Chunk, KBError
+from knowledge.kb.models import Chunk
 
 RECIPES_DIR = Path(__file__).resolve().parents[1] / "recipes"
 SECTIONS = {"symptom": "Symptom", "fix": "Fix", "verify": "Verify", "when_not": "When not to apply"}

@@ -24,6 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from knowledge.errors import KBError
 from knowledge.kb.aclnn import AtenMap, aclnn_chunks, is_aclnn_doc_name, load_aten_map, parse_aclnn_doc
 from knowledge.kb.chunking import (
     EMBED_CHARS,
@@ -37,7 +38,7 @@ from knowledge.kb.chunking import (
     version_from_path,
 )
 from knowledge.kb.identifiers import extract_keys, op_key
-from knowledge.kb.models import Chunk, Collection, KBError, SkippedFile
+from knowledge.kb.models import Chunk, Collection, SkippedFile
 
 DOC_SUFFIXES = (".md", ".markdown", ".txt", ".rst")
 MAX_FILE_BYTES = int(os.environ.get("NPUPORT_KB_MAX_FILE_BYTES", str(4 * 1024 * 1024)))

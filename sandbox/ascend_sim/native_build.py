@@ -21,6 +21,8 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
+from knowledge.errors import NativeUnavailable, first_line
+
 SOURCE = Path(__file__).resolve().parent / "native" / "ascend_sim_native.cpp"
 BUILD_TIMEOUT_S = 900
 
@@ -30,10 +32,6 @@ from torch.utils.cpp_extension import load
 name, source, build_dir = sys.argv[1:4]
 load(name=name, sources=[source], build_directory=build_dir, extra_cflags=["-O2"], verbose=True)
 """
-
-
-class NativeUnavailable(RuntimeError):
-    """The native engine cannot be built or loaded here; the message says why."""
 
 
 def cache_root() -> Path:
@@ -147,5 +145,5 @@ def choose_engine(requested: str, *, log: Callable[[str], None] | None = None,
     except NativeUnavailable as e:
         if requested == "native":
             raise
-        return "python", None, f"native engine unavailable ({str(e).splitlines()[0]}); python engine, slower"
+        return "python", None, f"native engine unavailable ({first_line(e)}); python engine, slower"
     return "native", str(lib), "native engine (C++ PrivateUse1 backend)"
