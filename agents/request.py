@@ -25,10 +25,24 @@ def _known_chip(v: str) -> str:
     return v
 
 
+POLICIES: tuple[str, ...] = ("rule", "llm", "hybrid")
+"""Every policy's name (agents/policies/ implements them; the first is the default): the CLI's
+--policy, PortRequest, the service and the batch manifest read this list."""
+LLM_POLICIES: tuple[str, ...] = ("llm", "hybrid")
+"""The policies that ask the LLM (when an endpoint is configured)."""
+
+
+def _known_policy(v: str) -> str:
+    if v not in POLICIES:
+        raise ValueError(f"unknown policy {v!r}; choose one of {', '.join(POLICIES)}")
+    return v
+
+
 # Names come from the target registry (sandbox/targets/); the JSON schema still lists them (API, Studio).
 TargetName = Annotated[str, AfterValidator(_known_target),
                        WithJsonSchema({"type": "string", "enum": list(target_names())})]
 ChipName = Annotated[str, AfterValidator(_known_chip), WithJsonSchema({"type": "string", "enum": list(chip_names())})]
+PolicyName = Annotated[str, AfterValidator(_known_policy), WithJsonSchema({"type": "string", "enum": list(POLICIES)})]
 
 
 class PortRequest(BaseModel):
@@ -41,7 +55,7 @@ class PortRequest(BaseModel):
     objective: Literal["throughput", "latency", "correctness"] = "throughput"
     out_dir: str | None = None
     strict: bool = False
-    policy: Literal["rule", "llm", "hybrid"] = "rule"
+    policy: PolicyName = POLICIES[0]
     shrink: bool = False
     """Run the manifest's ``shrink`` config overrides (quick runs on a small host), port and reference alike."""
     strict_perf: bool = False
@@ -119,9 +133,11 @@ def parse_goal(goal: str, defaults: dict[str, Any] | None = None) -> PortRequest
 
 
 def plan_steps(req: PortRequest) -> list[str]:
+    from agents.rules.registry import active as active_rules  # libcst: only when a plan is made
+
     steps = [
         f"copy {req.model_path} into a git workspace (the original is never written)",
-        "scan the source for hazards H1-H11 and find the model's entry",
+        f"scan the source for hazards {active_rules().span()} and find the model's entry",
         "apply recipes as codemods, one commit each",
         f"run the port on {req.target} in a sandbox; debug failures (at most {req.max_runs} runs)",
         "validate greedy tokens against the original's semantics on CPU float32",

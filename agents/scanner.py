@@ -1,4 +1,4 @@
-"""Static hazard scan (DESIGN §7, H1-H11) of a model's source tree with libcst.
+"""Static hazard scan (DESIGN §7; the hazard classes of agents/rules/registry.py) of a model's source tree with libcst.
 
 One parse per file, one traversal that indexes the nodes the rules need (agents/rules/context.py), then
 each hazard rule's detector (agents/rules/h*.py, listed in agents/rules/registry.py) reads that index.

@@ -26,6 +26,7 @@ from rich.padding import Padding
 from rich.table import Table
 from rich.text import Text
 
+from agents.policies import POLICIES as _POLICIES
 from api.cli_inputs import clear_out_dir, goal_problem, model_folder_problem, out_dir_problem
 from api.cli_live import LiveStatus, fmt_params
 from knowledge.errors import exit_code, first_line
@@ -54,7 +55,7 @@ EXAMPLES_DIR = Path(__file__).resolve().parents[1] / "examples"
 # From the target registry (sandbox/targets/): a new target or chip shows up here by itself.
 TARGETS = target_names()
 CHIPS = chip_names()
-POLICIES = ("rule", "llm", "hybrid")
+POLICIES = _POLICIES
 
 
 def _one_of(choices: tuple[str, ...], what: str):  # type: ignore[no-untyped-def]
@@ -275,7 +276,7 @@ def scan(
     path: Annotated[Path, typer.Argument(help="the model folder")],
     as_json: Annotated[bool, typer.Option("--json", help="machine-readable output")] = False,
 ) -> None:
-    """Static hazard scan (H1-H11) with file:line evidence, and the model's entry.
+    """Static hazard scan (every hazard class in agents/rules/) with file:line evidence, and the model's entry.
 
     Exit 2 when the folder is not a model folder or a file does not parse."""
     from agents.entry import EntryNotFound, discover_entry

@@ -11,11 +11,10 @@ from pathlib import Path
 from typing import Any
 
 from agents.models import Finding
+from agents.policies import LLM_POLICIES
 from agents.policies.base import PolicyContext
 from agents.policies.reasoning import think, why_failed
 from knowledge.settings import LLMSettings
-
-LLM_POLICIES = ("llm", "hybrid")
 
 
 def llm_enabled(policy: str | None, settings: LLMSettings | None = None) -> bool:

@@ -55,6 +55,7 @@ from agents.policies.rule import RulePolicy
 from agents.policies.tools import ToolBox, ToolError, resolve_in
 from agents.rules.diagnose import classify
 from agents.rules.registry import active
+from agents.rules.registry import active as active_rules
 from knowledge.errors import AnswerRejected, BudgetExhausted, LLMEditError, first_line  # noqa: F401  (re-exported)
 
 if TYPE_CHECKING:
@@ -68,12 +69,17 @@ _META_PARAMS = ("by", "llm_tokens", "rationale", "budget_exhausted", "prompt_id"
 A = TypeVar("A", bound=BaseModel)
 
 
+HAZARD_CLASSES = "{hazard_classes}"
+"""Where a prompt lists the hazard classes: rendered from the rule registry in force, never written out."""
+
+
 def load_prompt(agent: str) -> str:
-    """The system prompt of an agent: agents/prompts/<agent>.md."""
+    """The system prompt of an agent: agents/prompts/<agent>.md, with the hazard classes of the
+    registry in force (agents/rules/registry.py) where it says ``{hazard_classes}``."""
     path = PROMPTS_DIR / f"{agent}.md"
     if not path.is_file():
         raise FileNotFoundError(f"no prompt for agent {agent!r} at {path}")
-    return path.read_text(encoding="utf-8")
+    return path.read_text(encoding="utf-8").replace(HAZARD_CLASSES, active_rules().catalogue())
 
 
 # -------------------------------------------------------------------------------------------- policy
@@ -491,12 +497,13 @@ class LLMPolicy:
         if model_dir is None:
             return []
         seen = {(f.file, f.line, f.hazard) for f in findings}
+        hazards = active_rules().hazards()
 
         def check(ans: ReviewAnswer) -> list[str]:
             problems = []
             for rf in ans.findings:
-                if not re.fullmatch(r"H([1-9]|1[01])", rf.hazard):
-                    problems.append(f"{rf.hazard!r} is not a hazard H1..H11")
+                if rf.hazard not in hazards:
+                    problems.append(f"{rf.hazard!r} is not a hazard class; choose one of {', '.join(hazards)}")
                 try:
                     lines = resolve_in(model_dir, rf.file).read_text(encoding="utf-8").splitlines()
                 except (ToolError, OSError) as exc:

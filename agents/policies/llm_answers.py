@@ -75,7 +75,7 @@ class GoalAnswer(BaseModel):
 
 
 class ReviewedFinding(BaseModel):
-    hazard: str = Field(description="H1..H11")
+    hazard: str = Field(description="a hazard class id from the system prompt's list, e.g. 'H1'")
     rule: str = Field(description="short machine name, e.g. 'layout-assumption'")
     file: str
     line: int

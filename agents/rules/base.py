@@ -64,7 +64,7 @@ class HazardRule:
     README and shell lines. Every finding rule id a detector emits is either fixed (in one of
     ``fixes``) or listed in ``manual`` with the reason it is left to a person."""
 
-    hazard: str  # "H1".."H11"; the number orders the report
+    hazard: str  # "H1", "H2", ...; the number orders the report
     title: str
     detect: Callable[[ModuleContext], None] | None = None
     detect_text: Callable[[TextFile], list[Finding]] | None = None
@@ -118,6 +118,20 @@ class Registry:
     def title(self, hazard: str) -> str:
         r = self.get(hazard)
         return r.title if r else hazard
+
+    # --- the hazard classes, for every list that names them (prompts, LLM answer checks, help) -----
+    def hazards(self) -> tuple[str, ...]:
+        """The hazard ids, in registry order ("H1", "H2", ...)."""
+        return tuple(r.hazard for r in self.rules)
+
+    def span(self) -> str:
+        """The ids as a range for prose ("H1-H17"; one id alone when there is one)."""
+        ids = self.hazards()
+        return ids[0] if len(ids) == 1 else f"{ids[0]}-{ids[-1]}" if ids else "none"
+
+    def catalogue(self) -> str:
+        """One line per hazard class, id and title: the list the LLM prompts show."""
+        return "\n".join(f"- {r.hazard} {r.title}" for r in self.rules)
 
     # --- fixes --------------------------------------------------------------------------------
     def codemod_for(self, hazard: str, rule: str) -> str | None:

@@ -120,7 +120,8 @@ _ENV_USE = re.compile(
     r"(?:\bexport\s+|\$\{?|environ(?:\.get)?\(?\[?\s*['\"]|getenv\(\s*['\"])([A-Z][A-Z0-9]*(?:_[A-Z0-9]+)+)"
     r"|(?<![A-Za-z0-9_])([A-Z][A-Z0-9]*(?:_[A-Z0-9]+)+)=(?=\S)"
 )
-_HAZARD = re.compile(r"\b[Hh](1[01]|[1-9])\b")
+# Any hazard id (H1, H17, a new H18): the classes are listed once, in agents/rules/registry.py.
+_HAZARD = re.compile(r"\b[Hh]([1-9][0-9]?)\b")
 
 
 def _torch_api_keys(dotted: str) -> list[str]:
@@ -148,7 +149,7 @@ def _torch_api_keys(dotted: str) -> list[str]:
 def extract_keys(text: str, *, hazards: bool = False) -> list[str]:
     """Normalised identifier keys in ``text``, in first-seen order, at most MAX_KEYS.
 
-    ``hazards`` also reads H1..H11 (only queries and our recipes use those: in docs "H1" is noise).
+    ``hazards`` also reads hazard ids, H1, H2, ... (only queries and our recipes use those: in docs "H1" is noise).
     """
     text = text.replace("\\_", "_")
     keys: list[str] = []
