@@ -8,7 +8,7 @@ site-packages) and installs only the model's pins that the host does not satisfy
 and vLLM are never installed there: the target decides them. Layered venvs are cached by a hash
 of what they install, under ``$NPUPORT_ENV_CACHE`` or ``$NPUPORT_HOME/envs``.
 
-    res = resolve(model_dir, "ascend-sim", "2.13.0")
+    res = resolve(model_dir, EMULATED_TARGET, DEFAULT_TORCH_NPU)
     python = ensure_env(res) or Path(sys.executable)   # run the harness with this interpreter
 """
 
@@ -53,7 +53,7 @@ from knowledge.errors import (
     EnvBuildError,  # noqa: F401  (re-exported)
     first_line,
 )
-from sandbox.targets import TARGETS
+from sandbox.targets import TARGETS, get_target_spec
 
 COMPAT_PATH = Path(__file__).with_name("data") / "compat.yaml"
 NPUPORT_ROOT = Path(__file__).resolve().parents[1]  # holds agents/, sandbox/, ... (goes on the env's path)
@@ -239,7 +239,7 @@ def _stack_for_target(
         notes.append(f"torch_npu {torch_npu}: {row['note']}.")
     if host_torch and _release(host_torch) != need_torch:
         where = ("the emulator runs it on the host's torch, so op coverage is that of the matrix but "
-                 "numerics are the host torch's" if target == "ascend-sim" else "install the matching torch")
+                 "numerics are the host torch's" if get_target_spec(target).emulated else "install the matching torch")
         conflicts.append(f"torch_npu {torch_npu} needs torch {need_torch}, but this host runs torch {host_torch} "
                          f"({where}).")
     pythons = compat.get("torch_python", {}).get(need_torch)
@@ -247,9 +247,9 @@ def _stack_for_target(
         conflicts.append(f"torch {need_torch} (for torch_npu {torch_npu}) supports Python {', '.join(pythons)}, "
                          f"but this host runs Python {py}.")
     cann = detect_cann()
-    if target == "ascend-sim":
+    if get_target_spec(target).emulated:
         needs = f"CANN {stack['cann']}" if stack["cann"] else "the CANN release its build names (not in the tables yet)"
-        notes.append(f"ascend-sim needs no CANN; a real Ascend host needs {needs} for torch_npu {torch_npu}.")
+        notes.append(f"{target} needs no CANN; a real Ascend host needs {needs} for torch_npu {torch_npu}.")
     elif cann and row["cann"] and cann not in row["cann"]:
         conflicts.append(f"torch_npu {torch_npu} is published for CANN {' or '.join(row['cann'])}, but the installed "
                          f"CANN is {cann}; install a torch_npu build made for CANN {cann} or the matching CANN.")

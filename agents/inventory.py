@@ -14,7 +14,7 @@ from agents.entry import discover_entry
 from agents.target_state import matrix_for
 from sandbox.process import Limits
 from sandbox.runner import run_harness
-from sandbox.targets import get_target_spec, resolve_target
+from sandbox.targets import DEFAULT_CHIP, DEFAULT_TORCH_NPU, EMULATED_TARGET, get_target_spec, resolve_target
 
 
 @dataclass
@@ -54,7 +54,8 @@ def _relativise(stats: dict[str, Any], model_dir: Path) -> dict[str, Any]:
     return stats
 
 
-def op_inventory(model_dir: Path, *, target: str = "ascend-sim", chip: str = "910b", torch_npu: str = "2.13.0",
+def op_inventory(model_dir: Path, *, target: str = EMULATED_TARGET, chip: str = DEFAULT_CHIP,
+                 torch_npu: str = DEFAULT_TORCH_NPU,
                  strict: bool = False, timeout_s: float = 300.0) -> Inventory:
     entry = discover_entry(model_dir).as_manifest_dict()
     matrix_path, note = matrix_for(torch_npu) if get_target_spec(target).uses_matrix else (None, "")

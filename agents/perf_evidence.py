@@ -200,7 +200,7 @@ def _key(f: PerfFinding) -> tuple[str, str | None]:
 
 def _rows(ref: dict[str, Any] | None, port: dict[str, Any]) -> list[dict[str, Any]]:
     r_steps = (ref or {}).get("steps") or []
-    counts_ops = port.get("counters") == "ascend-sim"  # the CPU profile counts host reads, not ops
+    counts_ops = port.get("counters") == "device-ops"  # the profile says what it counted (sandbox/profile.py)
     rows = []
     for i, s in enumerate(port.get("steps") or []):
         r = r_steps[i] if i < len(r_steps) else {}

@@ -5,13 +5,26 @@ from __future__ import annotations
 import re
 import time
 import uuid
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, Field, WithJsonSchema, field_validator
 
 from knowledge.errors import GoalError  # noqa: F401  (re-exported)
-from sandbox.targets import canonical_chip, chip_names, get_target_spec, target_names
+from sandbox.targets import (
+    CHIP_REGISTRY,
+    DEFAULT_CHIP,
+    DEFAULT_TARGET,
+    DEFAULT_TORCH_NPU,
+    REFERENCE_TARGET,
+    TARGETS,
+    canonical_chip,
+    chip_names,
+    get_chip,
+    get_target_spec,
+    target_names,
+)
 
 
 def _known_target(v: str) -> str:
@@ -20,9 +33,7 @@ def _known_target(v: str) -> str:
 
 
 def _known_chip(v: str) -> str:
-    if v not in chip_names():
-        raise ValueError(f"unknown chip {v!r}; choose one of {', '.join(chip_names())}")
-    return v
+    return get_chip(v).key  # the one chip resolver: an alias reads as its chip; TargetError names the known ones
 
 
 POLICIES: tuple[str, ...] = ("rule", "llm", "hybrid")
@@ -49,9 +60,9 @@ class PortRequest(BaseModel):
     """What the user asked for, typed. Built from CLI options, an API body, or goal text."""
 
     model_path: str
-    target: TargetName = "auto"
-    chip: ChipName = "910b"
-    torch_npu: str = "2.13.0"
+    target: TargetName = DEFAULT_TARGET
+    chip: ChipName = DEFAULT_CHIP
+    torch_npu: str = DEFAULT_TORCH_NPU
     objective: Literal["throughput", "latency", "correctness"] = "throughput"
     out_dir: str | None = None
     strict: bool = False
@@ -75,7 +86,14 @@ class PortRequest(BaseModel):
         return v
 
 
-_CHIP = re.compile(r"\b(910\s*b\d?|910b\d?|a2|a3|310\s*p)\b", re.I)
+def _chip_pattern() -> re.Pattern[str]:
+    """Every chip key and alias of the registry, with optional spaces after the digits ("910 B")."""
+    names = sorted({n for c in CHIP_REGISTRY.values() for n in (c.key, *c.aliases)}, key=len, reverse=True)
+    spaced = [re.sub(r"(?<=\d)(?=[a-z])", r"\\s*", re.escape(n)) for n in names]
+    return re.compile(rf"\b({'|'.join(spaced)})\b", re.I)
+
+
+_CHIP = _chip_pattern()
 
 
 _PATH = re.compile(r"(?:in|at|from|model)\s+(?:the\s+)?(?:folder\s+|directory\s+)?([~./\w-][\w./~-]*)", re.I)
@@ -83,7 +101,7 @@ _PATH = re.compile(r"(?:in|at|from|model)\s+(?:the\s+)?(?:folder\s+|directory\s+
 
 _ASCEND_WORD = re.compile(r"\bascend\s+([\w-]+)", re.I)
 _TARGET_WORD = re.compile(r"--target[=\s]+(\S+)|\btarget=(\S+)", re.I)
-_TARGETS = ("cpu", "ascend-sim", "npu", "auto")
+_TARGETS = target_names()
 
 
 def goal_words_problem(goal: str) -> str | None:
@@ -92,11 +110,26 @@ def goal_words_problem(goal: str) -> str | None:
     for m in _ASCEND_WORD.finditer(goal):
         word = m.group(1)
         if any(ch.isdigit() for ch in word) and not _CHIP.match(goal, m.start(1)):
-            return f"unknown chip 'Ascend {word}' in the goal; known: 910B (A2), A3, 310P"
+            known = ", ".join(f"{c.key.upper()}{f' ({c.aliases[0].upper()})' if c.aliases else ''}"
+                              for c in CHIP_REGISTRY.values())
+            return f"unknown chip 'Ascend {word}' in the goal; known: {known}"
     for m in _TARGET_WORD.finditer(goal):
         word = (m.group(1) or m.group(2)).rstrip(".,;:").lower()
         if word not in _TARGETS:
             return f"unknown target {word!r} in the goal; choose one of {', '.join(_TARGETS)}"
+    return None
+
+
+def _target_in_goal(lowered: str) -> str | None:
+    """The target a goal names: ``--target X`` / ``target=X``, "on the <reference target>" (the host
+    CPU), or an emulated target by its name or the word "emulate"."""
+    if m := _TARGET_WORD.search(lowered):
+        return (m.group(1) or m.group(2)).rstrip(".,;:")
+    if re.search(rf"\bon (the )?{re.escape(REFERENCE_TARGET)}\b", lowered):
+        return REFERENCE_TARGET
+    emulated = [n for n, s in TARGETS.items() if s.emulated]
+    if emulated and ("emulat" in lowered or any(n in lowered for n in emulated)):
+        return emulated[0]
     return None
 
 
@@ -114,16 +147,14 @@ def parse_goal(goal: str, defaults: dict[str, Any] | None = None) -> PortRequest
             break
     if chip := _CHIP.search(text):
         c = re.sub(r"\s+", "", chip.group(1).lower())
-        fields["chip"] = canonical_chip(c) or "910b"
+        fields["chip"] = canonical_chip(c) or DEFAULT_CHIP
     lowered = text.lower()
     if "latency" in lowered:
         fields["objective"] = "latency"
     elif "throughput" in lowered or "fast" in lowered:
         fields["objective"] = "throughput"
-    if re.search(r"\bon (the )?cpu\b|--target cpu", lowered):
-        fields["target"] = "cpu"
-    elif "emulat" in lowered or "ascend-sim" in lowered:
-        fields["target"] = "ascend-sim"
+    if target := _target_in_goal(lowered):
+        fields["target"] = target
     if "tune" in lowered or "maximi" in lowered:
         fields["tune"] = True
     fields.update({k: v for k, v in (defaults or {}).items() if v is not None})
@@ -150,3 +181,25 @@ def plan_steps(req: PortRequest) -> list[str]:
 def new_run_id(model_path: str) -> str:
     name = re.sub(r"[^\w-]", "_", Path(model_path).name or "model")[:40]
     return f"{name}-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
+
+
+def request_of(source: Mapping[str, Any] | PortRequest | None) -> PortRequest:
+    """The typed request of a state, a report or a job (their ``request``), or of a request dict: the
+    one reader of it, so every node and skill sees the same fields with the same defaults. A recorded
+    request that no longer validates (a report from an older npuport, a failed planner's raw input)
+    reads leniently: its fields over the defaults, unchecked."""
+    if isinstance(source, PortRequest):
+        return source
+    src: Mapping[str, Any] = source or {}
+    # a state or report holds the request under "request"; a request dict has only request fields
+    raw: Any = src.get("request") if "request" in src else src if set(src) <= set(PortRequest.model_fields) else {}
+    if isinstance(raw, PortRequest):
+        return raw
+    raw = dict(raw or {})
+    try:
+        return PortRequest.model_validate(raw)
+    except ValueError:
+        known = {k: v for k, v in raw.items() if k in PortRequest.model_fields}
+        defaults = {k: f.get_default(call_default_factory=True) for k, f in PortRequest.model_fields.items()
+                    if not f.is_required()}
+        return PortRequest.model_construct(**{**defaults, "model_path": "", **known})

@@ -10,7 +10,7 @@ from agents.models import Numerics, RunRecord
 from agents.runs import limits_for, record_of
 from agents.workspace import Workspace
 from sandbox.runner import run_harness
-from sandbox.targets import Target
+from sandbox.targets import reference_target
 
 # The reference run captures every module output at each step (per-module numerics).
 CAPTURE = {"capture": ["__step__", "*"]}
@@ -40,7 +40,7 @@ def reference_run(state: dict[str, Any]) -> RunRecord:
     original = ws.root / "original"
     ws.original_tree(original)
     run = run_harness(workdir=ws.root, model_dir=original, run_dir=ws.runs_dir / "reference",
-                      manifest=state["entry"], target=Target("cpu", "cpu"), reference=True,
+                      manifest=state["entry"], target=reference_target(), reference=True,
                       extra={**CAPTURE, "shrink": bool(state["request"].get("shrink"))},
                       limits=limits_for(state["request"]),
                       python=(state.get("environment") or {}).get("python"))

@@ -30,7 +30,7 @@ from agents.policies import POLICIES as _POLICIES
 from api.cli_inputs import clear_out_dir, goal_problem, model_folder_problem, out_dir_problem
 from api.cli_live import LiveStatus, fmt_params
 from knowledge.errors import exit_code, first_line
-from sandbox.targets import chip_names, target_names
+from sandbox.targets import DEFAULT_CHIP, DEFAULT_TARGET, DEFAULT_TORCH_NPU, EMULATED_TARGET, chip_names, target_names
 
 EXIT_OK, EXIT_NOT_VALIDATED, EXIT_BAD_INPUT, EXIT_INTERNAL = 0, 1, 2, 3
 EXIT_TABLE = ("Exit codes: 0 validated (or the command succeeded); 1 the port ran but did not validate; "
@@ -177,14 +177,14 @@ def _checked_out_dir(out: Path | None, model: Path, force: bool) -> Path:
 @app.command()
 def port(
     path: Annotated[Path, typer.Argument(help="the model folder (never written)")],
-    target: TargetOpt = "auto",
-    chip: ChipOpt = "910b",
+    target: TargetOpt = DEFAULT_TARGET,
+    chip: ChipOpt = DEFAULT_CHIP,
     goal: Annotated[str, typer.Option(help="goal text, e.g. 'to Ascend 910B, maximise throughput' (flags win)")] = "",
     out: Annotated[Path | None, typer.Option("--out", "-o", help="bundle folder (default ./npuport-out/<model>)")] = None,
     force: Annotated[bool, typer.Option("--force", help="replace an existing --out folder (its files are removed first)")] = False,
     policy: PolicyOpt = "rule",
     shrink: Annotated[bool, typer.Option("--shrink", help="quick runs on a small config derived from config.json (random weights; the manifest's `shrink:` overrides win)")] = False,
-    torch_npu: Annotated[str, typer.Option("--torch-npu", help="torch_npu version to emulate")] = "2.13.0",
+    torch_npu: Annotated[str, typer.Option("--torch-npu", help="torch_npu version to emulate")] = DEFAULT_TORCH_NPU,
     strict: Annotated[bool, typer.Option(help="fail on CPU fallbacks (TORCH_NPU_FALLBACK_CPU_DISABLE=1)")] = False,
     strict_perf: Annotated[bool, typer.Option("--strict-perf", help="fail the port on performance pathologies "
                                               "in its decode profile (no KV cache, per-step syncs, ...)")] = False,
@@ -231,7 +231,7 @@ def click_context() -> Any:
 
 @app.command()
 def demo(
-    target: TargetOpt = "ascend-sim",
+    target: TargetOpt = EMULATED_TARGET,
     out: Annotated[Path | None, typer.Option("--out", "-o")] = None,
     force: Annotated[bool, typer.Option("--force", help="replace an existing --out folder")] = False,
     tune_trials: Annotated[int, typer.Option(help="budget: tuning trials")] = 4,
@@ -243,7 +243,7 @@ def demo(
     out_dir = _checked_out_dir(out, model, force)
     if force:
         clear_out_dir(out_dir)
-    request = {"model_path": str(model), "target": target, "chip": "910b", "tune": True, "tune_trials": tune_trials,
+    request = {"model_path": str(model), "target": target, "chip": DEFAULT_CHIP, "tune": True, "tune_trials": tune_trials,
                "out_dir": str(out_dir)}
     code = run_port_cli(request, goal="")
     if code == EXIT_OK:
@@ -316,9 +316,9 @@ def scan(
 @app.command()
 def ops(
     what: Annotated[str, typer.Argument(help="a model folder, or 'matrix' to build a torch_npu op-support matrix")],
-    target: TargetOpt = "ascend-sim",
-    chip: ChipOpt = "910b",
-    torch_npu: Annotated[str, typer.Option("--torch-npu", help="torch_npu version, e.g. 2.13.0")] = "2.13.0",
+    target: TargetOpt = EMULATED_TARGET,
+    chip: ChipOpt = DEFAULT_CHIP,
+    torch_npu: Annotated[str, typer.Option("--torch-npu", help="torch_npu version")] = DEFAULT_TORCH_NPU,
     strict: Annotated[bool, typer.Option(help="raise on CPU fallbacks (TORCH_NPU_FALLBACK_CPU_DISABLE=1)")] = False,
     wheel: Annotated[Path | None, typer.Option(help="matrix: a local torch_npu .whl instead of downloading")] = None,
     yaml: Annotated[list[Path] | None, typer.Option("--yaml", help="matrix: op-plugin op_plugin_functions yaml")] = None,

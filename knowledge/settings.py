@@ -27,6 +27,8 @@ from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 SCOPES = ("read", "write", "admin")
+DEFAULT_TORCH_NPU = "2.13.0"
+"""The torch_npu release a port emulates or targets unless told otherwise (every default reads this)."""
 """read: look at this token's jobs, events, bundles, chat status questions; write: submit, approve, cancel
 this token's jobs; admin: the same on every token's jobs."""
 
@@ -69,7 +71,7 @@ class Settings(BaseSettings):
     """Key for that endpoint (else OPENAI_API_KEY)."""
     kb_max_file_bytes: int = Field(default=4 * 1024 * 1024, gt=0)
     """Larger files are not indexed into the knowledge base."""
-    kb_torch_npu: str = "2.13.0"
+    kb_torch_npu: str = DEFAULT_TORCH_NPU
     """The torch_npu release whose wheel `npuport kb build` reads (op list, op-plugin tables, docstrings)."""
     kb_docs: str = ""
     """Extra doc folders for `npuport kb build`, separated by the path separator (os.pathsep)."""

@@ -146,7 +146,7 @@ class _Counters:
 
 
 class _SimCounters(_Counters):
-    kind = "ascend-sim"
+    kind = "device-ops"  # the emulated runtime counts the device ops it dispatches
 
     def __init__(self, rt: Any) -> None:
         self.rt = rt

@@ -52,7 +52,7 @@ def test_clean_model_has_no_pathology_and_a_full_profile(target: str, tmp_path_f
     assert prof["modules"]["encoder"]["calls"] == 1 and prof["modules"]["encoder"]["steps"] == []
     assert find_pathologies(prof) == []
     if target == "ascend-sim":
-        assert prof["counters"] == "ascend-sim" and all(s["ops"] > 0 for s in steps)
+        assert prof["counters"] == "device-ops" and all(s["ops"] > 0 for s in steps)
     perf = analyse(prof, prof)
     assert verdict("validated", perf) == "validated" and summary_lines(perf) == []
 

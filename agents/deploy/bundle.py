@@ -10,7 +10,9 @@ from pathlib import Path
 from typing import Any
 
 from agents.deploy import plots, requirements, runscript, serve, vllm
+from agents.request import request_of
 from agents.tuning.space import model_facts
+from sandbox.targets import target_spec_of
 
 
 def _model_dir(state: dict[str, Any], out_dir: Path) -> Path | None:
@@ -32,11 +34,11 @@ def serve_plan(state: dict[str, Any], model_dir: Path | None,
         if cfg_path.exists():
             config = json.loads(cfg_path.read_text())
     facts = model_facts(config, has_custom_code=bool(model_dir and any(model_dir.glob("*.py"))))
-    req = state.get("request") or {}
+    req = request_of(state)
     docs = serve.plan_from_docs(serve.model_class(config, model_dir),
-                                search if search is not None else serve.default_search(), req.get("chip", "910b"))
+                                search if search is not None else serve.default_search(), req.chip)
     serving = (state.get("tuning") or {}).get("serving") or {}  # from the real-NPU loop, when it ran
-    settings = vllm.plan_serve(facts, chip=req.get("chip", "910b"), tuned=serving.get("best"),
+    settings = vllm.plan_serve(facts, chip=req.chip, tuned=serving.get("best"),
                                measured=serving.get("measured_on"), docs=docs)
     return settings, docs
 
@@ -56,15 +58,16 @@ def write_deploy_bundle(state: dict[str, Any], out_dir: Path) -> dict[str, str]:
     """Write the deployment files into ``out_dir``; returns {name: path} of what was written."""
     out_dir.mkdir(parents=True, exist_ok=True)
     tuning = state.get("tuning") or {}
-    target = (state.get("target") or {}).get("name", "cpu")
+    target = target_spec_of(state.get("target")).name
     model_dir = _model_dir(state, out_dir)
-    name = Path((state.get("request") or {}).get("model_path") or "model").name
+    req = request_of(state)
+    name = Path(req.model_path or "model").name
     files: dict[str, str] = {}
     manifest = state.get("entry") or {}
-    files["run_py"] = _write(out_dir / "run.py", runscript.render_run_py(tuning.get("best") or {}, target, manifest),
-                             True)
+    files["run_py"] = _write(out_dir / "run.py", runscript.render_run_py(tuning.get("best") or {}, target, manifest,
+                                                                         req.model_dump()), True)
     files["model_inputs_py"] = _write(out_dir / "model_inputs.py", runscript.model_inputs_source())
-    if (state.get("request") or {}).get("shrink") and model_dir is not None:
+    if req.shrink and model_dir is not None:
         # The exact small config the port was validated with; run.py uses it by default.
         from sandbox.shrink import shrink_config
 
@@ -73,7 +76,7 @@ def write_deploy_bundle(state: dict[str, Any], out_dir: Path) -> dict[str, str]:
             small, _ = shrink_config(json.loads(config_file.read_text()), manifest.get("shrink") or {}, model_dir)
             files["run_config"] = _write(out_dir / "run_config.json", json.dumps(small, indent=1))
     settings, docs = serve_plan(state, model_dir)
-    src = (state.get("request") or {}).get("model_path")
+    src = req.model_path
     files["serve_sh"] = _write(out_dir / "serve.sh", vllm.render_serve_sh(
         settings, name, str(Path(src).resolve()) if src else None), True)
     files["set_env_sh"] = _write(out_dir / "set_env.sh", vllm.render_set_env_sh(settings), True)

@@ -26,6 +26,8 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from sandbox.targets import DEFAULT_CHIP, doc_chip, serving_chip
+
 # What serve.sh manages: the environment variables and the flags the vllm-ascend serving docs set.
 ENV_VARS = ("VLLM_USE_V1", "TASK_QUEUE_ENABLE", "VLLM_ASCEND_ENABLE_NZ", "PYTORCH_NPU_ALLOC_CONF",
             "TOKENIZERS_PARALLELISM")
@@ -122,7 +124,7 @@ class DocServe:
     multimodal: bool = False
     moe: bool = False
     remote_code: bool = False
-    chip_310p: bool = False  # written for Atlas 300I (310P) hosts
+    chip: str | None = None  # the chip the doc was written for alone (sandbox/targets: Chip.doc_words)
 
     @property
     def cite(self) -> str:
@@ -180,7 +182,7 @@ def _doc_serve(hit: Any, rank: int) -> DocServe | None:
                     multimodal="mm-processor-cache-gb" in flags or "limit-mm-per-prompt" in flags
                     or any(w in low for w in ("multimodal", "multi-modal", "vision", "image_url")),
                     moe=any(w in low for w in ("moe", "expert")), remote_code="trust-remote-code" in flags,
-                    chip_310p=any(w in low for w in ("310p", "300i")))
+                    chip=doc_chip(low))
 
 
 def class_query(mc: ModelClass) -> str:
@@ -197,7 +199,7 @@ def class_query(mc: ModelClass) -> str:
 def _agreement(d: DocServe, mc: ModelClass, chip: str) -> tuple[int, int]:
     # Multimodal decides the most (processor cache, prefix caching of image tokens); then the chip the
     # doc was written for (memory settings differ on 310P), MoE, remote code.
-    score = (8 * (d.multimodal == mc.multimodal) + 4 * (d.chip_310p == (chip == "310p")) + 2 * (d.moe == mc.moe)
+    score = (8 * (d.multimodal == mc.multimodal) + 4 * (d.chip == serving_chip(chip)) + 2 * (d.moe == mc.moe)
              + (d.remote_code == mc.remote_code))
     return score, -d.rank
 
@@ -241,7 +243,7 @@ def default_search() -> Search | None:
     return lambda query, k: kb.search(query, k=k, collections=["serving"])
 
 
-def plan_from_docs(mc: ModelClass, search: Search | None, chip: str = "910b") -> ServePlan:
+def plan_from_docs(mc: ModelClass, search: Search | None, chip: str = DEFAULT_CHIP) -> ServePlan:
     """The doc-derived settings for a model of class ``mc``."""
     docs: list[DocServe] = []
     if search is not None:
@@ -329,7 +331,7 @@ def _lookup_env(name: str, search: Search, mc: ModelClass, chip: str) -> tuple[s
     written for the same kind of model (multimodal or not) and chip."""
     for rank, hit in enumerate(search(f"export {name}", 6)):
         d = _doc_serve(hit, rank)
-        if d is not None and (d.multimodal != mc.multimodal or d.chip_310p != (chip == "310p")):
+        if d is not None and (d.multimodal != mc.multimodal or d.chip != serving_chip(chip)):
             continue
         for block in _FENCE.findall(_doc_text(hit)):
             m = re.search(rf"^\s*export\s+{name}=(\S+)\s*$", block, re.M)

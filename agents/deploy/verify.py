@@ -12,13 +12,14 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
+from agents.request import request_of
 from agents.runs import token_summary
 from agents.tuning.measure import TUNE_CONCURRENCY, at, points_of
 from agents.workspace import Workspace, WorkspaceError
 from sandbox.bench import run_bench
 from sandbox.process import Limits
 from sandbox.runner import run_harness
-from sandbox.targets import Target, TargetError, resolve_target
+from sandbox.targets import Target, TargetError, reference_target, resolve_target, target_spec_of
 
 DEFAULT_TOLERANCE = 0.30  # throughput on a shared host varies; +-30% of the report's number agrees
 
@@ -88,15 +89,13 @@ def report_python(report: dict[str, Any]) -> str | None:
 
 def _target(report: dict[str, Any]) -> Target | None:
     t = report.get("target") or {}
-    req = report.get("request") or {}
+    req = request_of(report)
+    spec = target_spec_of(t)
     try:
-        if t.get("name") == "npu":
-            from sandbox.targets import probe_npu
-
-            if not probe_npu()[0]:
-                return None
-        return resolve_target(t.get("name") or "cpu", chip=req.get("chip", "910b"), torch_npu=req.get("torch_npu", "2.13.0"),
-                              strict=bool(req.get("strict")), matrix_path=(t.get("options") or {}).get("matrix_path"))
+        if spec.probe is not None and not spec.probe()[0]:  # the hardware is not here
+            return None
+        return resolve_target(spec.name, chip=req.chip, torch_npu=req.torch_npu, strict=req.strict,
+                              matrix_path=(t.get("options") or {}).get("matrix_path"))
     except TargetError:
         return None
 
@@ -107,10 +106,10 @@ def _tokens_claim(report: dict[str, Any], ws: Workspace, target: Target, limits:
     ws.original_tree(original)
     manifest = report.get("entry") or {}
     # The port's own conditions: its shrunk config and the environment it ran in (a layered venv).
-    extra = {"shrink": bool((report.get("request") or {}).get("shrink"))}
+    extra = {"shrink": request_of(report).shrink}
     python = report_python(report)
     ref = run_harness(workdir=ws.root, model_dir=original, run_dir=ws.runs_dir / "verify-reference", manifest=manifest,
-                      target=Target("cpu", "cpu"), reference=True, limits=limits, extra=extra, python=python)
+                      target=reference_target(), reference=True, limits=limits, extra=extra, python=python)
     port = run_harness(workdir=ws.root, model_dir=ws.model_dir, run_dir=ws.runs_dir / "verify-port", manifest=manifest,
                        target=target, limits=limits, extra=extra, python=python)
     ref_t = (ref.result.get("outputs") or {}).get("tokens") if ref.ok else None
@@ -164,7 +163,7 @@ def _throughput_claim(report: dict[str, Any], ws: Workspace, target: Target, ref
                     manifest=report.get("entry") or {}, configs=[{"id": "verify", **tuning["best"]}], device=target.device,
                     target=target.harness_target() if target.bootstrap else None, env=target.env,
                     concurrencies=[conc], warmup=1, repeats=3, reference_tokens=ref_tokens, limits=limits,
-                    python=report_python(report), shrink=bool((report.get("request") or {}).get("shrink")))
+                    python=report_python(report), shrink=request_of(report).shrink)
     observed = at(points_of(run), conc)
     if observed is None:
         return Claim(name="throughput", verdict="disagree", claimed=claimed, detail=f"benchmark failed: {run.error()}")

@@ -14,7 +14,7 @@ from pydantic import BaseModel
 
 from agents.deploy.serve import ModelClass, ServePlan, plan_from_docs
 from agents.tuning.space import DEVICE_MEMORY_GIB, ModelFacts
-from sandbox.targets import CHIP_REGISTRY
+from sandbox.targets import CHIP_REGISTRY, DEFAULT_CHIP
 
 DOCS = "vllm-ascend-docs"
 NOT_MEASURED = "not measured on this host"
@@ -34,7 +34,7 @@ def _size(gib: float) -> str:
     return f"{gib:.1f} GiB" if gib >= 1 else f"{gib * 1024:.1f} MiB" if gib * 1024 >= 0.1 else f"{gib * 2**20:.0f} KiB"
 
 
-def plan_serve(facts: ModelFacts, *, chip: str = "910b", n_devices: int = 1, tuned: dict[str, Any] | None = None,
+def plan_serve(facts: ModelFacts, *, chip: str = DEFAULT_CHIP, n_devices: int = 1, tuned: dict[str, Any] | None = None,
                measured: str | None = None, docs: ServePlan | None = None) -> list[ServeSetting]:
     """The settings, in serve.sh order: the doc-derived ones (``docs``, from agents/deploy/serve.py; when
     absent, the documented defaults for the facts' class), the tensor-parallel split and dtype npuport

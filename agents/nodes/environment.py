@@ -1,11 +1,12 @@
-"""environment: resolves the target (and, for ascend-sim, the op-support matrix of the chosen
-torch_npu build) once per port, and says which and why."""
+"""environment: resolves the target (and, for a target that uses one, the op-support matrix of the
+chosen torch_npu build) once per port, and says which and why."""
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
 
+from agents.request import request_of
 from agents.target_state import matrix_for, target_to_dict
 from agents.trace import step
 from knowledge.errors import first_line
@@ -13,17 +14,17 @@ from sandbox.targets import Target, TargetError, get_target_spec, resolve_target
 
 
 def environment_node(state: dict[str, Any]) -> dict[str, Any]:
-    req = state["request"]
+    req = request_of(state)
     notes: list[str] = []
     try:
-        target = resolve_target(req["target"], chip=req["chip"], torch_npu=req["torch_npu"], strict=req["strict"])
+        target = resolve_target(req.target, chip=req.chip, torch_npu=req.torch_npu, strict=req.strict)
     except TargetError as exc:
         return {"status": "failed", "reason": str(exc), "trace": [step("environment", str(exc))]}
     if get_target_spec(target.name).uses_matrix:
-        path, note = matrix_for(req["torch_npu"])
+        path, note = matrix_for(req.torch_npu)
         notes.append(note)
-        why = target.reason  # for auto: why the emulator was chosen
-        target = resolve_target("ascend-sim", chip=req["chip"], torch_npu=req["torch_npu"], strict=req["strict"],
+        why = target.reason  # for auto: why this target was chosen
+        target = resolve_target(target.name, chip=req.chip, torch_npu=req.torch_npu, strict=req.strict,
                                 matrix_path=path)
         target = Target(target.name, target.device, target.bootstrap, target.options, target.env,
                         reason=f"{why}; {note}")
@@ -33,7 +34,7 @@ def environment_node(state: dict[str, Any]) -> dict[str, Any]:
     try:
         from agents.env_resolve import EnvBuildError, ensure_env, native_for, resolve
 
-        resolution = resolve(Path(req["model_path"]), target.name, req["torch_npu"])
+        resolution = resolve(Path(req.model_path), target.name, req.torch_npu)
         environment["resolution"] = resolution.as_dict()
         python = ensure_env(resolution)
         environment["resolution"] = resolution.as_dict()  # with the torch pair chosen while building

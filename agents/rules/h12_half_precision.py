@@ -90,14 +90,13 @@ def _cpu_dtypes() -> tuple[tuple[str, ...], str]:
 
 def chip_dtypes(target: Mapping[str, Any] | None) -> tuple[tuple[str, ...], str]:
     """The floating dtypes the target computes, and where that fact comes from."""
-    t = dict(target or {})
-    name = t.get("name") or "cpu"
-    if name == "cpu" or t.get("device") == "cpu":
-        return _cpu_dtypes()
-    from sandbox.targets.registry import canonical_chip, get_chip
+    from sandbox.targets import get_chip, target_spec_of
 
-    key = canonical_chip(str((t.get("options") or {}).get("chip") or "910b")) or "910b"
-    chip = get_chip(key)
+    t = dict(target or {})
+    if not target_spec_of(t).npu_like or t.get("device") == "cpu":
+        return _cpu_dtypes()
+    chip = get_chip((t.get("options") or {}).get("chip"))  # the port's chip; none recorded: the default
+    key = chip.key
     dtypes, why = tuple(chip.dtypes), f"chip registry: Ascend {key} ({chip.product}) has kernels for " \
                                       f"{', '.join(chip.dtypes)}"
     kb, source = _kb_matmul_dtypes(key)
@@ -111,7 +110,9 @@ def cast_policy(target: Mapping[str, Any] | None) -> tuple[str, str]:
     """(dtype, reason): float16 is kept where the target computes float16; else bfloat16 (same range as
     float32, so no overflow where float16 had none), else float32."""
     dtypes, why = chip_dtypes(target)
-    where = (target or {}).get("name") or "cpu"
+    from sandbox.targets import target_spec_of
+
+    where = target_spec_of(target).name
     if "float16" in dtypes:
         return "float16", f"keep float16 on {where}: {why}"
     if "bfloat16" in dtypes:

@@ -32,7 +32,7 @@ def _threads(p: dict[str, Any], f: HostFacts) -> str | None:
 
 def _bf16_310p(p: dict[str, Any], f: HostFacts) -> str | None:
     chip = CHIP_REGISTRY.get(f.chip)
-    if p.get("dtype") == "bfloat16" and chip and not chip.bf16 and f.target in ("ascend-sim", "npu", "vllm-ascend"):
+    if p.get("dtype") == "bfloat16" and chip and not chip.bf16 and f.on_device:
         return f"Ascend {f.chip.upper()} has no bfloat16 support; use float16"
     return None
 
@@ -54,11 +54,15 @@ def _compile(p: dict[str, Any], f: HostFacts) -> str | None:
     mode = p.get("compile") or "none"
     if mode == "none":
         return None
-    if f.target in ("ascend-sim", "npu"):
+    spec = f.spec
+    if spec is None:  # a serving engine's space has no compile knob of ours
+        return None
+    if spec.compile_backend is None:
         return ("torch.compile on Ascend goes through torchair's NPU backend, which this target does not provide"
-                if f.target == "ascend-sim" else None)
-    if mode == "reduce-overhead" and f.target == "cpu":
-        return "compile mode reduce-overhead captures CUDA graphs; on the CPU it only adds overhead to mode default"
+                if spec.npu_like else f"the {spec.name} target provides no torch.compile backend")
+    if mode == "reduce-overhead" and not spec.graph_capture:
+        return (f"compile mode reduce-overhead captures device graphs, which the {spec.name} target cannot; "
+                "it only adds overhead to mode default")
     return None
 
 
@@ -154,8 +158,8 @@ def _layout(p: dict[str, Any], f: HostFacts) -> str | None:
         return "F.scaled_dot_product_attention takes [batch, heads, seq, dim] (BNSD) only"
     if op == "npu_prompt_flash_attention" and layout == "TND":
         return "npu_prompt_flash_attention takes BSH / BSND / BNSD, not the varlen TND layout"
-    if f.target == "cpu" and op != "sdpa":
-        return f"{op} is a torch_npu operator; the cpu target has none"
+    if not f.on_device and op != "sdpa":
+        return f"{op} is a torch_npu operator; the {f.target} target has none"
     return None
 
 

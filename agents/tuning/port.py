@@ -10,6 +10,7 @@ from typing import Any
 
 from agents import progress
 from agents.models import TrialRecord, Tuning
+from agents.request import PortRequest, request_of
 from agents.target_state import target_from_dict
 from agents.tuning.constraints import NoFeasiblePoint, constraints_for, prune
 from agents.tuning.measure import REPORT_CONCURRENCIES, TUNE_CONCURRENCY, PortBench, at, points_of
@@ -21,17 +22,18 @@ from knowledge.settings import settings
 DEFAULT_TRIALS = 12
 
 
-def budget_of(req: dict[str, Any]) -> Budget:
+def budget_of(req: PortRequest | dict[str, Any]) -> Budget:
     """Trials and seconds for the search: the request's ``tune_trials`` / ``tune_time_s`` when given,
     else NPUPORT_TUNE_TRIALS / NPUPORT_TUNE_TIME_S, else 12 trials and half the port's wall budget."""
     conf = settings()
-    trials = req.get("tune_trials") or conf.tune_trials or DEFAULT_TRIALS
-    secs = req.get("tune_time_s") or conf.tune_time_s or float(req.get("max_wall_s", 1800)) / 2
+    req = request_of(req)
+    trials = req.tune_trials or conf.tune_trials or DEFAULT_TRIALS
+    secs = req.tune_time_s or conf.tune_time_s or float(req.max_wall_s) / 2
     return Budget(max_trials=int(trials), max_seconds=float(secs))
 
 
 def facts_of(state: dict[str, Any]) -> HostFacts:
-    req = state["request"]
+    req = request_of(state)
     manifest = state.get("entry") or {}
     model_dir = Path(state["workdir"]) / "model"
     config_path = model_dir / manifest.get("config", "config.json")
@@ -44,7 +46,7 @@ def facts_of(state: dict[str, Any]) -> HostFacts:
         facts.attn_impls = ()
     ref = (state.get("numerics") or {}).get("reference_tokens") or [[]]
     facts.new_tokens = max(1, len(ref[0]))
-    return HostFacts(target=state["target"]["name"], chip=req.get("chip", "910b"), model=facts)
+    return HostFacts(target=state["target"]["name"], chip=req.chip, model=facts)
 
 
 def space_for(facts: HostFacts) -> SearchSpace:
@@ -92,14 +94,14 @@ def llm_proposals(state: dict[str, Any], space: SearchSpace, facts: HostFacts) -
     from agents.policies.assist import llm_enabled, propose_trials
     from agents.policies.base import policy_context
 
-    req = state.get("request") or {}
-    if not llm_enabled(req.get("policy")):
+    req = request_of(state)
+    if not llm_enabled(req.policy):
         return [], ""
     feasible, _pruned = prune(space, facts, constraints_for(space))
     keys = {space.key(p) for p in feasible}
     start = {d.name: d.start() for d in space.dims}
     values = {d.name: list(d.values) for d in space.dims}
-    proposed, note = propose_trials(policy_context(state), values, [], str(req.get("objective", "throughput")))
+    proposed, note = propose_trials(policy_context(state), values, [], req.objective)
     kept = [p for p in proposed if space.key({**start, **p}) in keys]
     if proposed:
         note += f"; {len(kept)} inside the constraint space, {len(proposed) - len(kept)} rejected (pruned by constraints)"
@@ -161,7 +163,7 @@ def skeleton_tuning(state: dict[str, Any]) -> Tuning:
 
 
 def tune_port(state: dict[str, Any], space: SearchSpace | None = None) -> Tuning:
-    req = state["request"]
+    req = request_of(state)
     ws = Workspace(Path(state["workdir"]))
     original = ws.root / "original"
     ws.original_tree(original)
@@ -171,8 +173,8 @@ def tune_port(state: dict[str, Any], space: SearchSpace | None = None) -> Tuning
     ref_tokens = (state.get("numerics") or {}).get("reference_tokens")
     bench = PortBench(workdir=ws.root, model_dir=ws.model_dir, original_dir=original, manifest=state["entry"],
                       target=target, runs_dir=ws.runs_dir / "tuning", reference_tokens=ref_tokens,
-                      wall_s=float(req.get("run_timeout_s", 300)) * 2,
-                      python=(state.get("environment") or {}).get("python"), shrink=bool(req.get("shrink")))
+                      wall_s=float(req.run_timeout_s) * 2,
+                      python=(state.get("environment") or {}).get("python"), shrink=req.shrink)
     t0 = time.monotonic()
     budget = budget_of(req)
     proposals, llm_note = llm_proposals(state, space, facts)

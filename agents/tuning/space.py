@@ -15,7 +15,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
-from sandbox.targets import CHIP_REGISTRY
+from sandbox.targets import CHIP_REGISTRY, DEFAULT_CHIP, TARGETS, TargetSpec
 
 
 class Dim(BaseModel):
@@ -153,16 +153,27 @@ class ModelFacts:
 
 @dataclass
 class HostFacts:
-    target: str  # cpu | ascend-sim | npu | vllm-ascend
-    chip: str = "910b"
+    target: str  # a target of sandbox/targets, or a serving engine's space (vllm-ascend)
+    chip: str = DEFAULT_CHIP
     cores: int = field(default_factory=usable_cores)
     memory_bytes: int = field(default_factory=host_memory_bytes)
     n_devices: int = 1
     model: ModelFacts = field(default_factory=ModelFacts)
 
     @property
+    def spec(self) -> TargetSpec | None:
+        """The target's capabilities; None for a serving engine's space, which is not a target."""
+        return TARGETS.get(self.target)
+
+    @property
+    def on_device(self) -> bool:
+        """The run computes on an Ascend device (or its emulation): chip memory and dtypes apply. A
+        serving engine's space (vllm-ascend) serves on the NPU."""
+        return self.spec.npu_like if self.spec is not None else True
+
+    @property
     def device_memory_bytes(self) -> int:
-        if self.target in ("cpu",):
+        if not self.on_device:
             return self.memory_bytes
         return int(DEVICE_MEMORY_GIB.get(self.chip, 32.0) * 2**30)
 
@@ -218,7 +229,7 @@ def torch_space(facts: HostFacts, *, batches: list[int] | None = None, compile_m
         Dim(name="attn", values=list(facts.model.attn_impls) or [None], prior="sdpa" if facts.model.attn_impls else None),
         Dim(name="compile", values=compile_modes or ["none", "default", "reduce-overhead"], prior="none"),
     ]
-    if facts.target != "cpu":
+    if facts.on_device:
         dims = [d for d in dims if d.name != "threads"]  # host threads do not drive device kernels
     return SearchSpace(name=name or f"{facts.target}-torch", target=facts.target, kind="torch", dims=dims)
 

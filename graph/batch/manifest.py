@@ -3,7 +3,7 @@
 ```yaml
 name: zoo
 defaults:
-  target: cpu            # cpu | ascend-sim | npu | auto
+  target: cpu            # a target of sandbox/targets/registry.py (cpu, ascend-sim, npu, auto)
   chip: 910b
   objective: throughput
   shrink: false          # true: apply the model's own `shrink` overrides; or a dict of config overrides
@@ -32,7 +32,9 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from agents.request import POLICIES, ChipName, PolicyName, TargetName
 from knowledge.errors import BatchManifestError, first_line
+from sandbox.targets import DEFAULT_CHIP, DEFAULT_TARGET, DEFAULT_TORCH_NPU
 
 ARCHIVE_SUFFIXES = (".zip", ".tar", ".tar.gz", ".tgz")
 
@@ -48,11 +50,12 @@ class PortSettings(BaseModel):
     """Settings of one port; every field may be left out of a model entry to take the batch default."""
 
     model_config = ConfigDict(extra="forbid")
-    target: Literal["cpu", "ascend-sim", "npu", "auto"] = "auto"
-    chip: Literal["910b", "a3", "310p"] = "910b"
+    # the names and defaults of agents/request.py's PortRequest (the target, chip and policy registries)
+    target: TargetName = DEFAULT_TARGET
+    chip: ChipName = DEFAULT_CHIP
     objective: Literal["throughput", "latency", "correctness"] = "throughput"
-    torch_npu: str = "2.13.0"
-    policy: str = "rule"
+    torch_npu: str = DEFAULT_TORCH_NPU
+    policy: PolicyName = POLICIES[0]
     strict: bool = False
     shrink: bool | dict[str, Any] = False
     tune: bool = False
@@ -68,11 +71,11 @@ class ModelEntry(BaseModel):
     model_config = ConfigDict(extra="forbid")
     path: str
     name: str | None = Field(default=None, pattern=r"^[\w.-]{1,64}$")
-    target: Literal["cpu", "ascend-sim", "npu", "auto"] | None = None
-    chip: Literal["910b", "a3", "310p"] | None = None
+    target: TargetName | None = None
+    chip: ChipName | None = None
     objective: Literal["throughput", "latency", "correctness"] | None = None
     torch_npu: str | None = None
-    policy: str | None = None
+    policy: PolicyName | None = None
     strict: bool | None = None
     shrink: bool | dict[str, Any] | None = None
     tune: bool | None = None

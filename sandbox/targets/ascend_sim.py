@@ -7,14 +7,14 @@ import sys
 from typing import Any
 
 from knowledge.errors import TargetError
-from sandbox.targets.base import Target, TargetSpec
+from sandbox.targets.base import ScriptSetup, Target, TargetSpec
 
 
 def _log(msg: str) -> None:
     print(f"npuport: {msg}", file=sys.stderr, flush=True)
 
 
-def resolve(*, chip: str = "910b", torch_npu: str = "2.13.0", strict: bool = False, matrix_path: str | None = None,
+def resolve(*, chip: str, torch_npu: str, strict: bool = False, matrix_path: str | None = None,
             **_: Any) -> Target:
     from knowledge.settings import settings
     from sandbox.ascend_sim.native_build import NativeUnavailable, choose_engine
@@ -30,4 +30,6 @@ def resolve(*, chip: str = "910b", torch_npu: str = "2.13.0", strict: bool = Fal
 
 
 SPEC = TargetSpec(name="ascend-sim", summary="an emulated Ascend host on any CPU", npu_like=True, resolve=resolve,
-                  uses_matrix=True)
+                  uses_matrix=True, emulated=True,
+                  script=ScriptSetup(device="npu", bootstrap="sandbox.ascend_sim:install", options=("chip", "torch_npu"),
+                                     needs_npuport=True))

@@ -8,7 +8,7 @@ from sandbox.targets import ascend_sim, npu
 from sandbox.targets.base import Target, TargetSpec
 
 
-def resolve(*, chip: str = "910b", torch_npu: str = "2.13.0", strict: bool = False, matrix_path: str | None = None,
+def resolve(*, chip: str, torch_npu: str, strict: bool = False, matrix_path: str | None = None,
             **_: Any) -> Target:
     ok, why = npu.probe_npu()
     if ok:
@@ -19,4 +19,4 @@ def resolve(*, chip: str = "910b", torch_npu: str = "2.13.0", strict: bool = Fal
 
 
 SPEC = TargetSpec(name="auto", summary="npu when torch_npu sees a device, else ascend-sim", npu_like=True,
-                  resolve=resolve, uses_matrix=True)
+                  resolve=resolve, uses_matrix=True, chooser=True)

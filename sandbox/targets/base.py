@@ -34,7 +34,24 @@ Resolve = Callable[..., Target]
 
 
 @dataclass(frozen=True)
+class ScriptSetup:
+    """How a standalone script (the bundle's run.py) reaches a target without npuport's sandbox: the
+    modules it imports first, an optional bootstrap ``module:function`` called with the target's
+    options, and the device string it then runs on."""
+
+    device: str
+    imports: tuple[str, ...] = ()
+    bootstrap: str | None = None
+    options: tuple[str, ...] = ()
+    """The request fields the bootstrap takes as options (e.g. "chip", "torch_npu")."""
+    needs_npuport: bool = False
+    """The bootstrap is npuport's own (run.py then needs npuport importable)."""
+
+
+@dataclass(frozen=True)
 class TargetSpec:
+    """A target's name and capabilities: the rest of npuport asks these questions, never the name."""
+
     name: str
     summary: str
     """One line for --help and the docs."""
@@ -43,6 +60,20 @@ class TargetSpec:
     resolve: Resolve
     uses_matrix: bool = False
     """Needs the op-support matrix of the chosen torch_npu build (the environment node fetches it)."""
+    emulated: bool = False
+    """An emulation on the host CPU: no CANN needed, numerics are the host torch's."""
+    needs_device: bool = False
+    """Needs real hardware (and its toolkit, CANN): probed before use (auto, verify)."""
+    compile_backend: str | None = None
+    """torch.compile's backend here ("inductor", "torchair"); None: the target provides none."""
+    graph_capture: bool = False
+    """compile mode reduce-overhead captures device graphs here; without, it only adds overhead."""
+    probe: Callable[[], tuple[bool, str]] | None = None
+    """Is the hardware here? (ok, why); None: always usable. Asked before a run that needs it."""
+    chooser: bool = False
+    """Resolves to another target (auto), so no port ever runs "on" it."""
+    script: ScriptSetup | None = None
+    """How the bundle's run.py reaches it; None: run.py does not offer it."""
 
 
 @dataclass(frozen=True)
@@ -66,6 +97,9 @@ class Chip:
     """Other spellings accepted in goal text and --chip (lower case, no spaces)."""
     serve_note: str = ""
     """Why the serve default is what it is, when it is not the usual one."""
+    doc_words: tuple[str, ...] = ()
+    """Words (lower case) marking a vLLM-Ascend doc written for this chip alone (its serving settings
+    differ); empty for chips the docs' general settings are written for."""
 
     @property
     def bf16(self) -> bool:

@@ -16,5 +16,5 @@ CHIPS: tuple[Chip, ...] = (
     Chip(key="310p", product="Atlas 300I Pro / 300I Duo inference cards", memory_gib=24.0,
          dtypes=("float32", "float16"), op_support=_MATRIX + "; no bfloat16 kernels, many fused ops are A2/A3 only",
          serve_dtype="float16", aliases=("310p3",),
-         serve_note="Ascend 310P has no bfloat16 kernels, so it serves float16"),
+         serve_note="Ascend 310P has no bfloat16 kernels, so it serves float16", doc_words=("310p", "300i")),
 )

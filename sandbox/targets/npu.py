@@ -7,7 +7,7 @@ import subprocess
 import sys
 from typing import Any
 
-from sandbox.targets.base import Target, TargetSpec
+from sandbox.targets.base import ScriptSetup, Target, TargetSpec
 
 
 def probe_npu(timeout_s: float = 60.0) -> tuple[bool, str]:
@@ -39,4 +39,5 @@ def resolve(*, strict: bool = False, **_: Any) -> Target:
 
 
 SPEC = TargetSpec(name="npu", summary="a real Ascend NPU through torch_npu", npu_like=True, resolve=resolve,
-                  uses_matrix=False)
+                  uses_matrix=False, needs_device=True, probe=probe_npu, compile_backend="torchair", graph_capture=True,
+                  script=ScriptSetup(device="npu:0", imports=("torch_npu",)))
