@@ -11,6 +11,7 @@ import os
 from typing import Any
 
 from agents.models import Citation
+from agents.request import request_of
 from knowledge.errors import first_line
 from knowledge.home import npuport_home
 from knowledge.settings import settings
@@ -105,8 +106,8 @@ def _journal_learned(state: dict[str, Any]) -> list[str]:
 
     runs = {r["id"]: r for r in state.get("runs") or []}
     diagnoses = {d["id"]: d for d in state.get("diagnoses") or []}
-    req = state.get("request") or {}
-    model, target = os.path.basename(req.get("model_path", "")), (state.get("target") or {}).get("name", "")
+    req = request_of(state)
+    model, target = os.path.basename(req.model_path), (state.get("target") or {}).get("name", "")
     patches = state.get("patches") or []
     # a fix the debugger later undid (revert-and-retry) is not what the port validated with
     undone = {diagnoses[p["diagnosis_id"]]["params"].get("commit") for p in patches
@@ -139,7 +140,7 @@ def _memory_signature(d: dict[str, Any], runs: dict[str, dict[str, Any]]) -> str
 def _record_fixes(kb: Any, state: dict[str, Any]) -> list[str]:
     runs = {r["id"]: r for r in state.get("runs") or []}
     diagnoses = {d["id"]: d for d in state.get("diagnoses") or []}
-    req = state.get("request") or {}
+    req = request_of(state)
     ids = []
     for p in state.get("patches") or []:
         d = diagnoses.get(p.get("diagnosis_id") or "")
@@ -148,7 +149,7 @@ def _record_fixes(kb: Any, state: dict[str, Any]) -> list[str]:
         try:
             # the same id as _journal_learned's record (knowledge.port_memory.record_id), so a learned fix
             # journalled there is only indexed here, not journalled twice
-            ids.append(kb.record_fix(_memory_signature(d, runs), p["summary"], model=os.path.basename(req.get("model_path", "")),
+            ids.append(kb.record_fix(_memory_signature(d, runs), p["summary"], model=os.path.basename(req.model_path),
                                      target=(state.get("target") or {}).get("name", ""), files=p.get("files")))
         except Exception:  # memory is best effort; the port itself is done
             continue

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from agents.models import Diagnosis, StructuredException
+from agents.request import request_of
 
 # The failure classifier lives with the hazard rules (agents/rules/diagnose.py); re-exported here.
 from agents.rules.base import Signature
@@ -24,13 +25,13 @@ __all__ = ["REVERT_FIX", "Signature", "budget_left", "classify", "escalate", "in
 
 def budget_left(state: dict[str, Any]) -> tuple[bool, str]:
     """(True, "") while the run may continue, else (False, which budget ran out)."""
-    req = state["request"]
+    req = request_of(state)
     runs = (state.get("counters") or {}).get("port_runs", 0)
-    if runs >= req.get("max_runs", 8):
-        return False, f"the budget of {req.get('max_runs')} sandbox runs is spent"
+    if runs >= req.max_runs:
+        return False, f"the budget of {req.max_runs} sandbox runs is spent"
     started = state.get("started_at") or time.time()
-    if time.time() - started >= req.get("max_wall_s", 1800):
-        return False, f"the wall-time budget of {req.get('max_wall_s'):g} s is spent"
+    if time.time() - started >= req.max_wall_s:
+        return False, f"the wall-time budget of {req.max_wall_s:g} s is spent"
     return True, ""
 
 

@@ -11,9 +11,9 @@ from pathlib import Path
 from typing import Any
 
 from agents.entry import discover_entry
+from agents.runs import RunSpec
 from agents.target_state import matrix_for
 from sandbox.process import Limits
-from sandbox.runner import run_harness
 from sandbox.targets import DEFAULT_CHIP, DEFAULT_TORCH_NPU, EMULATED_TARGET, get_target_spec, resolve_target
 
 
@@ -62,8 +62,9 @@ def op_inventory(model_dir: Path, *, target: str = EMULATED_TARGET, chip: str = 
     t = resolve_target(target, chip=chip, torch_npu=torch_npu, strict=strict, matrix_path=matrix_path)
     reason = "; ".join(x for x in (t.reason, note) if x)
     with tempfile.TemporaryDirectory(prefix="npuport-ops-") as tmp:
-        run = run_harness(workdir=Path(tmp), model_dir=model_dir, run_dir=Path(tmp) / "run", manifest=entry,
-                          target=t, redirect_cuda=True, limits=Limits(wall_s=timeout_s))
+        spec = RunSpec.of(workdir=Path(tmp), model_dir=model_dir, manifest=entry, target=t,
+                          limits=Limits(wall_s=timeout_s)).replace(redirect_cuda=True)
+        run = spec.harness(Path(tmp) / "run")
     res = run.result
     exc = res.get("exception") or {}
     error = f"{exc.get('type')}: {str(exc.get('message', ''))[:2000]}" if exc else ""

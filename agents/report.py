@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from agents.perf_evidence import perf_markdown, strict_failure, verdict
+from agents.request import request_of
 from agents.runs import token_summary
 from agents.workspace import Workspace
 from sandbox.targets import CHIP_REGISTRY
@@ -20,7 +21,7 @@ def final_status(state: dict[str, Any]) -> tuple[str, str]:
         return "failed", state.get("reason") or "failed"
     numerics = state.get("numerics") or {}
     if numerics.get("verdict") == "match":
-        if (state.get("request") or {}).get("strict_perf") and (why := strict_failure(state.get("perf"))):
+        if request_of(state).strict_perf and (why := strict_failure(state.get("perf"))):
             return "failed", why
         reason = "the port runs on the target and its greedy tokens match the original"
         if found := (state.get("perf") or {}).get("pathologies"):
@@ -128,13 +129,13 @@ def _chip_text(key: Any) -> str:
 
 
 def render_markdown(report: dict[str, Any]) -> str:
-    req = report["request"]
+    req = request_of(report)
     lines = [
-        f"# npuport report: {Path(req.get('model_path', '?')).name}",
+        f"# npuport report: {Path(req.model_path or '?').name}",
         "",
         f"- **Status:** {report.get('verdict') or report['status']}{' (partial bundle)' if report.get('failure') else ''} — {report['reason']}",
         f"- **Target:** {report.get('target', {}).get('name', '?')} ({report.get('target', {}).get('reason', '')})",
-        f"- **Chip / torch_npu:** {_chip_text(req.get('chip'))} / {req.get('torch_npu')}",
+        f"- **Chip / torch_npu:** {_chip_text(req.chip)} / {req.torch_npu}",
         f"- **Sandbox runs:** {report['counters'].get('port_runs', 0)} of the port, "
         f"{report['counters'].get('reference_runs', 0)} of the original (reference)",
         f"- **Wall time:** {report['wall_s']:.1f} s",
@@ -343,8 +344,8 @@ def emergency_report(state: dict[str, Any], failure: dict[str, Any]) -> dict[str
 
 
 def default_out_dir(state: dict[str, Any]) -> Path:
-    req = state.get("request") or {}
-    if req.get("out_dir"):
-        return Path(req["out_dir"]).expanduser()
-    name = Path(req.get("model_path") or "model").name
+    req = request_of(state)
+    if req.out_dir:
+        return Path(req.out_dir).expanduser()
+    name = Path(req.model_path or "model").name
     return Path.cwd() / "npuport-out" / name

@@ -191,8 +191,10 @@ def request_of(source: Mapping[str, Any] | PortRequest | None) -> PortRequest:
     if isinstance(source, PortRequest):
         return source
     src: Mapping[str, Any] = source or {}
-    # a state or report holds the request under "request"; a request dict has only request fields
-    raw: Any = src.get("request") if "request" in src else src if set(src) <= set(PortRequest.model_fields) else {}
+    # a state or report holds the request under "request"; a request dict names a model or has only
+    # request fields (a state without a request yet has neither)
+    is_request = "model_path" in src or set(src) <= set(PortRequest.model_fields)
+    raw: Any = src.get("request") if "request" in src else src if is_request else {}
     if isinstance(raw, PortRequest):
         return raw
     raw = dict(raw or {})

@@ -1,12 +1,87 @@
-"""Sandbox runs as records: a harness result turned into a RunRecord, and the limits a request sets."""
+"""Sandbox runs: the one ``RunSpec`` every caller of the harness and the bench builds its runs from,
+a harness result turned into a RunRecord, and the limits a request sets."""
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from agents.models import Frame, RunRecord, StructuredException
+from agents.request import PortRequest, request_of
+from agents.target_state import target_from_dict
+from sandbox.bench import BenchRun, run_bench
 from sandbox.process import Limits
-from sandbox.runner import HarnessRun
+from sandbox.runner import HarnessRun, run_harness
+from sandbox.targets import Target, reference_target
+
+STEP_CAPTURE = ("__step__", "*")
+"""Capture every module's output at each decode step (per-module numerics)."""
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """What a sandbox run of a port is: the model folder, the target, the limits, the interpreter,
+    the --shrink config and what to capture. Built once (``RunSpec.of``, ``run_spec(state)``) and
+    varied with ``replace``, so the executor, the validator, the tuner's bench, verify and the op
+    inventory all run the model under the same conditions."""
+
+    workdir: Path
+    model_dir: Path
+    manifest: dict[str, Any]
+    target: Target
+    limits: Limits
+    python: str | None = None
+    """The layered environment's interpreter (the model's own pins), or None for the host's."""
+    shrink: bool = False
+    """Run the derived small config (sandbox/shrink.py), port and reference alike."""
+    capture: tuple[str, ...] = ()
+    reference: bool = False
+    """The original as written, under the cuda->cpu redirect, in float32."""
+    redirect_cuda: bool = False
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, *, workdir: Path, model_dir: Path, manifest: Mapping[str, Any], target: Target,
+           request: PortRequest | Mapping[str, Any] | None = None, python: str | None = None,
+           limits: Limits | None = None) -> RunSpec:
+        """The spec of a port's runs: the request gives the limits and the shrink."""
+        req = request_of(request)
+        return cls(workdir=Path(workdir), model_dir=Path(model_dir), manifest=dict(manifest), target=target,
+                   limits=limits or limits_for(req), python=python,
+                   shrink=req.shrink)
+
+    def replace(self, **changes: Any) -> RunSpec:
+        return dataclasses.replace(self, **changes)
+
+    def as_reference(self, original: Path) -> RunSpec:
+        """The same run of the original on the reference target, capturing every step."""
+        return self.replace(model_dir=Path(original), target=reference_target(), reference=True,
+                            capture=STEP_CAPTURE)
+
+    def harness(self, run_dir: Path) -> HarnessRun:
+        extra = {**self.extra, "shrink": self.shrink, **({"capture": list(self.capture)} if self.capture else {})}
+        return run_harness(workdir=self.workdir, model_dir=self.model_dir, run_dir=run_dir, manifest=self.manifest,
+                           target=self.target, reference=self.reference, limits=self.limits, extra=extra,
+                           redirect_cuda=self.redirect_cuda, python=self.python)
+
+    def bench(self, run_dir: Path, configs: list[dict[str, Any]], **kwargs: Any) -> BenchRun:
+        """The benchmark of these runs' model on their target (``kwargs``: concurrencies, repeats, ...)."""
+        t = self.target
+        return run_bench(workdir=self.workdir, model_dir=self.model_dir, run_dir=run_dir, manifest=self.manifest,
+                         configs=configs, device=t.device, target=t.harness_target() if t.bootstrap else None,
+                         env=t.env, limits=self.limits, python=self.python, shrink=self.shrink, **kwargs)
+
+
+def run_spec(state: Mapping[str, Any], target: Target | None = None) -> RunSpec:
+    """The spec of a port's runs, from the graph state: the workspace's patched model on the resolved
+    target, with the request's limits and shrink and the environment node's interpreter."""
+    workdir = Path(state["workdir"])
+    return RunSpec.of(workdir=workdir, model_dir=workdir / "model", manifest=state.get("entry") or {},
+                      target=target or target_from_dict(state["target"]), request=request_of(state),
+                      python=(state.get("environment") or {}).get("python"))
 
 
 def _exception(result: dict[str, Any]) -> StructuredException | None:
@@ -31,8 +106,8 @@ def record_of(run: HarnessRun, run_id: str, purpose: str, target: str) -> RunRec
     )
 
 
-def limits_for(req: dict[str, Any]) -> Limits:
-    return Limits(wall_s=float(req.get("run_timeout_s", 300)))
+def limits_for(req: PortRequest | Mapping[str, Any]) -> Limits:
+    return Limits(wall_s=float(request_of(req).run_timeout_s))
 
 
 def token_summary(tokens: list[list[int]] | None, edge: int = 6) -> str:

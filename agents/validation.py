@@ -7,13 +7,9 @@ from pathlib import Path
 from typing import Any
 
 from agents.models import Numerics, RunRecord
-from agents.runs import limits_for, record_of
+from agents.runs import record_of, run_spec
 from agents.workspace import Workspace
-from sandbox.runner import run_harness
 from sandbox.targets import reference_target
-
-# The reference run captures every module output at each step (per-module numerics).
-CAPTURE = {"capture": ["__step__", "*"]}
 
 
 def token_agreement(ref: list[list[int]], port: list[list[int]]) -> float:
@@ -39,11 +35,7 @@ def reference_run(state: dict[str, Any]) -> RunRecord:
     ws = Workspace(Path(state["workdir"]))
     original = ws.root / "original"
     ws.original_tree(original)
-    run = run_harness(workdir=ws.root, model_dir=original, run_dir=ws.runs_dir / "reference",
-                      manifest=state["entry"], target=reference_target(), reference=True,
-                      extra={**CAPTURE, "shrink": bool(state["request"].get("shrink"))},
-                      limits=limits_for(state["request"]),
-                      python=(state.get("environment") or {}).get("python"))
+    run = run_spec(state, target=reference_target()).as_reference(original).harness(ws.runs_dir / "reference")
     return record_of(run, "reference", "reference", "cpu (cuda->cpu redirect)")
 
 

@@ -30,7 +30,14 @@ from agents.policies import POLICIES as _POLICIES
 from api.cli_inputs import clear_out_dir, goal_problem, model_folder_problem, out_dir_problem
 from api.cli_live import LiveStatus, fmt_params
 from knowledge.errors import exit_code, first_line
-from sandbox.targets import DEFAULT_CHIP, DEFAULT_TARGET, DEFAULT_TORCH_NPU, EMULATED_TARGET, chip_names, target_names
+from sandbox.targets import (
+    DEFAULT_CHIP,
+    DEFAULT_TARGET,
+    DEFAULT_TORCH_NPU,
+    EMULATED_TARGET,
+    chip_names,
+    target_names,
+)
 
 EXIT_OK, EXIT_NOT_VALIDATED, EXIT_BAD_INPUT, EXIT_INTERNAL = 0, 1, 2, 3
 EXIT_TABLE = ("Exit codes: 0 validated (or the command succeeded); 1 the port ran but did not validate; "
@@ -127,13 +134,15 @@ def _isolation_fallback() -> None:
 def run_port_cli(request: dict[str, Any], goal: str = "") -> int:
     """Run one port with the live display; returns the exit code: 0 validated, else the failure's kind
     (knowledge/errors.py: 2 a user's error, 3 a bug or a broken host) or 1 (not validated)."""
-    from agents.request import new_run_id
+    from agents.request import new_run_id, request_of
     from graph.runner import run_port
 
-    thread_id = new_run_id(request.get("model_path") or "model")
+    req = request_of(request)  # the flags as typed; the goal may still fill what they left out
+    thread_id = new_run_id(req.model_path or "model")
     _isolation_fallback()
-    console.print(f"[bold]npuport[/] port {request.get('model_path')} -> {request.get('target')} (thread {thread_id})")
-    status = LiveStatus(int(request.get("max_runs") or 8), request.get("tune_trials") if request.get("tune") else None)
+    where = req.target if "target" in request else "the goal's target"
+    console.print(f"[bold]npuport[/] port {req.model_path} -> {where} (thread {thread_id})")
+    status = LiveStatus(req.max_runs, req.tune_trials if req.tune else None)
 
     def on_event(kind: str, data: dict[str, Any]) -> None:
         status.on_event(kind, data)

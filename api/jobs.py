@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from agents.request import request_of
 from api.settings import Settings
 from knowledge.errors import JobError, first_line
 
@@ -410,7 +411,7 @@ def make_job(*, goal: str, request: dict[str, Any], owner: str, require_approval
              conversation: str | None = None, upload_dir: str | None = None, home: Path,
              digest: str | None = None, job_id: str | None = None) -> Job:
     """A new queued job; its bundle goes to <home>/jobs/<id>/bundle (the server picks, never the client)."""
-    jid = job_id or new_job_id(request.get("model_path") or "model")
+    jid = job_id or new_job_id(request_of(request).model_path or "model")
     req = dict(request)
     req["out_dir"] = str(home / "jobs" / jid / "bundle")
     now = time.time()

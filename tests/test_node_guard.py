@@ -27,7 +27,7 @@ SKILLS: dict[str, tuple[str, str]] = {
     "environment": ("agents.nodes.environment.resolve_target", "pass"),
     "code_reader": ("agents.nodes.code_reader.scan_tree", "pass"),
     "patcher": ("agents.nodes.patcher.get_policy", "pass"),
-    "executor": ("agents.nodes.executor.run_harness", "pass"),
+    "executor": ("agents.nodes.executor.run_spec", "pass"),
     "validator": ("agents.nodes.validator.reference_run", "pass"),
     "debugger": ("agents.nodes.debugger.budget_left", "scale = 1 / 0"),  # the first run fails: the debugger runs
     "tuner": ("agents.nodes.tuner.skeleton_tuning", "pass"),

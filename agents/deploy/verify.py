@@ -13,13 +13,11 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field
 
 from agents.request import request_of
-from agents.runs import token_summary
+from agents.runs import RunSpec, token_summary
 from agents.tuning.measure import TUNE_CONCURRENCY, at, points_of
 from agents.workspace import Workspace, WorkspaceError
-from sandbox.bench import run_bench
 from sandbox.process import Limits
-from sandbox.runner import run_harness
-from sandbox.targets import Target, TargetError, reference_target, resolve_target, target_spec_of
+from sandbox.targets import Target, TargetError, resolve_target, target_spec_of
 
 DEFAULT_TOLERANCE = 0.30  # throughput on a shared host varies; +-30% of the report's number agrees
 
@@ -100,18 +98,19 @@ def _target(report: dict[str, Any]) -> Target | None:
         return None
 
 
+def _spec(report: dict[str, Any], ws: Workspace, target: Target, limits: Limits) -> RunSpec:
+    """The port's own conditions: its shrunk config and the environment it ran in (a layered venv)."""
+    return RunSpec.of(workdir=ws.root, model_dir=ws.model_dir, manifest=report.get("entry") or {}, target=target,
+                      request=request_of(report), python=report_python(report), limits=limits)
+
+
 def _tokens_claim(report: dict[str, Any], ws: Workspace, target: Target, limits: Limits) -> tuple[Claim, list[list[int]] | None]:
     claimed = (report.get("numerics") or {}).get("port_tokens")
     original = ws.root / "original"
     ws.original_tree(original)
-    manifest = report.get("entry") or {}
-    # The port's own conditions: its shrunk config and the environment it ran in (a layered venv).
-    extra = {"shrink": request_of(report).shrink}
-    python = report_python(report)
-    ref = run_harness(workdir=ws.root, model_dir=original, run_dir=ws.runs_dir / "verify-reference", manifest=manifest,
-                      target=reference_target(), reference=True, limits=limits, extra=extra, python=python)
-    port = run_harness(workdir=ws.root, model_dir=ws.model_dir, run_dir=ws.runs_dir / "verify-port", manifest=manifest,
-                       target=target, limits=limits, extra=extra, python=python)
+    spec = _spec(report, ws, target, limits)
+    ref = spec.as_reference(original).replace(capture=()).harness(ws.runs_dir / "verify-reference")
+    port = spec.harness(ws.runs_dir / "verify-port")
     ref_t = (ref.result.get("outputs") or {}).get("tokens") if ref.ok else None
     port_t = (port.result.get("outputs") or {}).get("tokens") if port.ok else None
     if ref_t is None or port_t is None:
@@ -159,11 +158,8 @@ def _throughput_claim(report: dict[str, Any], ws: Workspace, target: Target, ref
     if not claimed or not tuning.get("best"):
         return Claim(name="throughput", verdict="unchecked", detail="the report makes no throughput claim (not tuned)")
     conc = int(tuned.get("concurrency") or TUNE_CONCURRENCY)
-    run = run_bench(workdir=ws.root, model_dir=ws.model_dir, run_dir=ws.runs_dir / "verify-bench",
-                    manifest=report.get("entry") or {}, configs=[{"id": "verify", **tuning["best"]}], device=target.device,
-                    target=target.harness_target() if target.bootstrap else None, env=target.env,
-                    concurrencies=[conc], warmup=1, repeats=3, reference_tokens=ref_tokens, limits=limits,
-                    python=report_python(report), shrink=request_of(report).shrink)
+    run = _spec(report, ws, target, limits).bench(ws.runs_dir / "verify-bench", [{"id": "verify", **tuning["best"]}],
+                                                  concurrencies=[conc], warmup=1, repeats=3, reference_tokens=ref_tokens)
     observed = at(points_of(run), conc)
     if observed is None:
         return Claim(name="throughput", verdict="disagree", claimed=claimed, detail=f"benchmark failed: {run.error()}")

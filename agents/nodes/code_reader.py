@@ -11,7 +11,7 @@ from agents.entry import EntryNotFound, discover_entry
 from agents.models import Finding
 from agents.policies.assist import llm_enabled, review_code, save_records
 from agents.policies.base import PolicyContext
-from agents.request import new_run_id
+from agents.request import new_run_id, request_of
 from agents.scanner import scan_tree
 from agents.trace import step
 from agents.workspace import Workspace, WorkspaceError, tree_digest
@@ -19,9 +19,9 @@ from knowledge.home import npuport_home
 
 
 def code_reader_node(state: dict[str, Any]) -> dict[str, Any]:
-    req = state["request"]
-    original = Path(req["model_path"])
-    workdir = Path(state.get("workdir") or npuport_home() / "workspaces" / new_run_id(req["model_path"]))
+    req = request_of(state)
+    original = Path(req.model_path)
+    workdir = Path(state.get("workdir") or npuport_home() / "workspaces" / new_run_id(req.model_path))
     py_files = [p for p in original.rglob("*.py") if ".git" not in p.parts]
     if not py_files:
         reason = f"{original} holds no Python files, so there is no model source to port"
@@ -49,9 +49,9 @@ def code_reader_node(state: dict[str, Any]) -> dict[str, Any]:
     if plan.get("llm_records"):
         save_records(workdir, plan.pop("llm_records"))
         update["plan"] = plan
-    if llm_enabled(req.get("policy")):
-        ctx = PolicyContext(workdir=workdir, entry=entry.as_manifest_dict(), request=dict(req))
-        extra, note = review_code(ctx, [Finding(**f) for f in findings], only_unclassified=req.get("policy") == "hybrid")
+    if llm_enabled(req.policy):
+        ctx = PolicyContext(workdir=workdir, entry=entry.as_manifest_dict(), request=req.model_dump())
+        extra, note = review_code(ctx, [Finding(**f) for f in findings], only_unclassified=req.policy == "hybrid")
         findings += cite_findings([f.model_dump(mode="json") for f in extra])
         llm_trace.append(step("code_reader", note, llm=True, llm_findings=[f"{f.file}:{f.line} {f.hazard}" for f in extra]))
     by_hazard: dict[str, int] = {}

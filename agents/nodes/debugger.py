@@ -16,6 +16,7 @@ from typing import Any
 
 from agents.diagnosis import budget_left, escalate, tried_so_far
 from agents.models import Diagnosis, RunRecord
+from agents.request import request_of
 from agents.trace import step
 
 
@@ -24,7 +25,7 @@ def debugger_node(state: dict[str, Any]) -> dict[str, Any]:
     with a "could not port because ..." reason."""
     from agents.policies import get_policy, policy_context
 
-    policy = get_policy(state["request"].get("policy", "rule"), context=policy_context(state))
+    policy = get_policy(request_of(state).policy, context=policy_context(state))
     history = [Diagnosis(**d) for d in state.get("diagnoses") or []]
     last = RunRecord(**(state.get("runs") or [])[-1])
     numerics = state.get("numerics") or {}

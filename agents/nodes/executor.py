@@ -5,24 +5,19 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from agents.runs import limits_for, record_of, token_summary
-from agents.target_state import target_from_dict
+from agents.runs import STEP_CAPTURE, record_of, run_spec, token_summary
 from agents.trace import step
 from agents.workspace import Workspace
-from sandbox.runner import run_harness
 
 
 def executor_node(state: dict[str, Any]) -> dict[str, Any]:
-    req = state["request"]
+    spec = run_spec(state).replace(capture=STEP_CAPTURE)
     ws = Workspace(Path(state["workdir"]))
-    target = target_from_dict(state["target"])
+    target = spec.target
     counters = dict(state.get("counters") or {})
     n = counters.get("port_runs", 0) + 1
     run_id = f"run-{n}"
-    run = run_harness(workdir=ws.root, model_dir=ws.model_dir, run_dir=ws.runs_dir / run_id,
-                      manifest=state["entry"], target=target, limits=limits_for(req),
-                      extra={"capture": ["__step__", "*"], "shrink": bool(req.get("shrink"))},
-                      python=(state.get("environment") or {}).get("python"))
+    run = spec.harness(ws.runs_dir / run_id)
     rec = record_of(run, run_id, "port", target.name)
     counters["port_runs"] = n
     if rec.ok:

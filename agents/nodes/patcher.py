@@ -10,13 +10,14 @@ from agents.diagnosis import REVERT_FIX
 from agents.fixing import apply_fix, apply_revert
 from agents.models import Diagnosis, Finding
 from agents.policies import get_policy, policy_context
+from agents.request import request_of
 from agents.trace import step
 from agents.workspace import Workspace
 
 
 def patcher_node(state: dict[str, Any]) -> dict[str, Any]:
     ws = Workspace(Path(state["workdir"]))
-    policy = get_policy(state["request"].get("policy", "rule"), context=policy_context(state))
+    policy = get_policy(request_of(state).policy, context=policy_context(state))
     done = len(state.get("patches") or [])
     pending = state.get("pending_diagnosis")
     if pending and pending.get("fix") == REVERT_FIX:

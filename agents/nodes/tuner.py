@@ -13,19 +13,20 @@ from __future__ import annotations
 from typing import Any
 
 from agents.models import Tuning
+from agents.request import request_of
 from agents.trace import step
 from agents.tuning.port import skeleton_tuning, tune_port
 
 
 def tuner_node(state: dict[str, Any]) -> dict[str, Any]:
-    req = state.get("request") or {}
+    req = request_of(state)
     asked_llm = False
-    if not req.get("tune"):
+    if not req.tune:
         tuning = skeleton_tuning(state)
     else:
         from agents.policies.assist import llm_enabled
 
-        asked_llm = llm_enabled(req.get("policy"))  # the LLM proposed trials: the report lists the outcome
+        asked_llm = llm_enabled(req.policy)  # the LLM proposed trials: the report lists the outcome
         try:
             tuning = tune_port(state)
         except Exception as exc:  # tuning must never lose a validated port

@@ -8,10 +8,10 @@ import re
 from pathlib import Path
 from typing import Any
 
+from agents.runs import RunSpec
 from agents.tuning.search import Evaluate, Outcome
 from sandbox.bench import BenchRun, run_bench
 from sandbox.process import Limits
-from sandbox.targets import Target
 
 TUNE_CONCURRENCY = 8  # the objective: new tokens/s with 8 requests in flight
 REPORT_CONCURRENCIES = [1, 2, 4, 8]
@@ -71,27 +71,23 @@ def outcome_of(run: BenchRun) -> Outcome:
 
 
 class PortBench:
-    """Runs the benchmark for one port (workspace) on its target."""
+    """Runs the benchmark for one port (workspace) on its target, under the port's RunSpec (agents/runs.py:
+    the same model folder, interpreter and --shrink config as the validation runs)."""
 
-    def __init__(self, *, workdir: Path, model_dir: Path, original_dir: Path, manifest: dict[str, Any],
-                 target: Target, runs_dir: Path, reference_tokens: list[list[int]] | None, wall_s: float = 600.0,
-                 repeats: int = 3, python: str | None = None, shrink: bool = False) -> None:
-        self.workdir, self.model_dir, self.original_dir = workdir, model_dir, original_dir
-        self.python = python  # the layered environment's interpreter, when the model has its own pins
-        self.shrink = shrink  # --shrink: the same derived small config as the validation runs
-        self.manifest, self.target, self.runs_dir = manifest, target, runs_dir
+    def __init__(self, *, spec: RunSpec, original_dir: Path, runs_dir: Path,
+                 reference_tokens: list[list[int]] | None, repeats: int = 3) -> None:
+        self.spec = spec
+        self.workdir, self.model_dir, self.original_dir = spec.workdir, spec.model_dir, original_dir
+        self.python, self.shrink = spec.python, spec.shrink
+        self.manifest, self.target, self.runs_dir = spec.manifest, spec.target, runs_dir
         self.reference_tokens = reference_tokens
-        self.limits = Limits(wall_s=wall_s)
+        self.limits: Limits = spec.limits
         self.repeats = repeats
         self.n = 0
 
     def port(self, configs: list[dict[str, Any]], concurrencies: list[int], tag: str) -> BenchRun:
-        return run_bench(workdir=self.workdir, model_dir=self.model_dir, run_dir=self.runs_dir / tag,
-                         manifest=self.manifest, configs=configs, device=self.target.device,
-                         target=self.target.harness_target() if self.target.bootstrap else None, env=self.target.env,
-                         concurrencies=concurrencies, warmup=1, repeats=self.repeats,
-                         reference_tokens=self.reference_tokens, limits=self.limits, python=self.python,
-                         shrink=self.shrink)
+        return self.spec.bench(self.runs_dir / tag, configs, concurrencies=concurrencies, warmup=1,
+                               repeats=self.repeats, reference_tokens=self.reference_tokens)
 
     def baseline(self, concurrencies: list[int], tag: str = "bench-baseline") -> BenchRun:
         return run_bench(workdir=self.workdir, model_dir=self.original_dir, run_dir=self.runs_dir / tag,

@@ -11,6 +11,7 @@ from typing import Any
 from agents import progress
 from agents.models import TrialRecord, Tuning
 from agents.request import PortRequest, request_of
+from agents.runs import run_spec
 from agents.target_state import target_from_dict
 from agents.tuning.constraints import NoFeasiblePoint, constraints_for, prune
 from agents.tuning.measure import REPORT_CONCURRENCIES, TUNE_CONCURRENCY, PortBench, at, points_of
@@ -18,6 +19,7 @@ from agents.tuning.search import Budget, Evaluate, TuneResult, npuport_search
 from agents.tuning.space import HostFacts, SearchSpace, model_facts, torch_space
 from agents.workspace import Workspace
 from knowledge.settings import settings
+from sandbox.process import Limits
 
 DEFAULT_TRIALS = 12
 
@@ -171,10 +173,9 @@ def tune_port(state: dict[str, Any], space: SearchSpace | None = None) -> Tuning
     facts = facts_of(state)
     space = space or space_for(facts)
     ref_tokens = (state.get("numerics") or {}).get("reference_tokens")
-    bench = PortBench(workdir=ws.root, model_dir=ws.model_dir, original_dir=original, manifest=state["entry"],
-                      target=target, runs_dir=ws.runs_dir / "tuning", reference_tokens=ref_tokens,
-                      wall_s=float(req.run_timeout_s) * 2,
-                      python=(state.get("environment") or {}).get("python"), shrink=req.shrink)
+    # a benchmark runs the model several times over: twice one run's limit
+    spec = run_spec(state, target).replace(limits=Limits(wall_s=float(req.run_timeout_s) * 2))
+    bench = PortBench(spec=spec, original_dir=original, runs_dir=ws.runs_dir / "tuning", reference_tokens=ref_tokens)
     t0 = time.monotonic()
     budget = budget_of(req)
     proposals, llm_note = llm_proposals(state, space, facts)

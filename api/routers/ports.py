@@ -18,6 +18,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, Field, ValidationError
 from sse_starlette.sse import EventSourceResponse
 
+from agents.request import request_of
 from api.auth import Principal, can_see, owner_filter, require
 from api.jobs import STATUSES, TERMINAL, Job, JobError, JobManager
 from api.submit import SubmitError, submit_job
@@ -130,7 +131,7 @@ async def create_port(request: Request, principal: Writer, mgr: Manager,
             raise HTTPException(status_code=400, detail=f"malformed JSON body: {exc}") from exc
         body = _parse_body(payload)
         digest_of = body.model_dump()
-    if not body.goal.strip() and not body.request.get("model_path") and archive is None:
+    if not body.goal.strip() and not request_of(body.request).model_path and archive is None:
         raise HTTPException(status_code=422, detail="give a goal, request.model_path, or an uploaded archive")
     try:
         job, created = await asyncio.to_thread(

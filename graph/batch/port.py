@@ -14,6 +14,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
+from agents.request import request_of
 from graph.batch.manifest import PortSpec
 from graph.batch.sources import SourceError, stage
 from graph.batch.store import BatchStore
@@ -55,7 +56,7 @@ def summarize(state: dict[str, Any], spec: PortSpec, wall_s: float, note: str) -
         "time_s": round(wall_s, 2), "hazards_found": len(findings), "hazards_fixed": fixed,
         "speedup": tuned.get("speedup"), "bundle": bundle,
         "reason": "" if status == "validated" else str(state.get("reason") or "unknown reason"),
-        "model_path": (state.get("request") or {}).get("model_path") or "",
+        "model_path": request_of(state).model_path,
         "memory_cited": [c for c in cited if c.startswith("memory:")], "note": note,
         "llm_calls": int((report.get("llm") or {}).get("exchanges") or 0),
     }
