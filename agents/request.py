@@ -93,7 +93,7 @@ def _chip_pattern() -> re.Pattern[str]:
     return re.compile(rf"\b({'|'.join(spaced)})\b", re.I)
 
 
-_CHIP = _chip_pattern()
+# Read at each call, like the target names: the registries are the only lists.
 
 
 _PATH = re.compile(r"(?:in|at|from|model)\s+(?:the\s+)?(?:folder\s+|directory\s+)?([~./\w-][\w./~-]*)", re.I)
@@ -101,7 +101,6 @@ _PATH = re.compile(r"(?:in|at|from|model)\s+(?:the\s+)?(?:folder\s+|directory\s+
 
 _ASCEND_WORD = re.compile(r"\bascend\s+([\w-]+)", re.I)
 _TARGET_WORD = re.compile(r"--target[=\s]+(\S+)|\btarget=(\S+)", re.I)
-_TARGETS = target_names()
 
 
 def goal_words_problem(goal: str) -> str | None:
@@ -109,14 +108,14 @@ def goal_words_problem(goal: str) -> str | None:
     name is a word after "Ascend" with a digit in it; words like "NPUs" are not chip names."""
     for m in _ASCEND_WORD.finditer(goal):
         word = m.group(1)
-        if any(ch.isdigit() for ch in word) and not _CHIP.match(goal, m.start(1)):
+        if any(ch.isdigit() for ch in word) and not _chip_pattern().match(goal, m.start(1)):
             known = ", ".join(f"{c.key.upper()}{f' ({c.aliases[0].upper()})' if c.aliases else ''}"
                               for c in CHIP_REGISTRY.values())
             return f"unknown chip 'Ascend {word}' in the goal; known: {known}"
     for m in _TARGET_WORD.finditer(goal):
         word = (m.group(1) or m.group(2)).rstrip(".,;:").lower()
-        if word not in _TARGETS:
-            return f"unknown target {word!r} in the goal; choose one of {', '.join(_TARGETS)}"
+        if word not in target_names():
+            return f"unknown target {word!r} in the goal; choose one of {', '.join(target_names())}"
     return None
 
 
@@ -145,7 +144,7 @@ def parse_goal(goal: str, defaults: dict[str, Any] | None = None) -> PortRequest
         if "/" in cand or Path(cand).expanduser().exists():
             fields["model_path"] = cand
             break
-    if chip := _CHIP.search(text):
+    if chip := _chip_pattern().search(text):
         c = re.sub(r"\s+", "", chip.group(1).lower())
         fields["chip"] = canonical_chip(c) or DEFAULT_CHIP
     lowered = text.lower()

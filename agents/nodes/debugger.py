@@ -69,5 +69,5 @@ def debugger_node(state: dict[str, Any]) -> dict[str, Any]:
         trace.append(step("debugger", f"give up: {update['reason']}", signature=diag.signature,
                           citations=[c.source for c in diag.citations]))
     # What the LLM debugger did, or why the rules decided instead (the report's LLM section lists these).
-    update["trace"] = [step("debugger", n, llm=True) for n in getattr(policy, "notes", [])] + trace
+    update["trace"] = [step("debugger", n, llm=True) for n in policy.notes] + trace
     return update

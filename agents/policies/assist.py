@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from agents.models import Finding
-from agents.policies import LLM_POLICIES
+from agents.policies import LLM_POLICIES, get_policy
 from agents.policies.base import PolicyContext
 from agents.policies.reasoning import think, why_failed
 from knowledge.settings import LLMSettings
@@ -22,9 +22,8 @@ def llm_enabled(policy: str | None, settings: LLMSettings | None = None) -> bool
 
 
 def _policy(context: PolicyContext | None) -> Any:
-    from agents.policies.llm import LLMPolicy
-
-    return LLMPolicy(context=context)
+    # the same door as the patcher's and the debugger's: get_policy (the LLM policy's client, budget, records)
+    return get_policy(LLM_POLICIES[0], context)
 
 
 def save_records(workdir: Path, records: list[dict[str, Any]]) -> None:

@@ -28,7 +28,13 @@ class FixAction(BaseModel):
 
 
 class Policy(Protocol):
+    """What the patcher and the debugger ask a policy (``get_policy`` is the one way to get one; the
+    planner, code reader and tuner reach the LLM's through agents/policies/assist.py, which asks
+    ``get_policy`` too)."""
+
     name: str
+    notes: list[str]
+    """What the policy said while deciding, one line each (the node puts them in the trace)."""
 
     def plan_fixes(self, findings: list[Finding]) -> list[FixAction]:
         """Patches to make before the first run, from the static findings."""

@@ -16,6 +16,9 @@ def _recipe(hazard: str, title: str) -> Citation:
 class RulePolicy:
     name = "rule"
 
+    def __init__(self) -> None:
+        self.notes: list[str] = []  # the rules decide silently; their reasoning goes to think()
+
     def plan_fixes(self, findings: list[Finding]) -> list[FixAction]:
         actions: list[FixAction] = []
         # The static fixes of the rule registry, in plan order (imports first, so later codemods parse what
