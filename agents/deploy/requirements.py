@@ -10,8 +10,10 @@ import sys
 from importlib import metadata
 from pathlib import Path
 
+from knowledge.settings import DEFAULT_TORCH_NPU
+
 TORCH_SPEC = ">=2.13.0,<2.14"
-TORCH_NPU_VERSION = "2.13.0"
+TORCH_NPU_VERSION = DEFAULT_TORCH_NPU  # the default build; the port's own is in report.json (not yet used here)
 # import name -> distribution name, where they differ
 _DIST = {"yaml": "pyyaml", "PIL": "pillow", "cv2": "opencv-python", "sklearn": "scikit-learn", "attr": "attrs"}
 _NEVER = {"torch", "torch_npu", "flash_attn", "triton", "xformers", "apex", "sandbox", "npuport"}
