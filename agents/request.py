@@ -87,13 +87,11 @@ class PortRequest(BaseModel):
 
 
 def _chip_pattern() -> re.Pattern[str]:
-    """Every chip key and alias of the registry, with optional spaces after the digits ("910 B")."""
+    """Every chip key and alias of the registry, with optional spaces after the digits ("910 B"); made
+    at each call, like the target names, so the registry is the only list."""
     names = sorted({n for c in CHIP_REGISTRY.values() for n in (c.key, *c.aliases)}, key=len, reverse=True)
     spaced = [re.sub(r"(?<=\d)(?=[a-z])", r"\\s*", re.escape(n)) for n in names]
     return re.compile(rf"\b({'|'.join(spaced)})\b", re.I)
-
-
-# Read at each call, like the target names: the registries are the only lists.
 
 
 _PATH = re.compile(r"(?:in|at|from|model)\s+(?:the\s+)?(?:folder\s+|directory\s+)?([~./\w-][\w./~-]*)", re.I)

@@ -14,7 +14,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from agents.request import request_of
+from agents.request import PortRequest, request_of
 from graph.batch.manifest import PortSpec
 from graph.batch.sources import SourceError, stage
 from graph.batch.store import BatchStore
@@ -82,10 +82,12 @@ def execute_port(job: dict[str, Any]) -> dict[str, Any]:
             return _record(store, job, spec, "failed", str(exc), {"model": spec.key, "source": spec.source,
                            "target": spec.settings.target, "verdict": "failed", "reason": str(exc), "time_s": 0.0})
         s = spec.settings
-        request = {"model_path": str(model), "target": s.target, "chip": s.chip, "objective": s.objective,
-                   "torch_npu": s.torch_npu, "policy": s.policy, "strict": s.strict, "tune": s.tune,
-                   "tune_trials": s.tune_trials, "max_runs": s.budget.max_runs, "max_wall_s": s.budget.max_wall_s,
-                   "run_timeout_s": s.budget.run_timeout_s, "out_dir": job["bundle_dir"]}
+        # a PortRequest, validated like the CLI's and the service's (the staged copy already carries the
+        # batch's shrink overrides; unifying them with --shrink's sandbox/shrink.py is still to do)
+        request = PortRequest(model_path=str(model), target=s.target, chip=s.chip, objective=s.objective,
+                              torch_npu=s.torch_npu, policy=s.policy, strict=s.strict, tune=s.tune,
+                              tune_trials=s.tune_trials, max_runs=s.budget.max_runs, max_wall_s=s.budget.max_wall_s,
+                              run_timeout_s=s.budget.run_timeout_s, out_dir=job["bundle_dir"]).model_dump()
         thread = job["thread_id"]
         snap = thread_snapshot(thread) if job["resumed"] else None
         steps_seen = len(snap.trace) if snap else 0
