@@ -57,6 +57,7 @@ from agents.rules.diagnose import classify
 from agents.rules.registry import active
 from agents.rules.registry import active as active_rules
 from knowledge.errors import AnswerRejected, BudgetExhausted, LLMEditError, first_line  # noqa: F401  (re-exported)
+from sandbox.targets import CHIP_REGISTRY, TARGETS
 
 if TYPE_CHECKING:
     from langchain_core.language_models import BaseChatModel
@@ -69,17 +70,35 @@ _META_PARAMS = ("by", "llm_tokens", "rationale", "budget_exhausted", "prompt_id"
 A = TypeVar("A", bound=BaseModel)
 
 
-HAZARD_CLASSES = "{hazard_classes}"
-"""Where a prompt lists the hazard classes: rendered from the rule registry in force, never written out."""
+def _targets_text() -> str:
+    return ", ".join(f'"{n}" ({s.summary})' for n, s in TARGETS.items())
+
+
+def _chips_text() -> str:
+    return ", ".join(f'"{c.key}" ({c.product}{"; also " + ", ".join(c.aliases) if c.aliases else ""})'
+                     for c in CHIP_REGISTRY.values())
+
+
+# Where a prompt lists a registry's entries it says {name}; the list is rendered from the registry in
+# force (agents/rules/registry.py, sandbox/targets/registry.py), never written out in the prompt.
+PROMPT_LISTS: dict[str, Callable[[], str]] = {
+    "{hazard_classes}": lambda: active_rules().catalogue(),
+    "{targets}": _targets_text,
+    "{chips}": _chips_text,
+}
 
 
 def load_prompt(agent: str) -> str:
-    """The system prompt of an agent: agents/prompts/<agent>.md, with the hazard classes of the
-    registry in force (agents/rules/registry.py) where it says ``{hazard_classes}``."""
+    """The system prompt of an agent: agents/prompts/<agent>.md, with the registries' lists where it
+    names them (``PROMPT_LISTS``)."""
     path = PROMPTS_DIR / f"{agent}.md"
     if not path.is_file():
         raise FileNotFoundError(f"no prompt for agent {agent!r} at {path}")
-    return path.read_text(encoding="utf-8").replace(HAZARD_CLASSES, active_rules().catalogue())
+    text = path.read_text(encoding="utf-8")
+    for marker, render in PROMPT_LISTS.items():
+        if marker in text:
+            text = text.replace(marker, render())
+    return text
 
 
 # -------------------------------------------------------------------------------------------- policy
