@@ -60,7 +60,7 @@ def options(_: Reader) -> Options:
     """The choices a port request accepts (the target registry, and agents.request.PortRequest itself)."""
     from typing import get_args
 
-    from agents.request import PortRequest
+    from agents.request import POLICIES, PortRequest
 
     fields = PortRequest.model_fields
 
@@ -69,7 +69,8 @@ def options(_: Reader) -> Options:
 
     from sandbox.targets import chip_names, target_names
 
-    # targets and chips come from the target registry; the rest are Literal fields of the request
-    return Options(targets=list(target_names()), chips=list(chip_names()), policies=choices("policy"),
+    # targets and chips come from the target registry, policies from their list; the rest are Literal
+    # fields of the request
+    return Options(targets=list(target_names()), chips=list(chip_names()), policies=list(POLICIES),
                    objectives=choices("objective"),
                    defaults={k: fields[k].default for k in ("target", "chip", "policy", "objective", "tune", "torch_npu")})
