@@ -189,6 +189,9 @@ def port(
     max_wall: Annotated[float, typer.Option(help="budget: wall time in seconds")] = 1800.0,
     tune: Annotated[bool, typer.Option(help="benchmark and tune the validated port (minutes on a small host)")] = False,
     tune_trials: Annotated[int, typer.Option(help="budget: tuning trials")] = 12,
+    serve: Annotated[bool | None, typer.Option("--serve/--no-serve", help="exercise the deployment: vLLM serves the "
+                                               "validated port with serve.sh, tokens and throughput checked "
+                                               "(default: NPUPORT_SERVE, on)")] = None,
     run_timeout: Annotated[float, typer.Option(help="wall-clock limit of one sandbox run, seconds")] = 300.0,
     isolation: Annotated[str, typer.Option(help="auto | bwrap | process (process: the model's code runs "
                                                 "UNISOLATED; auto falls back to it with a warning)")] = "auto",
@@ -209,7 +212,7 @@ def port(
     request = {"model_path": str(path), "target": target, "chip": chip, "out_dir": str(out_dir),
                "torch_npu": torch_npu, "strict": strict, "max_runs": max_runs, "max_wall_s": max_wall,
                "run_timeout_s": run_timeout, "tune": tune, "tune_trials": tune_trials, "policy": policy,
-               "shrink": shrink, "strict_perf": strict_perf}
+               "shrink": shrink, "strict_perf": strict_perf, "serve": serve}
     # the goal text fills only what no flag set explicitly (typer gives defaults, so the goal may
     # pick the chip, target and tuning only when their flags were left at their defaults)
     ctx = click_context()

@@ -9,7 +9,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from agents.deploy import plots, requirements, runscript, serve, vllm
+from agents.deploy import plots, requirements, runscript, serve, serve_report, vllm
 from agents.tuning.space import model_facts
 
 
@@ -87,6 +87,12 @@ def write_deploy_bundle(state: dict[str, Any], out_dir: Path) -> dict[str, str]:
         files["requirements"] = _write(out_dir / "requirements.txt", req_txt)
         files["constraints"] = _write(out_dir / "constraints.txt", con_txt)
     files.update(plots.write_plots(tuning, out_dir / "plots", name))
+    if serve_report.serving_requested(state.get("request") or {}) and state.get("workdir"):
+        from agents.deploy.serving import exercise
+        from agents.workspace import Workspace
+
+        record = exercise(state, out_dir, Workspace(Path(state["workdir"])).runs_dir)
+        files["deployment_json"] = _write(out_dir / "deployment.json", json.dumps(record, indent=1, default=str))
     return files
 
 
@@ -133,7 +139,9 @@ def benchmark_lines(tuning: dict[str, Any]) -> list[str]:
 def deploy_markdown(state: dict[str, Any], out_dir: Path) -> str:
     """A report section: benchmark numbers and the serve settings, each with reason and citation."""
     tuning = state.get("tuning") or {}
-    lines = ["## Benchmark", ""] + benchmark_lines(tuning)
+    deployed = out_dir / "deployment.json"
+    lines = serve_report.deployment_lines(json.loads(deployed.read_text()) if deployed.is_file() else None)
+    lines += ["## Benchmark", ""] + benchmark_lines(tuning)
     if tuning.get("tuned") and (out_dir / "plots").is_dir():
         lines += [f"![{p.stem}](plots/{p.name})" for p in sorted((out_dir / "plots").glob("*.png"))] + [""]
     deploy = out_dir / "deploy.json"
