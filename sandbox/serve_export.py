@@ -140,6 +140,9 @@ def export(model: Any, config: dict[str, Any], model_dir: Path, code_dir: Path, 
         info.update(implementation="vllm-native", architecture=archs[0],
                     detail=f"vLLM's own {archs[0]} class serves the model; it ignores the patched modeling code")
         _save(state, out_dir)
+        if isinstance(config.get("auto_map"), dict):  # vLLM loads the config (and tokenizer) class from the code
+            for p in code_dir.glob("*.py"):
+                shutil.copy2(p, out_dir / p.name)
     elif (layout := llama_layout(list(state))) is not None:
         arch, mapping = layout
         served_config = layout_config(config, arch)
