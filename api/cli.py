@@ -105,6 +105,11 @@ def _summary(state: dict[str, Any]) -> None:
         found = perf.get("pathologies") or []
         table.add_row("performance", ("1 pathology" if len(found) == 1 else f"{len(found)} pathologies") + "".join(
             f"\n  {p['title']} at {p.get('where') or '?'}" for p in found))
+    deployed = Path(str(bundle.get("dir") or "")) / "deployment.json" if bundle.get("dir") else None
+    if deployed is not None and deployed.is_file():  # the exercised deployment (agents/deploy/serving.py)
+        from agents.deploy.serve_report import deployment_summary
+
+        table.add_row("deployment", deployment_summary(json.loads(deployed.read_text())))
     table.add_row("bundle", str(bundle.get("dir", "-")))
     console.print(table)
 

@@ -98,11 +98,12 @@ def test_serve_sh_serves_a_servable_folder_as_it_is_and_passes_extra_args(tmp_pa
     servable = tmp_path / "servable"
     servable.mkdir()
     (servable / "npuport-servable.json").write_text("{}")
-    fake = tmp_path / "vllm"
+    (tmp_path / "bin").mkdir()
+    fake = tmp_path / "bin" / "vllm"
     fake.write_text('#!/usr/bin/env bash\necho "TQ=$TASK_QUEUE_ENABLE" "$@"\n')
     fake.chmod(0o755)
     out = subprocess.run(["bash", str(b / "serve.sh"), str(servable), str(tmp_path / "unused"), "--", "--port", "9"],
-                         capture_output=True, text=True, env={**os.environ, "VLLM": str(fake)}, check=True).stdout
+                         capture_output=True, text=True, env={**os.environ, "PATH": f"{fake.parent}:{os.environ['PATH']}"}, check=True).stdout
     assert out.split() == ["TQ=1", "serve", str(servable), "--served-model-name", "tiny_llm", "--dtype", "bfloat16",
                            "--port", "9"]
     assert not (tmp_path / "unused").exists()  # no overlay is built for a servable folder
@@ -110,7 +111,7 @@ def test_serve_sh_serves_a_servable_folder_as_it_is_and_passes_extra_args(tmp_pa
     (b / "patched").mkdir()
     (b / "patched" / "modeling_tiny_llm.py").write_text("# ported\n")
     out = subprocess.run(["bash", str(b / "serve.sh")], capture_output=True, text=True,
-                         env={**os.environ, "VLLM": str(fake)}, check=True).stdout
+                         env={**os.environ, "PATH": f"{fake.parent}:{os.environ['PATH']}"}, check=True).stdout
     served = b / "serve_model"
     assert str(served) in out and (served / "modeling_tiny_llm.py").read_text() == "# ported\n"
     assert (served / "config.json").is_symlink()

@@ -20,6 +20,17 @@ def serving_requested(request: dict[str, Any]) -> bool:
     return settings().serve if value is None else bool(value)
 
 
+def deployment_summary(rec: dict[str, Any]) -> str:
+    """One line: served (by what), tokens, the best throughput; or why not."""
+    if rec.get("status") != "served":
+        return f"{rec.get('status')}: {str(rec.get('error') or '').strip().splitlines()[0][:160] if rec.get('error') else ''}"
+    rows = (rec.get("throughput") or {}).get("rows") or []
+    top = rows[-1] if rows else {}
+    return (f"served by vLLM ({rec.get('implementation')}); tokens {'PASS' if rec['tokens']['ok'] else 'FAIL'}"
+            + (f"; {top['output_tokens_per_s']} tok/s at concurrency {top['concurrency']} "
+               f"({top.get('vs_one_at_a_time')}x Transformers one at a time)" if top else ""))
+
+
 def _ms(v: Any) -> str:
     return "-" if v is None else f"{v:g}"
 

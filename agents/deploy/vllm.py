@@ -151,7 +151,7 @@ def render_serve_sh(settings: list[ServeSetting], served_name: str, model_src: s
     for k, v in extra.items():
         x = next(s for s in settings if s.name == k)
         lines.append(f"# additional_config.{k}={json.dumps(v)}: {x.reason} [{x.citation}; {x.source}; {x.measured}]")
-    cmd = ['exec "${VLLM:-vllm}" serve "$SERVE_DIR"', f"--served-model-name {shlex.quote(served_name)}"]
+    cmd = ['exec vllm serve "$SERVE_DIR"', f"--served-model-name {shlex.quote(served_name)}"]
     cmd += [_flag(x) for x in flags]
     if extra:
         cmd.append(f"--additional-config {shlex.quote(json.dumps(extra))}")
