@@ -93,5 +93,8 @@ def deployment_lines(rec: dict[str, Any] | None) -> list[str]:
                          f"{_ms(r.get('vs_one_at_a_time'))}x | {_ms(r.get('vs_batched'))}x |")
         lines.append("\nTransformers batched pads each batch to its longest prompt and decodes to its longest output "
                      "(what a caller of `generate` waits for); tokens counted are the ones each request asked for. "
-                     f"Both sides in {rec.get('dtype')}, on this host's CPU.")
+                     f"Both sides in {rec.get('dtype')}, on this host's CPU. TTFT and TPOT are as the client received "
+                     "the stream: when the API server lags the engine, vLLM merges a request's pending tokens into "
+                     "one chunk, so a TPOT near 0 means the tokens arrived together (TTFT is then the request's "
+                     "latency).")
     return lines + [""]
