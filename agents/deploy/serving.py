@@ -193,8 +193,8 @@ def exercise(state: dict[str, Any], bundle: Path, run_root: Path, *, requests: i
     }, run_dir, [model_dir, bundle / "patched"], 900)
     record.update(config_note=note, overrides=overrides, dtype=dtype, isolation=ref.get("isolation"))
     if not ref.get("ok"):
-        exc = ref.get("exception") or {}
-        record["error"] = ref.get("error") or f"the reference side failed: {exc.get('type')}: {exc.get('message')}"
+        failure = ref.get("exception") or {}
+        record["error"] = ref.get("error") or f"the reference side failed: {failure.get('type')}: {failure.get('message')}"
         return record
     record["servable"] = ref["servable"]
     record["implementation"] = ref["servable"]["implementation"]
