@@ -167,3 +167,35 @@ def test_a_serve_sh_that_cannot_start_is_a_failed_deployment(tmp_path: Path, npu
                            concurrencies=(1,), start_timeout_s=240)
     assert rec["status"] == "failed" and "tokens" not in rec
     assert "serve.sh did not start" in rec["error"] and "no-such-engine-flag" in rec["error"]  # the server's words
+
+
+def test_export_decides_the_vllm_path_from_classes_and_layout(tmp_path: Path) -> None:
+    import torch
+    from safetensors.torch import load_file
+
+    from sandbox.serve_export import export
+
+    class Odd(torch.nn.Module):  # a recurrent cell: no vLLM class, no decoder layout, not a PreTrainedModel
+        def __init__(self) -> None:
+            super().__init__()
+            self.cell = torch.nn.GRUCell(4, 4)
+
+    code = tmp_path / "code"
+    code.mkdir()
+    (code / "modeling_x.py").write_text("# ported\n")
+    none = export(Odd(), {"architectures": ["OddForCausalLM"]}, tmp_path, code, tmp_path / "a", {"LlamaForCausalLM"})
+    assert none["implementation"] == "none" and "no vLLM path" in none["detail"]
+    assert none["needs"]["leaf_layers"] == {"GRUCell": 1} and "cell.weight_ih" in none["needs"]["weight_names"]
+    assert not (tmp_path / "a" / "model.safetensors").exists()  # nothing is written as if it would serve
+
+    class Known(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.proj = torch.nn.Linear(2, 2)
+
+    cfg = {"architectures": ["KnownForCausalLM"], "auto_map": {"AutoConfig": "configuration_x.XConfig"}}
+    native = export(Known(), cfg, tmp_path, code, tmp_path / "b", {"KnownForCausalLM"})
+    assert native["implementation"] == "vllm-native"
+    assert set(load_file(str(tmp_path / "b" / "model.safetensors"))) == {"proj.weight", "proj.bias"}
+    assert (tmp_path / "b" / "modeling_x.py").is_file()  # vLLM loads a remote-code config class from the folder
+    assert json.loads((tmp_path / "b" / "npuport-servable.json").read_text())["implementation"] == "vllm-native"
