@@ -248,6 +248,8 @@ def write_bundle(state: dict[str, Any], out_dir: Path, status: str, reason: str)
             from agents.deploy import write_deploy_bundle
 
             files.update(write_deploy_bundle(state, out_dir))
+            if files.get("deployment_json"):  # the exercised deployment (agents/deploy/serving.py)
+                report["deployment"] = json.loads(Path(files["deployment_json"]).read_text())
     llm_dir = Path(state["workdir"]) / "llm" if state.get("workdir") else None
     if llm_dir is not None and llm_dir.is_dir():  # every prompt and response of the LLM agents, scrubbed
         if (out_dir / "llm").exists():

@@ -72,6 +72,7 @@ class PortRequest(BaseModel):
     strict_perf: bool = False
     """Performance pathologies in the decode profile fail the port (agents/perf_evidence.py)."""
     tune: bool = False
+    serve: bool | None = None  # exercise the deployment (vLLM serves the port); None: NPUPORT_SERVE decides
     tune_trials: int | None = Field(default=None, ge=1, le=200)
     tune_time_s: float | None = Field(default=None, gt=0)
     max_runs: int = Field(default=8, ge=1, le=100)

@@ -113,6 +113,11 @@ def _summary(state: dict[str, Any]) -> None:
         found = perf.get("pathologies") or []
         table.add_row("performance", ("1 pathology" if len(found) == 1 else f"{len(found)} pathologies") + "".join(
             f"\n  {p['title']} at {p.get('where') or '?'}" for p in found))
+    deployed = Path(str(bundle.get("dir") or "")) / "deployment.json" if bundle.get("dir") else None
+    if deployed is not None and deployed.is_file():  # the exercised deployment (agents/deploy/serving.py)
+        from agents.deploy.serve_report import deployment_summary
+
+        table.add_row("deployment", deployment_summary(json.loads(deployed.read_text())))
     table.add_row("bundle", str(bundle.get("dir", "-")))
     console.print(table)
 
@@ -201,6 +206,9 @@ def port(
     max_wall: Annotated[float, typer.Option(help="budget: wall time in seconds")] = 1800.0,
     tune: Annotated[bool, typer.Option(help="benchmark and tune the validated port (minutes on a small host)")] = False,
     tune_trials: Annotated[int, typer.Option(help="budget: tuning trials")] = 12,
+    serve: Annotated[bool | None, typer.Option("--serve/--no-serve", help="exercise the deployment: vLLM serves the "
+                                               "validated port with serve.sh, tokens and throughput checked "
+                                               "(default: NPUPORT_SERVE, on)")] = None,
     run_timeout: Annotated[float, typer.Option(help="wall-clock limit of one sandbox run, seconds")] = 300.0,
     isolation: Annotated[str, typer.Option(help="auto | bwrap | process (process: the model's code runs "
                                                 "UNISOLATED; auto falls back to it with a warning)")] = "auto",
@@ -221,7 +229,7 @@ def port(
     request = {"model_path": str(path), "target": target, "chip": chip, "out_dir": str(out_dir),
                "torch_npu": torch_npu, "strict": strict, "max_runs": max_runs, "max_wall_s": max_wall,
                "run_timeout_s": run_timeout, "tune": tune, "tune_trials": tune_trials, "policy": policy,
-               "shrink": shrink, "strict_perf": strict_perf}
+               "shrink": shrink, "strict_perf": strict_perf, "serve": serve}
     # the goal text fills only what no flag set explicitly (typer gives defaults, so the goal may
     # pick the chip, target and tuning only when their flags were left at their defaults)
     ctx = click_context()

@@ -87,6 +87,9 @@ class Settings(BaseSettings):
     """Default tuning trials when the request names none (else 12)."""
     tune_time_s: float | None = Field(default=None, gt=0)
     """Default tuning wall time when the request names none (else half the port's wall budget)."""
+    serve: bool = True
+    """Exercise the deployment of a validated port (vLLM serves it with serve.sh; tokens and throughput checked;
+    about two minutes on a small host) when the request does not say (0: write serve.sh only)."""
 
     @property
     def kb_off(self) -> bool:

@@ -11,6 +11,8 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 # Tests port the repository's own example models: where bubblewrap is missing they may run them
 # unisolated, as the CLI does (tests/security skips its bwrap half there; CI installs bwrap).
 os.environ.setdefault("NPUPORT_ALLOW_UNISOLATED", "1")
+# Serving a port takes minutes; the few tests that exercise the deployment ask for it (tests/test_serving.py).
+os.environ.setdefault("NPUPORT_SERVE", "0")
 EXAMPLES = REPO_ROOT / "examples"
 
 

@@ -9,7 +9,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from agents.deploy import plots, requirements, runscript, serve, vllm
+from agents.deploy import plots, requirements, runscript, serve, serve_report, vllm
 from agents.request import request_of
 from agents.tuning.space import model_facts
 from sandbox.targets import target_spec_of
@@ -90,6 +90,16 @@ def write_deploy_bundle(state: dict[str, Any], out_dir: Path) -> dict[str, str]:
         files["requirements"] = _write(out_dir / "requirements.txt", req_txt)
         files["constraints"] = _write(out_dir / "constraints.txt", con_txt)
     files.update(plots.write_plots(tuning, out_dir / "plots", name))
+    if serve_report.serving_requested(state) and state.get("workdir"):
+        from agents.deploy.serving import exercise
+        from agents.workspace import Workspace
+
+        record = exercise(state, out_dir, Workspace(Path(state["workdir"])).runs_dir)
+        files["deployment_json"] = _write(out_dir / "deployment.json", json.dumps(record, indent=1, default=str))
+        # serve.sh says itself whether it was started and what came of it (never an untested script unmarked).
+        head, _, rest = Path(files["serve_sh"]).read_text().partition("\n")
+        note = f"# Started by npuport on this host ({record.get('host')}): {serve_report.deployment_summary(record)}"
+        _write(Path(files["serve_sh"]), f"{head}\n{note[:400].replace(chr(10), ' ')} (deployment.json)\n{rest}", True)
     return files
 
 
@@ -136,7 +146,9 @@ def benchmark_lines(tuning: dict[str, Any]) -> list[str]:
 def deploy_markdown(state: dict[str, Any], out_dir: Path) -> str:
     """A report section: benchmark numbers and the serve settings, each with reason and citation."""
     tuning = state.get("tuning") or {}
-    lines = ["## Benchmark", ""] + benchmark_lines(tuning)
+    deployed = out_dir / "deployment.json"
+    lines = serve_report.deployment_lines(json.loads(deployed.read_text()) if deployed.is_file() else None)
+    lines += ["## Benchmark", ""] + benchmark_lines(tuning)
     if tuning.get("tuned") and (out_dir / "plots").is_dir():
         lines += [f"![{p.stem}](plots/{p.name})" for p in sorted((out_dir / "plots").glob("*.png"))] + [""]
     deploy = out_dir / "deploy.json"

@@ -171,6 +171,26 @@ def _throughput_claim(report: dict[str, Any], ws: Workspace, target: Target, ref
                         f"({ratio:.2f}x; tolerance +-{tolerance:.0%})")
 
 
+def _deployment_claim(report: dict[str, Any], bundle: Path, ws: Workspace) -> Claim:
+    """Serve the bundle again with its serve.sh (agents/deploy/serving.py) and compare with the report."""
+    claimed = report.get("deployment") or {}
+    if claimed.get("status") != "served":
+        return Claim(name="deployment", verdict="unchecked",
+                     detail=f"the report's deployment was {claimed.get('status') or 'not exercised'}")
+    from agents.deploy.serving import exercise
+
+    now = exercise(report, bundle, ws.runs_dir, concurrencies=tuple(
+        r["concurrency"] for r in (claimed.get("throughput") or {}).get("rows") or []) or (1,))
+    if now.get("status") != "served":
+        return Claim(name="deployment", verdict="disagree", claimed="served", observed=now.get("status"),
+                     detail=f"serve.sh no longer serves: {str(now.get('error'))[:300]}")
+    same = now["tokens"]["served"] == claimed["tokens"]["served"]
+    return Claim(name="deployment", verdict="agree" if same and now["tokens"]["ok"] else "disagree",
+                 claimed=claimed["tokens"]["served"], observed=now["tokens"]["served"],
+                 detail=(f"vLLM served the bundle again; {now['tokens']['verdict']}"
+                         + ("" if same else "; the served tokens differ from the report's")))
+
+
 def verify_bundle(bundle_dir: Path, original: Path | None = None, *, tolerance: float = DEFAULT_TOLERANCE,
                   workdir: Path | None = None, run_timeout_s: float = 600.0) -> VerifyResult:
     """Check a bundle against ``original`` (default: the model_path its report names)."""
@@ -206,4 +226,5 @@ def verify_bundle(bundle_dir: Path, original: Path | None = None, *, tolerance: 
     result.claims.append(tokens)
     result.claims.append(_perf_claim(report, ws))
     result.claims.append(_throughput_claim(report, ws, target, ref_tokens, tolerance, limits))
+    result.claims.append(_deployment_claim(report, bundle_dir, ws))
     return result

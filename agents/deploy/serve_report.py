@@ -1,0 +1,101 @@
+"""The report section of the exercised deployment (deployment.json, written by agents/deploy/serving.py)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from agents.request import request_of
+from knowledge.settings import settings
+
+IMPLEMENTATION = {
+    "vllm-native": "vLLM's own class for the architecture (it ignores the patched modeling code)",
+    "vllm-native-layout": "vLLM's own class for the weights' layout (it ignores the patched modeling code)",
+    "transformers-backend": "vLLM's Transformers backend over the patched code (it runs what the port patched)",
+    "none": "none: no vLLM path",
+}
+
+
+def serving_requested(source: dict[str, Any]) -> bool:
+    """The request's ``serve`` (of a state, a report or a request), else NPUPORT_SERVE."""
+    value = request_of(source).serve
+    return settings().serve if value is None else bool(value)
+
+
+def deployment_summary(rec: dict[str, Any]) -> str:
+    """One line: served (by what), tokens, the best throughput; or why not."""
+    if rec.get("status") != "served":
+        return f"{rec.get('status')}: {str(rec.get('error') or '').strip().splitlines()[0][:160] if rec.get('error') else ''}"
+    rows = (rec.get("throughput") or {}).get("rows") or []
+    top = rows[-1] if rows else {}
+    return (f"served by vLLM ({rec.get('implementation')}); tokens {'PASS' if rec['tokens']['ok'] else 'FAIL'}"
+            + (f"; {top['output_tokens_per_s']} tok/s at concurrency {top['concurrency']} "
+               f"({top.get('vs_one_at_a_time')}x Transformers one at a time)" if top else ""))
+
+
+def _ms(v: Any) -> str:
+    return "-" if v is None else f"{v:g}"
+
+
+def deployment_lines(rec: dict[str, Any] | None) -> list[str]:
+    if not rec:
+        return ["## Deployment", "", "Not exercised (serving was off: `--serve` or NPUPORT_SERVE=1 runs it): serve.sh "
+                "was written and never started on this host.", ""]
+    status = rec.get("status")
+    lines = ["## Deployment (exercised: vLLM served the port)" if status == "served"
+             else f"## Deployment: {str(status).upper()}", ""]
+    lines.append(f"- engine: {rec.get('host')}; served with the bundle's own serve.sh, in the sandbox "
+                 f"({rec.get('isolation') or 'unknown isolation'}; server and client on its loopback only)")
+    impl = rec.get("implementation")
+    if impl:
+        lines.append(f"- implementation that served: {IMPLEMENTATION.get(impl, impl)}"
+                     + (f" ({rec['servable'].get('detail')})" if rec.get("servable") else ""))
+    if rec.get("config_note"):
+        lines.append(f"- {rec['config_note']}")
+    if rec.get("host_args"):
+        lines.append(f"- added on this host: `{' '.join(rec['host_args'])}`, environment "
+                     f"`{' '.join(f'{k}={v}' for k, v in (rec.get('host_env') or {}).items())}`"
+                     " (eager: graph compilation takes minutes on a small CPU host)")
+    if rec.get("start_s") is not None:
+        lines.append(f"- server ready after {rec['start_s']} s")
+    if rec.get("exercised"):
+        lines.append(f"- serve.sh settings exercised here: {', '.join(rec['exercised'])}")
+    if rec.get("not_exercised"):
+        lines.append(f"- not exercised on this host (Ascend only): {'; '.join(rec['not_exercised'])}")
+    if rec.get("error"):
+        lines += ["", "The deployment failed; the server's own words:", "", "```", str(rec["error"])[-2500:], "```"]
+    needs = (rec.get("servable") or {}).get("needs")
+    if needs:
+        lines += ["", "What a vLLM model class would need: the layers "
+                  + ", ".join(f"{k} x{v}" for k, v in needs["leaf_layers"].items())
+                  + f"; the weights ({needs['weight_name_count']} names, layer index folded): "
+                  + ", ".join(f"`{n}`" for n in needs["weight_names"][:20])]
+    tok = rec.get("tokens")
+    if tok:
+        lines += ["", "### Tokens through the server", "",
+                  f"{'PASS' if tok['ok'] else 'FAIL'}: {tok['verdict']} ({tok['mode']}; served in {rec.get('dtype')}).",
+                  "", f"| prompt | Transformers float32 | Transformers {rec.get('dtype')} | vLLM server |",
+                  "|---|---|---|---|"]
+        low = tok.get(f"reference_{rec.get('dtype')}") or []
+        for i, (s, f) in enumerate(zip(tok["served"], tok["reference_float32"], strict=False)):
+            lines.append(f"| {i} | `{f}` | `{low[i] if i < len(low) else '-'}` | `{s}` |")
+        lines.append(f"\nToken-match rate (up to the first divergence): served vs float32 "
+                     f"{tok['match_rate_served_vs_fp32']:.0%}; Transformers {rec.get('dtype')} vs float32 "
+                     f"{tok['match_rate_ref_dtype_vs_fp32']:.0%}.")
+    tp = rec.get("throughput")
+    if tp and tp.get("rows"):
+        one = tp.get("transformers_one_at_a_time_tok_s")
+        lines += ["", "### Throughput (one run, same requests: mixed prompt and output lengths)", "",
+                  f"Transformers `generate`, one request at a time: {_ms(one)} output tok/s.", "",
+                  "| concurrency | vLLM output tok/s | median TTFT (ms) | median TPOT (ms) | Transformers batched "
+                  "tok/s | vLLM / one at a time | vLLM / batched |", "|---|---|---|---|---|---|---|"]
+        for r in tp["rows"]:
+            lines.append(f"| {r['concurrency']} | {r['output_tokens_per_s']} | {_ms(r['median_ttft_ms'])} | "
+                         f"{_ms(r['median_tpot_ms'])} | {_ms(r.get('transformers_batched_tok_s'))} | "
+                         f"{_ms(r.get('vs_one_at_a_time'))}x | {_ms(r.get('vs_batched'))}x |")
+        lines.append("\nTransformers batched pads each batch to its longest prompt and decodes to its longest output "
+                     "(what a caller of `generate` waits for); tokens counted are the ones each request asked for. "
+                     f"Both sides in {rec.get('dtype')}, on this host's CPU. TTFT and TPOT are as the client received "
+                     "the stream: when the API server lags the engine, vLLM merges a request's pending tokens into "
+                     "one chunk, so a TPOT near 0 means the tokens arrived together (TTFT is then the request's "
+                     "latency).")
+    return lines + [""]

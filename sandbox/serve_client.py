@@ -1,0 +1,165 @@
+"""The vLLM side of the deployment check (runs inside the sandbox, in the vLLM environment): start the
+bundle's own serve.sh on the servable folder, wait until it answers, send the token-check prompts (greedy,
+through the OpenAI completions API), run the serving workload at each concurrency (output tok/s, TTFT,
+TPOT, streamed), stop the server. Server and client share the sandbox's network namespace (loopback only:
+bwrap's --unshare-net leaves the sandbox nothing else).
+
+Run as ``python -I -m sandbox.serve_client SPEC.json``; the result goes to the result channel.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import time
+import traceback
+import urllib.error
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+
+def _post(url: str, body: dict[str, Any], timeout: float) -> dict[str, Any]:
+    req = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=timeout) as r:
+        return dict(json.loads(r.read()))
+
+
+def _ready(base: str, proc: subprocess.Popen[bytes], timeout_s: float) -> tuple[bool, float]:
+    start = time.monotonic()
+    while time.monotonic() - start < timeout_s:
+        if proc.poll() is not None:
+            return False, time.monotonic() - start
+        try:
+            with urllib.request.urlopen(f"{base}/health", timeout=5) as r:
+                if r.status == 200:
+                    return True, time.monotonic() - start
+        except OSError:
+            time.sleep(1)
+    return False, time.monotonic() - start
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+def _completion(base: str, model: str, prompt: list[int], max_tokens: int, logprobs: int | None) -> dict[str, Any]:
+    body: dict[str, Any] = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0,
+                            "ignore_eos": True, "return_token_ids": True}
+    if logprobs:
+        body["logprobs"] = logprobs
+    choice = _post(f"{base}/v1/completions", body, 300)["choices"][0]
+    out: dict[str, Any] = {"tokens": choice.get("token_ids")}
+    lp = choice.get("logprobs") or {}
+    if lp.get("top_logprobs"):
+        out["top_logprobs"] = lp["top_logprobs"]
+        out["tokens_text"] = lp.get("tokens")
+    return out
+
+
+def _stream(base: str, model: str, req: dict[str, Any]) -> dict[str, Any]:
+    """One streamed request: time to first token, time per output token after it, tokens received."""
+    body = {"model": model, "prompt": req["prompt"], "max_tokens": req["max_tokens"], "temperature": 0,
+            "ignore_eos": True, "return_token_ids": True, "stream": True,
+            "stream_options": {"include_usage": True}}
+    http = urllib.request.Request(f"{base}/v1/completions", data=json.dumps(body).encode(),
+                                  headers={"Content-Type": "application/json"})
+    start = time.perf_counter()
+    first = None
+    tokens = 0
+    usage = None
+    with urllib.request.urlopen(http, timeout=600) as r:
+        for raw in r:
+            line = raw.decode().strip()
+            if not line.startswith("data:") or line == "data: [DONE]":
+                continue
+            chunk = json.loads(line[5:])
+            if chunk.get("usage"):
+                usage = chunk["usage"].get("completion_tokens")
+            for choice in chunk.get("choices") or []:
+                n = len(choice.get("token_ids") or []) or (1 if choice.get("text") else 0)
+                if n and first is None:
+                    first = time.perf_counter()
+                tokens += n
+    end = time.perf_counter()
+    tokens = usage if usage is not None else tokens
+    ttft = (first or end) - start
+    return {"ttft_s": ttft, "tpot_s": (end - (first or end)) / max(tokens - 1, 1), "tokens": tokens}
+
+
+def _bench(base: str, model: str, requests: list[dict[str, Any]], concurrency: int) -> dict[str, Any]:
+    _stream(base, model, requests[0])  # warm-up: the first request pays one-off costs
+    start = time.perf_counter()
+    with ThreadPoolExecutor(max_workers=concurrency) as pool:
+        done = list(pool.map(lambda r: _stream(base, model, r), requests))
+    wall = time.perf_counter() - start
+    tokens = sum(d["tokens"] for d in done)
+    return {"concurrency": concurrency, "requests": len(requests), "output_tokens": tokens, "wall_s": round(wall, 3),
+            "output_tokens_per_s": round(tokens / wall, 2),
+            "median_ttft_ms": round(statistics.median(d["ttft_s"] for d in done) * 1000, 1),
+            "median_tpot_ms": round(statistics.median(d["tpot_s"] for d in done) * 1000, 2)}
+
+
+def run(spec: dict[str, Any]) -> dict[str, Any]:
+    port = int(spec["port"])
+    base = f"http://127.0.0.1:{port}"
+    log = Path(spec["log_path"])
+    argv = ["bash", spec["serve_sh"], spec["servable_dir"], spec["serve_dir"], "--", "--port", str(port),
+            *spec.get("extra_args", [])]
+    env = {**os.environ, **(spec.get("env") or {})}
+    out: dict[str, Any] = {"ok": False, "argv": argv, "started": False}
+    with log.open("wb") as fh:
+        proc = subprocess.Popen(argv, env=env, stdout=fh, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        up, waited = _ready(base, proc, float(spec.get("start_timeout_s", 300)))
+        out["start_s"] = round(waited, 1)
+        if not up:
+            out["exit_code"] = proc.poll()
+            out["error"] = log.read_text(errors="replace")[-3000:]
+            return out
+        out["started"] = True
+        model = spec["model_name"]
+        out["tokens"] = [_completion(base, model, p, int(spec["max_new_tokens"]), spec.get("logprobs"))
+                         for p in spec["prompts"]]
+        out["bench"] = [_bench(base, model, spec["requests"], c) for c in spec.get("concurrencies") or []]
+        out["ok"] = True
+    except (OSError, urllib.error.URLError, KeyError, ValueError) as exc:
+        out["error"] = f"{type(exc).__name__}: {exc}\n" + log.read_text(errors="replace")[-2000:]
+    finally:
+        _stop(proc)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    spec = json.loads(Path(argv[0]).read_text())
+    fd = os.environ.pop("HARNESS_RESULT_FD", None)
+    channel = os.fdopen(int(fd), "wb", closefd=True) if fd is not None else None
+    if channel is not None:
+        os.set_inheritable(channel.fileno(), False)  # the server (model code) must not write our result
+    try:
+        result = run(spec)
+    except BaseException as exc:
+        result = {"ok": False, "error": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc()[-3000:]}
+    payload = json.dumps(result, default=str).encode()
+    if channel is None:
+        sys.stdout.buffer.write(payload + b"\n")
+    else:
+        with channel:
+            channel.write(payload)
+    return 0 if result.get("ok") else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

