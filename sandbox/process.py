@@ -26,10 +26,8 @@ import os
 import re
 import resource
 import selectors
-import shutil
 import signal
 import subprocess
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -57,6 +55,7 @@ class Limits:
     max_procs: int = 512
     file_size_mb: int = 1024
     max_output_bytes: int = MAX_OUTPUT_BYTES
+    tmpfs_mb: int = 2048  # size of the run's /tmp (bwrap); tmpfs is host RAM, which RLIMIT_AS does not count
 
 
 @dataclass(frozen=True)
@@ -319,7 +318,7 @@ class ProcessSandbox:
 
 
 def _run(argv: list[str], *, cwd: Path, env: dict[str, str], limits: Limits, isolation: str,
-         result_channel: bool = False, channel_cap: int = 0) -> ExecResult:
+         result_channel: bool = False, channel_cap: int = 0, extra_fds: tuple[int, ...] = ()) -> ExecResult:
     """Run ``argv``; read stdout/stderr (and the result channel, an fd number the child inherits) with caps."""
     start = time.monotonic()
     cgroup = _Cgroup(limits.max_procs)
@@ -328,12 +327,12 @@ def _run(argv: list[str], *, cwd: Path, env: dict[str, str], limits: Limits, iso
         notes.append("process limit not enforced: running as root and no writable pids cgroup")
     chan_r: int | None = None
     chan_w: int | None = None
-    pass_fds: tuple[int, ...] = ()
+    pass_fds: tuple[int, ...] = extra_fds  # bwrap's seccomp program
     if result_channel:
         # The write end keeps whatever number the OS gave it: a fixed number dup2'd here would clobber an
         # fd the parent (a threaded server, other runs) already holds. The child learns it from the env.
         chan_r, chan_w = os.pipe()
-        pass_fds = (chan_w,)
+        pass_fds = (*extra_fds, chan_w)
         env = {**env, RESULT_FD_ENV: str(chan_w)}
     try:
         proc = subprocess.Popen(
@@ -422,97 +421,6 @@ def _run(argv: list[str], *, cwd: Path, env: dict[str, str], limits: Limits, iso
     )
 
 
-def _interpreter_paths(python: str) -> set[Path]:
-    """Folders an interpreter needs: its prefix, a venv's base interpreter, our own sys.path."""
-    paths: set[Path] = set()
-    exe = Path(python)
-    for p in (exe, exe.resolve()):
-        paths.add(p.parent.parent)
-        cfg = p.parent.parent / "pyvenv.cfg"
-        if cfg.is_file():
-            for line in cfg.read_text(errors="replace").splitlines():
-                key, _, value = line.partition("=")
-                if key.strip() == "home" and value.strip():
-                    paths.add(Path(value.strip()).parent)
-        # A layered env (agents/env_resolve.py) names the folders it reads besides its own: a torch pair's
-        # base env. Under a masked home they are invisible unless bound too.
-        marker = p.parent.parent / "npuport-env.json"
-        if marker.is_file():
-            try:
-                layers = json.loads(marker.read_text()).get("layers") or []
-            except (OSError, ValueError, AttributeError):
-                layers = []
-            for layer in layers:
-                paths |= _interpreter_paths(str(Path(layer) / "bin" / "python")) if Path(layer).is_dir() else set()
-    return paths
-
-
-def _host_paths(argv: list[str]) -> list[Path]:
-    paths = {Path(sys.prefix), Path(sys.base_prefix), Path(sys.exec_prefix)}
-    paths |= _interpreter_paths(sys.executable)
-    if argv and ("python" in Path(argv[0]).name):
-        paths |= _interpreter_paths(argv[0])
-    # sys.path's package folders only: its first entry may be the server's cwd (a home directory)
-    paths |= {Path(p) for p in sys.path if p and Path(p).is_dir()
-              and ("site-packages" in p or "dist-packages" in p or Path(p).name.startswith("python"))}
-    paths.add(Path(__file__).resolve().parent.parent)  # the npuport package itself (editable installs)
-    # NPUPORT_HOME is not bound: it holds other jobs' workspaces, uploads and the job database. What a run
-    # needs from it (the op matrix, the native engine, a layered env) is bound by path.
-    paths.add(Path.home() / ".cache" / "npuport")  # the shared native engine cache
-    from knowledge.settings import settings
-
-    conf = settings()
-    paths |= {p for p in (conf.native_cache, conf.env_cache) if p is not None}
-    return sorted({p.resolve() for p in paths if p.exists()} | {p for p in paths if p.exists()})
-
-
-def _homes() -> list[Path]:
-    homes = {Path.home(), Path("/root"), Path("/home")}
-    return sorted(h for h in homes if h.is_dir() and h != Path("/"))
-
-
-class BubblewrapSandbox:
-    """bwrap: no network, read-only system, the homes and /tmp masked, only ``mounts.rw`` writable."""
-
-    name = "bwrap"
-
-    def __init__(self, bwrap: str) -> None:
-        self.bwrap = bwrap
-
-    def command(self, argv: list[str], *, cwd: Path, mounts: Mounts) -> list[str]:
-        args = [self.bwrap, "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-net",
-                "--unshare-cgroup-try", "--die-with-parent", "--new-session",
-                "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp"]
-        for masked in (*_homes(), Path("/run"), Path("/var/run")):
-            if masked.is_dir() and not masked.is_symlink():
-                args += ["--tmpfs", str(masked)]
-        for p in _host_paths(argv):
-            args += ["--ro-bind", str(p), str(p)]
-        for p in mounts.hide:
-            args += ["--tmpfs", str(p)]
-        for p in mounts.ro:
-            args += ["--ro-bind", str(p), str(p)]
-        for p in mounts.rw:
-            args += ["--bind", str(p), str(p)]
-        return [*args, "--chdir", str(cwd), *argv]
-
-    def execute(self, argv: list[str], *, cwd: Path, env: dict[str, str], limits: Limits,
-                mounts: Mounts | None = None, result_channel: bool = False,
-                channel_cap: int = 0) -> ExecResult:
-        wrapped = self.command(argv, cwd=cwd, mounts=mounts or Mounts(rw=(cwd,)))
-        return _run(wrapped, cwd=cwd, env=env, limits=limits, isolation=self.name, result_channel=result_channel,
-                    channel_cap=channel_cap)
-
-
-def _bwrap_works(bwrap: str) -> bool:
-    try:
-        r = subprocess.run([bwrap, "--ro-bind", "/", "/", "--unshare-net", "--unshare-pid", "true"],
-                           capture_output=True, timeout=10)
-    except (OSError, subprocess.TimeoutExpired):
-        return False
-    return r.returncode == 0
-
-
 class IsolationUnavailable(RuntimeError):
     """bwrap is missing or unusable and nobody allowed unisolated runs."""
 
@@ -524,11 +432,6 @@ def isolation_setting() -> str:
     conf = settings()
     chosen = conf.isolation if "NPUPORT_ISOLATION" in os.environ else (conf.sandbox or conf.isolation)
     return (chosen or "auto").strip().lower()
-
-
-def bwrap_available() -> str | None:
-    bwrap = shutil.which("bwrap")
-    return bwrap if bwrap and _bwrap_works(bwrap) else None
 
 
 def _allow_unisolated() -> bool:
@@ -553,3 +456,11 @@ def default_sandbox(*, allow_process: bool | None = None) -> Sandbox:
     raise IsolationUnavailable("bubblewrap (bwrap) is not installed or cannot create namespaces here, so untrusted "
                                "model code cannot be isolated; install bubblewrap, or run unisolated explicitly "
                                "with --isolation process (NPUPORT_ISOLATION=process)")
+
+
+# The bwrap sandbox lives in its own module (it needs _run above); its names stay importable from here.
+from sandbox.bwrap import BubblewrapSandbox, bwrap_available  # noqa: E402
+from sandbox.bwrap import _interpreter_paths as _interpreter_paths  # noqa: E402
+
+__all__ = ["BubblewrapSandbox", "bwrap_available", "ProcessSandbox", "Limits", "Mounts", "ExecResult", "Sandbox",
+           "default_sandbox", "scrub", "scrubbed_env", "register_secret", "IsolationUnavailable"]
