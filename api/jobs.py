@@ -385,14 +385,18 @@ class JobManager:
             return  # cancelled (or taken by another worker) since it was read
         self._event(job_id, "status", {"status": "running", "reason": "resumed" if snap else ""})
         inputs = None if snap is not None else {"goal": job.goal, "request": job.request}
+        from sandbox.process import stop_runs_when
+
+        stop = lambda: job_id in self._cancel or self._shutdown.is_set()  # noqa: E731
         try:
-            result = run_thread(
-                inputs, job_id,
-                on_trace=lambda trace: self._publish_trace(job_id, trace),
-                should_stop=lambda: job_id in self._cancel or self._shutdown.is_set(),
-                interrupt_before=("patcher",) if job.require_approval else (),
-                builder=self.builder, db_path=db,
-                on_progress=lambda kind, data: self._event(job_id, "progress", {"kind": kind, **data}))
+            with stop_runs_when(stop):  # a cancel kills the sandbox run in flight, not only the next step
+                result = run_thread(
+                    inputs, job_id,
+                    on_trace=lambda trace: self._publish_trace(job_id, trace),
+                    should_stop=stop,
+                    interrupt_before=("patcher",) if job.require_approval else (),
+                    builder=self.builder, db_path=db,
+                    on_progress=lambda kind, data: self._event(job_id, "progress", {"kind": kind, **data}))
         except Exception as exc:  # a bug or a broken environment: the job fails with the reason, the service lives
             self._finish(job_id, "failed", f"internal error: {type(exc).__name__}: {first_line(exc)}")
             return

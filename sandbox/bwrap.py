@@ -15,14 +15,16 @@ import contextlib
 import functools
 import json
 import os
-import shutil
 import stat
 import subprocess
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from sandbox.confine import confinement, seccomp_fd
-from sandbox.process import ExecResult, Limits, Mounts, _run
+from sandbox.confine import confinement
+
+if TYPE_CHECKING:  # process.py imports this module; the types only
+    from sandbox.process import Limits, Mounts
 
 # Top-level folders of the host a run sees (read-only). Anything else is absent.
 SYSTEM_DIRS = ("usr", "bin", "sbin", "lib", "lib32", "lib64", "libx32", "etc", "opt", "sys")
@@ -120,79 +122,41 @@ def _npuport_home() -> Path | None:
     return None
 
 
-class BubblewrapSandbox:
-    """bwrap: an allow-listed read-only view of the host, no network, no privilege, only ``mounts.rw``
-    writable."""
+def bwrap_command(bwrap: str, argv: list[str], *, cwd: Path, mounts: Mounts, limits: Limits,
+                  filter_fd: int | None = None) -> list[str]:
+    """The bwrap command line that runs ``argv`` confined (sandbox/confine.py) in an allow-listed view."""
+    feats = _features(bwrap)
+    conf = confinement(filter_fd if "--seccomp" in feats else None)
+    if "--disable-userns" not in feats:
+        conf.remove("--disable-userns")  # the seccomp filter refuses new user namespaces as well
+    args = [bwrap, *conf, "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-net",
+            "--unshare-cgroup-try", "--die-with-parent", "--new-session"]
+    for name in SYSTEM_DIRS:
+        top = Path("/") / name
+        if top.is_symlink():
+            args += ["--symlink", os.readlink(top), str(top)]
+        elif top.is_dir():
+            args += ["--ro-bind", str(top), str(top)]
+    for private in _private_etc_files():
+        args += ["--ro-bind", "/dev/null", str(private)]
+    args += ["--dev", "/dev", "--proc", "/proc"]
 
-    name = "bwrap"
+    def tmpfs(path: Path, mb: int) -> list[str]:
+        return (["--size", str(mb * 1024 * 1024)] if "--size" in feats else []) + ["--tmpfs", str(path)]
 
-    def __init__(self, bwrap: str) -> None:
-        self.bwrap = bwrap
-
-    def command(self, argv: list[str], *, cwd: Path, mounts: Mounts, limits: Limits | None = None,
-                filter_fd: int | None = None) -> list[str]:
-        lim = limits or Limits()
-        feats = _features(self.bwrap)
-        conf = confinement(filter_fd if "--seccomp" in feats else None)
-        if "--disable-userns" not in feats:
-            conf.remove("--disable-userns")  # the seccomp filter refuses new user namespaces as well
-        args = [self.bwrap, *conf, "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-net",
-                "--unshare-cgroup-try", "--die-with-parent", "--new-session"]
-        for name in SYSTEM_DIRS:
-            top = Path("/") / name
-            if top.is_symlink():
-                args += ["--symlink", os.readlink(top), str(top)]
-            elif top.is_dir():
-                args += ["--ro-bind", str(top), str(top)]
-        for private in _private_etc_files():
-            args += ["--ro-bind", "/dev/null", str(private)]
-        args += ["--dev", "/dev", "--proc", "/proc"]
-
-        def tmpfs(path: Path, mb: int) -> list[str]:
-            return (["--size", str(mb * 1024 * 1024)] if "--size" in feats else []) + ["--tmpfs", str(path)]
-
-        args += tmpfs(Path("/tmp"), lim.tmpfs_mb)
-        for masked in _homes():
-            if masked.is_dir() and not masked.is_symlink():
-                args += tmpfs(masked, min(MASK_MB, lim.tmpfs_mb))
-        home = _npuport_home()
-        if home is not None and home.is_dir() and home != Path("/"):
-            args += tmpfs(home, 1)  # other owners' uploads, workspaces and job databases, wherever it lives
-        for p in _host_paths(argv):
-            args += ["--ro-bind", str(p), str(p)]
-        for p in mounts.hide:
-            args += tmpfs(p, 1)
-        for p in mounts.ro:
-            args += ["--ro-bind", str(p), str(p)]
-        for p in mounts.rw:
-            args += ["--bind", str(p), str(p)]
-        return [*args, "--chdir", str(cwd), *argv]
-
-    def execute(self, argv: list[str], *, cwd: Path, env: dict[str, str], limits: Limits,
-                mounts: Mounts | None = None, result_channel: bool = False,
-                channel_cap: int = 0) -> ExecResult:
-        fd = seccomp_fd()
-        try:
-            wrapped = self.command(argv, cwd=cwd, mounts=mounts or Mounts(rw=(cwd,)), limits=limits, filter_fd=fd)
-            return _run(wrapped, cwd=cwd, env=env, limits=limits, isolation=self.name,
-                        result_channel=result_channel, channel_cap=channel_cap,
-                        extra_fds=() if fd is None else (fd,))
-        finally:
-            if fd is not None:
-                os.close(fd)
-
-
-def _bwrap_works(bwrap: str) -> bool:
-    try:
-        r = subprocess.run([bwrap, "--ro-bind", "/", "/", "--unshare-net", "--unshare-pid", "true"],
-                           capture_output=True, timeout=10)
-    except (OSError, subprocess.TimeoutExpired):
-        return False
-    return r.returncode == 0
-
-
-def bwrap_available() -> str | None:
-    bwrap = shutil.which("bwrap")
-    return bwrap if bwrap and _bwrap_works(bwrap) else None
-
-
+    args += tmpfs(Path("/tmp"), limits.tmpfs_mb)
+    for masked in _homes():
+        if masked.is_dir() and not masked.is_symlink():
+            args += tmpfs(masked, min(MASK_MB, limits.tmpfs_mb))
+    home = _npuport_home()
+    if home is not None and home.is_dir() and home != Path("/"):
+        args += tmpfs(home, 1)  # other owners' uploads, workspaces and job databases, wherever it lives
+    for p in _host_paths(argv):
+        args += ["--ro-bind", str(p), str(p)]
+    for p in mounts.hide:
+        args += tmpfs(p, 1)
+    for p in mounts.ro:
+        args += ["--ro-bind", str(p), str(p)]
+    for p in mounts.rw:
+        args += ["--bind", str(p), str(p)]
+    return [*args, "--chdir", str(cwd), *argv]

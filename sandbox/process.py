@@ -20,18 +20,24 @@ wall time on the whole tree.
 from __future__ import annotations
 
 import contextlib
-import itertools
-import json
+import contextvars
 import os
 import re
 import resource
 import selectors
+import shutil
 import signal
 import subprocess
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
+
+from sandbox.bwrap import _interpreter_paths as _interpreter_paths  # noqa: F401  (tests import it from here)
+from sandbox.bwrap import bwrap_command
+from sandbox.confine import seccomp_fd
+from sandbox.reaper import _Cgroup, _kill_group, _register, pid_alive, reap_orphans  # noqa: F401  (re-exported)
 
 # Environment variables that may carry secrets never reach patched code.
 _SECRET_PATTERN = re.compile(r"(KEY|TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL|AUTH|COOKIE|SESSION)", re.I)
@@ -138,59 +144,22 @@ RESULT_FD_ENV = "HARNESS_RESULT_FD"
 """Tells the harness the fd number of its result channel (a pipe the parent opened for this run)."""
 
 
-# --- cgroup: a process cap that holds for root, and a way to find every process of the run ----------
+# --- cancel: a job's cancel (or the service's shutdown) kills the run in flight, not after it -------
 
-_cgroup_seq = itertools.count()
-
-
-def _pids_cgroup_root() -> Path | None:
-    """A writable folder of the pids controller (cgroup v1 or v2), or None."""
-    v1 = Path("/sys/fs/cgroup/pids")
-    if (v1 / "cgroup.procs").exists() and os.access(v1, os.W_OK):
-        return v1
-    v2 = Path("/sys/fs/cgroup")
-    with contextlib.suppress(OSError):
-        if "pids" in (v2 / "cgroup.subtree_control").read_text().split() and os.access(v2, os.W_OK):
-            return v2
-    return None
+_stop_check: contextvars.ContextVar[Callable[[], bool] | None] = contextvars.ContextVar("npuport_stop_runs",
+                                                                                        default=None)
+CANCEL_POLL_S = 0.1
 
 
-class _Cgroup:
-    def __init__(self, max_procs: int) -> None:
-        self.path: Path | None = None
-        root = _pids_cgroup_root()
-        if root is None:
-            return
-        path = root / f"npuport-{os.getpid()}-{next(_cgroup_seq)}"
-        try:
-            path.mkdir()
-            (path / "pids.max").write_text(str(max_procs))
-            self.path = path
-        except OSError:
-            with contextlib.suppress(OSError):
-                path.rmdir()
-
-    def pids(self) -> list[int]:
-        if self.path is None:
-            return []
-        with contextlib.suppress(OSError):
-            return [int(x) for x in (self.path / "cgroup.procs").read_text().split()]
-        return []
-
-    def kill_all(self) -> None:
-        """SIGKILL every process in the group until none is left (pids.max bounds how many can appear)."""
-        if self.path is None:
-            return
-        for _ in range(200):
-            pids = self.pids()
-            if not pids:
-                break
-            for pid in pids:
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.kill(pid, signal.SIGKILL)
-            time.sleep(0.01)
-        with contextlib.suppress(OSError):
-            self.path.rmdir()
+@contextlib.contextmanager
+def stop_runs_when(check: Callable[[], bool]) -> Iterator[None]:
+    """Every sandbox run started in this context (LangGraph copies it into node threads) is killed as
+    soon as ``check()`` turns true; its result says it was cancelled."""
+    token = _stop_check.set(check)
+    try:
+        yield
+    finally:
+        _stop_check.reset(token)
 
 
 def _die_with_parent() -> None:
@@ -219,88 +188,6 @@ def _preexec(limits: Limits, cgroup: Path | None):  # type: ignore[no-untyped-de
             resource.setrlimit(resource.RLIMIT_NPROC, (limits.max_procs, limits.max_procs))
 
     return apply
-
-
-# --- orphans: runs left by a server that was killed ----------------------------------------------
-
-def _registry() -> Path:
-    from knowledge.home import npuport_home
-
-    return npuport_home() / "sandbox-runs"
-
-
-def _start_time(pid: int) -> str:
-    """The process's start time in clock ticks (field 22 of /proc/PID/stat): tells a reused pid apart."""
-    with contextlib.suppress(OSError, IndexError):
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
-    return ""
-
-
-def pid_alive(pid: int) -> bool:
-    """Whether ``pid`` is a running process (a zombie has exited: /proc says so)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] != "Z"
-    except (OSError, IndexError):
-        return True
-
-
-def _register(pid: int, cgroup: Path | None) -> Path | None:
-    try:
-        reg = _registry()
-        reg.mkdir(parents=True, exist_ok=True)
-        rec = reg / f"{os.getpid()}-{pid}.json"
-        rec.write_text(json.dumps({"server": os.getpid(), "server_start": _start_time(os.getpid()), "pgid": pid,
-                                   "start": _start_time(pid), "cgroup": str(cgroup) if cgroup else None}))
-        return rec
-    except OSError:
-        return None
-
-
-def reap_orphans() -> int:
-    """Kill every sandboxed run whose server is gone (a server killed with SIGKILL cannot clean up):
-    the runs it recorded, and any npuport pids cgroup of a dead process. Returns how many were reaped.
-    Called when the server starts, before it resumes jobs (which then start fresh runs)."""
-    reaped = 0
-    reg = _registry()
-    for rec in sorted(reg.glob("*.json")) if reg.is_dir() else []:
-        try:
-            info = json.loads(rec.read_text())
-        except (OSError, json.JSONDecodeError):
-            rec.unlink(missing_ok=True)
-            continue
-        server = int(info.get("server") or 0)
-        if server and pid_alive(server) and _start_time(server) == info.get("server_start"):
-            continue  # its server still runs it
-        pgid = int(info.get("pgid") or 0)
-        if pgid and _start_time(pgid) == info.get("start"):
-            _kill_group(pgid)
-            reaped += 1
-        if info.get("cgroup"):
-            cg = _Cgroup.__new__(_Cgroup)
-            cg.path = Path(info["cgroup"]) if Path(info["cgroup"]).is_dir() else None
-            reaped += bool(cg.pids())
-            cg.kill_all()
-        rec.unlink(missing_ok=True)
-    root = _pids_cgroup_root()
-    for cg_dir in root.glob("npuport-*") if root else []:
-        owner = cg_dir.name.split("-")[1]
-        if owner.isdigit() and not pid_alive(int(owner)):
-            cg = _Cgroup.__new__(_Cgroup)
-            cg.path = cg_dir
-            reaped += bool(cg.pids())
-            cg.kill_all()
-    return reaped
-
-
-def _kill_group(pgid: int) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pgid, signal.SIGKILL)
 
 
 class ProcessSandbox:
@@ -363,9 +250,14 @@ def _run(argv: list[str], *, cwd: Path, env: dict[str, str], limits: Limits, iso
     deadline = start + limits.wall_s
     status = "ok"
     exited_at: float | None = None
+    stop = _stop_check.get()
     try:
         while sel.get_map():
             now = time.monotonic()
+            if stop is not None and stop():
+                status = "killed"
+                notes.append("cancelled: the run was killed while it ran")
+                break
             if proc.poll() is not None and exited_at is None:
                 exited_at = now
             if exited_at is not None and now - exited_at > DRAIN_AFTER_EXIT_S:
@@ -386,12 +278,17 @@ def _run(argv: list[str], *, cwd: Path, env: dict[str, str], limits: Limits, iso
                 room = caps[fd] - len(bufs[fd])
                 bufs[fd] += chunk[:max(room, 0)]
                 dropped[fd] += max(len(chunk) - max(room, 0), 0)
-        if proc.poll() is None:
-            # every pipe closed but the command runs on: wait for it within the wall time
-            try:
-                proc.wait(timeout=max(deadline - time.monotonic(), 0.01))
-            except subprocess.TimeoutExpired:
+        while status == "ok" and proc.poll() is None:
+            # every pipe closed but the command runs on: wait for it within the wall time (and the cancel)
+            if stop is not None and stop():
+                status = "killed"
+                notes.append("cancelled: the run was killed while it ran")
+                break
+            if time.monotonic() > deadline:
                 status = "timeout"
+                break
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=min(CANCEL_POLL_S, max(deadline - time.monotonic(), 0.01)))
     finally:
         sel.close()
         # Children the command left behind die with it: group, session-leaving daemons (cgroup).
@@ -419,6 +316,47 @@ def _run(argv: list[str], *, cwd: Path, env: dict[str, str], limits: Limits, iso
         stdout=bufs[streams[0]].decode("utf-8", "replace"), stderr=bufs[streams[1]].decode("utf-8", "replace"),
         isolation=isolation, notes=notes, channel=channel, channel_overflow=overflow,
     )
+
+
+class BubblewrapSandbox:
+    """bwrap: an allow-listed read-only view of the host, no network, no privilege (uid 65534 in a user
+    namespace, no capabilities, a seccomp filter), only ``mounts.rw`` writable (sandbox/bwrap.py)."""
+
+    name = "bwrap"
+
+    def __init__(self, bwrap: str) -> None:
+        self.bwrap = bwrap
+
+    def command(self, argv: list[str], *, cwd: Path, mounts: Mounts, limits: Limits | None = None,
+                filter_fd: int | None = None) -> list[str]:
+        return bwrap_command(self.bwrap, argv, cwd=cwd, mounts=mounts, limits=limits or Limits(), filter_fd=filter_fd)
+
+    def execute(self, argv: list[str], *, cwd: Path, env: dict[str, str], limits: Limits,
+                mounts: Mounts | None = None, result_channel: bool = False,
+                channel_cap: int = 0) -> ExecResult:
+        fd = seccomp_fd()
+        try:
+            wrapped = self.command(argv, cwd=cwd, mounts=mounts or Mounts(rw=(cwd,)), limits=limits, filter_fd=fd)
+            return _run(wrapped, cwd=cwd, env=env, limits=limits, isolation=self.name,
+                        result_channel=result_channel, channel_cap=channel_cap,
+                        extra_fds=() if fd is None else (fd,))
+        finally:
+            if fd is not None:
+                os.close(fd)
+
+
+def _bwrap_works(bwrap: str) -> bool:
+    try:
+        r = subprocess.run([bwrap, "--ro-bind", "/", "/", "--unshare-net", "--unshare-pid", "true"],
+                           capture_output=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return r.returncode == 0
+
+
+def bwrap_available() -> str | None:
+    bwrap = shutil.which("bwrap")
+    return bwrap if bwrap and _bwrap_works(bwrap) else None
 
 
 class IsolationUnavailable(RuntimeError):
@@ -458,9 +396,3 @@ def default_sandbox(*, allow_process: bool | None = None) -> Sandbox:
                                "with --isolation process (NPUPORT_ISOLATION=process)")
 
 
-# The bwrap sandbox lives in its own module (it needs _run above); its names stay importable from here.
-from sandbox.bwrap import BubblewrapSandbox, bwrap_available  # noqa: E402
-from sandbox.bwrap import _interpreter_paths as _interpreter_paths  # noqa: E402
-
-__all__ = ["BubblewrapSandbox", "bwrap_available", "ProcessSandbox", "Limits", "Mounts", "ExecResult", "Sandbox",
-           "default_sandbox", "scrub", "scrubbed_env", "register_secret", "IsolationUnavailable"]
