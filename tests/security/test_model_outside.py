@@ -26,6 +26,8 @@ def hostile_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[str, P
     py = venv / "bin" / "python"
     site = subprocess.run([str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
                           capture_output=True, text=True, check=True).stdout.strip()
+    # never plant the .pth anywhere but this venv (the base interpreter's site-packages is shared)
+    assert Path(site).is_relative_to(venv), site
     marker = tmp_path / "outside" / "pwned"
     marker.parent.mkdir()
     (Path(site) / "evil.pth").write_text(
