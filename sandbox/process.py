@@ -24,6 +24,7 @@ import contextvars
 import os
 import re
 import resource
+import secrets
 import selectors
 import shutil
 import signal
@@ -37,7 +38,15 @@ from typing import Protocol
 from sandbox.bwrap import _interpreter_paths as _interpreter_paths  # noqa: F401  (tests import it from here)
 from sandbox.bwrap import bwrap_command
 from sandbox.confine import seccomp_fd
-from sandbox.reaper import _Cgroup, _kill_group, _register, pid_alive, reap_orphans  # noqa: F401  (re-exported)
+from sandbox.reaper import (  # noqa: F401  (pid_alive, reap_orphans re-exported)
+    RUN_MARK_ENV,
+    _Cgroup,
+    _kill_group,
+    _register,
+    kill_marked,
+    pid_alive,
+    reap_orphans,
+)
 
 # Environment variables that may carry secrets never reach patched code.
 _SECRET_PATTERN = re.compile(r"(KEY|TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL|AUTH|COOKIE|SESSION)", re.I)
@@ -212,6 +221,8 @@ def _run(argv: list[str], *, cwd: Path, env: dict[str, str], limits: Limits, iso
     notes: list[str] = []
     if cgroup.path is None and os.geteuid() == 0:
         notes.append("process limit not enforced: running as root and no writable pids cgroup")
+    mark = secrets.token_hex(8)
+    env = {**env, RUN_MARK_ENV: mark}
     chan_r: int | None = None
     chan_w: int | None = None
     pass_fds: tuple[int, ...] = extra_fds  # bwrap's seccomp program
@@ -234,7 +245,7 @@ def _run(argv: list[str], *, cwd: Path, env: dict[str, str], limits: Limits, iso
     finally:
         if chan_w is not None:
             os.close(chan_w)  # only the child holds the write end: EOF means it is gone
-    record = _register(proc.pid, cgroup.path)
+    record = _register(proc.pid, cgroup.path, mark)
     assert proc.stdout is not None and proc.stderr is not None
     bufs: dict[int, bytearray] = {proc.stdout.fileno(): bytearray(), proc.stderr.fileno(): bytearray()}
     caps = {fd: limits.max_output_bytes for fd in bufs}
@@ -294,6 +305,8 @@ def _run(argv: list[str], *, cwd: Path, env: dict[str, str], limits: Limits, iso
         # Children the command left behind die with it: group, session-leaving daemons (cgroup).
         _kill_group(proc.pid)
         cgroup.kill_all()
+        if cgroup.path is None:  # no cgroup (a normal user): what left the session is found by its mark
+            kill_marked(mark)
         with contextlib.suppress(subprocess.TimeoutExpired):
             proc.wait(timeout=5)
         proc.stdout.close()

@@ -96,13 +96,47 @@ def pid_alive(pid: int) -> bool:
         return True
 
 
-def _register(pid: int, cgroup: Path | None) -> Path | None:
+RUN_MARK_ENV = "SANDBOX_RUN_MARK"
+"""A token in each run's environment: without a writable cgroup (a normal user), the processes that left
+the run's session are found by it in /proc/*/environ (the initial environment block, which a process
+keeps unless it execs itself a new one)."""
+
+
+def marked_pids(mark: str) -> list[int]:
+    needle = f"{RUN_MARK_ENV}={mark}".encode()
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        with contextlib.suppress(OSError):
+            if needle in (entry / "environ").read_bytes().split(b"\0"):
+                found.append(int(entry.name))
+    return found
+
+
+def kill_marked(mark: str) -> int:
+    """SIGKILL every process whose environment carries ``mark``, until none is left; how many were killed."""
+    killed = 0
+    for _ in range(50):
+        pids = [p for p in marked_pids(mark) if p != os.getpid()]
+        if not pids:
+            break
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
+                killed += 1
+        time.sleep(0.01)
+    return killed
+
+
+def _register(pid: int, cgroup: Path | None, mark: str = "") -> Path | None:
     try:
         reg = _registry()
         reg.mkdir(parents=True, exist_ok=True)
         rec = reg / f"{os.getpid()}-{pid}.json"
         rec.write_text(json.dumps({"server": os.getpid(), "server_start": _start_time(os.getpid()), "pgid": pid,
-                                   "start": _start_time(pid), "cgroup": str(cgroup) if cgroup else None}))
+                                   "start": _start_time(pid), "cgroup": str(cgroup) if cgroup else None,
+                                   "mark": mark}))
         return rec
     except OSError:
         return None
@@ -127,6 +161,8 @@ def reap_orphans() -> int:
         if pgid and _start_time(pgid) == info.get("start"):
             _kill_group(pgid)
             reaped += 1
+        if info.get("mark"):
+            reaped += bool(kill_marked(str(info["mark"])))
         if info.get("cgroup"):
             cg = _Cgroup.__new__(_Cgroup)
             cg.path = Path(info["cgroup"]) if Path(info["cgroup"]).is_dir() else None
