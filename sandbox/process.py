@@ -2,19 +2,21 @@
 
 Two sandboxes share one runner (``_run``):
 
-- ``BubblewrapSandbox`` (the default where bwrap works): a read-only view of the system, a fresh tmpfs
-  on /tmp and over every home directory, the interpreter and its environment bound back read-only
-  wherever they live (a venv under /tmp or $HOME works), only the paths the caller names writable;
-  new PID, IPC, UTS and network namespaces, ``--die-with-parent`` and ``--new-session``. When the run
-  ends, the PID namespace takes every process it started with it (setsid daemons included).
+- ``BubblewrapSandbox`` (the default where bwrap works; its command line is sandbox/bwrap.py): an
+  allow-listed read-only view of the system, sized tmpfs on /tmp and over every home directory and
+  NPUPORT_HOME, the interpreter and its environment bound back read-only wherever they live, only the
+  paths the caller names writable; no privilege (uid 65534 in a user namespace, no capabilities, a
+  seccomp filter: sandbox/confine.py); new PID, IPC, UTS and network namespaces, ``--die-with-parent``
+  and ``--new-session``. When the run ends, the PID namespace takes every process it started with it.
 - ``ProcessSandbox``: a session of its own, rlimits, a scrubbed environment. It is NOT a security
   boundary (the code can read and write whatever the server's user can), so it runs untrusted code only
   when asked for explicitly (``NPUPORT_ISOLATION=process`` / ``--isolation process``) and every result
   says ``isolation: process``.
 
 Both put the run in a cgroup with a ``pids.max`` when the host lets us (the only process cap that holds
-for root, which ignores RLIMIT_NPROC), read stdout/stderr incrementally with a size cap, and enforce the
-wall time on the whole tree.
+for root, which ignores RLIMIT_NPROC; without one, processes that left the session are found by a mark
+in their environment: sandbox/reaper.py), read stdout/stderr incrementally with a size cap, enforce the
+wall time on the whole tree, and stop when the job that started the run is cancelled (``stop_runs_when``).
 """
 
 from __future__ import annotations
