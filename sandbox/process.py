@@ -73,6 +73,7 @@ class Limits:
     file_size_mb: int = 1024
     max_output_bytes: int = MAX_OUTPUT_BYTES
     tmpfs_mb: int = 2048  # size of the run's /tmp (bwrap); tmpfs is host RAM, which RLIMIT_AS does not count
+    folder_quota_mb: int = 4096  # the run folder (cwd) as a whole; 0: unchecked. RLIMIT_FSIZE caps one file
 
 
 @dataclass(frozen=True)
@@ -201,6 +202,29 @@ def _preexec(limits: Limits, cgroup: Path | None):  # type: ignore[no-untyped-de
     return apply
 
 
+QUOTA_CHECK_S = 1.0
+MAX_FOLDER_ENTRIES = 100_000
+
+
+def _over_quota(folder: Path, quota: int) -> str:
+    """Why ``folder`` is over ``quota`` bytes of disk (or holds too many entries to count), or ""."""
+    used, entries, stack = 0, 0, [folder]
+    while stack:
+        with contextlib.suppress(OSError), os.scandir(stack.pop()) as it:
+            for e in it:
+                entries += 1
+                if entries > MAX_FOLDER_ENTRIES:
+                    return f"more than {MAX_FOLDER_ENTRIES} files and folders"
+                with contextlib.suppress(OSError):
+                    st = e.stat(follow_symlinks=False)
+                    used += st.st_blocks * 512  # disk actually used: a sparse file is not a full one
+                    if e.is_dir(follow_symlinks=False):
+                        stack.append(Path(e.path))
+        if used > quota:
+            return f"{used // 2**20} MiB used, the quota is {quota // 2**20} MiB"
+    return ""
+
+
 class ProcessSandbox:
     """A subprocess in its own session with rlimits and a wall-clock timeout. Not isolated."""
 
@@ -264,6 +288,8 @@ def _run(argv: list[str], *, cwd: Path, env: dict[str, str], limits: Limits, iso
     status = "ok"
     exited_at: float | None = None
     stop = _stop_check.get()
+    quota = limits.folder_quota_mb * 1024 * 1024
+    next_quota_check = start + QUOTA_CHECK_S
     try:
         while sel.get_map():
             now = time.monotonic()
@@ -271,6 +297,12 @@ def _run(argv: list[str], *, cwd: Path, env: dict[str, str], limits: Limits, iso
                 status = "killed"
                 notes.append("cancelled: the run was killed while it ran")
                 break
+            if quota and now >= next_quota_check:
+                next_quota_check = now + QUOTA_CHECK_S
+                if over := _over_quota(cwd, quota):
+                    status = "killed"
+                    notes.append(f"run folder over its quota ({over}); the run was killed")
+                    break
             if proc.poll() is not None and exited_at is None:
                 exited_at = now
             if exited_at is not None and now - exited_at > DRAIN_AFTER_EXIT_S:

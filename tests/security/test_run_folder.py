@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import threading
+import time
 import zipfile
 from pathlib import Path
 
@@ -24,14 +25,15 @@ from .conftest import write_model
 PARENT_FILES = ("stdout.log", "stderr.log", "result.json", "spec.json")
 
 
-def _harness(tmp_path: Path, box: Sandbox, at_import: str, in_generate: str = "pass", runs: int = 1):  # type: ignore[no-untyped-def]
+def _harness(tmp_path: Path, box: Sandbox, at_import: str, in_generate: str = "pass", runs: int = 1,  # type: ignore[no-untyped-def]
+             limits: Limits | None = None):
     original = write_model(tmp_path / "user-model", at_import, in_generate)
     ws = Workspace.create(original, tmp_path / "work")
     manifest = yaml.safe_load((ws.model_dir / "npuport.yaml").read_text())
     out = None
     for _ in range(runs):  # the same run folder again: an earlier run's plants meet the next spec write
         out = run_harness(workdir=ws.root, model_dir=ws.model_dir, run_dir=ws.runs_dir / "port", manifest=manifest,
-                          target=Target("cpu", "cpu"), sandbox=box, limits=Limits(wall_s=60))
+                          target=Target("cpu", "cpu"), sandbox=box, limits=limits or Limits(wall_s=60))
     assert out is not None
     return out
 
@@ -126,3 +128,17 @@ def test_capture_files_are_bounded_before_any_load(tmp_path: Path, monkeypatch: 
         assert type(info.value).__name__ == "HostileRunFile", (hostile.name, info.value)
     assert not loads, "torch.load ran on a capture file before it was bounded"
     assert numerics.compare_captures(ref, ref, ["__step__"])["output_within_tolerance"]
+
+
+def test_the_run_folder_has_a_quota(tmp_path: Path, box: Sandbox) -> None:
+    """RLIMIT_FSIZE caps one file; many files under it would still fill the server's disk."""
+    fill = '''
+for i in range(64):
+    with open(f"fill-{i}", "wb") as fh:
+        fh.write(os.urandom(1 << 20))
+time.sleep(30)
+'''
+    t0 = time.monotonic()
+    run = _harness(tmp_path, box, fill, limits=Limits(wall_s=60, folder_quota_mb=8))
+    assert not run.ok and time.monotonic() - t0 < 25, run.result
+    assert any("quota" in n for n in run.exec_result.notes), run.exec_result.notes
