@@ -459,8 +459,9 @@ def missing_transformers_names(model_dir: Path, python: str | None = None) -> li
              "        out.append([mod, name, where])\n"
              "print(json.dumps(out))\n")
     try:
-        done = subprocess.run([python or sys.executable, "-c", probe], input=json.dumps(wanted), capture_output=True,
-                              text=True, timeout=120)
+        from sandbox.probe import run_probe  # the env's .pth files run when it starts: inside the sandbox
+
+        done = run_probe([python or sys.executable, "-c", probe], input=json.dumps(wanted), timeout=120)
         return [tuple(x) for x in json.loads(done.stdout.strip().splitlines()[-1])] if done.returncode == 0 else []
     except (subprocess.TimeoutExpired, json.JSONDecodeError, IndexError):
         return []
@@ -556,7 +557,10 @@ def _layer_pth(env_dir: Path, resolution: Resolution) -> Path:
 
 
 def _purelib(python: Path) -> str:
-    return subprocess.run([str(python), "-I", "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+    # -S: no .pth of the env runs outside the sandbox. Without site, sys.prefix is the base interpreter's,
+    # so the env's own prefix (python's bin/..) is passed in.
+    code = "import sys, sysconfig; print(sysconfig.get_paths(vars={'base': sys.argv[1], 'platbase': sys.argv[1]})['purelib'])"
+    return subprocess.run([str(python), "-I", "-S", "-c", code, str(Path(python).parent.parent)],
                           capture_output=True, text=True, check=True).stdout.strip()
 
 

@@ -102,11 +102,12 @@ def probe(python: str, companions: list[str], extra_path: list[str] | None = Non
     the error's last line)."""
     code = "import json, torch\nout = {'torch': torch.__version__}\n" + \
         "".join(PROBES[c] for c in companions) + "print(json.dumps(out))\n"
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME")}
-    if extra_path:
-        env["PYTHONPATH"] = os.pathsep.join(extra_path)
+    from sandbox.probe import run_probe  # the env's .pth files run when it starts: inside the sandbox
+
+    env = {"PYTHONPATH": os.pathsep.join(extra_path)} if extra_path else {}
     try:
-        done = subprocess.run([python, "-c", code], capture_output=True, text=True, timeout=timeout_s, env=env)
+        done = run_probe([python, "-c", code], timeout=timeout_s, env=env,
+                         readable=tuple(Path(p) for p in extra_path or ()))
     except subprocess.TimeoutExpired:
         return False, f"the probe took over {timeout_s:g} s"
     if done.returncode == 0:

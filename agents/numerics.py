@@ -58,11 +58,20 @@ def within(m: dict[str, float], tol: Tolerance) -> bool:
     return not m.get("shape_mismatch") and m["cosine"] >= tol.min_cosine and m["share_over_1e3"] <= tol.max_share_over_1e3
 
 
+MAX_CAPTURE_BYTES = 1 << 30  # a capture file, on disk and inflated
+
+
 def compare_captures(port_path: Path, ref_path: Path, order: list[str], dtype: str = "float32") -> dict[str, Any]:
     """Metrics for every tensor both runs captured, the step output's verdict, and the first module
     (in the port's execution order) that leaves the tolerance."""
     import torch
 
+    from sandbox.rundir import check_zip_bounded
+
+    # Capture files come from the run folders (hostile data): a regular file, bounded, and bounded once
+    # inflated, before torch reads a byte of it.
+    for path in (port_path, ref_path):
+        check_zip_bounded(path, MAX_CAPTURE_BYTES, MAX_CAPTURE_BYTES)
     port = torch.load(port_path, weights_only=True)
     ref = torch.load(ref_path, weights_only=True)
     tol = TOLERANCES.get(dtype, TOLERANCES["float32"])

@@ -56,6 +56,11 @@ ChipName = Annotated[str, AfterValidator(_known_chip), WithJsonSchema({"type": "
 PolicyName = Annotated[str, AfterValidator(_known_policy), WithJsonSchema({"type": "string", "enum": list(POLICIES)})]
 
 
+MAX_WALL_S = 48 * 3600.0  # a whole port
+MAX_RUN_TIMEOUT_S = 6 * 3600.0  # one sandboxed run
+MAX_TUNE_TIME_S = 24 * 3600.0
+
+
 class PortRequest(BaseModel):
     """What the user asked for, typed. Built from CLI options, an API body, or goal text."""
 
@@ -74,10 +79,11 @@ class PortRequest(BaseModel):
     tune: bool = False
     serve: bool | None = None  # exercise the deployment (vLLM serves the port); None: NPUPORT_SERVE decides
     tune_trials: int | None = Field(default=None, ge=1, le=200)
-    tune_time_s: float | None = Field(default=None, gt=0)
+    # Every number a client sends has a ceiling: the service runs what they ask for (1e12 s is forever).
+    tune_time_s: float | None = Field(default=None, gt=0, le=MAX_TUNE_TIME_S)
     max_runs: int = Field(default=8, ge=1, le=100)
-    max_wall_s: float = Field(default=1800.0, gt=0)
-    run_timeout_s: float = Field(default=300.0, gt=0)
+    max_wall_s: float = Field(default=1800.0, gt=0, le=MAX_WALL_S)
+    run_timeout_s: float = Field(default=300.0, gt=0, le=MAX_RUN_TIMEOUT_S)
 
     @field_validator("model_path")
     @classmethod

@@ -29,6 +29,10 @@ from api.settings import Settings
 from knowledge.errors import JobError, first_line
 
 TERMINAL = frozenset({"validated", "failed", "cancelled"})
+CRASH_RESUME = "the service died while this job ran; resuming it once"
+QUARANTINED = ("quarantined: the service died while this job ran, again after it was resumed; it is not resumed "
+               "a second time (its model may be what kills the service)")
+MAX_CRASH_RESUMES = 1
 STATUSES = ("queued", "running", "awaiting_approval", *sorted(TERMINAL))
 
 _SCHEMA = """
@@ -253,17 +257,35 @@ class JobManager:
             reap_orphans()
             for token in self.settings.tokens:  # API tokens never appear in what a run hands back
                 register_secret(token)
+            clean = self._clean_stop_marker()
+            crashed = not clean.exists()
+            clean.unlink(missing_ok=True)
             for job in self.store.with_status(("queued", "running")):
                 if job.status == "running":
-                    self._event(job.id, "status", {"status": "queued", "reason": "service restarted; resuming"})
+                    if crashed and self._crash_resumes(job.id) >= MAX_CRASH_RESUMES:
+                        # It was running at every one of these service deaths: it may be what kills the
+                        # service (a parser crash, a memory bomb). Resuming it again would kill it again.
+                        self._finish(job.id, "failed", QUARANTINED)
+                        continue
+                    reason = CRASH_RESUME if crashed else "service restarted; resuming"
+                    self._event(job.id, "status", {"status": "queued", "reason": reason})
                     self.store.update(job.id, status="queued")
                 self._pool.submit(self._run, job.id)
+
+    def _clean_stop_marker(self) -> Path:
+        return self.home / "service-stopped-cleanly"
+
+    def _crash_resumes(self, job_id: str) -> int:
+        return sum(1 for e in self.store.events(job_id, 0, 100_000)
+                   if e.kind == "status" and e.data.get("reason") == CRASH_RESUME)
 
     def stop(self) -> None:
         """Stop taking work; running jobs stop at their next step and stay resumable (status kept)."""
         self._shutdown.set()
         if self._pool is not None:
             self._pool.shutdown(wait=False, cancel_futures=True)
+        with contextlib.suppress(OSError):  # the next start tells a clean stop from a crash by this file
+            self._clean_stop_marker().write_text(str(time.time()))
 
     # commands -----------------------------------------------------------------------------------
     def submit(self, job: Job, idem_key: str | None = None) -> tuple[Job, bool]:
@@ -378,14 +400,20 @@ class JobManager:
             return  # cancelled (or taken by another worker) since it was read
         self._event(job_id, "status", {"status": "running", "reason": "resumed" if snap else ""})
         inputs = None if snap is not None else {"goal": job.goal, "request": job.request}
+        from knowledge.port_memory import memory_owner
+        from sandbox.process import stop_runs_when
+
+        stop = lambda: job_id in self._cancel or self._shutdown.is_set()  # noqa: E731
         try:
-            result = run_thread(
-                inputs, job_id,
-                on_trace=lambda trace: self._publish_trace(job_id, trace),
-                should_stop=lambda: job_id in self._cancel or self._shutdown.is_set(),
-                interrupt_before=("patcher",) if job.require_approval else (),
-                builder=self.builder, db_path=db,
-                on_progress=lambda kind, data: self._event(job_id, "progress", {"kind": kind, **data}))
+            # a cancel kills the sandbox run in flight, not only the next step; what the port learns is its owner's
+            with stop_runs_when(stop), memory_owner(job.owner):
+                result = run_thread(
+                    inputs, job_id,
+                    on_trace=lambda trace: self._publish_trace(job_id, trace),
+                    should_stop=stop,
+                    interrupt_before=("patcher",) if job.require_approval else (),
+                    builder=self.builder, db_path=db,
+                    on_progress=lambda kind, data: self._event(job_id, "progress", {"kind": kind, **data}))
         except Exception as exc:  # a bug or a broken environment: the job fails with the reason, the service lives
             self._finish(job_id, "failed", f"internal error: {type(exc).__name__}: {first_line(exc)}")
             return

@@ -2,6 +2,12 @@
 
     python bench/security.py            # every attack, under bwrap and in process mode where it applies
     python bench/security.py -k git     # a subset (pytest -k expression)
+    python bench/security.py --as-user npuport-test   # the same attacks with npuport run by a normal user
+
+Run by root, bwrap is started by root (the usual container: the attacks of test_privilege.py are aimed
+at that); ``--as-user`` re-runs this bench under ``runuser`` as that (existing, non-root) user, so an
+unprivileged bwrap and service user are attacked the same way. The user needs read access to this
+checkout and its interpreter; its NPUPORT_HOME is a fresh folder under /tmp.
 
 Each test of tests/security plants one attack (through a model folder, a patch or an API call) and
 asserts it is contained and reported; a passed test is an attack that held, a failed one got through.
@@ -49,7 +55,10 @@ class _Tally:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("-k", default="", help="pytest -k expression")
+    ap.add_argument("--as-user", default="", help="run the bench as this normal user (runuser; needs root)")
     args = ap.parse_args()
+    if args.as_user:
+        return _as_user(args.as_user, args.k)
     tally = _Tally()
     argv = [str(REPO / "tests" / "security"), "-q", "-p", "no:cacheprovider", "--no-header", "-rN"]
     if args.k:
@@ -64,6 +73,24 @@ def main() -> int:
     tried, held = sum(tally.tried.values()), sum(tally.held.values())
     print(f"attacks tried {tried}, held {held}")
     return 0 if tried and tried == held and rc in (0, pytest.ExitCode.OK) else 1
+
+
+def _as_user(user: str, k: str) -> int:
+    """This bench again, as ``user``: its exit status and output are the bench's."""
+    import os
+    import subprocess
+    import tempfile
+
+    if os.geteuid() != 0:
+        print("--as-user needs root (runuser)", file=sys.stderr)
+        return 2
+    home = tempfile.mkdtemp(prefix=f"npuport-bench-{user}-")
+    subprocess.run(["chown", user, home], check=True)
+    keep = {k_: v for k_, v in os.environ.items() if k_ in ("PATH", "LANG", "LC_ALL", "TERM")}
+    argv = ["runuser", "-u", user, "--", "env", "-i", *(f"{k_}={v}" for k_, v in keep.items()),
+            f"HOME={home}", f"NPUPORT_HOME={home}/npuport", f"TMPDIR={home}",
+            sys.executable, str(Path(__file__).resolve()), *(["-k", k] if k else [])]
+    return subprocess.run(argv, cwd=str(REPO)).returncode
 
 
 if __name__ == "__main__":

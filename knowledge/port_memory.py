@@ -9,8 +9,11 @@ cluster the home must be a shared folder whose file system honours flock."""
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import json
 import re
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +22,27 @@ from knowledge.kb.chunking import digest
 
 JOURNAL = "port_memory.jsonl"
 WRITE_LOCK = "knowledge-base"  # knowledge.locks.home_lock name shared by every knowledge-base writer
+
+
+# Whose ports write and read the memory: the service sets the job's owner (its token's), a batch its
+# batch's owner; a port run from the CLI is "local". A learned fix is reused for its owner only, or for
+# anyone once a person reviewed it (``review_record``): an edit one owner's model talked the LLM into
+# never reaches another owner's port on its own.
+LOCAL_OWNER = "local"
+_owner: contextvars.ContextVar[str] = contextvars.ContextVar("npuport_memory_owner", default=LOCAL_OWNER)
+
+
+@contextlib.contextmanager
+def memory_owner(owner: str) -> Iterator[None]:
+    token = _owner.set(owner or LOCAL_OWNER)
+    try:
+        yield
+    finally:
+        _owner.reset(token)
+
+
+def current_owner() -> str:
+    return _owner.get()
 
 
 def journal_path(home: Path | None = None) -> Path:
@@ -64,6 +88,10 @@ def append_record(rec: dict[str, Any], home: Path | None = None) -> bool:
     ``home_lock(WRITE_LOCK)``: the read and the append must be one step for concurrent ports."""
     if any(r["id"] == rec["id"] for r in read_records(home)):
         return False
+    rec = {**rec, "owner": rec.get("owner") or current_owner()}
+    # provenance: what made the fix (an LLM's edit, a rule) and that nobody has reviewed it yet
+    rec["provenance"] = {"by": (rec.get("fix") or {}).get("by") or "npuport", "model": rec.get("model", ""),
+                         "reviewed_by": None, **(rec.get("provenance") or {})}
     path = journal_path(home)
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("a", encoding="utf-8") as fh:
@@ -71,12 +99,40 @@ def append_record(rec: dict[str, Any], home: Path | None = None) -> bool:
     return True
 
 
-def learned_fixes(home: Path | None = None) -> list[dict[str, Any]]:
+def reusable_by(rec: dict[str, Any], owner: str) -> bool:
+    """Whether ``owner``'s ports may reuse ``rec``: its own records, or one a person reviewed. A record
+    without an owner (written before owners were kept) has no provenance and is not reused."""
+    reviewed = bool((rec.get("provenance") or {}).get("reviewed_by"))
+    return reviewed or (bool(rec.get("owner")) and rec.get("owner") == owner)
+
+
+def review_record(record_id: str, reviewer: str, home: Path | None = None) -> bool:
+    """Mark a record reviewed by ``reviewer`` (then every owner's ports may reuse it). The caller holds
+    ``home_lock(WRITE_LOCK)``. False when there is no such record."""
+    records = read_records(home)
+    found = False
+    for rec in records:
+        if rec["id"] == record_id:
+            rec["provenance"] = {**(rec.get("provenance") or {}), "reviewed_by": reviewer}
+            found = True
+    if found:
+        path = journal_path(home)
+        tmp = path.with_suffix(".jsonl.tmp")
+        tmp.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records), encoding="utf-8")
+        tmp.replace(path)
+    return found
+
+
+def learned_fixes(home: Path | None = None, owner: str | None = None) -> list[dict[str, Any]]:
     """Records that carry an actionable fix (``fix``: codemod and params) and the ``failure_key`` it
-    fixed, one per distinct fix, oldest first."""
+    fixed, one per distinct fix, oldest first; only those ``owner`` (the current one by default) may
+    reuse (``reusable_by``)."""
+    who = owner if owner is not None else current_owner()
     seen: set[str] = set()
     out = []
     for rec in read_records(home):
+        if not reusable_by(rec, who):
+            continue
         fix = rec.get("fix")
         if not isinstance(fix, dict) or not fix.get("codemod") or not rec.get("failure_key"):
             continue

@@ -37,7 +37,8 @@ from typing import Any
 from knowledge.errors import Infeasible  # noqa: F401  (re-exported)
 from sandbox import harness
 from sandbox.model_inputs import cast_floats
-from sandbox.process import Limits, Mounts, Sandbox, default_sandbox, scrub, scrubbed_env
+from sandbox.process import RESULT_FD_ENV, Limits, Mounts, Sandbox, default_sandbox, scrub, scrubbed_env
+from sandbox.rundir import discard, write_own
 from sandbox.runner import HarnessRun
 
 DTYPES = ("float32", "bfloat16", "float16")
@@ -331,14 +332,28 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     spec = json.loads(Path(argv[0]).read_text())
+    # The result goes back on the parent's pipe (as the harness's does), never through a file in the run
+    # folder: the parent reads nothing the model's code could have planted there.
+    fd = os.environ.pop(RESULT_FD_ENV, None)
+    channel = os.fdopen(int(fd), "wb", closefd=True) if fd is not None else None
+    if channel is not None:
+        os.set_inheritable(channel.fileno(), False)
     result = run(spec)
-    Path(spec["result_path"]).write_text(json.dumps(result, indent=1, default=str))
+    payload = json.dumps(result, default=str).encode()
+    if channel is not None:
+        with channel:
+            channel.write(payload)
+    else:  # run by hand, outside npuport's sandbox
+        Path(spec["result_path"]).write_bytes(payload)
     return 0 if result["ok"] else 1
 
 
 # ----------------------------------------------------------------------------------------------
 # Parent side
 # ----------------------------------------------------------------------------------------------
+
+
+MAX_RESULT_BYTES = 8 * 1024 * 1024
 
 
 @dataclass
@@ -385,7 +400,8 @@ def run_bench(
         "shrink": shrink,
     }
     spec_path = run_dir / "bench_spec.json"
-    spec_path.write_text(json.dumps(spec, indent=1))
+    write_own(spec_path, json.dumps(spec, indent=1))
+    discard(result_path)
     argv = [python or sys.executable, "-I", "-B", "-u", "-m", "sandbox.bench", str(spec_path.resolve())]
     # -I drops the cwd from sys.path: the sandbox package must come from npuport's own install.
     box = sandbox or default_sandbox()
@@ -394,17 +410,22 @@ def run_bench(
                                   if isinstance(v, str) and v.startswith("/") and Path(v).exists()]
     mounts = Mounts(hide=(workdir.resolve(),), ro=tuple(ro), rw=(run_dir.resolve(),))
     exec_result = box.execute(argv, cwd=run_dir.resolve(), env=scrubbed_env(env), limits=limits or Limits(),
-                              mounts=mounts)
-    (run_dir / "bench_stdout.log").write_text(scrub(exec_result.stdout))
-    (run_dir / "bench_stderr.log").write_text(scrub(exec_result.stderr))
+                              mounts=mounts, result_channel=True, channel_cap=MAX_RESULT_BYTES)
+    write_own(run_dir / "bench_stdout.log", scrub(exec_result.stdout))
+    write_own(run_dir / "bench_stderr.log", scrub(exec_result.stderr))
     result: dict[str, Any] = {}
-    if result_path.exists():
+    if exec_result.channel_overflow:
+        result = {"ok": False, "configs": [], "exception": {"type": "BenchResultTooLarge",
+                                                            "message": f"over {MAX_RESULT_BYTES} bytes"}}
+    elif exec_result.channel:
         try:
-            result = json.loads(result_path.read_text())
-        except json.JSONDecodeError as exc:
+            loaded = json.loads(exec_result.channel)
+            result = loaded if isinstance(loaded, dict) else {}
+        except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as exc:
             result = {"ok": False, "exception": {"type": "BenchResultUnreadable", "message": str(exc)}}
     if not result:
         result = {"ok": False, "configs": [], "exception": None}
+    write_own(result_path, json.dumps(result, indent=1, default=str))
     return BenchRun(run_dir=run_dir, exec_result=exec_result, result=result)
 
 

@@ -2,40 +2,54 @@
 
 Two sandboxes share one runner (``_run``):
 
-- ``BubblewrapSandbox`` (the default where bwrap works): a read-only view of the system, a fresh tmpfs
-  on /tmp and over every home directory, the interpreter and its environment bound back read-only
-  wherever they live (a venv under /tmp or $HOME works), only the paths the caller names writable;
-  new PID, IPC, UTS and network namespaces, ``--die-with-parent`` and ``--new-session``. When the run
-  ends, the PID namespace takes every process it started with it (setsid daemons included).
+- ``BubblewrapSandbox`` (the default where bwrap works; its command line is sandbox/bwrap.py): an
+  allow-listed read-only view of the system, sized tmpfs on /tmp and over every home directory and
+  NPUPORT_HOME, the interpreter and its environment bound back read-only wherever they live, only the
+  paths the caller names writable; no privilege (uid 65534 in a user namespace, no capabilities, a
+  seccomp filter: sandbox/confine.py); new PID, IPC, UTS and network namespaces, ``--die-with-parent``
+  and ``--new-session``. When the run ends, the PID namespace takes every process it started with it.
 - ``ProcessSandbox``: a session of its own, rlimits, a scrubbed environment. It is NOT a security
   boundary (the code can read and write whatever the server's user can), so it runs untrusted code only
   when asked for explicitly (``NPUPORT_ISOLATION=process`` / ``--isolation process``) and every result
   says ``isolation: process``.
 
 Both put the run in a cgroup with a ``pids.max`` when the host lets us (the only process cap that holds
-for root, which ignores RLIMIT_NPROC), read stdout/stderr incrementally with a size cap, and enforce the
-wall time on the whole tree.
+for root, which ignores RLIMIT_NPROC; without one, processes that left the session are found by a mark
+in their environment: sandbox/reaper.py), read stdout/stderr incrementally with a size cap, enforce the
+wall time on the whole tree, and stop when the job that started the run is cancelled (``stop_runs_when``).
 """
 
 from __future__ import annotations
 
 import contextlib
-import itertools
-import json
+import contextvars
 import os
 import re
 import resource
+import secrets
 import selectors
 import shutil
 import signal
 import subprocess
-import sys
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
 from knowledge.errors import IsolationUnavailable
+from sandbox.bwrap import _interpreter_paths as _interpreter_paths  # noqa: F401  (tests import it from here)
+from sandbox.bwrap import bwrap_command
+from sandbox.confine import seccomp_fd
+from sandbox.reaper import (  # noqa: F401  (pid_alive, reap_orphans re-exported)
+    RUN_MARK_ENV,
+    _Cgroup,
+    _kill_group,
+    _register,
+    kill_marked,
+    pid_alive,
+    reap_orphans,
+)
 
 # Environment variables that may carry secrets never reach patched code.
 _SECRET_PATTERN = re.compile(r"(KEY|TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL|AUTH|COOKIE|SESSION)", re.I)
@@ -59,6 +73,8 @@ class Limits:
     max_procs: int = 512
     file_size_mb: int = 1024
     max_output_bytes: int = MAX_OUTPUT_BYTES
+    tmpfs_mb: int = 2048  # size of the run's /tmp (bwrap); tmpfs is host RAM, which RLIMIT_AS does not count
+    folder_quota_mb: int = 4096  # the run folder (cwd) as a whole; 0: unchecked. RLIMIT_FSIZE caps one file
 
 
 @dataclass(frozen=True)
@@ -141,59 +157,22 @@ RESULT_FD_ENV = "HARNESS_RESULT_FD"
 """Tells the harness the fd number of its result channel (a pipe the parent opened for this run)."""
 
 
-# --- cgroup: a process cap that holds for root, and a way to find every process of the run ----------
+# --- cancel: a job's cancel (or the service's shutdown) kills the run in flight, not after it -------
 
-_cgroup_seq = itertools.count()
-
-
-def _pids_cgroup_root() -> Path | None:
-    """A writable folder of the pids controller (cgroup v1 or v2), or None."""
-    v1 = Path("/sys/fs/cgroup/pids")
-    if (v1 / "cgroup.procs").exists() and os.access(v1, os.W_OK):
-        return v1
-    v2 = Path("/sys/fs/cgroup")
-    with contextlib.suppress(OSError):
-        if "pids" in (v2 / "cgroup.subtree_control").read_text().split() and os.access(v2, os.W_OK):
-            return v2
-    return None
+_stop_check: contextvars.ContextVar[Callable[[], bool] | None] = contextvars.ContextVar("npuport_stop_runs",
+                                                                                        default=None)
+CANCEL_POLL_S = 0.1
 
 
-class _Cgroup:
-    def __init__(self, max_procs: int) -> None:
-        self.path: Path | None = None
-        root = _pids_cgroup_root()
-        if root is None:
-            return
-        path = root / f"npuport-{os.getpid()}-{next(_cgroup_seq)}"
-        try:
-            path.mkdir()
-            (path / "pids.max").write_text(str(max_procs))
-            self.path = path
-        except OSError:
-            with contextlib.suppress(OSError):
-                path.rmdir()
-
-    def pids(self) -> list[int]:
-        if self.path is None:
-            return []
-        with contextlib.suppress(OSError):
-            return [int(x) for x in (self.path / "cgroup.procs").read_text().split()]
-        return []
-
-    def kill_all(self) -> None:
-        """SIGKILL every process in the group until none is left (pids.max bounds how many can appear)."""
-        if self.path is None:
-            return
-        for _ in range(200):
-            pids = self.pids()
-            if not pids:
-                break
-            for pid in pids:
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.kill(pid, signal.SIGKILL)
-            time.sleep(0.01)
-        with contextlib.suppress(OSError):
-            self.path.rmdir()
+@contextlib.contextmanager
+def stop_runs_when(check: Callable[[], bool]) -> Iterator[None]:
+    """Every sandbox run started in this context (LangGraph copies it into node threads) is killed as
+    soon as ``check()`` turns true; its result says it was cancelled."""
+    token = _stop_check.set(check)
+    try:
+        yield
+    finally:
+        _stop_check.reset(token)
 
 
 def _die_with_parent() -> None:
@@ -224,86 +203,27 @@ def _preexec(limits: Limits, cgroup: Path | None):  # type: ignore[no-untyped-de
     return apply
 
 
-# --- orphans: runs left by a server that was killed ----------------------------------------------
-
-def _registry() -> Path:
-    from knowledge.home import npuport_home
-
-    return npuport_home() / "sandbox-runs"
+QUOTA_CHECK_S = 1.0
+MAX_FOLDER_ENTRIES = 100_000
 
 
-def _start_time(pid: int) -> str:
-    """The process's start time in clock ticks (field 22 of /proc/PID/stat): tells a reused pid apart."""
-    with contextlib.suppress(OSError, IndexError):
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
+def _over_quota(folder: Path, quota: int) -> str:
+    """Why ``folder`` is over ``quota`` bytes of disk (or holds too many entries to count), or ""."""
+    used, entries, stack = 0, 0, [folder]
+    while stack:
+        with contextlib.suppress(OSError), os.scandir(stack.pop()) as it:
+            for e in it:
+                entries += 1
+                if entries > MAX_FOLDER_ENTRIES:
+                    return f"more than {MAX_FOLDER_ENTRIES} files and folders"
+                with contextlib.suppress(OSError):
+                    st = e.stat(follow_symlinks=False)
+                    used += st.st_blocks * 512  # disk actually used: a sparse file is not a full one
+                    if e.is_dir(follow_symlinks=False):
+                        stack.append(Path(e.path))
+        if used > quota:
+            return f"{used // 2**20} MiB used, the quota is {quota // 2**20} MiB"
     return ""
-
-
-def pid_alive(pid: int) -> bool:
-    """Whether ``pid`` is a running process (a zombie has exited: /proc says so)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] != "Z"
-    except (OSError, IndexError):
-        return True
-
-
-def _register(pid: int, cgroup: Path | None) -> Path | None:
-    try:
-        reg = _registry()
-        reg.mkdir(parents=True, exist_ok=True)
-        rec = reg / f"{os.getpid()}-{pid}.json"
-        rec.write_text(json.dumps({"server": os.getpid(), "server_start": _start_time(os.getpid()), "pgid": pid,
-                                   "start": _start_time(pid), "cgroup": str(cgroup) if cgroup else None}))
-        return rec
-    except OSError:
-        return None
-
-
-def reap_orphans() -> int:
-    """Kill every sandboxed run whose server is gone (a server killed with SIGKILL cannot clean up):
-    the runs it recorded, and any npuport pids cgroup of a dead process. Returns how many were reaped.
-    Called when the server starts, before it resumes jobs (which then start fresh runs)."""
-    reaped = 0
-    reg = _registry()
-    for rec in sorted(reg.glob("*.json")) if reg.is_dir() else []:
-        try:
-            info = json.loads(rec.read_text())
-        except (OSError, json.JSONDecodeError):
-            rec.unlink(missing_ok=True)
-            continue
-        server = int(info.get("server") or 0)
-        if server and pid_alive(server) and _start_time(server) == info.get("server_start"):
-            continue  # its server still runs it
-        pgid = int(info.get("pgid") or 0)
-        if pgid and _start_time(pgid) == info.get("start"):
-            _kill_group(pgid)
-            reaped += 1
-        if info.get("cgroup"):
-            cg = _Cgroup.__new__(_Cgroup)
-            cg.path = Path(info["cgroup"]) if Path(info["cgroup"]).is_dir() else None
-            reaped += bool(cg.pids())
-            cg.kill_all()
-        rec.unlink(missing_ok=True)
-    root = _pids_cgroup_root()
-    for cg_dir in root.glob("npuport-*") if root else []:
-        owner = cg_dir.name.split("-")[1]
-        if owner.isdigit() and not pid_alive(int(owner)):
-            cg = _Cgroup.__new__(_Cgroup)
-            cg.path = cg_dir
-            reaped += bool(cg.pids())
-            cg.kill_all()
-    return reaped
-
-
-def _kill_group(pgid: int) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pgid, signal.SIGKILL)
 
 
 class ProcessSandbox:
@@ -321,21 +241,23 @@ class ProcessSandbox:
 
 
 def _run(argv: list[str], *, cwd: Path, env: dict[str, str], limits: Limits, isolation: str,
-         result_channel: bool = False, channel_cap: int = 0) -> ExecResult:
+         result_channel: bool = False, channel_cap: int = 0, extra_fds: tuple[int, ...] = ()) -> ExecResult:
     """Run ``argv``; read stdout/stderr (and the result channel, an fd number the child inherits) with caps."""
     start = time.monotonic()
     cgroup = _Cgroup(limits.max_procs)
     notes: list[str] = []
     if cgroup.path is None and os.geteuid() == 0:
         notes.append("process limit not enforced: running as root and no writable pids cgroup")
+    mark = secrets.token_hex(8)
+    env = {**env, RUN_MARK_ENV: mark}
     chan_r: int | None = None
     chan_w: int | None = None
-    pass_fds: tuple[int, ...] = ()
+    pass_fds: tuple[int, ...] = extra_fds  # bwrap's seccomp program
     if result_channel:
         # The write end keeps whatever number the OS gave it: a fixed number dup2'd here would clobber an
         # fd the parent (a threaded server, other runs) already holds. The child learns it from the env.
         chan_r, chan_w = os.pipe()
-        pass_fds = (chan_w,)
+        pass_fds = (*extra_fds, chan_w)
         env = {**env, RESULT_FD_ENV: str(chan_w)}
     try:
         proc = subprocess.Popen(
@@ -350,7 +272,7 @@ def _run(argv: list[str], *, cwd: Path, env: dict[str, str], limits: Limits, iso
     finally:
         if chan_w is not None:
             os.close(chan_w)  # only the child holds the write end: EOF means it is gone
-    record = _register(proc.pid, cgroup.path)
+    record = _register(proc.pid, cgroup.path, mark)
     assert proc.stdout is not None and proc.stderr is not None
     bufs: dict[int, bytearray] = {proc.stdout.fileno(): bytearray(), proc.stderr.fileno(): bytearray()}
     caps = {fd: limits.max_output_bytes for fd in bufs}
@@ -366,9 +288,22 @@ def _run(argv: list[str], *, cwd: Path, env: dict[str, str], limits: Limits, iso
     deadline = start + limits.wall_s
     status = "ok"
     exited_at: float | None = None
+    stop = _stop_check.get()
+    quota = limits.folder_quota_mb * 1024 * 1024
+    next_quota_check = start + QUOTA_CHECK_S
     try:
         while sel.get_map():
             now = time.monotonic()
+            if stop is not None and stop():
+                status = "killed"
+                notes.append("cancelled: the run was killed while it ran")
+                break
+            if quota and now >= next_quota_check:
+                next_quota_check = now + QUOTA_CHECK_S
+                if over := _over_quota(cwd, quota):
+                    status = "killed"
+                    notes.append(f"run folder over its quota ({over}); the run was killed")
+                    break
             if proc.poll() is not None and exited_at is None:
                 exited_at = now
             if exited_at is not None and now - exited_at > DRAIN_AFTER_EXIT_S:
@@ -389,17 +324,24 @@ def _run(argv: list[str], *, cwd: Path, env: dict[str, str], limits: Limits, iso
                 room = caps[fd] - len(bufs[fd])
                 bufs[fd] += chunk[:max(room, 0)]
                 dropped[fd] += max(len(chunk) - max(room, 0), 0)
-        if proc.poll() is None:
-            # every pipe closed but the command runs on: wait for it within the wall time
-            try:
-                proc.wait(timeout=max(deadline - time.monotonic(), 0.01))
-            except subprocess.TimeoutExpired:
+        while status == "ok" and proc.poll() is None:
+            # every pipe closed but the command runs on: wait for it within the wall time (and the cancel)
+            if stop is not None and stop():
+                status = "killed"
+                notes.append("cancelled: the run was killed while it ran")
+                break
+            if time.monotonic() > deadline:
                 status = "timeout"
+                break
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=min(CANCEL_POLL_S, max(deadline - time.monotonic(), 0.01)))
     finally:
         sel.close()
         # Children the command left behind die with it: group, session-leaving daemons (cgroup).
         _kill_group(proc.pid)
         cgroup.kill_all()
+        if cgroup.path is None:  # no cgroup (a normal user): what left the session is found by its mark
+            kill_marked(mark)
         with contextlib.suppress(subprocess.TimeoutExpired):
             proc.wait(timeout=5)
         proc.stdout.close()
@@ -424,86 +366,31 @@ def _run(argv: list[str], *, cwd: Path, env: dict[str, str], limits: Limits, iso
     )
 
 
-def _interpreter_paths(python: str) -> set[Path]:
-    """Folders an interpreter needs: its prefix, a venv's base interpreter, our own sys.path."""
-    paths: set[Path] = set()
-    exe = Path(python)
-    for p in (exe, exe.resolve()):
-        paths.add(p.parent.parent)
-        cfg = p.parent.parent / "pyvenv.cfg"
-        if cfg.is_file():
-            for line in cfg.read_text(errors="replace").splitlines():
-                key, _, value = line.partition("=")
-                if key.strip() == "home" and value.strip():
-                    paths.add(Path(value.strip()).parent)
-        # A layered env (agents/env_resolve.py) names the folders it reads besides its own: a torch pair's
-        # base env. Under a masked home they are invisible unless bound too.
-        marker = p.parent.parent / "npuport-env.json"
-        if marker.is_file():
-            try:
-                layers = json.loads(marker.read_text()).get("layers") or []
-            except (OSError, ValueError, AttributeError):
-                layers = []
-            for layer in layers:
-                paths |= _interpreter_paths(str(Path(layer) / "bin" / "python")) if Path(layer).is_dir() else set()
-    return paths
-
-
-def _host_paths(argv: list[str]) -> list[Path]:
-    paths = {Path(sys.prefix), Path(sys.base_prefix), Path(sys.exec_prefix)}
-    paths |= _interpreter_paths(sys.executable)
-    if argv and ("python" in Path(argv[0]).name):
-        paths |= _interpreter_paths(argv[0])
-    # sys.path's package folders only: its first entry may be the server's cwd (a home directory)
-    paths |= {Path(p) for p in sys.path if p and Path(p).is_dir()
-              and ("site-packages" in p or "dist-packages" in p or Path(p).name.startswith("python"))}
-    paths.add(Path(__file__).resolve().parent.parent)  # the npuport package itself (editable installs)
-    # NPUPORT_HOME is not bound: it holds other jobs' workspaces, uploads and the job database. What a run
-    # needs from it (the op matrix, the native engine, a layered env) is bound by path.
-    paths.add(Path.home() / ".cache" / "npuport")  # the shared native engine cache
-    from knowledge.settings import settings
-
-    conf = settings()
-    paths |= {p for p in (conf.native_cache, conf.env_cache) if p is not None}
-    return sorted({p.resolve() for p in paths if p.exists()} | {p for p in paths if p.exists()})
-
-
-def _homes() -> list[Path]:
-    homes = {Path.home(), Path("/root"), Path("/home")}
-    return sorted(h for h in homes if h.is_dir() and h != Path("/"))
-
-
 class BubblewrapSandbox:
-    """bwrap: no network, read-only system, the homes and /tmp masked, only ``mounts.rw`` writable."""
+    """bwrap: an allow-listed read-only view of the host, no network, no privilege (uid 65534 in a user
+    namespace, no capabilities, a seccomp filter), only ``mounts.rw`` writable (sandbox/bwrap.py)."""
 
     name = "bwrap"
 
     def __init__(self, bwrap: str) -> None:
         self.bwrap = bwrap
 
-    def command(self, argv: list[str], *, cwd: Path, mounts: Mounts) -> list[str]:
-        args = [self.bwrap, "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-net",
-                "--unshare-cgroup-try", "--die-with-parent", "--new-session",
-                "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp"]
-        for masked in (*_homes(), Path("/run"), Path("/var/run")):
-            if masked.is_dir() and not masked.is_symlink():
-                args += ["--tmpfs", str(masked)]
-        for p in _host_paths(argv):
-            args += ["--ro-bind", str(p), str(p)]
-        for p in mounts.hide:
-            args += ["--tmpfs", str(p)]
-        for p in mounts.ro:
-            args += ["--ro-bind", str(p), str(p)]
-        for p in mounts.rw:
-            args += ["--bind", str(p), str(p)]
-        return [*args, "--chdir", str(cwd), *argv]
+    def command(self, argv: list[str], *, cwd: Path, mounts: Mounts, limits: Limits | None = None,
+                filter_fd: int | None = None) -> list[str]:
+        return bwrap_command(self.bwrap, argv, cwd=cwd, mounts=mounts, limits=limits or Limits(), filter_fd=filter_fd)
 
     def execute(self, argv: list[str], *, cwd: Path, env: dict[str, str], limits: Limits,
                 mounts: Mounts | None = None, result_channel: bool = False,
                 channel_cap: int = 0) -> ExecResult:
-        wrapped = self.command(argv, cwd=cwd, mounts=mounts or Mounts(rw=(cwd,)))
-        return _run(wrapped, cwd=cwd, env=env, limits=limits, isolation=self.name, result_channel=result_channel,
-                    channel_cap=channel_cap)
+        fd = seccomp_fd()
+        try:
+            wrapped = self.command(argv, cwd=cwd, mounts=mounts or Mounts(rw=(cwd,)), limits=limits, filter_fd=fd)
+            return _run(wrapped, cwd=cwd, env=env, limits=limits, isolation=self.name,
+                        result_channel=result_channel, channel_cap=channel_cap,
+                        extra_fds=() if fd is None else (fd,))
+        finally:
+            if fd is not None:
+                os.close(fd)
 
 
 def _bwrap_works(bwrap: str) -> bool:
@@ -515,6 +402,11 @@ def _bwrap_works(bwrap: str) -> bool:
     return r.returncode == 0
 
 
+def bwrap_available() -> str | None:
+    bwrap = shutil.which("bwrap")
+    return bwrap if bwrap and _bwrap_works(bwrap) else None
+
+
 def isolation_setting() -> str:
     """``NPUPORT_ISOLATION`` (``NPUPORT_SANDBOX`` is its older name): auto | bwrap | process."""
     from knowledge.settings import settings
@@ -522,11 +414,6 @@ def isolation_setting() -> str:
     conf = settings()
     chosen = conf.isolation if "NPUPORT_ISOLATION" in os.environ else (conf.sandbox or conf.isolation)
     return (chosen or "auto").strip().lower()
-
-
-def bwrap_available() -> str | None:
-    bwrap = shutil.which("bwrap")
-    return bwrap if bwrap and _bwrap_works(bwrap) else None
 
 
 def _allow_unisolated() -> bool:
@@ -551,3 +438,5 @@ def default_sandbox(*, allow_process: bool | None = None) -> Sandbox:
     raise IsolationUnavailable("bubblewrap (bwrap) is not installed or cannot create namespaces here, so untrusted "
                                "model code cannot be isolated; install bubblewrap, or run unisolated explicitly "
                                "with --isolation process (NPUPORT_ISOLATION=process)")
+
+

@@ -5,7 +5,8 @@ The run sees (under bwrap) the model's tree read-only and its own run folder rea
 the workspace (npuport's git, the original, other runs such as the reference) is masked. The result
 comes back on a pipe the parent opened (its fd number in HARNESS_RESULT_FD), not from a file the model's code
 could write; a run that ends without writing it failed, whatever its exit code. The parent then writes
-``result.json`` itself, scrubbed of the server's secrets and capped in size."""
+``result.json`` itself, scrubbed of the server's secrets and capped in size, through
+sandbox/rundir.py (the run folder is hostile data: no name in it is followed)."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from typing import Any
 
 from knowledge.settings import settings
 from sandbox.process import ExecResult, Limits, Mounts, Sandbox, default_sandbox, scrub, scrubbed_env
+from sandbox.rundir import discard, write_own
 from sandbox.targets import Target
 
 MAX_RESULT_BYTES = 8 * 1024 * 1024
@@ -101,7 +103,6 @@ def run_harness(
     interpreter of a layered environment holding the model's own pins (agents/env_resolve.py)."""
     run_dir.mkdir(parents=True, exist_ok=True)
     result_path = run_dir / "result.json"
-    result_path.unlink(missing_ok=True)
     spec: dict[str, Any] = {
         "model_dir": str(model_dir.resolve()),
         "manifest": manifest,
@@ -118,7 +119,8 @@ def run_harness(
     }
     spec.update(extra or {})
     spec_path = run_dir / "spec.json"
-    spec_path.write_text(json.dumps(spec, indent=1))
+    write_own(spec_path, json.dumps(spec, indent=1))  # a link left by an earlier run in this folder is not followed
+    discard(result_path)  # a stale result never stands for this run's
     env = scrubbed_env({} if reference else target.env)
     argv = [python or sys.executable, "-I", "-B", "-u", "-m", "sandbox.harness", str(spec_path.resolve())]
     box = sandbox or default_sandbox()
@@ -127,8 +129,9 @@ def run_harness(
                               mounts=_mounts(workdir, model_dir, run_dir, target),
                               result_channel=True, channel_cap=MAX_RESULT_BYTES)
     exec_result.stdout, exec_result.stderr = scrub(exec_result.stdout), scrub(exec_result.stderr)
-    (run_dir / "stdout.log").write_text(exec_result.stdout)
-    (run_dir / "stderr.log").write_text(exec_result.stderr)
+    # The run may have planted links, FIFOs or folders under these names: write_own never follows them.
+    write_own(run_dir / "stdout.log", exec_result.stdout)
+    write_own(run_dir / "stderr.log", exec_result.stderr)
     result: dict[str, Any] = {}
     if exec_result.channel_overflow:
         result = _failure("ResultTooLarge", f"the run's result is larger than {MAX_RESULT_BYTES // 2**20} MiB; "
@@ -150,5 +153,5 @@ def run_harness(
     if exec_result.notes:
         result.setdefault("warnings", [])
         result["warnings"] = [*result["warnings"], *(f"sandbox: {n}" for n in exec_result.notes)]
-    result_path.write_text(json.dumps(result, indent=1, default=str))
+    write_own(result_path, json.dumps(result, indent=1, default=str))
     return HarnessRun(run_dir=run_dir, exec_result=exec_result, result=result)

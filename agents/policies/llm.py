@@ -38,6 +38,7 @@ from agents.llm_edits import (  # noqa: F401  (re-exported: agents.codemods regi
 from agents.llm_settings import LLMSettings
 from agents.models import Citation, Diagnosis, Finding, StructuredException
 from agents.policies.base import FixAction, PolicyContext
+from agents.policies.fence import FENCE_NOTE, fence
 from agents.policies.llm_answers import (  # noqa: F401  (re-exported)
     DiagnosisAnswer,
     FixPlan,
@@ -116,7 +117,7 @@ def _catalogue_text() -> str:
 
 def _exception_text(exc: StructuredException) -> str:
     frames = "\n".join(f"  {'[model] ' if f.in_model else ''}{f.file}:{f.line} in {f.func}: {f.code}" for f in exc.frames[-12:])
-    return f"{exc.type}: {exc.message[:2000]}\nframes (innermost last):\n{frames or '  (none)'}"
+    return fence(f"{exc.type}: {exc.message[:2000]}\nframes (innermost last):\n{frames or '  (none)'}", "exception")
 
 
 class LLMPolicy:
@@ -394,7 +395,7 @@ class LLMPolicy:
         earlier = "\n".join(f"- {d.id}: {d.signature}: {d.summary} (fix: {d.fix}"
                             + (f", edits {json.dumps(d.params.get('edits'))[:600]}" if d.params.get("edits") else "")
                             + ")" for d in history[-6:]) or "none"
-        question = (f"Run {run_id} of the port failed.\n\n{_exception_text(exception)}\n\n"
+        question = (f"Run {run_id} of the port failed.\n{FENCE_NOTE}\n\n{_exception_text(exception)}\n\n"
                     f"npuport's classifier: {sig.kind} ({sig.key}): {sig.summary}\n"
                     + (f"The offline rules say: {rule_reading.summary}\n" if rule_reading else "")
                     + f"\nEarlier diagnoses of this port:\n{earlier}\n\n"

@@ -16,7 +16,7 @@ from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Depends, Header, HTTPException, Query, Request
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel, Field, ValidationError
+from pydantic import BaseModel, Field, ValidationError, field_validator
 from sse_starlette.sse import EventSourceResponse
 
 from api.auth import Principal, can_see, owner_filter, require
@@ -33,7 +33,17 @@ class BatchCreate(BaseModel):
         description="the batch manifest (docs/batch.md) as JSON; model paths are folders under the allowed roots",
         examples=[{"name": "zoo", "defaults": {"target": "cpu"}, "models": [{"path": "ocr_mini"}]}])
     executor: Literal["local", "ray"] = Field(default="local", description="local processes, or Ray")
-    ray_address: str | None = Field(default=None, description="a Ray cluster (ray executor); default embedded")
+    ray_address: str | None = Field(default=None, description="refused: the Ray cluster is the operator's setting "
+                                    "(RAY_ADDRESS of the service), never a client's")
+
+    @field_validator("ray_address")
+    @classmethod
+    def _no_client_cluster(cls, v: str | None) -> str | None:
+        # Ray Client exchanges pickles with whatever answers, and ray.init is process-global: every owner's
+        # batches would follow a client-chosen address.
+        if v:
+            raise ValueError("ray_address is an operator setting (RAY_ADDRESS of the service), not a request field")
+        return None
     workers: int | None = Field(default=None, ge=1, le=64)
     retry_failed: bool = False
 
@@ -111,7 +121,7 @@ def create_batch(body: BatchCreate, request: Request, principal: Writer) -> JSON
         existed = store.batch(resolved.batch_id) is not None
         bid, _ = register(resolved, principal.name, home / "batches" / resolved.batch_id / "out", store)
         batch = store.batch(bid)
-        opts = BatchOptions(executor=body.executor, ray_address=body.ray_address, workers=body.workers,
+        opts = BatchOptions(executor=body.executor, ray_address=None, workers=body.workers,
                             retry_failed=body.retry_failed, owner=principal.name)
         threading.Thread(target=_drive, args=(resolved, opts), name=f"npuport-batch-{bid}", daemon=True).start()
         payload = _out(store, batch)

@@ -32,9 +32,11 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from agents.request import POLICIES, ChipName, PolicyName, TargetName
+from agents.request import MAX_RUN_TIMEOUT_S, MAX_WALL_S, POLICIES, ChipName, PolicyName, TargetName
 from knowledge.errors import BatchManifestError, first_line
 from sandbox.targets import DEFAULT_CHIP, DEFAULT_TARGET, DEFAULT_TORCH_NPU
+
+MAX_MEMORY_MB = 1024 * 1024  # a port's memory request (1 TiB): a ceiling, not a default
 
 ARCHIVE_SUFFIXES = (".zip", ".tar", ".tar.gz", ".tgz")
 
@@ -42,8 +44,8 @@ ARCHIVE_SUFFIXES = (".zip", ".tar", ".tar.gz", ".tgz")
 class Budget(BaseModel):
     model_config = ConfigDict(extra="forbid")
     max_runs: int = Field(default=8, ge=1, le=100)
-    max_wall_s: float = Field(default=1800.0, gt=0)
-    run_timeout_s: float = Field(default=300.0, gt=0)
+    max_wall_s: float = Field(default=1800.0, gt=0, le=MAX_WALL_S)
+    run_timeout_s: float = Field(default=300.0, gt=0, le=MAX_RUN_TIMEOUT_S)
 
 
 class PortSettings(BaseModel):
@@ -61,9 +63,9 @@ class PortSettings(BaseModel):
     tune: bool = False
     tune_trials: int | None = Field(default=None, ge=1, le=200)
     budget: Budget = Field(default_factory=Budget)
-    timeout_s: float = Field(default=3600.0, gt=0)
+    timeout_s: float = Field(default=3600.0, gt=0, le=MAX_WALL_S)
     num_cpus: float = Field(default=1.0, gt=0, le=256)
-    memory_mb: int = Field(default=2048, ge=64)
+    memory_mb: int = Field(default=2048, ge=64, le=MAX_MEMORY_MB)
     threads: int = Field(default=1, ge=1, le=256)
 
 
@@ -81,9 +83,9 @@ class ModelEntry(BaseModel):
     tune: bool | None = None
     tune_trials: int | None = Field(default=None, ge=1, le=200)
     budget: dict[str, Any] | None = None
-    timeout_s: float | None = Field(default=None, gt=0)
+    timeout_s: float | None = Field(default=None, gt=0, le=MAX_WALL_S)
     num_cpus: float | None = Field(default=None, gt=0, le=256)
-    memory_mb: int | None = Field(default=None, ge=64)
+    memory_mb: int | None = Field(default=None, ge=64, le=MAX_MEMORY_MB)
     threads: int | None = Field(default=None, ge=1, le=256)
 
 

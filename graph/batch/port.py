@@ -103,7 +103,11 @@ def execute_port(job: dict[str, Any]) -> dict[str, Any]:
             values = snap.values  # the graph ended before the task died; only the result was missing
         else:
             inputs = None if snap is not None else {"goal": "", "request": request}
-            values = run_thread(inputs, thread, on_trace=on_trace).values
+            from knowledge.port_memory import memory_owner
+
+            batch = store.batch(job["batch_id"])
+            with memory_owner(batch.owner if batch is not None else ""):  # what it learns is its batch owner's
+                values = run_thread(inputs, thread, on_trace=on_trace).values
         prior = float((snap.values.get("started_at") if snap else None) or t0)
         row = summarize(values, spec, time.time() - min(prior, t0), note)
         return _record(store, job, spec, row["verdict"], row["reason"], row)

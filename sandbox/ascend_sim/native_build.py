@@ -64,7 +64,9 @@ def _torch_identity(python: str | None) -> tuple[str, ...]:
         known = {}
     line = known.get(memo_key) if marker.is_file() else None
     if not line:
-        done = subprocess.run([python, "-c", _TORCH_ID], capture_output=True, text=True, timeout=300)
+        from sandbox.probe import run_probe  # the env's .pth files run when it starts: inside the sandbox
+
+        done = run_probe([python, "-c", _TORCH_ID], timeout=300)
         if done.returncode != 0:
             raise NativeUnavailable(f"{python} cannot import torch: {done.stderr.strip()[-300:]}")
         line = done.stdout.strip().splitlines()[-1]

@@ -64,3 +64,51 @@ def test_sigkilled_server_leaves_no_run_behind(mode: str, tmp_path: Path, npupor
     mine = [p for p in out if Path(f"/proc/{p}/cwd").exists() and
             os.path.realpath(f"/proc/{p}/cwd") == str(work.resolve())]
     assert not mine, f"processes of the killed server's run remain: {mine}"
+
+
+def test_a_job_running_at_two_service_deaths_is_quarantined(npuport_home: Path, tmp_path: Path) -> None:
+    """A job whose model kills the service (a parser crash, a memory bomb) would kill it again on every
+    resume: resumed once after a death, it is quarantined (failed, not resumed) after the second. A
+    clean stop between is not a death."""
+    from test_api import make_settings
+    from test_api_helpers import fake_builder
+
+    from api.jobs import QUARANTINED, JobManager, JobStore, make_job
+
+    roots = tmp_path / "models"
+    (roots / "m1").mkdir(parents=True)
+    settings = make_settings(npuport_home, roots)
+    home = settings.resolved_home()
+    home.mkdir(parents=True, exist_ok=True)
+
+    def die_while_running(job_id: str) -> None:  # what a SIGKILL mid-run leaves: the record says running
+        store = JobStore(home / "jobs.sqlite")
+        store.update(job_id, status="running", started=0)
+        store.close()
+
+    store = JobStore(home / "jobs.sqlite")
+    job = make_job(goal="", request={"model_path": str(roots / "m1"), "target": "cpu"}, owner="tok", home=home)
+    store.create(job, None)
+    store.update(job.id, status="running")
+    store.close()
+
+    def restart() -> str:
+        store = JobStore(home / "jobs.sqlite")
+        mgr = JobManager(settings, store, builder=fake_builder)
+        mgr.start()
+        deadline = time.time() + 30
+        status = store.get(job.id).status  # type: ignore[union-attr]
+        while time.time() < deadline and status not in ("failed", "validated", "cancelled"):
+            time.sleep(0.05)
+            status = store.get(job.id).status  # type: ignore[union-attr]
+        reason = store.get(job.id).reason  # type: ignore[union-attr]
+        mgr.stop()
+        (home / "service-stopped-cleanly").unlink(missing_ok=True)  # the next start follows a death
+        store.close()
+        return f"{status}: {reason}"
+
+    first = restart()  # first death: resumed (the fake graph then validates it)
+    assert first.startswith("validated"), first
+    die_while_running(job.id)
+    second = restart()  # it was running at a death again, after a crash resume: quarantined
+    assert second == f"failed: {QUARANTINED}", second

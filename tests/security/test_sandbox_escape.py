@@ -266,7 +266,8 @@ def test_a_virtualenv_under_tmp_works_under_bwrap(tmp_path: Path) -> None:
     inner_site = subprocess.run([str(py), "-c", "import site; print(site.getsitepackages()[0])"],
                                 capture_output=True, text=True, check=True).stdout.strip()
     # the tmp venv borrows torch and npuport from ours (a .pth), as a layered environment does
-    ours = [p for p in site.getsitepackages() if "site-packages" in p]
+    # (sys.path's, not only site.getsitepackages(): a venv layered on another reaches torch through a .pth)
+    ours = [p for p in dict.fromkeys([*site.getsitepackages(), *sys.path]) if "site-packages" in p]
     (Path(inner_site) / "borrow.pth").write_text("\n".join([*ours, str(Path(__file__).resolve().parents[2])]) + "\n")
     original = write_model(tmp_path / "user-model")
     ws = Workspace.create(original, tmp_path / "work")

@@ -1,0 +1,187 @@
+"""Runs left behind: the pids cgroup each run lives in (a process cap that holds for root, and a way
+to find every process of the run), and the registry of runs a killed server leaves, reaped when the
+next one starts."""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import json
+import os
+import signal
+import time
+from pathlib import Path
+
+# --- cgroup: a process cap that holds for root, and a way to find every process of the run ----------
+
+_cgroup_seq = itertools.count()
+
+
+def _pids_cgroup_root() -> Path | None:
+    """A writable folder of the pids controller (cgroup v1 or v2), or None."""
+    v1 = Path("/sys/fs/cgroup/pids")
+    if (v1 / "cgroup.procs").exists() and os.access(v1, os.W_OK):
+        return v1
+    v2 = Path("/sys/fs/cgroup")
+    with contextlib.suppress(OSError):
+        if "pids" in (v2 / "cgroup.subtree_control").read_text().split() and os.access(v2, os.W_OK):
+            return v2
+    return None
+
+
+class _Cgroup:
+    def __init__(self, max_procs: int) -> None:
+        self.path: Path | None = None
+        root = _pids_cgroup_root()
+        if root is None:
+            return
+        path = root / f"npuport-{os.getpid()}-{next(_cgroup_seq)}"
+        try:
+            path.mkdir()
+            (path / "pids.max").write_text(str(max_procs))
+            self.path = path
+        except OSError:
+            with contextlib.suppress(OSError):
+                path.rmdir()
+
+    def pids(self) -> list[int]:
+        if self.path is None:
+            return []
+        with contextlib.suppress(OSError):
+            return [int(x) for x in (self.path / "cgroup.procs").read_text().split()]
+        return []
+
+    def kill_all(self) -> None:
+        """SIGKILL every process in the group until none is left (pids.max bounds how many can appear)."""
+        if self.path is None:
+            return
+        for _ in range(200):
+            pids = self.pids()
+            if not pids:
+                break
+            for pid in pids:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(pid, signal.SIGKILL)
+            time.sleep(0.01)
+        with contextlib.suppress(OSError):
+            self.path.rmdir()
+
+
+# --- orphans: runs left by a server that was killed ----------------------------------------------
+
+def _registry() -> Path:
+    from knowledge.home import npuport_home
+
+    return npuport_home() / "sandbox-runs"
+
+
+def _start_time(pid: int) -> str:
+    """The process's start time in clock ticks (field 22 of /proc/PID/stat): tells a reused pid apart."""
+    with contextlib.suppress(OSError, IndexError):
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
+    return ""
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether ``pid`` is a running process (a zombie has exited: /proc says so)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return True
+
+
+RUN_MARK_ENV = "SANDBOX_RUN_MARK"
+"""A token in each run's environment: without a writable cgroup (a normal user), the processes that left
+the run's session are found by it in /proc/*/environ (the initial environment block, which a process
+keeps unless it execs itself a new one)."""
+
+
+def marked_pids(mark: str) -> list[int]:
+    needle = f"{RUN_MARK_ENV}={mark}".encode()
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        with contextlib.suppress(OSError):
+            if needle in (entry / "environ").read_bytes().split(b"\0"):
+                found.append(int(entry.name))
+    return found
+
+
+def kill_marked(mark: str) -> int:
+    """SIGKILL every process whose environment carries ``mark``, until none is left; how many were killed."""
+    killed = 0
+    for _ in range(50):
+        pids = [p for p in marked_pids(mark) if p != os.getpid()]
+        if not pids:
+            break
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
+                killed += 1
+        time.sleep(0.01)
+    return killed
+
+
+def _register(pid: int, cgroup: Path | None, mark: str = "") -> Path | None:
+    try:
+        reg = _registry()
+        reg.mkdir(parents=True, exist_ok=True)
+        rec = reg / f"{os.getpid()}-{pid}.json"
+        rec.write_text(json.dumps({"server": os.getpid(), "server_start": _start_time(os.getpid()), "pgid": pid,
+                                   "start": _start_time(pid), "cgroup": str(cgroup) if cgroup else None,
+                                   "mark": mark}))
+        return rec
+    except OSError:
+        return None
+
+
+def reap_orphans() -> int:
+    """Kill every sandboxed run whose server is gone (a server killed with SIGKILL cannot clean up):
+    the runs it recorded, and any npuport pids cgroup of a dead process. Returns how many were reaped.
+    Called when the server starts, before it resumes jobs (which then start fresh runs)."""
+    reaped = 0
+    reg = _registry()
+    for rec in sorted(reg.glob("*.json")) if reg.is_dir() else []:
+        try:
+            info = json.loads(rec.read_text())
+        except (OSError, json.JSONDecodeError):
+            rec.unlink(missing_ok=True)
+            continue
+        server = int(info.get("server") or 0)
+        if server and pid_alive(server) and _start_time(server) == info.get("server_start"):
+            continue  # its server still runs it
+        pgid = int(info.get("pgid") or 0)
+        if pgid and _start_time(pgid) == info.get("start"):
+            _kill_group(pgid)
+            reaped += 1
+        if info.get("mark"):
+            reaped += bool(kill_marked(str(info["mark"])))
+        if info.get("cgroup"):
+            cg = _Cgroup.__new__(_Cgroup)
+            cg.path = Path(info["cgroup"]) if Path(info["cgroup"]).is_dir() else None
+            reaped += bool(cg.pids())
+            cg.kill_all()
+        rec.unlink(missing_ok=True)
+    root = _pids_cgroup_root()
+    for cg_dir in root.glob("npuport-*") if root else []:
+        owner = cg_dir.name.split("-")[1]
+        if owner.isdigit() and not pid_alive(int(owner)):
+            cg = _Cgroup.__new__(_Cgroup)
+            cg.path = cg_dir
+            reaped += bool(cg.pids())
+            cg.kill_all()
+    return reaped
+
+
+def _kill_group(pgid: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, signal.SIGKILL)
+
+
