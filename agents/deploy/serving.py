@@ -221,7 +221,7 @@ def exercise(state: dict[str, Any], bundle: Path, run_root: Path, *, requests: i
         extra += ["--model-impl", "transformers"]
     extra += ["--max-num-seqs", str(max(concurrencies))]
     env = {**({} if on_npu else HOST_ENV), "PATH": f"{vpython.parent}:/usr/local/bin:/usr/bin:/bin"}  # its `vllm`
-    served_name = Path(req["model_path"]).name
+    served_name = Path(req.model_path).name
     client = _sandboxed("sandbox.serve_client", str(vpython), {
         "serve_sh": str((bundle / "serve.sh").resolve()), "servable_dir": str(servable.resolve()),
         "serve_dir": str((run_dir / "serve_model").resolve()), "port": _free_port(), "extra_args": extra,
