@@ -12,6 +12,7 @@ from typing import Any
 from agents.perf_evidence import perf_markdown, strict_failure, verdict
 from agents.runs import token_summary
 from agents.workspace import Workspace
+from knowledge.bundles import mark_bundle
 from sandbox.targets import CHIP_REGISTRY
 
 
@@ -217,7 +218,7 @@ def _decode_profile_plot(report: dict[str, Any], out_dir: Path) -> str | None:
 
 
 def write_bundle(state: dict[str, Any], out_dir: Path, status: str, reason: str) -> dict[str, Any]:
-    out_dir.mkdir(parents=True, exist_ok=True)
+    mark_bundle(out_dir, str(state.get("thread_id") or ""))  # first: --force may later replace only this
     report = {
         "status": status, "reason": reason, "request": state.get("request") or {}, "goal": state.get("goal", ""),
         "plan": state.get("plan") or {}, "target": state.get("target") or {}, "entry": state.get("entry") or {},
@@ -313,10 +314,10 @@ def emergency_report(state: dict[str, Any], failure: dict[str, Any]) -> dict[str
     crashed = {**state, "failure": failure}
     out_dir = default_out_dir(state)
     try:
-        out_dir.mkdir(parents=True, exist_ok=True)
+        mark_bundle(out_dir)
     except OSError:
         out_dir = Path(state["workdir"]) / "bundle" if state.get("workdir") else Path.cwd() / "npuport-report"
-        out_dir.mkdir(parents=True, exist_ok=True)
+        mark_bundle(out_dir)
     report = {
         "status": "failed", "reason": reason, "request": state.get("request") or {}, "goal": state.get("goal", ""),
         "target": state.get("target") or {}, "findings": state.get("findings") or [],

@@ -26,7 +26,14 @@ from rich.padding import Padding
 from rich.table import Table
 from rich.text import Text
 
-from api.cli_inputs import clear_out_dir, goal_problem, model_folder_problem, out_dir_problem
+from api.cli_inputs import (
+    clear_out_dir,
+    goal_problem,
+    model_folder_problem,
+    out_dir_problem,
+    sources_problem,
+    target_problem,
+)
 from api.cli_live import LiveStatus, fmt_params
 from knowledge.errors import first_line
 from sandbox.targets import chip_names, target_names
@@ -201,11 +208,9 @@ def port(
         raise _fail(f"--isolation must be auto, bwrap or process, not {isolation!r}")
     if isolation != "auto":
         os.environ["NPUPORT_ISOLATION"] = isolation
-    if problem := model_folder_problem(path) or (goal_problem(goal) if goal else None):
+    if problem := model_folder_problem(path) or (goal_problem(goal) if goal else None) or sources_problem(path):
         raise _fail(problem)
     out_dir = _checked_out_dir(out, path, force)
-    if force:
-        clear_out_dir(out_dir)
     request = {"model_path": str(path), "target": target, "chip": chip, "out_dir": str(out_dir),
                "torch_npu": torch_npu, "strict": strict, "max_runs": max_runs, "max_wall_s": max_wall,
                "run_timeout_s": run_timeout, "tune": tune, "tune_trials": tune_trials, "policy": policy,
@@ -217,7 +222,17 @@ def port(
         for name in ("target", "chip", "tune"):
             if ctx is not None and ctx.get_parameter_source(name).name == "DEFAULT":  # type: ignore[union-attr]
                 request.pop(name)
+    if problem := target_problem(str(request.get("target") or _goal_target(goal, path))):
+        raise _fail(problem)
+    if force:  # last: only once every check passed, and only npuport's own bundle (out_dir_problem)
+        clear_out_dir(out_dir)
     raise typer.Exit(run_port_cli(request, goal=goal))
+
+
+def _goal_target(goal: str, model: Path) -> str:
+    from agents.request import parse_goal
+
+    return parse_goal(goal, {"model_path": str(model)}).target if goal else "auto"
 
 
 def click_context() -> Any:
@@ -281,6 +296,9 @@ def scan(
 
     if problem := model_folder_problem(path):
         raise _fail(problem)
+    from sandbox.source_check import check_sources
+
+    unreadable = [p for p in check_sources(path) if p.kind == "encoding"]  # syntax errors: parse_errors
     result = scan_tree(path)
     try:
         entry: dict[str, Any] | None = discover_entry(path).as_manifest_dict()
@@ -291,6 +309,7 @@ def scan(
         payload = {
             "findings": [f.model_dump(mode="json") for f in result.findings],
             "parse_errors": [str(e) for e in result.parse_errors],
+            "source_problems": [str(p) for p in unreadable],
             "entry": entry,
             "entry_error": entry_error,
         }
@@ -304,9 +323,11 @@ def scan(
             console.print(Padding(Text(f.message), (0, 0, 0, 4), expand=False))
         for e in result.parse_errors:
             err.print(f"[red]parse error:[/] {e}")
+        for p in unreadable:
+            err.print(f"[red]unreadable:[/] {p}")
         console.print("[bold]entry[/]")
         console.print(Group(*(Text(line) for line in _fmt_entry(entry))) if entry else Text(f"  {entry_error}"))
-    if result.parse_errors:
+    if result.parse_errors or unreadable:
         raise typer.Exit(EXIT_BAD_INPUT)
 
 

@@ -171,3 +171,90 @@ def test_demo_ends_with_the_next_commands(tmp_path: Path, monkeypatch: pytest.Mo
     out.mkdir()
     (out / "report.md").write_text("old")
     assert run("demo", "--out", str(out))[0] == 2  # an earlier demo's bundle is not overwritten silently
+
+
+# -- issue 27: --force removes only npuport's own bundle; sources are checked before anything runs ----------
+
+
+def test_force_never_empties_a_folder_npuport_did_not_write(model: Path, tmp_path: Path, npuport_home: Path,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    from api import cli
+
+    monkeypatch.setattr(cli, "run_port_cli", lambda request, goal="": pytest.fail("the port must not start"))
+    out = tmp_path / "my-notes"
+    (out / "drafts").mkdir(parents=True)
+    (out / "notes.md").write_text("mine\n")
+    (out / "drafts" / "a.txt").write_text("also mine\n")
+    code, output = run("port", str(model), "--out", str(out), "--force")
+    assert code == 2, output
+    assert "did not write" in output and "never emptied" in " ".join(output.split())
+    assert (out / "notes.md").read_text() == "mine\n" and (out / "drafts" / "a.txt").is_file()
+
+
+def test_force_replaces_npuport_s_own_bundle(model: Path, tmp_path: Path, npuport_home: Path,
+                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    from api import cli
+    from knowledge.bundles import MARKER, mark_bundle
+
+    seen: list[list[str]] = []
+    monkeypatch.setattr(cli, "run_port_cli", lambda request, goal="": seen.append(
+        sorted(p.name for p in Path(request["out_dir"]).glob("*"))) or cli.EXIT_OK)
+    out = tmp_path / "bundle"
+    mark_bundle(out, "t-1")
+    (out / "plots").mkdir()
+    (out / "plots" / "stale.png").write_bytes(b"old")
+    assert run("port", str(model), "--out", str(out))[0] == 2  # without --force: refused, kept
+    assert (out / MARKER).is_file() and (out / "plots" / "stale.png").is_file()
+    code, output = run("port", str(model), "--out", str(out), "--force")
+    assert code == 0, output
+    assert seen == [[]], "the old bundle is removed before the port starts"
+
+
+def test_a_bundle_carries_the_marker(tmp_path: Path) -> None:
+    from agents.report import write_bundle
+    from knowledge.bundles import bundle_dir_problem, is_npuport_bundle
+
+    out = tmp_path / "b"
+    write_bundle({"request": {"model_path": "m"}, "trace": []}, out, "failed", "test")
+    assert is_npuport_bundle(out) and bundle_dir_problem(out) is None
+    (tmp_path / "user").mkdir()
+    (tmp_path / "user" / "report.json").write_text('{"mine": 1}')  # a user's report.json is no marker
+    assert not is_npuport_bundle(tmp_path / "user") and bundle_dir_problem(tmp_path / "user")
+
+
+def test_a_syntax_error_is_refused_before_anything_runs(model: Path, tmp_path: Path, npuport_home: Path) -> None:
+    (model / "pkg").mkdir()
+    (model / "pkg" / "broken.py").write_text("import torch\n\ndef f(:\n    pass\n")
+    assert_refused(["port", str(model)], tmp_path / "out", "pkg/broken.py:3: SyntaxError")
+    assert not list(npuport_home.glob("workspaces/*")), "no workspace: nothing ran"
+
+
+def test_non_utf8_source_is_named_and_refused(model: Path, tmp_path: Path, npuport_home: Path) -> None:
+    (model / "legacy.py").write_bytes(b"# comment\nNAME = '\xe9t\xe9'\n")
+    assert_refused(["port", str(model)], tmp_path / "out", "legacy.py:2: not valid utf-8")
+    code, output = run("scan", str(model), "--json")
+    assert code == 2
+    assert any("legacy.py" in p for p in json.loads(output)["source_problems"]), output
+
+
+def test_a_declared_encoding_is_decoded_per_pep_263(model: Path, tmp_path: Path) -> None:
+    from agents.scanner import scan_tree
+    from sandbox.source_check import check_sources
+
+    (model / "latin.py").write_bytes(b"# -*- coding: latin-1 -*-\nimport torch\nx = torch.zeros(1).cuda()  # \xe9\n")
+    assert check_sources(model) == []
+    result = scan_tree(model)
+    assert "latin.py" in result.files and any(f.file == "latin.py" for f in result.findings)
+    (model / "bad.py").write_bytes(b"# -*- coding: klingon -*-\nx = 1\n")
+    (problem,) = check_sources(model)
+    assert problem.file == "bad.py" and problem.kind == "encoding"
+
+
+def test_target_npu_without_torch_npu_is_refused(model: Path, tmp_path: Path, npuport_home: Path) -> None:
+    import importlib.util
+
+    if importlib.util.find_spec("torch_npu") is not None:
+        pytest.skip("torch_npu is installed here")
+    assert_refused(["port", str(model), "--target", "npu"], tmp_path / "out", "torch_npu cannot be imported")
+    assert_refused(["port", str(model), "--target", "npu", "--goal", "maximise throughput"], tmp_path / "o2",
+                   "--target npu needs")
