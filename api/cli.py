@@ -8,6 +8,7 @@ Exit codes (one table for every command; also in ``npuport --help`` and the READ
      flag or in the goal text), an existing --out without --force, a syntax error for `scan`;
      nothing is run and no bundle is written
   3  internal error: npuport itself broke (a bug or a broken host); the state is kept for a resume
+130  interrupted (Ctrl-C): the checkpoint is kept; `npuport resume THREAD` continues it
 """
 
 from __future__ import annotations
@@ -15,13 +16,11 @@ from __future__ import annotations
 import json
 import os
 import sys
-import time
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from rich.console import Console, Group
-from rich.live import Live
+from rich.console import Group
 from rich.padding import Padding
 from rich.table import Table
 from rich.text import Text
@@ -34,13 +33,16 @@ from api.cli_inputs import (
     sources_problem,
     target_problem,
 )
-from api.cli_live import LiveStatus, fmt_params
+from api.cli_live import LiveStatus, console, err, fmt_params
+from api.cli_port import EXIT_INTERRUPTED, run_port_cli
 from knowledge.errors import first_line
 from sandbox.targets import chip_names, target_names
 
 EXIT_OK, EXIT_NOT_VALIDATED, EXIT_BAD_INPUT, EXIT_INTERNAL = 0, 1, 2, 3
+__all__ = ["EXIT_INTERRUPTED", "LiveStatus", "app", "fmt_params", "run_port_cli"]
 EXIT_TABLE = ("Exit codes: 0 validated (or the command succeeded); 1 the port ran but did not validate; "
-              "2 bad input or usage (nothing run, no bundle written); 3 internal error.")
+              "2 bad input or usage (nothing run, no bundle written); 3 internal error; "
+              "130 interrupted (Ctrl-C; `npuport resume THREAD` continues).")
 
 
 def _settings_epilog() -> str:
@@ -53,8 +55,6 @@ def _settings_epilog() -> str:
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help=f"Port PyTorch models to Huawei Ascend NPUs.\n\n{EXIT_TABLE}", epilog=_settings_epilog())
-console = Console(highlight=False)
-err = Console(stderr=True, highlight=False, soft_wrap=True)  # one-line errors stay greppable
 
 EXAMPLES_DIR = Path(__file__).resolve().parents[1] / "examples"
 
@@ -85,90 +85,6 @@ def _fail(message: str, code: int = EXIT_BAD_INPUT) -> typer.Exit:
     return typer.Exit(code)
 
 
-
-
-def _print_step(event: dict[str, Any], t0: float) -> None:
-    console.print(Text.assemble((f"{time.time() - t0:6.1f}s ", "dim"), (f"{event['agent']:<12}", "bold cyan"),
-                                " ", str(event["summary"])))
-
-
-def _summary(state: dict[str, Any]) -> None:
-    table = Table(show_header=False, box=None, pad_edge=False)
-    counters = state.get("counters") or {}
-    numerics = state.get("numerics") or {}
-    bundle = state.get("bundle") or {}
-    tuning = state.get("tuning") or {}
-    table.add_row("findings", str(len(state.get("findings") or [])))
-    table.add_row("patches", str(len(state.get("patches") or [])))
-    table.add_row("sandbox runs", f"{counters.get('port_runs', 0)} port + {counters.get('reference_runs', 0)} reference")
-    table.add_row("validation", str(numerics.get("verdict", "not-run")))
-    if tuning.get("best"):
-        table.add_row("tuned", fmt_params(tuning["best"]))
-        tuned = tuning.get("tuned") or {}
-        if tuned.get("chosen"):  # the final benchmark's verdict, in the report's words (slower is said)
-            table.add_row("throughput", str(tuning.get("detail") or ""))
-    perf = state.get("perf") or {}
-    if perf.get("profiled"):
-        found = perf.get("pathologies") or []
-        table.add_row("performance", ("1 pathology" if len(found) == 1 else f"{len(found)} pathologies") + "".join(
-            f"\n  {p['title']} at {p.get('where') or '?'}" for p in found))
-    table.add_row("bundle", str(bundle.get("dir", "-")))
-    console.print(table)
-
-
-def _isolation_fallback() -> None:
-    """The CLI ports the user's own model: without bubblewrap it may run it unisolated, but says so loudly."""
-    from sandbox.process import bwrap_available, isolation_setting
-
-    if isolation_setting() == "process":
-        err.print("[bold yellow]warning:[/] --isolation process: the model's code runs UNISOLATED "
-                  "(it can read and write what you can)")
-    elif isolation_setting() == "auto" and bwrap_available() is None:
-        err.print("[bold yellow]warning:[/] bubblewrap (bwrap) is not available: the model's code runs UNISOLATED "
-                  "(it can read and write what you can). Install bubblewrap, or pass NPUPORT_ISOLATION=process "
-                  "to silence this.")
-        os.environ["NPUPORT_ALLOW_UNISOLATED"] = "1"
-
-
-def run_port_cli(request: dict[str, Any], goal: str = "") -> int:
-    """Run one port with the live display; returns the exit code (0, 1 or 3)."""
-    from agents.request import new_run_id
-    from graph.runner import run_port
-
-    thread_id = new_run_id(request.get("model_path") or "model")
-    _isolation_fallback()
-    console.print(f"[bold]npuport[/] port {request.get('model_path')} -> {request.get('target')} (thread {thread_id})")
-    status = LiveStatus(int(request.get("max_runs") or 8), request.get("tune_trials") if request.get("tune") else None)
-
-    def on_event(kind: str, data: dict[str, Any]) -> None:
-        status.on_event(kind, data)
-        if kind == "trial_done":  # one line per trial survives the live line (and shows in logs)
-            value = data.get("value")
-            console.print(Text.assemble((f"{status.elapsed():6.1f}s ", "dim"), ("tuner       ", "bold cyan"),
-                                        f" trial {data.get('k')}/{data.get('n')} {fmt_params(data.get('params'))}: ",
-                                        f"{value:.1f} tok/s" if value is not None
-                                        else str(data.get("reason") or data.get("outcome", "failed"))))
-
-    try:
-        # transient: the live line disappears at the end; on a non-terminal rich prints nothing for it
-        with Live(status, console=console, refresh_per_second=4, transient=True):
-            state = run_port({"goal": goal, "request": request}, thread_id,
-                             on_step=lambda e: _print_step(e, status.t0), on_event=on_event)
-    except KeyboardInterrupt:
-        err.print(f"interrupted (thread {thread_id}; checkpoints in $NPUPORT_HOME/checkpoints.sqlite)")
-        return EXIT_INTERNAL
-    except Exception as exc:  # a bug or a broken host: one line, and where the state is kept
-        err.print(f"[bold red]error:[/] the port stopped unexpectedly: {type(exc).__name__}: {first_line(exc)} "
-                  f"(thread {thread_id}; checkpoints in $NPUPORT_HOME/checkpoints.sqlite)")
-        return EXIT_INTERNAL
-    _summary(state)
-    if state.get("status") == "validated":
-        from agents.perf_evidence import verdict
-
-        console.print(f"[bold green]{verdict('validated', state.get('perf'))}[/]: {state.get('reason')}")
-        return EXIT_OK
-    err.print(f"[bold red]not ported:[/] {state.get('reason', 'unknown reason')}")
-    return EXIT_NOT_VALIDATED
 
 
 def _checked_out_dir(out: Path | None, model: Path, force: bool) -> Path:
@@ -233,6 +149,24 @@ def _goal_target(goal: str, model: Path) -> str:
     from agents.request import parse_goal
 
     return parse_goal(goal, {"model_path": str(model)}).target if goal else "auto"
+
+
+@app.command()
+def resume(
+    thread: Annotated[str, typer.Argument(help="the thread id an interrupted (or failed) port printed")],
+) -> None:
+    """Continue an interrupted port from its last checkpoint (the agent that was stopped runs again);
+    exit codes as for `port`, 130 when interrupted again."""
+    from graph.jobs_support import checkpoint_db, thread_snapshot
+
+    snap = thread_snapshot(thread) if checkpoint_db().is_file() else None
+    if snap is None:
+        raise _fail(f"no checkpoint of thread {thread!r} in {checkpoint_db()} (is NPUPORT_HOME the same?)")
+    if not snap.next:
+        status, bundle = snap.values.get("status"), (snap.values.get("bundle") or {}).get("dir", "-")
+        console.print(f"thread {thread} already finished ({status}); its bundle: {bundle}")
+        raise typer.Exit(EXIT_OK if status == "validated" else EXIT_NOT_VALIDATED)
+    raise typer.Exit(run_port_cli(dict(snap.values.get("request") or {}), thread_id=thread))
 
 
 def click_context() -> Any:

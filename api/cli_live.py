@@ -5,9 +5,13 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from rich.console import Console
 from rich.spinner import Spinner
 from rich.table import Table
 from rich.text import Text
+
+console = Console(highlight=False)
+err = Console(stderr=True, highlight=False, soft_wrap=True)  # one-line errors stay greppable
 
 
 def fmt_params(params: dict[str, Any] | None) -> str:

@@ -35,6 +35,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
+from knowledge.interrupt import PortInterrupted, raise_if_stopped, stop_requested
+
 # Environment variables that may carry secrets never reach patched code.
 _SECRET_PATTERN = re.compile(r"(KEY|TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL|AUTH|COOKIE|SESSION)", re.I)
 # What the sandboxed process may inherit from the host (everything else is dropped).
@@ -321,6 +323,7 @@ class ProcessSandbox:
 def _run(argv: list[str], *, cwd: Path, env: dict[str, str], limits: Limits, isolation: str,
          result_channel: bool = False, channel_cap: int = 0) -> ExecResult:
     """Run ``argv``; read stdout/stderr (and the result channel, an fd number the child inherits) with caps."""
+    raise_if_stopped("starting a sandbox")  # Ctrl-C: no new work starts (knowledge/interrupt.py)
     start = time.monotonic()
     cgroup = _Cgroup(limits.max_procs)
     notes: list[str] = []
@@ -375,6 +378,9 @@ def _run(argv: list[str], *, cwd: Path, env: dict[str, str], limits: Limits, iso
             if exited_at is None and now > deadline:
                 status = "timeout"
                 break
+            if stop_requested():  # Ctrl-C: the finally below kills the run's group and cgroup
+                status = "interrupted"
+                break
             for key, _ in sel.select(timeout=0.1):
                 fd = int(key.fd)
                 try:
@@ -387,7 +393,7 @@ def _run(argv: list[str], *, cwd: Path, env: dict[str, str], limits: Limits, iso
                 room = caps[fd] - len(bufs[fd])
                 bufs[fd] += chunk[:max(room, 0)]
                 dropped[fd] += max(len(chunk) - max(room, 0), 0)
-        if proc.poll() is None:
+        if proc.poll() is None and status != "interrupted":
             # every pipe closed but the command runs on: wait for it within the wall time
             try:
                 proc.wait(timeout=max(deadline - time.monotonic(), 0.01))
@@ -406,6 +412,8 @@ def _run(argv: list[str], *, cwd: Path, env: dict[str, str], limits: Limits, iso
             os.close(chan_r)
         if record is not None:
             record.unlink(missing_ok=True)
+    if status == "interrupted":
+        raise PortInterrupted(f"a sandbox run was interrupted after {time.monotonic() - start:.1f}s")
     rc = proc.returncode
     if status == "ok" and rc != 0:
         status = "killed" if rc is not None and rc < 0 else "error"
