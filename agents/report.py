@@ -12,6 +12,7 @@ from typing import Any
 from agents.perf_evidence import perf_markdown, strict_failure, verdict
 from agents.runs import token_summary
 from agents.workspace import Workspace
+from knowledge.bundles import MARKER as MARKER_NAME
 from knowledge.bundles import mark_bundle
 from sandbox.targets import CHIP_REGISTRY
 
@@ -218,7 +219,7 @@ def _decode_profile_plot(report: dict[str, Any], out_dir: Path) -> str | None:
 
 
 def write_bundle(state: dict[str, Any], out_dir: Path, status: str, reason: str) -> dict[str, Any]:
-    mark_bundle(out_dir, str(state.get("thread_id") or ""))  # first: --force may later replace only this
+    mark_bundle(out_dir, str(state.get("workdir") or ""))  # first: --force may later replace only this
     report = {
         "status": status, "reason": reason, "request": state.get("request") or {}, "goal": state.get("goal", ""),
         "plan": state.get("plan") or {}, "target": state.get("target") or {}, "entry": state.get("entry") or {},
@@ -344,8 +345,32 @@ def emergency_report(state: dict[str, Any], failure: dict[str, Any]) -> dict[str
 
 
 def default_out_dir(state: dict[str, Any]) -> Path:
+    """The request's out_dir; without one (LangGraph Studio, a bare graph run) a folder under the home,
+    ``$NPUPORT_HOME/jobs/<workspace>/bundle``: never the working directory, which a server's file
+    watcher may reload the graph from (the reply and the state say where the bundle went)."""
     req = state.get("request") or {}
     if req.get("out_dir"):
         return Path(req["out_dir"]).expanduser()
-    name = Path(req.get("model_path") or "model").name
-    return Path.cwd() / "npuport-out" / name
+    return home_bundle_dir(state)
+
+
+def home_bundle_dir(state: dict[str, Any]) -> Path:
+    from knowledge.home import npuport_home
+
+    key = Path(state["workdir"]).name if state.get("workdir") else f"{Path((state.get('request') or {}).get('model_path') or 'model').name}-{int(time.time())}"
+    return npuport_home() / "jobs" / key / "bundle"
+
+
+def bundle_conflict(out_dir: Path, state: dict[str, Any]) -> str | None:
+    """Why this port may not write its bundle into ``out_dir``: a folder of a user's files, or another
+    port's bundle (only --force, which empties it first, replaces one). None: empty, missing, or ours."""
+    from knowledge.bundles import bundle_dir_problem, bundle_owner
+
+    if problem := bundle_dir_problem(out_dir):
+        return problem
+    if not out_dir.is_dir() or not any(out_dir.iterdir()):
+        return None
+    owner = bundle_owner(out_dir)
+    if owner == str(state.get("workdir") or "") or (owner == "" and (out_dir / MARKER_NAME).is_file()):
+        return None  # this port's own bundle (a resume), or a folder marked for npuport with no owner yet
+    return f"{out_dir} holds another port's bundle; it is not overwritten without --force"

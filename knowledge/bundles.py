@@ -11,11 +11,25 @@ MARKER = ".npuport-bundle"
 """Written first into every bundle folder (JSON: what wrote it and when)."""
 
 
-def mark_bundle(out_dir: Path, thread_id: str = "") -> None:
-    """Claim ``out_dir`` as an npuport bundle (before any other file is written into it)."""
+def mark_bundle(out_dir: Path, owner: str = "") -> None:
+    """Claim ``out_dir`` as an npuport bundle (before any other file is written into it). ``owner``
+    names the port that writes it (its workspace), so a resumed port may rewrite its own bundle
+    while another port's bundle is never overwritten (bundle_owner)."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / MARKER).write_text(json.dumps({"written_by": "npuport", "thread_id": thread_id,
+    (out_dir / MARKER).write_text(json.dumps({"written_by": "npuport", "owner": owner,
                                               "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}) + "\n")
+
+
+def bundle_owner(folder: Path) -> str | None:
+    """The port that wrote the bundle in ``folder``: its owner, "" for a bundle of unknown owner (a legacy
+    one, or a marker written without one), None when ``folder`` is no npuport bundle."""
+    if not is_npuport_bundle(folder):
+        return None
+    try:
+        data = json.loads((folder / MARKER).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return ""
+    return str(data.get("owner") or "") if isinstance(data, dict) else ""
 
 
 def _legacy_bundle(folder: Path) -> bool:

@@ -258,3 +258,41 @@ def test_target_npu_without_torch_npu_is_refused(model: Path, tmp_path: Path, np
     assert_refused(["port", str(model), "--target", "npu"], tmp_path / "out", "torch_npu cannot be imported")
     assert_refused(["port", str(model), "--target", "npu", "--goal", "maximise throughput"], tmp_path / "o2",
                    "--target npu needs")
+
+
+def test_the_reporter_never_overwrites_another_bundle_or_a_user_folder(tmp_path: Path, npuport_home: Path) -> None:
+    """A run that names an out_dir holding another port's bundle (a CLI bundle, when Studio ports the same
+    model) writes its own bundle under the home and says where; the other bundle is untouched."""
+    from agents.nodes.reporter import reporter_node
+    from knowledge.bundles import mark_bundle
+
+    other = tmp_path / "cli-bundle"
+    mark_bundle(other, owner="/somewhere/else/workspace")
+    (other / "report.md").write_text("the CLI's report\n")
+    user = tmp_path / "user"
+    user.mkdir()
+    (user / "notes.md").write_text("mine\n")
+    for taken in (other, user):
+        state = {"request": {"model_path": "m", "out_dir": str(taken)}, "workdir": str(tmp_path / "ws-1"),
+                 "trace": [], "status": "failed", "reason": "test"}
+        out = reporter_node(state)
+        written = Path(out["bundle"]["dir"])
+        assert written == npuport_home / "jobs" / "ws-1" / "bundle" and (written / "report.json").is_file()
+        assert "not overwritten" in out["bundle"]["note"] or "never emptied" in out["bundle"]["note"]
+        assert str(written) in out["trace"][0]["summary"]
+    assert (other / "report.md").read_text() == "the CLI's report\n" and not (other / "report.json").exists()
+    assert sorted(p.name for p in user.iterdir()) == ["notes.md"]
+    # the same port (a resume) rewrites its own bundle
+    mine = tmp_path / "mine"
+    state = {"request": {"model_path": "m", "out_dir": str(mine)}, "workdir": str(tmp_path / "ws-2"), "trace": []}
+    assert reporter_node(state)["bundle"]["dir"] == str(mine)
+    assert reporter_node(state)["bundle"]["dir"] == str(mine)
+
+
+def test_without_out_dir_the_bundle_goes_under_the_home(tmp_path: Path, npuport_home: Path,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    from agents.report import default_out_dir
+
+    monkeypatch.chdir(tmp_path)  # never the working directory (a LangGraph server's watched project)
+    state = {"request": {"model_path": "m"}, "workdir": str(npuport_home / "workspaces" / "m-abc")}
+    assert default_out_dir(state) == npuport_home / "jobs" / "m-abc" / "bundle"

@@ -147,7 +147,9 @@ def test_full_output_folder(tmp_path: Path, npuport_home: Path, capsys: pytest.C
     """/dev/full answers every write with ENOSPC, like a full disk: the bundle goes beside the workspace."""
     model = write_tiny_model(tmp_path / "m")
     out = tmp_path / "bundle"
-    out.mkdir()
+    from knowledge.bundles import mark_bundle
+
+    mark_bundle(out)  # a folder marked for npuport (no owner yet): the reporter may write into it
     (out / "report.json").symlink_to("/dev/full")
     # `npuport port` refuses a non-empty --out (and --force would remove the link), so the reporter's
     # fallback is driven through the CLI's runner directly
