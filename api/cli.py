@@ -181,8 +181,11 @@ def demo(
     out: Annotated[Path | None, typer.Option("--out", "-o")] = None,
     force: Annotated[bool, typer.Option("--force", help="replace an existing --out folder")] = False,
     tune_trials: Annotated[int, typer.Option(help="budget: tuning trials")] = 4,
+    verify_after: Annotated[bool, typer.Option("--verify/--no-verify",
+                                               help="end with `npuport verify` of the bundle")] = True,
 ) -> None:
-    """Port the bundled example examples/ocr_mini (a CUDA-only OCR-style model) to the emulated Ascend target."""
+    """Port the bundled example examples/ocr_mini (a CUDA-only OCR-style model) to the emulated Ascend target,
+    then verify the bundle (re-apply, re-validate, re-benchmark) as the report suggests."""
     model = EXAMPLES_DIR / "ocr_mini"
     if not model.is_dir():
         raise _fail(f"the example model is missing at {model}", EXIT_INTERNAL)
@@ -192,6 +195,18 @@ def demo(
     request = {"model_path": str(model), "target": target, "chip": "910b", "tune": True, "tune_trials": tune_trials,
                "out_dir": str(out_dir)}
     code = run_port_cli(request, goal="")
+    if code == EXIT_OK and verify_after:
+        # the demo's numbers must survive its own suggested check: verify runs here, as a user would
+        from agents.deploy import verify_bundle
+
+        console.print(f"\n[bold]npuport verify {out_dir}[/] (re-apply the patch, re-validate, re-benchmark)",
+                      soft_wrap=True)
+        res = verify_bundle(out_dir)
+        for line in res.lines():
+            console.print(line, soft_wrap=True, markup=False)
+        if not res.agree:
+            err.print("[bold red]verify disagrees with the demo's report[/] (see the lines above)")
+            code = EXIT_NOT_VALIDATED
     if code == EXIT_OK:
         console.print("\n[bold]next:[/]")
         for cmd, what in ((f"less {out_dir / 'report.md'}", "the report: findings, patches, numerics, tuning"),

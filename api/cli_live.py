@@ -16,7 +16,7 @@ err = Console(stderr=True, highlight=False, soft_wrap=True)  # one-line errors s
 
 def fmt_params(params: dict[str, Any] | None) -> str:
     """{'batch': 4, 'dtype': 'bf16'} -> 'batch=4 dtype=bf16'."""
-    return " ".join(f"{k}={v}" for k, v in (params or {}).items()) or "-"
+    return " ".join(f"{k}={v}" for k, v in (params or {}).items() if v is not None) or "-"
 
 
 class LiveStatus:

@@ -159,15 +159,24 @@ def test_force_replaces_a_stale_bundle_and_shrink_reaches_the_harness(model: Pat
 def test_demo_ends_with_the_next_commands(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Only the demo's closing lines: the port itself is replaced by a validated result here (the
     whole demo is covered by .ci/run and the slow CLI tests)."""
+    from agents import deploy
+    from agents.deploy.verify import Claim, VerifyResult
     from api import cli
 
     seen: dict[str, object] = {}
     monkeypatch.setattr(cli, "run_port_cli", lambda request, goal="": seen.update(request) or cli.EXIT_OK)
+    verdicts = {"throughput": "agree"}
+    monkeypatch.setattr(deploy, "verify_bundle", lambda bundle: VerifyResult(bundle=str(bundle), claims=[
+        Claim(name="throughput", verdict=verdicts["throughput"], detail="28.1 tokens/s now vs 27.0 reported")]))
     out = tmp_path / "demo-out"
     code, output = run("demo", "--out", str(out))
     assert code == 0, output
     assert seen["tune"] is True and seen["out_dir"] == str(out)
+    assert "AGREE     throughput: 28.1 tokens/s now" in output  # the demo ends with its own check
     assert f"npuport verify {out}" in output and "npuport serve" in output and "report.md" in output
+    verdicts["throughput"] = "disagree"  # the demo's numbers must survive that check, or it fails
+    code, output = run("demo", "--out", str(tmp_path / "demo-2"))
+    assert code == 1 and "verify disagrees" in output and "next:" not in output
     out.mkdir()
     (out / "report.md").write_text("old")
     assert run("demo", "--out", str(out))[0] == 2  # an earlier demo's bundle is not overwritten silently

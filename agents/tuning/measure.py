@@ -16,6 +16,16 @@ from sandbox.targets import Target
 TUNE_CONCURRENCY = 8  # the objective: new tokens/s with 8 requests in flight
 REPORT_CONCURRENCIES = [1, 2, 4, 8]
 BASELINE_CONFIG = {"id": "baseline", "batch": 1}  # as written: no dtype, threads, attn or compile changes
+TRIAL_REPEATS = 3
+HEADLINE_REPEATS = 5
+"""A result the CLI, the report and the page print (the deployed figure, the original's at the same
+batch) is measured like a trial (its own sandbox, one configuration, TUNE_CONCURRENCY, one warm-up wave)
+with more repeats; `npuport verify` measures it the same way (headline_spec)."""
+
+
+def headline_spec() -> dict[str, Any]:
+    """How a printed result is measured: run_bench's concurrencies, warmup and repeats (verify uses it)."""
+    return {"concurrencies": [TUNE_CONCURRENCY], "warmup": 1, "repeats": HEADLINE_REPEATS}
 
 
 # torch's messages when two floating dtypes meet in one op (LayerNorm, Linear, matmul, index_add_, ...).
@@ -75,7 +85,7 @@ class PortBench:
 
     def __init__(self, *, workdir: Path, model_dir: Path, original_dir: Path, manifest: dict[str, Any],
                  target: Target, runs_dir: Path, reference_tokens: list[list[int]] | None, wall_s: float = 600.0,
-                 repeats: int = 3, python: str | None = None, shrink: bool = False) -> None:
+                 repeats: int = TRIAL_REPEATS, python: str | None = None, shrink: bool = False) -> None:
         self.workdir, self.model_dir, self.original_dir = workdir, model_dir, original_dir
         self.python = python  # the layered environment's interpreter, when the model has its own pins
         self.shrink = shrink  # --shrink: the same derived small config as the validation runs
@@ -85,19 +95,28 @@ class PortBench:
         self.repeats = repeats
         self.n = 0
 
-    def port(self, configs: list[dict[str, Any]], concurrencies: list[int], tag: str) -> BenchRun:
+    def port(self, configs: list[dict[str, Any]], concurrencies: list[int], tag: str,
+             repeats: int | None = None) -> BenchRun:
         return run_bench(workdir=self.workdir, model_dir=self.model_dir, run_dir=self.runs_dir / tag,
                          manifest=self.manifest, configs=configs, device=self.target.device,
                          target=self.target.harness_target() if self.target.bootstrap else None, env=self.target.env,
-                         concurrencies=concurrencies, warmup=1, repeats=self.repeats,
+                         concurrencies=concurrencies, warmup=1, repeats=repeats or self.repeats,
                          reference_tokens=self.reference_tokens, limits=self.limits, python=self.python,
                          shrink=self.shrink)
 
-    def baseline(self, concurrencies: list[int], tag: str = "bench-baseline") -> BenchRun:
+    def headline(self, config: dict[str, Any], tag: str) -> BenchRun:
+        """One configuration measured as a trial is, with HEADLINE_REPEATS: the figure that gets printed."""
+        spec = headline_spec()
+        return self.port([config], spec["concurrencies"], tag, repeats=spec["repeats"])
+
+    def baseline(self, concurrencies: list[int], tag: str = "bench-baseline", batch: int = 1,
+                 repeats: int | None = None) -> BenchRun:
+        """The original as written under the cuda->cpu redirect; ``batch`` > 1 batches its requests as the
+        deployed port does (the same harness batching), so the two are compared at the same batch."""
         return run_bench(workdir=self.workdir, model_dir=self.original_dir, run_dir=self.runs_dir / tag,
-                         manifest=self.manifest, configs=[dict(BASELINE_CONFIG)], device="cuda", redirect="cuda->cpu",
-                         concurrencies=concurrencies, warmup=1, repeats=self.repeats, limits=self.limits,
-                         python=self.python, shrink=self.shrink)
+                         manifest=self.manifest, configs=[{**BASELINE_CONFIG, "batch": batch}], device="cuda",
+                         redirect="cuda->cpu", concurrencies=concurrencies, warmup=1, repeats=repeats or self.repeats,
+                         limits=self.limits, python=self.python, shrink=self.shrink)
 
     def evaluator(self) -> Evaluate:
         def evaluate(params: dict[str, Any]) -> Outcome:
