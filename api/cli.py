@@ -45,16 +45,40 @@ EXIT_TABLE = ("Exit codes: 0 validated (or the command succeeded); 1 the port ra
               "130 interrupted (Ctrl-C; `npuport resume THREAD` continues).")
 
 
-def _settings_epilog() -> str:
-    """Every NPUPORT_* variable (knowledge/settings.py), one paragraph each (rich help joins single lines)."""
+app = typer.Typer(add_completion=False, no_args_is_help=True,
+                  help=f"Port PyTorch models to Huawei Ascend NPUs.\n\n{EXIT_TABLE}",
+                  epilog="Configuration: NPUPORT_* environment variables, listed by `npuport settings`.")
+
+
+def _version(value: bool) -> None:
+    if value:
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            v = version("npuport")
+        except PackageNotFoundError:
+            v = "unknown (not installed)"
+        console.print(f"npuport {v}", markup=False)
+        raise typer.Exit(EXIT_OK)
+
+
+@app.callback()
+def _main(version: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True,
+                                                help="print the version and exit")] = False) -> None:
+    """Port PyTorch models to Huawei Ascend NPUs."""
+
+
+@app.command()
+def settings() -> None:
+    """Every NPUPORT_* environment variable: its default and what it sets (knowledge/settings.py)."""
     from knowledge.settings import env_table
 
-    lines = [f"{var}{f' (default {default})' if default else ''}: {doc}" for var, default, doc in env_table()]
-    return "Configuration (environment variables):\n\n" + "\n\n".join(lines)
-
-
-app = typer.Typer(add_completion=False, no_args_is_help=True,
-                  help=f"Port PyTorch models to Huawei Ascend NPUs.\n\n{EXIT_TABLE}", epilog=_settings_epilog())
+    table = Table(show_header=True, box=None, pad_edge=False)
+    for col in ("variable", "default", "meaning"):
+        table.add_column(col, overflow="fold")
+    for var, default, doc in env_table():
+        table.add_row(var, default or "-", doc)
+    console.print(table)
 
 EXAMPLES_DIR = Path(__file__).resolve().parents[1] / "examples"
 
@@ -73,10 +97,17 @@ def _one_of(choices: tuple[str, ...], what: str):  # type: ignore[no-untyped-def
     return check
 
 
-TargetOpt = Annotated[str, typer.Option("--target", "-t", help=" | ".join(TARGETS),
+def _choices(choices: tuple[str, ...]) -> str:
+    return "[" + "|".join(choices) + "]"
+
+
+TargetOpt = Annotated[str, typer.Option("--target", "-t", metavar=_choices(TARGETS),
+                                         help="where the port runs: a real NPU, the emulator, or the CPU",
                                          callback=_one_of(TARGETS, "target"))]
-ChipOpt = Annotated[str, typer.Option("--chip", help=" | ".join(CHIPS), callback=_one_of(CHIPS, "chip"))]
-PolicyOpt = Annotated[str, typer.Option("--policy", help="rule (offline, default) | llm | hybrid (rules first, "
+ChipOpt = Annotated[str, typer.Option("--chip", metavar=_choices(CHIPS), help="the Ascend chip",
+                                      callback=_one_of(CHIPS, "chip"))]
+PolicyOpt = Annotated[str, typer.Option("--policy", metavar=_choices(POLICIES),
+                                        help="rule (offline, default) | llm | hybrid (rules first, "
                                         "then the LLM; set NPUPORT_LLM_*)", callback=_one_of(POLICIES, "policy"))]
 
 
@@ -101,7 +132,8 @@ def port(
     chip: ChipOpt = "910b",
     goal: Annotated[str, typer.Option(help="goal text, e.g. 'to Ascend 910B, maximise throughput' (flags win)")] = "",
     out: Annotated[Path | None, typer.Option("--out", "-o", help="bundle folder (default ./npuport-out/<model>)")] = None,
-    force: Annotated[bool, typer.Option("--force", help="replace an existing --out folder (its files are removed first)")] = False,
+    force: Annotated[bool, typer.Option("--force", help="replace an earlier npuport bundle in --out (a folder of "
+                                        "other files is refused, never emptied)")] = False,
     policy: PolicyOpt = "rule",
     shrink: Annotated[bool, typer.Option("--shrink", help="quick runs on a small config derived from config.json (random weights; the manifest's `shrink:` overrides win)")] = False,
     torch_npu: Annotated[str, typer.Option("--torch-npu", help="torch_npu version to emulate")] = "2.13.0",
@@ -113,7 +145,7 @@ def port(
     tune: Annotated[bool, typer.Option(help="benchmark and tune the validated port (minutes on a small host)")] = False,
     tune_trials: Annotated[int, typer.Option(help="budget: tuning trials")] = 12,
     run_timeout: Annotated[float, typer.Option(help="wall-clock limit of one sandbox run, seconds")] = 300.0,
-    isolation: Annotated[str, typer.Option(help="auto | bwrap | process (process: the model's code runs "
+    isolation: Annotated[str, typer.Option(metavar="[auto|bwrap|process]", help="auto | bwrap | process (process: the model's code runs "
                                                 "UNISOLATED; auto falls back to it with a warning)")] = "auto",
 ) -> None:
     """Port the model in PATH to the target and write a bundle (exit 0 validated, 1 not, 2 bad input, 3 internal error).
@@ -179,7 +211,7 @@ def click_context() -> Any:
 def demo(
     target: TargetOpt = "ascend-sim",
     out: Annotated[Path | None, typer.Option("--out", "-o")] = None,
-    force: Annotated[bool, typer.Option("--force", help="replace an existing --out folder")] = False,
+    force: Annotated[bool, typer.Option("--force", help="replace an earlier npuport bundle in --out")] = False,
     tune_trials: Annotated[int, typer.Option(help="budget: tuning trials")] = 4,
     verify_after: Annotated[bool, typer.Option("--verify/--no-verify",
                                                help="end with `npuport verify` of the bundle")] = True,
@@ -232,6 +264,22 @@ def _fmt_entry(entry: dict[str, Any]) -> list[str]:
     return lines
 
 
+_SCAN_CATEGORY = {"blocks running": 0, "changes numbers": 1, "slows down": 2}
+_SCAN_SEVERITY = {"high": 0, "medium": 1, "low": 2}
+
+
+def _scan_rank(f: Any) -> tuple[Any, ...]:
+    """Blockers first: what stops the model running, then what changes its numbers, then what slows it."""
+    return (_SCAN_CATEGORY.get(str(f.category), 3), _SCAN_SEVERITY.get(str(f.severity), 3), f.file, f.line)
+
+
+def _scan_summary(findings: list[Any], path: Path) -> str:
+    by = {c: sum(1 for f in findings if str(f.category) == c) for c in _SCAN_CATEGORY}
+    files = len({f.file for f in findings})
+    return (f"{len(findings)} hazards in {files} file(s) of {path}: {by['blocks running']} block running, "
+            f"{by['changes numbers']} change numbers, {by['slows down']} slow it down")
+
+
 @app.command()
 def scan(
     path: Annotated[Path, typer.Argument(help="the model folder")],
@@ -264,8 +312,9 @@ def scan(
         }
         sys.stdout.write(json.dumps(payload, indent=1) + "\n")
     else:
-        console.print(f"[bold]{len(result.findings)} hazards in {path}[/]")
-        for f in result.findings:
+        ordered = sorted(result.findings, key=_scan_rank)
+        console.print(f"[bold]{_scan_summary(result.findings, path)}[/]")
+        for f in ordered:
             # the location is never cut: it heads its own line; the message wraps below it
             console.print(Text.assemble((f"{f.hazard:<4}", "bold"), (f"{f.file}:{f.line}", "cyan"),
                                         (f"  {f.category}, {f.severity}", "dim")), overflow="ignore", crop=False)

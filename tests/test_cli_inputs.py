@@ -107,7 +107,8 @@ def test_scan_exits_2_on_empty_folder_and_syntax_error(model: Path, tmp_path: Pa
 def test_scan_keeps_file_line_whole_at_80_columns(model: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from api import cli
 
-    monkeypatch.setattr(cli.console, "_width", 80)
+    monkeypatch.setattr(cli.console, "_width", 80)  # a terminal of 80 columns
+    monkeypatch.setattr(cli.console, "soft_wrap", False)
     code, output = run("scan", str(model))
     assert code == 0, output
     assert "modeling_tiny.py:" in output  # file:line printed whole
@@ -305,3 +306,35 @@ def test_without_out_dir_the_bundle_goes_under_the_home(tmp_path: Path, npuport_
     monkeypatch.chdir(tmp_path)  # never the working directory (a LangGraph server's watched project)
     state = {"request": {"model_path": "m"}, "workdir": str(npuport_home / "workspaces" / "m-abc")}
     assert default_out_dir(state) == npuport_home / "jobs" / "m-abc" / "bundle"
+
+
+def test_cli_conventions_version_short_help_choices_and_scan_summary(model: Path) -> None:
+    code, output = run("--version")
+    assert code == 0 and output.startswith("npuport ")
+    from api.cli import CHIPS, TARGETS
+
+    output = runner.invoke(app, ["port", "--help"], env={"COLUMNS": "300"}).output
+    flat = "".join(output.split())
+    assert f"[{'|'.join(TARGETS)}]" in flat and f"[{'|'.join(CHIPS)}]" in flat and "[rule|llm|hybrid]" in flat
+    assert "[auto|bwrap|process]" in flat
+    code, output = run("settings")
+    assert code == 0 and "NPUPORT_HOME" in output
+    (model / "extra.py").write_text("import torch\nx = torch.zeros(1).cuda()\nprint(x.item())\n")
+    code, output = run("scan", str(model))
+    assert code == 0, output
+    first = output.splitlines()[0]
+    assert "hazards in" in first and "block running" in first and "slow it down" in first
+
+
+def test_piped_output_is_not_wrapped_at_80_columns(model: Path, tmp_path: Path) -> None:
+    import os
+    import subprocess
+    import sys
+
+    from tests.conftest import REPO_ROOT
+
+    env = {k: v for k, v in os.environ.items() if k != "COLUMNS"}
+    r = subprocess.run([sys.executable, "-m", "api.cli", "scan", str(model)], capture_output=True, text=True,
+                       env=env, cwd=REPO_ROOT, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert any(len(line) > 80 for line in r.stdout.splitlines()), r.stdout  # whole lines in a pipe
