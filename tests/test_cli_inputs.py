@@ -141,7 +141,10 @@ def test_live_status_line_counts_runs_and_trials() -> None:
 
 @pytest.mark.slow
 def test_force_replaces_a_stale_bundle_and_shrink_reaches_the_harness(model: Path, tmp_path: Path, npuport_home: Path) -> None:
+    from knowledge.bundles import mark_bundle
+
     out = tmp_path / "out"
+    mark_bundle(out, "an earlier port")  # an earlier bundle: --force may replace it
     (out / "plots").mkdir(parents=True)
     (out / "plots" / "stale.png").write_bytes(b"old plot")
     code, output = run("port", str(model), "--target", "cpu", "--out", str(out), "--force", "--policy", "rule",
