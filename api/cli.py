@@ -5,7 +5,8 @@ Exit codes (one table for every command; also in ``npuport --help`` and the READ
   0  success: the port validated (its greedy tokens equal the original's), or the command did its job
   1  the port ran but did not validate (the report says why), or a check the command ran failed
   2  bad input or usage: not a folder, an empty folder, no Python files, unknown chip or target (in a
-     flag or in the goal text), an existing --out without --force, a syntax error for `scan`;
+     flag or in the goal text), a Python file that does not parse or decode, --target npu without
+     torch_npu, an earlier bundle in --out without --force, an --out folder npuport did not write;
      nothing is run and no bundle is written
   3  internal error: npuport itself broke (a bug or a broken host); the state is kept for a resume
 130  interrupted (Ctrl-C): the checkpoint is kept; `npuport resume THREAD` continues it
