@@ -172,7 +172,7 @@ def _throughput_claim(report: dict[str, Any], ws: Workspace, target: Target, ref
     if point is None:
         return Claim(name="throughput", verdict="disagree", claimed=claimed, detail=f"benchmark failed: {run.error()}")
     observed = float(point["tokens_per_s"])
-    claimed_point = next((p for p in tuned.get("points") or [] if p.get("concurrency") == conc), {})
+    claimed_point: dict[str, Any] = next((p for p in tuned.get("points") or [] if p.get("concurrency") == conc), {})
     # The stated tolerance, as a factor either way (a claim 10x too high is never within "+-900%"): the
     # user's, widened to the spread both measurements showed on a noisy host, but never beyond 2x.
     noise = float(claimed_point.get("spread") or 0) + float(point.get("spread") or 0)
