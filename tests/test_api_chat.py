@@ -162,7 +162,7 @@ def test_real_port_streams_through_openai_client(npuport_home: Path) -> None:
         report = client.chat.completions.create(model="npuport", user="carol",
                                                 messages=[{"role": "user", "content": "report"}])
         content = report.choices[0].message.content or ""
-        assert "**validated" in content.split("\n\n", 2)[1]  # the summary opens the report
+        assert "# npuport report: ocr_mini\n\n**validated" in content  # the summary opens the report
         for question, needle in (("what did you change?", "change(s), one commit each"),
                                  ("why?", "validation: match"), ("what is left?", "left")):
             answer = client.chat.completions.create(model="npuport", user="carol",
