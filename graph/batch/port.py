@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import sys
 import time
 import traceback
@@ -17,6 +18,7 @@ from typing import Any
 from graph.batch.manifest import PortSpec
 from graph.batch.sources import SourceError, stage
 from graph.batch.store import BatchStore
+from knowledge.bundles import is_npuport_bundle
 
 
 def _limit_threads(n: int) -> None:
@@ -80,6 +82,11 @@ def execute_port(job: dict[str, Any]) -> dict[str, Any]:
             return _record(store, job, spec, "failed", str(exc), {"model": spec.key, "source": spec.source,
                            "target": spec.settings.target, "verdict": "failed", "reason": str(exc), "time_s": 0.0})
         s = spec.settings
+        bundle = Path(job["bundle_dir"])
+        if not job["resumed"] and is_npuport_bundle(bundle):
+            # a retry's fresh port replaces the failed attempt's bundle (the reporter never overwrites
+            # another port's bundle by itself; the batch owns this folder)
+            shutil.rmtree(bundle)
         request = {"model_path": str(model), "target": s.target, "chip": s.chip, "objective": s.objective,
                    "torch_npu": s.torch_npu, "policy": s.policy, "strict": s.strict, "tune": s.tune,
                    "tune_trials": s.tune_trials, "max_runs": s.budget.max_runs, "max_wall_s": s.budget.max_wall_s,
