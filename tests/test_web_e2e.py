@@ -109,10 +109,6 @@ def test_upload_port_approve_download_report(npuport_home: Path, tmp_path: Path)
                     page.evaluate("document.documentElement.scrollWidth")
                 page.screenshot(path=str(ARTEFACTS / "5-narrow.png"), full_page=True)
                 page.set_viewport_size({"width": 1400, "height": 1000})
-                # the token is kept (localStorage) and the job list survives a reload of the page
-                page.goto(f"{base}/")
-                page.wait_for_selector(f"#jobs li[data-id='{job_id}']")
-                assert page.inner_text(f"#jobs li[data-id='{job_id}'] .st") == "validated"
 
                 with page.expect_download() as dl:
                     page.click("#download")
@@ -126,5 +122,9 @@ def test_upload_port_approve_download_report(npuport_home: Path, tmp_path: Path)
                 page.mouse.wheel(0, 3000)
                 box = page.locator("#events").bounding_box()
                 assert box is not None and box["y"] < 1000 and box["y"] + box["height"] > 0
+                # the token is kept (localStorage) and the job list survives a reload of the page
+                page.goto(f"{base}/")
+                page.wait_for_selector(f"#jobs li[data-id='{job_id}']")
+                assert page.inner_text(f"#jobs li[data-id='{job_id}'] .st") == "validated"
             finally:
                 browser.close()
