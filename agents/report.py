@@ -10,10 +10,11 @@ from pathlib import Path
 from typing import Any
 
 from agents.perf_evidence import perf_markdown, strict_failure, verdict
+from agents.report_md import _md_escape, failure_markdown, render_markdown
 from agents.request import request_of
-from agents.runs import token_summary
 from agents.workspace import Workspace
-from sandbox.targets import CHIP_REGISTRY
+from knowledge.bundles import MARKER as MARKER_NAME
+from knowledge.bundles import mark_bundle
 
 
 def final_status(state: dict[str, Any]) -> tuple[str, str]:
@@ -28,10 +29,6 @@ def final_status(state: dict[str, Any]) -> tuple[str, str]:
             reason += "; decode profile: " + "; ".join(f"{p['title']} at {p.get('where') or '?'}" for p in found)
         return "validated", reason
     return "failed", state.get("reason") or numerics.get("detail") or f"validation verdict {numerics.get('verdict', 'not-run')}"
-
-
-def _md_escape(text: str) -> str:
-    return text.replace("|", "\\|").replace("\n", " ")
 
 
 def _left_as_written(hazard: str, finding_rule: str = "") -> str:
@@ -103,107 +100,6 @@ def finding_resolutions(findings: list[dict[str, Any]], patches: list[dict[str, 
     return out
 
 
-def _isolation_text(runs: list[dict[str, Any]]) -> str:
-    kinds = sorted({r.get("isolation") or "process" for r in runs}) or ["none (no run)"]
-    text = ", ".join(kinds)
-    if "process" in kinds:
-        text += (" — UNISOLATED (own process group, rlimits, wall timeout, scrubbed environment; without bubblewrap "
-                 "the model's code can still read and write the host's files and reach the network)")
-    return text
-
-
-def _environment_text(env: dict[str, Any]) -> str:
-    res = env.get("resolution") or {}
-    where = f"layered venv `{env['python']}`" if env.get("python") else "npuport's own interpreter (no layer needed)"
-    return f"{res.get('summary') or 'not resolved'}; ran in {where}"
-
-
-def _fallback_text(op: str, info: Any) -> str:
-    return f"{op} x{info.get('count', '?')}" if isinstance(info, dict) else op
-
-
-def _chip_text(key: Any) -> str:
-    """The chip with its product line, from the chip registry (sandbox/targets/chips.py)."""
-    chip = CHIP_REGISTRY.get(str(key))
-    return f"{key} ({chip.product})" if chip else str(key)
-
-
-def render_markdown(report: dict[str, Any]) -> str:
-    req = request_of(report)
-    lines = [
-        f"# npuport report: {Path(req.model_path or '?').name}",
-        "",
-        f"- **Status:** {report.get('verdict') or report['status']}{' (partial bundle)' if report.get('failure') else ''} — {report['reason']}",
-        f"- **Target:** {report.get('target', {}).get('name', '?')} ({report.get('target', {}).get('reason', '')})",
-        f"- **Chip / torch_npu:** {_chip_text(req.chip)} / {req.torch_npu}",
-        f"- **Sandbox runs:** {report['counters'].get('port_runs', 0)} of the port, "
-        f"{report['counters'].get('reference_runs', 0)} of the original (reference)",
-        f"- **Wall time:** {report['wall_s']:.1f} s",
-        f"- **Sandbox isolation:** {_isolation_text(report['runs'])}",
-        f"- **Environment (every run):** {_environment_text(report.get('environment') or {})}",
-        *failure_markdown(report.get("failure")),
-        "",
-        "## Findings",
-        "",
-    ]
-    if report["findings"]:
-        res = report.get("resolutions") or {}
-        lines += ["| hazard | where | category | severity | what | resolution |", "|---|---|---|---|---|---|"]
-        for f in report["findings"]:
-            lines.append(f"| {f['hazard']} | {f['file']}:{f['line']} | {f['category']} | {f['severity']} | "
-                         f"{_md_escape(f['message'])} | {_md_escape(res.get(f['id'], ''))} |")
-    else:
-        lines.append("No hazards found.")
-    assumptions = (report.get("entry") or {}).get("assumptions") or []
-    inputs: dict[str, Any] = next((r["inputs"] for r in report["runs"] if r.get("inputs")), {})
-    if assumptions or inputs:
-        lines += ["", "## How the model was run (entry, inputs)", ""]
-        lines += [f"- {_md_escape(a)}" for a in assumptions]
-        lines += [f"- inputs ({inputs.get('source')}): {_md_escape(n)}" for n in inputs.get("notes") or []]
-    shrunk = next((r["shrunk"] for r in report["runs"] if r.get("shrunk") is not None), None)
-    if shrunk is not None:
-        lines += ["", "## Shrunk config (--shrink: random weights, fixed seed; every run used it)", ""]
-        lines += [f"- `{c}`" for c in shrunk] or ["- nothing: no size in config.json matched a shrink rule"]
-    lines += ["", "## Patches (one commit each; `port.patch` is the whole diff)", ""]
-    for p in report["patches"]:
-        lines.append(f"- `{p['commit'][:8]}` {p['summary']} — files: {', '.join(p['files'])}; cites: "
-                     f"{', '.join(c['source'] for c in p['citations']) or '-'}")
-        lines += [f"  - changed {e}" for e in (p.get("edits") or [])[:40]]
-        lines += [f"  - NOT changed {d}" for d in (p.get("declined") or [])[:40]]
-    if not report["patches"]:
-        lines.append("No patches.")
-    lines += ["", "## Sandbox runs", "", "| run | purpose | target | status | wall s | tokens | error |", "|---|---|---|---|---|---|---|"]
-    for r in report["runs"]:
-        exc = r.get("exception") or {}
-        err = f"{exc.get('type')}: {exc.get('message', '')[:120]}" if exc else ""
-        lines.append(f"| {r['id']} | {r['purpose']} | {r['target']} | {r['status']} | {r['wall_s']:.2f} | "
-                     f"{token_summary(r.get('tokens'))} | {_md_escape(err)} |")
-    lines += ["", "## Diagnoses", ""]
-    for d in report["diagnoses"]:
-        lines.append(f"- {d['id']} `{d['signature']}`: {d['summary']} — fix: {d.get('fix') or 'none'}")
-    if not report["diagnoses"]:
-        lines.append("None: no run failed.")
-    n = report.get("numerics") or {}
-    lines += ["", "## Validation", "", f"- verdict: **{n.get('verdict', 'not-run')}** — {n.get('detail', '')}",
-              f"- reference tokens (original, CPU float32 via device redirect): {n.get('reference_tokens')}",
-              f"- port tokens (on the target): {n.get('port_tokens')}"]
-    op = next((r.get("op_stats") for r in reversed(report["runs"]) if r["purpose"] == "port" and r.get("op_stats")), None)
-    if op:
-        fallbacks = ", ".join(_fallback_text(k, v) for k, v in (op.get("fallbacks") or {}).items()) or "none"
-        lines += ["", "## Op inventory (last port run)", "", f"- CPU fallbacks: {fallbacks}",
-                  f"- host syncs: {(op.get('host_syncs') or {}).get('total')}"]
-    t = report.get("tuning") or {}
-    lines += ["", "## Tuning", "", f"- status: {t.get('status', 'skipped')} — {t.get('detail', '')}",
-              f"- trials: {len(t.get('trials') or [])}; best: {t.get('best') or '-'}"]
-    lines += [f"- not a tuning result: {kv} {_md_escape(why)}" for kv, why in (t.get("unsupported") or {}).items()]
-    lines.append("")
-    cites = sorted({c for p in report["patches"] for c in (x["source"] for x in p["citations"])}
-                   | {c["source"] for f in report["findings"] for c in f.get("citations", [])}
-                   | {c["source"] for d in report["diagnoses"] for c in d.get("citations", [])})
-    lines += ["## Citations", ""] + [f"- {c}" for c in cites] + [""]
-    return "\n".join(lines)
-
-
 def _decode_profile_plot(report: dict[str, Any], out_dir: Path) -> str | None:
     """plots/profile/decode_profile.png (a subfolder: the benchmark section lists plots/*.png)."""
     if not (report.get("perf") or {}).get("rows"):
@@ -212,13 +108,13 @@ def _decode_profile_plot(report: dict[str, Any], out_dir: Path) -> str | None:
 
     folder = out_dir / "plots" / "profile"
     folder.mkdir(parents=True, exist_ok=True)
-    name = Path((report.get("request") or {}).get("model_path") or "model").name
+    name = Path(request_of(report).model_path or "model").name
     path = decode_profile(report["perf"], folder / "decode_profile.png", name)
     return str(path.relative_to(out_dir)) if path else None
 
 
 def write_bundle(state: dict[str, Any], out_dir: Path, status: str, reason: str) -> dict[str, Any]:
-    out_dir.mkdir(parents=True, exist_ok=True)
+    mark_bundle(out_dir, str(state.get("workdir") or ""))  # first: --force may later replace only this
     report = {
         "status": status, "reason": reason, "request": state.get("request") or {}, "goal": state.get("goal", ""),
         "plan": state.get("plan") or {}, "target": state.get("target") or {}, "entry": state.get("entry") or {},
@@ -266,7 +162,8 @@ def write_bundle(state: dict[str, Any], out_dir: Path, status: str, reason: str)
     if plot:
         files["plot_decode_profile"] = str(out_dir / plot)
     (out_dir / "report.json").write_text(json.dumps(report, indent=1, default=str))
-    markdown = render_markdown(report) + "\n".join(perf_markdown(report["perf"], status, plot))
+    profiled = (report["perf"] or {}).get("profiled")  # only measured sections: no profile, no section
+    markdown = render_markdown(report) + ("\n".join(perf_markdown(report["perf"], status, plot)) if profiled else "")
     if report.get("llm"):
         llm = report["llm"]
         markdown += (f"\n\n## LLM\n\n{llm['exchanges']} exchange(s), {llm['tokens']} of {llm['limit']} tokens; "
@@ -296,18 +193,6 @@ def _copy_traceback(failure: dict[str, Any] | None, out_dir: Path) -> dict[str, 
     return {"failure_traceback": str(dest)}
 
 
-def failure_markdown(failure: dict[str, Any] | None) -> list[str]:
-    """The report's "what failed and where" section, for a run that a node's exception ended."""
-    if not failure:
-        return []
-    kind = "an npuport error" if failure.get("expected") else "an unexpected error (a bug in npuport or the host)"
-    return ["", "## Failure", "",
-            f"- **Failed step:** `{failure.get('node')}` — {kind}",
-            f"- **Error:** `{failure.get('error')}`: {_md_escape(str(failure.get('message') or ''))}",
-            f"- **Traceback:** {failure.get('traceback') or 'not saved'} (copied to failure-traceback.txt)",
-            "- This bundle is partial: it holds what the steps before the failure computed."]
-
-
 def emergency_report(state: dict[str, Any], failure: dict[str, Any]) -> dict[str, Any]:
     """The reporter itself raised: write report.json, report.md and trace.jsonl from the state alone
     (no diff, no patched tree: the workspace may be what broke), so the run still ends with a report
@@ -316,10 +201,10 @@ def emergency_report(state: dict[str, Any], failure: dict[str, Any]) -> dict[str
     crashed = {**state, "failure": failure}
     out_dir = default_out_dir(state)
     try:
-        out_dir.mkdir(parents=True, exist_ok=True)
+        mark_bundle(out_dir)
     except OSError:
         out_dir = Path(state["workdir"]) / "bundle" if state.get("workdir") else Path.cwd() / "npuport-report"
-        out_dir.mkdir(parents=True, exist_ok=True)
+        mark_bundle(out_dir)
     report = {
         "status": "failed", "reason": reason, "request": state.get("request") or {}, "goal": state.get("goal", ""),
         "target": state.get("target") or {}, "findings": state.get("findings") or [],
@@ -346,8 +231,32 @@ def emergency_report(state: dict[str, Any], failure: dict[str, Any]) -> dict[str
 
 
 def default_out_dir(state: dict[str, Any]) -> Path:
+    """The request's out_dir; without one (LangGraph Studio, a bare graph run) a folder under the home,
+    ``$NPUPORT_HOME/jobs/<workspace>/bundle``: never the working directory, which a server's file
+    watcher may reload the graph from (the reply and the state say where the bundle went)."""
     req = request_of(state)
     if req.out_dir:
         return Path(req.out_dir).expanduser()
-    name = Path(req.model_path or "model").name
-    return Path.cwd() / "npuport-out" / name
+    return home_bundle_dir(state)
+
+
+def home_bundle_dir(state: dict[str, Any]) -> Path:
+    from knowledge.home import npuport_home
+
+    key = Path(state["workdir"]).name if state.get("workdir") else f"{Path(request_of(state).model_path or 'model').name}-{int(time.time())}"
+    return npuport_home() / "jobs" / key / "bundle"
+
+
+def bundle_conflict(out_dir: Path, state: dict[str, Any]) -> str | None:
+    """Why this port may not write its bundle into ``out_dir``: a folder of a user's files, or another
+    port's bundle (only --force, which empties it first, replaces one). None: empty, missing, or ours."""
+    from knowledge.bundles import bundle_dir_problem, bundle_owner
+
+    if problem := bundle_dir_problem(out_dir):
+        return problem
+    if not out_dir.is_dir() or not any(out_dir.iterdir()):
+        return None
+    owner = bundle_owner(out_dir)
+    if owner == str(state.get("workdir") or "") or (owner == "" and (out_dir / MARKER_NAME).is_file()):
+        return None  # this port's own bundle (a resume), or a folder marked for npuport with no owner yet
+    return f"{out_dir} holds another port's bundle; it is not overwritten without --force"

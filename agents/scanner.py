@@ -22,6 +22,7 @@ from agents.rules.base import Registry
 from agents.rules.context import ModuleContext, TextFile
 from agents.rules.registry import active
 from knowledge.errors import SourceSyntaxError
+from sandbox.source_check import decode_source
 
 # Directories never scanned; files we read as text (not Python).
 SKIP_DIRS = {".git", ".hg", ".svn", "__pycache__", ".venv", "venv", "env", ".tox", ".nox", "node_modules",
@@ -120,10 +121,10 @@ def scan_tree(root: Path, *, include: list[str] | None = None, registry: Registr
         if path.stat().st_size > MAX_FILE_BYTES:
             result.skipped.append(SkippedPath(path=rel, reason=f"larger than {MAX_FILE_BYTES} bytes"))
             continue
-        try:
-            text = path.read_text(encoding="utf-8")
-        except UnicodeDecodeError:
-            result.skipped.append(SkippedPath(path=rel, reason="not UTF-8 text"))
+        try:  # Python files as Python reads them (PEP 263 coding cookie), the rest as UTF-8
+            text = decode_source(path.read_bytes()) if path.suffix == ".py" else path.read_text(encoding="utf-8")
+        except (UnicodeDecodeError, SyntaxError):
+            result.skipped.append(SkippedPath(path=rel, reason="not UTF-8 text (and no PEP 263 encoding)"))
             continue
         result.files.append(rel)
         if _is_test_file(rel):

@@ -66,6 +66,9 @@ def run_batch_cli(manifest: Path, overrides: dict[str, Any], *, executor: str, r
     finally:
         if live is not None:
             live.stop()
+    if result.skipped:  # a rerun of the same manifest: finished ports are kept, not run again
+        console.print(f"skipped {len(result.skipped)} port(s) an earlier run of this batch finished: "
+                      f"{escape(', '.join(result.skipped))} (--retry-failed runs the failed ones again)")
     _final_table(result, console)
     return 0 if result.ok else 1
 

@@ -5,9 +5,11 @@ Exit codes (one table for every command; also in ``npuport --help`` and the READ
   0  success: the port validated (its greedy tokens equal the original's), or the command did its job
   1  the port ran but did not validate (the report says why), or a check the command ran failed
   2  bad input or usage: not a folder, an empty folder, no Python files, unknown chip or target (in a
-     flag or in the goal text), an existing --out without --force, a syntax error for `scan`;
+     flag or in the goal text), a Python file that does not parse or decode, --target npu without
+     torch_npu, an earlier bundle in --out without --force, an --out folder npuport did not write;
      nothing is run and no bundle is written
   3  internal error: npuport itself broke (a bug or a broken host); the state is kept for a resume
+130  interrupted (Ctrl-C): the checkpoint is kept; `npuport resume THREAD` continues it
 """
 
 from __future__ import annotations
@@ -15,20 +17,26 @@ from __future__ import annotations
 import json
 import os
 import sys
-import time
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from rich.console import Console, Group
-from rich.live import Live
+from rich.console import Group
 from rich.padding import Padding
 from rich.table import Table
 from rich.text import Text
 
 from agents.policies import POLICIES as _POLICIES
-from api.cli_inputs import clear_out_dir, goal_problem, model_folder_problem, out_dir_problem
-from api.cli_live import LiveStatus, fmt_params
+from api.cli_inputs import (
+    clear_out_dir,
+    goal_problem,
+    model_folder_problem,
+    out_dir_problem,
+    sources_problem,
+    target_problem,
+)
+from api.cli_live import LiveStatus, console, err, fmt_params
+from api.cli_port import EXIT_INTERRUPTED, run_port_cli
 from knowledge.errors import exit_code, first_line
 from sandbox.targets import (
     DEFAULT_CHIP,
@@ -40,22 +48,46 @@ from sandbox.targets import (
 )
 
 EXIT_OK, EXIT_NOT_VALIDATED, EXIT_BAD_INPUT, EXIT_INTERNAL = 0, 1, 2, 3
+__all__ = ["EXIT_INTERRUPTED", "LiveStatus", "app", "fmt_params", "run_port_cli"]
 EXIT_TABLE = ("Exit codes: 0 validated (or the command succeeded); 1 the port ran but did not validate; "
-              "2 bad input or usage (nothing run, no bundle written); 3 internal error.")
-
-
-def _settings_epilog() -> str:
-    """Every NPUPORT_* variable (knowledge/settings.py), one paragraph each (rich help joins single lines)."""
-    from knowledge.settings import env_table
-
-    lines = [f"{var}{f' (default {default})' if default else ''}: {doc}" for var, default, doc in env_table()]
-    return "Configuration (environment variables):\n\n" + "\n\n".join(lines)
+              "2 bad input or usage (nothing run, no bundle written); 3 internal error; "
+              "130 interrupted (Ctrl-C; `npuport resume THREAD` continues).")
 
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
-                  help=f"Port PyTorch models to Huawei Ascend NPUs.\n\n{EXIT_TABLE}", epilog=_settings_epilog())
-console = Console(highlight=False)
-err = Console(stderr=True, highlight=False, soft_wrap=True)  # one-line errors stay greppable
+                  help=f"Port PyTorch models to Huawei Ascend NPUs.\n\n{EXIT_TABLE}",
+                  epilog="Configuration: NPUPORT_* environment variables, listed by `npuport settings`.")
+
+
+def _version(value: bool) -> None:
+    if value:
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            v = version("npuport")
+        except PackageNotFoundError:
+            v = "unknown (not installed)"
+        console.print(f"npuport {v}", markup=False)
+        raise typer.Exit(EXIT_OK)
+
+
+@app.callback()
+def _main(version: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True,
+                                                help="print the version and exit")] = False) -> None:
+    """Port PyTorch models to Huawei Ascend NPUs."""
+
+
+@app.command()
+def settings() -> None:
+    """Every NPUPORT_* environment variable: its default and what it sets (knowledge/settings.py)."""
+    from knowledge.settings import env_table
+
+    table = Table(show_header=True, box=None, pad_edge=False)
+    for col in ("variable", "default", "meaning"):
+        table.add_column(col, overflow="fold")
+    for var, default, doc in env_table():
+        table.add_row(var, default or "-", doc)
+    console.print(table)
 
 EXAMPLES_DIR = Path(__file__).resolve().parents[1] / "examples"
 
@@ -74,10 +106,17 @@ def _one_of(choices: tuple[str, ...], what: str):  # type: ignore[no-untyped-def
     return check
 
 
-TargetOpt = Annotated[str, typer.Option("--target", "-t", help=" | ".join(TARGETS),
+def _choices(choices: tuple[str, ...]) -> str:
+    return "[" + "|".join(choices) + "]"
+
+
+TargetOpt = Annotated[str, typer.Option("--target", "-t", metavar=_choices(TARGETS),
+                                         help="where the port runs: a real NPU, the emulator, or the CPU",
                                          callback=_one_of(TARGETS, "target"))]
-ChipOpt = Annotated[str, typer.Option("--chip", help=" | ".join(CHIPS), callback=_one_of(CHIPS, "chip"))]
-PolicyOpt = Annotated[str, typer.Option("--policy", help="rule (offline, default) | llm | hybrid (rules first, "
+ChipOpt = Annotated[str, typer.Option("--chip", metavar=_choices(CHIPS), help="the Ascend chip",
+                                      callback=_one_of(CHIPS, "chip"))]
+PolicyOpt = Annotated[str, typer.Option("--policy", metavar=_choices(POLICIES),
+                                        help="rule (offline, default) | llm | hybrid (rules first, "
                                         "then the LLM; set NPUPORT_LLM_*)", callback=_one_of(POLICIES, "policy"))]
 
 
@@ -86,99 +125,6 @@ def _fail(message: str, code: int = EXIT_BAD_INPUT) -> typer.Exit:
     return typer.Exit(code)
 
 
-
-
-def _print_step(event: dict[str, Any], t0: float) -> None:
-    console.print(Text.assemble((f"{time.time() - t0:6.1f}s ", "dim"), (f"{event['agent']:<12}", "bold cyan"),
-                                " ", str(event["summary"])))
-
-
-def _summary(state: dict[str, Any]) -> None:
-    table = Table(show_header=False, box=None, pad_edge=False)
-    counters = state.get("counters") or {}
-    numerics = state.get("numerics") or {}
-    bundle = state.get("bundle") or {}
-    tuning = state.get("tuning") or {}
-    table.add_row("findings", str(len(state.get("findings") or [])))
-    table.add_row("patches", str(len(state.get("patches") or [])))
-    table.add_row("sandbox runs", f"{counters.get('port_runs', 0)} port + {counters.get('reference_runs', 0)} reference")
-    table.add_row("validation", str(numerics.get("verdict", "not-run")))
-    if tuning.get("best"):
-        table.add_row("tuned", fmt_params(tuning["best"]))
-        tuned = tuning.get("tuned") or {}
-        if tuned.get("chosen"):  # the final benchmark's verdict, in the report's words (slower is said)
-            table.add_row("throughput", str(tuning.get("detail") or ""))
-    perf = state.get("perf") or {}
-    if perf.get("profiled"):
-        found = perf.get("pathologies") or []
-        table.add_row("performance", ("1 pathology" if len(found) == 1 else f"{len(found)} pathologies") + "".join(
-            f"\n  {p['title']} at {p.get('where') or '?'}" for p in found))
-    deployed = Path(str(bundle.get("dir") or "")) / "deployment.json" if bundle.get("dir") else None
-    if deployed is not None and deployed.is_file():  # the exercised deployment (agents/deploy/serving.py)
-        from agents.deploy.serve_report import deployment_summary
-
-        table.add_row("deployment", deployment_summary(json.loads(deployed.read_text())))
-    table.add_row("bundle", str(bundle.get("dir", "-")))
-    console.print(table)
-
-
-def _isolation_fallback() -> None:
-    """The CLI ports the user's own model: without bubblewrap it may run it unisolated, but says so loudly."""
-    from sandbox.process import bwrap_available, isolation_setting
-
-    if isolation_setting() == "process":
-        err.print("[bold yellow]warning:[/] --isolation process: the model's code runs UNISOLATED "
-                  "(it can read and write what you can)")
-    elif isolation_setting() == "auto" and bwrap_available() is None:
-        err.print("[bold yellow]warning:[/] bubblewrap (bwrap) is not available: the model's code runs UNISOLATED "
-                  "(it can read and write what you can). Install bubblewrap, or pass NPUPORT_ISOLATION=process "
-                  "to silence this.")
-        os.environ["NPUPORT_ALLOW_UNISOLATED"] = "1"
-
-
-def run_port_cli(request: dict[str, Any], goal: str = "") -> int:
-    """Run one port with the live display; returns the exit code: 0 validated, else the failure's kind
-    (knowledge/errors.py: 2 a user's error, 3 a bug or a broken host) or 1 (not validated)."""
-    from agents.request import new_run_id, request_of
-    from graph.runner import run_port
-
-    req = request_of(request)  # the flags as typed; the goal may still fill what they left out
-    thread_id = new_run_id(req.model_path or "model")
-    _isolation_fallback()
-    where = req.target if "target" in request else "the goal's target"
-    console.print(f"[bold]npuport[/] port {req.model_path} -> {where} (thread {thread_id})")
-    status = LiveStatus(req.max_runs, req.tune_trials if req.tune else None)
-
-    def on_event(kind: str, data: dict[str, Any]) -> None:
-        status.on_event(kind, data)
-        if kind == "trial_done":  # one line per trial survives the live line (and shows in logs)
-            value = data.get("value")
-            console.print(Text.assemble((f"{status.elapsed():6.1f}s ", "dim"), ("tuner       ", "bold cyan"),
-                                        f" trial {data.get('k')}/{data.get('n')} {fmt_params(data.get('params'))}: ",
-                                        f"{value:.1f} tok/s" if value is not None
-                                        else str(data.get("reason") or data.get("outcome", "failed"))))
-
-    try:
-        # transient: the live line disappears at the end; on a non-terminal rich prints nothing for it
-        with Live(status, console=console, refresh_per_second=4, transient=True):
-            state = run_port({"goal": goal, "request": request}, thread_id,
-                             on_step=lambda e: _print_step(e, status.t0), on_event=on_event)
-    except KeyboardInterrupt:
-        err.print(f"interrupted (thread {thread_id}; checkpoints in $NPUPORT_HOME/checkpoints.sqlite)")
-        return EXIT_INTERNAL
-    except Exception as exc:  # a bug or a broken host: one line, and where the state is kept
-        err.print(f"[bold red]error:[/] the port stopped unexpectedly: {type(exc).__name__}: {first_line(exc)} "
-                  f"(thread {thread_id}; checkpoints in $NPUPORT_HOME/checkpoints.sqlite)")
-        return EXIT_INTERNAL
-    _summary(state)
-    if state.get("status") == "validated":
-        from agents.perf_evidence import verdict
-
-        console.print(f"[bold green]{verdict('validated', state.get('perf'))}[/]: {state.get('reason')}")
-        return EXIT_OK
-    err.print(f"[bold red]not ported:[/] {state.get('reason', 'unknown reason')}")
-    failure = state.get("failure") or {}
-    return exit_code(failure["kind"]) if failure.get("kind") else EXIT_NOT_VALIDATED
 
 
 def _checked_out_dir(out: Path | None, model: Path, force: bool) -> Path:
@@ -195,7 +141,8 @@ def port(
     chip: ChipOpt = DEFAULT_CHIP,
     goal: Annotated[str, typer.Option(help="goal text, e.g. 'to Ascend 910B, maximise throughput' (flags win)")] = "",
     out: Annotated[Path | None, typer.Option("--out", "-o", help="bundle folder (default ./npuport-out/<model>)")] = None,
-    force: Annotated[bool, typer.Option("--force", help="replace an existing --out folder (its files are removed first)")] = False,
+    force: Annotated[bool, typer.Option("--force", help="replace an earlier npuport bundle in --out (a folder of "
+                                        "other files is refused, never emptied)")] = False,
     policy: PolicyOpt = "rule",
     shrink: Annotated[bool, typer.Option("--shrink", help="quick runs on a small config derived from config.json (random weights; the manifest's `shrink:` overrides win)")] = False,
     torch_npu: Annotated[str, typer.Option("--torch-npu", help="torch_npu version to emulate")] = DEFAULT_TORCH_NPU,
@@ -210,7 +157,7 @@ def port(
                                                "validated port with serve.sh, tokens and throughput checked "
                                                "(default: NPUPORT_SERVE, on)")] = None,
     run_timeout: Annotated[float, typer.Option(help="wall-clock limit of one sandbox run, seconds")] = 300.0,
-    isolation: Annotated[str, typer.Option(help="auto | bwrap | process (process: the model's code runs "
+    isolation: Annotated[str, typer.Option(metavar="[auto|bwrap|process]", help="auto | bwrap | process (process: the model's code runs "
                                                 "UNISOLATED; auto falls back to it with a warning)")] = "auto",
 ) -> None:
     """Port the model in PATH to the target and write a bundle (exit 0 validated, 1 not, 2 bad input, 3 internal error).
@@ -221,11 +168,9 @@ def port(
         raise _fail(f"--isolation must be auto, bwrap or process, not {isolation!r}")
     if isolation != "auto":
         os.environ["NPUPORT_ISOLATION"] = isolation
-    if problem := model_folder_problem(path) or (goal_problem(goal) if goal else None):
+    if problem := model_folder_problem(path) or (goal_problem(goal) if goal else None) or sources_problem(path):
         raise _fail(problem)
     out_dir = _checked_out_dir(out, path, force)
-    if force:
-        clear_out_dir(out_dir)
     request = {"model_path": str(path), "target": target, "chip": chip, "out_dir": str(out_dir),
                "torch_npu": torch_npu, "strict": strict, "max_runs": max_runs, "max_wall_s": max_wall,
                "run_timeout_s": run_timeout, "tune": tune, "tune_trials": tune_trials, "policy": policy,
@@ -237,7 +182,35 @@ def port(
         for name in ("target", "chip", "tune"):
             if ctx is not None and ctx.get_parameter_source(name).name == "DEFAULT":  # type: ignore[union-attr]
                 request.pop(name)
+    if problem := target_problem(str(request["target"] if "target" in request else _goal_target(goal, path))):
+        raise _fail(problem)
+    if force:  # last: only once every check passed, and only npuport's own bundle (out_dir_problem)
+        clear_out_dir(out_dir)
     raise typer.Exit(run_port_cli(request, goal=goal))
+
+
+def _goal_target(goal: str, model: Path) -> str:
+    from agents.request import parse_goal
+
+    return parse_goal(goal, {"model_path": str(model)}).target if goal else DEFAULT_TARGET
+
+
+@app.command()
+def resume(
+    thread: Annotated[str, typer.Argument(help="the thread id an interrupted (or failed) port printed")],
+) -> None:
+    """Continue an interrupted port from its last checkpoint (the agent that was stopped runs again);
+    exit codes as for `port`, 130 when interrupted again."""
+    from graph.jobs_support import checkpoint_db, thread_snapshot
+
+    snap = thread_snapshot(thread) if checkpoint_db().is_file() else None
+    if snap is None:
+        raise _fail(f"no checkpoint of thread {thread!r} in {checkpoint_db()} (is NPUPORT_HOME the same?)")
+    if not snap.next:
+        status, bundle = snap.values.get("status"), (snap.values.get("bundle") or {}).get("dir", "-")
+        console.print(f"thread {thread} already finished ({status}); its bundle: {bundle}")
+        raise typer.Exit(EXIT_OK if status == "validated" else EXIT_NOT_VALIDATED)
+    raise typer.Exit(run_port_cli(dict(snap.values.get("request") or {}), thread_id=thread))
 
 
 def click_context() -> Any:
@@ -250,10 +223,13 @@ def click_context() -> Any:
 def demo(
     target: TargetOpt = EMULATED_TARGET,
     out: Annotated[Path | None, typer.Option("--out", "-o")] = None,
-    force: Annotated[bool, typer.Option("--force", help="replace an existing --out folder")] = False,
+    force: Annotated[bool, typer.Option("--force", help="replace an earlier npuport bundle in --out")] = False,
     tune_trials: Annotated[int, typer.Option(help="budget: tuning trials")] = 4,
+    verify_after: Annotated[bool, typer.Option("--verify/--no-verify",
+                                               help="end with `npuport verify` of the bundle")] = True,
 ) -> None:
-    """Port the bundled example examples/ocr_mini (a CUDA-only OCR-style model) to the emulated Ascend target."""
+    """Port the bundled example examples/ocr_mini (a CUDA-only OCR-style model) to the emulated Ascend target,
+    then verify the bundle (re-apply, re-validate, re-benchmark) as the report suggests."""
     model = EXAMPLES_DIR / "ocr_mini"
     if not model.is_dir():
         raise _fail(f"the example model is missing at {model}", EXIT_INTERNAL)
@@ -263,6 +239,18 @@ def demo(
     request = {"model_path": str(model), "target": target, "chip": DEFAULT_CHIP, "tune": True, "tune_trials": tune_trials,
                "out_dir": str(out_dir)}
     code = run_port_cli(request, goal="")
+    if code == EXIT_OK and verify_after:
+        # the demo's numbers must survive its own suggested check: verify runs here, as a user would
+        from agents.deploy import verify_bundle
+
+        console.print(f"\n[bold]npuport verify {out_dir}[/] (re-apply the patch, re-validate, re-benchmark)",
+                      soft_wrap=True)
+        res = verify_bundle(out_dir)
+        for line in res.lines():
+            console.print(line, soft_wrap=True, markup=False)
+        if not res.agree:
+            err.print("[bold red]verify disagrees with the demo's report[/] (see the lines above)")
+            code = EXIT_NOT_VALIDATED
     if code == EXIT_OK:
         console.print("\n[bold]next:[/]")
         for cmd, what in ((f"less {out_dir / 'report.md'}", "the report: findings, patches, numerics, tuning"),
@@ -288,6 +276,22 @@ def _fmt_entry(entry: dict[str, Any]) -> list[str]:
     return lines
 
 
+_SCAN_CATEGORY = {"blocks running": 0, "changes numbers": 1, "slows down": 2}
+_SCAN_SEVERITY = {"high": 0, "medium": 1, "low": 2}
+
+
+def _scan_rank(f: Any) -> tuple[Any, ...]:
+    """Blockers first: what stops the model running, then what changes its numbers, then what slows it."""
+    return (_SCAN_CATEGORY.get(str(f.category), 3), _SCAN_SEVERITY.get(str(f.severity), 3), f.file, f.line)
+
+
+def _scan_summary(findings: list[Any], path: Path) -> str:
+    by = {c: sum(1 for f in findings if str(f.category) == c) for c in _SCAN_CATEGORY}
+    files = len({f.file for f in findings})
+    return (f"{len(findings)} hazards in {files} file(s) of {path}: {by['blocks running']} block running, "
+            f"{by['changes numbers']} change numbers, {by['slows down']} slow it down")
+
+
 @app.command()
 def scan(
     path: Annotated[Path, typer.Argument(help="the model folder")],
@@ -301,6 +305,9 @@ def scan(
 
     if problem := model_folder_problem(path):
         raise _fail(problem)
+    from sandbox.source_check import check_sources
+
+    unreadable = [p for p in check_sources(path) if p.kind == "encoding"]  # syntax errors: parse_errors
     result = scan_tree(path)
     try:
         entry: dict[str, Any] | None = discover_entry(path).as_manifest_dict()
@@ -311,22 +318,26 @@ def scan(
         payload = {
             "findings": [f.model_dump(mode="json") for f in result.findings],
             "parse_errors": [str(e) for e in result.parse_errors],
+            "source_problems": [str(p) for p in unreadable],
             "entry": entry,
             "entry_error": entry_error,
         }
         sys.stdout.write(json.dumps(payload, indent=1) + "\n")
     else:
-        console.print(f"[bold]{len(result.findings)} hazards in {path}[/]")
-        for f in result.findings:
+        ordered = sorted(result.findings, key=_scan_rank)
+        console.print(f"[bold]{_scan_summary(result.findings, path)}[/]")
+        for f in ordered:
             # the location is never cut: it heads its own line; the message wraps below it
             console.print(Text.assemble((f"{f.hazard:<4}", "bold"), (f"{f.file}:{f.line}", "cyan"),
                                         (f"  {f.category}, {f.severity}", "dim")), overflow="ignore", crop=False)
             console.print(Padding(Text(f.message), (0, 0, 0, 4), expand=False))
         for e in result.parse_errors:
             err.print(f"[red]parse error:[/] {e}")
+        for p in unreadable:
+            err.print(f"[red]unreadable:[/] {p}")
         console.print("[bold]entry[/]")
         console.print(Group(*(Text(line) for line in _fmt_entry(entry))) if entry else Text(f"  {entry_error}"))
-    if result.parse_errors:
+    if result.parse_errors or unreadable:
         raise typer.Exit(EXIT_BAD_INPUT)
 
 

@@ -2,17 +2,26 @@
 
 from __future__ import annotations
 
+import os
+import sys
 import time
 from typing import Any
 
+from rich.console import Console
 from rich.spinner import Spinner
 from rich.table import Table
 from rich.text import Text
 
+# A pipe or a file gets whole lines (never hard-wrapped at 80 columns) and tables at a wide width; a
+# terminal, or an explicit COLUMNS, keeps rich's wrapping to its width.
+_PIPED = not sys.stdout.isatty() and "COLUMNS" not in os.environ
+console = Console(highlight=False, soft_wrap=_PIPED, width=200 if _PIPED else None)
+err = Console(stderr=True, highlight=False, soft_wrap=True)  # one-line errors stay greppable
+
 
 def fmt_params(params: dict[str, Any] | None) -> str:
     """{'batch': 4, 'dtype': 'bf16'} -> 'batch=4 dtype=bf16'."""
-    return " ".join(f"{k}={v}" for k, v in (params or {}).items()) or "-"
+    return " ".join(f"{k}={v}" for k, v in (params or {}).items() if v is not None) or "-"
 
 
 class LiveStatus:

@@ -3,16 +3,33 @@
 from __future__ import annotations
 
 import argparse
+import os
 import secrets
 import sys
+from pathlib import Path
 
 from api.settings import Settings
+
+TOKEN_FILE = "serve-token"
+
+
+def home_token(home: Path) -> tuple[str, Path, bool]:
+    """(token, file, made now): the token of `npuport serve` without NPUPORT_TOKENS, kept in the home
+    (mode 0600) so that it, and the jobs its owner sees, survive a restart."""
+    path = home / TOKEN_FILE
+    if path.is_file() and not path.is_symlink() and (token := path.read_text().strip()):
+        return token, path, False
+    token = secrets.token_urlsafe(24)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_NOFOLLOW", 0), 0o600)
+    with os.fdopen(fd, "w") as fh:
+        fh.write(token + "\n")
+    return token, path, True
 
 
 def serve(host: str = "127.0.0.1", port: int = 8000, *, settings: Settings | None = None,
           log_level: str = "info") -> None:
-    """Serve the API on host:port. With no token configured, one read+write token is made up for
-    this process and printed, so a fresh install is usable and never open."""
+    """Serve the API on host:port. With no token configured, one read+write token is made once, kept
+    in the home and printed, so a fresh install is usable, never open, and the same after a restart."""
     import uvicorn
 
     from api.app import create_app
@@ -21,9 +38,10 @@ def serve(host: str = "127.0.0.1", port: int = 8000, *, settings: Settings | Non
     shown = "localhost" if host in ("127.0.0.1", "0.0.0.0", "::") else host
     url = f"http://{shown}:{port}/"
     if not settings.tokens:
-        token = secrets.token_urlsafe(24)
+        token, path, made = home_token(settings.resolved_home())
         settings = settings.model_copy(update={"tokens": {token: ["read", "write"]}})
-        print(f"npuport: no NPUPORT_TOKENS set; this run's token (read, write): {token}", file=sys.stderr, flush=True)
+        print(f"npuport: no NPUPORT_TOKENS set; the token (read, write) {'made and ' if made else ''}kept in "
+              f"{path}: {token}", file=sys.stderr, flush=True)
         # the token rides in the fragment, which the browser never sends to the server
         print(f"npuport: open {url}#token={token}", file=sys.stderr, flush=True)
     else:

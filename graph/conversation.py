@@ -71,6 +71,8 @@ def summary(state: dict[str, Any]) -> str:
     bundle = (state.get("bundle") or {}).get("dir")
     if bundle:
         lines.append(f"bundle: {bundle} (report.md, port.patch)")
+    if note := (state.get("bundle") or {}).get("note"):
+        lines.append(f"note: {note}")
     return "\n".join(lines)
 
 

@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Protocol
 
 from knowledge.errors import IsolationUnavailable
+from knowledge.interrupt import PortInterrupted, raise_if_stopped, stop_requested
 from sandbox.bwrap import _interpreter_paths as _interpreter_paths  # noqa: F401  (tests import it from here)
 from sandbox.bwrap import bwrap_command
 from sandbox.confine import seccomp_fd
@@ -243,6 +244,7 @@ class ProcessSandbox:
 def _run(argv: list[str], *, cwd: Path, env: dict[str, str], limits: Limits, isolation: str,
          result_channel: bool = False, channel_cap: int = 0, extra_fds: tuple[int, ...] = ()) -> ExecResult:
     """Run ``argv``; read stdout/stderr (and the result channel, an fd number the child inherits) with caps."""
+    raise_if_stopped("starting a sandbox")  # Ctrl-C: no new work starts (knowledge/interrupt.py)
     start = time.monotonic()
     cgroup = _Cgroup(limits.max_procs)
     notes: list[str] = []
@@ -312,6 +314,9 @@ def _run(argv: list[str], *, cwd: Path, env: dict[str, str], limits: Limits, iso
             if exited_at is None and now > deadline:
                 status = "timeout"
                 break
+            if stop_requested():  # Ctrl-C: the finally below kills the run's group and cgroup
+                status = "interrupted"
+                break
             for key, _ in sel.select(timeout=0.1):
                 fd = int(key.fd)
                 try:
@@ -329,6 +334,9 @@ def _run(argv: list[str], *, cwd: Path, env: dict[str, str], limits: Limits, iso
             if stop is not None and stop():
                 status = "killed"
                 notes.append("cancelled: the run was killed while it ran")
+                break
+            if stop_requested():  # Ctrl-C
+                status = "interrupted"
                 break
             if time.monotonic() > deadline:
                 status = "timeout"
@@ -350,6 +358,8 @@ def _run(argv: list[str], *, cwd: Path, env: dict[str, str], limits: Limits, iso
             os.close(chan_r)
         if record is not None:
             record.unlink(missing_ok=True)
+    if status == "interrupted":
+        raise PortInterrupted(f"a sandbox run was interrupted after {time.monotonic() - start:.1f}s")
     rc = proc.returncode
     if status == "ok" and rc != 0:
         status = "killed" if rc is not None and rc < 0 else "error"

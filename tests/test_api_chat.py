@@ -162,4 +162,9 @@ def test_real_port_streams_through_openai_client(npuport_home: Path) -> None:
         report = client.chat.completions.create(model="npuport", user="carol",
                                                 messages=[{"role": "user", "content": "report"}])
         content = report.choices[0].message.content or ""
-        assert "**Status:** validated" in content
+        assert "# npuport report: ocr_mini\n\n**validated" in content  # the summary opens the report
+        for question, needle in (("what did you change?", "change(s), one commit each"),
+                                 ("why?", "validation: match"), ("what is left?", "left")):
+            answer = client.chat.completions.create(model="npuport", user="carol",
+                                                    messages=[{"role": "user", "content": question}])
+            assert needle in (answer.choices[0].message.content or ""), (question, answer)

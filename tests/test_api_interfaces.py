@@ -118,5 +118,10 @@ def test_serve_prints_its_url_with_the_token(tmp_path: Path, capsys: pytest.Capt
     monkeypatch.setattr(uvicorn, "run", lambda *a, **k: None)  # everything up to listening, nothing after
     serve.serve("127.0.0.1", 8765, settings=Settings(home=tmp_path / "h"))
     err = capsys.readouterr().err
-    token = err.split("token (read, write): ")[1].split()[0]
+    token = err.rsplit("serve-token: ", 1)[1].split()[0]
     assert f"http://localhost:8765/#token={token}" in err
+    # a restart keeps the token (and with it the owner of the earlier jobs): it lives in the home, 0600
+    kept = tmp_path / "h" / "serve-token"
+    assert kept.read_text().strip() == token and kept.stat().st_mode & 0o777 == 0o600
+    serve.serve("127.0.0.1", 8765, settings=Settings(home=tmp_path / "h"))
+    assert f"#token={token}" in capsys.readouterr().err

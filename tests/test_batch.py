@@ -169,6 +169,11 @@ def test_local_executor_batch_with_a_hanging_model(tmp_path: Path, npuport_home:
     staged = json.loads((out / "beta" / "report.json").read_text())["request"]["model_path"]
     assert json.loads((Path(staged) / "config.json").read_text())["vocab"] == 24
     assert json.loads((tmp_path / "src" / "beta" / "config.json").read_text())["vocab"] == 32
+    # a rerun of the same manifest says what it skipped (nothing runs again)
+    again = subprocess.run([sys.executable, "-m", "api.cli", "batch", str(manifest), "--executor", "local",
+                            "--workers", "2", "--out", str(out)], capture_output=True, text=True, env=env,
+                           cwd=REPO_ROOT, timeout=200)
+    assert "skipped 3 port(s) an earlier run of this batch finished" in again.stdout, again.stdout + again.stderr
 
 
 def test_knowledge_base_writes_are_serialized_across_processes(npuport_home: Path) -> None:

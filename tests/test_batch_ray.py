@@ -78,6 +78,7 @@ def test_embedded_ray_batch_resume_and_retry(tmp_path: Path, npuport_home: Path)
     t0 = time.monotonic()
     r2 = batch(str(manifest), home=npuport_home)
     assert r2.returncode == 1 and time.monotonic() - t0 < 60
+    assert "skipped 3 port(s) an earlier run of this batch finished" in r2.stdout, r2.stdout
     with _db(npuport_home) as db:
         assert db.execute("SELECT COUNT(*) FROM attempts").fetchone()[0] == 3
     # --retry-failed runs only the failed port again, on a fresh thread
@@ -87,6 +88,9 @@ def test_embedded_ray_batch_resume_and_retry(tmp_path: Path, npuport_home: Path)
         per = dict(db.execute("SELECT key, COUNT(*) FROM attempts GROUP BY key").fetchall())
         threads = {row[0] for row in db.execute("SELECT thread_id FROM attempts WHERE key='gamma'")}
     assert per == {"alpha": 1, "beta": 1, "gamma": 2} and len(threads) == 2
+    # the retry's bundle replaced the failed attempt's in the batch's own folder (not redirected)
+    rows = {row["model"]: row for row in json.loads((out / "results.json").read_text())["ports"]}
+    assert Path(rows["gamma"]["bundle"]).resolve() == (out / "gamma").resolve(), rows["gamma"]
 
 
 def _free_port() -> int:

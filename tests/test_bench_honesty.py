@@ -197,3 +197,33 @@ def test_compile_knob_reaches_the_run(hf_toy: Path, tmp_path: Path) -> None:
     else:
         assert compiled["status"] == "ok", compiled.get("detail")
         assert compiled["effects"]["compiled_modules"] == 3 and compiled.get("compile_s", 0) > 0  # emb, qkv, head
+
+
+def test_slower_at_any_concurrency_is_said_and_the_spread_printed() -> None:
+    """Issue 27: at concurrency 1 the tuned port was slower than the original (6.7 vs 8.9) unremarked."""
+    from agents.tuning.port import fmt_params, slower_at
+
+    deployed = [{**p, "tokens_per_s_runs": [p["tokens_per_s"]] * 5, "spread": 0.12} for p in _pts({1: 6.7, 8: 30.0})]
+    original = _pts({1: 8.9, 8: 10.0})
+    best, tuned = settle({"batch": 4, "attn": None}, deployed, _pts({8: 12.0}), 10.0)
+    tuned.update(compared_at={"batch": 4, "concurrency": 8}, slower_at=slower_at(deployed, original))
+    assert tuned["slower_at"] == [{"concurrency": 1, "port": 6.7, "original": 8.9}]
+    text = performance_sentence(tuned)
+    assert "3.00x the original's throughput at batch 4, concurrency 8" in text
+    assert "SLOWER than the original at concurrency 1 (6.7 vs 8.9 tokens/s)" in text
+    assert "(median of 5 runs, spread 12%)" in text
+    assert "attn=None" not in text and fmt_params(best) == "batch=4"
+
+
+def test_verify_measures_the_figure_as_the_tuner_does() -> None:
+    """The deployed figure and verify's re-measurement use one spec (concurrency, warm-up, repeats)."""
+    import inspect
+
+    from agents.deploy import verify
+    from agents.tuning import measure
+
+    spec = measure.headline_spec()
+    assert spec == {"concurrencies": [measure.TUNE_CONCURRENCY], "warmup": 1, "repeats": measure.HEADLINE_REPEATS}
+    assert measure.HEADLINE_REPEATS > measure.TRIAL_REPEATS
+    assert "headline_spec()" in inspect.getsource(verify._throughput_claim)
+    assert "headline_spec()" in inspect.getsource(measure.PortBench.headline)

@@ -107,7 +107,8 @@ def test_scan_exits_2_on_empty_folder_and_syntax_error(model: Path, tmp_path: Pa
 def test_scan_keeps_file_line_whole_at_80_columns(model: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from api import cli
 
-    monkeypatch.setattr(cli.console, "_width", 80)
+    monkeypatch.setattr(cli.console, "_width", 80)  # a terminal of 80 columns
+    monkeypatch.setattr(cli.console, "soft_wrap", False)
     code, output = run("scan", str(model))
     assert code == 0, output
     assert "modeling_tiny.py:" in output  # file:line printed whole
@@ -140,7 +141,10 @@ def test_live_status_line_counts_runs_and_trials() -> None:
 
 @pytest.mark.slow
 def test_force_replaces_a_stale_bundle_and_shrink_reaches_the_harness(model: Path, tmp_path: Path, npuport_home: Path) -> None:
+    from knowledge.bundles import mark_bundle
+
     out = tmp_path / "out"
+    mark_bundle(out, "an earlier port")  # an earlier bundle: --force may replace it
     (out / "plots").mkdir(parents=True)
     (out / "plots" / "stale.png").write_bytes(b"old plot")
     code, output = run("port", str(model), "--target", "cpu", "--out", str(out), "--force", "--policy", "rule",
@@ -159,15 +163,181 @@ def test_force_replaces_a_stale_bundle_and_shrink_reaches_the_harness(model: Pat
 def test_demo_ends_with_the_next_commands(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Only the demo's closing lines: the port itself is replaced by a validated result here (the
     whole demo is covered by .ci/run and the slow CLI tests)."""
+    from agents import deploy
+    from agents.deploy.verify import Claim, VerifyResult
     from api import cli
 
     seen: dict[str, object] = {}
     monkeypatch.setattr(cli, "run_port_cli", lambda request, goal="": seen.update(request) or cli.EXIT_OK)
+    verdicts = {"throughput": "agree"}
+    monkeypatch.setattr(deploy, "verify_bundle", lambda bundle: VerifyResult(bundle=str(bundle), claims=[
+        Claim(name="throughput", verdict=verdicts["throughput"], detail="28.1 tokens/s now vs 27.0 reported")]))
     out = tmp_path / "demo-out"
     code, output = run("demo", "--out", str(out))
     assert code == 0, output
     assert seen["tune"] is True and seen["out_dir"] == str(out)
+    assert "AGREE     throughput: 28.1 tokens/s now" in output  # the demo ends with its own check
     assert f"npuport verify {out}" in output and "npuport serve" in output and "report.md" in output
+    verdicts["throughput"] = "disagree"  # the demo's numbers must survive that check, or it fails
+    code, output = run("demo", "--out", str(tmp_path / "demo-2"))
+    assert code == 1 and "verify disagrees" in output and "next:" not in output
     out.mkdir()
     (out / "report.md").write_text("old")
     assert run("demo", "--out", str(out))[0] == 2  # an earlier demo's bundle is not overwritten silently
+
+
+# -- issue 27: --force removes only npuport's own bundle; sources are checked before anything runs ----------
+
+
+def test_force_never_empties_a_folder_npuport_did_not_write(model: Path, tmp_path: Path, npuport_home: Path,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    from api import cli
+
+    monkeypatch.setattr(cli, "run_port_cli", lambda request, goal="": pytest.fail("the port must not start"))
+    out = tmp_path / "my-notes"
+    (out / "drafts").mkdir(parents=True)
+    (out / "notes.md").write_text("mine\n")
+    (out / "drafts" / "a.txt").write_text("also mine\n")
+    code, output = run("port", str(model), "--out", str(out), "--force")
+    assert code == 2, output
+    assert "did not write" in output and "never emptied" in " ".join(output.split())
+    assert (out / "notes.md").read_text() == "mine\n" and (out / "drafts" / "a.txt").is_file()
+
+
+def test_force_replaces_npuport_s_own_bundle(model: Path, tmp_path: Path, npuport_home: Path,
+                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    from api import cli
+    from knowledge.bundles import MARKER, mark_bundle
+
+    seen: list[list[str]] = []
+    monkeypatch.setattr(cli, "run_port_cli", lambda request, goal="": seen.append(
+        sorted(p.name for p in Path(request["out_dir"]).glob("*"))) or cli.EXIT_OK)
+    out = tmp_path / "bundle"
+    mark_bundle(out, "t-1")
+    (out / "plots").mkdir()
+    (out / "plots" / "stale.png").write_bytes(b"old")
+    assert run("port", str(model), "--out", str(out))[0] == 2  # without --force: refused, kept
+    assert (out / MARKER).is_file() and (out / "plots" / "stale.png").is_file()
+    code, output = run("port", str(model), "--out", str(out), "--force")
+    assert code == 0, output
+    assert seen == [[]], "the old bundle is removed before the port starts"
+
+
+def test_a_bundle_carries_the_marker(tmp_path: Path) -> None:
+    from agents.report import write_bundle
+    from knowledge.bundles import bundle_dir_problem, is_npuport_bundle
+
+    out = tmp_path / "b"
+    write_bundle({"request": {"model_path": "m"}, "trace": []}, out, "failed", "test")
+    assert is_npuport_bundle(out) and bundle_dir_problem(out) is None
+    (tmp_path / "user").mkdir()
+    (tmp_path / "user" / "report.json").write_text('{"mine": 1}')  # a user's report.json is no marker
+    assert not is_npuport_bundle(tmp_path / "user") and bundle_dir_problem(tmp_path / "user")
+
+
+def test_a_syntax_error_is_refused_before_anything_runs(model: Path, tmp_path: Path, npuport_home: Path) -> None:
+    (model / "pkg").mkdir()
+    (model / "pkg" / "broken.py").write_text("import torch\n\ndef f(:\n    pass\n")
+    assert_refused(["port", str(model)], tmp_path / "out", "pkg/broken.py:3: SyntaxError")
+    assert not list(npuport_home.glob("workspaces/*")), "no workspace: nothing ran"
+
+
+def test_non_utf8_source_is_named_and_refused(model: Path, tmp_path: Path, npuport_home: Path) -> None:
+    (model / "legacy.py").write_bytes(b"# comment\nNAME = '\xe9t\xe9'\n")
+    assert_refused(["port", str(model)], tmp_path / "out", "legacy.py:2: not valid utf-8")
+    code, output = run("scan", str(model), "--json")
+    assert code == 2
+    assert any("legacy.py" in p for p in json.loads(output)["source_problems"]), output
+
+
+def test_a_declared_encoding_is_decoded_per_pep_263(model: Path, tmp_path: Path) -> None:
+    from agents.scanner import scan_tree
+    from sandbox.source_check import check_sources
+
+    (model / "latin.py").write_bytes(b"# -*- coding: latin-1 -*-\nimport torch\nx = torch.zeros(1).cuda()  # \xe9\n")
+    assert check_sources(model) == []
+    result = scan_tree(model)
+    assert "latin.py" in result.files and any(f.file == "latin.py" for f in result.findings)
+    (model / "bad.py").write_bytes(b"# -*- coding: klingon -*-\nx = 1\n")
+    (problem,) = check_sources(model)
+    assert problem.file == "bad.py" and problem.kind == "encoding"
+
+
+def test_target_npu_without_torch_npu_is_refused(model: Path, tmp_path: Path, npuport_home: Path) -> None:
+    import importlib.util
+
+    if importlib.util.find_spec("torch_npu") is not None:
+        pytest.skip("torch_npu is installed here")
+    assert_refused(["port", str(model), "--target", "npu"], tmp_path / "out", "torch_npu cannot be imported")
+    assert_refused(["port", str(model), "--target", "npu", "--goal", "maximise throughput"], tmp_path / "o2",
+                   "--target npu needs")
+
+
+def test_the_reporter_never_overwrites_another_bundle_or_a_user_folder(tmp_path: Path, npuport_home: Path) -> None:
+    """A run that names an out_dir holding another port's bundle (a CLI bundle, when Studio ports the same
+    model) writes its own bundle under the home and says where; the other bundle is untouched."""
+    from agents.nodes.reporter import reporter_node
+    from knowledge.bundles import mark_bundle
+
+    other = tmp_path / "cli-bundle"
+    mark_bundle(other, owner="/somewhere/else/workspace")
+    (other / "report.md").write_text("the CLI's report\n")
+    user = tmp_path / "user"
+    user.mkdir()
+    (user / "notes.md").write_text("mine\n")
+    for taken in (other, user):
+        state = {"request": {"model_path": "m", "out_dir": str(taken)}, "workdir": str(tmp_path / "ws-1"),
+                 "trace": [], "status": "failed", "reason": "test"}
+        out = reporter_node(state)
+        written = Path(out["bundle"]["dir"])
+        assert written == npuport_home / "jobs" / "ws-1" / "bundle" and (written / "report.json").is_file()
+        assert "not overwritten" in out["bundle"]["note"] or "never emptied" in out["bundle"]["note"]
+        assert str(written) in out["trace"][0]["summary"]
+    assert (other / "report.md").read_text() == "the CLI's report\n" and not (other / "report.json").exists()
+    assert sorted(p.name for p in user.iterdir()) == ["notes.md"]
+    # the same port (a resume) rewrites its own bundle
+    mine = tmp_path / "mine"
+    state = {"request": {"model_path": "m", "out_dir": str(mine)}, "workdir": str(tmp_path / "ws-2"), "trace": []}
+    assert reporter_node(state)["bundle"]["dir"] == str(mine)
+    assert reporter_node(state)["bundle"]["dir"] == str(mine)
+
+
+def test_without_out_dir_the_bundle_goes_under_the_home(tmp_path: Path, npuport_home: Path,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    from agents.report import default_out_dir
+
+    monkeypatch.chdir(tmp_path)  # never the working directory (a LangGraph server's watched project)
+    state = {"request": {"model_path": "m"}, "workdir": str(npuport_home / "workspaces" / "m-abc")}
+    assert default_out_dir(state) == npuport_home / "jobs" / "m-abc" / "bundle"
+
+
+def test_cli_conventions_version_short_help_choices_and_scan_summary(model: Path) -> None:
+    code, output = run("--version")
+    assert code == 0 and output.startswith("npuport ")
+    from api.cli import CHIPS, TARGETS
+
+    output = runner.invoke(app, ["port", "--help"], env={"COLUMNS": "300"}).output
+    flat = "".join(output.split())
+    assert f"[{'|'.join(TARGETS)}]" in flat and f"[{'|'.join(CHIPS)}]" in flat and "[rule|llm|hybrid]" in flat
+    assert "[auto|bwrap|process]" in flat
+    code, output = run("settings")
+    assert code == 0 and "NPUPORT_HOME" in output
+    (model / "extra.py").write_text("import torch\nx = torch.zeros(1).cuda()\nprint(x.item())\n")
+    code, output = run("scan", str(model))
+    assert code == 0, output
+    first = output.splitlines()[0]
+    assert "hazards in" in first and "block running" in first and "slow it down" in first
+
+
+def test_piped_output_is_not_wrapped_at_80_columns(model: Path, tmp_path: Path) -> None:
+    import os
+    import subprocess
+    import sys
+
+    from tests.conftest import REPO_ROOT
+
+    env = {k: v for k, v in os.environ.items() if k != "COLUMNS"}
+    r = subprocess.run([sys.executable, "-m", "api.cli", "scan", str(model)], capture_output=True, text=True,
+                       env=env, cwd=REPO_ROOT, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert any(len(line) > 80 for line in r.stdout.splitlines()), r.stdout  # whole lines in a pipe

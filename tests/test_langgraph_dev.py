@@ -6,6 +6,7 @@ through the LangGraph HTTP API on examples/ocr_mini, target cpu."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import signal
@@ -18,11 +19,14 @@ import pytest
 from test_api_helpers import free_port, wait_http
 
 REPO = Path(__file__).resolve().parents[1]
-LANGGRAPH = Path(sys.executable).parent / "langgraph"
+_SCRIPT = Path(sys.executable).parent / "langgraph"
+# the console script beside this interpreter, else the package itself (a venv layered on another's packages)
+LANGGRAPH_CMD = ([str(_SCRIPT)] if _SCRIPT.exists() else
+                 [sys.executable, "-m", "langgraph_cli"] if importlib.util.find_spec("langgraph_cli") else [])
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not LANGGRAPH.exists(), reason="langgraph-cli is not installed in this environment")
+@pytest.mark.skipif(not LANGGRAPH_CMD, reason="langgraph-cli is not installed in this environment")
 def test_langgraph_dev_serves_graph_and_our_app(tmp_path: Path) -> None:
     config = json.loads((REPO / "langgraph.json").read_text())
     config["dependencies"] = [str(REPO)]
@@ -36,7 +40,7 @@ def test_langgraph_dev_serves_graph_and_our_app(tmp_path: Path) -> None:
     env = {**os.environ, "NPUPORT_HOME": str(home), "NPUPORT_TOKENS": '{"tok": ["read", "write"]}',
            "NPUPORT_ALLOWED_ROOTS": str(REPO / "examples"), "PYTHONPATH": str(REPO)}
     log = open(tmp_path / "langgraph.log", "wb")  # noqa: SIM115
-    proc = subprocess.Popen([str(LANGGRAPH), "dev", "--no-browser", "--no-reload", "--port", str(port),
+    proc = subprocess.Popen([*LANGGRAPH_CMD, "dev", "--no-browser", "--no-reload", "--port", str(port),
                              "--host", "127.0.0.1", "--config", str(cfg)],
                             cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     base = f"http://127.0.0.1:{port}"
@@ -74,6 +78,57 @@ def test_langgraph_dev_serves_graph_and_our_app(tmp_path: Path) -> None:
         assert out["messages"][0]["type"] == "human" and out["messages"][-1]["type"] == "ai"
         assert "**validated**" in out["messages"][-1]["content"]
         assert str(tmp_path / "chat-bundle") in out["messages"][-1]["content"]
+    finally:
+        try:
+            os.killpg(proc.pid, signal.SIGTERM)
+            proc.wait(20)
+        except (ProcessLookupError, subprocess.TimeoutExpired):
+            os.killpg(proc.pid, signal.SIGKILL)
+        log.close()
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not LANGGRAPH_CMD, reason="langgraph-cli is not installed in this environment")
+def test_studio_port_ends_with_a_bundle_and_zero_reloads(tmp_path: Path) -> None:
+    """Issue 27: with the file watcher on (Studio's default), a whole port over the HTTP API ends with a
+    bundle under $NPUPORT_HOME/jobs/..., named in the reply, and the server never reloads. (The bundle
+    used to go to ./npuport-out inside the watched project: the reload cancelled the run, 17 times.)"""
+    from tests.tiny_models import write_tiny_model
+
+    project = tmp_path / "project"  # what `langgraph dev` watches: the folder of its langgraph.json
+    project.mkdir()
+    config = json.loads((REPO / "langgraph.json").read_text())
+    config["dependencies"] = [str(REPO)]
+    config["graphs"] = {k: str(REPO / v.removeprefix("./")) for k, v in config["graphs"].items()}
+    config.pop("http", None)
+    (project / "langgraph.json").write_text(json.dumps(config))
+    model = write_tiny_model(tmp_path / "models" / "tiny")
+    home = tmp_path / "home"
+    home.mkdir()
+    port = free_port()
+    env = {**os.environ, "NPUPORT_HOME": str(home), "PYTHONPATH": str(REPO)}
+    log_path = tmp_path / "langgraph.log"
+    log = open(log_path, "wb")  # noqa: SIM115
+    proc = subprocess.Popen([*LANGGRAPH_CMD, "dev", "--no-browser", "--port", str(port), "--host", "127.0.0.1"],
+                            cwd=project, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        wait_http(f"{base}/ok", timeout=120, proc=proc)
+        thread = httpx.post(f"{base}/threads", json={}).json()["thread_id"]
+        run = httpx.post(f"{base}/threads/{thread}/runs/wait", timeout=600, json={
+            "assistant_id": "npuport", "input": {"model_path": str(model), "target": "cpu"}})
+        assert run.status_code == 200, run.text
+        state = run.json()
+        assert state.get("status") == "validated", (state.get("reason"), log_path.read_text()[-3000:])
+        bundle = Path(state["bundle"]["dir"])
+        assert bundle.is_relative_to(home / "jobs") and (bundle / "report.json").is_file()
+        assert str(bundle) in state["messages"][-1]["content"]  # the reply says where the bundle is
+        thread_state = httpx.get(f"{base}/threads/{thread}/state").json()
+        assert thread_state["next"] == [], thread_state["next"]
+        assert not (project / "npuport-out").exists()
+        text = log_path.read_text(errors="replace")
+        for sign in ("Reloading", "WatchFiles detected changes", "CancelledError", "will retry"):
+            assert sign not in text, text[-3000:]
     finally:
         try:
             os.killpg(proc.pid, signal.SIGTERM)

@@ -68,6 +68,15 @@ def test_upload_port_approve_download_report(npuport_home: Path, tmp_path: Path)
                 deadline = time.time() + 540
                 while page.get_attribute("body", "data-done") != "1":
                     assert time.time() < deadline, "the job did not end"
+                    # Approve is never clickable before its diff is on the page
+                    assert page.evaluate("document.getElementById('pendingDiff').textContent.length > 0"
+                                         " || document.getElementById('approve').disabled"), "Approve before its diff"
+                    # the job list tracks the job's state live (it said "queued" while the job ran)
+                    state = page.inner_text("#status")
+                    if state in ("running", "awaiting_approval"):
+                        page.wait_for_function(
+                            f"(document.querySelector(\"#jobs li[data-id='{job_id}'] .st\") || {{}}).textContent"
+                            " === document.getElementById('status').textContent", timeout=10_000)
                     if page.inner_text("#status") == "awaiting_approval" and page.is_visible("#review"):
                         page.wait_for_function(
                             "document.getElementById('pendingDiff').textContent.length > 0", timeout=120_000)
@@ -94,6 +103,12 @@ def test_upload_port_approve_download_report(npuport_home: Path, tmp_path: Path)
                 for agent in ("planner", "code_reader", "patcher", "executor", "validator", "reporter"):
                     assert page.locator("#events .agent", has_text=agent).count() >= 1, agent
                 page.screenshot(path=str(ARTEFACTS / "4-report.png"), full_page=True)
+                # a narrow window: the report's tables scroll inside their own box, the page never sideways
+                page.set_viewport_size({"width": 420, "height": 900})
+                assert page.evaluate("document.documentElement.scrollWidth <= window.innerWidth + 1"), \
+                    page.evaluate("document.documentElement.scrollWidth")
+                page.screenshot(path=str(ARTEFACTS / "5-narrow.png"), full_page=True)
+                page.set_viewport_size({"width": 1400, "height": 1000})
 
                 with page.expect_download() as dl:
                     page.click("#download")
@@ -107,5 +122,9 @@ def test_upload_port_approve_download_report(npuport_home: Path, tmp_path: Path)
                 page.mouse.wheel(0, 3000)
                 box = page.locator("#events").bounding_box()
                 assert box is not None and box["y"] < 1000 and box["y"] + box["height"] > 0
+                # the token is kept (localStorage) and the job list survives a reload of the page
+                page.goto(f"{base}/")
+                page.wait_for_selector(f"#jobs li[data-id='{job_id}']")
+                assert page.inner_text(f"#jobs li[data-id='{job_id}'] .st") == "validated"
             finally:
                 browser.close()

@@ -117,7 +117,7 @@ def benchmark_lines(tuning: dict[str, Any]) -> list[str]:
     from agents.tuning.port import performance_sentence
 
     base, tuned = tuning.get("baseline") or {}, tuning.get("tuned") or {}
-    if not tuned:
+    if not tuned.get("points") and not base.get("points"):  # nothing benchmarked: no empty table
         return [f"No benchmark: {tuning.get('detail') or 'tuning not requested'}", ""]
     deployed = {p["concurrency"]: p for p in tuned.get("points") or []}
     search = {p["concurrency"]: p for p in (tuned.get("search_best") or {}).get("points") or []}

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from agents.report import default_out_dir, final_status, write_bundle
+from agents.report import bundle_conflict, default_out_dir, final_status, home_bundle_dir, write_bundle
 from agents.trace import step
 
 
@@ -18,6 +18,9 @@ def reporter_node(state: dict[str, Any]) -> dict[str, Any]:
 
         record_validated_fixes(state)
     note = ""
+    if conflict := bundle_conflict(out_dir, state):  # never another bundle or a user's files
+        out_dir = home_bundle_dir(state)
+        note = f"{conflict}; wrote this port's bundle to {out_dir}"
     try:
         bundle = write_bundle(state, out_dir, status, reason)
     except OSError as exc:
@@ -27,5 +30,6 @@ def reporter_node(state: dict[str, Any]) -> dict[str, Any]:
         status, reason = "failed", note
         bundle = write_bundle(state, fallback, status, reason)
     bundle["note"] = note
+    where = f"bundle in {bundle['dir']}" + (f" ({note})" if note and status != "failed" else "")
     return {"status": status, "reason": reason, "bundle": bundle,
-            "trace": [step("reporter", f"{status}: {reason}; bundle in {bundle['dir']}")]}
+            "trace": [step("reporter", f"{status}: {reason}; {where}")]}

@@ -16,6 +16,16 @@ from sandbox.process import Limits
 TUNE_CONCURRENCY = 8  # the objective: new tokens/s with 8 requests in flight
 REPORT_CONCURRENCIES = [1, 2, 4, 8]
 BASELINE_CONFIG = {"id": "baseline", "batch": 1}  # as written: no dtype, threads, attn or compile changes
+TRIAL_REPEATS = 3
+HEADLINE_REPEATS = 5
+"""A result the CLI, the report and the page print (the deployed figure, the original's at the same
+batch) is measured like a trial (its own sandbox, one configuration, TUNE_CONCURRENCY, one warm-up wave)
+with more repeats; `npuport verify` measures it the same way (headline_spec)."""
+
+
+def headline_spec() -> dict[str, Any]:
+    """How a printed result is measured: run_bench's concurrencies, warmup and repeats (verify uses it)."""
+    return {"concurrencies": [TUNE_CONCURRENCY], "warmup": 1, "repeats": HEADLINE_REPEATS}
 
 
 # torch's messages when two floating dtypes meet in one op (LayerNorm, Linear, matmul, index_add_, ...).
@@ -75,7 +85,7 @@ class PortBench:
     the same model folder, interpreter and --shrink config as the validation runs)."""
 
     def __init__(self, *, spec: RunSpec, original_dir: Path, runs_dir: Path,
-                 reference_tokens: list[list[int]] | None, repeats: int = 3) -> None:
+                 reference_tokens: list[list[int]] | None, repeats: int = TRIAL_REPEATS) -> None:
         self.spec = spec
         self.workdir, self.model_dir, self.original_dir = spec.workdir, spec.model_dir, original_dir
         self.python, self.shrink = spec.python, spec.shrink
@@ -85,15 +95,24 @@ class PortBench:
         self.repeats = repeats
         self.n = 0
 
-    def port(self, configs: list[dict[str, Any]], concurrencies: list[int], tag: str) -> BenchRun:
+    def port(self, configs: list[dict[str, Any]], concurrencies: list[int], tag: str,
+             repeats: int | None = None) -> BenchRun:
         return self.spec.bench(self.runs_dir / tag, configs, concurrencies=concurrencies, warmup=1,
-                               repeats=self.repeats, reference_tokens=self.reference_tokens)
+                               repeats=repeats or self.repeats, reference_tokens=self.reference_tokens)
 
-    def baseline(self, concurrencies: list[int], tag: str = "bench-baseline") -> BenchRun:
+    def headline(self, config: dict[str, Any], tag: str) -> BenchRun:
+        """One configuration measured as a trial is, with HEADLINE_REPEATS: the figure that gets printed."""
+        spec = headline_spec()
+        return self.port([config], spec["concurrencies"], tag, repeats=spec["repeats"])
+
+    def baseline(self, concurrencies: list[int], tag: str = "bench-baseline", batch: int = 1,
+                 repeats: int | None = None) -> BenchRun:
+        """The original as written under the cuda->cpu redirect; ``batch`` > 1 batches its requests as the
+        deployed port does (the same harness batching), so the two are compared at the same batch."""
         return run_bench(workdir=self.workdir, model_dir=self.original_dir, run_dir=self.runs_dir / tag,
-                         manifest=self.manifest, configs=[dict(BASELINE_CONFIG)], device="cuda", redirect="cuda->cpu",
-                         concurrencies=concurrencies, warmup=1, repeats=self.repeats, limits=self.limits,
-                         python=self.python, shrink=self.shrink)
+                         manifest=self.manifest, configs=[{**BASELINE_CONFIG, "batch": batch}], device="cuda",
+                         redirect="cuda->cpu", concurrencies=concurrencies, warmup=1, repeats=repeats or self.repeats,
+                         limits=self.limits, python=self.python, shrink=self.shrink)
 
     def evaluator(self) -> Evaluate:
         def evaluate(params: dict[str, Any]) -> Outcome:

@@ -14,7 +14,15 @@ from agents.request import PortRequest, request_of
 from agents.runs import run_spec
 from agents.target_state import target_from_dict
 from agents.tuning.constraints import NoFeasiblePoint, constraints_for, prune
-from agents.tuning.measure import REPORT_CONCURRENCIES, TUNE_CONCURRENCY, PortBench, at, points_of
+from agents.tuning.measure import (
+    HEADLINE_REPEATS,
+    REPORT_CONCURRENCIES,
+    TRIAL_REPEATS,
+    TUNE_CONCURRENCY,
+    PortBench,
+    at,
+    points_of,
+)
 from agents.tuning.search import Budget, Evaluate, TuneResult, npuport_search
 from agents.tuning.space import HostFacts, SearchSpace, model_facts, torch_space
 from agents.workspace import Workspace
@@ -149,7 +157,8 @@ def _reporting(evaluate: Evaluate, n: int) -> Evaluate:
 
 
 def fmt_params(params: dict[str, Any] | None) -> str:
-    return " ".join(f"{k}={v}" for k, v in (params or {}).items()) or "-"
+    """{'batch': 4, 'attn': None} -> 'batch=4': a knob left at the model's default is not printed as None."""
+    return " ".join(f"{k}={v}" for k, v in (params or {}).items() if v is not None) or "-"
 
 
 def skeleton_tuning(state: dict[str, Any]) -> Tuning:
@@ -184,33 +193,62 @@ def tune_port(state: dict[str, Any], space: SearchSpace | None = None) -> Tuning
         tuning.detail = f"{tuning.detail}; {llm_note}" if tuning.detail else llm_note
     if result is None or not tuning.best:
         return tuning
-    # Final measurements, same host: the tuned and the untuned port in one run, then the original as written.
-    progress.emit("phase", text="final benchmark: the tuned and the untuned port, then the original")
-    configs = [{"id": "tuned", **tuning.best}]
-    if {k: v for k, v in tuning.best.items() if v is not None} != UNTUNED_CONFIG:
-        configs.append({"id": "untuned", **UNTUNED_CONFIG, "concurrencies": [TUNE_CONCURRENCY]})
-    final_run = bench.port(configs, REPORT_CONCURRENCIES, "bench-tuned")
-    # The original serves one request at a time: its tokens/s hardly depends on concurrency, and each
-    # point costs concurrency x (warm-up + repeats) slow generations, so two points suffice.
-    base_run = bench.baseline(sorted({1, TUNE_CONCURRENCY}))
-    tuned_pts = points_of(final_run, "tuned")
-    untuned_pts = points_of(final_run, "untuned") if len(configs) > 1 else tuned_pts
+    # Final measurements, same host, each as a trial is measured (own sandbox, one configuration, the
+    # tuning concurrency) with more repeats: the deployed figure is the one `npuport verify` re-measures.
+    progress.emit("phase", text="final benchmark: the tuned and the untuned port, then the original at the same batch")
+    searched = dict(tuning.best)
+    tuned_head = points_of(bench.headline({"id": "tuned", **searched}, "bench-tuned"))
+    same = {k: v for k, v in searched.items() if v is not None} == UNTUNED_CONFIG
+    untuned_head = tuned_head if same else points_of(bench.headline({"id": "untuned", **UNTUNED_CONFIG}, "bench-untuned"))
+    deployed, _ = settle(searched, tuned_head, untuned_head, None)
+    # The curve over concurrency (plot, table) of the deployed configuration; the headline point stays its own.
+    curve_run = bench.port([{"id": "deployed", **deployed}], [c for c in REPORT_CONCURRENCIES if c != TUNE_CONCURRENCY],
+                           "bench-curve")
+    curve = points_of(curve_run)
+    batch = int(deployed.get("batch") or 1)
+    base_run = bench.baseline(sorted({1, TUNE_CONCURRENCY}), batch=batch, repeats=HEADLINE_REPEATS)
+    base_how = f"batch {batch}, as the deployed port"
+    if not points_of(base_run) and batch > 1:
+        why = base_run.error() or "it did not run batched"
+        base_run = bench.baseline(sorted({1, TUNE_CONCURRENCY}), batch=1, repeats=HEADLINE_REPEATS)
+        base_how = f"batch 1 (it did not run at batch {batch}: {why[:160]})"
+        batch = 1
     base_pts = points_of(base_run)
     host = {"machine": platform.machine(), "cores": facts.cores, "processor": platform.processor() or platform.machine()}
-    tuning.baseline = {"what": "original as written, eager, batch 1, cuda->cpu redirect, CPU float32",
-                       "config": {"batch": 1}, "target": "cpu (cuda->cpu redirect)", "points": base_pts,
+    tuning.baseline = {"what": f"original as written, eager, {base_how}, cuda->cpu redirect, CPU float32",
+                       "config": {"batch": batch}, "target": "cpu (cuda->cpu redirect)", "points": base_pts,
                        "tokens_per_s": at(base_pts, TUNE_CONCURRENCY),
                        "error": "" if base_run.ok else base_run.error()}
-    tuning.best, tuning.tuned = settle(dict(tuning.best), tuned_pts, untuned_pts, tuning.baseline["tokens_per_s"])
+    chose_tuned = deployed == searched
+    tuning.best, tuning.tuned = settle(searched, sorted(tuned_head + (curve if chose_tuned else []), key=_conc),
+                                       sorted(untuned_head + ([] if chose_tuned else curve), key=_conc),
+                                       tuning.baseline["tokens_per_s"])
     tuning.tuned.update({"target": target.name, "knob_effects": knob_effects(result),
                          "space": space.name, "stopped": result.stopped, "feasible_points": result.feasible,
                          "pruned_points": result.pruned, "search_s": round(time.monotonic() - t0, 1), "host": host,
                          "measured_on": f"{target.name} on this host ({host['machine']}, {host['cores']} cores)",
-                         "error": "" if final_run.ok else final_run.error()})
+                         "measured_as": (f"each figure in its own sandbox run at concurrency {TUNE_CONCURRENCY}, "
+                                         f"1 warm-up wave, median of {HEADLINE_REPEATS} runs (trials: "
+                                         f"{TRIAL_REPEATS}); the original at batch {batch}"),
+                         "compared_at": {"batch": batch, "concurrency": TUNE_CONCURRENCY},
+                         "slower_at": slower_at(tuning.tuned["points"], base_pts),
+                         "error": "" if curve_run.ok else curve_run.error()})
     tuning.detail = performance_sentence(tuning.tuned) + (f"; {llm_note}" if llm_note else "")
     if tuning.unsupported:
         tuning.detail += f"; {unsupported_sentence(tuning.unsupported)}"
     return tuning
+
+
+def _conc(point: dict[str, Any]) -> int:
+    return int(point.get("concurrency") or 0)
+
+
+def slower_at(deployed: list[dict[str, Any]], original: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Every concurrency at which both were measured and the deployed port was slower than the original."""
+    base = {p["concurrency"]: p["tokens_per_s"] for p in original if p.get("tokens_per_s") is not None}
+    return [{"concurrency": p["concurrency"], "port": p["tokens_per_s"], "original": base[p["concurrency"]]}
+            for p in deployed if p.get("concurrency") in base and p.get("tokens_per_s") is not None
+            and p["tokens_per_s"] < base[p["concurrency"]]]
 
 
 UNTUNED_CONFIG: dict[str, Any] = {"batch": 1}  # the port as validated: no knob changed
@@ -261,17 +299,32 @@ def performance_sentence(tuned: dict[str, Any]) -> str:
                      f"was SLOWER than the untuned port ({tps(untuned.get('tokens_per_s'))}) at concurrency {conc}; "
                      "the deploy uses the untuned configuration")
     else:
-        parts.append(f"deployed {fmt_params(tuned.get('config'))}: {tps(tuned.get('tokens_per_s'))} at concurrency "
-                     f"{conc} vs the untuned port {tps(untuned.get('tokens_per_s'))}")
+        parts.append(f"deployed {fmt_params(tuned.get('config'))}: {tps(tuned.get('tokens_per_s'))}"
+                     f"{_spread(tuned.get('points'), conc)} at concurrency {conc} vs the untuned port "
+                     f"{tps(untuned.get('tokens_per_s'))}")
     vs, speed = tuned.get("vs_original"), tuned.get("speedup")
+    same = tuned.get("compared_at") or {}
+    where = f" at batch {same['batch']}, concurrency {same['concurrency']}" if same else ""
     if vs == "not measured" or speed is None:
         parts.append("the original was not measured: no speed-up is claimed")
     elif vs == "slower":
-        parts.append(f"the port is SLOWER than the original ({speed:.2f}x, {tps(tuned.get('tokens_per_s'))} vs "
+        parts.append(f"the port is SLOWER than the original{where} ({speed:.2f}x, {tps(tuned.get('tokens_per_s'))} vs "
                      "the original's), not an improvement")
     else:
-        parts.append(f"{speed:.2f}x the original's throughput")
+        parts.append(f"{speed:.2f}x the original's throughput{where}")
+    for s in tuned.get("slower_at") or []:
+        if s["concurrency"] != conc or vs != "slower":
+            parts.append(f"SLOWER than the original at concurrency {s['concurrency']} "
+                         f"({s['port']:.1f} vs {s['original']:.1f} tokens/s)")
     return "; ".join(parts)
+
+
+def _spread(points: list[dict[str, Any]] | None, conc: Any) -> str:
+    """" (median of 5 runs, spread 12%)" for the point at ``conc``: how noisy the printed figure is."""
+    p = next((p for p in points or [] if p.get("concurrency") == conc), None)
+    if not p or not p.get("tokens_per_s_runs"):
+        return ""
+    return f" (median of {len(p['tokens_per_s_runs'])} runs, spread {float(p.get('spread') or 0):.0%})"
 
 
 def knob_effects(result: TuneResult) -> dict[str, str]:

@@ -10,6 +10,7 @@ What the last user message may say:
   streaming replies follow the agents until the job ends or waits for approval;
 - "status" / "progress" (or anything else, once a job is bound): where the job stands;
 - "report": the final report (report.md);
+- "what did you change?", "why?", "what is left?": answered from the job's report.json (api/chat_answers.py);
 - "cancel" / "stop"; "approve": steer the job (these and new goals need the write scope).
 
 ``metadata.policy`` ("rule", "llm" or "hybrid") chooses who decides for a new port; with an LLM policy
@@ -34,6 +35,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, Field
 
 from api.auth import Principal, require
+from api.chat_answers import answer, question_of
 from api.jobs import TERMINAL, Job, JobError, JobManager
 from api.routers.ports import manager_of
 from api.submit import SubmitError, submit_job
@@ -91,6 +93,8 @@ def _intent(text: str, has_job: bool) -> str:
                                 ("report", r"\b(report|result|results)\b")):
             if re.search(pattern, t):
                 return intent
+        if question_of(t) and not re.search(r"\bport (the|a|my)\b", t):  # what changed / why / what is left
+            return "question"
     if re.search(r"\bport\b", t):
         return "goal"
     return "status" if has_job else "help"
@@ -148,6 +152,8 @@ async def chat_completions(body: ChatRequest, request: Request,
             reply = f"job `{job.id}`: {exc}"
     elif intent == "report":
         reply = _report_text(job)
+    elif intent == "question":
+        reply = answer(job, question_of(text) or "changed")
     else:
         reply = _status_text(mgr, job)
     if conversation and job is not None:

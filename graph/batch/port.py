@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import sys
 import time
 import traceback
@@ -18,6 +19,7 @@ from agents.request import PortRequest, request_of
 from graph.batch.manifest import PortSpec
 from graph.batch.sources import SourceError, stage
 from graph.batch.store import BatchStore
+from knowledge.bundles import is_npuport_bundle
 from knowledge.errors import error_record
 
 
@@ -82,6 +84,11 @@ def execute_port(job: dict[str, Any]) -> dict[str, Any]:
             return _record(store, job, spec, "failed", str(exc), {"model": spec.key, "source": spec.source,
                            "target": spec.settings.target, "verdict": "failed", "reason": str(exc), "time_s": 0.0})
         s = spec.settings
+        bundle = Path(job["bundle_dir"])
+        if not job["resumed"] and is_npuport_bundle(bundle):
+            # a retry's fresh port replaces the failed attempt's bundle (the reporter never overwrites
+            # another port's bundle by itself; the batch owns this folder)
+            shutil.rmtree(bundle)
         # a PortRequest, validated like the CLI's and the service's (the staged copy already carries the
         # batch's shrink overrides; unifying them with --shrink's sandbox/shrink.py is still to do)
         request = PortRequest(model_path=str(model), target=s.target, chip=s.chip, objective=s.objective,

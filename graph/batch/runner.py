@@ -70,6 +70,8 @@ class BatchResult:
     ports: list[PortRow]
     files: dict[str, Path] = field(default_factory=dict)
     executor: str = ""
+    skipped: list[str] = field(default_factory=list)
+    """Ports an earlier run of this batch had finished: not run again (the CLI says so)."""
 
     @property
     def ok(self) -> bool:
@@ -129,6 +131,7 @@ def _drive(store: BatchStore, bid: str, out: Path, home: Path, opts: BatchOption
     if opts.retry_failed and (n := store.requeue_failed(bid)):
         store.add_event(bid, "batch", {"status": "retrying", "ports": n})
     todo = [p for p in store.ports(bid) if p.status not in FINISHED]
+    skipped = [p.key for p in store.ports(bid) if p.status in FINISHED]
     bdir = batch_dir(bid)
     executor: Executor | None = None
     if todo:
@@ -186,7 +189,7 @@ def _drive(store: BatchStore, bid: str, out: Path, home: Path, opts: BatchOption
     if opts.on_update:
         opts.on_update(BatchView(bid, ports, t0, executor.capacity if executor else 1,
                                  executor.name if executor else "-"))
-    return BatchResult(bid, out, ports, files, executor.name if executor else "-")
+    return BatchResult(bid, out, ports, files, executor.name if executor else "-", skipped)
 
 
 def _adopt(executor: Executor, store: BatchStore, bid: str, todo: list[PortRow],

@@ -1,0 +1,171 @@
+"""Running one port from the CLI: the live display, the closing summary, and the one interrupt path.
+
+Ctrl-C: the first press asks the run to stop (knowledge/interrupt.py: no new sandbox or tuning trial
+starts, the running sandbox is killed), keeps the thread's checkpoint, and exits 130 with the command
+that resumes it; a second press exits at once. A resume (``npuport resume THREAD``) continues from
+the last checkpoint, so the agent that was interrupted runs again from its start.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+from rich.live import Live
+from rich.table import Table
+from rich.text import Text
+
+from api.cli_live import LiveStatus, console, err, fmt_params
+from knowledge.errors import exit_code, first_line
+from knowledge.interrupt import PortInterrupted, clear_stop, request_stop
+
+EXIT_OK, EXIT_NOT_VALIDATED, EXIT_BAD_INPUT, EXIT_INTERNAL, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
+STOP_GRACE_S = 15.0
+"""After the first Ctrl-C, the longest the run may take to stop before the process exits anyway."""
+
+
+def resume_command(thread_id: str) -> str:
+    return f"npuport resume {thread_id}"
+
+
+@contextmanager
+def interrupt_path(thread_id: str) -> Iterator[None]:
+    """SIGINT during a port: first press stops the run (PortInterrupted in the main thread, the stop
+    flag for work in other threads), second press, or a run that does not stop within STOP_GRACE_S,
+    ends the process at once with 130. The previous handler is restored afterwards."""
+    presses = 0
+
+    def hard_exit(why: str) -> None:
+        err.print(f"{why}; the checkpoint is kept. Resume with: {resume_command(thread_id)}")
+        sys.stderr.flush()
+        os._exit(EXIT_INTERRUPTED)  # noqa: SLF001 - the user asked to leave now: no cleanup waits
+
+    def on_sigint(signum: int, frame: FrameType | None) -> None:
+        nonlocal presses
+        presses += 1
+        if presses > 1:
+            hard_exit("interrupted again: exiting now")
+        request_stop()
+        err.print("[bold yellow]interrupt:[/] stopping the port (running sandboxes are killed; "
+                  "press Ctrl-C again to exit at once)")
+        timer = threading.Timer(STOP_GRACE_S, hard_exit, args=(f"the port did not stop within {STOP_GRACE_S:.0f}s",))
+        timer.daemon = True
+        timer.start()
+        raise PortInterrupted("interrupted by the user")
+
+    if threading.current_thread() is not threading.main_thread():  # signals reach the main thread only
+        yield
+        return
+    clear_stop()
+    previous = signal.signal(signal.SIGINT, on_sigint)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def print_step(event: dict[str, Any], t0: float) -> None:
+    console.print(Text.assemble((f"{time.time() - t0:6.1f}s ", "dim"), (f"{event['agent']:<12}", "bold cyan"),
+                                " ", str(event["summary"])))
+
+
+def print_summary(state: dict[str, Any]) -> None:
+    table = Table(show_header=False, box=None, pad_edge=False)
+    counters = state.get("counters") or {}
+    numerics = state.get("numerics") or {}
+    bundle = state.get("bundle") or {}
+    tuning = state.get("tuning") or {}
+    table.add_row("findings", str(len(state.get("findings") or [])))
+    table.add_row("patches", str(len(state.get("patches") or [])))
+    table.add_row("sandbox runs", f"{counters.get('port_runs', 0)} port + {counters.get('reference_runs', 0)} reference")
+    table.add_row("validation", str(numerics.get("verdict", "not-run")))
+    if tuning.get("best"):
+        table.add_row("tuned", fmt_params(tuning["best"]))
+        tuned = tuning.get("tuned") or {}
+        if tuned.get("chosen"):  # the final benchmark's verdict, in the report's words (slower is said)
+            table.add_row("throughput", str(tuning.get("detail") or ""))
+    perf = state.get("perf") or {}
+    if perf.get("profiled"):
+        found = perf.get("pathologies") or []
+        table.add_row("performance", ("1 pathology" if len(found) == 1 else f"{len(found)} pathologies") + "".join(
+            f"\n  {p['title']} at {p.get('where') or '?'}" for p in found))
+    deployed = Path(str(bundle.get("dir") or "")) / "deployment.json" if bundle.get("dir") else None
+    if deployed is not None and deployed.is_file():  # the exercised deployment (agents/deploy/serving.py)
+        from agents.deploy.serve_report import deployment_summary
+
+        table.add_row("deployment", deployment_summary(json.loads(deployed.read_text())))
+    table.add_row("bundle", str(bundle.get("dir", "-")))
+    console.print(table)
+
+
+def isolation_fallback() -> None:
+    """The CLI ports the user's own model: without bubblewrap it may run it unisolated, but says so loudly."""
+    from sandbox.process import bwrap_available, isolation_setting
+
+    if isolation_setting() == "process":
+        err.print("[bold yellow]warning:[/] --isolation process: the model's code runs UNISOLATED "
+                  "(it can read and write what you can)")
+    elif isolation_setting() == "auto" and bwrap_available() is None:
+        err.print("[bold yellow]warning:[/] bubblewrap (bwrap) is not available: the model's code runs UNISOLATED "
+                  "(it can read and write what you can). Install bubblewrap, or pass NPUPORT_ISOLATION=process "
+                  "to silence this.")
+        os.environ["NPUPORT_ALLOW_UNISOLATED"] = "1"
+
+
+def run_port_cli(request: dict[str, Any], goal: str = "", thread_id: str | None = None) -> int:
+    """Run one port (or, with ``thread_id``, resume that thread from its checkpoint) with the live
+    display; returns the exit code: 0 validated, 130 interrupted, else the failure's kind
+    (knowledge/errors.py: 2 a user's error, 3 a bug or a broken host) or 1 (not validated)."""
+    from agents.request import new_run_id, request_of
+    from graph.runner import run_port
+
+    req = request_of(request)  # the flags as typed; the goal may still fill what they left out
+    resuming = thread_id is not None
+    thread = thread_id or new_run_id(req.model_path or "model")
+    isolation_fallback()
+    where = req.target if "target" in request else "the goal's target"
+    console.print(f"[bold]npuport[/] {'resume' if resuming else 'port'} {req.model_path} -> {where} (thread {thread})")
+    status = LiveStatus(req.max_runs, req.tune_trials if req.tune else None)
+
+    def on_event(kind: str, data: dict[str, Any]) -> None:
+        status.on_event(kind, data)
+        if kind == "trial_done":  # one line per trial survives the live line (and shows in logs)
+            value = data.get("value")
+            console.print(Text.assemble((f"{status.elapsed():6.1f}s ", "dim"), ("tuner       ", "bold cyan"),
+                                        f" trial {data.get('k')}/{data.get('n')} {fmt_params(data.get('params'))}: ",
+                                        f"{value:.1f} tok/s" if value is not None
+                                        else str(data.get("reason") or data.get("outcome", "failed"))))
+
+    inputs = None if resuming else {"goal": goal, "request": request}
+    try:
+        with interrupt_path(thread), Live(status, console=console, refresh_per_second=4, transient=True):
+            # transient: the live line disappears at the end; on a non-terminal rich prints nothing for it
+            state = run_port(inputs, thread, on_step=lambda e: print_step(e, status.t0), on_event=on_event)
+    except KeyboardInterrupt:
+        err.print(f"interrupted: stopped after {status.elapsed():.1f}s in {status.agent}; the checkpoint of "
+                  f"thread {thread} is kept in $NPUPORT_HOME/checkpoints.sqlite")
+        err.print(f"resume with: {resume_command(thread)}", soft_wrap=True)
+        return EXIT_INTERRUPTED
+    except Exception as exc:  # a bug or a broken host: one line, and where the state is kept
+        err.print(f"[bold red]error:[/] the port stopped unexpectedly: {type(exc).__name__}: {first_line(exc)} "
+                  f"(thread {thread}; checkpoints in $NPUPORT_HOME/checkpoints.sqlite; "
+                  f"retry with: {resume_command(thread)})")
+        return EXIT_INTERNAL
+    print_summary(state)
+    if state.get("status") == "validated":
+        from agents.perf_evidence import verdict
+
+        console.print(f"[bold green]{verdict('validated', state.get('perf'))}[/]: {state.get('reason')}")
+        return EXIT_OK
+    err.print(f"[bold red]not ported:[/] {state.get('reason', 'unknown reason')}")
+    failure = state.get("failure") or {}
+    return exit_code(failure["kind"]) if failure.get("kind") else EXIT_NOT_VALIDATED
