@@ -268,6 +268,41 @@ def _npuport_api(name):
     return api if api is not None else getattr(_NpuportCpuBackend(), name)
 
 
+def _npuport_device_capability(*args, **kwargs):
+    """torch.cuda.get_device_capability()'s (major, minor) pair. torch_npu returns None unless
+    TORCH_NPU_DEVICE_CAPABILITY is set (an NPU has no CUDA compute capability), so code that indexes or
+    compares the pair gets (0, 0) there: `capability >= (8, 0)` gates take their portable branch."""
+    cap = _npuport_backend().get_device_capability(*args, **kwargs)
+    if isinstance(cap, (tuple, list)) and len(cap) == 2 and all(isinstance(c, int) for c in cap):
+        return tuple(cap)
+    return (0, 0)
+
+
+class _NpuportDeviceProperties:
+    """torch_npu's device properties with the CUDA fields models read: torch_npu fills only name,
+    total_memory, L2_cache_size, cube_core_num and vector_core_num and leaves the others empty."""
+
+    def __init__(self, props, capability):
+        self._props = props
+        self.major, self.minor = capability
+        cores = getattr(props, "multi_processor_count", None) or getattr(props, "cube_core_num", None)
+        import os
+        self.multi_processor_count = int(cores) if isinstance(cores, int) and cores > 0 else (os.cpu_count() or 1)
+
+    def __getattr__(self, name):
+        return getattr(self._props, name)
+
+
+def _npuport_device_properties(*args, **kwargs):
+    """torch.cuda.get_device_properties() on the port's device, with major/minor/multi_processor_count set."""
+    props = _npuport_backend().get_device_properties(*args, **kwargs)
+    major = getattr(props, "major", None)
+    minor = getattr(props, "minor", None)
+    if isinstance(major, int) and isinstance(minor, int):
+        return props
+    return _NpuportDeviceProperties(props, _npuport_device_capability(*args, **kwargs))
+
+
 def _npuport_device():
     """The device this port runs on: the current NPU when present, else the CPU."""
     if hasattr(torch, "npu") and torch.npu.is_available():
