@@ -158,7 +158,8 @@ def _build_model(cls: Any, config: dict[str, Any], cfg: dict[str, Any], seed: in
             raise Infeasible(f"unknown dtype {cfg['dtype']!r}")
         dtype = getattr(torch, cfg["dtype"])
     torch.manual_seed(seed)
-    model = harness.build_model(cls, config, model_dir)
+    with harness.marked_uninitialised():
+        model = harness.build_model(cls, config, model_dir)
     harness.seed_parameters(model, seed)
     model.eval()
     if dtype is not None:

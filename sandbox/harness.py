@@ -20,7 +20,10 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from sandbox.model_inputs import seed_parameters  # one seeding for the harness, the bench and run.py
+from sandbox.model_inputs import (  # one seeding for the harness, the bench and run.py
+    marked_uninitialised,
+    seed_parameters,
+)
 
 MAX_STUB_RETRIES = 8
 
@@ -346,7 +349,8 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
         redirect_on = bool(redirect_to)
         cls = _import_with_stubs(lambda: _load_attr(manifest["entry"]["class"], model_dir), redirect_on, stubbed)
         torch.manual_seed(seed)
-        model = _import_with_stubs(lambda: build_model(cls, config, model_dir), redirect_on, stubbed)
+        with marked_uninitialised():  # torch.empty left as built is NaN, which seed_parameters then seeds
+            model = _import_with_stubs(lambda: build_model(cls, config, model_dir), redirect_on, stubbed)
         seed_parameters(model, seed)
         model.eval()
         if spec.get("dtype"):
