@@ -201,18 +201,23 @@ def load_config(model_dir: Path, manifest: dict[str, Any], spec: dict[str, Any],
     manifest's ``shrink:`` overrides on top, and the list of what was shrunk; with ``build`` (config ->
     model) the one the model's constructor accepts (sandbox/shrink_fit.py). Without ``shrink``, a
     config too large for this machine's memory is refused with a message naming --shrink."""
+    from sandbox.cuda_only import kernel_flags_off
     from sandbox.shrink import estimate_params, shrink_config
 
     config: dict[str, Any] = json.loads((model_dir / manifest.get("config", "config.json")).read_text())
+    flags = kernel_flags_off(config)  # "flash_attn": true names a kernel neither the CPU nor Ascend has
     changes: list[str] = []
     if spec.get("shrink") and build is not None:
         from sandbox.shrink_fit import fit_to_constructor
 
-        return fit_to_constructor(build, config, manifest.get("shrink") or {}, model_dir,
-                                  spec.get("config_overrides") or {})
+        small, changes = fit_to_constructor(build, config, manifest.get("shrink") or {}, model_dir,
+                                            spec.get("config_overrides") or {})
+        return small, [*flags, *changes]
     if spec.get("shrink"):
         config, changes = shrink_config(config, manifest.get("shrink") or {}, model_dir)
+        changes = [*flags, *changes]
     else:
+        changes = flags
         params = estimate_params(config)
         need = params * 4  # built in float32 before any dtype cast
         avail = _available_memory()
@@ -354,6 +359,7 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
         cls = _import_with_stubs(lambda: _load_attr(manifest["entry"]["class"], model_dir), redirect_on, stubbed)
         config, shrunk = load_config(model_dir, manifest, spec, lambda c: _import_with_stubs(
             lambda: build_model(cls, c, model_dir), redirect_on, stubbed))
+        result["config_changes"] = shrunk
         if spec.get("shrink"):
             result["shrunk"] = shrunk
             result["shrunk_config"] = config  # the bundle's run_config.json: the config the port ran with

@@ -205,3 +205,72 @@ def test_switching_the_hard_wired_flag_off_runs_the_models_own_torch_branch() ->
     eager = original["SelfAttention"](8)  # the original's own torch branch, same weights
     x = torch.randn(2, 5, 8)
     assert torch.equal(block(x), eager(x))
+
+
+_BUILD_ASSERT = '''\
+import torch
+from torch import nn
+
+try:
+    from flash_attn.flash_attn_interface import flash_attn_unpadded_func
+except ImportError:
+    flash_attn_unpadded_func = None
+
+
+class FlashSelfAttention(nn.Module):
+    def __init__(self, causal=False):
+        super().__init__()
+        assert flash_attn_unpadded_func is not None, "Please install FlashAttention first"
+        self.causal = causal
+
+    def forward(self, q, k, v):
+        return flash_attn_unpadded_func(q, k, v, causal=self.causal)
+
+
+class Attention(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.config = config
+        self.qkv = nn.Linear(8, 24)
+        self.core_attention_flash = FlashSelfAttention(causal=True)  # built whatever the flag says
+
+    def forward(self, x):
+        q, k, v = self.qkv(x).chunk(3, -1)
+        if self.config["flash_attn"]:
+            return self.core_attention_flash(q, k, v)
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+'''
+
+
+def test_a_constructor_assert_on_a_cuda_only_kernel_is_a_fixable_blocker() -> None:
+    found = [(f.rule, f.line, f.fixable) for f in scan_source(_BUILD_ASSERT, "m.py") if f.hazard == "H13"]
+    assert found == [("kernel-assert-at-build", 13, True)]
+    plain = _BUILD_ASSERT.replace("flash_attn_unpadded_func is not None", "causal is not None")
+    assert not [f for f in scan_source(plain, "m.py") if f.rule == "kernel-assert-at-build"]
+
+
+@pytest.mark.meaning("defer-kernel-assert")
+def test_the_module_builds_without_the_kernel_and_the_torch_path_computes_the_same() -> None:
+    """Without flash_attn (here, on Ascend) the original cannot be built at all; the port builds, and with the
+    config's kernel flag off (what the harness sets, sandbox/cuda_only.py) it computes the original's torch
+    branch exactly."""
+    from agents.rules.h13_kernel_flags import defer_kernel_asserts
+    from sandbox.cuda_only import kernel_flags_off
+
+    config = {"flash_attn": True, "text": {"use_flash_attention": True, "use_cache": True}}
+    changes = kernel_flags_off(config)
+    assert config == {"flash_attn": False, "text": {"use_flash_attention": False, "use_cache": True}}
+    assert [c.split(":")[0] for c in changes] == ["flash_attn", "text.use_flash_attention"]
+    original: dict[str, Any] = {}
+    exec(compile(_BUILD_ASSERT, "orig.py", "exec"), original)
+    with pytest.raises(AssertionError, match="FlashAttention"):
+        original["Attention"](config)
+    result = defer_kernel_asserts(_BUILD_ASSERT)
+    assert result.changed and result.spans == [(13, 13)] and "assert" not in result.source
+    ported: dict[str, Any] = {}
+    exec(compile(result.source, "port.py", "exec"), ported)
+    torch.manual_seed(0)
+    attn = ported["Attention"](config)
+    x = torch.randn(1, 4, 8)
+    q, k, v = attn.qkv(x).chunk(3, -1)
+    assert torch.equal(attn(x), torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True))

@@ -78,12 +78,76 @@ class _FlagsOff(Rewriter):
         return updated
 
 
+def _guarded_kernel_names(module: cst.Module) -> set[str]:
+    """Names a try/except binds from a CUDA-only library (``from flash_attn... import f`` / ``f = None``)."""
+    names: set[str] = set()
+    for node in walk_nodes(module):
+        if not isinstance(node, cst.Try):
+            continue
+        for stmt in node.body.body:
+            for sub in walk_nodes(stmt):
+                if isinstance(sub, cst.ImportFrom) and sub.module is not None and not sub.relative \
+                        and _cuda_only(_dotted_code(sub.module)) and not isinstance(sub.names, cst.ImportStar):
+                    names |= {(a.asname.name.value if a.asname and isinstance(a.asname.name, cst.Name) else
+                               _dotted_code(a.name).split(".")[-1]) for a in sub.names}
+    return names
+
+
+def _dotted_code(node: cst.BaseExpression) -> str:
+    return cst.Module([]).code_for_node(node).strip()
+
+
+def kernel_asserts(module: cst.Module) -> list[cst.Assert]:
+    """``assert <kernel> is not None`` in an ``__init__``: a module that cannot even be built without a
+    CUDA-only kernel, although its forward takes that kernel only on the path a flag selects."""
+    kernels = _guarded_kernel_names(module)
+    out: list[cst.Assert] = []
+    for fn in walk_nodes(module):
+        if isinstance(fn, cst.FunctionDef) and fn.name.value == "__init__":
+            out += [a for a in walk_nodes(fn) if isinstance(a, cst.Assert)
+                    and any(isinstance(n, cst.Name) and n.value in kernels for n in walk_nodes(a.test))]
+    return out
+
+
+class _DeferKernelAsserts(Rewriter):
+    """Drops the asserts kernel_asserts() finds (matched by their test's code: the wrapper visits a copy)."""
+
+    def __init__(self, tests: set[str]) -> None:
+        super().__init__()
+        self.tests = tests
+        self._in_init = 0
+
+    def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
+        self._in_init += node.name.value == "__init__"
+
+    def leave_FunctionDef(self, original: cst.FunctionDef, updated: cst.FunctionDef) -> cst.FunctionDef:
+        self._in_init -= original.name.value == "__init__"
+        return updated
+
+    def leave_Assert(self, original: cst.Assert, updated: cst.Assert) -> cst.BaseSmallStatement:
+        if not self._in_init or _dotted_code(original.test) not in self.tests:
+            return updated
+        self.note(original, "construction no longer requires the CUDA-only kernel: only its forward path uses it, "
+                            "and the kernel-path flag (off on Ascend) selects the model's torch path")
+        return cst.Pass()
+
+
+def defer_kernel_asserts(source: str, **_: Any) -> CodemodResult:
+    tests = {_dotted_code(a.test) for a in kernel_asserts(cst.parse_module(source))}
+    return run_codemod(source, lambda _m: _DeferKernelAsserts(tests))
+
+
 def kernel_path_off(source: str, **_: Any) -> CodemodResult:
     module = cst.parse_module(source)
     return run_codemod(source, lambda _m: _FlagsOff(hard_wired(module)))
 
 
 def _h13_flags(ctx: ModuleContext) -> None:
+    for a in kernel_asserts(ctx.module):
+        ctx.add("H13", "kernel-assert-at-build", a,
+                f"`{ctx.code(a).strip()[:80]}` in a constructor: the module cannot be built without the CUDA-only "
+                "kernel, so the model fails at construction on Ascend even where a flag would take the torch "
+                "path; the check belongs where the kernel is called", BLOCKS, HIGH)
     wired = hard_wired(ctx.module)
     for node in walk_nodes(ctx.module):
         if isinstance(node, cst.Assign) and len(node.targets) == 1 and (name := _flag_name(node.targets[0].target)) \
@@ -143,7 +207,10 @@ RULE = HazardRule(
     title="Kernel-path flags",
     detect=_h13_flags,
     fixes=(Fix("kernel-path-off", kernel_path_off, "a hard-wired kernel-path flag set False (the torch branch runs)",
-               frozenset({"hard-wired-kernel-path"}), order=45),),
+               frozenset({"hard-wired-kernel-path"}), order=45),
+           Fix("defer-kernel-assert", defer_kernel_asserts, "a constructor's assert that a CUDA-only kernel "
+               "imported is dropped (the forward path that calls it is the flag's)",
+               frozenset({"kernel-assert-at-build"}), order=46),),
     manual={"kernel-path-flag": "the flag is the model's configuration; the import guard (H3) sets HAS_* flags "
                                 "False where the library is missing, other flags are the user's choice"},
     kb_topic="recipe:H13",
