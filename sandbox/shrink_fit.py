@@ -59,15 +59,19 @@ def fit_to_constructor(build: Callable[[dict[str, Any]], Any], config: dict[str,
     accepts, ``extra`` (the run's config overrides) applied to each. When none builds, the derived
     config, so the run reports the constructor's error as it is."""
     candidates = shrink_candidates(config, overrides, model_dir)
-    refused: list[str] = []
-    for kept, small, changes in candidates:
-        trial = {**small, **(extra or {})}
-        err = _constructs(build, trial)
-        if err is None:
-            if refused:
-                changes = [*changes, f"backed off to keep {', '.join(sorted(k.rstrip('.') or '(top level)' for k in kept))} "
-                                     f"as written: the constructor refused the smaller sizes ({refused[0]})"]
-            return trial, changes
-        refused.append(_why(err, model_dir))
-    _, small, changes = candidates[0]
-    return {**small, **(extra or {})}, [*changes, f"no shrunk config builds ({refused[0] if refused else '?'})"]
+    first = _constructs(build, {**candidates[0][1], **(extra or {})})
+    if first is None:
+        return {**candidates[0][1], **(extra or {})}, candidates[0][2]
+    why = _why(first, model_dir)
+    if len(candidates) > 1:
+        # The least reduced first: when it fails the same way, the error is not about the shrunk sizes.
+        last = _constructs(build, {**candidates[-1][1], **(extra or {})})
+        if last is None or _why(last, model_dir) != why:
+            for kept, small, changes in candidates[1:]:
+                trial = {**small, **(extra or {})}
+                if (last is None and small is candidates[-1][1]) or _constructs(build, trial) is None:
+                    levels = ", ".join(sorted(k.rstrip(".") or "(top level)" for k in kept))
+                    return trial, [*changes, f"backed off to keep {levels} as written: the constructor refused the "
+                                             f"smaller sizes ({why})"]
+    return {**candidates[0][1], **(extra or {})}, [
+        *candidates[0][2], f"the constructor fails whatever the shrunk sizes ({why}): not a size the shrink chose"]

@@ -110,3 +110,16 @@ def test_a_width_is_kept_only_for_a_line_that_uses_it_as_a_size(tmp_path: Path) 
     assert small["hidden_size"] == 1280
     kept = next(c for c in changes if c.startswith("hidden_size: kept at 1280"))
     assert 'modeling_b.py:6 "self.fc = nn.Linear(1280, d)"' in kept
+
+
+def test_an_error_that_does_not_depend_on_the_sizes_is_not_blamed_on_the_shrink(tmp_path: Path) -> None:
+    calls: list[dict[str, Any]] = []
+
+    def build(cfg: dict[str, Any]) -> Any:
+        calls.append(cfg)
+        raise AssertionError("Please install einops first")
+
+    small, changes = fit_to_constructor(build, CONFIG, {}, tmp_path)
+    assert small == shrink_config(CONFIG)[0]  # the derived config: the run reports the error as it is
+    assert changes[-1].startswith("the constructor fails whatever the shrunk sizes (AssertionError: Please install")
+    assert len(calls) == 2  # the most and the least reduced candidate, not every back-off
