@@ -63,6 +63,9 @@ def test_kv_growth_by_cat_is_found_per_concatenation() -> None:
     found = scan(TUPLE_LAYER)
     assert lines(found, "kv-cat-growth") == [7, 8]
     assert lines(scan("import torch\ndef f(a, b, layer_past):\n    return torch.cat([a, b], -1)\n"), "kv-cat-growth") == []
+    # a mask grown per step is not the KV cache
+    assert lines(scan("import torch\ndef f(mask, past_mask):\n    return torch.cat([past_mask, mask], -1)\n"),
+                 "kv-cat-growth") == []
     # concatenating onto a preallocated cache's view is not growth of the cache
     assert lines(scan("import torch\ndef f(k, cache):\n    return torch.cat([k, cache[:, :1]], 1)\n"),
                  "kv-cat-growth") == []

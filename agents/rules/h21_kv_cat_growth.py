@@ -16,12 +16,14 @@ from agents.rules.context import ModuleContext
 from agents.rules.cst_helpers import walk_nodes
 
 CACHE_NAME = re.compile(r"(^|_)(past|cache|cached)(_|$)|^past_key_values?$", re.I)
+# The new step's part is a key or a value (``key_states``, ``k``, ``value_layer``), not a mask or positions.
+KV_NAME = re.compile(r"key|value|^(k|v|kv|xk|xv)(_\w+)?$", re.I)
 
 
-def _mentions_cache(node: cst.CSTNode) -> bool:
+def _mentions(node: cst.CSTNode, pattern: re.Pattern[str]) -> bool:
     for n in walk_nodes(node):
         name = n.value if isinstance(n, cst.Name) else n.attr.value if isinstance(n, cst.Attribute) else ""
-        if name and CACHE_NAME.search(name):
+        if name and pattern.search(name):
             return True
     return False
 
@@ -33,7 +35,8 @@ def _detect(ctx: ModuleContext) -> None:
         first = call.args[0].value
         if not isinstance(first, cst.List | cst.Tuple) or len(first.elements) < 2:
             continue
-        if _mentions_cache(first.elements[0].value) and not _mentions_cache(first.elements[-1].value):
+        old, new = first.elements[0].value, first.elements[-1].value
+        if _mentions(old, CACHE_NAME) and not _mentions(new, CACHE_NAME) and _mentions(new, KV_NAME):
             ctx.add("H21", "kv-cat-growth", call,
                     f"`{ctx.code(call).strip()[:90]}` grows the KV cache by concatenation each step: a new cache "
                     "and a copy of the whole history per token (O(n^2) copies over a decode), and a shape that "
