@@ -150,10 +150,10 @@ def _h13_flags(ctx: ModuleContext) -> None:
                 "path; the check belongs where the kernel is called", BLOCKS, HIGH)
     wired = hard_wired(ctx.module)
     for node in walk_nodes(ctx.module):
-        if isinstance(node, cst.Assign) and len(node.targets) == 1 and (name := _flag_name(node.targets[0].target)) \
-                and name in wired and _is_true(node.value):
+        if isinstance(node, cst.Assign) and len(node.targets) == 1 and (flag := _flag_name(node.targets[0].target)) \
+                and flag in wired and _is_true(node.value):
             ctx.add("H13", "hard-wired-kernel-path", node,
-                    f"`{name}` is set to True in the code and branches to a CUDA-only kernel path (no config "
+                    f"`{flag}` is set to True in the code and branches to a CUDA-only kernel path (no config "
                     "switches it): on Ascend that path fails where it is built or run; set False, the model's own "
                     "torch (eager/SDPA) branch runs", BLOCKS, HIGH)
             continue

@@ -88,7 +88,7 @@ def _detect_text(tf: TextFile) -> list[Finding]:
             value = cfg.get(key)
             dtype = _DTYPES.get(str(value).removeprefix("torch.")) if isinstance(value, str) else None
             missing = _chips_without(dtype) if dtype else []
-            if missing:
+            if dtype and missing:
                 add("checkpoint-dtype", f"{prefix}{key}",
                     f"the checkpoint is stored in {dtype}: {', '.join(missing)} has no {dtype} kernels, so there "
                     f"the weights are cast ({_CAST.get(dtype, 'to a dtype the chip computes')}), and the chip's "
