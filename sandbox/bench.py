@@ -307,10 +307,12 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
             bootstrap = importlib.import_module(mod_name)
             getattr(bootstrap, fn_name)(target.get("options") or {})
         sys.path.insert(0, str(model_dir))
-        config, _ = harness.load_config(model_dir, manifest, spec)
         stubbed: list[str] = []
         cls = harness._import_with_stubs(lambda: harness._load_attr(manifest["entry"]["class"], model_dir),
                                          redirect_on, stubbed)
+        # the same constructor-fitted small config as the port's runs (sandbox/shrink_fit.py)
+        config, _ = harness.load_config(model_dir, manifest, spec, lambda c: harness._import_with_stubs(
+            lambda: harness.build_model(cls, c, model_dir), redirect_on, stubbed))
         result["stubbed_modules"] = stubbed
         for cfg in spec.get("configs") or [{"id": "default"}]:
             result["configs"].append(_run_config(cls, config, manifest, model_dir, cfg, spec, device))
