@@ -193,10 +193,11 @@ def _shrink_level(config: dict[str, Any], prefix: str, changes: list[str],
             out[key] = new
             changes.append(f"{prefix}{key}: {old} -> {new}")
 
-    def width(key: str, new: int) -> None:
+    def width(key: str, new: int, ffn: bool = False) -> None:
         old = out[key]
-        # A default of a parameter named as the key (``width=128`` for "width") is the config's to override.
-        where = [w for w, param in hard.get(old, []) if param != key] if _int(old) else []
+        # A default of a parameter named as the key (``width=128`` for "width") is the config's to override;
+        # a site of the other class of size (an FFN size for a width, a width for an FFN size) is not this key's.
+        where = [w for w, param in hard.get(old, []) if param != key and _same_class(w, ffn)] if _int(old) else []
         if where:
             changes.append(f"{prefix}{key}: kept at {old}, the model's code uses {old} as a size at {where[0]} "
                            f"(override: shrink: {{{prefix}{key}: N}} in npuport.yaml)")
@@ -222,7 +223,7 @@ def _shrink_level(config: dict[str, Any], prefix: str, changes: list[str],
         elif _HIDDEN_KEYS.match(key):
             width(key, hidden)
         elif _FFN_KEYS.match(key):
-            width(key, 2 * hidden)
+            width(key, 2 * hidden, ffn=True)
         elif _LORA_RANK_KEYS.match(key):
             width(key, HEAD_DIM)
     if heads_key and hidden_key and _int(out[heads_key]) and out[hidden_key] % out[heads_key]:
@@ -245,6 +246,20 @@ def _shrink_level(config: dict[str, Any], prefix: str, changes: list[str],
         elif key in ("first_k_dense_replace",) and _int(v) and v >= LAYERS:
             set_(key, LAYERS - 1)
     return out
+
+
+_FFN_WORD = re.compile(r"intermediate|ffn|inner|mlp|d_ff|feed_?forward|expert", re.I)
+_LAYER_CALL = re.compile(r"\b(" + "|".join(sorted(SIZE_LAYERS)) + r")\(")
+
+
+def _same_class(where: str, ffn: bool) -> bool:
+    """Whether a cited site ("file:line \"code\"") sizes the class of key asked about: an FFN size only
+    where the code names it one (intermediate, ffn, mlp ...); a width where a layer takes it as a size or
+    a width-named size holds it."""
+    code = where.split(" ", 1)[-1]
+    if ffn:
+        return bool(_FFN_WORD.search(code))
+    return bool(_LAYER_CALL.search(code)) or not _FFN_WORD.search(code)
 
 
 def _per_head_hidden(level: dict[str, Any], heads_key: str | None, hidden_key: str | None) -> int:

@@ -123,3 +123,15 @@ def test_an_error_that_does_not_depend_on_the_sizes_is_not_blamed_on_the_shrink(
     assert small == shrink_config(CONFIG)[0]  # the derived config: the run reports the error as it is
     assert changes[-1].startswith("the constructor fails whatever the shrunk sizes (AssertionError: Please install")
     assert len(calls) == 2  # the most and the least reduced candidate, not every back-off
+
+
+def test_an_ffn_size_is_not_kept_for_a_width_that_holds_the_same_number(tmp_path: Path) -> None:
+    config = {"hidden_size": 256, "num_attention_heads": 8, "intermediate_size": 896}
+    (tmp_path / "modeling_c.py").write_text("from torch import nn\n\ndef tower(hidden_dimension=896):\n"
+                                            "    return nn.Conv2d(512, 896, 3)\n")
+    small, changes = shrink_config(config, {}, tmp_path)
+    assert small["intermediate_size"] < 896 and not any(c.startswith("intermediate_size: kept") for c in changes)
+    (tmp_path / "modeling_d.py").write_text("def mlp(intermediate_dim=896):\n    return intermediate_dim\n")
+    small, changes = shrink_config(config, {}, tmp_path)
+    assert small["intermediate_size"] == 896
+    assert any(c.startswith("intermediate_size: kept at 896") and "modeling_d.py:1" in c for c in changes)
