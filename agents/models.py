@@ -120,7 +120,7 @@ class Diagnosis(BaseModel):
 class Numerics(BaseModel):
     """Validator verdict."""
 
-    verdict: Literal["match", "mismatch", "not-run"]
+    verdict: Literal["match", "mismatch", "not-run", "nondeterministic-reference"]
     token_agreement: float = 0.0
     reference_tokens: list[list[int]] | None = None
     port_tokens: list[list[int]] | None = None

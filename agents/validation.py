@@ -30,13 +30,28 @@ def compare_tokens(ref: list[list[int]] | None, port: list[list[int]] | None) ->
                     reference_tokens=ref, port_tokens=port, detail=detail)
 
 
-def reference_run(state: dict[str, Any]) -> RunRecord:
+def reference_run(state: dict[str, Any], name: str = "reference") -> RunRecord:
     """The original as written, under the device redirect, on the CPU in float32."""
     ws = Workspace(Path(state["workdir"]))
     original = ws.root / "original"
     ws.original_tree(original)
-    run = run_spec(state, target=reference_target()).as_reference(original).harness(ws.runs_dir / "reference")
-    return record_of(run, "reference", "reference", "cpu (cuda->cpu redirect)")
+    run = run_spec(state, target=reference_target()).as_reference(original).harness(ws.runs_dir / name)
+    return record_of(run, name, "reference", "cpu (cuda->cpu redirect)")
+
+
+def self_disagreement(first: RunRecord, second: RunRecord) -> Numerics | None:
+    """The verdict when two runs of the unpatched original (same seed, same weights seeding, fresh
+    processes) disagree: the port cannot be judged against a reference that differs from itself, and a
+    "first diverging module" between port and reference would blame the port for it. None when they agree
+    (or the second could not run: the first run's comparison stands)."""
+    if not second.ok or second.tokens is None or first.tokens == second.tokens:
+        return None
+    agree = token_agreement(first.tokens or [], second.tokens)
+    return Numerics(verdict="nondeterministic-reference", token_agreement=agree, reference_tokens=first.tokens,
+                    detail=f"the original is not deterministic: two runs of the unpatched original on the CPU "
+                           f"(same seed, same seeded weights) gave different greedy tokens ({agree:.0%} agree), so "
+                           "the port's tokens cannot be checked against it; look for randomness the seed does not "
+                           "reach (uninitialised buffers, sampling in forward, time or hash-dependent code)")
 
 
 def with_metrics(numerics: Numerics, port: RunRecord, ref: RunRecord, dtype: str) -> Numerics:

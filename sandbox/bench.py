@@ -159,7 +159,8 @@ def _build_model(cls: Any, config: dict[str, Any], cfg: dict[str, Any], seed: in
             raise Infeasible(f"unknown dtype {cfg['dtype']!r}")
         dtype = getattr(torch, cfg["dtype"])
     torch.manual_seed(seed)
-    model = harness.build_model(cls, config, model_dir)
+    with harness.marked_uninitialised():
+        model = harness.build_model(cls, config, model_dir)
     harness.seed_parameters(model, seed)
     model.eval()
     if dtype is not None:
@@ -307,10 +308,12 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
             bootstrap = importlib.import_module(mod_name)
             getattr(bootstrap, fn_name)(target.get("options") or {})
         sys.path.insert(0, str(model_dir))
-        config, _ = harness.load_config(model_dir, manifest, spec)
         stubbed: list[str] = []
         cls = harness._import_with_stubs(lambda: harness._load_attr(manifest["entry"]["class"], model_dir),
                                          redirect_on, stubbed)
+        # the same constructor-fitted small config as the port's runs (sandbox/shrink_fit.py)
+        config, _ = harness.load_config(model_dir, manifest, spec, lambda c: harness._import_with_stubs(
+            lambda: harness.build_model(cls, c, model_dir), redirect_on, stubbed))
         result["stubbed_modules"] = stubbed
         for cfg in spec.get("configs") or [{"id": "default"}]:
             result["configs"].append(_run_config(cls, config, manifest, model_dir, cfg, spec, device))

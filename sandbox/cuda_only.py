@@ -7,7 +7,9 @@ so the harness's isolated interpreter loads it cheaply. ``agents.cuda_only`` re-
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -84,3 +86,27 @@ CUDA_ONLY_ROOTS: frozenset[str] = frozenset(lib.module for lib in LIBRARIES if l
 STUB_ROOTS: frozenset[str] = frozenset(lib.module.split(".")[0] for lib in LIBRARIES if lib.stubbed)
 # Requirement names that pull a CUDA-only package.
 CUDA_ONLY_DISTS: frozenset[str] = frozenset(d for lib in LIBRARIES for d in lib.dists)
+
+
+# ----------------------------------------------------------------------------------------------
+# Kernel-path flags in config.json ("flash_attn": true, "use_flash_attention": true, "fused_bias_fc": true)
+# ----------------------------------------------------------------------------------------------
+
+CONFIG_KERNEL_FLAG = re.compile(
+    r"^_?(use_|enable_)?(flash_?attn\w*|flash_attention\w*|triton\w*|xformers|apex\w*|fused_\w+|cuda_kernels?|"
+    r"bnb\w*|liger\w*)$", re.I)
+
+
+def kernel_flags_off(config: dict[str, Any], prefix: str = "") -> list[str]:
+    """Set config flags that select a CUDA-only kernel path to False, at every nesting level, in place;
+    the changes ("key: True -> False (...)"). The kernel exists neither on the CPU the reference runs on
+    nor on Ascend, and both runs take the model's own torch path, so they compute the same thing."""
+    changes: list[str] = []
+    for key, value in config.items():
+        if isinstance(value, dict):
+            changes += kernel_flags_off(value, f"{prefix}{key}.")
+        elif value is True and CONFIG_KERNEL_FLAG.match(key):
+            config[key] = False
+            changes.append(f"{prefix}{key}: True -> False (a CUDA-only kernel path: the model's torch path runs, "
+                           "in the reference and the port alike)")
+    return changes

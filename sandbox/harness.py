@@ -20,7 +20,10 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from sandbox.model_inputs import seed_parameters  # one seeding for the harness, the bench and run.py
+from sandbox.model_inputs import (  # one seeding for the harness, the bench and run.py
+    marked_uninitialised,
+    seed_parameters,
+)
 
 MAX_STUB_RETRIES = 8
 
@@ -192,17 +195,29 @@ def _to_device(value: Any, device: str) -> Any:
     return value
 
 
-def load_config(model_dir: Path, manifest: dict[str, Any], spec: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
+def load_config(model_dir: Path, manifest: dict[str, Any], spec: dict[str, Any],
+                build: Any = None) -> tuple[dict[str, Any], list[str]]:
     """config.json as a dict; under ``shrink`` a derived small config (sandbox/shrink.py) with the
-    manifest's ``shrink:`` overrides on top, and the list of what was shrunk. Without ``shrink``, a
+    manifest's ``shrink:`` overrides on top, and the list of what was shrunk; with ``build`` (config ->
+    model) the one the model's constructor accepts (sandbox/shrink_fit.py). Without ``shrink``, a
     config too large for this machine's memory is refused with a message naming --shrink."""
+    from sandbox.cuda_only import kernel_flags_off
     from sandbox.shrink import estimate_params, shrink_config
 
     config: dict[str, Any] = json.loads((model_dir / manifest.get("config", "config.json")).read_text())
+    flags = kernel_flags_off(config)  # "flash_attn": true names a kernel neither the CPU nor Ascend has
     changes: list[str] = []
+    if spec.get("shrink") and build is not None:
+        from sandbox.shrink_fit import fit_to_constructor
+
+        small, changes = fit_to_constructor(build, config, manifest.get("shrink") or {}, model_dir,
+                                            spec.get("config_overrides") or {})
+        return small, [*flags, *changes]
     if spec.get("shrink"):
         config, changes = shrink_config(config, manifest.get("shrink") or {}, model_dir)
+        changes = [*flags, *changes]
     else:
+        changes = flags
         params = estimate_params(config)
         need = params * 4  # built in float32 before any dtype cast
         avail = _available_memory()
@@ -339,14 +354,18 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
 
         install_single_process_world()  # one process: init_process_group makes a world of size 1 (hazard H9)
         sys.path.insert(0, str(model_dir))
-        config, shrunk = load_config(model_dir, manifest, spec)
-        if spec.get("shrink"):
-            result["shrunk"] = shrunk
         stubbed: list[str] = result["stubbed_modules"]
         redirect_on = bool(redirect_to)
         cls = _import_with_stubs(lambda: _load_attr(manifest["entry"]["class"], model_dir), redirect_on, stubbed)
+        config, shrunk = load_config(model_dir, manifest, spec, lambda c: _import_with_stubs(
+            lambda: build_model(cls, c, model_dir), redirect_on, stubbed))
+        result["config_changes"] = shrunk
+        if spec.get("shrink"):
+            result["shrunk"] = shrunk
+            result["shrunk_config"] = config  # the bundle's run_config.json: the config the port ran with
         torch.manual_seed(seed)
-        model = _import_with_stubs(lambda: build_model(cls, config, model_dir), redirect_on, stubbed)
+        with marked_uninitialised():  # torch.empty left as built is NaN, which seed_parameters then seeds
+            model = _import_with_stubs(lambda: build_model(cls, config, model_dir), redirect_on, stubbed)
         seed_parameters(model, seed)
         model.eval()
         if spec.get("dtype"):

@@ -59,26 +59,59 @@ def nested(config: dict[str, Any], key: str) -> Any:
 # Weights (random, per parameter name, so the original and the port get the same)
 # ----------------------------------------------------------------------------------------------
 
+class marked_uninitialised:  # noqa: N801 - used as a context manager, like torch's own
+    """Build the model inside this: memory the constructor leaves uninitialised (``torch.empty`` that no
+    ``_init_weights`` touches) is filled with NaN (integers: their max), not whatever memory held, so
+    seed_parameters can tell it apart and seed it (torch's fill_uninitialized_memory, torch >= 2.1)."""
+
+    def __enter__(self) -> None:
+        import torch
+
+        self._det = (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled())
+        torch.use_deterministic_algorithms(True, warn_only=True)  # warn-only: no op may refuse to run
+
+    def __exit__(self, *exc: Any) -> None:
+        import torch
+
+        torch.use_deterministic_algorithms(self._det[0], warn_only=self._det[1])
+
+
 def seed_parameters(model: Any, seed: int) -> None:
     """Give every parameter values that depend only on its name and the seed, so the original and the
     port (whose module construction order may differ) get the same weights. Each parameter keeps the
-    mean and spread of the model's own initialisation (gains, ones for norm scales, zero biases)."""
+    mean and spread of the model's own initialisation (gains, ones for norm scales, zero biases); one the
+    model never initialised (NaN under marked_uninitialised, or non-finite) gets normal(0, the config's
+    initializer_range). Buffers keep their values (masks, rotary tables) unless uninitialised too."""
     import zlib
 
     import torch
+
+    init_std = float(getattr(getattr(model, "config", None), "initializer_range", 0.02) or 0.02)
+
+    def gen(name: str) -> Any:
+        return torch.Generator().manual_seed((zlib.crc32(name.encode()) + seed) % (2**31))
 
     with torch.no_grad():
         for name, p in model.named_parameters():
             if not p.is_floating_point() or not p.numel():
                 continue
-            g = torch.Generator().manual_seed((zlib.crc32(name.encode()) + seed) % (2**31))
+            if not bool(torch.isfinite(p).all()):
+                p.normal_(0.0, init_std, generator=gen(name))
+                continue
             if p.numel() > 1:
                 std_t, mean_t = torch.std_mean(p.detach().float())
                 mean, std = float(mean_t), float(std_t)
             else:
                 mean, std = float(p.detach().float().mean()), 0.0
             # In place, one pass: a shrunk model with a hard-coded vision tower still holds ~1e9 values.
-            p.normal_(mean, std, generator=g) if std > 0 else p.fill_(mean)
+            p.normal_(mean, std, generator=gen(name)) if std > 0 else p.fill_(mean)
+        for name, b in model.named_buffers():
+            if not isinstance(b, torch.Tensor) or not b.numel() or b.is_meta:
+                continue
+            if b.is_floating_point() and bool(torch.isnan(b).all()):
+                b.normal_(0.0, init_std, generator=gen(name))
+            elif not b.is_floating_point() and b.dtype != torch.bool and bool((b == torch.iinfo(b.dtype).max).all()):
+                b.zero_()
 
 
 # ----------------------------------------------------------------------------------------------

@@ -3,9 +3,14 @@
 Rules are by the CLASS of a key (a layer count, an expert count, a head count, a width), applied at
 every nesting level (sub-configs such as a language or vision config). Sizes stay consistent:
 hidden % heads == 0, kv heads divide heads, routed experts divisible by expert groups, top-k no
-larger than the experts. Vocabulary and image sizes are kept: token ids and image tensors built by
-the model's own preprocessing must stay valid. Sizes hard-coded in the model's code are not seen
-here; the manifest's ``shrink:`` dict (dotted keys for nested configs) overrides any derived value.
+larger than the experts. The per-head size is kept (hidden = HEADS x the original hidden / heads, and
+``head_dim`` keys are not shrunk): code derives head counts from widths (``num_heads = embed_dim // 128``)
+and rotary sizes from the head size. Vocabulary and image sizes are kept: token ids and image tensors
+built by the model's own preprocessing must stay valid. A width equal to a literal the code uses as a
+size (a layer's size argument, a size-named keyword, default or variable) is kept, citing that line; the
+manifest's ``shrink:`` dict (dotted keys for nested configs) overrides any derived value.
+``shrink_candidates`` gives the backed-off variants (a level's widths and heads kept) that
+sandbox/shrink_fit.py tries when the model's constructor rejects the derived sizes.
 Used by the harness (inside the sandbox), so it imports nothing of agents/graph.
 """
 
@@ -35,7 +40,8 @@ _FFN_KEYS = re.compile(r"^(intermediate_size|ffn_dim|ffn_hidden_size|n_inner|d_f
                        r"decoder_ffn_dim|moe_intermediate_size|shared_expert_intermediate_size)$")
 # Expert groups (must divide the experts), groups picked per token, shared experts: one each.
 _TO_ONE = ("n_group", "num_expert_group", "topk_group", "n_shared_experts", "num_shared_experts")
-_HEAD_DIM_KEYS = re.compile(r"^(head_dim|qk_nope_head_dim|qk_rope_head_dim|v_head_dim|kv_lora_rank|q_lora_rank)$")
+# Per-head sizes (head_dim, qk_rope_head_dim ...) are kept; low-rank projections shrink.
+_LORA_RANK_KEYS = re.compile(r"^(kv_lora_rank|q_lora_rank)$")
 
 
 def _int(v: Any) -> bool:
@@ -45,11 +51,31 @@ def _int(v: Any) -> bool:
 MIN_HARD_WIDTH = 64  # smaller literals are too common (kernel sizes, counts) to tie to a config width
 
 
+# A literal is a size only where the code uses it as one: a layer's size argument, or bound to a size-named
+# keyword, parameter or variable (``n_embed = 96``, ``def f(dim=896)``, ``Config(hidden_size=896)``).
+SIZE_NAME = re.compile(r"(^|_)(dim|dims|dimension|size|hidden|embed|embd|width|channels|chans|features|d_model|"
+                       r"units|planes)(_|$)", re.I)
+NOT_A_SIZE = re.compile(r"kernel|stride|pad|window|eps|batch|position|seq|length|token|vocab|worker|seed|image|"
+                        r"patch|max|min|cache|chunk|block|bucket|timeout|step", re.I)
+SIZE_LAYERS = frozenset({"Linear", "Embedding", "Conv1d", "Conv2d", "Conv3d", "LayerNorm", "GroupNorm", "RMSNorm",
+                         "MultiheadAttention", "BatchNorm1d", "BatchNorm2d", "ConvTranspose2d", "Bilinear"})
+
+
+def _size_name(name: str | None) -> bool:
+    return bool(name) and bool(SIZE_NAME.search(name or "")) and not NOT_A_SIZE.search(name or "")
+
+
+def _callee(node: ast.Call) -> str:
+    f = node.func
+    return f.attr if isinstance(f, ast.Attribute) else f.id if isinstance(f, ast.Name) else ""
+
+
 def hard_coded_widths(model_dir: Path) -> dict[int, list[tuple[str, str | None]]]:
-    """Integer literals of the model's code that may be widths: ``n = 1280``, ``def f(dim=896)``,
+    """Integer literals the model's code uses as sizes: ``n_embed = 1280``, ``def f(dim=896)``,
     ``Config(hidden_size=896)``, ``nn.Linear(1280, ...)``: {value: [("file:line `code`", parameter name
     for a default else None)]}. A config width equal to one is kept by the shrink: the code builds that
-    size whatever the config says, and a shrunk config would no longer fit it."""
+    size whatever the config says, and a shrunk config would no longer fit it. The same number elsewhere
+    (``timeout = 1280``, ``max_length=4096``) is not a size, and is never cited as one."""
     found: dict[int, list[tuple[str, str | None]]] = {}
 
     def note(value: Any, path: Path, node: ast.AST, lines: list[str], param: str | None = None) -> None:
@@ -75,19 +101,28 @@ def hard_coded_widths(model_dir: Path) -> dict[int, list[tuple[str, str | None]]
             if id(node) in config_nodes:
                 continue
             if isinstance(node, ast.Assign | ast.AnnAssign) and isinstance(node.value, ast.Constant):
-                note(node.value.value, path, node, lines)
+                targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+                names = [t.id if isinstance(t, ast.Name) else t.attr if isinstance(t, ast.Attribute) else ""
+                         for t in targets]
+                if any(_size_name(n) for n in names):
+                    note(node.value.value, path, node, lines)
             elif isinstance(node, ast.arguments):
                 positional = [*node.posonlyargs, *node.args]
                 for arg, d in zip(positional[len(positional) - len(node.defaults):], node.defaults, strict=True):
-                    if isinstance(d, ast.Constant):
+                    if isinstance(d, ast.Constant) and _size_name(arg.arg):
                         note(d.value, path, d, lines, arg.arg)
                 for arg, kd in zip(node.kwonlyargs, node.kw_defaults, strict=True):
-                    if isinstance(kd, ast.Constant):
+                    if isinstance(kd, ast.Constant) and _size_name(arg.arg):
                         note(kd.value, path, kd, lines, arg.arg)
             elif isinstance(node, ast.Call):
-                for a in [*node.args, *(k.value for k in node.keywords)]:
-                    if isinstance(a, ast.Constant):
+                layer = _callee(node) in SIZE_LAYERS
+                for a in node.args:
+                    if isinstance(a, ast.Constant) and layer:
                         note(a.value, path, a, lines)
+                for k in node.keywords:
+                    if isinstance(k.value, ast.Constant) and (_size_name(k.arg) or (layer and k.arg in (
+                            "in_features", "out_features", "embedding_dim", "normalized_shape", "embed_dim"))):
+                        note(k.value.value, path, k.value, lines)
     return found
 
 
@@ -97,13 +132,14 @@ def _is_config_class(node: ast.ClassDef) -> bool:
 
 
 def shrink_config(config: dict[str, Any], overrides: dict[str, Any] | None = None,
-                  model_dir: Path | None = None) -> tuple[dict[str, Any], list[str]]:
+                  model_dir: Path | None = None, keep: frozenset[str] = frozenset()) -> tuple[dict[str, Any], list[str]]:
     """A small copy of ``config`` and the list of changes ("path: old -> new"), overrides last. With
     ``model_dir``, widths the code hard-codes are kept and reported (override: the manifest's
-    ``shrink:``)."""
+    ``shrink:``). ``keep``: level prefixes ("" for the top, "vision_config." ...) whose widths and head
+    counts stay as written (layers and experts still shrink): the backed-off variants of shrink_candidates."""
     changes: list[str] = []
     hard = hard_coded_widths(model_dir) if model_dir is not None else {}
-    out = _shrink_level(config, "", changes, hard)
+    out = _shrink_level(config, "", changes, hard, keep)
     for key, value in (overrides or {}).items():
         node = out
         *parents, last = key.split(".")
@@ -121,12 +157,35 @@ def shrink_config(config: dict[str, Any], overrides: dict[str, Any] | None = Non
     return out, changes
 
 
+def width_levels(config: dict[str, Any], prefix: str = "") -> list[str]:
+    """Level prefixes whose widths or heads the shrink reduces, deepest first (a vision tower's before
+    the top level): the order in which shrink_fit backs them off."""
+    out = [lv for k, v in config.items() if isinstance(v, dict) for lv in width_levels(v, f"{prefix}{k}.")]
+    if any(_int(v) and v > 0 and (_HIDDEN_KEYS.match(k) or _HEAD_KEYS.match(k) or _FFN_KEYS.match(k))
+           for k, v in config.items()):
+        out.append(prefix)
+    return out
+
+
+def shrink_candidates(config: dict[str, Any], overrides: dict[str, Any] | None = None,
+                      model_dir: Path | None = None) -> list[tuple[frozenset[str], dict[str, Any], list[str]]]:
+    """(kept levels, small config, changes), most reduced first: the derived config, then one level's
+    widths and heads kept at a time, then every level's (only layers and experts reduced)."""
+    levels = width_levels(config)
+    keeps = [frozenset(), *(frozenset({lv}) for lv in levels)]
+    if len(levels) > 1:
+        keeps.append(frozenset(levels))
+    return [(k, *shrink_config(config, overrides, model_dir, k)) for k in keeps]
+
+
 def _shrink_level(config: dict[str, Any], prefix: str, changes: list[str],
-                  hard: dict[int, list[tuple[str, str | None]]] | None = None) -> dict[str, Any]:
+                  hard: dict[int, list[tuple[str, str | None]]] | None = None,
+                  keep: frozenset[str] = frozenset()) -> dict[str, Any]:
     hard = hard or {}
     out: dict[str, Any] = {}
     for key, value in config.items():
-        out[key] = _shrink_level(value, f"{prefix}{key}.", changes, hard) if isinstance(value, dict) else value
+        out[key] = _shrink_level(value, f"{prefix}{key}.", changes, hard, keep) if isinstance(value, dict) else value
+    keep_widths = prefix in keep
 
     def set_(key: str, new: int) -> None:
         old = out[key]
@@ -134,18 +193,21 @@ def _shrink_level(config: dict[str, Any], prefix: str, changes: list[str],
             out[key] = new
             changes.append(f"{prefix}{key}: {old} -> {new}")
 
-    def width(key: str, new: int) -> None:
+    def width(key: str, new: int, ffn: bool = False) -> None:
         old = out[key]
-        # A default of a parameter named as the key (``width=128`` for "width") is the config's to override.
-        where = [w for w, param in hard.get(old, []) if param != key] if _int(old) else []
+        # A default of a parameter named as the key (``width=128`` for "width") is the config's to override;
+        # a site of the other class of size (an FFN size for a width, a width for an FFN size) is not this key's.
+        where = [w for w, param in hard.get(old, []) if param != key and _same_class(w, ffn)] if _int(old) else []
         if where:
-            changes.append(f"{prefix}{key}: kept at {old}, hard-coded in the model's code at {where[0]} "
+            changes.append(f"{prefix}{key}: kept at {old}, the model's code uses {old} as a size at {where[0]} "
                            f"(override: shrink: {{{prefix}{key}: N}} in npuport.yaml)")
             return
         set_(key, new)
 
     heads_key = next((k for k in out if _HEAD_KEYS.match(k) and _int(out[k])), None)
     old_heads = out[heads_key] if heads_key else None
+    hidden_key = next((k for k in out if _HIDDEN_KEYS.match(k) and _int(out[k])), None)
+    hidden = _per_head_hidden(out, heads_key, hidden_key)
     for key in list(out):
         v = out[key]
         if not _int(v) or v <= 0:
@@ -154,22 +216,25 @@ def _shrink_level(config: dict[str, Any], prefix: str, changes: list[str],
             set_(key, LAYERS)
         elif _EXPERT_KEYS.match(key):
             set_(key, EXPERTS)
+        elif keep_widths:
+            continue
         elif _HEAD_KEYS.match(key):
             set_(key, HEADS)
         elif _HIDDEN_KEYS.match(key):
-            width(key, HIDDEN)
+            width(key, hidden)
         elif _FFN_KEYS.match(key):
-            width(key, INTERMEDIATE)
-        elif _HEAD_DIM_KEYS.match(key):
+            width(key, 2 * hidden, ffn=True)
+        elif _LORA_RANK_KEYS.match(key):
             width(key, HEAD_DIM)
-    hidden_key = next((k for k in out if _HIDDEN_KEYS.match(k) and _int(out[k])), None)
     if heads_key and hidden_key and _int(out[heads_key]) and out[hidden_key] % out[heads_key]:
         # A kept (hard-coded) width the shrunk head count does not divide: keep the heads too.
         out[heads_key] = old_heads
         changes[:] = [c for c in changes if not c.startswith(f"{prefix}{heads_key}:")]
+    if keep_widths and any(_HIDDEN_KEYS.match(k) or _HEAD_KEYS.match(k) for k in out):
+        changes.append(f"{prefix.rstrip('.') or '(top level)'}: widths and heads kept as written")
     for key in list(out):
         v = out[key]
-        if _KV_KEYS.match(key) and _int(v) and v > 0 and heads_key:
+        if _KV_KEYS.match(key) and _int(v) and v > 0 and heads_key and not keep_widths:
             # Keep the grouping class: full MHA stays MHA, MQA stays MQA, GQA becomes 2 groups.
             new = out[heads_key] if v == old_heads else (1 if v == 1 else HEADS // 2)
             set_(key, new)
@@ -181,6 +246,33 @@ def _shrink_level(config: dict[str, Any], prefix: str, changes: list[str],
         elif key in ("first_k_dense_replace",) and _int(v) and v >= LAYERS:
             set_(key, LAYERS - 1)
     return out
+
+
+_FFN_WORD = re.compile(r"intermediate|ffn|inner|mlp|d_ff|feed_?forward|expert", re.I)
+_LAYER_CALL = re.compile(r"\b(" + "|".join(sorted(SIZE_LAYERS)) + r")\(")
+
+
+def _same_class(where: str, ffn: bool) -> bool:
+    """Whether a cited site ("file:line \"code\"") sizes the class of key asked about: an FFN size only
+    where the code names it one (intermediate, ffn, mlp ...); a width where a layer takes it as a size or
+    a width-named size holds it."""
+    code = where.split(" ", 1)[-1]
+    if ffn:
+        return bool(_FFN_WORD.search(code))
+    return bool(_LAYER_CALL.search(code)) or not _FFN_WORD.search(code)
+
+
+def _per_head_hidden(level: dict[str, Any], heads_key: str | None, hidden_key: str | None) -> int:
+    """The shrunk width of a level: HEADS x its per-head size (``head_dim`` when given, else hidden /
+    heads), never more than it was; HIDDEN where the level has no heads to go by."""
+    if not heads_key or not hidden_key:
+        return HIDDEN
+    heads, hidden = level[heads_key], level[hidden_key]
+    head_dim = level.get("head_dim") if _int(level.get("head_dim")) else (hidden // heads if heads and hidden % heads == 0
+                                                                          else None)
+    if not head_dim:
+        return HIDDEN
+    return min(hidden, HEADS * int(head_dim))
 
 
 # ----------------------------------------------------------------------------------------------

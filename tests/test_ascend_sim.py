@@ -513,3 +513,22 @@ def test_fused_op_errors_read_the_same_on_both_engines() -> None:
     )
     assert out["rms"] == "gamma shape (4,) must match the trailing dims of self (2, 8)"
     assert out["rotary"] == "npu_rotary_mul: input must be 3-D or 4-D, got 2-D"
+
+
+def test_device_queries_answer_as_torch_npu_and_the_rewrite_holds() -> None:
+    """torch_npu's get_device_capability() is None (TORCH_NPU_DEVICE_CAPABILITY unset) and its properties
+    leave CUDA's fields empty; the emulator answers the same, and the H1 rewrite of
+    `torch.cuda.get_device_capability(0)[0]` still imports there (a plain rename is `None[0]`)."""
+    out = run_sim(
+        """
+        from agents.rules.h1_cuda_device import device_agnostic
+        OUT["raw"] = [torch.npu.get_device_capability(0), torch.npu.get_device_properties(0).major]
+        src = "import torch\\nMAJOR = torch.cuda.get_device_capability(0)[0]\\n" \\
+              "SMS = torch.cuda.get_device_properties(0).multi_processor_count\\n"
+        ns = {}
+        exec(device_agnostic(src).source, ns)
+        OUT["port"] = [ns["MAJOR"], ns["SMS"] > 0]
+        """
+    )
+    assert out["raw"] == [None, None]
+    assert out["port"] == [0, True]

@@ -66,7 +66,7 @@ def test_capabilities_not_names_decide_for_a_new_target(toys: None) -> None:
 
 def test_the_bundle_offers_a_new_target_and_names_a_new_chip(toys: None) -> None:
     from agents.deploy.runscript import render_run_py, script_table
-    from agents.report import _chip_text
+    from agents.report_md import _chip_text
 
     table = script_table({"model_path": "m", "chip": "t1"})
     assert table["toy-host"] == {"device": "cpu", "imports": [], "bootstrap": None, "options": {}}

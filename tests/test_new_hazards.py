@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 import torch
 
+from agents.models import Severity
 from agents.rules.h14_host_memory import guard_pin_memory
 from agents.rules.h15_graph_compile import compile_eager
 from agents.rules.h16_attention_calls import attention_to_sdpa
@@ -135,3 +136,141 @@ def test_pin_memory_rewrite_keeps_values_where_the_device_cannot_pin() -> None:
     with pytest.raises(RuntimeError):
         exec(compile(src, "o.py", "exec"), ns)
         ns["f"](x)
+
+
+_HARD_WIRED = '''\
+import torch
+from torch import nn
+
+
+class FlashSelfAttention(nn.Module):
+    def __init__(self, dim):
+        super().__init__()
+        from flash_attn import flash_attn_func  # CUDA-only: not installed here, nor on Ascend
+        self.fn = flash_attn_func
+
+
+class SelfAttention(nn.Module):
+    def __init__(self, dim):
+        super().__init__()
+        self.qkv = nn.Linear(dim, 3 * dim)
+
+    def forward(self, x):
+        q, k, v = self.qkv(x).chunk(3, -1)
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+
+class Block(nn.Module):
+    def __init__(self, dim):
+        super().__init__()
+        self.use_flash_attention = True
+        if self.use_flash_attention:
+            self.attn = FlashSelfAttention(dim)
+        else:
+            self.attn = SelfAttention(dim)
+
+    def forward(self, x):
+        return self.attn(x)
+'''
+
+
+def test_a_hard_wired_flash_path_is_a_fixable_blocker_and_the_config_flag_is_not() -> None:
+    (found,) = [f for f in scan_source(_HARD_WIRED, "m.py") if f.hazard == "H13"]
+    assert (found.rule, found.line, found.fixable, found.severity) == ("hard-wired-kernel-path", 25, True, Severity.HIGH)
+    # set from the config or an argument: the user's switch, left as a note
+    configured = _HARD_WIRED.replace("self.use_flash_attention = True", "self.use_flash_attention = dim > 0")
+    assert [f.rule for f in scan_source(configured, "m.py") if f.hazard == "H13"] == []
+    no_else = "use_flash_attn = True\nif use_flash_attn:\n    import flash_attn\n"  # no torch branch to switch to
+    assert [(f.rule, f.fixable) for f in scan_source(no_else, "m.py") if f.hazard == "H13"] == \
+        [("kernel-path-flag", False)]
+
+
+@pytest.mark.meaning("kernel-path-off")
+def test_switching_the_hard_wired_flag_off_runs_the_models_own_torch_branch() -> None:
+    """The original fails at construction (the flash module imports flash_attn); the port builds the
+    model's SDPA branch and computes exactly what that branch of the original computes."""
+    from agents.rules.h13_kernel_flags import kernel_path_off
+
+    original: dict[str, Any] = {}
+    exec(compile(_HARD_WIRED, "orig.py", "exec"), original)
+    with pytest.raises(ModuleNotFoundError):
+        original["Block"](8)
+    result = kernel_path_off(_HARD_WIRED)
+    assert result.changed and result.spans == [(25, 25)] and "self.use_flash_attention = False" in result.source
+    ported: dict[str, Any] = {}
+    exec(compile(result.source, "port.py", "exec"), ported)
+    torch.manual_seed(0)
+    block = ported["Block"](8)
+    torch.manual_seed(0)
+    eager = original["SelfAttention"](8)  # the original's own torch branch, same weights
+    x = torch.randn(2, 5, 8)
+    assert torch.equal(block(x), eager(x))
+
+
+_BUILD_ASSERT = '''\
+import torch
+from torch import nn
+
+try:
+    from flash_attn.flash_attn_interface import flash_attn_unpadded_func
+except ImportError:
+    flash_attn_unpadded_func = None
+
+
+class FlashSelfAttention(nn.Module):
+    def __init__(self, causal=False):
+        super().__init__()
+        assert flash_attn_unpadded_func is not None, "Please install FlashAttention first"
+        self.causal = causal
+
+    def forward(self, q, k, v):
+        return flash_attn_unpadded_func(q, k, v, causal=self.causal)
+
+
+class Attention(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.config = config
+        self.qkv = nn.Linear(8, 24)
+        self.core_attention_flash = FlashSelfAttention(causal=True)  # built whatever the flag says
+
+    def forward(self, x):
+        q, k, v = self.qkv(x).chunk(3, -1)
+        if self.config["flash_attn"]:
+            return self.core_attention_flash(q, k, v)
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+'''
+
+
+def test_a_constructor_assert_on_a_cuda_only_kernel_is_a_fixable_blocker() -> None:
+    found = [(f.rule, f.line, f.fixable) for f in scan_source(_BUILD_ASSERT, "m.py") if f.hazard == "H13"]
+    assert found == [("kernel-assert-at-build", 13, True)]
+    plain = _BUILD_ASSERT.replace("flash_attn_unpadded_func is not None", "causal is not None")
+    assert not [f for f in scan_source(plain, "m.py") if f.rule == "kernel-assert-at-build"]
+
+
+@pytest.mark.meaning("defer-kernel-assert")
+def test_the_module_builds_without_the_kernel_and_the_torch_path_computes_the_same() -> None:
+    """Without flash_attn (here, on Ascend) the original cannot be built at all; the port builds, and with the
+    config's kernel flag off (what the harness sets, sandbox/cuda_only.py) it computes the original's torch
+    branch exactly."""
+    from agents.rules.h13_kernel_flags import defer_kernel_asserts
+    from sandbox.cuda_only import kernel_flags_off
+
+    config = {"flash_attn": True, "text": {"use_flash_attention": True, "use_cache": True}}
+    changes = kernel_flags_off(config)
+    assert config == {"flash_attn": False, "text": {"use_flash_attention": False, "use_cache": True}}
+    assert [c.split(":")[0] for c in changes] == ["flash_attn", "text.use_flash_attention"]
+    original: dict[str, Any] = {}
+    exec(compile(_BUILD_ASSERT, "orig.py", "exec"), original)
+    with pytest.raises(AssertionError, match="FlashAttention"):
+        original["Attention"](config)
+    result = defer_kernel_asserts(_BUILD_ASSERT)
+    assert result.changed and result.spans == [(13, 13)] and "assert" not in result.source
+    ported: dict[str, Any] = {}
+    exec(compile(result.source, "port.py", "exec"), ported)
+    torch.manual_seed(0)
+    attn = ported["Attention"](config)
+    x = torch.randn(1, 4, 8)
+    q, k, v = attn.qkv(x).chunk(3, -1)
+    assert torch.equal(attn(x), torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True))

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 import torch
 
-from agents.rules.h1_cuda_device import NPU_NAMES, NPU_OPTIONAL, TORCH_CUDA_API, device_agnostic
+from agents.rules.h1_cuda_device import NPU_ADAPTERS, NPU_NAMES, NPU_OPTIONAL, TORCH_CUDA_API, device_agnostic
 from agents.rules.h2_autocast import cuda_autocast
 from agents.rules.h3_cuda_libraries import guard_cuda_only_imports
 
@@ -201,7 +201,10 @@ def test_device_api_rewrites_name_only_apis_torch_npu_documents() -> None:
         out = device_agnostic(f"import torch\ntorch.cuda.{api}()\n").source.splitlines()[-1]
         npu = NPU_NAMES.get(api, api)
         assert npu == documented[api], api
-        assert f'_npuport_api("{npu}")()' in out if npu in NPU_OPTIONAL else f"_npuport_backend().{npu}()" in out
+        if api in NPU_ADAPTERS:
+            assert f"{NPU_ADAPTERS[api]}()" in out, api
+        else:
+            assert f'_npuport_api("{npu}")()' in out if npu in NPU_OPTIONAL else f"_npuport_backend().{npu}()" in out
 
 
 _DEVICE_SNIPPET = '''\
@@ -248,6 +251,53 @@ def test_the_reference_redirect_runs_the_same_snippet_with_the_same_results(tmp_
     reference = proc.stdout.strip().splitlines()[-1]
     ported = _exec(device_agnostic(_DEVICE_SNIPPET).source)["run"]()
     assert reference == repr(ported)
+
+
+class _DocumentedNpuProps:
+    """What torch_npu's get_device_properties() gives (native-API notes: only name, total_memory,
+    L2_cache_size, cube_core_num and vector_core_num are filled; CUDA's other fields come back empty)."""
+
+    name, total_memory, L2_cache_size, cube_core_num, vector_core_num = "Ascend910B", 64 * 2**30, 0, 24, 48
+    major = minor = multi_processor_count = None
+
+
+def _documented_torch_npu(capability: Any = None) -> types.SimpleNamespace:
+    """The NPU device API as torch_npu documents it: get_device_capability() is None unless
+    TORCH_NPU_DEVICE_CAPABILITY is set (then that major.minor)."""
+    return types.SimpleNamespace(is_available=lambda: True, current_device=lambda: 0,
+                                 get_device_capability=lambda *a, **k: capability,
+                                 get_device_properties=lambda *a, **k: _DocumentedNpuProps())
+
+
+_CAPABILITY_SNIPPET = '''\
+import torch
+
+MAJOR = torch.cuda.get_device_capability(0)[0]
+USE_FLASH = torch.cuda.get_device_capability() >= (8, 0)
+PROPS = torch.cuda.get_device_properties(0)
+SMS = PROPS.multi_processor_count
+BF16_FAST = PROPS.major >= 8
+'''
+
+
+@pytest.mark.meaning("device-agnostic")
+def test_device_queries_return_what_cuda_code_reads_on_a_real_torch_npu(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`torch.cuda.get_device_capability(0)[0]` rewritten to torch_npu's call would be `None[0]` at import
+    on an Ascend host; the port reads (0, 0) there (no CUDA capability: the portable branch), the
+    configured capability where TORCH_NPU_DEVICE_CAPABILITY is set, and the CPU's (0, 0) here."""
+    port = device_agnostic(_CAPABILITY_SNIPPET).source
+    monkeypatch.setattr(torch, "npu", _documented_torch_npu(), raising=False)
+    with pytest.raises(TypeError):  # what the plain rename would do on that host
+        _exec(_CAPABILITY_SNIPPET.replace("torch.cuda.", "torch.npu."))
+    ns = _exec(port)
+    assert (ns["MAJOR"], ns["USE_FLASH"], ns["SMS"], ns["BF16_FAST"]) == (0, False, 24, False)
+    assert (ns["PROPS"].name, ns["PROPS"].total_memory) == ("Ascend910B", 64 * 2**30)
+    monkeypatch.setattr(torch, "npu", _documented_torch_npu((8, 0)), raising=False)
+    ns = _exec(port)
+    assert (ns["MAJOR"], ns["USE_FLASH"]) == (8, True)
+    monkeypatch.delattr(torch, "npu", raising=False)
+    ns = _exec(port)  # no NPU: the CPU stand-in
+    assert (ns["MAJOR"], ns["USE_FLASH"], ns["BF16_FAST"]) == (0, False, False)
 
 
 def test_graph_api_falls_back_to_eager_when_the_npu_module_lacks_it(monkeypatch: pytest.MonkeyPatch) -> None:

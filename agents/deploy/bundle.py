@@ -72,8 +72,10 @@ def write_deploy_bundle(state: dict[str, Any], out_dir: Path) -> dict[str, str]:
         from sandbox.shrink import shrink_config
 
         config_file = model_dir / str(manifest.get("config") or "config.json")
-        if config_file.is_file():
+        small = _shrunk_config_of_port(state)  # the constructor-fitted config (sandbox/shrink_fit.py)
+        if small is None and config_file.is_file():
             small, _ = shrink_config(json.loads(config_file.read_text()), manifest.get("shrink") or {}, model_dir)
+        if small is not None:
             files["run_config"] = _write(out_dir / "run_config.json", json.dumps(small, indent=1))
     settings, docs = serve_plan(state, model_dir)
     src = req.model_path
@@ -168,3 +170,16 @@ def deploy_markdown(state: dict[str, Any], out_dir: Path) -> str:
                          f"{s['measured']} |")
         lines.append("")
     return "\n".join(lines)
+
+
+def _shrunk_config_of_port(state: dict[str, Any]) -> dict[str, Any] | None:
+    """The small config the last successful port run was built with (the harness's ``shrunk_config``)."""
+    for run in reversed(state.get("runs") or []):
+        if run.get("purpose") == "port" and run.get("ok") and run.get("result_path"):
+            try:
+                result = json.loads(Path(run["result_path"]).read_text())
+            except (OSError, ValueError):
+                return None
+            small = result.get("shrunk_config")
+            return small if isinstance(small, dict) else None
+    return None

@@ -133,7 +133,8 @@ def main():
         config["_attn_implementation"] = args.attn
     cls = load_attr(manifest["entry"]["class"], model_dir)
     torch.manual_seed(args.seed)
-    model = build_model(cls, config, model_dir)
+    with model_inputs.marked_uninitialised():
+        model = build_model(cls, config, model_dir)
     model_inputs.seed_parameters(model, args.seed)
     if args.weights:
         model.load_state_dict(torch.load(args.weights, map_location="cpu"))

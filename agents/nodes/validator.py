@@ -8,7 +8,7 @@ from typing import Any
 from agents.models import Numerics, RunRecord
 from agents.perf_evidence import analyse, profile_of, verdict
 from agents.trace import step
-from agents.validation import compare_tokens, reference_run, with_metrics
+from agents.validation import compare_tokens, reference_run, self_disagreement, with_metrics
 
 
 def validator_node(state: dict[str, Any]) -> dict[str, Any]:
@@ -33,6 +33,12 @@ def validator_node(state: dict[str, Any]) -> dict[str, Any]:
 
         # a port that keeps float16 (the chip's cast policy) is held to float16's tolerance
         numerics = with_metrics(numerics, port, ref, port_compute_dtype(state))
+        if numerics.verdict == "mismatch" and not any(r["id"] == "reference-2" for r in runs):
+            # Before the port is blamed: does the original agree with itself? (once per port)
+            again = reference_run(state, "reference-2")
+            new_runs.append(again.model_dump(mode="json"))
+            counters["reference_runs"] = counters.get("reference_runs", 0) + 1
+            numerics = self_disagreement(ref, again) or numerics
     # Decode profiles of the same two runs (sandbox/profile.py) -> performance pathologies.
     perf = analyse(profile_of(port.result_path), profile_of(ref.result_path) if ref.ok else None)
     perf_note = f"; {verdict('validated', perf)}" if numerics.verdict == "match" else ""

@@ -50,7 +50,8 @@ TORCH_CUDA_API: dict[str, tuple[Severity, str]] = {
     "device_count": (MEDIUM, "is 0 on an Ascend host; use torch.npu.device_count()"),
     "get_device_name": (MEDIUM, "fails without CUDA; use torch.npu.get_device_name()"),
     "get_device_properties": (MEDIUM, "fails without CUDA; use torch.npu.get_device_properties()"),
-    "get_device_capability": (MEDIUM, "asks for a CUDA compute capability, which an NPU does not have"),
+    "get_device_capability": (MEDIUM, "asks for a CUDA compute capability, which an NPU does not have: "
+                                      "torch.npu.get_device_capability() returns None"),
     "synchronize": (HIGH, "raises without CUDA; use torch.npu.synchronize()"),
     "empty_cache": (LOW, "is a no-op without CUDA and frees nothing on the NPU; use torch.npu.empty_cache()"),
     "set_device": (HIGH, "raises without CUDA; use torch.npu.set_device()"),
@@ -82,6 +83,12 @@ NPU_NAMES: dict[str, str] = {"CUDAGraph": "NPUGraph"}
 # NPU APIs that only newer torch_npu builds have: reached through _npuport_api(), which falls back to the
 # eager CPU stand-in when the NPU module lacks them.
 NPU_OPTIONAL = frozenset({"NPUGraph", "graph", "make_graphed_callables", "graph_pool_handle", "nvtx"})
+# torch.cuda APIs whose torch_npu form returns something else than CUDA's contract (torch_npu's native-API
+# notes): get_device_capability() is None unless TORCH_NPU_DEVICE_CAPABILITY is set, and
+# get_device_properties() leaves major/minor/multi_processor_count empty. The rewrite calls an adapter that
+# returns what the CUDA code reads ((0, 0): no CUDA compute capability), never the raw NPU value.
+NPU_ADAPTERS: dict[str, str] = {"get_device_capability": "_npuport_device_capability",
+                                "get_device_properties": "_npuport_device_properties"}
 TORCH_CUDA_DEFAULT = (HIGH, "needs a CUDA build and GPU; torch_npu offers the same call under torch.npu")
 
 # H1: torch.backends.cudnn / torch.backends.cuda flags -> (category, note)
@@ -231,7 +238,12 @@ class DeviceAgnostic(Rewriter):
             attr = name.split(".", 2)[2]
             head, _, rest = attr.partition(".")
             npu = NPU_NAMES.get(head, head)
-            target = f'_npuport_api("{npu}")' if npu in NPU_OPTIONAL else f"_npuport_backend().{npu}"
+            if head in NPU_ADAPTERS and not rest:
+                target = NPU_ADAPTERS[head]
+            elif npu in NPU_OPTIONAL:
+                target = f'_npuport_api("{npu}")'
+            else:
+                target = f"_npuport_backend().{npu}"
             target += f".{rest}" if rest else ""
             self.note(original, f"torch.cuda.{attr} -> {target}")
             return updated.with_changes(func=cst.parse_expression(target))

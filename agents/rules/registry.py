@@ -24,6 +24,10 @@ from agents.rules import (
     h15_graph_compile,
     h16_attention_calls,
     h17_fixed_sizes,
+    h20_tuple_kv_cache,
+    h21_kv_cat_growth,
+    h22_int64_routing,
+    h23_checkpoint_config,
 )
 from agents.rules.base import HazardRule, Registry
 
@@ -45,6 +49,10 @@ RULES: tuple[HazardRule, ...] = (
     h15_graph_compile.RULE,
     h16_attention_calls.RULE,
     h17_fixed_sizes.RULE,
+    h20_tuple_kv_cache.RULE,
+    h21_kv_cat_growth.RULE,
+    h22_int64_routing.RULE,
+    h23_checkpoint_config.RULE,
 )
 DEFAULT = Registry(RULES)
 

@@ -74,6 +74,9 @@ class _Props:
         self.total_memory = p.memory_gib * 1024**3
         self.cube_core_num = p.ai_cores
         self.vector_core_num = p.ai_cores * 2
+        # torch_npu fills only the fields above (and L2_cache_size); CUDA's others come back empty
+        self.L2_cache_size = 0
+        self.major = self.minor = self.multi_processor_count = None
 
     def __repr__(self) -> str:
         return f"_NPUDeviceProperties(name='{self.name}', total_memory={self.total_memory // 1024**2}MB)"
