@@ -80,8 +80,11 @@ def execute_port(job: dict[str, Any]) -> dict[str, Any]:
             return _record(store, job, spec, "failed", str(exc), {"model": spec.key, "source": spec.source,
                            "target": spec.settings.target, "verdict": "failed", "reason": str(exc), "time_s": 0.0})
         s = spec.settings
+        # Built the way the CLI builds it: `shrink` is the request's, so the harness derives the small
+        # config (sandbox/shrink.py) for every run of this port, with the model's npuport.yaml overrides.
         request = {"model_path": str(model), "target": s.target, "chip": s.chip, "objective": s.objective,
                    "torch_npu": s.torch_npu, "policy": s.policy, "strict": s.strict, "tune": s.tune,
+                   "shrink": bool(s.shrink), "strict_perf": s.strict_perf,
                    "tune_trials": s.tune_trials, "max_runs": s.budget.max_runs, "max_wall_s": s.budget.max_wall_s,
                    "run_timeout_s": s.budget.run_timeout_s, "out_dir": job["bundle_dir"]}
         thread = job["thread_id"]
