@@ -375,19 +375,22 @@ def resolve(model_dir: Path, target: str, torch_npu: str | None) -> Resolution:
 
     host_tf = host_version("transformers")
     saved = saved_transformers_version(model_dir)
-    if saved and "transformers" not in pins and host_tf and _minor(saved)[0] != _minor(host_tf)[0]:
+    era = era_transformers(saved, host_tf) if "transformers" not in pins else None
+    if era:
+        # The release the authors ran: code written for 4.x runs under 5.x as long as every name it
+        # imports exists, then breaks at run time (no inherited generate, config attributes moved to the
+        # generation config, removed helpers). Both the reference and the port run in the era's env.
+        pins["transformers"] = era
+        install.append(era)
         missing = missing_transformers_names(model_dir)
-        if missing:
-            # A version coupling: the model's code needs names the host's transformers no longer has.
-            pins["transformers"] = f"transformers=={saved}"
-            install.append(pins["transformers"])
-            shown = ", ".join(f"{mod}.{name} ({where})" for mod, name, where in missing[:4])
-            notes.append(f"config.json was saved with transformers {saved}; the host's {host_tf} lacks "
-                         f"{shown}{' ...' if len(missing) > 4 else ''}: transformers=={saved} is installed into "
-                         "the layered environment.")
-        else:
-            notes.append(f"config.json was saved with transformers {saved} and the host has {host_tf}; every "
-                         "transformers name the model imports exists in the host's release, so it is kept.")
+        shown = "; the host's release also lacks " + ", ".join(
+            f"{mod}.{name} ({where})" for mod, name, where in missing[:4]) if missing else ""
+        notes.append(f"config.json was saved with transformers {saved} and the host has {host_tf} (another major "
+                     f"release): the original and the port run in the environment of the model's era, {era}, "
+                     f"built once from the package index and shared by every port of that era{shown}.")
+    elif saved and host_tf:
+        notes.append(f"config.json was saved with transformers {saved} and the host has {host_tf} (same major "
+                     "release): the host's transformers is kept.")
     _imported_dependencies(model_dir, pins, dropped, install, notes, compat, stack, companions)
     tf_exact = _exact(SpecifierSet(str(Requirement(pins["transformers"]).specifier))) if "transformers" in pins else None
     stack["transformers"] = tf_exact or host_tf
@@ -435,6 +438,22 @@ def _imported_dependencies(model_dir: Path, pins: dict[str, str], dropped: dict[
         install.append(requirement)
         notes.append(f"{module} is imported by the model ({where}) and the host does not have it: {requirement} is "
                      "installed into the layered environment.")
+
+
+def era_transformers(saved: str | None, host: str | None) -> str | None:
+    """The transformers requirement of the model's era: the newest patch of the minor release its
+    config.json was saved with (``transformers~=4.36.0``), when the host's is another major release;
+    None when the host's release is of the same major (its API is the one the code was written for)."""
+    if not saved or not host:
+        return None
+    try:
+        s_major, s_minor = _minor(saved)
+        h_major = _minor(host)[0]
+    except (ValueError, IndexError):
+        return None
+    if s_major >= h_major or s_major < 4:
+        return None  # older than 4.0 (pytorch-transformers) has no wheel for this Python; keep the host's
+    return f"transformers~={s_major}.{s_minor}.0"
 
 
 def missing_transformers_names(model_dir: Path, python: str | None = None) -> list[tuple[str, str, str]]:
