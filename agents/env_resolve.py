@@ -37,11 +37,13 @@ from packaging.requirements import Requirement
 from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 
+from agents.env_imports import guarded_imports
 from agents.env_pins import (  # noqa: F401  (re-exported)
     IMPORT_TO_DIST,
     RANK,
     Pin,
     find_pins,
+    model_py_files,
     saved_transformers_version,
     transformers_names,
     unconditional_imports,
@@ -81,6 +83,8 @@ class Resolution:
     # when the environment is built (agents/env_torch.py), then recorded in torch_pair.
     companions: list[str] = field(default_factory=list)
     torch_pair: dict[str, Any] | None = None
+    # guarded imports the code goes on to require: installed when the index has them, a failure is a note
+    optional: list[str] = field(default_factory=list)
 
     @property
     def env_key(self) -> str:
@@ -92,12 +96,14 @@ class Resolution:
             "host_sites": host_site_dirs(),
             "npuport_root": str(NPUPORT_ROOT),
             "torch_pair": {k: (self.torch_pair or {}).get(k) for k in ("base_env", "overlay", "torch")},
+            **({"optional": sorted(self.optional)} if self.optional else {}),
         }
         return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()[:16]
 
     def summary(self) -> str:
         stack = ", ".join(f"{k} {v}" for k, v in self.stack.items() if v)
-        env = f"layered env installs {', '.join(self.install)}" if self.needs_layered_env else "host env suffices"
+        env = (f"layered env installs {', '.join([*self.install, *self.optional])}" if self.needs_layered_env
+               else "host env suffices")
         return f"{stack}; {env}; {len(self.conflicts)} conflict(s)"
 
     def as_dict(self) -> dict[str, Any]:
@@ -106,7 +112,7 @@ class Resolution:
             "found": [vars(p) for p in self.found], "conflicts": self.conflicts, "notes": self.notes,
             "dropped": self.dropped, "install": self.install, "needs_layered_env": self.needs_layered_env,
             "env_key": self.env_key if self.needs_layered_env else None,
-            "companions": self.companions, "torch_pair": self.torch_pair,
+            "companions": self.companions, "torch_pair": self.torch_pair, "optional": self.optional,
             "summary": self.summary(),
         }
 
@@ -376,6 +382,10 @@ def resolve(model_dir: Path, target: str, torch_npu: str | None) -> Resolution:
     host_tf = host_version("transformers")
     saved = saved_transformers_version(model_dir)
     era = era_transformers(saved, host_tf) if "transformers" not in pins else None
+    coupled = model_couplings(model_dir) if host_tf and _minor(host_tf)[0] >= 5 else []
+    if coupled and "transformers" not in pins and not era and not (saved and _minor(saved)[0] >= 5):
+        # config.json names no era, but the code is coupled to 4.x: the last 4.x release runs it
+        era = "transformers<5"
     if era:
         # The release the authors ran: code written for 4.x runs under 5.x as long as every name it
         # imports exists, then breaks at run time (no inherited generate, config attributes moved to the
@@ -385,23 +395,56 @@ def resolve(model_dir: Path, target: str, torch_npu: str | None) -> Resolution:
         missing = missing_transformers_names(model_dir)
         shown = "; the host's release also lacks " + ", ".join(
             f"{mod}.{name} ({where})" for mod, name, where in missing[:4]) if missing else ""
-        notes.append(f"config.json was saved with transformers {saved} and the host has {host_tf} (another major "
-                     f"release): the original and the port run in the environment of the model's era, {era}, "
-                     f"built once from the package index and shared by every port of that era{shown}.")
+        why = (f"config.json was saved with transformers {saved} and the host has {host_tf} (another major release)"
+               if saved and era != "transformers<5" else
+               f"config.json names no transformers release and the code is coupled to 4.x ({coupled[0]})")
+        if coupled and saved and era != "transformers<5":
+            why += f"; the code is coupled to it ({coupled[0]}{f' and {len(coupled) - 1} more' if len(coupled) > 1 else ''})"
+        notes.append(f"{why}: the original and the port run in the environment of the model's era, {era}, built "
+                     f"once from the package index and shared by every port of that era{shown}.")
     elif saved and host_tf:
         notes.append(f"config.json was saved with transformers {saved} and the host has {host_tf} (same major "
                      "release): the host's transformers is kept.")
     _imported_dependencies(model_dir, pins, dropped, install, notes, compat, stack, companions)
+    optional = _guarded_dependencies(model_dir, pins, dropped, notes, compat)
     tf_exact = _exact(SpecifierSet(str(Requirement(pins["transformers"]).specifier))) if "transformers" in pins else None
-    stack["transformers"] = tf_exact or host_tf
+    # an era's range (transformers~=4.36.0) is shown as it is: pip picks its newest patch when the env is built
+    stack["transformers"] = tf_exact or (str(Requirement(era).specifier) if era else host_tf)
 
     requirements_txt, constraints_txt = _bundle_files(target, stack, pins, compat)
     return Resolution(
         model_dir=model_dir, target=target, torch_npu=stack.get("torch_npu"), stack=stack, pins=pins,
         found=found, conflicts=conflicts, notes=notes, dropped=dropped, install=install,
         requirements_txt=requirements_txt, constraints_txt=constraints_txt,
-        needs_layered_env=bool(install) or bool(companions), companions=sorted(set(companions)),
+        needs_layered_env=bool(install) or bool(companions) or bool(optional), companions=sorted(set(companions)),
+        optional=optional,
     )
+
+
+def _guarded_dependencies(model_dir: Path, pins: dict[str, str], dropped: dict[str, str], notes: list[str],
+                          compat: dict[str, Any]) -> list[str]:
+    """Packages imported inside try/except that the code then requires (agents/env_imports.py): the host's
+    when it has them, else installed into the layered environment when the package index has them (a
+    failed install is a note, not a failed build: the import is optional to the code's authors)."""
+    from packaging.utils import canonicalize_name
+
+    optional: list[str] = []
+    for module, where in sorted(guarded_imports(model_dir, model_py_files(model_dir)).items()):
+        dist = str(canonicalize_name(IMPORT_TO_DIST.get(module, module)))
+        if dist in pins or dist in dropped or dist in FRAMEWORK or dist in ("torch-npu", "npuport", "sandbox"):
+            continue
+        cuda = _cuda_only_reason(dist, compat)
+        if cuda:
+            dropped[dist] = f"CUDA-only ({cuda}); its import is guarded, the code's fallback runs"
+            continue
+        if host_version(dist) is not None:
+            pins[dist] = dist
+            continue
+        pins[dist] = dist
+        optional.append(dist)
+        notes.append(f"{module} is imported inside try/except ({where}) and the code goes on to use it: {dist} is "
+                     "installed into the layered environment when the package index has it.")
+    return optional
 
 
 def _imported_dependencies(model_dir: Path, pins: dict[str, str], dropped: dict[str, str], install: list[str],
@@ -438,6 +481,17 @@ def _imported_dependencies(model_dir: Path, pins: dict[str, str], dropped: dict[
         install.append(requirement)
         notes.append(f"{module} is imported by the model ({where}) and the host does not have it: {requirement} is "
                      "installed into the layered environment.")
+
+
+def model_couplings(model_dir: Path) -> list[str]:
+    """The model's version couplings (hazard H18) as "file:line: reason", in file order."""
+    from agents.rules.h18_version_couplings import config_class_attrs, couplings
+
+    files = model_py_files(model_dir)
+    sources = {p: p.read_text(encoding="utf-8", errors="replace") for p in files}
+    attrs = config_class_attrs(list(sources.values()))
+    return [f"{p.relative_to(model_dir).as_posix()}:{c.line}: {c.reason}" for p, src in sources.items()
+            for c in couplings(src, attrs)]
 
 
 def era_transformers(saved: str | None, host: str | None) -> str | None:
@@ -681,14 +735,31 @@ def _build(env_dir: Path, resolution: Resolution, timeout_s: float) -> None:
                 f"{sys.version_info.major}.{sys.version_info.minor}, may need torch other than the host's, or the "
                 f"package registry may be unreachable:\n{tail}"
             )
+    optional_failed = _install_optional(env_dir, resolution, constraints, timeout_s)
     (env_dir / MARKER).write_text(json.dumps({
-        "key": resolution.env_key, "install": resolution.install, "host_python": resolution.host_python,
+        "key": resolution.env_key, "install": resolution.install, "optional": resolution.optional,
+        "optional_failed": optional_failed, "host_python": resolution.host_python,
         "host_sites": host_site_dirs(), "npuport_root": str(NPUPORT_ROOT),
         "built_s": round(time.monotonic() - start, 1), "model_dir": str(resolution.model_dir),
         "torch_pair": resolution.torch_pair,
         # Folders the env reads besides its own (the sandbox binds them read-only: sandbox/process.py).
         "layers": [str(Path(pair["base_env"]).resolve())] if pair.get("base_env") else [],
     }, indent=1))
+
+
+def _install_optional(env_dir: Path, resolution: Resolution, constraints: Path, timeout_s: float) -> dict[str, str]:
+    """Install each guarded import's package on its own; {package: why not} for those the index lacks."""
+    failed: dict[str, str] = {}
+    for req in resolution.optional:
+        try:
+            done = _run_pip(env_python(env_dir), [req], constraints, timeout_s)
+        except subprocess.TimeoutExpired:
+            failed[req] = f"pip took longer than {timeout_s:g} s"
+            continue
+        if done.returncode != 0:
+            failed[req] = ((done.stderr or done.stdout).strip().splitlines() or ["pip failed"])[-1][:300]
+            _stderr_log(f"optional {req} not installed (the code's fallback runs): {failed[req]}")
+    return failed
 
 
 def native_for(target: Any, python: str) -> Any:

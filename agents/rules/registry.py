@@ -24,6 +24,7 @@ from agents.rules import (
     h15_graph_compile,
     h16_attention_calls,
     h17_fixed_sizes,
+    h18_version_couplings,
 )
 from agents.rules.base import HazardRule, Registry
 
@@ -45,6 +46,7 @@ RULES: tuple[HazardRule, ...] = (
     h15_graph_compile.RULE,
     h16_attention_calls.RULE,
     h17_fixed_sizes.RULE,
+    h18_version_couplings.RULE,
 )
 DEFAULT = Registry(RULES)
 
