@@ -176,7 +176,8 @@ IMPORT_TO_DIST = {"yaml": "pyyaml", "PIL": "pillow", "cv2": "opencv-python", "sk
                   "attr": "attrs", "google.protobuf": "protobuf", "skimage": "scikit-image", "bs4": "beautifulsoup4",
                   "fitz": "pymupdf", "docx": "python-docx", "Crypto": "pycryptodome",
                   "fla": "flash-linear-attention", "transformer_engine": "transformer-engine",
-                  "rotary_emb": "rotary-emb", "cpm_kernels": "cpm-kernels", "flash_rwkv": "flash-rwkv"}
+                  "rotary_emb": "rotary-emb", "cpm_kernels": "cpm-kernels", "flash_rwkv": "flash-rwkv",
+                  "pkg_resources": "setuptools", "triton_pre_mlir": "triton-pre-mlir"}
 
 
 def model_py_files(model_dir: Path) -> list[Path]:

@@ -37,6 +37,7 @@ from packaging.requirements import Requirement
 from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 
+from agents.env_era import LAST_4X, era_transformers, model_couplings, reconcile
 from agents.env_imports import guarded_imports
 from agents.env_pins import (  # noqa: F401  (re-exported)
     IMPORT_TO_DIST,
@@ -85,6 +86,7 @@ class Resolution:
     torch_pair: dict[str, Any] | None = None
     # guarded imports the code goes on to require: installed when the index has them, a failure is a note
     optional: list[str] = field(default_factory=list)
+    era: str | None = None  # the transformers requirement of the model's era, when it runs in one
 
     @property
     def env_key(self) -> str:
@@ -385,7 +387,7 @@ def resolve(model_dir: Path, target: str, torch_npu: str | None) -> Resolution:
     coupled = model_couplings(model_dir) if host_tf and _minor(host_tf)[0] >= 5 else []
     if coupled and "transformers" not in pins and not era and not (saved and _minor(saved)[0] >= 5):
         # config.json names no era, but the code is coupled to 4.x: the last 4.x release runs it
-        era = "transformers<5"
+        era = LAST_4X
     if era:
         # The release the authors ran: code written for 4.x runs under 5.x as long as every name it
         # imports exists, then breaks at run time (no inherited generate, config attributes moved to the
@@ -396,9 +398,9 @@ def resolve(model_dir: Path, target: str, torch_npu: str | None) -> Resolution:
         shown = "; the host's release also lacks " + ", ".join(
             f"{mod}.{name} ({where})" for mod, name, where in missing[:4]) if missing else ""
         why = (f"config.json was saved with transformers {saved} and the host has {host_tf} (another major release)"
-               if saved and era != "transformers<5" else
+               if saved and era != LAST_4X else
                f"config.json names no transformers release and the code is coupled to 4.x ({coupled[0]})")
-        if coupled and saved and era != "transformers<5":
+        if coupled and saved and era != LAST_4X:
             why += f"; the code is coupled to it ({coupled[0]}{f' and {len(coupled) - 1} more' if len(coupled) > 1 else ''})"
         notes.append(f"{why}: the original and the port run in the environment of the model's era, {era}, built "
                      f"once from the package index and shared by every port of that era{shown}.")
@@ -417,7 +419,7 @@ def resolve(model_dir: Path, target: str, torch_npu: str | None) -> Resolution:
         found=found, conflicts=conflicts, notes=notes, dropped=dropped, install=install,
         requirements_txt=requirements_txt, constraints_txt=constraints_txt,
         needs_layered_env=bool(install) or bool(companions) or bool(optional), companions=sorted(set(companions)),
-        optional=optional,
+        optional=optional, era=era,
     )
 
 
@@ -481,33 +483,6 @@ def _imported_dependencies(model_dir: Path, pins: dict[str, str], dropped: dict[
         install.append(requirement)
         notes.append(f"{module} is imported by the model ({where}) and the host does not have it: {requirement} is "
                      "installed into the layered environment.")
-
-
-def model_couplings(model_dir: Path) -> list[str]:
-    """The model's version couplings (hazard H18) as "file:line: reason", in file order."""
-    from agents.rules.h18_version_couplings import config_class_attrs, couplings
-
-    files = model_py_files(model_dir)
-    sources = {p: p.read_text(encoding="utf-8", errors="replace") for p in files}
-    attrs = config_class_attrs(list(sources.values()))
-    return [f"{p.relative_to(model_dir).as_posix()}:{c.line}: {c.reason}" for p, src in sources.items()
-            for c in couplings(src, attrs)]
-
-
-def era_transformers(saved: str | None, host: str | None) -> str | None:
-    """The transformers requirement of the model's era: the newest patch of the minor release its
-    config.json was saved with (``transformers~=4.36.0``), when the host's is another major release;
-    None when the host's release is of the same major (its API is the one the code was written for)."""
-    if not saved or not host:
-        return None
-    try:
-        s_major, s_minor = _minor(saved)
-        h_major = _minor(host)[0]
-    except (ValueError, IndexError):
-        return None
-    if s_major >= h_major or s_major < 4:
-        return None  # older than 4.0 (pytorch-transformers) has no wheel for this Python; keep the host's
-    return f"transformers~={s_major}.{s_minor}.0"
 
 
 def missing_transformers_names(model_dir: Path, python: str | None = None) -> list[tuple[str, str, str]]:
@@ -690,6 +665,27 @@ def ensure_env(resolution: Resolution, cache_root: Path | None = None, timeout_s
         apply_pair(resolution, pair)
     if not resolution.needs_layered_env:
         return None
+    python = _ensure_layered(resolution, root, timeout_s, log)
+    if resolution.era and resolution.era != LAST_4X:
+        missing = missing_transformers_names(resolution.model_dir, python=str(python))
+        if missing:
+            # config.json's release is older than the code: it imports names that came later (a checkpoint
+            # saved with 4.24 by code that imports GenerationConfig, 4.26+). The last 4.x has them all.
+            shown = ", ".join(f"{mod}.{name} ({where})" for mod, name, where in missing[:3])
+            resolution.install = [LAST_4X if r == resolution.era else r for r in resolution.install]
+            resolution.pins["transformers"] = LAST_4X
+            resolution.stack["transformers"] = str(Requirement(LAST_4X).specifier)
+            resolution.notes.append(f"the era's {resolution.era} lacks {shown}, which the code imports: it runs "
+                                    f"with {LAST_4X} instead.")
+            resolution.era = LAST_4X
+            python = _ensure_layered(resolution, root, timeout_s, log)
+    marker = json.loads((python.parent.parent / MARKER).read_text())
+    for dist, outcome in (marker.get("reconciled") or {}).items():
+        resolution.notes.append(f"host package {dist} needs newer releases than the era's: {outcome}.")
+    return python
+
+
+def _ensure_layered(resolution: Resolution, root: Path, timeout_s: float, log: Callable[[str], None]) -> Path:
     env_dir = root / resolution.env_key
     with _locked(root / f"{resolution.env_key}.lock"):
         if (env_dir / MARKER).is_file() and env_python(env_dir).exists():
@@ -736,9 +732,10 @@ def _build(env_dir: Path, resolution: Resolution, timeout_s: float) -> None:
                 f"package registry may be unreachable:\n{tail}"
             )
     optional_failed = _install_optional(env_dir, resolution, constraints, timeout_s)
+    reconciled = reconcile(env_python(env_dir), _run_pip, keep, timeout_s) if resolution.era else {}
     (env_dir / MARKER).write_text(json.dumps({
         "key": resolution.env_key, "install": resolution.install, "optional": resolution.optional,
-        "optional_failed": optional_failed, "host_python": resolution.host_python,
+        "optional_failed": optional_failed, "reconciled": reconciled, "host_python": resolution.host_python,
         "host_sites": host_site_dirs(), "npuport_root": str(NPUPORT_ROOT),
         "built_s": round(time.monotonic() - start, 1), "model_dir": str(resolution.model_dir),
         "torch_pair": resolution.torch_pair,

@@ -47,6 +47,9 @@ CLASSES: tuple[tuple[str, str], ...] = (
     ("3 shrink", r"num_heads=0|divisible|shrink"),
     ("5 npuport rewrite", r"changed nothing|'NoneType' object is not subscriptable|flash"),
     ("validation: tokens differ", r"tokens differ|agree"),
+    ("6 quantized checkpoint", r"bitsandbytes|quantiz|GPTQ|custom_autotune|arg_names"),
+    ("harness: encoder without generate", r"not compatible with `\.generate\(\)`|language model head"),
+    ("3 shrink (shape mismatch)", r"shape mismatch|must match the size|is invalid for input of size"),
 )
 
 
