@@ -1,5 +1,5 @@
 """The environment of the model's era: which transformers its authors ran (config.json's
-``transformers_version``, or the last 4.x when the config names none and the code is coupled to 4.x,
+``transformers_version``, or the last 4.x that gives PreTrainedModel generate (4.49) when the config names none and the code is coupled to 4.x,
 hazard H18), and keeping the layered env consistent with the host packages it shadows.
 
 A layered env installs only the era's transformers (and what pip pulls with it: tokenizers,
@@ -18,7 +18,9 @@ from pathlib import Path
 from agents.env_pins import model_py_files
 from agents.env_torch import minor_of
 
-LAST_4X = "transformers<5"
+# The last 4.x line in which PreTrainedModel itself inherits GenerationMixin (4.50 stopped it): it has
+# every name 4.x code imports and gives generate to the generative classes that relied on the inheritance.
+LAST_4X = "transformers<4.50"
 # pip check: "kernels 0.19.1 has requirement huggingface-hub>=1.32.0, but you have huggingface-hub 0.36.2."
 _BROKEN = re.compile(r"^(?P<dist>[\w.-]+) (?P<ver>\S+) has requirement (?P<req>.+?), but you have (?P<have>[\w.-]+) ")
 
@@ -54,7 +56,7 @@ def own_site_packages(python: Path) -> Path:
     return next(python.parent.parent.glob("lib/python*/site-packages"))
 
 
-def _own_versions(python: Path) -> dict[str, str]:
+def own_versions(python: Path) -> dict[str, str]:
     """{dist: version} installed in the env's own site-packages (not the host's it is layered on)."""
     out = {}
     for info in own_site_packages(python).glob("*.dist-info"):
@@ -68,7 +70,7 @@ def broken_host_packages(python: Path, timeout_s: float = 120.0) -> dict[str, st
     """{host dist: why} for the host packages whose requirements the env's own packages break."""
     done = subprocess.run([str(python), "-m", "pip", "check", "--disable-pip-version-check"], capture_output=True,
                           text=True, timeout=timeout_s)
-    own = _own_versions(python)
+    own = own_versions(python)
     broken: dict[str, str] = {}
     for line in done.stdout.splitlines():
         m = _BROKEN.match(line.strip())
@@ -85,13 +87,13 @@ def reconcile(python: Path, run_pip: Callable[[Path, list[str], Path, float], su
     broken = broken_host_packages(python)
     if not broken:
         return {}
-    own = _own_versions(python)
+    own = own_versions(python)
     constraints = python.parent.parent / "npuport-reconcile-constraints.txt"
     constraints.write_text("\n".join([*keep, *(f"{d}=={v}" for d, v in sorted(own.items()))]) + "\n")
     outcome: dict[str, str] = {}
     for dist, why in sorted(broken.items()):
         done = run_pip(python, [dist], constraints, timeout_s)
-        after = _own_versions(python).get(dist.lower().replace("_", "-"))
+        after = own_versions(python).get(dist.lower().replace("_", "-"))
         outcome[dist] = (f"{dist} {after} installed into the env ({why})" if done.returncode == 0 and after else
                          f"left as the host's: no release fits ({why})")
     return outcome

@@ -37,7 +37,7 @@ from packaging.requirements import Requirement
 from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 
-from agents.env_era import LAST_4X, era_transformers, model_couplings, reconcile
+from agents.env_era import LAST_4X, era_transformers, model_couplings, own_versions, reconcile
 from agents.env_imports import guarded_imports
 from agents.env_pins import (  # noqa: F401  (re-exported)
     IMPORT_TO_DIST,
@@ -49,7 +49,7 @@ from agents.env_pins import (  # noqa: F401  (re-exported)
     transformers_names,
     unconditional_imports,
 )
-from agents.env_torch import COMPANIONS, TorchPair, choose_pair
+from agents.env_torch import COMPANIONS, TorchPair, choose_pair, probe
 from agents.env_torch import minor_of as _minor
 from agents.env_torch import release_of as _release
 from knowledge.errors import EnvBuildError  # noqa: F401  (re-exported)
@@ -666,6 +666,18 @@ def ensure_env(resolution: Resolution, cache_root: Path | None = None, timeout_s
     if not resolution.needs_layered_env:
         return None
     python = _ensure_layered(resolution, root, timeout_s, log)
+    pulled = [c for c in COMPANIONS if c in own_versions(python)] if resolution.torch_pair is None else []
+    if pulled:
+        # a dependency (timm -> torchvision) brought a companion built for another torch: prove it before any
+        # model code runs, and when it does not load, choose the pair as for a model that imports it
+        ok, proof = probe(str(python), pulled)
+        if not ok:
+            resolution.notes.append(f"{', '.join(pulled)} came in with the model's dependencies and does not load "
+                                    f"beside the env's torch ({proof}): the torch pair is chosen and proven.")
+            resolution.companions = sorted(set(resolution.companions) | set(pulled))
+            apply_pair(resolution, choose_pair(resolution.companions, resolution.host_python, host_version("torch"),
+                                               load_compat(), root, log))
+            python = _ensure_layered(resolution, root, timeout_s, log)
     if resolution.era and resolution.era != LAST_4X:
         missing = missing_transformers_names(resolution.model_dir, python=str(python))
         if missing:

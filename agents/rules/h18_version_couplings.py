@@ -5,8 +5,8 @@ config; removed helpers (``get_head_mask``); ``_supports_sdpa`` written as a pro
 ``_tied_weights_keys`` list; ``rope_scaling["type"]``; names that an old star import leaked.
 
 The fix is not a patch but the environment of the model's era (agents/env_resolve.py runs the original
-and the port with the transformers of config.json's ``transformers_version``, or the last 4.x when the
-config names none and this scan finds couplings). One hazard class, one module (see docs/rules.md).
+and the port with the transformers of config.json's ``transformers_version``, or the last 4.x that gives
+PreTrainedModel generate (4.49) when the config names none and this scan finds couplings). One hazard class, one module (see docs/rules.md).
 
 ``couplings(source)`` is plain ``ast`` so the environment resolver asks it without a CST parse."""
 
@@ -159,7 +159,7 @@ def _h18_version_couplings(ctx: ModuleContext) -> None:
 
 
 _ERA = ("not patched: the original and the port run in the environment of the model's era (config.json's "
-        "transformers_version; the last 4.x when it names none), where this code works as written")
+        "transformers_version; the last 4.x whose PreTrainedModel inherits generate, 4.49, when it names none), where this code works as written")
 
 RULE = HazardRule(
     hazard="H18",
