@@ -630,7 +630,10 @@ def apply_pair(resolution: Resolution, pair: TorchPair) -> None:
         resolution.stack[c] = v
     resolution.notes.append(f"torch pair: torch {pair.torch} + "
                             + " + ".join(f"{c} {v}" for c, v in sorted(pair.companions.items()))
-                            + f" ({pair.source}): {pair.reason}. Proof: {pair.proof}.")
+                            + f" ({pair.source}): {pair.reason}. Proof: {pair.proof}."
+                            + (" It is a CUDA build (several GB, its CUDA unused here): the only pair the package "
+                               "index here offers that loads; a CPU build of the same pair is lighter where an "
+                               "index offers one." if "+cu" in pair.proof else ""))
     for req in pair.overlay:
         if req not in resolution.install:
             resolution.install.append(req)
