@@ -30,11 +30,32 @@ def _top_module(node: ast.Import | ast.ImportFrom) -> list[str]:
     return [node.module.split(".")[0]] if node.module and not node.level else []
 
 
+# Other deep-learning frameworks: a guarded import of one serves weight conversion, never the torch model.
+OTHER_FRAMEWORKS = frozenset({"tensorflow", "jax", "jaxlib", "flax", "paddle", "mindspore", "keras", "oneflow"})
+
+
+def _demanded(tree: ast.Module, names: set[str], inside: set[int]) -> bool:
+    """Whether the code outside the try demands the names: ``assert rearrange is not None, ...`` or
+    ``if rearrange is None: raise ...`` (the check a runtime path makes before it uses them)."""
+    def mentions(expr: ast.AST) -> bool:
+        return any(isinstance(n, ast.Name) and n.id in names for n in ast.walk(expr))
+
+    for n in ast.walk(tree):
+        if id(n) in inside:
+            continue
+        if isinstance(n, ast.Assert) and mentions(n.test):
+            return True
+        if isinstance(n, ast.If) and mentions(n.test) and any(isinstance(b, ast.Raise) for b in n.body):
+            return True
+    return False
+
+
 def guarded_imports(model_dir: Path, files: list[Path]) -> dict[str, str]:
-    """Third-party modules imported inside a ``try:`` whose bound names the same file uses outside that
-    try statement (``rearrange(...)``, ``assert rearrange is not None, 'install einops'``): the code
-    requires them at run time even though the import itself is optional. {module: "file:line"}."""
-    own = own_package_names(model_dir, files)
+    """Third-party modules imported inside a ``try:`` that the code outside the try then demands
+    (``assert rearrange is not None, 'install einops'``, ``if rearrange is None: raise``): the code
+    requires them at run time though the import itself is optional. Other frameworks (tensorflow, jax)
+    are left out. {module: "file:line"}."""
+    own = own_package_names(model_dir, files) | OTHER_FRAMEWORKS
     found: dict[str, str] = {}
     for path in files:
         try:
@@ -49,8 +70,7 @@ def guarded_imports(model_dir: Path, files: list[Path]) -> dict[str, str]:
                 if not isinstance(imp, ast.Import | ast.ImportFrom):
                     continue
                 names = set(_bound_names(imp))
-                used = any(isinstance(n, ast.Name) and n.id in names and id(n) not in inside
-                           for n in ast.walk(tree))
+                used = _demanded(tree, names, inside)
                 for module in _top_module(imp):
                     if used and module not in sys.stdlib_module_names and module not in own and module not in found:
                         found[module] = f"{path.relative_to(model_dir).as_posix()}:{imp.lineno}"

@@ -99,6 +99,8 @@ class Resolution:
             "npuport_root": str(NPUPORT_ROOT),
             "torch_pair": {k: (self.torch_pair or {}).get(k) for k in ("base_env", "overlay", "torch")},
             **({"optional": sorted(self.optional)} if self.optional else {}),
+            # an era's env is reconciled with the host packages it shadows (agents/env_era.py)
+            **({"era_layout": 2} if self.era else {}),
         }
         return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()[:16]
 
