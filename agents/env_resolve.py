@@ -439,14 +439,14 @@ def _guarded_dependencies(model_dir: Path, pins: dict[str, str], dropped: dict[s
             continue
         cuda = _cuda_only_reason(dist, compat)
         if cuda:
-            dropped[dist] = f"CUDA-only ({cuda}); its import is guarded, the code's fallback runs"
+            dropped[dist] = f"CUDA-only ({cuda}); a guarded import the code demands: the port removes or replaces its uses (H3)"
             continue
         if host_version(dist) is not None:
             pins[dist] = dist
             continue
         pins[dist] = dist
         optional.append(dist)
-        notes.append(f"{module} is imported inside try/except ({where}) and the code goes on to use it: {dist} is "
+        notes.append(f"{module} is imported inside try/except ({where}) and the code demands it: {dist} is "
                      "installed into the layered environment when the package index has it.")
     return optional
 
