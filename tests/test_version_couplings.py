@@ -205,3 +205,36 @@ def test_guarded_imports_the_code_requires_and_self_imports(tmp_path: Path) -> N
     # CUDA-only guarded import the code demands: dropped (H3 removes or replaces its uses)
     assert "some-optional-probe-pkg" not in everything and "tensorflow" not in everything
     assert "CUDA-only" in res.dropped["flash-attn"]
+
+
+def test_the_harness_builds_remote_code_as_the_auto_classes_hand_it_out(tmp_path: Path) -> None:
+    """A generative PreTrainedModel written before 4.50 (prepare_inputs_for_generation, no GenerationMixin)
+    gets generate the way AutoModel*.from_pretrained(trust_remote_code=True) gives it; an encoder does not."""
+    import torch
+    from transformers import PretrainedConfig, PreTrainedModel
+
+    from sandbox.harness import build_model
+
+    class ProbeConfig(PretrainedConfig):
+        model_type = "npuport-h18-harness-probe"
+
+    class Lm(PreTrainedModel):
+        config_class = ProbeConfig
+
+        def __init__(self, config: ProbeConfig) -> None:
+            super().__init__(config)
+            self.lin = torch.nn.Linear(2, 2)
+
+        def prepare_inputs_for_generation(self, ids, **kw):  # type: ignore[no-untyped-def]
+            return {"ids": ids}
+
+    class Encoder(PreTrainedModel):
+        config_class = ProbeConfig
+
+        def __init__(self, config: ProbeConfig) -> None:
+            super().__init__(config)
+            self.lin = torch.nn.Linear(2, 2)
+
+    lm = build_model(Lm, {}, tmp_path)
+    assert hasattr(lm, "generate") and isinstance(lm, Lm) and type(lm).__name__ == "Lm"
+    assert not hasattr(build_model(Encoder, {}, tmp_path), "generate")
