@@ -409,6 +409,13 @@ def resolve(model_dir: Path, target: str, torch_npu: str | None) -> Resolution:
     elif saved and host_tf:
         notes.append(f"config.json was saved with transformers {saved} and the host has {host_tf} (same major "
                      "release): the host's transformers is kept.")
+    if era and target in NPU_TARGETS and "einops" not in pins and host_version("einops") is None:
+        # transformers 4.x on an Ascend host (torch_npu importable) imports its NPU flash-attention
+        # integration, which imports einops unconditionally
+        pins["einops"] = "einops"
+        install.append("einops")
+        notes.append(f"{era} imports einops on an Ascend target (transformers.integrations.npu_flash_attention): "
+                     "einops is installed into the layered environment.")
     _imported_dependencies(model_dir, pins, dropped, install, notes, compat, stack, companions)
     optional = _guarded_dependencies(model_dir, pins, dropped, notes, compat)
     tf_exact = _exact(SpecifierSet(str(Requirement(pins["transformers"]).specifier))) if "transformers" in pins else None
