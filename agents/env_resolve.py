@@ -703,6 +703,8 @@ def ensure_env(resolution: Resolution, cache_root: Path | None = None, timeout_s
                                     f"with {LAST_4X} instead.")
             resolution.era = LAST_4X
             python = _ensure_layered(resolution, root, timeout_s, log)
+    if resolution.era and (installed := own_versions(python).get("transformers")):
+        resolution.stack["transformers"] = installed  # the release pip chose for the era's range
     marker = json.loads((python.parent.parent / MARKER).read_text())
     for dist, outcome in (marker.get("reconciled") or {}).items():
         resolution.notes.append(f"host package {dist} needs newer releases than the era's: {outcome}.")
