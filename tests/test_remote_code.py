@@ -318,7 +318,13 @@ def test_port_remote_code_with_shrink_validates_and_verifies(tmp_path: Path, sim
     v = subprocess.run([*cli, "verify", str(out)], capture_output=True, text=True, timeout=600, env=env, cwd=REPO_ROOT)
     assert v.returncode == 0, v.stdout + v.stderr
     assert "DISAGREE" not in v.stdout
-    run = subprocess.run([sys.executable, str(out / "run.py"), "--target", "cpu", "--repeats", "1"],
+    # run.py runs where the bundle's constraints hold: the fixture's era (config.json: 4.46.3) is the env the
+    # port ran in, not the host's 5.x, and constraints.txt pins the release it installed
+    from agents.deploy.verify import report_python
+
+    assert "transformers==4.46." in (out / "constraints.txt").read_text()
+    python = report_python(report) or sys.executable
+    run = subprocess.run([python, str(out / "run.py"), "--target", "cpu", "--repeats", "1"],
                          capture_output=True, text=True, timeout=300, cwd=out)
     assert run.returncode == 0, run.stderr
     assert str(report["numerics"]["port_tokens"][0]) in run.stdout
@@ -335,7 +341,10 @@ def test_port_through_the_preprocessing_path_and_run_py_builds_the_same_inputs(t
     assert report["numerics"]["verdict"] == "match"
     assert all((run.get("inputs") or {}).get("source") == "preprocess" for run in report["runs"]), report["runs"]
     assert "inputs (preprocess): inputs built by the model's own preprocessing path" in (out / "report.md").read_text()
-    run = subprocess.run([sys.executable, str(out / "run.py"), "--target", "cpu", "--repeats", "1"],
+    from agents.deploy.verify import report_python
+
+    python = report_python(report) or sys.executable  # the env the port ran in (the host's here)
+    run = subprocess.run([python, str(out / "run.py"), "--target", "cpu", "--repeats", "1"],
                          capture_output=True, text=True, timeout=300, cwd=out)
     assert run.returncode == 0, run.stderr
     assert str(report["numerics"]["port_tokens"][0]) in run.stdout  # run.py drove the same path
