@@ -174,10 +174,13 @@ def saved_transformers_version(model_dir: Path) -> str | None:
 # import name -> distribution name, where they differ
 IMPORT_TO_DIST = {"yaml": "pyyaml", "PIL": "pillow", "cv2": "opencv-python", "sklearn": "scikit-learn",
                   "attr": "attrs", "google.protobuf": "protobuf", "skimage": "scikit-image", "bs4": "beautifulsoup4",
-                  "fitz": "pymupdf", "docx": "python-docx", "Crypto": "pycryptodome"}
+                  "fitz": "pymupdf", "docx": "python-docx", "Crypto": "pycryptodome",
+                  "fla": "flash-linear-attention", "transformer_engine": "transformer-engine",
+                  "rotary_emb": "rotary-emb", "cpm_kernels": "cpm-kernels", "flash_rwkv": "flash-rwkv",
+                  "pkg_resources": "setuptools", "triton_pre_mlir": "triton-pre-mlir"}
 
 
-def _model_py_files(model_dir: Path) -> list[Path]:
+def model_py_files(model_dir: Path) -> list[Path]:
     return [p for p in sorted(model_dir.rglob("*.py"))
             if not any(part.startswith(".") or part in ("__pycache__", "tests", "test") for part in
                        p.relative_to(model_dir).parts[:-1])]
@@ -188,8 +191,10 @@ def unconditional_imports(model_dir: Path) -> dict[str, str]:
     (an import a guard protects is optional): {module: "file:line"} of the first such import."""
     import sys
 
-    files = _model_py_files(model_dir)
-    local = {p.stem for p in files} | {p.name for p in model_dir.iterdir() if p.is_dir()}
+    from agents.env_imports import own_package_names
+
+    files = model_py_files(model_dir)
+    local = own_package_names(model_dir, files)
     found: dict[str, str] = {}
     for path in files:
         try:
@@ -212,7 +217,7 @@ def transformers_names(model_dir: Path) -> list[tuple[str, str, str]]:
     """(module, name, "file:line") for every ``from transformers[.x] import name`` in the model's files:
     the API surface that couples the model to a transformers release."""
     out: list[tuple[str, str, str]] = []
-    for path in _model_py_files(model_dir):
+    for path in model_py_files(model_dir):
         try:
             tree = ast.parse(path.read_text(encoding="utf-8", errors="replace"))
         except SyntaxError:

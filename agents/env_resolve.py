@@ -37,16 +37,19 @@ from packaging.requirements import Requirement
 from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 
+from agents.env_era import LAST_4X, era_transformers, model_couplings, own_versions, reconcile
+from agents.env_imports import guarded_imports
 from agents.env_pins import (  # noqa: F401  (re-exported)
     IMPORT_TO_DIST,
     RANK,
     Pin,
     find_pins,
+    model_py_files,
     saved_transformers_version,
     transformers_names,
     unconditional_imports,
 )
-from agents.env_torch import COMPANIONS, TorchPair, choose_pair
+from agents.env_torch import COMPANIONS, TorchPair, choose_pair, probe
 from agents.env_torch import minor_of as _minor
 from agents.env_torch import release_of as _release
 from knowledge.errors import (
@@ -84,6 +87,9 @@ class Resolution:
     # when the environment is built (agents/env_torch.py), then recorded in torch_pair.
     companions: list[str] = field(default_factory=list)
     torch_pair: dict[str, Any] | None = None
+    # guarded imports the code goes on to require: installed when the index has them, a failure is a note
+    optional: list[str] = field(default_factory=list)
+    era: str | None = None  # the transformers requirement of the model's era, when it runs in one
 
     @property
     def env_key(self) -> str:
@@ -95,12 +101,16 @@ class Resolution:
             "host_sites": host_site_dirs(),
             "npuport_root": str(NPUPORT_ROOT),
             "torch_pair": {k: (self.torch_pair or {}).get(k) for k in ("base_env", "overlay", "torch")},
+            **({"optional": sorted(self.optional)} if self.optional else {}),
+            # an era's env is reconciled with the host packages it shadows (agents/env_era.py)
+            **({"era_layout": 2} if self.era else {}),
         }
         return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()[:16]
 
     def summary(self) -> str:
         stack = ", ".join(f"{k} {v}" for k, v in self.stack.items() if v)
-        env = f"layered env installs {', '.join(self.install)}" if self.needs_layered_env else "host env suffices"
+        env = (f"layered env installs {', '.join([*self.install, *self.optional])}" if self.needs_layered_env
+               else "host env suffices")
         return f"{stack}; {env}; {len(self.conflicts)} conflict(s)"
 
     def as_dict(self) -> dict[str, Any]:
@@ -109,7 +119,7 @@ class Resolution:
             "found": [vars(p) for p in self.found], "conflicts": self.conflicts, "notes": self.notes,
             "dropped": self.dropped, "install": self.install, "needs_layered_env": self.needs_layered_env,
             "env_key": self.env_key if self.needs_layered_env else None,
-            "companions": self.companions, "torch_pair": self.torch_pair,
+            "companions": self.companions, "torch_pair": self.torch_pair, "optional": self.optional,
             "summary": self.summary(),
         }
 
@@ -378,30 +388,77 @@ def resolve(model_dir: Path, target: str, torch_npu: str | None) -> Resolution:
 
     host_tf = host_version("transformers")
     saved = saved_transformers_version(model_dir)
-    if saved and "transformers" not in pins and host_tf and _minor(saved)[0] != _minor(host_tf)[0]:
+    era = era_transformers(saved, host_tf) if "transformers" not in pins else None
+    coupled = model_couplings(model_dir) if host_tf and _minor(host_tf)[0] >= 5 else []
+    if coupled and "transformers" not in pins and not era and not (saved and _minor(saved)[0] >= 5):
+        # config.json names no era, but the code is coupled to 4.x: the last 4.x release runs it
+        era = LAST_4X
+    if era:
+        # The release the authors ran: code written for 4.x runs under 5.x as long as every name it
+        # imports exists, then breaks at run time (no inherited generate, config attributes moved to the
+        # generation config, removed helpers). Both the reference and the port run in the era's env.
+        pins["transformers"] = era
+        install.append(era)
         missing = missing_transformers_names(model_dir)
-        if missing:
-            # A version coupling: the model's code needs names the host's transformers no longer has.
-            pins["transformers"] = f"transformers=={saved}"
-            install.append(pins["transformers"])
-            shown = ", ".join(f"{mod}.{name} ({where})" for mod, name, where in missing[:4])
-            notes.append(f"config.json was saved with transformers {saved}; the host's {host_tf} lacks "
-                         f"{shown}{' ...' if len(missing) > 4 else ''}: transformers=={saved} is installed into "
-                         "the layered environment.")
-        else:
-            notes.append(f"config.json was saved with transformers {saved} and the host has {host_tf}; every "
-                         "transformers name the model imports exists in the host's release, so it is kept.")
+        shown = "; the host's release also lacks " + ", ".join(
+            f"{mod}.{name} ({where})" for mod, name, where in missing[:4]) if missing else ""
+        why = (f"config.json was saved with transformers {saved} and the host has {host_tf} (another major release)"
+               if saved and era != LAST_4X else
+               f"config.json names no transformers release and the code is coupled to 4.x ({coupled[0]})")
+        if coupled and saved and era != LAST_4X:
+            why += f"; the code is coupled to it ({coupled[0]}{f' and {len(coupled) - 1} more' if len(coupled) > 1 else ''})"
+        notes.append(f"{why}: the original and the port run in the environment of the model's era, {era}, built "
+                     f"once from the package index and shared by every port of that era{shown}.")
+    elif saved and host_tf:
+        notes.append(f"config.json was saved with transformers {saved} and the host has {host_tf} (same major "
+                     "release): the host's transformers is kept.")
+    if era and target in NPU_TARGETS and "einops" not in pins and host_version("einops") is None:
+        # transformers 4.x on an Ascend host (torch_npu importable) imports its NPU flash-attention
+        # integration, which imports einops unconditionally
+        pins["einops"] = "einops"
+        install.append("einops")
+        notes.append(f"{era} imports einops on an Ascend target (transformers.integrations.npu_flash_attention): "
+                     "einops is installed into the layered environment.")
     _imported_dependencies(model_dir, pins, dropped, install, notes, compat, stack, companions)
+    optional = _guarded_dependencies(model_dir, pins, dropped, notes, compat)
     tf_exact = _exact(SpecifierSet(str(Requirement(pins["transformers"]).specifier))) if "transformers" in pins else None
-    stack["transformers"] = tf_exact or host_tf
+    # an era's range (transformers~=4.36.0) is shown as it is: pip picks its newest patch when the env is built
+    stack["transformers"] = tf_exact or (str(Requirement(era).specifier) if era else host_tf)
 
     requirements_txt, constraints_txt = _bundle_files(target, stack, pins, compat)
     return Resolution(
         model_dir=model_dir, target=target, torch_npu=stack.get("torch_npu"), stack=stack, pins=pins,
         found=found, conflicts=conflicts, notes=notes, dropped=dropped, install=install,
         requirements_txt=requirements_txt, constraints_txt=constraints_txt,
-        needs_layered_env=bool(install) or bool(companions), companions=sorted(set(companions)),
+        needs_layered_env=bool(install) or bool(companions) or bool(optional), companions=sorted(set(companions)),
+        optional=optional, era=era,
     )
+
+
+def _guarded_dependencies(model_dir: Path, pins: dict[str, str], dropped: dict[str, str], notes: list[str],
+                          compat: dict[str, Any]) -> list[str]:
+    """Packages imported inside try/except that the code then requires (agents/env_imports.py): the host's
+    when it has them, else installed into the layered environment when the package index has them (a
+    failed install is a note, not a failed build: the import is optional to the code's authors)."""
+    from packaging.utils import canonicalize_name
+
+    optional: list[str] = []
+    for module, where in sorted(guarded_imports(model_dir, model_py_files(model_dir)).items()):
+        dist = str(canonicalize_name(IMPORT_TO_DIST.get(module, module)))
+        if dist in pins or dist in dropped or dist in FRAMEWORK or dist in ("torch-npu", "npuport", "sandbox"):
+            continue
+        cuda = _cuda_only_reason(dist, compat)
+        if cuda:
+            dropped[dist] = f"CUDA-only ({cuda}); a guarded import the code demands: the port removes or replaces its uses (H3)"
+            continue
+        if host_version(dist) is not None:
+            pins[dist] = dist
+            continue
+        pins[dist] = dist
+        optional.append(dist)
+        notes.append(f"{module} is imported inside try/except ({where}) and the code demands it: {dist} is "
+                     "installed into the layered environment when the package index has it.")
+    return optional
 
 
 def _imported_dependencies(model_dir: Path, pins: dict[str, str], dropped: dict[str, str], install: list[str],
@@ -589,7 +646,10 @@ def apply_pair(resolution: Resolution, pair: TorchPair) -> None:
         resolution.stack[c] = v
     resolution.notes.append(f"torch pair: torch {pair.torch} + "
                             + " + ".join(f"{c} {v}" for c, v in sorted(pair.companions.items()))
-                            + f" ({pair.source}): {pair.reason}. Proof: {pair.proof}.")
+                            + f" ({pair.source}): {pair.reason}. Proof: {pair.proof}."
+                            + (" It is a CUDA build (several GB, its CUDA unused here): the only pair the package "
+                               "index here offers that loads; a CPU build of the same pair is lighter where an "
+                               "index offers one." if "+cu" in pair.proof else ""))
     for req in pair.overlay:
         if req not in resolution.install:
             resolution.install.append(req)
@@ -624,6 +684,41 @@ def ensure_env(resolution: Resolution, cache_root: Path | None = None, timeout_s
         apply_pair(resolution, pair)
     if not resolution.needs_layered_env:
         return None
+    python = _ensure_layered(resolution, root, timeout_s, log)
+    pulled = [c for c in COMPANIONS if c in own_versions(python)] if resolution.torch_pair is None else []
+    if pulled:
+        # a dependency (timm -> torchvision) brought a companion built for another torch: prove it before any
+        # model code runs, and when it does not load, choose the pair as for a model that imports it
+        ok, proof = probe(str(python), pulled)
+        if not ok:
+            resolution.notes.append(f"{', '.join(pulled)} came in with the model's dependencies and does not load "
+                                    f"beside the env's torch ({proof}): the torch pair is chosen and proven.")
+            resolution.companions = sorted(set(resolution.companions) | set(pulled))
+            apply_pair(resolution, choose_pair(resolution.companions, resolution.host_python, host_version("torch"),
+                                               load_compat(), root, log))
+            python = _ensure_layered(resolution, root, timeout_s, log)
+    if resolution.era and resolution.era != LAST_4X:
+        missing = missing_transformers_names(resolution.model_dir, python=str(python))
+        if missing:
+            # config.json's release is older than the code: it imports names that came later (a checkpoint
+            # saved with 4.24 by code that imports GenerationConfig, 4.26+). The last 4.x has them all.
+            shown = ", ".join(f"{mod}.{name} ({where})" for mod, name, where in missing[:3])
+            resolution.install = [LAST_4X if r == resolution.era else r for r in resolution.install]
+            resolution.pins["transformers"] = LAST_4X
+            resolution.stack["transformers"] = str(Requirement(LAST_4X).specifier)
+            resolution.notes.append(f"the era's {resolution.era} lacks {shown}, which the code imports: it runs "
+                                    f"with {LAST_4X} instead.")
+            resolution.era = LAST_4X
+            python = _ensure_layered(resolution, root, timeout_s, log)
+    if resolution.era and (installed := own_versions(python).get("transformers")):
+        resolution.stack["transformers"] = installed  # the release pip chose for the era's range
+    marker = json.loads((python.parent.parent / MARKER).read_text())
+    for dist, outcome in (marker.get("reconciled") or {}).items():
+        resolution.notes.append(f"host package {dist} needs newer releases than the era's: {outcome}.")
+    return python
+
+
+def _ensure_layered(resolution: Resolution, root: Path, timeout_s: float, log: Callable[[str], None]) -> Path:
     env_dir = root / resolution.env_key
     with _locked(root / f"{resolution.env_key}.lock"):
         if (env_dir / MARKER).is_file() and env_python(env_dir).exists():
@@ -669,14 +764,32 @@ def _build(env_dir: Path, resolution: Resolution, timeout_s: float) -> None:
                 f"{sys.version_info.major}.{sys.version_info.minor}, may need torch other than the host's, or the "
                 f"package registry may be unreachable:\n{tail}"
             )
+    optional_failed = _install_optional(env_dir, resolution, constraints, timeout_s)
+    reconciled = reconcile(env_python(env_dir), _run_pip, keep, timeout_s) if resolution.era else {}
     (env_dir / MARKER).write_text(json.dumps({
-        "key": resolution.env_key, "install": resolution.install, "host_python": resolution.host_python,
+        "key": resolution.env_key, "install": resolution.install, "optional": resolution.optional,
+        "optional_failed": optional_failed, "reconciled": reconciled, "host_python": resolution.host_python,
         "host_sites": host_site_dirs(), "npuport_root": str(NPUPORT_ROOT),
         "built_s": round(time.monotonic() - start, 1), "model_dir": str(resolution.model_dir),
         "torch_pair": resolution.torch_pair,
         # Folders the env reads besides its own (the sandbox binds them read-only: sandbox/process.py).
         "layers": [str(Path(pair["base_env"]).resolve())] if pair.get("base_env") else [],
     }, indent=1))
+
+
+def _install_optional(env_dir: Path, resolution: Resolution, constraints: Path, timeout_s: float) -> dict[str, str]:
+    """Install each guarded import's package on its own; {package: why not} for those the index lacks."""
+    failed: dict[str, str] = {}
+    for req in resolution.optional:
+        try:
+            done = _run_pip(env_python(env_dir), [req], constraints, timeout_s)
+        except subprocess.TimeoutExpired:
+            failed[req] = f"pip took longer than {timeout_s:g} s"
+            continue
+        if done.returncode != 0:
+            failed[req] = ((done.stderr or done.stdout).strip().splitlines() or ["pip failed"])[-1][:300]
+            _stderr_log(f"optional {req} not installed (the code's fallback runs): {failed[req]}")
+    return failed
 
 
 def native_for(target: Any, python: str) -> Any:

@@ -264,8 +264,20 @@ def build_model(cls: Any, config: dict[str, Any], model_dir: Path) -> Any:
         return cls(config)
     config_obj = config_cls(**config)  # what PretrainedConfig.from_dict does with a dict
     if hasattr(cls, "_from_config"):
-        return cls._from_config(config_obj)
+        return with_generation_mixin(cls)._from_config(config_obj)
     return cls(config_obj)
+
+
+def with_generation_mixin(cls: Any) -> Any:
+    """The class as transformers' Auto classes hand out remote code (``trust_remote_code=True``): a
+    generative PreTrainedModel that relied on inheriting generate (it defines its own
+    prepare_inputs_for_generation or generate) gets GenerationMixin among its bases, the way the model's
+    authors loaded it (``auto_factory.add_generation_mixin_to_remote_model``, transformers >= 4.45)."""
+    try:
+        from transformers.models.auto.auto_factory import add_generation_mixin_to_remote_model
+    except ImportError:  # older releases: PreTrainedModel itself inherits GenerationMixin
+        return cls
+    return add_generation_mixin_to_remote_model(cls)
 
 
 def model_inputs_for(model: Any, manifest: dict[str, Any], model_dir: Path, config: dict[str, Any], seed: int,

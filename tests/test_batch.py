@@ -165,10 +165,16 @@ def test_local_executor_batch_with_a_hanging_model(tmp_path: Path, npuport_home:
     assert rows["gamma"]["verdict"] == "failed" and "timed out after 12 s" in rows["gamma"]["reason"]
     # the killed port's sandbox run did not outlive it
     assert not _processes_in(npuport_home)
-    # beta came from an archive and ran with the batch's shrink overrides; the user's files are untouched
-    staged = json.loads((out / "beta" / "report.json").read_text())["request"]["model_path"]
-    assert json.loads((Path(staged) / "config.json").read_text())["vocab"] == 24
+    # beta came from an archive and ran shrunk as `npuport port --shrink` does: the request carries shrink,
+    # every run derived the small config (sandbox/shrink.py) with the model's npuport.yaml override on top;
+    # the user's files are untouched
+    report = json.loads((out / "beta" / "report.json").read_text())
+    assert report["request"]["shrink"] is True
+    runs_shrunk = [r.get("shrunk") for r in report["runs"]]
+    assert runs_shrunk and all(s is not None and any(c.startswith("vocab: 32 -> 24") for c in s) for s in runs_shrunk)
     assert json.loads((tmp_path / "src" / "beta" / "config.json").read_text())["vocab"] == 32
+    assert "shrink" not in json.loads((out / "alpha" / "report.json").read_text())["request"] or \
+        json.loads((out / "alpha" / "report.json").read_text())["request"]["shrink"] is False
     # a rerun of the same manifest says what it skipped (nothing runs again)
     again = subprocess.run([sys.executable, "-m", "api.cli", "batch", str(manifest), "--executor", "local",
                             "--workers", "2", "--out", str(out)], capture_output=True, text=True, env=env,

@@ -5,6 +5,9 @@ installed here)."""
 from __future__ import annotations
 
 import math
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -12,7 +15,7 @@ import torch
 
 from agents.models import Severity
 from agents.rules.h14_host_memory import guard_pin_memory
-from agents.rules.h15_graph_compile import compile_eager
+from agents.rules.h15_graph_compile import compile_eager, default_jit_executor
 from agents.rules.h16_attention_calls import attention_to_sdpa
 from agents.scanner import scan_source
 
@@ -62,6 +65,44 @@ def test_compile_eager_runs_the_same_function() -> None:
     x = torch.arange(4.0)
     assert torch.equal(ns["f"](x), x * 2 + 1) and isinstance(ns["lin"], torch.nn.Identity)
     assert "torch.compile(torch.nn.Identity())" in out.source  # the default mode stays
+
+
+LEGACY_JIT = ("import sys, torch\n"
+              "torch._C._jit_set_profiling_mode(False)\n"
+              "torch._C._jit_set_profiling_executor(False)\n"
+              "torch._C._jit_override_can_fuse_on_gpu(True)\n"
+              "@torch.jit.script\n"
+              "def f(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:\n"
+              "    return torch.sigmoid(x * y + 1.0) * x\n"
+              "g = torch.Generator().manual_seed(0)\n"
+              "x, y = torch.randn(4, 8, generator=g), torch.randn(4, 8, generator=g)\n"
+              "dev = sys.argv[1]\n"
+              "outs = [f(x.to(dev), y.to(dev)) for _ in range(3)]\n"
+              "print(outs[-1].tolist() if dev == 'cpu' else 'ran on ' + dev)\n")
+
+
+def test_the_legacy_jit_executor_is_found() -> None:
+    assert [(r, line, fx) for _, r, line, fx in _rules(LEGACY_JIT)] == [("legacy-jit-fuser", 2, True),
+                                                                        ("legacy-jit-fuser", 3, True)]
+
+
+@pytest.mark.meaning("default-jit-executor")
+def test_default_jit_executor_computes_the_same_and_runs_on_other_devices(tmp_path: Path) -> None:
+    """The legacy executor's fuser raises on a device it does not know (meta stands in for the NPU, as
+    the fuser knows only CPU and CUDA); the rewrite computes the same on the CPU and runs there. The JIT
+    switches are process-wide, so each side runs in its own interpreter."""
+    out = default_jit_executor(LEGACY_JIT)
+    assert out.changed and len(out.edits) == 2 and "(False)" not in out.source
+    assert "_jit_override_can_fuse_on_gpu(True)" in out.source  # a fuser switch alone selects no executor
+    runs = {}
+    for name, src in (("original", LEGACY_JIT), ("rewritten", out.source)):
+        (tmp_path / f"{name}.py").write_text(src)
+        runs[name] = {dev: subprocess.run([sys.executable, str(tmp_path / f"{name}.py"), dev], capture_output=True,
+                                          text=True, timeout=120) for dev in ("cpu", "meta")}
+    assert runs["original"]["cpu"].returncode == 0 and runs["rewritten"]["cpu"].returncode == 0
+    assert runs["original"]["cpu"].stdout == runs["rewritten"]["cpu"].stdout  # same numbers
+    assert "Unknown device for graph fuser" in runs["original"]["meta"].stderr
+    assert runs["rewritten"]["meta"].returncode == 0 and "ran on meta" in runs["rewritten"]["meta"].stdout
 
 
 def _reference_bshd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | None = None,

@@ -6,7 +6,7 @@ defaults:
   target: cpu            # a target of sandbox/targets/registry.py (cpu, ascend-sim, npu, auto)
   chip: 910b
   objective: throughput
-  shrink: false          # true: apply the model's own `shrink` overrides; or a dict of config overrides
+  shrink: false          # true: the small config of `npuport port --shrink`; a dict: also these config overrides
   tune: false
   budget: {max_runs: 8, max_wall_s: 1800, run_timeout_s: 300}
   timeout_s: 3600        # the batch kills a port that runs longer
@@ -60,6 +60,7 @@ class PortSettings(BaseModel):
     policy: PolicyName = POLICIES[0]
     strict: bool = False
     shrink: bool | dict[str, Any] = False
+    strict_perf: bool = False
     tune: bool = False
     tune_trials: int | None = Field(default=None, ge=1, le=200)
     budget: Budget = Field(default_factory=Budget)
@@ -80,6 +81,7 @@ class ModelEntry(BaseModel):
     policy: PolicyName | None = None
     strict: bool | None = None
     shrink: bool | dict[str, Any] | None = None
+    strict_perf: bool | None = None
     tune: bool | None = None
     tune_trials: int | None = Field(default=None, ge=1, le=200)
     budget: dict[str, Any] | None = None

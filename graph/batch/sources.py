@@ -61,17 +61,10 @@ def unpack(archive: Path, dest: Path) -> Path:
     return entries[0] if len(entries) == 1 and entries[0].is_dir() else dest
 
 
-def _shrink_overrides(model: Path, shrink: bool | dict[str, Any]) -> dict[str, Any]:
-    if isinstance(shrink, dict):
-        return shrink
-    if not shrink:
-        return {}
-    manifest = model / "npuport.yaml"
-    if manifest.is_file():
-        data = yaml.safe_load(manifest.read_text()) or {}
-        if isinstance(data, dict) and isinstance(data.get("shrink"), dict):
-            return dict(data["shrink"])
-    return {}
+def _shrink_overrides(shrink: bool | dict[str, Any]) -> dict[str, Any]:
+    # `shrink: true` is the request's (the harness derives the small config, sandbox/shrink.py, and
+    # applies the model's own npuport.yaml overrides); only a batch's dict of overrides is staged here.
+    return dict(shrink) if isinstance(shrink, dict) else {}
 
 
 def _config_file(model: Path) -> Path:
@@ -91,7 +84,7 @@ def stage(source: Path, kind: str, shrink: bool | dict[str, Any], staging: Path)
         notes.append(f"unpacked {source.name}")
     else:
         model = source
-    overrides = _shrink_overrides(model, shrink)
+    overrides = _shrink_overrides(shrink)
     if overrides:
         cfg = _config_file(model)
         if not cfg.is_file():
