@@ -18,7 +18,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from sandbox.harness import _load_attr, build_model, load_config, model_inputs_for
+from sandbox.harness import _import_with_stubs, _load_attr, build_model, load_config, model_inputs_for
 from sandbox.model_inputs import seed_parameters
 
 
@@ -81,11 +81,13 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
         torch.set_num_threads(int(spec["threads"]))  # the same CPU threads as the server's engine
     redirect.install("cpu")  # the original's cuda calls run on the CPU, as in the reference run
     sys.path.insert(0, str(model_dir))
+    # CUDA-only modules the original imports (flash_attn, ...) are stubbed as in the reference run
+    stubbed: list[str] = []
     config, _ = load_config(model_dir, manifest, {"shrink": spec.get("shrink"),
                                                   "config_overrides": spec.get("config_overrides")})
-    cls = _load_attr(manifest["entry"]["class"], model_dir)
+    cls = _import_with_stubs(lambda: _load_attr(manifest["entry"]["class"], model_dir), True, stubbed)
     torch.manual_seed(seed)
-    model = build_model(cls, config, model_dir)
+    model = _import_with_stubs(lambda: build_model(cls, config, model_dir), True, stubbed)
     seed_parameters(model, seed)
     model.eval()
     run_cfg = manifest.get("run") or {}
