@@ -144,6 +144,7 @@ def _summary(report: dict[str, Any]) -> list[str]:
     lines += [f"- **Target:** {target.get('name', '?')}, chip {_chip_text(req.chip)}, torch_npu "
               f"{req.torch_npu}; {counters.get('port_runs', 0)} port + {counters.get('reference_runs', 0)} "
               f"reference run(s) in {report['wall_s']:.0f} s; isolation {_isolation_text(report.get('runs') or [])}",
+              f"- **Environment (every run):** {_md_escape(_environment_text(report.get('environment') or {}))}",
               "- Every detail (token ids, each edit, each trial) is in `report.json`.", ""]
     return lines
 
