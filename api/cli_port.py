@@ -95,9 +95,11 @@ def print_summary(state: dict[str, Any]) -> None:
             table.add_row("throughput", str(tuning.get("detail") or ""))
     perf = state.get("perf") or {}
     if perf.get("profiled"):
+        from agents.perf_evidence import shown_where
+
         found = perf.get("pathologies") or []
         table.add_row("performance", ("1 pathology" if len(found) == 1 else f"{len(found)} pathologies") + "".join(
-            f"\n  {p['title']} at {p.get('where') or '?'}" for p in found))
+            f"\n  {p['title']} at {shown_where(p)}" for p in found))
     deployed = Path(str(bundle.get("dir") or "")) / "deployment.json" if bundle.get("dir") else None
     if deployed is not None and deployed.is_file():  # the exercised deployment (agents/deploy/serving.py)
         from agents.deploy.serve_report import deployment_summary
