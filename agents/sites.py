@@ -44,8 +44,10 @@ def port_site(where: str | None, workdir: str | Path | None, user_model: str | P
     file, sep, line = str(where).rpartition(":")
     if not sep or not line.isdigit():
         return str(where)
-    if Path(file).is_absolute() or not workdir:
-        return f"{where}{OUTSIDE_TAG}" if Path(file).is_absolute() else str(where)
+    if Path(file).is_absolute():  # the profiler and the harness give model files relative to the model
+        return f"{where}{OUTSIDE_TAG}"
+    if not workdir:
+        return str(where)
     ws = Workspace(Path(workdir))
     patched = ws.model_dir / file
     if not patched.is_file():
@@ -55,4 +57,3 @@ def port_site(where: str | None, workdir: str | Path | None, user_model: str | P
         return f"{where}{PATCHED_TAG}"
     mapped = original_line(original, patched.read_text(errors="replace"), int(line))
     return f"{file}:{mapped}" if mapped is not None else f"{where}{PATCHED_TAG}"
-

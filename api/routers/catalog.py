@@ -63,8 +63,8 @@ def example_goal(roots: list[Path]) -> str:
     """A goal naming the first model folder under the first model root that has one."""
     for root in roots:
         try:
-            folder = next((p for p in sorted(root.expanduser().iterdir()) if p.is_dir() and not p.name.startswith(".")),
-                          None)
+            folder = min((p for p in root.expanduser().iterdir() if p.is_dir() and not p.name.startswith(".")),
+                         default=None)
         except OSError:
             continue
         if folder is not None:
