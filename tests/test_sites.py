@@ -4,7 +4,6 @@ when the port wrote that line; the CLI summary, the reporter's reason, report.md
 
 from __future__ import annotations
 
-import io
 import json
 from pathlib import Path
 from typing import Any
@@ -82,12 +81,7 @@ def test_cli_reporter_report_and_chat_name_the_user_s_line(tmp_path: Path) -> No
 
     from api import cli_port
 
-    buf = io.StringIO()
-    saved = cli_port.console.file
-    cli_port.console.file = buf  # the CLI's summary table, as the terminal would get it
-    try:
+    with cli_port.console.capture() as captured:  # the CLI's summary table, as it would be printed
         cli_port.print_summary({**state, "bundle": {"dir": str(out)}})
-    finally:
-        cli_port.console.file = saved
-    printed = buf.getvalue()
+    printed = captured.get()
     assert "modeling_m.py:480" in printed and site not in printed, printed
