@@ -265,7 +265,7 @@ def strict_failure(perf: dict[str, Any] | None) -> str | None:
     found = (perf or {}).get("pathologies") or []
     if not found:
         return None
-    titles = "; ".join(f"{p['title']} at {p.get('where') or '?'}" for p in found)
+    titles = "; ".join(f"{p['title']} at {shown_where(p)}" for p in found)
     n = len(found)
     return f"--strict-perf: greedy tokens match, but {n} performance patholog{'y' if n == 1 else 'ies'}: {titles}"
 
