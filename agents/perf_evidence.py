@@ -30,7 +30,9 @@ class PerfFinding(BaseModel):
     kind: Kind
     title: str
     where: str | None = None
-    """'file:line' in the model, from the profiler's stack."""
+    """'file:line' in the model, from the profiler's stack (a line of the patched tree)."""
+    user_where: str | None = None
+    """``where`` in the user's own file (agents/sites.py), set by the validator from the workspace."""
     evidence: str
     numbers: dict[str, Any] = Field(default_factory=dict)
     cause: str = ""
@@ -243,12 +245,17 @@ def verdict(status: str, perf: dict[str, Any] | None) -> str:
     return f"validated, with {n} performance patholog{'y' if n == 1 else 'ies'}"
 
 
+def shown_where(pathology: dict[str, Any]) -> str:
+    """What a printer shows for a pathology: the site in the user's own file when it was mapped."""
+    return str(pathology.get("user_where") or pathology.get("where") or "?")
+
+
 def summary_lines(perf: dict[str, Any] | None) -> list[str]:
     """One line per pathology: what, where, the numbers' sentence, cause and fix."""
     out = []
     for p in (perf or {}).get("pathologies") or []:
         origin = {True: " (also in the original)", False: " (introduced by the port)"}.get(p.get("in_original"), "")
-        out.append(f"{p['title']}{origin} at {p.get('where') or '?'}: {p['evidence']}. Likely cause: {p['cause']}."
+        out.append(f"{p['title']}{origin} at {shown_where(p)}: {p['evidence']}. Likely cause: {p['cause']}."
                    + (f" Fix: {p['fix']}." if p.get("fix") else ""))
     return out
 
@@ -258,7 +265,7 @@ def strict_failure(perf: dict[str, Any] | None) -> str | None:
     found = (perf or {}).get("pathologies") or []
     if not found:
         return None
-    titles = "; ".join(f"{p['title']} at {p.get('where') or '?'}" for p in found)
+    titles = "; ".join(f"{p['title']} at {shown_where(p)}" for p in found)
     n = len(found)
     return f"--strict-perf: greedy tokens match, but {n} performance patholog{'y' if n == 1 else 'ies'}: {titles}"
 

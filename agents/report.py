@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from agents.perf_evidence import perf_markdown, strict_failure, verdict
+from agents.perf_evidence import perf_markdown, shown_where, strict_failure, verdict
 from agents.report_md import _md_escape, failure_markdown, render_markdown
 from agents.request import request_of
 from agents.workspace import Workspace
@@ -26,7 +26,7 @@ def final_status(state: dict[str, Any]) -> tuple[str, str]:
             return "failed", why
         reason = "the port runs on the target and its greedy tokens match the original"
         if found := (state.get("perf") or {}).get("pathologies"):
-            reason += "; decode profile: " + "; ".join(f"{p['title']} at {p.get('where') or '?'}" for p in found)
+            reason += "; decode profile: " + "; ".join(f"{p['title']} at {shown_where(p)}" for p in found)
         return "validated", reason
     return "failed", state.get("reason") or numerics.get("detail") or f"validation verdict {numerics.get('verdict', 'not-run')}"
 

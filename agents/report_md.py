@@ -152,7 +152,7 @@ def _summary(report: dict[str, Any]) -> list[str]:
 def _slow_text(report: dict[str, Any]) -> str:
     perf = report.get("perf") or {}
     found = perf.get("pathologies") or []
-    parts = [f"{p['title']} at {user_site(p.get('where'), report)}" + (f" ({p['cause']})" if p.get("cause") else "")
+    parts = [f"{p['title']} at {p.get('user_where') or user_site(p.get('where'), report)}" + (f" ({p['cause']})" if p.get("cause") else "")
              for p in found]
     op = _last_op_stats(report)
     if op and op.get("fallbacks"):

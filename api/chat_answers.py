@@ -8,6 +8,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+from agents.perf_evidence import shown_where
 from api.jobs import TERMINAL, Job
 
 QUESTIONS: tuple[tuple[str, str], ...] = (
@@ -82,5 +83,5 @@ def _left(job: Job, report: dict[str, Any]) -> str:
     if len(left) > 10:
         lines.append(f"- and {len(left) - 10} more (report.json `findings`)")
     for p in found:
-        lines.append(f"- slow on the NPU: {p.get('title')} at {p.get('where') or '?'}")
+        lines.append(f"- slow on the NPU: {p.get('title')} at {shown_where(p)}")
     return "\n".join(lines)

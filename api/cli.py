@@ -2,14 +2,15 @@
 
 Exit codes (one table for every command; also in ``npuport --help`` and the README):
 
-  0  success: the port validated (its greedy tokens equal the original's), or the command did its job
+  0  the port validated (its greedy tokens equal the original's), or the command did its job
   1  the port ran but did not validate (the report says why), or a check the command ran failed
   2  bad input or usage: not a folder, an empty folder, no Python files, unknown chip or target (in a
      flag or in the goal text), a Python file that does not parse or decode, --target npu without
      torch_npu, an earlier bundle in --out without --force, an --out folder npuport did not write;
      nothing is run and no bundle is written
-  3  internal error: npuport itself broke (a bug or a broken host); the state is kept for a resume
-130  interrupted (Ctrl-C): the checkpoint is kept; `npuport resume THREAD` continues it
+  3  internal error: npuport itself broke (a bug or a broken host); the checkpoint is kept
+130  interrupted (Ctrl-C): running sandboxes are killed, the checkpoint is kept and `npuport resume THREAD`
+     continues it; a second Ctrl-C (or a port that has not stopped 15 s after the first) exits at once
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ from api.cli_inputs import (
     target_problem,
 )
 from api.cli_live import LiveStatus, console, err, fmt_params
-from api.cli_port import EXIT_INTERRUPTED, run_port_cli
+from api.cli_port import EXIT_INTERRUPTED, EXIT_MEANINGS, run_port_cli
 from knowledge.errors import exit_code, first_line
 from sandbox.targets import (
     DEFAULT_CHIP,
@@ -47,11 +48,12 @@ from sandbox.targets import (
     target_names,
 )
 
-EXIT_OK, EXIT_NOT_VALIDATED, EXIT_BAD_INPUT, EXIT_INTERNAL = 0, 1, 2, 3
+EXIT_OK, EXIT_NOT_VALIDATED, EXIT_BAD_INPUT, EXIT_INTERNAL = 0, 1, 2, 3  # and EXIT_INTERRUPTED, 130
 __all__ = ["EXIT_INTERRUPTED", "LiveStatus", "app", "fmt_params", "run_port_cli"]
-EXIT_TABLE = ("Exit codes: 0 validated (or the command succeeded); 1 the port ran but did not validate; "
-              "2 bad input or usage (nothing run, no bundle written); 3 internal error; "
-              "130 interrupted (Ctrl-C; `npuport resume THREAD` continues).")
+_EXIT_DETAIL = {EXIT_OK: " (or the command succeeded)", EXIT_NOT_VALIDATED: " (or a check the command ran failed)",
+                EXIT_BAD_INPUT: " (nothing run, no bundle written)", EXIT_INTERNAL: " (the checkpoint is kept)",
+                EXIT_INTERRUPTED: ", the checkpoint kept: `npuport resume THREAD` continues"}
+EXIT_TABLE = "Exit codes: " + "; ".join(f"{code} {text}{_EXIT_DETAIL[code]}" for code, text in EXIT_MEANINGS.items()) + "."
 
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
@@ -160,7 +162,10 @@ def port(
     isolation: Annotated[str, typer.Option(metavar="[auto|bwrap|process]", help="auto | bwrap | process (process: the model's code runs "
                                                 "UNISOLATED; auto falls back to it with a warning)")] = "auto",
 ) -> None:
-    """Port the model in PATH to the target and write a bundle (exit 0 validated, 1 not, 2 bad input, 3 internal error).
+    """Port the model in PATH to the target and write a bundle.
+
+    Exit 0 validated, 1 not, 2 bad input, 3 internal error, 130 interrupted (Ctrl-C keeps the checkpoint
+    and prints the `npuport resume THREAD` that continues it).
 
     The original folder is never written. Bad input (not a folder, empty, no Python files, unknown chip or
     target) is refused before anything runs."""

@@ -29,6 +29,15 @@ from knowledge.errors import exit_code, first_line
 from knowledge.interrupt import PortInterrupted, clear_stop, request_stop
 
 EXIT_OK, EXIT_NOT_VALIDATED, EXIT_BAD_INPUT, EXIT_INTERNAL, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
+EXIT_MEANINGS: dict[int, str] = {
+    EXIT_OK: "the port validated",
+    EXIT_NOT_VALIDATED: "the port ran but did not validate",
+    EXIT_BAD_INPUT: "bad input or usage",
+    EXIT_INTERNAL: "internal error",
+    EXIT_INTERRUPTED: "interrupted (Ctrl-C)",
+}
+"""Every exit code of every command, with the words that open its row in `--help`, the README's table
+and docs/cli.md (tests/test_cli_inputs.py holds them to these)."""
 STOP_GRACE_S = 15.0
 """After the first Ctrl-C, the longest the run may take to stop before the process exits anyway."""
 
@@ -95,9 +104,11 @@ def print_summary(state: dict[str, Any]) -> None:
             table.add_row("throughput", str(tuning.get("detail") or ""))
     perf = state.get("perf") or {}
     if perf.get("profiled"):
+        from agents.perf_evidence import shown_where
+
         found = perf.get("pathologies") or []
         table.add_row("performance", ("1 pathology" if len(found) == 1 else f"{len(found)} pathologies") + "".join(
-            f"\n  {p['title']} at {p.get('where') or '?'}" for p in found))
+            f"\n  {p['title']} at {shown_where(p)}" for p in found))
     deployed = Path(str(bundle.get("dir") or "")) / "deployment.json" if bundle.get("dir") else None
     if deployed is not None and deployed.is_file():  # the exercised deployment (agents/deploy/serving.py)
         from agents.deploy.serve_report import deployment_summary

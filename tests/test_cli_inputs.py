@@ -117,11 +117,38 @@ def test_scan_keeps_file_line_whole_at_80_columns(model: Path, monkeypatch: pyte
     assert "class   modeling_tiny:TinyLM" in output
 
 
-def test_help_documents_the_exit_codes() -> None:
+def _exit_table(doc: Path, header: str) -> list[tuple[int, str]]:
+    """The rows (code, meaning) of the exit-code table that ``header`` opens in ``doc``."""
+    lines = doc.read_text().splitlines()
+    start = lines.index(header) + 2
+    rows = []
+    for line in lines[start:]:
+        if not line.startswith("|"):
+            break
+        code, meaning = (c.strip() for c in line.strip("|").split("|", 1))
+        rows.append((int(code), meaning))
+    return rows
+
+
+def test_help_readme_and_docs_list_the_exit_codes_of_the_code() -> None:
+    from api.cli_port import EXIT_INTERNAL, EXIT_INTERRUPTED, EXIT_MEANINGS
+    from knowledge.errors import EXIT_CODES
+
+    # every code the CLI returns has a meaning: the error kinds' codes, and 0 / 130 of the port's path
+    assert set(EXIT_CODES.values()) | {0, EXIT_INTERNAL, EXIT_INTERRUPTED} == set(EXIT_MEANINGS)
     code, output = run("--help")
     assert code == 0
-    for text in ("0 validated", "1 the port ran but did not validate", "2 bad input", "3 internal error"):
-        assert text in " ".join(output.split()), output
+    flat = " ".join(output.split())
+    for n, text in EXIT_MEANINGS.items():
+        assert f"{n} {text}" in flat, output
+    code, output = run("port", "--help")
+    assert code == 0 and "130 interrupted" in " ".join(output.split()), output
+    root = Path(__file__).resolve().parents[1]
+    for doc, header in ((root / "README.md", "| exit code | meaning |"), (root / "docs" / "cli.md", "| code | meaning |")):
+        rows = _exit_table(doc, header)
+        assert [n for n, _ in rows] == list(EXIT_MEANINGS), (doc, rows)
+        for n, meaning in rows:
+            assert meaning.startswith(EXIT_MEANINGS[n]), (doc, n, meaning)
 
 
 def test_live_status_line_counts_runs_and_trials() -> None:

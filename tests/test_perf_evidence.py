@@ -142,6 +142,10 @@ def test_port_verdict_strict_perf_plot_and_verify(npuport_home: Path, tmp_path: 
     assert report["verdict"] == "validated, with 1 performance pathology"
     # The line in the port's code (the patcher inserted helpers above it).
     assert report["perf"]["pathologies"][0]["where"] == _planted_line("patched", out)
+    # ... said as the line of the user's own file, everywhere it is printed
+    user_line = _planted_line("encoder_every_step", tmp_path)
+    assert report["perf"]["pathologies"][0]["user_where"] == user_line != report["perf"]["pathologies"][0]["where"]
+    assert f"at {user_line}" in state["reason"]
     md = (out / "report.md").read_text()
     assert "validated, with 1 performance pathology" in md and "runs in every decode step" in md
     png = out / "plots" / "profile" / "decode_profile.png"
@@ -160,4 +164,4 @@ def test_port_verdict_strict_perf_plot_and_verify(npuport_home: Path, tmp_path: 
                                    "strict_perf": True}}, "perf-port-strict")
     assert strict["status"] == "failed"
     assert strict["reason"].startswith("--strict-perf: greedy tokens match, but 1 performance pathology")
-    assert "modeling_perf.py:" in strict["reason"]
+    assert f"at {user_line}" in strict["reason"]

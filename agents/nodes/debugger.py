@@ -17,6 +17,7 @@ from typing import Any
 from agents.diagnosis import budget_left, escalate, tried_so_far
 from agents.models import Diagnosis, RunRecord
 from agents.request import request_of
+from agents.sites import port_site
 from agents.trace import step
 
 
@@ -51,7 +52,8 @@ def debugger_node(state: dict[str, Any]) -> dict[str, Any]:
     if not diag.fix and ok and last.exception is not None:
         diag, notes = escalate(state, diag, last.exception, policy.name)
     update: dict[str, Any] = {"diagnoses": [diag.model_dump(mode="json")]}
-    where = f" ({diag.file}:{diag.line})" if diag.file else ""
+    # the traceback's line is one of the patched tree: say it as the user's line where it is one
+    where = f" ({port_site(f'{diag.file}:{diag.line}', state.get('workdir'), request_of(state).model_path)})" if diag.file else ""
     trace = [step("debugger", n) for n in notes]
     if diag.fix and ok:
         update["pending_diagnosis"] = diag.model_dump(mode="json")

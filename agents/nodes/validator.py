@@ -7,6 +7,8 @@ from typing import Any
 
 from agents.models import Numerics, RunRecord
 from agents.perf_evidence import analyse, profile_of, verdict
+from agents.request import request_of
+from agents.sites import port_site
 from agents.trace import step
 from agents.validation import compare_tokens, reference_run, self_disagreement, with_metrics
 
@@ -41,6 +43,8 @@ def validator_node(state: dict[str, Any]) -> dict[str, Any]:
             numerics = self_disagreement(ref, again) or numerics
     # Decode profiles of the same two runs (sandbox/profile.py) -> performance pathologies.
     perf = analyse(profile_of(port.result_path), profile_of(ref.result_path) if ref.ok else None)
+    for p in perf["pathologies"]:  # the profiled tree is the workspace's now: map its lines to the user's
+        p["user_where"] = port_site(p.get("where"), state.get("workdir"), request_of(state).model_path)
     perf_note = f"; {verdict('validated', perf)}" if numerics.verdict == "match" else ""
     return {"numerics": numerics.model_dump(mode="json"), "runs": new_runs, "counters": counters, "perf": perf,
             "trace": [step("validator", f"{numerics.verdict}: {numerics.detail} (reference {ref.tokens}, "

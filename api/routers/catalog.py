@@ -5,9 +5,10 @@ and defaults: the web page builds its controls from these, never from a hard-cod
 from __future__ import annotations
 
 import time
+from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Depends, HTTPException
+from fastapi import APIRouter, Depends, HTTPException, Request
 from pydantic import BaseModel
 
 from api.auth import Principal, require
@@ -36,6 +37,9 @@ class Options(BaseModel):
     policies: list[str]
     objectives: list[str]
     defaults: dict[str, Any]
+    example_goal: str = ""
+    """A goal this server accepts as written (a folder under its model roots), for the page's placeholder;
+    empty when it has no model roots (uploads only)."""
 
 
 def _model() -> Model:
@@ -55,8 +59,21 @@ def get_model(model_id: str, _: Reader) -> Model:
     return _model()
 
 
+def example_goal(roots: list[Path]) -> str:
+    """A goal naming the first model folder under the first model root that has one."""
+    for root in roots:
+        try:
+            folder = min((p for p in root.expanduser().iterdir() if p.is_dir() and not p.name.startswith(".")),
+                         default=None)
+        except OSError:
+            continue
+        if folder is not None:
+            return f"port the model in {folder.name} to Ascend 910B on the cpu"
+    return ""
+
+
 @router.get("/options", response_model=Options)
-def options(_: Reader) -> Options:
+def options(_: Reader, request: Request) -> Options:
     """The choices a port request accepts (the target registry, and agents.request.PortRequest itself)."""
     from typing import get_args
 
@@ -73,4 +90,5 @@ def options(_: Reader) -> Options:
     # fields of the request
     return Options(targets=list(target_names()), chips=list(chip_names()), policies=list(POLICIES),
                    objectives=choices("objective"),
-                   defaults={k: fields[k].default for k in ("target", "chip", "policy", "objective", "tune", "torch_npu")})
+                   defaults={k: fields[k].default for k in ("target", "chip", "policy", "objective", "tune", "torch_npu")},
+                   example_goal=example_goal(list(request.app.state.settings.allowed_roots)))
