@@ -48,8 +48,31 @@ def _generate(method: Any, prompts: list[list[int]], max_new: int, pad: int, kwa
     width = max(len(p) for p in prompts)
     ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts], dtype=torch.long)
     mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], dtype=torch.long)
+    extra = {"attention_mask": mask} if _accepts(method, "attention_mask") else {}  # a model's own generate may not
     with torch.no_grad():
-        return method(input_ids=ids, attention_mask=mask, **{**kwargs, "max_new_tokens": max_new})
+        return method(input_ids=ids, **extra, **{**kwargs, "max_new_tokens": max_new})
+
+
+def _required_beyond_text(method: Any) -> list[str]:
+    """Parameters the run method requires that a text prompt does not give (an image, say)."""
+    import inspect
+
+    try:
+        params = inspect.signature(method).parameters.values()
+    except (TypeError, ValueError):
+        return []
+    return [p.name for p in params if p.default is inspect.Parameter.empty and p.name not in ("input_ids", "self")
+            and p.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)]
+
+
+def _accepts(method: Any, name: str) -> bool:
+    import inspect
+
+    try:
+        params = inspect.signature(method).parameters.values()
+    except (TypeError, ValueError):
+        return True
+    return any(p.name == name or p.kind is inspect.Parameter.VAR_KEYWORD for p in params)
 
 
 def _throughput(method: Any, requests: list[dict[str, Any]], batch: int, pad: int,
@@ -99,6 +122,10 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
         raise ValueError(f"the model's inputs have no input_ids ({', '.join(inputs)}): the text check needs a prompt")
     prompts = _prompts(inputs)
     method = getattr(model, run_cfg.get("method", "generate"))
+    if needed := _required_beyond_text(method):
+        raise ValueError(f"the model's {run_cfg.get('method', 'generate')} requires {', '.join(needed)}: the served "
+                         "check drives text prompts only (image inputs through vLLM's multimodal API are not "
+                         "exercised on this host yet)")
     pad = int(config.get("pad_token_id") or 0)
     out["prompts"] = prompts
     out["max_new_tokens"] = max_new
