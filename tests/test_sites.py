@@ -85,3 +85,30 @@ def test_cli_reporter_report_and_chat_name_the_user_s_line(tmp_path: Path) -> No
         cli_port.print_summary({**state, "bundle": {"dir": str(out)}})
     printed = captured.get()
     assert "modeling_m.py:480" in printed and site not in printed, printed
+
+
+def test_the_executor_step_line_names_the_user_s_line_of_a_failure(tmp_path: Path) -> None:
+    """A real sandbox run of a patched tree that fails: the executor's step line (what the CLI and the page
+    show) gives the failing line as it is in the user's file, not its number in the patched file."""
+    import yaml
+
+    from agents.nodes.executor import executor_node
+    from agents.target_state import target_to_dict
+    from sandbox.targets import resolve_target
+    from tests.tiny_models import MANIFEST, write_tiny_model
+
+    user = write_tiny_model(tmp_path / "user_model", twist="scale = 1 / 0")
+    failing = next(i for i, text in enumerate((user / "modeling_tiny.py").read_text().splitlines(), 1)
+                   if "1 / 0" in text)
+    ws = Workspace.create(user, tmp_path / "work")
+    source = (ws.model_dir / "modeling_tiny.py").read_text()
+    helper = "".join(f"_npuport_helper_{i} = {i}\n" for i in range(40))
+    (ws.model_dir / "modeling_tiny.py").write_text(source.replace("import torch\n", "import torch\n" + helper, 1)
+                                                   .replace("input_ids.cuda()", "input_ids"))
+    ws.commit("port: a helper and the device fix")
+    state = {"workdir": str(ws.root), "request": {"model_path": str(user), "target": "cpu"},
+             "entry": yaml.safe_load(MANIFEST), "target": target_to_dict(resolve_target("cpu")), "counters": {}}
+    update = executor_node(state)
+    summary = update["trace"][0]["summary"]
+    assert "ZeroDivisionError" in summary, summary
+    assert summary.endswith(f"at modeling_tiny.py:{failing}"), summary  # the user's line, not failing + 40
