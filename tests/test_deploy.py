@@ -214,3 +214,19 @@ def test_tampered_numbers_disagree(bundle: Path, tmp_path: Path) -> None:
     assert verdicts["patch applies"] == "agree"
     assert verdicts["tokens match"] == "disagree" and verdicts["throughput"] == "disagree", res.lines()
     assert not res.agree
+
+
+def test_verify_compares_the_served_throughput_the_report_printed() -> None:
+    """The deployment's tok/s (printed by the CLI and the report) is a claim verify checks, within 2x."""
+    from agents.deploy.verify import _served_throughput
+
+    def rec(*pairs: tuple[int, float]) -> dict:
+        return {"throughput": {"rows": [{"concurrency": c, "output_tokens_per_s": v} for c, v in pairs]}}
+
+    ok, why = _served_throughput(rec((1, 50.0), (32, 1000.0)), rec((1, 40.0), (32, 700.0)))
+    assert ok and "concurrency 32" in why and "0.70x" in why
+    ok, why = _served_throughput(rec((32, 1000.0)), rec((32, 300.0)))
+    assert not ok and "tolerance 2.0x" in why
+    ok, _ = _served_throughput(rec((32, 100.0)), rec((32, 350.0)))  # too fast is as suspect as too slow
+    assert not ok
+    assert _served_throughput({}, rec((1, 5.0)))[0]  # nothing was claimed: nothing to disagree with

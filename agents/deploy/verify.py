@@ -21,6 +21,7 @@ from sandbox.targets import Target, TargetError, resolve_target, target_spec_of
 
 DEFAULT_TOLERANCE = 0.30  # throughput on a shared host varies; within 1.3x of the report's number agrees
 MAX_NOISE_WIDENING = 1.0  # the runs' spread may widen that to 2x, never more
+SERVED_TOLERANCE = 2.0  # the served figure (a whole vLLM engine on a shared host) agrees within 2x either way
 
 
 class Claim(BaseModel):
@@ -196,10 +197,29 @@ def _deployment_claim(report: dict[str, Any], bundle: Path, ws: Workspace) -> Cl
         return Claim(name="deployment", verdict="disagree", claimed="served", observed=now.get("status"),
                      detail=f"serve.sh no longer serves: {str(now.get('error'))[:300]}")
     same = now["tokens"]["served"] == claimed["tokens"]["served"]
-    return Claim(name="deployment", verdict="agree" if same and now["tokens"]["ok"] else "disagree",
+    speed_ok, speed = _served_throughput(claimed, now)
+    return Claim(name="deployment", verdict="agree" if same and now["tokens"]["ok"] and speed_ok else "disagree",
                  claimed=claimed["tokens"]["served"], observed=now["tokens"]["served"],
                  detail=(f"vLLM served the bundle again; {now['tokens']['verdict']}"
-                         + ("" if same else "; the served tokens differ from the report's")))
+                         + ("" if same else "; the served tokens differ from the report's") + speed))
+
+
+def _served_throughput(claimed: dict[str, Any], now: dict[str, Any]) -> tuple[bool, str]:
+    """The report's served tok/s against the rerun's, at the highest concurrency both measured, within
+    SERVED_TOLERANCE either way (a whole engine on a shared host varies more than one harness run)."""
+    def rows(rec: dict[str, Any]) -> dict[int, float]:
+        return {int(r["concurrency"]): float(r["output_tokens_per_s"]) for r in (rec.get("throughput") or {}).get("rows")
+                or [] if r.get("output_tokens_per_s")}
+
+    before, after = rows(claimed), rows(now)
+    common = sorted(set(before) & set(after))
+    if not common:
+        return True, "; no served throughput to compare"
+    conc = common[-1]
+    ratio = after[conc] / before[conc] if before[conc] else 0.0
+    ok = ratio > 0 and max(ratio, 1 / ratio) <= SERVED_TOLERANCE
+    return ok, (f"; served {after[conc]:.1f} tok/s now vs {before[conc]:.1f} reported at concurrency {conc} "
+                f"({ratio:.2f}x; tolerance {SERVED_TOLERANCE:.1f}x either way)")
 
 
 def verify_bundle(bundle_dir: Path, original: Path | None = None, *, tolerance: float = DEFAULT_TOLERANCE,
