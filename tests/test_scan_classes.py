@@ -18,9 +18,7 @@ from agents.rules.h23_checkpoint_config import RULE as H23
 from agents.rules.registry import DEFAULT
 from agents.scanner import scan_source, scan_tree
 
-ZOO = Path(__file__).resolve().parents[2] / "shared" / "data" / "zoo"
-if not ZOO.is_dir():
-    ZOO = Path("/work/shared/data/zoo")
+ZOO = Path(__file__).resolve().parents[2] / "shared" / "data" / "zoo"  # ../shared beside the checkout, as in CI
 
 
 def scan(src: str) -> list[Finding]:
