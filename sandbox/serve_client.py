@@ -23,6 +23,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from sandbox.child_main import child_main
+
 
 def _post(url: str, body: dict[str, Any], timeout: float) -> dict[str, Any]:
     req = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
@@ -44,7 +46,8 @@ def _ready(base: str, proc: subprocess.Popen[bytes], timeout_s: float) -> tuple[
     return False, time.monotonic() - start
 
 
-def _stop(proc: subprocess.Popen[bytes]) -> None:
+def stop_server(proc: subprocess.Popen[bytes]) -> None:
+    """TERM the server's process group, KILL it after 30 s."""
     if proc.poll() is None:
         os.killpg(proc.pid, signal.SIGTERM)
         try:
@@ -137,28 +140,16 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
     except (OSError, urllib.error.URLError, KeyError, ValueError) as exc:
         out["error"] = f"{type(exc).__name__}: {exc}\n" + log.read_text(errors="replace")[-2000:]
     finally:
-        _stop(proc)
+        stop_server(proc)
     return out
 
 
+def _error(exc: BaseException) -> dict[str, Any]:
+    return {"ok": False, "error": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc()[-3000:]}
+
+
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    spec = json.loads(Path(argv[0]).read_text())
-    fd = os.environ.pop("HARNESS_RESULT_FD", None)
-    channel = os.fdopen(int(fd), "wb", closefd=True) if fd is not None else None
-    if channel is not None:
-        os.set_inheritable(channel.fileno(), False)  # the server (model code) must not write our result
-    try:
-        result = run(spec)
-    except BaseException as exc:
-        result = {"ok": False, "error": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc()[-3000:]}
-    payload = json.dumps(result, default=str).encode()
-    if channel is None:
-        sys.stdout.buffer.write(payload + b"\n")
-    else:
-        with channel:
-            channel.write(payload)
-    return 0 if result.get("ok") else 1
+    return child_main(run, _error, argv)
 
 
 if __name__ == "__main__":

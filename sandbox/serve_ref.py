@@ -10,14 +10,13 @@ HARNESS_RESULT_FD, taken before any model code is imported, as sandbox/harness.p
 
 from __future__ import annotations
 
-import json
-import os
 import sys
 import time
 import traceback
 from pathlib import Path
 from typing import Any
 
+from sandbox.child_main import child_main
 from sandbox.harness import _import_with_stubs, _load_attr, build_model, load_config, model_inputs_for
 from sandbox.model_inputs import seed_parameters
 
@@ -145,25 +144,13 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def _error(exc: BaseException) -> dict[str, Any]:
+    return {"ok": False, "exception": {"type": type(exc).__name__, "message": str(exc)[:2000],
+                                       "traceback": traceback.format_exc()[-4000:]}}
+
+
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    spec = json.loads(Path(argv[0]).read_text())
-    fd = os.environ.pop("HARNESS_RESULT_FD", None)
-    channel = os.fdopen(int(fd), "wb", closefd=True) if fd is not None else None
-    if channel is not None:
-        os.set_inheritable(channel.fileno(), False)
-    try:
-        result = run(spec)
-    except BaseException as exc:  # reported as data, like the harness
-        result = {"ok": False, "exception": {"type": type(exc).__name__, "message": str(exc)[:2000],
-                                             "traceback": traceback.format_exc()[-4000:]}}
-    payload = json.dumps(result, default=str).encode()
-    if channel is None:
-        sys.stdout.buffer.write(payload + b"\n")
-    else:
-        with channel:
-            channel.write(payload)
-    return 0 if result.get("ok") else 1
+    return child_main(run, _error, argv)
 
 
 if __name__ == "__main__":

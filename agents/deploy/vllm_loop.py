@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import signal
 import subprocess
 import time
 import urllib.request
@@ -18,6 +17,7 @@ from typing import Any
 
 from agents.tuning.search import Budget, Outcome, TuneResult, npuport_search
 from agents.tuning.space import HostFacts, SearchSpace
+from sandbox.serve_client import stop_server
 
 _THROUGHPUT = re.compile(r"Output token throughput \(tok/s\):\s*([0-9.]+)")
 _TTFT = re.compile(r"Median TTFT \(ms\):\s*([0-9.]+)")
@@ -87,15 +87,6 @@ def wait_ready(port: int, proc: subprocess.Popen[bytes], timeout_s: float) -> bo
     return False
 
 
-def stop(proc: subprocess.Popen[bytes]) -> None:
-    if proc.poll() is None:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-
-
 def measure(model: Path, params: dict[str, Any], env: dict[str, str], *, port: int = 8011, concurrency: int = 32,
             input_len: int = 512, output_len: int = 128, prompts: int = 128, start_timeout_s: float = 900) -> Outcome:
     """One trial: serve with ``params``, benchmark, stop."""
@@ -115,7 +106,7 @@ def measure(model: Path, params: dict[str, Any], env: dict[str, str], *, port: i
         return Outcome(res.output_tokens_per_s, "ok", extras={"median_ttft_ms": res.median_ttft_ms,
                                                                "median_tpot_ms": res.median_tpot_ms})
     finally:
-        stop(proc)
+        stop_server(proc)
 
 
 def tune_serving(model: Path, space: SearchSpace, facts: HostFacts, env: dict[str, str],

@@ -9,11 +9,12 @@ whether the finding is fixable, so the flag cannot disagree with the rule policy
 from __future__ import annotations
 
 import fnmatch
+import json
 import re
 from collections import Counter
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import libcst as cst
 from libcst.metadata import CodeRange, MetadataWrapper, PositionProvider
@@ -306,6 +307,16 @@ class TextFile:
     def finding(self, hazard: str, rule: str, lineno: int, col: int, snippet: str, message: str,
                 category: HazardCategory, severity: Severity) -> Finding:
         return self.registry.finding(hazard, rule, self.rel, lineno, col, snippet, message, category, severity)
+
+    def config_object(self) -> dict[str, Any] | None:
+        """A model config's JSON object; None for other files or text that is not a JSON object."""
+        if self.kind != "model-config":
+            return None
+        try:
+            config = json.loads(self.text)
+        except ValueError:
+            return None
+        return config if isinstance(config, dict) else None
 
     def _is_req(self) -> bool:
         return fnmatch.fnmatch(self.name, "requirements*.txt")

@@ -10,7 +10,6 @@ docs/rules.md)."""
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 from typing import Any
 
@@ -56,13 +55,8 @@ def _chips_without(dtype: str) -> list[str]:
 
 
 def _detect_text(tf: TextFile) -> list[Finding]:
-    if tf.kind != "model-config":
-        return []
-    try:
-        config = json.loads(tf.text)
-    except ValueError:
-        return []
-    if not isinstance(config, dict):
+    config = tf.config_object()
+    if config is None:
         return []
     lines = tf.text.splitlines()
     out: list[Finding] = []

@@ -214,13 +214,8 @@ def _json_key_line(text: str, path: str) -> int:
 
 def _h6_config(tf: TextFile) -> list[Finding]:
     """A model config with routed experts: which path moe-dense-dispatch's guard takes at its sizes."""
-    if tf.kind != "model-config":
-        return []
-    try:
-        config = json.loads(tf.text)
-    except ValueError:
-        return []
-    if not isinstance(config, dict):
+    config = tf.config_object()
+    if config is None:
         return []
     out = []
     lines = tf.text.splitlines()
