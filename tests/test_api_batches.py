@@ -67,7 +67,7 @@ def test_batches_owner_rules_results_and_events(client: TestClient) -> None:
     done = _wait_done(client, bid)
     assert done["counts"] == {"queued": 0, "running": 0, "validated": 0, "failed": 2}
     rows = {row["model"]: row for row in done["results"]}
-    assert set(rows) == {"m1", "m2"} and all("no Python files" in row["reason"] for row in rows.values())
+    assert set(rows) == {"m1", "m2"} and all("no Python files" in row["reason"] for row in rows.values()), rows
     events = list(sse_events(client, f"/v1/batches/{bid}/events", A, limit_s=60))
     kinds = [e.get("event") for e in events]
     assert kinds[-1] == "end" and kinds[0] == "batch"

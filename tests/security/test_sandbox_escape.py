@@ -180,12 +180,18 @@ def test_stdout_flood_is_capped_and_said(attack, box) -> None:  # type: ignore[n
 
 
 def test_setsid_daemon_dies_with_the_run(attack, box) -> None:  # type: ignore[no-untyped-def]
-    code = '''subprocess.Popen(["sh", "-c", "sleep 2; touch daemon-alive"], start_new_session=True,
-                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL)'''
-    a = attack("", code)
+    # The daemon writes a heartbeat five times a second; once the run has ended it must stop changing.
+    # (A fixed "sleep 2; touch" raced a run slowed by a loaded host: the touch could land before the end.)
+    code = '''subprocess.Popen(["sh", "-c", "n=0; while true; do n=$((n+1)); echo $n > daemon-beat; sleep 0.2; done"],
+                 start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL)
+time.sleep(0.5)'''
+    a = attack("import time", code)
     assert a.run.ok
-    time.sleep(3)
-    assert not (a.run.run_dir / "daemon-alive").exists(), "a setsid daemon outlived the run"
+    beat = a.run.run_dir / "daemon-beat"
+    assert beat.exists(), "the daemon never started, so the test proves nothing"
+    seen = beat.read_text()
+    time.sleep(2)
+    assert beat.read_text() == seen, "a setsid daemon outlived the run"
 
 
 def test_grandchild_holding_the_pipes_does_not_turn_a_run_into_a_timeout(attack, box) -> None:  # type: ignore[no-untyped-def]
