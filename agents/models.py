@@ -146,3 +146,15 @@ class Tuning(BaseModel):
     detail: str = ""
     # "knob=value" -> why it cannot run (e.g. "not supported by the model code: <error> (at file:line)")
     unsupported: dict[str, str] = Field(default_factory=dict)
+
+
+class FixAction(BaseModel):
+    """One patch to make: a codemod over some files (one commit)."""
+
+    codemod: str
+    files: list[str]
+    params: dict[str, Any] = Field(default_factory=dict)
+    finding_ids: list[str] = Field(default_factory=list)
+    diagnosis_id: str | None = None
+    summary: str
+    citations: list[Citation] = Field(default_factory=list)

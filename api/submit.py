@@ -11,9 +11,9 @@ from typing import Any
 from pydantic import ValidationError
 
 from api.jobs import Job, JobManager, body_digest, make_job
-from api.settings import Settings
 from api.uploads import UploadError, confine_model_path, extract_archive
 from knowledge.errors import SubmitError
+from knowledge.settings import ServiceSettings as Settings
 
 
 def build_request(settings: Settings, goal: str, fields: dict[str, Any], uploaded_model: Path | None) -> dict[str, Any]:

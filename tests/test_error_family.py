@@ -20,7 +20,7 @@ PACKAGES = ("agents", "api", "bench", "graph", "knowledge", "sandbox")
 # Signals caught by the code that raises them; none is ever shown to a user.
 SIGNALS = {
     "sandbox.model_inputs._GenerateCalled": "stops a preprocessing call at generate() to capture its inputs",
-    "agents.rules.h6_codemods._Unsupported": "a codemod declines a site; the rewrite skips it",
+    "agents.rules.h6_mask_parts._Unsupported": "a codemod declines a site; the rewrite skips it",
     "graph.jobs_support.StopRequested": "a cancel request unwinds the graph thread",
     "api.limits.BodyLimitExceeded": "an HTTPException (413): FastAPI's own family",
 }
@@ -67,7 +67,7 @@ def test_modules_that_defined_an_error_still_name_it() -> None:
                          ("graph.batch.executors", "ExecutorError"), ("graph.batch.sources", "SourceError"),
                          ("sandbox.process", "IsolationUnavailable"), ("sandbox.redirect", "StubCalled"),
                          ("sandbox.ascend_sim.native_build", "NativeUnavailable"), ("knowledge.kb", "KBError"),
-                         ("agents.scanner", "SourceSyntaxError"), ("agents.rules.base", "UnknownFindingRule")]:
+                         ("agents.reading.scanner", "SourceSyntaxError"), ("agents.rules.base", "UnknownFindingRule")]:
         assert getattr(importlib.import_module(module), name) is getattr(errors, name)
 
 

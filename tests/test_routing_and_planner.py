@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from agents.diagnosis import budget_left, classify
+from agents.fixing.diagnosis import budget_left, classify
 from agents.models import Frame, StructuredException
 from agents.request import GoalError, parse_goal
 from graph import routing

@@ -131,7 +131,7 @@ def _tokens_claim(report: dict[str, Any], ws: Workspace, target: Target, limits:
 def _perf_claim(report: dict[str, Any], ws: Workspace) -> Claim:
     """Re-check the decode profile: the verify runs of _tokens_claim profile themselves, and the
     pathologies found in them (kind, module, code line) must be the report's."""
-    from agents.perf_evidence import analyse, profile_of
+    from agents.validation.perf_evidence import analyse, profile_of
 
     claimed_perf = report.get("perf") or {}
     if not claimed_perf.get("profiled"):

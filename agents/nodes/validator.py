@@ -6,11 +6,11 @@ from __future__ import annotations
 from typing import Any
 
 from agents.models import Numerics, RunRecord
-from agents.perf_evidence import analyse, profile_of, verdict
+from agents.report.sites import port_site
 from agents.request import request_of
-from agents.sites import port_site
 from agents.trace import step
-from agents.validation import compare_tokens, reference_run, self_disagreement, with_metrics
+from agents.validation.compare import compare_tokens, reference_run, self_disagreement, with_metrics
+from agents.validation.perf_evidence import analyse, profile_of, verdict
 
 
 def validator_node(state: dict[str, Any]) -> dict[str, Any]:

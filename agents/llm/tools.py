@@ -16,8 +16,8 @@ from typing import Any
 
 from pydantic import BaseModel, Field, ValidationError
 
-from agents.llm_edits import resolve_in  # noqa: F401  (re-exported)
-from knowledge.errors import ToolError, first_line  # noqa: F401  (re-exported)
+from agents.fixing.llm_edits import resolve_in
+from knowledge.errors import ToolError, first_line
 from knowledge.settings import LLMSettings
 
 MAX_READ_LINES = 400

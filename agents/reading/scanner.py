@@ -100,8 +100,8 @@ def scan_source(source: str, path: str, registry: Registry | None = None) -> lis
     return _dedupe_sorted(ctx.findings)
 
 
-def _scan_text(tf: TextFile) -> list[Finding]:
-    return [f for rule in tf.registry.rules if rule.detect_text is not None for f in rule.detect_text(tf)]
+def _scan_text(tf: TextFile, reg: Registry) -> list[Finding]:
+    return [f for rule in reg.rules if rule.detect_text is not None for f in rule.detect_text(tf)]
 
 
 def scan_tree(root: Path, *, include: list[str] | None = None, registry: Registry | None = None) -> ScanResult:
@@ -135,13 +135,13 @@ def scan_tree(root: Path, *, include: list[str] | None = None, registry: Registr
             except SourceSyntaxError as exc:
                 result.parse_errors.append(ParseError(file=exc.file, line=exc.line, col=exc.col, message=exc.message))
             if path.name == "setup.py":
-                findings.extend(_scan_text(TextFile(rel, path.name, text, reg, kind="setup.py")))
+                findings.extend(_scan_text(TextFile(rel, path.name, text, reg, kind="setup.py"), reg))
         elif path.suffix in (".cu", ".cuh"):
-            findings.extend(_scan_text(TextFile(rel, path.name, text, reg, kind="cuda-source")))
+            findings.extend(_scan_text(TextFile(rel, path.name, text, reg, kind="cuda-source"), reg))
         elif path.name == "config.json":  # a model config: sizes (H6's MoE dispatch cost)
-            findings.extend(_scan_text(TextFile(rel, path.name, text, reg, kind="model-config")))
+            findings.extend(_scan_text(TextFile(rel, path.name, text, reg, kind="model-config"), reg))
         else:
-            findings.extend(_scan_text(TextFile(rel, path.name, text, reg)))
+            findings.extend(_scan_text(TextFile(rel, path.name, text, reg), reg))
     result.findings = _dedupe_sorted(findings)
     return result
 

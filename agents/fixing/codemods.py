@@ -10,13 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping
 
-from agents.rules.h1_cuda_device import DeviceAgnostic, device_agnostic
-from agents.rules.h2_autocast import CudaAutocast, cuda_autocast
-from agents.rules.h3_cuda_libraries import GuardCudaOnlyImports, guard_cuda_only_imports
-from agents.rules.h5_dtypes import Float64ToFloat32, float64_to_float32
-from agents.rules.h9_distributed import DIST_HELPER, NcclToHccl, nccl_to_hccl
-from agents.rules.h11_latent import SAME_DEVICE_HELPER, AlignDevices, align_devices
-from agents.rules.kit import DEVICE_HELPERS, HELPER_MARKER, CodemodResult
+from agents.rules.kit import CodemodResult
 
 LLM_EDIT = "llm-edit"
 Entry = tuple[Callable[..., CodemodResult], str, str]  # (function, hazard, one-line description)
@@ -27,7 +21,7 @@ class _Codemods(Mapping[str, Entry]):
     rule registered for a test (agents.rules.registry.use_registry) brings its codemods along."""
 
     def _table(self) -> dict[str, Entry]:
-        from agents.llm_edits import llm_edit_codemod
+        from agents.fixing.llm_edits import llm_edit_codemod
         from agents.rules.registry import active
 
         table = active().codemods()
@@ -47,9 +41,4 @@ class _Codemods(Mapping[str, Entry]):
 
 CODEMODS: Mapping[str, Entry] = _Codemods()
 
-__all__ = [
-    "CODEMODS", "DEVICE_HELPERS", "DIST_HELPER", "HELPER_MARKER", "LLM_EDIT", "SAME_DEVICE_HELPER", "AlignDevices",
-    "CodemodResult", "CudaAutocast", "DeviceAgnostic", "Float64ToFloat32", "GuardCudaOnlyImports", "NcclToHccl",
-    "align_devices", "cuda_autocast", "device_agnostic", "float64_to_float32", "guard_cuda_only_imports",
-    "nccl_to_hccl",
-]
+__all__ = ["CODEMODS", "LLM_EDIT", "Entry"]

@@ -17,8 +17,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from agents.models import Citation, Diagnosis, StructuredException
-from agents.policies import FixAction
+from agents.models import Citation, Diagnosis, FixAction, StructuredException
 from agents.workspace import Workspace
 
 LLM_EDIT = "llm-edit"
@@ -36,7 +35,7 @@ def _py_files(ws: Workspace) -> list[str]:
 def retarget(ws: Workspace, edits: list[dict[str, Any]], prefer: str | None = None) -> list[dict[str, Any]] | None:
     """The learned edit's blocks moved onto this model's files (each to the one file holding its search
     text exactly once, ``prefer`` first); None unless every block finds a home and the edit dry-runs clean."""
-    from agents.llm_edits import apply_llm_edit
+    from agents.fixing.llm_edits import apply_llm_edit
 
     files = _py_files(ws)
     if prefer in files:
@@ -122,7 +121,7 @@ def learned_diagnosis(state: dict[str, Any], run_id: str, exc: StructuredExcepti
 
 
 def _codemod_changes(ws: Workspace, codemod: str, file: str, params: dict[str, Any]) -> bool:
-    from agents.codemods import CODEMODS
+    from agents.fixing.codemods import CODEMODS
 
     if codemod not in CODEMODS:
         return False

@@ -9,9 +9,8 @@ from typing import Any
 
 import libcst as cst
 
-from agents.codemods import CODEMODS
-from agents.models import Diagnosis, Patch
-from agents.policies import FixAction
+from agents.fixing.codemods import CODEMODS
+from agents.models import Diagnosis, FixAction, Patch
 from agents.workspace import Workspace, WorkspaceError
 from knowledge.errors import first_line
 
@@ -63,7 +62,7 @@ def apply_fix(ws: Workspace, action: FixAction, patch_no: int,
 
 def apply_revert(ws: Workspace, diagnosis: Diagnosis, patch_no: int) -> tuple[Patch | None, list[str]]:
     """Undo the change of an earlier patch at the site where the port failed, as one revert commit."""
-    from agents.diagnosis import REVERT_FIX, revert_change
+    from agents.fixing.diagnosis import REVERT_FIX, revert_change
 
     p = diagnosis.params
     done = revert_change(ws, p)

@@ -21,7 +21,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from knowledge.errors import EntryNotFound, ManifestError  # noqa: F401  (re-exported)
+from knowledge.errors import EntryNotFound, ManifestError
 from sandbox.model_inputs import PROCESSOR_FILES, PROCESSOR_PATH, TOKENIZER_FILES
 
 MANIFEST_NAME = "npuport.yaml"

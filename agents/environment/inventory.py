@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from agents.entry import discover_entry
+from agents.reading.entry import discover_entry
 from agents.runs import RunSpec
 from agents.target_state import matrix_for
 from sandbox.process import Limits

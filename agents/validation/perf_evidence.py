@@ -23,7 +23,7 @@ from pydantic import BaseModel, Field
 
 Kind = Literal["no-kv-cache", "submodule-every-step", "step-loop-syncs", "step-loop-fallbacks", "whole-output-decode"]
 MIN_STEPS = 3  # a prefill and two decode steps: fewer cannot show a trend
-RECIPES = Path(__file__).resolve().parent.parent / "knowledge" / "recipes"
+RECIPES = Path(__file__).resolve().parents[2] / "knowledge" / "recipes"
 
 
 class PerfFinding(BaseModel):
@@ -32,7 +32,7 @@ class PerfFinding(BaseModel):
     where: str | None = None
     """'file:line' in the model, from the profiler's stack (a line of the patched tree)."""
     user_where: str | None = None
-    """``where`` in the user's own file (agents/sites.py), set by the validator from the workspace."""
+    """``where`` in the user's own file (agents/report/sites.py), set by the validator from the workspace."""
     evidence: str
     numbers: dict[str, Any] = Field(default_factory=dict)
     cause: str = ""

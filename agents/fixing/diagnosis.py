@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import re
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -107,13 +108,14 @@ def revert_change(ws: Workspace, params: dict[str, Any]) -> str | None:
 
 # --- when no recipe covers a failure: the next step within the budget ------------------------------
 
-def escalate(state: dict[str, Any], diag: Diagnosis, exc: StructuredException,
-             policy_name: str) -> tuple[Diagnosis, list[str]]:
+def escalate(state: dict[str, Any], diag: Diagnosis, exc: StructuredException, policy_name: str,
+             llm_diagnose: Callable[[str, StructuredException, list[Diagnosis]], Diagnosis] | None = None,
+             ) -> tuple[Diagnosis, list[str]]:
     """The next thing to try for a failure no recipe covers, as a diagnosis with a fix (or ``diag`` as it
     is when nothing is left), and notes for the trace. In order: undo npuport's own change where the
     traceback lands (one site at a time); then, under the rule policy with an LLM configured, the LLM
-    policy's diagnosis, which reads the knowledge base's passages for the error (the hybrid and llm
-    policies have asked the LLM already)."""
+    policy's diagnosis (``llm_diagnose``, which the debugger node passes), which reads the knowledge base's
+    passages for the error (the hybrid and llm policies have asked the LLM already)."""
     notes: list[str] = []
     reverted = revert_candidate(state, diag, exc)
     if reverted.fix:
@@ -123,16 +125,15 @@ def escalate(state: dict[str, Any], diag: Diagnosis, exc: StructuredException,
         notes.append("knowledge base for " + f"{exc.type}: " + "; ".join(f"[{c.source}] {c.title}" for c in passages[:3]))
     if policy_name != "rule":
         return diag, notes
-    from agents.llm_settings import LLMSettings
+    from knowledge.settings import LLMSettings
 
     if not LLMSettings().configured:
         notes.append("no LLM is configured to ask (set NPUPORT_LLM_BASE_URL and NPUPORT_LLM_MODEL)")
         return diag.model_copy(update={"params": {**diag.params, "llm": "not configured"}}), notes
-    from agents.policies import get_policy, policy_context
-
-    llm = get_policy("llm", context=policy_context(state))
+    if llm_diagnose is None:
+        return diag, notes
     history = [Diagnosis(**d) for d in state.get("diagnoses") or []]
-    answer = llm.diagnose(diag.run_id, exc, history)  # type: ignore[call-arg]
+    answer = llm_diagnose(diag.run_id, exc, history)
     answer = answer.model_copy(update={"id": diag.id})
     known = {c.source for c in answer.citations}
     answer.citations += [c for c in diag.citations if c.source not in known]

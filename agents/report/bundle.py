@@ -9,9 +9,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from agents.perf_evidence import perf_markdown, shown_where, strict_failure, verdict
-from agents.report_md import _md_escape, failure_markdown, render_markdown
+from agents.report.markdown import _md_escape, failure_markdown, render_markdown
 from agents.request import request_of
+from agents.validation.perf_evidence import perf_markdown, shown_where, strict_failure, verdict
 from agents.workspace import Workspace
 from knowledge.bundles import MARKER as MARKER_NAME
 from knowledge.bundles import mark_bundle

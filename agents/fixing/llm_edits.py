@@ -53,7 +53,7 @@ class LLMEdit(BaseModel):
 
 @dataclass
 class EditResult:
-    """What ``apply_llm_edit`` did, shaped like ``agents.codemods.CodemodResult`` (per file)."""
+    """What ``apply_llm_edit`` did, shaped like ``agents.fixing.codemods.CodemodResult`` (per file)."""
 
     changed: bool
     files: list[str] = field(default_factory=list)

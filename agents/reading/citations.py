@@ -82,7 +82,7 @@ def cite_findings(findings: list[dict[str, Any]]) -> list[dict[str, Any]]:
 def record_validated_fixes(state: dict[str, Any]) -> list[str]:
     """Port memory: every fix a diagnosis led to, once the port validated. A fix that no recipe covered
     (the LLM's) is journalled with its codemod and params and the failure it fixed, with or without a
-    knowledge-base store, so later ports reuse it (agents/learned.py); with a store, every fix is indexed too."""
+    knowledge-base store, so later ports reuse it (agents/fixing/learned.py); with a store, every fix is indexed too."""
     from knowledge.locks import home_lock
     from knowledge.port_memory import WRITE_LOCK
 

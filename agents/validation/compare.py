@@ -57,7 +57,7 @@ def self_disagreement(first: RunRecord, second: RunRecord) -> Numerics | None:
 def with_metrics(numerics: Numerics, port: RunRecord, ref: RunRecord, dtype: str) -> Numerics:
     """Add msProbe-style metrics of the captured tensors; a token match whose step output leaves the
     dtype's tolerance is still a mismatch, and any mismatch names the first diverging module."""
-    from agents.numerics import compare_captures
+    from agents.validation.numerics import compare_captures
 
     port_res = json.loads(Path(port.result_path).read_text())
     # The capture files sit where the runner asked the harness to write them, not where result.json says:
