@@ -15,7 +15,7 @@ kb_app = typer.Typer(no_args_is_help=True, help="The knowledge base: torch_npu /
 
 
 def _kb_errors() -> tuple[type[BaseException], ...]:
-    from knowledge.kb import KBError
+    from knowledge.errors import KBError
 
     return (KBError,)
 

@@ -56,8 +56,9 @@ def scan(
     """Static hazard scan (every hazard class in agents/rules/) with file:line evidence, and the model's entry.
 
     Exit 2 when the folder is not a model folder or a file does not parse."""
-    from agents.reading.entry import EntryNotFound, discover_entry
+    from agents.reading.entry import discover_entry
     from agents.reading.scanner import scan_tree
+    from knowledge.errors import EntryNotFound
 
     if problem := model_folder_problem(path):
         raise fail(problem)
@@ -117,8 +118,7 @@ def ops(
     if not model.is_dir():
         raise fail(f"{model} is not a model folder (or say 'matrix')")
     from agents.environment.inventory import op_inventory
-    from agents.reading.entry import EntryNotFound
-    from sandbox.targets import TargetError
+    from knowledge.errors import EntryNotFound, TargetError
 
     try:
         inv = op_inventory(model, target=target, chip=chip, torch_npu=torch_npu, strict=strict)

@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from agents.reading.entry import EntryNotFound, ManifestError, discover_entry
+from agents.reading.entry import discover_entry
+from knowledge.errors import EntryNotFound, ManifestError
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 

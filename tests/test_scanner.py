@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from agents.models import Finding, HazardCategory, Severity
-from agents.reading.scanner import SourceSyntaxError, scan_source, scan_tree
+from agents.reading.scanner import scan_source, scan_tree
+from knowledge.errors import SourceSyntaxError
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 

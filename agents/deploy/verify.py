@@ -15,9 +15,10 @@ from pydantic import BaseModel, Field
 from agents.request import request_of
 from agents.runs import RunSpec, token_summary
 from agents.tuning.measure import TUNE_CONCURRENCY, headline_spec, points_of
-from agents.workspace import Workspace, WorkspaceError
+from agents.workspace import Workspace
+from knowledge.errors import TargetError, WorkspaceError
 from sandbox.process import Limits
-from sandbox.targets import Target, TargetError, resolve_target, target_spec_of
+from sandbox.targets import Target, resolve_target, target_spec_of
 
 DEFAULT_TOLERANCE = 0.30  # throughput on a shared host varies; within 1.3x of the report's number agrees
 MAX_NOISE_WIDENING = 1.0  # the runs' spread may widen that to 2x, never more

@@ -11,8 +11,8 @@ import libcst as cst
 
 from agents.fixing.codemods import CODEMODS
 from agents.models import Diagnosis, FixAction, Patch
-from agents.workspace import Workspace, WorkspaceError
-from knowledge.errors import first_line
+from agents.workspace import Workspace
+from knowledge.errors import WorkspaceError, first_line
 
 
 def apply_fix(ws: Workspace, action: FixAction, patch_no: int,

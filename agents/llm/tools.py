@@ -184,7 +184,8 @@ class ToolBox:
                            for h in hits)
 
     def _run_in_sandbox(self, a: RunInSandboxArgs) -> str:
-        from sandbox.process import IsolationUnavailable, Limits, default_sandbox, scrubbed_env
+        from knowledge.errors import IsolationUnavailable
+        from sandbox.process import Limits, default_sandbox, scrubbed_env
 
         used = sum(1 for e in self.log if e["tool"] == "run_in_sandbox")
         if used >= self.max_sandbox_calls:

@@ -10,11 +10,12 @@ from agents.llm.assist import llm_enabled, review_code
 from agents.llm.client import save_records
 from agents.models import Finding
 from agents.reading.citations import cite_findings, kb_status
-from agents.reading.entry import EntryNotFound, discover_entry
+from agents.reading.entry import discover_entry
 from agents.reading.scanner import scan_tree
 from agents.request import new_run_id, request_of
 from agents.trace import step
-from agents.workspace import Workspace, WorkspaceError, tree_digest
+from agents.workspace import Workspace, tree_digest
+from knowledge.errors import EntryNotFound, WorkspaceError
 from knowledge.home import npuport_home
 
 

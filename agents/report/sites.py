@@ -8,7 +8,8 @@ from __future__ import annotations
 import difflib
 from pathlib import Path
 
-from agents.workspace import Workspace, WorkspaceError
+from agents.workspace import Workspace
+from knowledge.errors import WorkspaceError
 
 PATCHED_TAG = " (in patched/)"
 OUTSIDE_TAG = " (outside the model's files)"

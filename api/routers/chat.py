@@ -36,9 +36,10 @@ from pydantic import BaseModel, Field
 
 from api.auth import Principal, require
 from api.chat_answers import answer, question_of
-from api.jobs import TERMINAL, Job, JobError, JobManager
+from api.jobs import TERMINAL, Job, JobManager
 from api.routers.ports import manager_of
-from api.submit import SubmitError, submit_job
+from api.submit import submit_job
+from knowledge.errors import JobError, SubmitError
 
 router = APIRouter(prefix="/v1", tags=["chat"])
 MODEL_NAME = "npuport"

@@ -241,7 +241,8 @@ def find_wheel(version: str) -> Path:
 
     Shares knowledge.wheel's cache and download so the op matrix and the knowledge base read one file.
     """
-    from knowledge.wheel import WheelError, cached_wheel, download_wheel
+    from knowledge.errors import WheelError
+    from knowledge.wheel import cached_wheel, download_wheel
 
     found = cached_wheel(version)
     if found is not None:
