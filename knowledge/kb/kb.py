@@ -32,7 +32,7 @@ from knowledge.kb.models import (
     SkippedFile,
 )
 from knowledge.kb.ranking import build_progress, dense_text, fuse_rank, hit_of
-from knowledge.kb.recipes import Recipe, load_recipes, recipe_chunks, recipe_keys_for
+from knowledge.kb.recipes import load_recipes, recipe_keys_for, recipe_load
 from knowledge.kb.sources import (
     CHUNKER_VERSION,
     Resolved,
@@ -160,7 +160,7 @@ class KnowledgeBase:
                     r.path,
                     sha256_bytes(data),
                     "recipes",
-                    functools.partial(_recipe_load, r),
+                    functools.partial(recipe_load, r),
                 )
             )
         out.roots.append("recipes")
@@ -495,7 +495,3 @@ class KnowledgeBase:
         self._counts.clear()
         self._bm25 = None
         return str(rec["id"])
-
-
-def _recipe_load(recipe: Recipe) -> tuple[list[Chunk], str]:
-    return recipe_chunks(recipe), ""

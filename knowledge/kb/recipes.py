@@ -117,3 +117,8 @@ def recipe_chunks(recipe: Recipe) -> list[Chunk]:
             )
         )
     return chunks
+
+
+def recipe_load(recipe: Recipe) -> tuple[list[Chunk], str]:
+    """A recipe as a source unit's chunks (the knowledge base's loader signature)."""
+    return recipe_chunks(recipe), ""
