@@ -36,7 +36,8 @@ CONCURRENCIES = (1, 8, 32, 100)
 
 
 def _state(model: Path, shrink: bool) -> dict[str, Any]:
-    from agents.env_resolve import ensure_env, resolve
+    from agents.environment.layered import ensure_env
+    from agents.environment.resolve import resolve
     from agents.reading.entry import discover_entry
 
     entry = discover_entry(model).as_manifest_dict()

@@ -61,7 +61,7 @@ def _interpreter_paths(python: str) -> set[Path]:
                 key, _, value = line.partition("=")
                 if key.strip() == "home" and value.strip():
                     paths.add(Path(value.strip()).parent)
-        # A layered env (agents/env_resolve.py) names the folders it reads besides its own: a torch pair's
+        # A layered env (agents/environment/resolve.py) names the folders it reads besides its own: a torch pair's
         # base env. Under a masked home they are invisible unless bound too.
         marker = p.parent.parent / "npuport-env.json"
         if marker.is_file():

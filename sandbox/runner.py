@@ -100,7 +100,7 @@ def run_harness(
     """Run the harness once. ``reference`` runs the original on the CPU under the cuda -> cpu
     redirect; ``redirect_cuda`` runs unported code on the target with cuda redirected to its device
     (what torch_npu's transfer_to_npu does), for an op inventory before porting. ``python`` is the
-    interpreter of a layered environment holding the model's own pins (agents/env_resolve.py)."""
+    interpreter of a layered environment holding the model's own pins (agents/environment/resolve.py)."""
     run_dir.mkdir(parents=True, exist_ok=True)
     result_path = run_dir / "result.json"
     spec: dict[str, Any] = {

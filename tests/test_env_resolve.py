@@ -1,4 +1,4 @@
-"""agents/env_resolve.py: the compatibility table, the model's pins, conflicts in plain words, the
+"""agents/environment/resolve.py: the compatibility table, the model's pins, conflicts in plain words, the
 bundle's requirements / constraints, and the layered sandbox environment.
 
 Nothing is faked: pip runs for real. The acceptance test needs the package registry (it installs
@@ -21,12 +21,16 @@ import pytest
 import yaml
 from packaging.version import Version
 
-from agents import env_resolve as er
+from agents.environment.compat import companion_version, detect_cann, host_version, load_compat, torch_npu_row
+from agents.environment.layered import MARKER, ensure_env
+from agents.environment.pins import find_pins
+from agents.environment.resolve import resolve
+from knowledge.errors import EnvBuildError
 from tests.tiny_models import write_tiny_model
 
 REPO = Path(__file__).resolve().parents[1]
 HOST_TORCH = md.version("torch")
-HOST_TRANSFORMERS = md.version("transformers") if er.host_version("transformers") else None
+HOST_TRANSFORMERS = md.version("transformers") if host_version("transformers") else None
 
 
 def _model(tmp_path: Path, files: dict[str, str]) -> Path:
@@ -49,7 +53,7 @@ def _md_rows(text: str) -> list[list[str]]:
 
 
 def test_torch_npu_rows_match_the_published_table(shared_data: Path) -> None:
-    compat = er.load_compat()
+    compat = load_compat()
     published: dict[str, tuple[str, str]] = {}
     for row in _md_rows((shared_data / "ascend-pytorch-docs" / "COMPATIBILITY.en.md").read_text()):
         if len(row) == 4 and re.fullmatch(r"\d+\.\d+\.\d+(\.post\d+)?", row[0]):
@@ -65,7 +69,7 @@ def test_torch_npu_rows_match_the_published_table(shared_data: Path) -> None:
 
 
 def test_vllm_ascend_rows_match_the_published_matrix(shared_data: Path) -> None:
-    compat = er.load_compat()
+    compat = load_compat()
     published = {}
     for row in _md_rows((shared_data / "vllm-ascend-docs" / "versioning_policy.md").read_text()):
         if len(row) >= 5 and re.fullmatch(r"v\d+\.\d+\.\d+\S*", row[0]):
@@ -79,15 +83,15 @@ def test_vllm_ascend_rows_match_the_published_matrix(shared_data: Path) -> None:
 
 
 def test_torch_npu_lookup_and_companions() -> None:
-    compat = er.load_compat()
-    assert er.torch_npu_row("2.10.0.post4", compat) == {"version": "2.10.0.post4", "torch": "2.10.0",
+    compat = load_compat()
+    assert torch_npu_row("2.10.0.post4", compat) == {"version": "2.10.0.post4", "torch": "2.10.0",
                                                          "cann": ["9.1.0"]}
-    bare = er.torch_npu_row("2.9.0.post1", compat)  # not a row: matched to its release's builds
+    bare = torch_npu_row("2.9.0.post1", compat)  # not a row: matched to its release's builds
     assert bare is not None and bare["torch"] == "2.9.0" and {"8.5.0", "9.0.0", "9.1.0"} <= set(bare["cann"])
-    assert er.torch_npu_row("3.0.0", compat) is None
-    assert er.companion_version("torchvision", "2.13.0", compat) == "0.28.*"
-    assert er.companion_version("torchvision", "2.1.0", compat) == "0.16.*"
-    assert er.companion_version("torchaudio", "2.5.1", compat) == "2.5.*"
+    assert torch_npu_row("3.0.0", compat) is None
+    assert companion_version("torchvision", "2.13.0", compat) == "0.28.*"
+    assert companion_version("torchvision", "2.1.0", compat) == "0.16.*"
+    assert companion_version("torchaudio", "2.5.1", compat) == "2.5.*"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -107,7 +111,7 @@ def test_find_pins_reads_requirements_setup_pyproject_and_readme(tmp_path: Path)
                      "&& python demo.py\npython -m pip install -e . flash-attn==2.5.8 --no-build-isolation\n"
                      "pip install -r requirements.txt\n```\n",
     })
-    pins = {(p.name, p.requirement, p.source) for p in er.find_pins(root)}
+    pins = {(p.name, p.requirement, p.source) for p in find_pins(root)}
     assert pins == {
         ("transformers", "transformers==4.46.3", "requirements.txt:2"),
         ("einops", "einops>=0.7", "requirements/extra.txt:1"),
@@ -130,7 +134,7 @@ def test_resolve_explains_conflicts_and_plans_the_layered_env(tmp_path: Path) ->
         "requirements.txt": "torch==2.1.0\ntransformers==4.46.3\nxformers==0.0.23\npyyaml>=5\n",
         "README.md": "pip install transformers==4.40.0 torchvision==0.16.0\n",
     })
-    res = er.resolve(root, "ascend-sim", "2.13.0")
+    res = resolve(root, "ascend-sim", "2.13.0")
     assert res.stack["torch"] == "2.13.0" and res.stack["torch_npu"] == "2.13.0"
     assert res.stack["transformers"] == "4.46.3"
     text = "\n".join(res.conflicts)
@@ -156,7 +160,7 @@ def test_resolve_explains_conflicts_and_plans_the_layered_env(tmp_path: Path) ->
 
 def test_resolve_vllm_pairing_and_its_transformers_floor(tmp_path: Path) -> None:
     root = _model(tmp_path, {"requirements.txt": "vllm==0.11.0\ntransformers==4.46.3\n"})
-    res = er.resolve(root, "npu", "2.13.0")
+    res = resolve(root, "npu", "2.13.0")
     assert res.stack["vllm"] == "0.11.0" and res.stack["vllm_ascend"] == "0.11.0"
     text = "\n".join(res.conflicts)
     assert ("vllm-ascend 0.11.0 (for vLLM 0.11.0) needs torch_npu 2.7.1.post1 with torch 2.7.1, but the port "
@@ -166,23 +170,23 @@ def test_resolve_vllm_pairing_and_its_transformers_floor(tmp_path: Path) -> None
     assert "vllm-ascend==0.11.0" in res.requirements_txt and "vllm==0.11.0" in res.constraints_txt
     assert "vllm" in res.dropped and not any(i.startswith("vllm") for i in res.install)
 
-    none = er.resolve(_model(tmp_path / "b", {"requirements.txt": "vllm\n"}), "npu", "2.13.0")
+    none = resolve(_model(tmp_path / "b", {"requirements.txt": "vllm\n"}), "npu", "2.13.0")
     assert any("no published vllm-ascend release pairs with torch_npu 2.13.0" in c for c in none.conflicts)
-    paired = er.resolve(_model(tmp_path / "c", {"requirements.txt": "vllm\n"}), "npu", "2.9.0")
+    paired = resolve(_model(tmp_path / "c", {"requirements.txt": "vllm\n"}), "npu", "2.9.0")
     assert paired.stack["vllm_ascend"] == "0.19.1rc1" and not any("vllm-ascend" in c for c in paired.conflicts)
 
 
 def test_resolve_targets_python_cann_and_unknown_builds(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     root = _model(tmp_path, {"requirements.txt": "torch==2.1.0\n"})
-    cpu = er.resolve(root, "cpu", None)
+    cpu = resolve(root, "cpu", None)
     assert cpu.stack["torch_npu"] is None and "torch-npu" not in cpu.requirements_txt
     assert any(f"the cpu target runs the host's torch {Version(HOST_TORCH).base_version}" in c
                for c in cpu.conflicts)
 
-    unknown = er.resolve(root, "npu", "9.9.9")
+    unknown = resolve(root, "npu", "9.9.9")
     assert any("torch_npu 9.9.9 is not in the compatibility table" in c for c in unknown.conflicts)
 
-    old = er.resolve(root, "npu", "2.2.0")  # torch 2.2 has no Python 3.11 builds
+    old = resolve(root, "npu", "2.2.0")  # torch 2.2 has no Python 3.11 builds
     assert any("torch 2.2.0 (for torch_npu 2.2.0) supports Python 3.8, 3.9, 3.10" in c for c in old.conflicts) \
         == (sys.version_info[:2] == (3, 11))
     assert any(f"but this host runs torch {HOST_TORCH}" in c for c in old.conflicts)
@@ -191,29 +195,29 @@ def test_resolve_targets_python_cann_and_unknown_builds(tmp_path: Path, monkeypa
     (toolkit / "x86_64-linux").mkdir(parents=True)
     (toolkit / "x86_64-linux" / "ascend_toolkit_install.info").write_text("package_name=Ascend-cann\nversion=8.0.0\n")
     monkeypatch.setenv("ASCEND_TOOLKIT_HOME", str(toolkit))
-    assert er.detect_cann() == "8.0.0"
-    on_npu = er.resolve(_model(tmp_path / "d", {}), "npu", "2.5.1")
+    assert detect_cann() == "8.0.0"
+    on_npu = resolve(_model(tmp_path / "d", {}), "npu", "2.5.1")
     assert any("published for CANN 8.1.RC1, but the installed CANN is 8.0.0" in c for c in on_npu.conflicts)
-    matched = er.resolve(_model(tmp_path / "e", {}), "npu", "2.4.0.post2")
+    matched = resolve(_model(tmp_path / "e", {}), "npu", "2.4.0.post2")
     assert not any("CANN" in c for c in matched.conflicts) and matched.stack["cann"] == "8.0.0"
 
 
 def test_the_examples_resolve() -> None:
-    tiny = er.resolve(REPO / "examples" / "tiny_llm", "ascend-sim", "2.13.0")
+    tiny = resolve(REPO / "examples" / "tiny_llm", "ascend-sim", "2.13.0")
     assert {"xformers", "triton", "torch"} <= set(tiny.dropped)
     assert tiny.pins == {"transformers": "transformers==4.34.1"}
     assert any("the model pins torch==2.1.2 (requirements.txt:2)" in c for c in tiny.conflicts)
     assert tiny.needs_layered_env == (HOST_TRANSFORMERS != "4.34.1")
 
-    ocr = er.resolve(REPO / "examples" / "ocr_mini", "ascend-sim", "2.13.0")
+    ocr = resolve(REPO / "examples" / "ocr_mini", "ascend-sim", "2.13.0")
     assert ocr.found == [] and not ocr.needs_layered_env and ocr.conflicts == []
-    assert er.ensure_env(ocr) is None, "the host suffices"
+    assert ensure_env(ocr) is None, "the host suffices"
 
 
 def test_env_key_follows_what_is_installed(tmp_path: Path) -> None:
-    a = er.resolve(_model(tmp_path / "a", {"requirements.txt": "npuport-nothing==1.0\n"}), "cpu", None)
-    b = er.resolve(_model(tmp_path / "b", {"requirements.txt": "npuport-nothing==1.0\n"}), "cpu", None)
-    c = er.resolve(_model(tmp_path / "c", {"requirements.txt": "npuport-nothing==1.1\n"}), "cpu", None)
+    a = resolve(_model(tmp_path / "a", {"requirements.txt": "npuport-nothing==1.0\n"}), "cpu", None)
+    b = resolve(_model(tmp_path / "b", {"requirements.txt": "npuport-nothing==1.0\n"}), "cpu", None)
+    c = resolve(_model(tmp_path / "c", {"requirements.txt": "npuport-nothing==1.1\n"}), "cpu", None)
     assert a.env_key == b.env_key != c.env_key and len(a.env_key) == 16
 
 
@@ -228,11 +232,11 @@ def test_failed_install_is_a_clear_error_and_leaves_nothing(tmp_path: Path, monk
     empty.mkdir()
     monkeypatch.setenv("PIP_NO_INDEX", "1")
     monkeypatch.setenv("PIP_FIND_LINKS", str(empty))
-    res = er.resolve(_model(tmp_path, {"requirements.txt": "npuport-no-such-package==0.0.1\n"}), "cpu", None)
+    res = resolve(_model(tmp_path, {"requirements.txt": "npuport-no-such-package==0.0.1\n"}), "cpu", None)
     assert res.install == ["npuport-no-such-package==0.0.1"]
     cache = tmp_path / "envs"
-    with pytest.raises(er.EnvBuildError, match=r"could not install npuport-no-such-package==0\.0\.1 into the layered"):
-        er.ensure_env(res, cache_root=cache)
+    with pytest.raises(EnvBuildError, match=r"could not install npuport-no-such-package==0\.0\.1 into the layered"):
+        ensure_env(res, cache_root=cache)
     assert not (cache / res.env_key).exists()
 
 
@@ -263,16 +267,16 @@ def test_a_model_pinning_an_old_transformers_runs_in_its_own_layered_env(
     if HOST_TRANSFORMERS == "4.46.3":
         pytest.skip("the host itself has transformers 4.46.3; nothing to layer")
 
-    res = er.resolve(model, "ascend-sim", "2.13.0")
+    res = resolve(model, "ascend-sim", "2.13.0")
     assert res.needs_layered_env and res.install == ["transformers==4.46.3"]
-    built_before = (cache / res.env_key / er.MARKER).is_file()
+    built_before = (cache / res.env_key / MARKER).is_file()
     if not built_before:
         with tempfile.TemporaryDirectory() as probe:
             if not _registry_reachable(Path(probe)):
                 pytest.skip("the package registry cannot be reached to build the layered env")
-    python = er.ensure_env(res)
+    python = ensure_env(res)
     assert python is not None and python.is_relative_to(cache)
-    assert er.ensure_env(res) == python, "cached by the hash of its pins"
+    assert ensure_env(res) == python, "cached by the hash of its pins"
 
     # The whole harness runs there: `-I` (no PYTHONPATH), npuport's sandbox package from the layer.
     spec = {"model_dir": str(model), "manifest": yaml.safe_load((model / "npuport.yaml").read_text()),

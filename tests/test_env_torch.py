@@ -1,4 +1,4 @@
-"""The torch pair a model importing torchvision runs on (agents/env_torch.py): candidate pairs from a
+"""The torch pair a model importing torchvision runs on (agents/environment/torch_pair.py): candidate pairs from a
 package index listing (faked here: the index is outside our walls), pip's constraints, the order of
 the fallbacks, and the probe that proves a pair by running a native op. Installing a real pair (GBs)
 is opt-in: NPUPORT_TEST_TORCH_PAIR=1."""
@@ -12,8 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from agents import env_torch as et
-from agents.env_resolve import _bundle_files, load_compat, resolve
+from agents.environment import torch_pair as et
+from agents.environment.compat import load_compat
+from agents.environment.resolution import bundle_files
+from agents.environment.resolve import resolve
 
 INDEX = {
     "torch": ["2.15.0", "2.14.1", "2.14.0", "2.13.0+cpu", "2.13.0", "2.12.0", "2.14.0rc1"],
@@ -116,7 +118,7 @@ def test_resolution_lists_imported_companions_and_bundle_pins_the_pair(tmp_path:
     assert res.companions == ["torchvision"] and res.needs_layered_env
     assert not any(i.startswith("torchvision") for i in res.install)
     pair = {"torch": "2.14.1", "companions": {"torchvision": "0.29.1"}}
-    req, con = _bundle_files("cpu", dict(res.stack), res.pins, load_compat(), pair)
+    req, con = bundle_files("cpu", dict(res.stack), res.pins, load_compat(), pair)
     assert "torch==2.14.1" in con.splitlines() and "torchvision==0.29.1" in con.splitlines()
     assert "torchvision==0.29.1" in req.splitlines()
 
@@ -125,7 +127,8 @@ def test_resolution_lists_imported_companions_and_bundle_pins_the_pair(tmp_path:
 @pytest.mark.skipif(os.environ.get("NPUPORT_TEST_TORCH_PAIR") != "1",
                     reason="installs a real torch pair (GBs); opt in with NPUPORT_TEST_TORCH_PAIR=1")
 def test_real_pair_is_chosen_built_and_proven(tmp_path: Path) -> None:
-    from agents.env_resolve import env_cache_root, host_version
+    from agents.environment.compat import host_version
+    from agents.environment.layered import env_cache_root
 
     pair = et.choose_pair(["torchvision"], sys.executable, host_version("torch"), load_compat(), env_cache_root(),
                           print)

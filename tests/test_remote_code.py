@@ -265,7 +265,7 @@ def test_a_preprocessing_path_that_cannot_be_driven_falls_back_with_the_reason(t
 # ----------------------------------------------------------------------------------------------
 
 def test_dependencies_are_inferred_from_imports_and_the_transformers_coupling(tmp_path: Path) -> None:
-    from agents.env_resolve import resolve
+    from agents.environment.resolve import resolve
 
     model = tmp_path / "model"
     model.mkdir()
@@ -290,7 +290,8 @@ def test_dependencies_are_inferred_from_imports_and_the_transformers_coupling(tm
 def test_a_model_of_another_transformers_era_runs_in_that_era() -> None:
     # every name the fixture imports exists in the host's 5.x, but it was saved with 4.46.3: the names
     # are no proof (generate, config attributes and helpers break at run time), the era decides
-    from agents.env_resolve import host_version, resolve
+    from agents.environment.compat import host_version
+    from agents.environment.resolve import resolve
 
     res = resolve(FIXTURE, "cpu", None)
     if not (host_version("transformers") or "").startswith("5."):

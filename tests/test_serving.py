@@ -129,7 +129,8 @@ def test_report_section_says_when_serving_was_off_and_when_it_failed() -> None:
 
 
 def _state(tmp_path: Path) -> dict[str, Any]:
-    from agents.env_resolve import ensure_env, resolve
+    from agents.environment.layered import ensure_env
+    from agents.environment.resolve import resolve
 
     os.environ.setdefault("NPUPORT_ENV_CACHE", str(Path.home() / ".cache" / "npuport-tests" / "envs"))
     python = ensure_env(resolve(TINY, "cpu", None))

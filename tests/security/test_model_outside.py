@@ -58,7 +58,7 @@ def test_torch_identity_runs_the_env_confined(hostile_env: tuple[str, Path]) -> 
 
 
 def test_torch_pair_probe_runs_the_env_confined(hostile_env: tuple[str, Path]) -> None:
-    from agents.env_torch import probe
+    from agents.environment.torch_pair import probe
 
     py, marker = hostile_env
     ok, _ = probe(py, [], timeout_s=60)
@@ -66,10 +66,10 @@ def test_torch_pair_probe_runs_the_env_confined(hostile_env: tuple[str, Path]) -
 
 
 def test_purelib_question_runs_no_pth(hostile_env: tuple[str, Path]) -> None:
-    from agents.env_resolve import _purelib
+    from agents.environment.layered import purelib
 
     py, marker = hostile_env
-    assert _purelib(Path(py)) == str(Path(py).parent.parent / "lib" / f"python{sys.version_info.major}.{sys.version_info.minor}" / "site-packages")
+    assert purelib(Path(py)) == str(Path(py).parent.parent / "lib" / f"python{sys.version_info.major}.{sys.version_info.minor}" / "site-packages")
     assert not marker.exists()
 
 

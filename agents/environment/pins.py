@@ -1,5 +1,5 @@
 """The model's own pins: requirement files, pip lines in its README, setup.py and pyproject.toml, and the
-transformers version its config was saved with (read by agents/env_resolve.py)."""
+transformers version its config was saved with (read by agents/environment/resolve.py)."""
 
 from __future__ import annotations
 
@@ -191,7 +191,7 @@ def unconditional_imports(model_dir: Path) -> dict[str, str]:
     (an import a guard protects is optional): {module: "file:line"} of the first such import."""
     import sys
 
-    from agents.env_imports import own_package_names
+    from agents.environment.imports import own_package_names
 
     files = model_py_files(model_dir)
     local = own_package_names(model_dir, files)

@@ -15,8 +15,8 @@ import subprocess
 from collections.abc import Callable
 from pathlib import Path
 
-from agents.env_pins import model_py_files
-from agents.env_torch import minor_of
+from agents.environment.pins import model_py_files
+from agents.environment.torch_pair import minor_of
 
 # The last 4.x line in which PreTrainedModel itself inherits GenerationMixin (4.50 stopped it): it has
 # every name 4.x code imports and gives generate to the generative classes that relied on the inheritance.

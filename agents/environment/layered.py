@@ -1,0 +1,277 @@
+"""The layered sandbox environment: a venv made for a resolution, layered on the host (or on a torch pair's
+base env), installing only what the host does not satisfy; built once, cached by what it holds, locked
+against concurrent builds. ``ensure_env`` also chooses and proves the torch pair, moves an era whose
+release lacks a name the code imports to the last 4.x, and records what pip reconciled."""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+from packaging.requirements import Requirement
+
+from agents.environment.compat import (
+    FRAMEWORK,
+    NPU_TARGETS,
+    NPUPORT_ROOT,
+    host_site_dirs,
+    host_version,
+    load_compat,
+    torch_npu_row,
+)
+from agents.environment.era import LAST_4X, own_versions, reconcile
+from agents.environment.resolution import Resolution, bundle_files
+from agents.environment.resolve import missing_transformers_names
+from agents.environment.torch_pair import COMPANIONS, TorchPair, choose_pair, probe
+from agents.environment.torch_pair import release_of as _release
+from knowledge.errors import EnvBuildError, first_line
+
+MARKER = "npuport-env.json"
+
+
+def env_cache_root() -> Path:
+    from knowledge.settings import settings
+
+    env = settings().env_cache
+    if env:
+        root = env.expanduser()
+    else:
+        from knowledge.home import cache_dir
+
+        root = cache_dir("envs")
+    root.mkdir(parents=True, exist_ok=True)
+    return root
+
+
+def env_python(env_dir: Path) -> Path:
+    return env_dir / "bin" / "python"
+
+
+@contextlib.contextmanager
+def locked(path: Path) -> Iterator[None]:
+    with path.open("w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)  # two ports building the same env wait for each other
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _layer_pth(env_dir: Path, resolution: Resolution) -> Path:
+    """The .pth that layers the env on the host: a torch pair's base env (its own torch shadows the
+    host's), then the host's site-packages (processed as site dirs, so their own .pth files work), after
+    the env's own, and the npuport source root for the harness."""
+    own_site = purelib(env_python(env_dir))
+    sites = [*_base_sites(resolution), *host_site_dirs()]
+    pth = Path(own_site) / "_npuport_layer.pth"
+    pth.write_text(
+        f"import site; list(map(site.addsitedir, {sites!r}))\n"
+        f"{NPUPORT_ROOT}\n"
+    )
+    return pth
+
+
+def purelib(python: Path) -> str:
+    # -S: no .pth of the env runs outside the sandbox. Without site, sys.prefix is the base interpreter's,
+    # so the env's own prefix (python's bin/..) is passed in.
+    code = "import sys, sysconfig; print(sysconfig.get_paths(vars={'base': sys.argv[1], 'platbase': sys.argv[1]})['purelib'])"
+    return subprocess.run([str(python), "-I", "-S", "-c", code, str(Path(python).parent.parent)],
+                          capture_output=True, text=True, check=True).stdout.strip()
+
+
+def _base_sites(resolution: Resolution) -> list[str]:
+    base = (resolution.torch_pair or {}).get("base_env")
+    return [purelib(env_python(Path(base)))] if base else []
+
+
+def run_pip(python: Path, install: list[str], constraints: Path, timeout_s: float) -> subprocess.CompletedProcess[str]:
+    # Wheels only: a source distribution named by an untrusted model would run its setup.py here,
+    # outside the sandbox.
+    argv = [str(python), "-m", "pip", "install", "--no-input", "--disable-pip-version-check", "--only-binary=:all:",
+            "-c", str(constraints), *install]
+    return subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s)
+
+
+def _stderr_log(msg: str) -> None:
+    print(f"npuport: {msg}", file=sys.stderr, flush=True)
+
+
+def apply_pair(resolution: Resolution, pair: TorchPair) -> None:
+    """Record the chosen torch pair in the resolution: stack, notes, installs, bundle files."""
+    resolution.torch_pair = pair.as_dict()
+    resolution.stack["torch"] = _release(pair.torch)
+    for c, v in pair.companions.items():
+        resolution.stack[c] = v
+    resolution.notes.append(f"torch pair: torch {pair.torch} + "
+                            + " + ".join(f"{c} {v}" for c, v in sorted(pair.companions.items()))
+                            + f" ({pair.source}): {pair.reason}. Proof: {pair.proof}."
+                            + (" It is a CUDA build (several GB, its CUDA unused here): the only pair the package "
+                               "index here offers that loads; a CPU build of the same pair is lighter where an "
+                               "index offers one." if "+cu" in pair.proof else ""))
+    for req in pair.overlay:
+        if req not in resolution.install:
+            resolution.install.append(req)
+    if pair.source != "host" and resolution.target in NPU_TARGETS and resolution.torch_npu and \
+            _release(pair.torch) != _release(str(_stack_torch_npu_torch(resolution) or pair.torch)):
+        resolution.conflicts.append(
+            f"the sandbox runs torch {pair.torch} (the pair that loads {', '.join(resolution.companions)} here); "
+            f"on an Ascend host torch_npu {resolution.torch_npu} needs its own torch and the "
+            f"{'/'.join(resolution.companions)} release of that line.")
+    resolution.needs_layered_env = bool(resolution.install) or pair.source == "index"
+    resolution.requirements_txt, resolution.constraints_txt = bundle_files(
+        resolution.target, resolution.stack, resolution.pins, load_compat(), resolution.torch_pair)
+
+
+def _stack_torch_npu_torch(resolution: Resolution) -> str | None:
+    row = torch_npu_row(resolution.torch_npu, load_compat()) if resolution.torch_npu else None
+    return row["torch"] if row else None
+
+
+def ensure_env(resolution: Resolution, cache_root: Path | None = None, timeout_s: float = 900.0,
+               log: Callable[[str], None] | None = None) -> Path | None:
+    """The python of the layered venv for ``resolution`` (built once, then reused), or None when the
+    host already satisfies every pin. When the model imports torchvision / torchaudio, the torch pair is
+    chosen and proven first (agents/environment/torch_pair.py) and recorded in the resolution. Raises EnvBuildError
+    when installing fails."""
+    log = log or _stderr_log
+    root = cache_root or env_cache_root()
+    root.mkdir(parents=True, exist_ok=True)
+    if resolution.companions and resolution.torch_pair is None:
+        pair = choose_pair(resolution.companions, resolution.host_python, host_version("torch"), load_compat(),
+                           root, log)
+        apply_pair(resolution, pair)
+    if not resolution.needs_layered_env:
+        return None
+    python = _ensure_layered(resolution, root, timeout_s, log)
+    pulled = [c for c in COMPANIONS if c in own_versions(python)] if resolution.torch_pair is None else []
+    if pulled:
+        # a dependency (timm -> torchvision) brought a companion built for another torch: prove it before any
+        # model code runs, and when it does not load, choose the pair as for a model that imports it
+        ok, proof = probe(str(python), pulled)
+        if not ok:
+            resolution.notes.append(f"{', '.join(pulled)} came in with the model's dependencies and does not load "
+                                    f"beside the env's torch ({proof}): the torch pair is chosen and proven.")
+            resolution.companions = sorted(set(resolution.companions) | set(pulled))
+            apply_pair(resolution, choose_pair(resolution.companions, resolution.host_python, host_version("torch"),
+                                               load_compat(), root, log))
+            python = _ensure_layered(resolution, root, timeout_s, log)
+    if resolution.era and resolution.era != LAST_4X:
+        missing = missing_transformers_names(resolution.model_dir, python=str(python))
+        if missing:
+            # config.json's release is older than the code: it imports names that came later (a checkpoint
+            # saved with 4.24 by code that imports GenerationConfig, 4.26+). The last 4.x has them all.
+            shown = ", ".join(f"{mod}.{name} ({where})" for mod, name, where in missing[:3])
+            resolution.install = [LAST_4X if r == resolution.era else r for r in resolution.install]
+            resolution.pins["transformers"] = LAST_4X
+            resolution.stack["transformers"] = str(Requirement(LAST_4X).specifier)
+            resolution.notes.append(f"the era's {resolution.era} lacks {shown}, which the code imports: it runs "
+                                    f"with {LAST_4X} instead.")
+            resolution.era = LAST_4X
+            python = _ensure_layered(resolution, root, timeout_s, log)
+    if resolution.era and (installed := own_versions(python).get("transformers")):
+        resolution.stack["transformers"] = installed  # the release pip chose for the era's range
+    marker = json.loads((python.parent.parent / MARKER).read_text())
+    for dist, outcome in (marker.get("reconciled") or {}).items():
+        resolution.notes.append(f"host package {dist} needs newer releases than the era's: {outcome}.")
+    return python
+
+
+def _ensure_layered(resolution: Resolution, root: Path, timeout_s: float, log: Callable[[str], None]) -> Path:
+    env_dir = root / resolution.env_key
+    with locked(root / f"{resolution.env_key}.lock"):
+        if (env_dir / MARKER).is_file() and env_python(env_dir).exists():
+            return env_python(env_dir)
+        shutil.rmtree(env_dir, ignore_errors=True)  # a build that died half way
+        if resolution.install:
+            log(f"building the model's layered environment ({', '.join(resolution.install)}) in {env_dir}")
+        try:
+            _build(env_dir, resolution, timeout_s)
+        except BaseException:
+            shutil.rmtree(env_dir, ignore_errors=True)
+            raise
+    return env_python(env_dir)
+
+
+def _build(env_dir: Path, resolution: Resolution, timeout_s: float) -> None:
+    host = Path(resolution.host_python)
+    # --without-pip: pip comes from the host's site-packages through the layer .pth.
+    made = subprocess.run([str(host), "-m", "venv", "--without-pip", str(env_dir)], capture_output=True, text=True)
+    if made.returncode != 0:
+        raise EnvBuildError(f"could not create a venv at {env_dir}: {made.stderr.strip()[-800:]}")
+    _layer_pth(env_dir, resolution)
+    # Keep the torch stack as it is (the host's, or the pair's): the model's pins must not move it.
+    pair = resolution.torch_pair or {}
+    if pair.get("base_env"):
+        keep = [f"torch=={pair['torch']}", *(f"{c}=={v}" for c, v in sorted(pair["companions"].items()))]
+    else:
+        keep = [f"{n}=={v}" for n in sorted(FRAMEWORK) if (v := host_version(n))]
+    constraints = env_dir / "npuport-constraints.txt"
+    constraints.write_text("\n".join(keep) + "\n")
+    start = time.monotonic()
+    if resolution.install:
+        try:
+            done = run_pip(env_python(env_dir), resolution.install, constraints, timeout_s)
+        except subprocess.TimeoutExpired as exc:
+            raise EnvBuildError(f"installing {', '.join(resolution.install)} into the layered environment took "
+                                f"longer than {timeout_s:g} s and was stopped") from exc
+        if done.returncode != 0:
+            tail = "\n".join((done.stderr or done.stdout).strip().splitlines()[-8:])
+            raise EnvBuildError(
+                f"could not install {', '.join(resolution.install)} into the layered environment at {env_dir} "
+                f"(pip exit {done.returncode}); the model's pins may not exist for Python "
+                f"{sys.version_info.major}.{sys.version_info.minor}, may need torch other than the host's, or the "
+                f"package registry may be unreachable:\n{tail}"
+            )
+    optional_failed = _install_optional(env_dir, resolution, constraints, timeout_s)
+    reconciled = reconcile(env_python(env_dir), run_pip, keep, timeout_s) if resolution.era else {}
+    (env_dir / MARKER).write_text(json.dumps({
+        "key": resolution.env_key, "install": resolution.install, "optional": resolution.optional,
+        "optional_failed": optional_failed, "reconciled": reconciled, "host_python": resolution.host_python,
+        "host_sites": host_site_dirs(), "npuport_root": str(NPUPORT_ROOT),
+        "built_s": round(time.monotonic() - start, 1), "model_dir": str(resolution.model_dir),
+        "torch_pair": resolution.torch_pair,
+        # Folders the env reads besides its own (the sandbox binds them read-only: sandbox/process.py).
+        "layers": [str(Path(pair["base_env"]).resolve())] if pair.get("base_env") else [],
+    }, indent=1))
+
+
+def _install_optional(env_dir: Path, resolution: Resolution, constraints: Path, timeout_s: float) -> dict[str, str]:
+    """Install each guarded import's package on its own; {package: why not} for those the index lacks."""
+    failed: dict[str, str] = {}
+    for req in resolution.optional:
+        try:
+            done = run_pip(env_python(env_dir), [req], constraints, timeout_s)
+        except subprocess.TimeoutExpired:
+            failed[req] = f"pip took longer than {timeout_s:g} s"
+            continue
+        if done.returncode != 0:
+            failed[req] = ((done.stderr or done.stdout).strip().splitlines() or ["pip failed"])[-1][:300]
+            _stderr_log(f"optional {req} not installed (the code's fallback runs): {failed[req]}")
+    return failed
+
+
+def native_for(target: Any, python: str) -> Any:
+    """The target with ascend-sim's native engine built for the torch of ``python`` (a torch pair's env
+    runs its own torch, and a library built for another torch does not load); other targets unchanged."""
+    from knowledge.errors import NativeUnavailable
+    from sandbox.ascend_sim.native_build import choose_engine
+    from sandbox.targets import Target
+
+    if not (target.options or {}).get("native_lib"):
+        return target
+    try:
+        engine, lib, why = choose_engine("auto", log=_stderr_log, python=python)
+    except (NativeUnavailable, ValueError) as exc:
+        engine, lib, why = "python", None, f"native engine unavailable ({first_line(exc)}); python engine"
+    if lib == target.options.get("native_lib"):
+        return target
+    options = {**target.options, "engine": engine, "native_lib": lib, "engine_note": f"{why} (for {python})"}
+    return Target(target.name, target.device, target.bootstrap, options, target.env, reason=target.reason)

@@ -1,0 +1,228 @@
+"""Environment resolution: which torch / torch_npu / CANN / vLLM / vllm-ascend / transformers a port
+runs on, what the model itself pins, where those disagree (in plain words), and what the sandbox
+environment installs to honour the model's pins without touching the host's (agents/environment/
+layered.py builds it).
+
+    res = resolve(model_dir, EMULATED_TARGET, DEFAULT_TORCH_NPU)
+    python = ensure_env(res) or Path(sys.executable)   # agents.environment.layered: run the harness with this
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from packaging.requirements import Requirement
+from packaging.specifiers import SpecifierSet
+
+from agents.environment.compat import (
+    FRAMEWORK,
+    NPU_TARGETS,
+    cuda_only_reason,
+    exact_version,
+    host_version,
+    load_compat,
+)
+from agents.environment.era import LAST_4X, era_transformers, model_couplings
+from agents.environment.imports import guarded_imports
+from agents.environment.pins import (
+    IMPORT_TO_DIST,
+    Pin,
+    find_pins,
+    model_py_files,
+    saved_transformers_version,
+    transformers_names,
+    unconditional_imports,
+)
+from agents.environment.resolution import Resolution, bundle_files
+from agents.environment.stack import framework_conflict, merge_pins, resolve_vllm, stack_for_target
+from agents.environment.torch_pair import COMPANIONS
+from agents.environment.torch_pair import minor_of as _minor
+
+
+def resolve(model_dir: Path, target: str, torch_npu: str | None) -> Resolution:
+    """Resolve the environment a port of ``model_dir`` runs in for ``target`` (cpu | ascend-sim | npu
+    | auto) on ``torch_npu`` (a torch_npu release such as "2.13.0")."""
+    model_dir = Path(model_dir).resolve()
+    compat = load_compat()
+    conflicts: list[str] = []
+    notes: list[str] = []
+    stack = stack_for_target(target, torch_npu, compat, conflicts, notes)
+
+    found = find_pins(model_dir)
+    by_name: dict[str, list[Pin]] = {}
+    for pin in found:
+        by_name.setdefault(pin.name, []).append(pin)
+    merged = {name: merge_pins(name, pins, conflicts) for name, pins in by_name.items()}
+
+    pins: dict[str, str] = {}
+    dropped: dict[str, str] = {}
+    install: list[str] = []
+    companions: list[str] = []
+    for name, (spec, lead) in sorted(merged.items()):
+        req = Requirement(lead.requirement)
+        extras = f"[{','.join(sorted(req.extras))}]" if req.extras else ""
+        requirement = f"{name}{extras}{spec}"
+        cuda = cuda_only_reason(name, compat)
+        if cuda:
+            dropped[name] = f"CUDA-only ({cuda})"
+            conflicts.append(f"the model needs {lead.requirement} ({lead.source}), which is CUDA-only ({cuda}) and "
+                             "cannot run on Ascend; it is left out and the port removes or replaces its uses (H3).")
+            continue
+        if name in FRAMEWORK:
+            problem = framework_conflict(name, spec, lead, stack, target, compat)
+            if problem:
+                conflicts.append(problem)
+            dropped[name] = "decided by the target (never installed into the sandbox env)"
+            if name in COMPANIONS:
+                dropped[name] = "paired with the torch the port runs on (chosen and proven when the env is built)"
+                companions.append(name)
+            continue
+        pins[name] = requirement
+        have = host_version(name)
+        if have is None or (spec and not spec.contains(have, prereleases=True)):
+            install.append(requirement)
+            host = f"the host has {have}" if have else "the host does not have it"
+            notes.append(f"{requirement} ({lead.source}): {host}; installed into the layered environment.")
+    resolve_vllm(merged, stack, compat, conflicts, notes)
+
+    host_tf = host_version("transformers")
+    saved = saved_transformers_version(model_dir)
+    era = era_transformers(saved, host_tf) if "transformers" not in pins else None
+    coupled = model_couplings(model_dir) if host_tf and _minor(host_tf)[0] >= 5 else []
+    if coupled and "transformers" not in pins and not era and not (saved and _minor(saved)[0] >= 5):
+        # config.json names no era, but the code is coupled to 4.x: the last 4.x release runs it
+        era = LAST_4X
+    if era:
+        # The release the authors ran: code written for 4.x runs under 5.x as long as every name it
+        # imports exists, then breaks at run time (no inherited generate, config attributes moved to the
+        # generation config, removed helpers). Both the reference and the port run in the era's env.
+        pins["transformers"] = era
+        install.append(era)
+        missing = missing_transformers_names(model_dir)
+        shown = "; the host's release also lacks " + ", ".join(
+            f"{mod}.{name} ({where})" for mod, name, where in missing[:4]) if missing else ""
+        why = (f"config.json was saved with transformers {saved} and the host has {host_tf} (another major release)"
+               if saved and era != LAST_4X else
+               f"config.json names no transformers release and the code is coupled to 4.x ({coupled[0]})")
+        if coupled and saved and era != LAST_4X:
+            why += f"; the code is coupled to it ({coupled[0]}{f' and {len(coupled) - 1} more' if len(coupled) > 1 else ''})"
+        notes.append(f"{why}: the original and the port run in the environment of the model's era, {era}, built "
+                     f"once from the package index and shared by every port of that era{shown}.")
+    elif saved and host_tf:
+        notes.append(f"config.json was saved with transformers {saved} and the host has {host_tf} (same major "
+                     "release): the host's transformers is kept.")
+    if era and target in NPU_TARGETS and "einops" not in pins and host_version("einops") is None:
+        # transformers 4.x on an Ascend host (torch_npu importable) imports its NPU flash-attention
+        # integration, which imports einops unconditionally
+        pins["einops"] = "einops"
+        install.append("einops")
+        notes.append(f"{era} imports einops on an Ascend target (transformers.integrations.npu_flash_attention): "
+                     "einops is installed into the layered environment.")
+    _imported_dependencies(model_dir, pins, dropped, install, notes, compat, stack, companions)
+    optional = _guarded_dependencies(model_dir, pins, dropped, notes, compat)
+    tf_exact = exact_version(SpecifierSet(str(Requirement(pins["transformers"]).specifier))) if "transformers" in pins else None
+    # an era's range (transformers~=4.36.0) is shown as it is: pip picks its newest patch when the env is built
+    stack["transformers"] = tf_exact or (str(Requirement(era).specifier) if era else host_tf)
+
+    requirements_txt, constraints_txt = bundle_files(target, stack, pins, compat)
+    return Resolution(
+        model_dir=model_dir, target=target, torch_npu=stack.get("torch_npu"), stack=stack, pins=pins,
+        found=found, conflicts=conflicts, notes=notes, dropped=dropped, install=install,
+        requirements_txt=requirements_txt, constraints_txt=constraints_txt,
+        needs_layered_env=bool(install) or bool(companions) or bool(optional), companions=sorted(set(companions)),
+        optional=optional, era=era,
+    )
+
+
+def _guarded_dependencies(model_dir: Path, pins: dict[str, str], dropped: dict[str, str], notes: list[str],
+                          compat: dict[str, Any]) -> list[str]:
+    """Packages imported inside try/except that the code then requires (agents/environment/imports.py): the host's
+    when it has them, else installed into the layered environment when the package index has them (a
+    failed install is a note, not a failed build: the import is optional to the code's authors)."""
+    from packaging.utils import canonicalize_name
+
+    optional: list[str] = []
+    for module, where in sorted(guarded_imports(model_dir, model_py_files(model_dir)).items()):
+        dist = str(canonicalize_name(IMPORT_TO_DIST.get(module, module)))
+        if dist in pins or dist in dropped or dist in FRAMEWORK or dist in ("torch-npu", "npuport", "sandbox"):
+            continue
+        cuda = cuda_only_reason(dist, compat)
+        if cuda:
+            dropped[dist] = f"CUDA-only ({cuda}); a guarded import the code demands: the port removes or replaces its uses (H3)"
+            continue
+        if host_version(dist) is not None:
+            pins[dist] = dist
+            continue
+        pins[dist] = dist
+        optional.append(dist)
+        notes.append(f"{module} is imported inside try/except ({where}) and the code demands it: {dist} is "
+                     "installed into the layered environment when the package index has it.")
+    return optional
+
+
+def _imported_dependencies(model_dir: Path, pins: dict[str, str], dropped: dict[str, str], install: list[str],
+                           notes: list[str], compat: dict[str, Any], stack: dict[str, str | None],
+                           companions: list[str]) -> None:
+    """Third-party packages the model's code imports unconditionally that no file pins: the host's
+    version when it has one, else installed into the layered environment. torchvision / torchaudio are
+    companions of torch: the pair is chosen and proven when the environment is built (agents/environment/torch_pair.py)."""
+    from packaging.utils import canonicalize_name
+
+    for module, where in sorted(unconditional_imports(model_dir).items()):
+        dist = str(canonicalize_name(IMPORT_TO_DIST.get(module, module)))
+        if dist in COMPANIONS:
+            if dist not in companions:
+                companions.append(dist)
+                dropped.setdefault(dist, "paired with the torch the port runs on (chosen and proven when the env "
+                                         "is built)")
+                notes.append(f"{module} is imported by the model ({where}): it must be built for the torch it "
+                             "runs with, so the torch pair is chosen and proven by importing it when the "
+                             "environment is built.")
+            continue
+        if dist in pins or dist in dropped or dist in ("torch", "torch-npu", "npuport", "sandbox"):
+            continue
+        if cuda_only_reason(dist, compat):
+            continue  # H3's business: the port removes or replaces its uses
+        if host_version(dist) is not None:
+            pins[dist] = dist
+            continue
+        if dist in FRAMEWORK:
+            dropped[dist] = "decided by the target (never installed into the sandbox env)"
+            continue
+        requirement = dist
+        pins[dist] = requirement
+        install.append(requirement)
+        notes.append(f"{module} is imported by the model ({where}) and the host does not have it: {requirement} is "
+                     "installed into the layered environment.")
+
+
+def missing_transformers_names(model_dir: Path, python: str | None = None) -> list[tuple[str, str, str]]:
+    """The (module, name, where) the model imports from transformers that the installed transformers
+    lacks (a removed or renamed API), checked in a child interpreter (importing transformers is slow
+    and must not happen in npuport's own process)."""
+    wanted = transformers_names(model_dir)
+    if not wanted:
+        return []
+    probe = ("import importlib, json, sys\n"
+             "out = []\n"
+             "for mod, name, where in json.loads(sys.stdin.read()):\n"
+             "    try:\n"
+             "        m = importlib.import_module(mod)\n"
+             "        ok = hasattr(m, name) or importlib.util.find_spec(mod + '.' + name) is not None\n"
+             "    except Exception:\n"
+             "        ok = False\n"
+             "    if not ok:\n"
+             "        out.append([mod, name, where])\n"
+             "print(json.dumps(out))\n")
+    try:
+        from sandbox.probe import run_probe  # the env's .pth files run when it starts: inside the sandbox
+
+        done = run_probe([python or sys.executable, "-c", probe], input=json.dumps(wanted), timeout=120)
+        return [tuple(x) for x in json.loads(done.stdout.strip().splitlines()[-1])] if done.returncode == 0 else []
+    except (subprocess.TimeoutExpired, json.JSONDecodeError, IndexError):
+        return []
+
