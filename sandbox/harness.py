@@ -206,12 +206,13 @@ def load_config(model_dir: Path, manifest: dict[str, Any], spec: dict[str, Any],
 
     config: dict[str, Any] = json.loads((model_dir / manifest.get("config", "config.json")).read_text())
     flags = kernel_flags_off(config)  # "flash_attn": true names a kernel neither the CPU nor Ascend has
+    # The manifest's config_overrides hold for every run (a quantization switch turned off: agents/quant_path.py)
+    extra = {**(manifest.get("config_overrides") or {}), **(spec.get("config_overrides") or {})}
     changes: list[str] = []
     if spec.get("shrink") and build is not None:
         from sandbox.shrink_fit import fit_to_constructor
 
-        small, changes = fit_to_constructor(build, config, manifest.get("shrink") or {}, model_dir,
-                                            spec.get("config_overrides") or {})
+        small, changes = fit_to_constructor(build, config, manifest.get("shrink") or {}, model_dir, extra)
         return small, [*flags, *changes]
     if spec.get("shrink"):
         config, changes = shrink_config(config, manifest.get("shrink") or {}, model_dir)
@@ -226,7 +227,7 @@ def load_config(model_dir: Path, manifest: dict[str, Any], spec: dict[str, Any],
                               f"({need / 2**30:.1f} GiB in float32) but {avail / 2**30:.1f} GiB of memory is "
                               "available: rerun with --shrink (a small config derived from config.json, random "
                               "weights)")
-    config.update(spec.get("config_overrides") or {})
+    config.update(extra)
     return config, changes
 
 
