@@ -69,14 +69,29 @@ def _import_with_stubs(fn: Any, redirect: bool, stubbed: list[str]) -> Any:
     for _ in range(MAX_STUB_RETRIES):
         try:
             return fn()
-        except ModuleNotFoundError as exc:
-            root = (exc.name or "").split(".")[0]
+        except ImportError as exc:
+            # the ModuleNotFoundError itself, or one the model's code caught and raised again in its own words
+            # (``except ImportError: raise ImportError("install flash-rwkv")``)
+            missing = _missing_module(exc)
+            root = (missing or "").split(".")[0]
             if not redirect or root not in rd.CUDA_ONLY_MODULES or root in stubbed:
                 raise
             stubbed.append(root)
-            rd.stub_module(exc.name or root)
+            rd.stub_module(missing or root)
             _forget_model_modules()
     return fn()
+
+
+def _missing_module(exc: BaseException) -> str | None:
+    """The module name of the ModuleNotFoundError behind an ImportError (itself, its cause or context)."""
+    seen: set[int] = set()
+    cur: BaseException | None = exc
+    while cur is not None and id(cur) not in seen:
+        seen.add(id(cur))
+        if isinstance(cur, ModuleNotFoundError) and cur.name:
+            return cur.name
+        cur = cur.__cause__ or cur.__context__
+    return None
 
 
 _model_dir_str = ""
