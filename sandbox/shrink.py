@@ -233,7 +233,7 @@ def _shrink_level(config: dict[str, Any], prefix: str, changes: list[str],
             width(key, 2 * hidden, ffn=True)
         elif _LORA_RANK_KEYS.match(key):
             width(key, HEAD_DIM)
-    if hidden_key and _int(old_hidden) and out[hidden_key] < old_hidden:
+    if hidden_key and isinstance(old_hidden, int) and out[hidden_key] < old_hidden:
         _companion_widths(out, hidden_key, old_hidden, out[hidden_key], width)
     if heads_key and hidden_key and _int(out[heads_key]) and out[hidden_key] % out[heads_key]:
         # A kept (hard-coded) width the shrunk head count does not divide: keep the heads too.

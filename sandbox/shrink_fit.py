@@ -55,8 +55,10 @@ def _forward_on_meta(model: Any, config: dict[str, Any]) -> BaseException | None
     import torch
 
     forward = getattr(model, "forward", None)
+    if not callable(forward):
+        return None
     try:
-        params = inspect.signature(forward).parameters if forward is not None else {}
+        params = inspect.signature(forward).parameters
     except (TypeError, ValueError):
         return None
     if "input_ids" not in params:
