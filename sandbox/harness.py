@@ -7,6 +7,7 @@ clock lives here. Contract: docs/architecture.md ("Harness contract").
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import importlib
 import json
@@ -278,7 +279,8 @@ def build_model(cls: Any, config: dict[str, Any], model_dir: Path) -> Any:
             config_cls = candidate
     if config_cls is None:
         return cls(config)
-    config_obj = config_cls(**config)  # what PretrainedConfig.from_dict does with a dict
+    # from a copy, as from_dict builds from the file each time: a config class may pop its sub-config dicts
+    config_obj = config_cls(**copy.deepcopy(config))
     if hasattr(cls, "_from_config"):
         return with_generation_mixin(cls)._from_config(config_obj)
     return cls(config_obj)
@@ -394,6 +396,10 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
         torch.manual_seed(seed)
         with marked_uninitialised():  # torch.empty left as built is NaN, which seed_parameters then seeds
             model = _import_with_stubs(lambda: build_model(cls, config, model_dir), redirect_on, stubbed)
+        from sandbox.init_shapes import constructor_shapes, restore_constructor_shapes
+
+        # a weight init that reshapes a parameter a checkpoint would not (it runs only for missing weights)
+        shrunk += restore_constructor_shapes(model, constructor_shapes(cls, lambda: build_model(cls, config, model_dir)))
         seed_parameters(model, seed)
         model.eval()
         if spec.get("dtype"):

@@ -247,8 +247,9 @@ def _shrink_level(config: dict[str, Any], prefix: str, changes: list[str],
             # Keep the grouping class: full MHA stays MHA, MQA stays MQA, GQA becomes 2 groups.
             new = out[heads_key] if v == old_heads else (1 if v == 1 else HEADS // 2)
             set_(key, new)
-        elif _TOPK_KEYS.match(key) and _int(v):
-            experts = next((out[k] for k in out if _EXPERT_KEYS.match(k) and _int(out[k])), EXPERTS)
+        elif _TOPK_KEYS.match(key) and _int(v) and any(_EXPERT_KEYS.match(k) and _int(out[k]) for k in out):
+            # experts picked per token; a level without experts has a sampling top_k (generation), not this
+            experts = next(out[k] for k in out if _EXPERT_KEYS.match(k) and _int(out[k]))
             set_(key, min(TOP_K, experts))
         elif key in _TO_ONE and _int(v) and v > 1:
             set_(key, 1)

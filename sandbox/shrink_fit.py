@@ -37,6 +37,7 @@ def _why(exc: BaseException, model_dir: Path) -> str:
 
 
 PROMPT_LEN = 4
+FORWARD = "a forward of a short prompt (meta tensors)"
 # What a forward on meta tensors cannot do: read a value (``.item()``, a data-dependent branch or shape),
 # copy out, or reach an op without a meta kernel. Such an error says nothing about the sizes.
 _META_LIMIT = ("meta", "data-dependent", "item()", "cannot be called on", "Cannot copy out", "not implemented for")
@@ -64,6 +65,8 @@ def _forward_on_meta(model: Any, config: dict[str, Any]) -> BaseException | None
     if "input_ids" not in params:
         return None
     kwargs: dict[str, Any] = {"input_ids": torch.zeros((1, PROMPT_LEN), dtype=torch.long, device="meta")}
+    if "decoder_input_ids" in params:  # an encoder-decoder: its decoder reads the same short prompt
+        kwargs["decoder_input_ids"] = kwargs["input_ids"]
     if "use_cache" in params:
         kwargs["use_cache"] = False
     try:
@@ -88,7 +91,7 @@ def _constructs(build: Callable[[dict[str, Any]], Any], config: dict[str, Any]) 
             return "the constructor", exc
     else:
         refused = _forward_on_meta(model, config)
-        return None if refused is None else ("a forward of a short prompt (meta tensors)", refused)
+        return None if refused is None else (FORWARD, refused)
     try:
         build(config)
         return None
@@ -110,6 +113,10 @@ def fit_to_constructor(build: Callable[[dict[str, Any]], Any], config: dict[str,
     if len(candidates) > 1:
         # The least reduced first: when it fails the same way, the error is not about the shrunk sizes.
         last = _constructs(build, {**candidates[-1][1], **(extra or {})})
+        if last is not None and stage == FORWARD and last[0] == FORWARD and _why(last[1], model_dir) == why:
+            # the forward fails with every size (arguments a bare prompt lacks, the model's own bug): it says
+            # nothing about the sizes, and the constructor accepted the derived ones
+            return {**candidates[0][1], **(extra or {})}, candidates[0][2]
         if last is None or _why(last[1], model_dir) != why:
             for kept, small, changes in candidates[1:]:
                 trial = {**small, **(extra or {})}

@@ -102,3 +102,19 @@ def _model_class_reloaded(tmp_path: Path) -> Any:
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module.Model
+
+
+def test_a_sampling_top_k_is_no_expert_count() -> None:
+    small, _ = shrink_config({"hidden_size": 1024, "n_head": 16, "top_k": 50,
+                              "moe": {"num_experts": 64, "top_k": 6, "hidden_size": 1024, "n_head": 16}})
+    assert small["top_k"] == 50  # a generation setting where the level has no experts
+    assert small["moe"]["top_k"] == 2 and small["moe"]["num_experts"] == 4
+
+
+def test_a_forward_that_fails_with_every_size_leaves_the_derived_config(tmp_path: Path) -> None:
+    (tmp_path / "modeling_fwd.py").write_text(FORWARD_MODEL.replace(
+        "        x = self.emb(input_ids)\n", "        raise ValueError('You have to specify decoder inputs')\n"))
+    model_cls = _model_class_reloaded(tmp_path)
+    small, changes = fit_to_constructor(model_cls, CONFIG, {}, tmp_path)
+    assert small == shrink_config(CONFIG)[0]  # the constructor accepted the derived sizes; the forward says nothing
+    assert not any("forward" in c for c in changes)
