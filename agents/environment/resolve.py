@@ -20,7 +20,6 @@ from packaging.specifiers import SpecifierSet
 
 from agents.environment.compat import (
     FRAMEWORK,
-    NPU_TARGETS,
     cuda_only_reason,
     exact_version,
     host_version,
@@ -121,20 +120,25 @@ def resolve(model_dir: Path, target: str, torch_npu: str | None) -> Resolution:
                f"config.json names no transformers release and the code is coupled to 4.x ({coupled[0]})")
         if coupled and saved and era.startswith("transformers~="):
             why += f"; the code is coupled to it ({coupled[0]}{f' and {len(coupled) - 1} more' if len(coupled) > 1 else ''})"
+        lacks = host_lacks(model_dir)
+        shown = "; the host's release also lacks " + ", ".join(
+            f"{mod}.{name} ({where})" for mod, name, where in lacks[:4]) if lacks else ""
         notes.append(f"{why}: the original and the port run in the environment of the model's era, {era}, built "
-                     f"once from the package index and shared by every port of that era.")
+                     f"once from the package index and shared by every port of that era{shown}.")
     elif saved and host_tf:
         notes.append(f"config.json was saved with transformers {saved} and the host has {host_tf} (same major "
                      "release): the host's transformers is kept.")
     era_installs = [era] if era else []
-    if era and target in NPU_TARGETS and "einops" not in pins and host_version("einops") is None:
+    if era and "einops" not in pins and host_version("einops") is None:
         # transformers 4.x on an Ascend host (torch_npu importable) imports its NPU flash-attention
-        # integration, which imports einops unconditionally
+        # integration, which imports einops unconditionally; it comes with the era's base env on every target,
+        # so one base env serves the ports of that era whatever their target
         pins["einops"] = "einops"
         install.append("einops")
         era_installs = [era, "einops"]
         notes.append(f"{era} imports einops on an Ascend target (transformers.integrations.npu_flash_attention): "
-                     "einops is installed into the layered environment.")
+                     "einops is installed with it into the era's base environment (for every target, so one base "
+                     "env serves them all).")
     _imported_dependencies(model_dir, pins, dropped, install, notes, compat, stack, companions)
     optional = _guarded_dependencies(model_dir, pins, dropped, notes, compat)
     tf_exact = exact_version(SpecifierSet(str(Requirement(pins["transformers"]).specifier))) if "transformers" in pins else None
@@ -268,6 +272,22 @@ def _spelled_in(package: Path, module: str, name: str) -> bool:
     if not sources:
         return False  # the module itself may be gone
     return any(re.search(rf"\b{re.escape(name)}\b", s.read_text(encoding="utf-8", errors="replace")) for s in sources)
+
+
+def host_lacks(model_dir: Path) -> list[tuple[str, str, str]]:
+    """The (module, name, where) the model imports from a module of the host's transformers whose source
+    does not spell the name (read, not imported: for a note). The top-level package and modules that are
+    gone are left out: their names come lazily or through aliases, which only an import can tell."""
+    package = _transformers_dir(None)
+    if package is None:
+        return []
+    out = []
+    for mod, name, where in transformers_names(model_dir):
+        base = package / Path(*mod.split(".")[1:])
+        if mod != "transformers" and (base.with_suffix(".py").is_file() or (base / "__init__.py").is_file()) \
+                and not _spelled_in(package, mod, name):
+            out.append((mod, name, where))
+    return out
 
 
 def missing_transformers_names(model_dir: Path, python: str | None = None) -> list[tuple[str, str, str]]:
