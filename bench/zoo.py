@@ -119,10 +119,14 @@ def run_target(zoo: Path, names: list[str], target: str, args: argparse.Namespac
         if p.get("bundle") and (Path(p["bundle"]) / "report.json").is_file():
             report = json.loads((Path(p["bundle"]) / "report.json").read_text())
         ok = p.get("verdict") == "validated"
+        quant = (report.get("entry") or {}).get("quantized")
         rows.append({"model": n, "target": target, "status": p.get("verdict"), "runs": p.get("sandbox_runs", 0),
                      "seconds": p.get("time_s"), "model_line": first_model_line(report),
                      "class": "" if ok else failure_class(str(p.get("reason") or "")),
-                     "env": env_used(report), "reason": "" if ok else str(p.get("reason") or "")})
+                     "env": env_used(report), "reason": "" if ok else str(p.get("reason") or ""),
+                     # a quantized release validates its float path only (agents/reading/quant_path.py): said in the row
+                     "label": "float path of a quantized checkpoint; the int kernels were not validated"
+                     if quant else ""})
     return rows
 
 
@@ -132,6 +136,8 @@ def print_table(rows: list[dict[str, Any]]) -> None:
         secs = f"{r['seconds']:.0f}" if isinstance(r["seconds"], int | float) else "-"
         print(f"{r['model']:30} {r['target']:10} {r['status']:9} {r['runs']:>4} {secs:>7}  {r['model_line'] or '-':34} "
               f"{r['class'] or 'validated'} [{r['env']}]")
+        if r.get("label"):
+            print(f"{'':30}   note: {r['label']}")
         if r["reason"]:
             print(f"{'':30}   reason: {r['reason'][:300]}")
 

@@ -52,6 +52,8 @@ LIBRARIES: tuple[CudaOnlyLibrary, ...] = (
     CudaOnlyLibrary("causal_conv1d", "causal-conv1d CUDA kernel", "use torch.nn.functional.conv1d with left padding",
                     ("causal-conv1d",), guarded=True, stubbed=True),
     CudaOnlyLibrary("selective_scan_cuda", "selective-scan CUDA extension", "use a torch reference scan"),
+    CudaOnlyLibrary("flash_rwkv", "RWKV linear-attention CUDA kernels", "use the model's torch recurrence",
+                    ("flash-rwkv",), guarded=True, stubbed=True),
     CudaOnlyLibrary("fused_dense_lib", "FlashAttention fused dense CUDA extension", "use torch.nn.Linear",
                     guarded=True, stubbed=True),
     CudaOnlyLibrary("dropout_layer_norm", "FlashAttention fused LayerNorm CUDA extension", "use torch.nn.LayerNorm "

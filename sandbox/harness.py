@@ -7,6 +7,7 @@ clock lives here. Contract: docs/architecture.md ("Harness contract").
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import importlib
 import json
@@ -69,14 +70,29 @@ def _import_with_stubs(fn: Any, redirect: bool, stubbed: list[str]) -> Any:
     for _ in range(MAX_STUB_RETRIES):
         try:
             return fn()
-        except ModuleNotFoundError as exc:
-            root = (exc.name or "").split(".")[0]
+        except ImportError as exc:
+            # the ModuleNotFoundError itself, or one the model's code caught and raised again in its own words
+            # (``except ImportError: raise ImportError("install flash-rwkv")``)
+            missing = _missing_module(exc)
+            root = (missing or "").split(".")[0]
             if not redirect or root not in rd.CUDA_ONLY_MODULES or root in stubbed:
                 raise
             stubbed.append(root)
-            rd.stub_module(exc.name or root)
+            rd.stub_module(missing or root)
             _forget_model_modules()
     return fn()
+
+
+def _missing_module(exc: BaseException) -> str | None:
+    """The module name of the ModuleNotFoundError behind an ImportError (itself, its cause or context)."""
+    seen: set[int] = set()
+    cur: BaseException | None = exc
+    while cur is not None and id(cur) not in seen:
+        seen.add(id(cur))
+        if isinstance(cur, ModuleNotFoundError) and cur.name:
+            return cur.name
+        cur = cur.__cause__ or cur.__context__
+    return None
 
 
 _model_dir_str = ""
@@ -206,12 +222,13 @@ def load_config(model_dir: Path, manifest: dict[str, Any], spec: dict[str, Any],
 
     config: dict[str, Any] = json.loads((model_dir / manifest.get("config", "config.json")).read_text())
     flags = kernel_flags_off(config)  # "flash_attn": true names a kernel neither the CPU nor Ascend has
+    # The manifest's config_overrides hold for every run (a quantization switch turned off: agents/reading/quant_path.py)
+    extra = {**(manifest.get("config_overrides") or {}), **(spec.get("config_overrides") or {})}
     changes: list[str] = []
     if spec.get("shrink") and build is not None:
         from sandbox.shrink_fit import fit_to_constructor
 
-        small, changes = fit_to_constructor(build, config, manifest.get("shrink") or {}, model_dir,
-                                            spec.get("config_overrides") or {})
+        small, changes = fit_to_constructor(build, config, manifest.get("shrink") or {}, model_dir, extra)
         return small, [*flags, *changes]
     if spec.get("shrink"):
         config, changes = shrink_config(config, manifest.get("shrink") or {}, model_dir)
@@ -226,7 +243,7 @@ def load_config(model_dir: Path, manifest: dict[str, Any], spec: dict[str, Any],
                               f"({need / 2**30:.1f} GiB in float32) but {avail / 2**30:.1f} GiB of memory is "
                               "available: rerun with --shrink (a small config derived from config.json, random "
                               "weights)")
-    config.update(spec.get("config_overrides") or {})
+    config.update(extra)
     return config, changes
 
 
@@ -262,7 +279,8 @@ def build_model(cls: Any, config: dict[str, Any], model_dir: Path) -> Any:
             config_cls = candidate
     if config_cls is None:
         return cls(config)
-    config_obj = config_cls(**config)  # what PretrainedConfig.from_dict does with a dict
+    # from a copy, as from_dict builds from the file each time: a config class may pop its sub-config dicts
+    config_obj = config_cls(**copy.deepcopy(config))
     if hasattr(cls, "_from_config"):
         return with_generation_mixin(cls)._from_config(config_obj)
     return cls(config_obj)
@@ -378,6 +396,10 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
         torch.manual_seed(seed)
         with marked_uninitialised():  # torch.empty left as built is NaN, which seed_parameters then seeds
             model = _import_with_stubs(lambda: build_model(cls, config, model_dir), redirect_on, stubbed)
+        from sandbox.init_shapes import constructor_shapes, restore_constructor_shapes
+
+        # a weight init that reshapes a parameter a checkpoint would not (it runs only for missing weights)
+        shrunk += restore_constructor_shapes(model, constructor_shapes(cls, lambda: build_model(cls, config, model_dir)))
         seed_parameters(model, seed)
         model.eval()
         if spec.get("dtype"):

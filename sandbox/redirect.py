@@ -18,6 +18,7 @@ import importlib.machinery
 import inspect
 import os
 import sys
+import tempfile
 import time
 import types
 from collections.abc import Callable
@@ -28,7 +29,7 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from knowledge.errors import StubCalled
-from sandbox.cuda_only import STUB_ROOTS
+from sandbox.cuda_only import LIBRARIES, STUB_ROOTS
 
 # Libraries that exist only for CUDA (one table: sandbox/cuda_only.py); an unguarded import of one of
 # them is stubbed.
@@ -148,10 +149,38 @@ def _new_stub(name: str) -> types.ModuleType:
     return mod
 
 
+# The version a stubbed library's distribution answers with: past any minimum an import-time check asks for
+# (``pkg_resources.get_distribution("flash-rwkv").parsed_version < parse_version("0.2.1")``), and marked a stub.
+STUB_VERSION = "9999+npuport.stub"
+
+
+def _stub_distributions(root: str) -> None:
+    """Package metadata for a stubbed library's distributions (sandbox/cuda_only.py's table), visible to
+    importlib.metadata and pkg_resources: code that checks the package's version at import (and re-raises
+    a failed check as ImportError) imports as it would where the CUDA package is installed. The stub's
+    functions still raise when called on tensors."""
+    dists = sorted({d for lib in LIBRARIES if lib.module.split(".")[0] == root for d in lib.dists})
+    if not dists:
+        return
+    folder = tempfile.mkdtemp(prefix="npuport-stub-dists-")
+    for dist in dists:
+        info = os.path.join(folder, f"{dist.replace('-', '_')}-{STUB_VERSION}.dist-info")
+        os.makedirs(info)
+        with open(os.path.join(info, "METADATA"), "w") as f:
+            f.write(f"Metadata-Version: 2.1\nName: {dist}\nVersion: {STUB_VERSION}\n"
+                    f"Summary: npuport stub for the CUDA-only {root} (reference run only)\n")
+    sys.path.append(folder)
+    pkg_resources = sys.modules.get("pkg_resources")
+    if pkg_resources is not None:  # its working set was built when it was imported
+        pkg_resources.working_set.add_entry(folder)
+
+
 def stub_module(name: str) -> types.ModuleType:
     """Register a stub package for ``name`` (and its parents) in sys.modules; its submodules import as
-    stubs too."""
+    stubs too, and its distributions answer package-metadata queries."""
     parts = name.split(".")
+    if parts[0] not in _stub_roots:
+        _stub_distributions(parts[0])
     _stub_roots.add(parts[0])
     if _FINDER not in sys.meta_path:
         sys.meta_path.insert(0, _FINDER)

@@ -34,7 +34,12 @@ _LAYER_KEYS = re.compile(r"^(num_hidden_layers|n_layers?|num_layers|layers|num_d
 _EXPERT_KEYS = re.compile(r"^(n_routed_experts|num_experts|num_local_experts|moe_num_experts|n_experts)$")
 _TOPK_KEYS = re.compile(r"^(num_experts_per_tok|moe_top_k|top_k|experts_per_token)$")
 _HEAD_KEYS = re.compile(r"^(num_attention_heads|n_heads?|num_heads|heads|encoder_attention_heads|decoder_attention_heads)$")
-_KV_KEYS = re.compile(r"^(num_key_value_heads|n_kv_heads|num_kv_heads|multi_query_group_num)$")
+# Key/value head counts (GQA / MQA) under any of their spellings: num_key_value_heads, n_head_kv, kv_heads,
+# num_kv_heads, multi_query_group_num, num_query_groups (a KV group per query group).
+_KV_KEYS = re.compile(r"^(num_key_value_heads|(n|num)_?(kv|key_value)_?heads?|(n|num)_heads?_kv|kv_(n_)?heads|"
+                      r"multi_query_group_num|num_query_groups|n_query_groups)$")
+# Per-head sizes: kept as written; a level without a head count derives its heads from width / per-head size.
+_PER_HEAD_KEYS = re.compile(r"^(head_dim|head_size|attention_head_size|d_head|dim_head|size_per_head|kv_channels)$")
 _HIDDEN_KEYS = re.compile(r"^(hidden_size|d_model|n_embd|n_embed|embed_dim|dim|width|hidden_dim|input_dim|output_dim)$")
 _FFN_KEYS = re.compile(r"^(intermediate_size|ffn_dim|ffn_hidden_size|n_inner|d_ff|encoder_ffn_dim|"
                        r"decoder_ffn_dim|moe_intermediate_size|shared_expert_intermediate_size)$")
@@ -193,7 +198,7 @@ def _shrink_level(config: dict[str, Any], prefix: str, changes: list[str],
             out[key] = new
             changes.append(f"{prefix}{key}: {old} -> {new}")
 
-    def width(key: str, new: int, ffn: bool = False) -> None:
+    def width(key: str, new: int, ffn: bool = False) -> bool:
         old = out[key]
         # A default of a parameter named as the key (``width=128`` for "width") is the config's to override;
         # a site of the other class of size (an FFN size for a width, a width for an FFN size) is not this key's.
@@ -201,13 +206,15 @@ def _shrink_level(config: dict[str, Any], prefix: str, changes: list[str],
         if where:
             changes.append(f"{prefix}{key}: kept at {old}, the model's code uses {old} as a size at {where[0]} "
                            f"(override: shrink: {{{prefix}{key}: N}} in npuport.yaml)")
-            return
+            return False
         set_(key, new)
+        return True
 
     heads_key = next((k for k in out if _HEAD_KEYS.match(k) and _int(out[k])), None)
     old_heads = out[heads_key] if heads_key else None
     hidden_key = next((k for k in out if _HIDDEN_KEYS.match(k) and _int(out[k])), None)
     hidden = _per_head_hidden(out, heads_key, hidden_key)
+    old_hidden = out[hidden_key] if hidden_key else None
     for key in list(out):
         v = out[key]
         if not _int(v) or v <= 0:
@@ -226,6 +233,8 @@ def _shrink_level(config: dict[str, Any], prefix: str, changes: list[str],
             width(key, 2 * hidden, ffn=True)
         elif _LORA_RANK_KEYS.match(key):
             width(key, HEAD_DIM)
+    if hidden_key and isinstance(old_hidden, int) and out[hidden_key] < old_hidden:
+        _companion_widths(out, hidden_key, old_hidden, out[hidden_key], width)
     if heads_key and hidden_key and _int(out[heads_key]) and out[hidden_key] % out[heads_key]:
         # A kept (hard-coded) width the shrunk head count does not divide: keep the heads too.
         out[heads_key] = old_heads
@@ -238,8 +247,9 @@ def _shrink_level(config: dict[str, Any], prefix: str, changes: list[str],
             # Keep the grouping class: full MHA stays MHA, MQA stays MQA, GQA becomes 2 groups.
             new = out[heads_key] if v == old_heads else (1 if v == 1 else HEADS // 2)
             set_(key, new)
-        elif _TOPK_KEYS.match(key) and _int(v):
-            experts = next((out[k] for k in out if _EXPERT_KEYS.match(k) and _int(out[k])), EXPERTS)
+        elif _TOPK_KEYS.match(key) and _int(v) and any(_EXPERT_KEYS.match(k) and _int(out[k]) for k in out):
+            # experts picked per token; a level without experts has a sampling top_k (generation), not this
+            experts = next(out[k] for k in out if _EXPERT_KEYS.match(k) and _int(out[k]))
             set_(key, min(TOP_K, experts))
         elif key in _TO_ONE and _int(v) and v > 1:
             set_(key, 1)
@@ -263,16 +273,39 @@ def _same_class(where: str, ffn: bool) -> bool:
 
 
 def _per_head_hidden(level: dict[str, Any], heads_key: str | None, hidden_key: str | None) -> int:
-    """The shrunk width of a level: HEADS x its per-head size (``head_dim`` when given, else hidden /
-    heads), never more than it was; HIDDEN where the level has no heads to go by."""
-    if not heads_key or not hidden_key:
+    """The shrunk width of a level: HEADS x its per-head size (``head_dim`` / ``head_size`` ... when given,
+    else hidden / heads), never more than it was; HIDDEN where the level has neither heads nor a per-head
+    size to go by."""
+    if not hidden_key:
         return HIDDEN
-    heads, hidden = level[heads_key], level[hidden_key]
-    head_dim = level.get("head_dim") if _int(level.get("head_dim")) else (hidden // heads if heads and hidden % heads == 0
-                                                                          else None)
-    if not head_dim:
+    hidden = level[hidden_key]
+    per_head = next((level[k] for k in level if _PER_HEAD_KEYS.match(k) and _int(level[k]) and level[k] > 0), None)
+    if per_head is None and heads_key:
+        heads = level[heads_key]
+        per_head = hidden // heads if heads and hidden % heads == 0 else None
+    if not per_head or (not heads_key and hidden % per_head):
         return HIDDEN
-    return min(hidden, HEADS * int(head_dim))
+    return min(hidden, HEADS * int(per_head))
+
+
+# Other widths of a level that the code pairs with its hidden size (attention_hidden_size, the inner width of
+# a mixer, a projection's size): a size-named key holding the hidden size, or a small multiple of it.
+_RATIO_MAX = 8
+_NOT_A_WIDTH = re.compile(r"head|rotary|rope|lora|group|expert", re.I)
+
+
+def _companion_widths(out: dict[str, Any], hidden_key: str, old: int, new: int, width: Any) -> None:
+    """Shrink the level's other widths with its hidden size, keeping their ratio to it (a key equal to the
+    hidden size or a multiple of it up to 8x): code that pairs them (``nn.Linear(hidden_size,
+    attention_hidden_size)`` reshaped per head) needs the ratio, not the number."""
+    for key in list(out):
+        v = out[key]
+        if key == hidden_key or not _int(v) or v < old or v % old or v // old > _RATIO_MAX:
+            continue
+        if not _size_name(key) or _NOT_A_WIDTH.search(key) or any(r.match(key) for r in (
+                _HIDDEN_KEYS, _FFN_KEYS, _HEAD_KEYS, _KV_KEYS, _LAYER_KEYS, _EXPERT_KEYS, _PER_HEAD_KEYS)):
+            continue
+        width(key, new * (v // old), ffn=bool(_FFN_WORD.search(key)))
 
 
 # ----------------------------------------------------------------------------------------------

@@ -296,7 +296,8 @@ def test_a_model_of_another_transformers_era_runs_in_that_era() -> None:
     res = resolve(FIXTURE, "cpu", None)
     if not (host_version("transformers") or "").startswith("5."):
         pytest.skip("the host's transformers is of the fixture's era")
-    assert res.install == ["transformers~=4.46.0"] and res.stack["transformers"] == "~=4.46.0"
+    assert res.install[0] == "transformers~=4.46.0" and set(res.install[1:]) <= {"einops"}  # einops: the era's base
+    assert res.stack["transformers"] == "~=4.46.0"
     assert any("environment of the model's era" in n and "4.46.3" in n for n in res.notes)
 
 

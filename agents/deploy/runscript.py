@@ -129,6 +129,7 @@ def main():
     register_package(model_dir)
     config_path = args.config or model_dir / manifest.get("config", "config.json")
     config = json.loads(Path(config_path).read_text())
+    config.update(manifest.get("config_overrides") or {})  # e.g. a quantization switch turned off (report.md)
     if args.attn:
         config["_attn_implementation"] = args.attn
     cls = load_attr(manifest["entry"]["class"], model_dir)

@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import re
 import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from agents.environment.pins import model_py_files
 from agents.environment.torch_pair import minor_of
@@ -25,10 +27,12 @@ LAST_4X = "transformers<4.50"
 _BROKEN = re.compile(r"^(?P<dist>[\w.-]+) (?P<ver>\S+) has requirement (?P<req>.+?), but you have (?P<have>[\w.-]+) ")
 
 
-def era_transformers(saved: str | None, host: str | None) -> str | None:
+def era_transformers(saved: str | None, host: str | None, floor: str | None = None) -> str | None:
     """The transformers requirement of the model's era: the newest patch of the minor release its
     config.json was saved with (``transformers~=4.36.0``), when the host's is another major release;
-    None when the host's release is of the same major (its API is the one the code was written for)."""
+    None when the host's release is of the same major (its API is the one the code was written for).
+    ``floor``: the oldest line installable on this Python (compat.yaml ``transformers_floor``); an older
+    era is lifted to it."""
     if not saved or not host:
         return None
     try:
@@ -38,7 +42,31 @@ def era_transformers(saved: str | None, host: str | None) -> str | None:
         return None
     if s_major >= h_major or s_major < 4:
         return None  # older than 4.0 (pytorch-transformers) has no wheel for this Python; keep the host's
+    if floor and (s_major, s_minor) < minor_of(floor):
+        s_major, s_minor = minor_of(floor)
     return f"transformers~={s_major}.{s_minor}.0"
+
+
+def python_floor(compat: dict[str, Any]) -> str | None:
+    """The oldest transformers line whose dependencies have wheels for this Python (compat.yaml)."""
+    floors: dict[str, str] = compat.get("transformers_floor") or {}
+    return floors.get(f"{sys.version_info.major}.{sys.version_info.minor}")
+
+
+def era_ceiling(model_dir: Path) -> tuple[str, str] | None:
+    """(release, "file:line: reason") of the earliest transformers release the model's code breaks with
+    below 5 (a coupling such as a composite config 4.45's generate cannot build): the era stays below it."""
+    from agents.rules.h18_version_couplings import config_class_attrs, couplings
+
+    files = model_py_files(model_dir)
+    sources = {p: p.read_text(encoding="utf-8", errors="replace") for p in files}
+    attrs = config_class_attrs(list(sources.values()))
+    bounded = [(minor_of(c.before), c.before, f"{p.relative_to(model_dir).as_posix()}:{c.line}: {c.reason}")
+               for p, src in sources.items() for c in couplings(src, attrs) if minor_of(c.before)[0] < 5]
+    if not bounded:
+        return None
+    _, before, where = min(bounded)
+    return before, where
 
 
 def model_couplings(model_dir: Path) -> list[str]:
@@ -80,13 +108,54 @@ def broken_host_packages(python: Path, timeout_s: float = 120.0) -> dict[str, st
     return broken
 
 
+def _top_modules(dist: str) -> set[str]:
+    """The top-level modules a host distribution provides (its top_level.txt, else its files)."""
+    import importlib.metadata as md
+
+    try:
+        d = md.distribution(dist)
+    except md.PackageNotFoundError:
+        return {dist.replace("-", "_")}
+    top = (d.read_text("top_level.txt") or "").split()
+    if top:
+        return set(top)
+    return {f.parts[0].removesuffix(".py") for f in (d.files or []) if f.parts and not f.parts[0].endswith(
+        (".dist-info", ".data", ".pth")) and f.parts[0] != ".."} or {dist.replace("-", "_")}
+
+
+def imported_by_env(python: Path, dists: list[str]) -> set[str]:
+    """The host distributions among ``dists`` whose modules the env's own packages import (an import
+    statement anywhere in their sources, at any indentation): the ones a run there can load."""
+    wanted = {m: d for d in dists for m in _top_modules(d)}
+    if not wanted:
+        return set()
+    pattern = re.compile(r"^\s*(?:from|import)\s+(" + "|".join(map(re.escape, wanted)) + r")\b", re.M)
+    found: set[str] = set()
+    site = own_site_packages(python)
+    for source in site.rglob("*.py"):
+        if source.relative_to(site).parts[0].removesuffix(".py") in wanted:
+            continue  # the package's own files (a release the env already holds)
+        for m in pattern.finditer(source.read_text(encoding="utf-8", errors="replace")):
+            found.add(wanted[m.group(1)])
+        if len(found) == len(set(wanted.values())):
+            break
+    return found
+
+
 def reconcile(python: Path, run_pip: Callable[[Path, list[str], Path, float], subprocess.CompletedProcess[str]],
               keep: list[str], timeout_s: float) -> dict[str, str]:
     """Install into the env releases of the host packages it broke that fit the env's own packages
-    (held at their versions). Returns {dist: outcome} for the report and the env's marker."""
+    (held at their versions), for the broken packages the env's own packages import (transformers 4.5x
+    imports an installed HF ``kernels``; nothing of the era imports sentence-transformers, so a broken one
+    stays as it is, unread). Returns {dist: outcome} for the report and the env's marker."""
     broken = broken_host_packages(python)
     if not broken:
         return {}
+    used = imported_by_env(python, sorted(broken))
+    unused = {d: why for d, why in broken.items() if d not in used}
+    broken = {d: why for d, why in broken.items() if d in used}
+    if not broken:
+        return {d: f"left as the host's: nothing in the env imports it ({why})" for d, why in sorted(unused.items())}
     own = own_versions(python)
     constraints = python.parent.parent / "npuport-reconcile-constraints.txt"
     constraints.write_text("\n".join([*keep, *(f"{d}=={v}" for d, v in sorted(own.items()))]) + "\n")
@@ -96,4 +165,5 @@ def reconcile(python: Path, run_pip: Callable[[Path, list[str], Path, float], su
         after = own_versions(python).get(dist.lower().replace("_", "-"))
         outcome[dist] = (f"{dist} {after} installed into the env ({why})" if done.returncode == 0 and after else
                          f"left as the host's: no release fits ({why})")
+    outcome.update({d: f"left as the host's: nothing in the env imports it ({why})" for d, why in unused.items()})
     return outcome

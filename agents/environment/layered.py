@@ -6,6 +6,7 @@ release lacks a name the code imports to the last 4.x, and records what pip reco
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import fcntl
 import json
 import shutil
@@ -88,8 +89,25 @@ def purelib(python: Path) -> str:
 
 
 def _base_sites(resolution: Resolution) -> list[str]:
+    """Site dirs of the envs a layered env sits on, nearest first: the era's base env (agents/environment/
+    era.py; its own .pth adds the torch pair's base and the host after it), else the torch pair's base env."""
+    if resolution.era_base:
+        return [purelib(env_python(Path(resolution.era_base)))]
     base = (resolution.torch_pair or {}).get("base_env")
     return [purelib(env_python(Path(base)))] if base else []
+
+
+def _layers(resolution: Resolution) -> list[str]:
+    """Folders an env reads besides its own (the sandbox binds them read-only: sandbox/bwrap.py)."""
+    bases = [resolution.era_base, (resolution.torch_pair or {}).get("base_env")]
+    return [str(Path(b).resolve()) for b in bases if b]
+
+
+def own_installs(resolution: Resolution) -> list[str]:
+    """What the model's own layer installs: its pins beyond what the era's base env holds."""
+    if not resolution.era_base:
+        return list(resolution.install)
+    return [r for r in resolution.install if r not in resolution.era_installs]
 
 
 def run_pip(python: Path, install: list[str], constraints: Path, timeout_s: float) -> subprocess.CompletedProcess[str]:
@@ -150,7 +168,7 @@ def ensure_env(resolution: Resolution, cache_root: Path | None = None, timeout_s
         apply_pair(resolution, pair)
     if not resolution.needs_layered_env:
         return None
-    python = _ensure_layered(resolution, root, timeout_s, log)
+    python = _ensure_model_env(resolution, root, timeout_s, log)
     pulled = [c for c in COMPANIONS if c in own_versions(python)] if resolution.torch_pair is None else []
     if pulled:
         # a dependency (timm -> torchvision) brought a companion built for another torch: prove it before any
@@ -162,36 +180,55 @@ def ensure_env(resolution: Resolution, cache_root: Path | None = None, timeout_s
             resolution.companions = sorted(set(resolution.companions) | set(pulled))
             apply_pair(resolution, choose_pair(resolution.companions, resolution.host_python, host_version("torch"),
                                                load_compat(), root, log))
-            python = _ensure_layered(resolution, root, timeout_s, log)
-    if resolution.era and resolution.era != LAST_4X:
+            python = _ensure_model_env(resolution, root, timeout_s, log)
+    last = resolution.era_last or LAST_4X
+    if resolution.era and resolution.era != last:
         missing = missing_transformers_names(resolution.model_dir, python=str(python))
         if missing:
             # config.json's release is older than the code: it imports names that came later (a checkpoint
             # saved with 4.24 by code that imports GenerationConfig, 4.26+). The last 4.x has them all.
             shown = ", ".join(f"{mod}.{name} ({where})" for mod, name, where in missing[:3])
-            resolution.install = [LAST_4X if r == resolution.era else r for r in resolution.install]
-            resolution.pins["transformers"] = LAST_4X
-            resolution.stack["transformers"] = str(Requirement(LAST_4X).specifier)
+            resolution.install = [last if r == resolution.era else r for r in resolution.install]
+            resolution.era_installs = [last if r == resolution.era else r for r in resolution.era_installs]
+            resolution.pins["transformers"] = last
+            resolution.stack["transformers"] = str(Requirement(last).specifier)
             resolution.notes.append(f"the era's {resolution.era} lacks {shown}, which the code imports: it runs "
-                                    f"with {LAST_4X} instead.")
-            resolution.era = LAST_4X
-            python = _ensure_layered(resolution, root, timeout_s, log)
-    if resolution.era and (installed := own_versions(python).get("transformers")):
+                                    f"with {last} instead.")
+            resolution.era = last
+            python = _ensure_model_env(resolution, root, timeout_s, log)
+    era_python = env_python(Path(resolution.era_base)) if resolution.era_base else python
+    if resolution.era and (installed := own_versions(era_python).get("transformers")):
         resolution.stack["transformers"] = installed  # the release pip chose for the era's range
-    marker = json.loads((python.parent.parent / MARKER).read_text())
+    marker = json.loads((era_python.parent.parent / MARKER).read_text())
     for dist, outcome in (marker.get("reconciled") or {}).items():
         resolution.notes.append(f"host package {dist} needs newer releases than the era's: {outcome}.")
     return python
 
 
-def _ensure_layered(resolution: Resolution, root: Path, timeout_s: float, log: Callable[[str], None]) -> Path:
+def _ensure_model_env(resolution: Resolution, root: Path, timeout_s: float, log: Callable[[str], None]) -> Path:
+    """The model's env: for a model of an era, its own layer on the era's base env (built once per era and
+    shared by every port of it), or the base env itself when the model installs nothing of its own."""
+    resolution.era_base = None
+    if not resolution.era:
+        return _ensure_layered(resolution, root, timeout_s, log)
+    base = dataclasses.replace(resolution, install=list(resolution.era_installs), optional=[], notes=[],
+                               era_base=None)
+    base_python = _ensure_layered(base, root, timeout_s, log, what=f"the environment of the era {resolution.era}")
+    resolution.era_base = str(base_python.parent.parent)
+    if not own_installs(resolution) and not resolution.optional:
+        return base_python
+    return _ensure_layered(resolution, root, timeout_s, log)
+
+
+def _ensure_layered(resolution: Resolution, root: Path, timeout_s: float, log: Callable[[str], None],
+                    what: str = "the model's layered environment") -> Path:
     env_dir = root / resolution.env_key
     with locked(root / f"{resolution.env_key}.lock"):
         if (env_dir / MARKER).is_file() and env_python(env_dir).exists():
             return env_python(env_dir)
         shutil.rmtree(env_dir, ignore_errors=True)  # a build that died half way
-        if resolution.install:
-            log(f"building the model's layered environment ({', '.join(resolution.install)}) in {env_dir}")
+        if own_installs(resolution):
+            log(f"building {what} ({', '.join(own_installs(resolution))}) in {env_dir}")
         try:
             _build(env_dir, resolution, timeout_s)
         except BaseException:
@@ -216,30 +253,33 @@ def _build(env_dir: Path, resolution: Resolution, timeout_s: float) -> None:
     constraints = env_dir / "npuport-constraints.txt"
     constraints.write_text("\n".join(keep) + "\n")
     start = time.monotonic()
-    if resolution.install:
+    install = own_installs(resolution)
+    if install:
         try:
-            done = run_pip(env_python(env_dir), resolution.install, constraints, timeout_s)
+            done = run_pip(env_python(env_dir), install, constraints, timeout_s)
         except subprocess.TimeoutExpired as exc:
-            raise EnvBuildError(f"installing {', '.join(resolution.install)} into the layered environment took "
+            raise EnvBuildError(f"installing {', '.join(install)} into the layered environment took "
                                 f"longer than {timeout_s:g} s and was stopped") from exc
         if done.returncode != 0:
             tail = "\n".join((done.stderr or done.stdout).strip().splitlines()[-8:])
             raise EnvBuildError(
-                f"could not install {', '.join(resolution.install)} into the layered environment at {env_dir} "
+                f"could not install {', '.join(install)} into the layered environment at {env_dir} "
                 f"(pip exit {done.returncode}); the model's pins may not exist for Python "
                 f"{sys.version_info.major}.{sys.version_info.minor}, may need torch other than the host's, or the "
                 f"package registry may be unreachable:\n{tail}"
             )
     optional_failed = _install_optional(env_dir, resolution, constraints, timeout_s)
-    reconciled = reconcile(env_python(env_dir), run_pip, keep, timeout_s) if resolution.era else {}
+    # the era's base env reconciles the host packages the era's release breaks (a model's layer on it does not)
+    reconciled = reconcile(env_python(env_dir), run_pip, keep, timeout_s) if resolution.era and \
+        not resolution.era_base else {}
     (env_dir / MARKER).write_text(json.dumps({
-        "key": resolution.env_key, "install": resolution.install, "optional": resolution.optional,
+        "key": resolution.env_key, "install": install, "optional": resolution.optional,
         "optional_failed": optional_failed, "reconciled": reconciled, "host_python": resolution.host_python,
         "host_sites": host_site_dirs(), "npuport_root": str(NPUPORT_ROOT),
         "built_s": round(time.monotonic() - start, 1), "model_dir": str(resolution.model_dir),
         "torch_pair": resolution.torch_pair,
-        # Folders the env reads besides its own (the sandbox binds them read-only: sandbox/process.py).
-        "layers": [str(Path(pair["base_env"]).resolve())] if pair.get("base_env") else [],
+        # Folders the env reads besides its own (the sandbox binds them read-only: sandbox/bwrap.py).
+        "layers": _layers(resolution),
     }, indent=1))
 
 

@@ -158,13 +158,25 @@ def find_pins(model_dir: Path) -> list[Pin]:
 
 
 def saved_transformers_version(model_dir: Path) -> str | None:
-    """config.json's "transformers_version": the release the checkpoint was saved with (a hint)."""
+    """config.json's "transformers_version": the release the checkpoint was saved with (a hint). A
+    composite config written by hand names none at its top (``"transformers_version": null``) while its
+    sub-configs (encoder, decoder, vision_config ...) were saved by a release: the newest of those."""
     path = model_dir / "config.json"
     try:
-        value = json.loads(path.read_text()).get("transformers_version") if path.is_file() else None
-    except (json.JSONDecodeError, AttributeError):
+        config = json.loads(path.read_text()) if path.is_file() else None
+    except json.JSONDecodeError:
         return None
-    return str(value) if value else None
+    if not isinstance(config, dict):
+        return None
+    if config.get("transformers_version"):
+        return str(config["transformers_version"])
+    nested = [str(v["transformers_version"]) for v in config.values()
+              if isinstance(v, dict) and isinstance(v.get("transformers_version"), str)]
+    return max(nested, key=_release_key) if nested else None
+
+
+def _release_key(version: str) -> tuple[int, ...]:
+    return tuple(int(x) for x in re.findall(r"\d+", version)[:3])
 
 
 # ---------------------------------------------------------------------------------------------

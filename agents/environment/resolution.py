@@ -41,6 +41,11 @@ class Resolution:
     # guarded imports the code goes on to require: installed when the index has them, a failure is a note
     optional: list[str] = field(default_factory=list)
     era: str | None = None  # the transformers requirement of the model's era, when it runs in one
+    # What the era's base env installs (the era's transformers, and einops on an Ascend target): one env per
+    # era, shared by every port of it; the model's own layer sits on it (agents/environment/layered.py).
+    era_installs: list[str] = field(default_factory=list)
+    era_base: str | None = None  # the era's base env the model's env is layered on, once built
+    era_last: str | None = None  # the newest 4.x the code runs with (LAST_4X, or below a coupling's release)
 
     @property
     def env_key(self) -> str:
@@ -54,7 +59,8 @@ class Resolution:
             "torch_pair": {k: (self.torch_pair or {}).get(k) for k in ("base_env", "overlay", "torch")},
             **({"optional": sorted(self.optional)} if self.optional else {}),
             # an era's env is reconciled with the host packages it shadows (agents/environment/era.py)
-            **({"era_layout": 2} if self.era else {}),
+            **({"era_layout": 3} if self.era else {}),
+            **({"era_base": self.era_base} if self.era_base else {}),
         }
         return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()[:16]
 
@@ -71,7 +77,7 @@ class Resolution:
             "dropped": self.dropped, "install": self.install, "needs_layered_env": self.needs_layered_env,
             "env_key": self.env_key if self.needs_layered_env else None,
             "companions": self.companions, "torch_pair": self.torch_pair, "optional": self.optional,
-            "summary": self.summary(),
+            "era_base": self.era_base, "summary": self.summary(),
         }
 
 

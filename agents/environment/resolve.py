@@ -20,13 +20,12 @@ from packaging.specifiers import SpecifierSet
 
 from agents.environment.compat import (
     FRAMEWORK,
-    NPU_TARGETS,
     cuda_only_reason,
     exact_version,
     host_version,
     load_compat,
 )
-from agents.environment.era import LAST_4X, era_transformers, model_couplings
+from agents.environment.era import LAST_4X, era_ceiling, era_transformers, model_couplings, python_floor
 from agents.environment.imports import guarded_imports
 from agents.environment.pins import (
     IMPORT_TO_DIST,
@@ -91,37 +90,55 @@ def resolve(model_dir: Path, target: str, torch_npu: str | None) -> Resolution:
 
     host_tf = host_version("transformers")
     saved = saved_transformers_version(model_dir)
-    era = era_transformers(saved, host_tf) if "transformers" not in pins else None
+    floor = python_floor(compat)
+    era = era_transformers(saved, host_tf, floor) if "transformers" not in pins else None
     coupled = model_couplings(model_dir) if host_tf and _minor(host_tf)[0] >= 5 else []
+    ceiling = era_ceiling(model_dir) if coupled else None
+    last = f"transformers<{ceiling[0]}" if ceiling else LAST_4X  # the newest 4.x the code runs with
     if coupled and "transformers" not in pins and not era and not (saved and _minor(saved)[0] >= 5):
-        # config.json names no era, but the code is coupled to 4.x: the last 4.x release runs it
-        era = LAST_4X
+        # config.json names no era, but the code is coupled to 4.x: the last 4.x release it runs with
+        era = last
+        if ceiling:
+            notes.append(f"the code needs a release older than {LAST_4X.removeprefix('transformers')} "
+                         f"({ceiling[1]}): its era is {era}.")
+    elif era and ceiling and _minor(str(Requirement(era).specifier).lstrip("~=<>"))[:2] >= _minor(ceiling[0]):
+        notes.append(f"config.json's release is at or past {ceiling[0]}, which the code breaks with ({ceiling[1]}): "
+                     f"it runs with {last}.")
+        era = last
+    if era and saved and floor and era.startswith("transformers~=") and _minor(saved) < _minor(floor):
+        notes.append(f"transformers {saved} (config.json) has no wheels for Python {sys.version_info.major}."
+                     f"{sys.version_info.minor} (its tokenizers does not), so the oldest line that has, {floor}, "
+                     "stands in for it.")
     if era:
         # The release the authors ran: code written for 4.x runs under 5.x as long as every name it
         # imports exists, then breaks at run time (no inherited generate, config attributes moved to the
         # generation config, removed helpers). Both the reference and the port run in the era's env.
         pins["transformers"] = era
         install.append(era)
-        missing = missing_transformers_names(model_dir)
-        shown = "; the host's release also lacks " + ", ".join(
-            f"{mod}.{name} ({where})" for mod, name, where in missing[:4]) if missing else ""
         why = (f"config.json was saved with transformers {saved} and the host has {host_tf} (another major release)"
-               if saved and era != LAST_4X else
+               if saved and era.startswith("transformers~=") else
                f"config.json names no transformers release and the code is coupled to 4.x ({coupled[0]})")
-        if coupled and saved and era != LAST_4X:
+        if coupled and saved and era.startswith("transformers~="):
             why += f"; the code is coupled to it ({coupled[0]}{f' and {len(coupled) - 1} more' if len(coupled) > 1 else ''})"
+        lacks = host_lacks(model_dir)
+        shown = "; the host's release also lacks " + ", ".join(
+            f"{mod}.{name} ({where})" for mod, name, where in lacks[:4]) if lacks else ""
         notes.append(f"{why}: the original and the port run in the environment of the model's era, {era}, built "
                      f"once from the package index and shared by every port of that era{shown}.")
     elif saved and host_tf:
         notes.append(f"config.json was saved with transformers {saved} and the host has {host_tf} (same major "
                      "release): the host's transformers is kept.")
-    if era and target in NPU_TARGETS and "einops" not in pins and host_version("einops") is None:
+    era_installs = [era] if era else []
+    if era and "einops" not in pins and host_version("einops") is None:
         # transformers 4.x on an Ascend host (torch_npu importable) imports its NPU flash-attention
-        # integration, which imports einops unconditionally
+        # integration, which imports einops unconditionally; it comes with the era's base env on every target,
+        # so one base env serves the ports of that era whatever their target
         pins["einops"] = "einops"
         install.append("einops")
+        era_installs = [era, "einops"]
         notes.append(f"{era} imports einops on an Ascend target (transformers.integrations.npu_flash_attention): "
-                     "einops is installed into the layered environment.")
+                     "einops is installed with it into the era's base environment (for every target, so one base "
+                     "env serves them all).")
     _imported_dependencies(model_dir, pins, dropped, install, notes, compat, stack, companions)
     optional = _guarded_dependencies(model_dir, pins, dropped, notes, compat)
     tf_exact = exact_version(SpecifierSet(str(Requirement(pins["transformers"]).specifier))) if "transformers" in pins else None
@@ -134,7 +151,7 @@ def resolve(model_dir: Path, target: str, torch_npu: str | None) -> Resolution:
         found=found, conflicts=conflicts, notes=notes, dropped=dropped, install=install,
         requirements_txt=requirements_txt, constraints_txt=constraints_txt,
         needs_layered_env=bool(install) or bool(companions) or bool(optional), companions=sorted(set(companions)),
-        optional=optional, era=era,
+        optional=optional, era=era, era_installs=era_installs, era_last=last if era else None,
     )
 
 
@@ -187,6 +204,15 @@ def _imported_dependencies(model_dir: Path, pins: dict[str, str], dropped: dict[
             continue
         if cuda_only_reason(dist, compat):
             continue  # H3's business: the port removes or replaces its uses
+        removed = dropped_module(module, compat)
+        if removed is not None:
+            # the host's release of the distribution no longer has the module: the newest release that does
+            pins[dist] = removed["requirement"]
+            install.append(removed["requirement"])
+            notes.append(f"{module} is imported by the model ({where}) but the host's {dist} {host_version(dist)} "
+                         f"no longer provides it ({removed.get('note', 'removed in a later release')}): "
+                         f"{removed['requirement']} is installed into the layered environment.")
+            continue
         if host_version(dist) is not None:
             pins[dist] = dist
             continue
@@ -200,6 +226,70 @@ def _imported_dependencies(model_dir: Path, pins: dict[str, str], dropped: dict[
                      "installed into the layered environment.")
 
 
+def dropped_module(module: str, compat: dict[str, Any]) -> dict[str, str] | None:
+    """compat.yaml's ``removed_modules`` row for a module the host's distribution no longer provides
+    (``pkg_resources`` with setuptools >= 82); None when the host can import it or no row names it."""
+    import importlib.util
+
+    row = (compat.get("removed_modules") or {}).get(module)
+    if not row or host_version(row["dist"]) is None:
+        return None
+    try:
+        found = importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):
+        found = False
+    return None if found else dict(row)
+
+
+def _transformers_dir(python: str | None) -> Path | None:
+    """The transformers package folder ``python`` imports: the env's own when it installed one, else the
+    host's (found, not imported)."""
+    import importlib.util
+
+    if python and Path(python).resolve() != Path(sys.executable).resolve():
+        own = sorted(Path(python).parent.parent.glob("lib/python*/site-packages/transformers"))
+        if own:
+            return own[0]
+    try:
+        spec = importlib.util.find_spec("transformers")
+    except (ImportError, ValueError):
+        return None
+    locations = list(spec.submodule_search_locations or []) if spec else []
+    return Path(locations[0]) if locations else None
+
+
+def _spelled_in(package: Path, module: str, name: str) -> bool:
+    """Whether the import would find ``name``, read from the sources: ``module.name`` is a submodule, or the
+    module exists and its source (or its package's __init__, which lists lazy exports) spells the name.
+    False means: ask the interpreter (a re-export, a lazy alias)."""
+    import re
+
+    rel = Path(*module.split(".")[1:])
+    base = package / rel
+    if (base / name).is_dir() or (base / f"{name}.py").is_file():
+        return True
+    sources = [s for s in (base.with_suffix(".py"), base / "__init__.py") if s.is_file()]
+    if not sources:
+        return False  # the module itself may be gone
+    return any(re.search(rf"\b{re.escape(name)}\b", s.read_text(encoding="utf-8", errors="replace")) for s in sources)
+
+
+def host_lacks(model_dir: Path) -> list[tuple[str, str, str]]:
+    """The (module, name, where) the model imports from a module of the host's transformers whose source
+    does not spell the name (read, not imported: for a note). The top-level package and modules that are
+    gone are left out: their names come lazily or through aliases, which only an import can tell."""
+    package = _transformers_dir(None)
+    if package is None:
+        return []
+    out = []
+    for mod, name, where in transformers_names(model_dir):
+        base = package / Path(*mod.split(".")[1:])
+        if mod != "transformers" and (base.with_suffix(".py").is_file() or (base / "__init__.py").is_file()) \
+                and not _spelled_in(package, mod, name):
+            out.append((mod, name, where))
+    return out
+
+
 def missing_transformers_names(model_dir: Path, python: str | None = None) -> list[tuple[str, str, str]]:
     """The (module, name, where) the model imports from transformers that the installed transformers
     lacks (a removed or renamed API), checked in a child interpreter (importing transformers is slow
@@ -207,6 +297,13 @@ def missing_transformers_names(model_dir: Path, python: str | None = None) -> li
     wanted = transformers_names(model_dir)
     if not wanted:
         return []
+    package = _transformers_dir(python)
+    if package is not None:
+        # Read before importing (importing transformers in a probe takes a minute on a loaded host): a name
+        # the module's source spells is taken as present; only the rest are asked of the interpreter.
+        wanted = [w for w in wanted if not _spelled_in(package, w[0], w[1])]
+        if not wanted:
+            return []
     probe = ("import importlib, json, sys\n"
              "out = []\n"
              "for mod, name, where in json.loads(sys.stdin.read()):\n"

@@ -21,6 +21,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from agents.reading.quant_path import quantized_path
 from knowledge.errors import EntryNotFound, ManifestError
 from sandbox.model_inputs import PROCESSOR_FILES, PROCESSOR_PATH, TOKENIZER_FILES
 
@@ -98,6 +99,9 @@ class EntryInfo(BaseModel):
     run_preprocess: str | None = None
     shrink: dict[str, Any] = Field(default_factory=dict)
     assumptions: list[str] = Field(default_factory=list)
+    # A quantized release: the float path built instead (agents/reading/quant_path.py), config values every run uses
+    config_overrides: dict[str, Any] = Field(default_factory=dict)
+    quantized: dict[str, Any] | None = None
 
     def as_manifest_dict(self) -> dict[str, Any]:
         """The manifest (docs/architecture.md) this entry amounts to."""
@@ -114,6 +118,10 @@ class EntryInfo(BaseModel):
         if self.run_preprocess:
             out["run"]["preprocess"] = self.run_preprocess
         out["shrink"] = dict(self.shrink)
+        if self.config_overrides:
+            out["config_overrides"] = dict(self.config_overrides)
+        if self.quantized:
+            out["quantized"] = dict(self.quantized)
         return out
 
 
@@ -184,6 +192,11 @@ def _from_auto_map(root: Path, config: dict[str, Any]) -> EntryInfo:
     module_file = _check_class(root, module, cls, field=f"config.json auto_map[{key!r}]", manifest=False)
     assumptions = [f"entry from config.json auto_map[{key!r}] -> {module}.{cls}"]
     tree = _parse(root / module_file, root)
+    quant = quantized_path(root, _package_classes(root, tree, module_file), cls, config)  # agents/reading/quant_path.py
+    if quant is not None and quant.float_class:
+        cls = quant.float_class
+    if quant is not None:
+        assumptions.append(quant.assumption())
     method = _run_method(tree, cls, assumptions, _package_classes(root, tree, module_file))
     inputs, decode = _find_inputs(root, assumptions, synthesise=True)
     preprocess = _preprocessing_method(root, cls, _package_classes(root, tree, module_file), assumptions) \
@@ -199,7 +212,9 @@ def _from_auto_map(root: Path, config: dict[str, Any]) -> EntryInfo:
         kwargs["do_sample"] = False  # greedy whatever the generation config says
     return EntryInfo(kind="auto_map", name=name, module=module, module_file=module_file, class_name=cls,
                      config_path="config.json", inputs_fn=inputs, decode_fn=decode, run_method=method,
-                     run_kwargs=kwargs, run_preprocess=preprocess, assumptions=assumptions)
+                     run_kwargs=kwargs, run_preprocess=preprocess, assumptions=assumptions,
+                     config_overrides=quant.overrides if quant else {}, quantized=quant.as_dict() if quant else None)
+
 
 
 def _generated(root: Path, py_files: list[Path], config: dict[str, Any] | None) -> EntryInfo:

@@ -130,6 +130,10 @@ def _summary(report: dict[str, Any]) -> list[str]:
              "- **Changed:** " + (f"{len(patches)} patch(es) in {', '.join(files[:6])}"
                                   f"{f' and {len(files) - 6} more' if len(files) > 6 else ''} (`port.patch`)"
                                   if patches else "nothing")]
+    quant = (report.get("entry") or {}).get("quantized")
+    if quant:  # a quantized release: what the validation covers (agents/reading/quant_path.py)
+        lines.append(f"- **Quantized checkpoint:** validated {_md_escape(str(quant.get('validated')))}; "
+                     f"{_md_escape(str(quant.get('ascend')))}")
     if left:
         lines.append(f"- **Left:** {len(left)} finding(s) not changed ({len(blockers)} that block running or "
                      "change numbers); see Findings")

@@ -41,6 +41,48 @@ class Coupling:
     line: int
     col: int
     reason: str
+    before: str = "5"  # the first transformers release the code breaks with ("4.45": needs transformers < 4.45)
+
+
+# transformers 4.45 made generate() build the model config without arguments (``config.__class__()``, in
+# ``_get_non_default_generation_parameters``), catching only ValueError.
+COMPOSITE_BEFORE = "4.45"
+
+
+def _composite_without_defaults(tree: ast.Module) -> list[Coupling]:
+    """Config classes that declare themselves composite (``is_composition = True``: built only from their
+    sub-configs) and whose __init__ refuses to run without them other than with a ValueError (an assert,
+    another error raised, ``kwargs.pop("encoder")`` / ``kwargs["encoder"]`` with no default)."""
+    out = []
+    for c in (n for n in ast.walk(tree) if isinstance(n, ast.ClassDef)):
+        composite = any(isinstance(s, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "is_composition"
+                                                          for t in s.targets)
+                        and isinstance(s.value, ast.Constant) and s.value.value is True for s in c.body)
+        init = next((f for f in c.body if isinstance(f, ast.FunctionDef) and f.name == "__init__"), None)
+        if not composite or init is None:
+            continue
+        kwarg = init.args.kwarg.arg if init.args.kwarg else None
+        refuses = None
+        for n in sorted(ast.walk(init), key=lambda x: (getattr(x, "lineno", 0), getattr(x, "col_offset", 0))):
+            if isinstance(n, ast.Raise) and isinstance(n.exc, ast.Call) and isinstance(n.exc.func, ast.Name) \
+                    and n.exc.func.id == "ValueError":
+                break  # the first refusal is the ValueError transformers catches
+            if isinstance(n, ast.Assert):
+                refuses = "an assert"
+            elif isinstance(n, ast.Raise) and n.exc is not None:
+                refuses = "a raise other than ValueError"
+            elif kwarg and isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr == "pop" \
+                    and isinstance(n.func.value, ast.Name) and n.func.value.id == kwarg and len(n.args) == 1:
+                refuses = f"`{kwarg}.pop(...)` with no default (KeyError)"
+            if refuses:
+                break
+        if refuses:
+            out.append(Coupling("composite-config-init", c.lineno, c.col_offset,
+                                f"needs transformers < {COMPOSITE_BEFORE}: `{c.name}` is a composite config "
+                                f"(is_composition) whose __init__ cannot run without its sub-configs ({refuses}); "
+                                f"transformers {COMPOSITE_BEFORE}+ generate builds `config.__class__()` with no "
+                                "arguments and catches only ValueError", before=COMPOSITE_BEFORE))
+    return out
 
 
 def _base_names(cls: ast.ClassDef) -> list[str]:
@@ -96,7 +138,7 @@ def couplings(source: str, config_attrs: frozenset[str] = frozenset()) -> list[C
         tree = ast.parse(source)
     except SyntaxError:
         return []
-    out = _generative_without_mixin(tree)
+    out = _generative_without_mixin(tree) + _composite_without_defaults(tree)
     own = _assigned_self_attrs(tree) | config_attrs
     star = [n for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and any(a.name == "*" for a in n.names)]
     bound = _bound_names(tree) if star else set()
@@ -166,7 +208,8 @@ RULE = HazardRule(
     title="Version couplings: code that needs the transformers release its authors ran",
     detect=_h18_version_couplings,
     manual={rule: _ERA for rule in ("inherits-generate", "generation-config-attr", "removed-helper", "flag-property",
-                                    "tied-weights-list", "rope-scaling-type", "star-import-leak")},
+                                    "tied-weights-list", "rope-scaling-type", "star-import-leak",
+                                    "composite-config-init")},
     kb_topic="recipe:H18",
     recipe="knowledge/recipes/H18.md",
     left_as_written="the environment of the model's era runs it as written (agents/environment/resolve.py)",

@@ -64,13 +64,45 @@ def _cuda_imports(ctx: ModuleContext) -> list[_CudaImport]:
     return out
 
 
+_IMPORT_ERRORS = re.compile(r"ImportError|ModuleNotFoundError|Exception")
+
+
+def _raises(handler: cst.ExceptHandler | cst.ExceptStarHandler) -> bool:
+    """Whether an except handler raises (again, or its own error): the import it catches is demanded."""
+    found: list[cst.Raise] = []
+
+    class _Find(cst.CSTVisitor):
+        def visit_Raise(self, node: cst.Raise) -> None:
+            found.append(node)
+
+        def visit_FunctionDef(self, node: cst.FunctionDef) -> bool:
+            return False
+
+    handler.body.visit(_Find())
+    return bool(found)
+
+
+def _catches_import_error(handler: cst.ExceptHandler | cst.ExceptStarHandler) -> bool:
+    return handler.type is None or bool(_IMPORT_ERRORS.search(cst.Module(body=[]).code_for_node(handler.type)))
+
+
+def _import_demanded(ctx: ModuleContext, node: cst.CSTNode) -> bool:
+    """The import sits in a try whose ``except ImportError`` handler raises (``raise ImportError("install
+    flash-rwkv")``): the module refuses to import without the package, the try guards nothing."""
+    for a, child in ctx.ancestors(node):
+        if isinstance(a, cst.Try | cst.TryStar) and child is a.body:
+            handlers = [h for h in a.handlers if _catches_import_error(h)]
+            return bool(handlers) and all(_raises(h) for h in handlers)
+    return False
+
+
 def _import_guard(ctx: ModuleContext, node: cst.CSTNode) -> str | None:
-    """'try/except ImportError' or 'if <availability check>' when the import is guarded."""
+    """'try/except ImportError' or 'if <availability check>' when the import is guarded (a handler that
+    raises again guards nothing: _import_demanded)."""
     for a, child in ctx.ancestors(node):
         if isinstance(a, cst.Try | cst.TryStar) and child is a.body:
             for h in a.handlers:
-                caught = ctx.code(h.type) if h.type is not None else "everything"
-                if h.type is None or re.search(r"ImportError|ModuleNotFoundError|Exception", caught):
+                if _catches_import_error(h) and not _raises(h):
                     return "try/except ImportError"
         if isinstance(a, cst.If) and child is not a.test:
             test = ctx.code(a.test)
@@ -88,7 +120,12 @@ def _h3_cuda_libraries(ctx: ModuleContext) -> None:
         bound.update(n for n in ci.names if n)
         used = any(ctx.ix.load_names.get(n, 0) > 0 for n in ci.names if n)
         guard = _import_guard(ctx, ci.node)
-        if guard is not None:
+        if guard is None and _import_demanded(ctx, ci.node):
+            ctx.add("H3", "cuda-only-import-demanded", ci.node,
+                    f"`{ci.module}` ({what}) is imported inside try, but its except ImportError raises again: the "
+                    f"module refuses to import where the package cannot be installed (Ascend); the handler must "
+                    f"fall back instead, so the model's own path runs ({todo})", BLOCKS, HIGH, fixable=lib.guarded)
+        elif guard is not None:
             ctx.add("H3", "cuda-only-import-guarded", ci.node,
                     f"`{ci.module}` ({what}) is imported behind {guard}: it loads nothing on Ascend; check the "
                     f"fallback it takes is efficient ({todo})", SLOWS, LOW)
@@ -296,7 +333,35 @@ class GuardCudaOnlyImports(Rewriter):
         return bound
 
     def visit_Try(self, node: cst.Try) -> bool:
-        return False  # already guarded: leave as written
+        return False  # already guarded: leave as written (leave_Try: unless its handler raises again)
+
+    def leave_Try(self, original: cst.Try, updated: cst.Try) -> cst.BaseStatement:
+        """A CUDA-only import inside try whose ``except ImportError`` raises again: that handler binds the
+        imported names to the fallback instead (None where the module tests them against None, else the
+        inert stand-in); the try's other handlers and its body stay as written."""
+        imports = [s.body[0] for s in updated.body.body if isinstance(s, cst.SimpleStatementLine) and len(s.body) == 1
+                   and isinstance(s.body[0], cst.Import | cst.ImportFrom)
+                   and any(r in self.modules for r in _module_root(s.body[0]))]
+        demanding = [h for h in updated.handlers if _catches_import_error(h) and _raises(h)]
+        if not imports or not demanding:
+            return updated
+        lines = []
+        for imp in imports:
+            for n in _bound_names(imp):
+                if n in self.none_checked:
+                    lines.append(f"{n} = None")
+                else:
+                    lines.append(f"{n} = _NpuportMissing({self._qualname(imp, n)!r})")
+                    self.stand_in = True
+        body = cst.parse_module("\n".join(lines or ["pass"]) + "\n").body
+        handlers = [h.with_changes(body=h.body.with_changes(body=body,
+                                                            header=cst.TrailingWhitespace(
+                                                                whitespace=cst.SimpleWhitespace("  "),
+                                                                comment=cst.Comment(_GUARD_COMMENT))))
+                    if h in demanding else h for h in updated.handlers]
+        roots = sorted({r for imp in imports for r in _module_root(imp) if r in self.modules})
+        self.note(original, f"the except ImportError of CUDA-only {', '.join(roots)} falls back instead of raising")
+        return updated.with_changes(handlers=handlers)
 
     def leave_Module(self, original: cst.Module, updated: cst.Module) -> cst.Module:
         body = list(updated.body)
@@ -399,7 +464,7 @@ RULE = HazardRule(
     detect=_h3_cuda_libraries,
     detect_text=_h3_text,
     fixes=(Fix("guard-cuda-only-imports", guard_cuda_only_imports, "remove or guard imports of CUDA-only libraries",
-               frozenset({"cuda-only-import", "unused-cuda-only-import"}), order=10),),
+               frozenset({"cuda-only-import", "unused-cuda-only-import", "cuda-only-import-demanded"}), order=10),),
     manual={
         "cuda-only-import-guarded": "already guarded; whether its fallback is efficient needs a person's look",
         "optional-fused-path": "the flag that selects the CUDA-only call is the model's configuration",
