@@ -368,10 +368,11 @@ def test_a_generate_inherited_through_a_sibling_module_is_found(tmp_path: Path) 
 def test_run_py_seeds_and_builds_inputs_exactly_as_the_harness(tmp_path: Path) -> None:
     import torch
 
-    from agents.deploy.runscript import model_inputs_source, render_run_py
+    from agents.deploy.runscript import model_inputs_sources, render_run_py
     from sandbox import harness
 
-    (tmp_path / "model_inputs.py").write_text(model_inputs_source())  # as the bundle ships it
+    for name, text in model_inputs_sources().items():  # as the bundle ships them
+        (tmp_path / name).write_text(text)
     (tmp_path / "run.py").write_text(render_run_py({}, "cpu", {"entry": {"class": "m:C"}}))
     script: dict[str, object] = {"__name__": "run_py_under_test", "__file__": str(tmp_path / "run.py")}
     exec(compile((tmp_path / "run.py").read_text(), "run.py", "exec"), script)

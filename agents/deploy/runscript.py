@@ -36,6 +36,7 @@ import yaml
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 import model_inputs  # noqa: E402  (npuport's inputs module, shipped beside this script)
+import run_outputs  # noqa: E402  (what a run returned: token ids, or a forward's outputs)
 
 sys.dont_write_bytecode = True  # keep ./patched byte-identical to what port.patch yields
 TUNED = json.loads(__TUNED__)  # the tuned configuration (see report.md)
@@ -177,6 +178,13 @@ def main():
             if device.startswith("npu"):
                 torch.npu.synchronize()
             times.append(time.perf_counter() - t0)
+    if run_outputs.token_ids(out) is None and run_outputs.named_outputs(out):  # a forward (an encoder)
+        for name, t in run_outputs.named_outputs(out).items():
+            print(f"output {name}: shape {tuple(t.shape)} dtype {str(t.dtype).removeprefix('torch.')} "
+                  f"mean {float(t.float().mean()):.6f} std {float(t.float().std()):.6f}")
+        print(f"target {args.target} batch {args.batch} dtype {args.dtype} threads {torch.get_num_threads()}: "
+              f"forward in {min(times) * 1000:.1f} ms (best of {len(times)})")
+        return
     tokens = out.tolist() if isinstance(out, torch.Tensor) else out
     decode = load_attr(manifest["decode"], model_dir) if manifest.get("decode") else None
     for i, row in enumerate(tokens):
@@ -217,8 +225,19 @@ def render_run_py(tuned: dict[str, Any], target: str, manifest: dict[str, Any] |
             .replace("__CHOICES__", ", ".join(sorted(table))))
 
 
+# npuport's inputs modules (sandbox/), shipped beside run.py: they import nothing of npuport but each other.
+BUNDLED_MODULES = ("model_inputs", "inputs_base", "stand_in_tokenizer", "processor_inputs", "generate_capture",
+                   "run_outputs")
+
+
 def model_inputs_source() -> str:
     """The text of model_inputs.py for the bundle: npuport's own module, which imports nothing of npuport."""
-    from sandbox import model_inputs
+    return model_inputs_sources()["model_inputs.py"]
 
-    return Path(model_inputs.__file__).read_text(encoding="utf-8")
+
+def model_inputs_sources() -> dict[str, str]:
+    """file name -> text of every module run.py imports from beside it (model_inputs.py and its siblings)."""
+    import sandbox
+
+    root = Path(sandbox.__file__).parent
+    return {f"{m}.py": (root / f"{m}.py").read_text(encoding="utf-8") for m in BUNDLED_MODULES}
