@@ -795,7 +795,8 @@ def _install_optional(env_dir: Path, resolution: Resolution, constraints: Path, 
 def native_for(target: Any, python: str) -> Any:
     """The target with ascend-sim's native engine built for the torch of ``python`` (a torch pair's env
     runs its own torch, and a library built for another torch does not load); other targets unchanged."""
-    from sandbox.ascend_sim.native_build import NativeUnavailable, choose_engine
+    from knowledge.errors import NativeUnavailable
+    from sandbox.ascend_sim.native_build import choose_engine
     from sandbox.targets import Target
 
     if not (target.options or {}).get("native_lib"):

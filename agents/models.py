@@ -104,7 +104,7 @@ class RunRecord(BaseModel):
     # are in the run folder's outputs.pt, which the validator compares with the original's.
     output_tensors: dict[str, Any] | None = None
     # A reference run of an original that cannot be built without CUDA: the switch-only edits made to the
-    # reference copy ("reference adjusted: file line N: what (why)"), agents/reference.py.
+    # reference copy ("reference adjusted: file line N: what (why)"), agents/validation/reference.py.
     reference_adjusted: list[str] | None = None
     # Sub-models the model's code fetches from the Hub by id at construction, built offline (no network in a
     # run): one note each (sandbox/hub_offline.py).
@@ -158,3 +158,15 @@ class Tuning(BaseModel):
     detail: str = ""
     # "knob=value" -> why it cannot run (e.g. "not supported by the model code: <error> (at file:line)")
     unsupported: dict[str, str] = Field(default_factory=dict)
+
+
+class FixAction(BaseModel):
+    """One patch to make: a codemod over some files (one commit)."""
+
+    codemod: str
+    files: list[str]
+    params: dict[str, Any] = Field(default_factory=dict)
+    finding_ids: list[str] = Field(default_factory=list)
+    diagnosis_id: str | None = None
+    summary: str
+    citations: list[Citation] = Field(default_factory=list)

@@ -11,7 +11,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, Field, WithJsonSchema, field_validator
 
-from knowledge.errors import GoalError  # noqa: F401  (re-exported)
+from knowledge.errors import GoalError
 from sandbox.targets import (
     CHIP_REGISTRY,
     DEFAULT_CHIP,
@@ -75,7 +75,7 @@ class PortRequest(BaseModel):
     shrink: bool = False
     """Run the manifest's ``shrink`` config overrides (quick runs on a small host), port and reference alike."""
     strict_perf: bool = False
-    """Performance pathologies in the decode profile fail the port (agents/perf_evidence.py)."""
+    """Performance pathologies in the decode profile fail the port (agents/validation/perf_evidence.py)."""
     tune: bool = False
     serve: bool | None = None  # exercise the deployment (vLLM serves the port); None: NPUPORT_SERVE decides
     tune_trials: int | None = Field(default=None, ge=1, le=200)

@@ -17,7 +17,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from knowledge.errors import WorkspaceError  # noqa: F401  (re-exported)
+from knowledge.errors import WorkspaceError
 
 # Copied trees skip what is not source and would bloat the workspace.
 _IGNORE = shutil.ignore_patterns(".git", "__pycache__", "*.pyc", ".venv", "venv", ".mypy_cache", ".pytest_cache",

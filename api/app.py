@@ -18,7 +18,7 @@ from api import errors
 from api.jobs import JobManager, JobStore
 from api.limits import BodyLimitMiddleware
 from api.routers import batches, catalog, chat, health, ports, review, web
-from api.settings import Settings
+from knowledge.settings import ServiceSettings as Settings
 
 DESCRIPTION = """Port PyTorch models to Huawei Ascend NPUs as jobs.
 

@@ -11,7 +11,7 @@ from typing import Annotated
 from fastapi import Depends, HTTPException, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
-from api.settings import Settings
+from knowledge.settings import ServiceSettings as Settings
 
 bearer = HTTPBearer(auto_error=False, description="A token from NPUPORT_TOKENS; scopes read and write.")
 

@@ -38,9 +38,9 @@ def progress_table(view: Any) -> Group:
 
 def run_batch_cli(manifest: Path, overrides: dict[str, Any], *, executor: str, ray_address: str | None,
                   workers: int | None, retry_failed: bool, out: Path | None, console: Console, err: Console) -> int:
-    from graph.batch.executors import ExecutorError
-    from graph.batch.manifest import BatchManifestError, load_manifest
-    from graph.batch.runner import BatchBusy, BatchOptions, run_batch
+    from graph.batch.manifest import load_manifest
+    from graph.batch.runner import BatchOptions, run_batch
+    from knowledge.errors import BatchBusy, BatchManifestError, ExecutorError
 
     try:
         resolved = load_manifest(manifest, overrides)

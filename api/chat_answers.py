@@ -8,7 +8,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from agents.perf_evidence import shown_where
+from agents.validation.perf_evidence import shown_where
 from api.jobs import TERMINAL, Job
 
 QUESTIONS: tuple[tuple[str, str], ...] = (

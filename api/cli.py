@@ -17,17 +17,12 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from rich.console import Group
-from rich.padding import Padding
 from rich.table import Table
-from rich.text import Text
 
-from agents.policies import POLICIES as _POLICIES
 from api.cli_inputs import (
     clear_out_dir,
     goal_problem,
@@ -36,19 +31,25 @@ from api.cli_inputs import (
     sources_problem,
     target_problem,
 )
+from api.cli_kb import kb_app
 from api.cli_live import LiveStatus, console, err, fmt_params
-from api.cli_port import EXIT_INTERRUPTED, EXIT_MEANINGS, run_port_cli
-from knowledge.errors import exit_code, first_line
-from sandbox.targets import (
-    DEFAULT_CHIP,
-    DEFAULT_TARGET,
-    DEFAULT_TORCH_NPU,
-    EMULATED_TARGET,
-    chip_names,
-    target_names,
+from api.cli_options import (
+    EXIT_BAD_INPUT,
+    EXIT_INTERNAL,
+    EXIT_NOT_VALIDATED,
+    EXIT_OK,
+    ChipOpt,
+    PolicyOpt,
+    TargetOpt,
+    check_chip,
+    check_target,
+    fail,
+    one_of,
 )
+from api.cli_port import EXIT_INTERRUPTED, EXIT_MEANINGS, run_port_cli
+from api.cli_scan import ops, scan
+from sandbox.targets import DEFAULT_CHIP, DEFAULT_TARGET, DEFAULT_TORCH_NPU, EMULATED_TARGET
 
-EXIT_OK, EXIT_NOT_VALIDATED, EXIT_BAD_INPUT, EXIT_INTERNAL = 0, 1, 2, 3  # and EXIT_INTERRUPTED, 130
 __all__ = ["EXIT_INTERRUPTED", "LiveStatus", "app", "fmt_params", "run_port_cli"]
 _EXIT_DETAIL = {EXIT_OK: " (or the command succeeded)", EXIT_NOT_VALIDATED: " (or a check the command ran failed)",
                 EXIT_BAD_INPUT: " (nothing run, no bundle written)", EXIT_INTERNAL: " (the checkpoint is kept)",
@@ -93,46 +94,10 @@ def settings() -> None:
 
 EXAMPLES_DIR = Path(__file__).resolve().parents[1] / "examples"
 
-# From the target registry (sandbox/targets/): a new target or chip shows up here by itself.
-TARGETS = target_names()
-CHIPS = chip_names()
-POLICIES = _POLICIES
-
-
-def _one_of(choices: tuple[str, ...], what: str):  # type: ignore[no-untyped-def]
-    def check(value: str) -> str:
-        if value not in choices:
-            raise typer.BadParameter(f"unknown {what} {value!r}; choose one of {', '.join(choices)}")
-        return value
-
-    return check
-
-
-def _choices(choices: tuple[str, ...]) -> str:
-    return "[" + "|".join(choices) + "]"
-
-
-TargetOpt = Annotated[str, typer.Option("--target", "-t", metavar=_choices(TARGETS),
-                                         help="where the port runs: a real NPU, the emulator, or the CPU",
-                                         callback=_one_of(TARGETS, "target"))]
-ChipOpt = Annotated[str, typer.Option("--chip", metavar=_choices(CHIPS), help="the Ascend chip",
-                                      callback=_one_of(CHIPS, "chip"))]
-PolicyOpt = Annotated[str, typer.Option("--policy", metavar=_choices(POLICIES),
-                                        help="rule (offline, default) | llm | hybrid (rules first, "
-                                        "then the LLM; set NPUPORT_LLM_*)", callback=_one_of(POLICIES, "policy"))]
-
-
-def _fail(message: str, code: int = EXIT_BAD_INPUT) -> typer.Exit:
-    err.print(f"[bold red]error:[/] {message}")
-    return typer.Exit(code)
-
-
-
-
 def _checked_out_dir(out: Path | None, model: Path, force: bool) -> Path:
     out = out or Path.cwd() / "npuport-out" / model.resolve().name
     if problem := out_dir_problem(out, model, force):
-        raise _fail(problem)
+        raise fail(problem)
     return out
 
 
@@ -170,11 +135,11 @@ def port(
     The original folder is never written. Bad input (not a folder, empty, no Python files, unknown chip or
     target) is refused before anything runs."""
     if isolation not in ("auto", "bwrap", "process"):
-        raise _fail(f"--isolation must be auto, bwrap or process, not {isolation!r}")
+        raise fail(f"--isolation must be auto, bwrap or process, not {isolation!r}")
     if isolation != "auto":
         os.environ["NPUPORT_ISOLATION"] = isolation
     if problem := model_folder_problem(path) or (goal_problem(goal) if goal else None) or sources_problem(path):
-        raise _fail(problem)
+        raise fail(problem)
     out_dir = _checked_out_dir(out, path, force)
     request = {"model_path": str(path), "target": target, "chip": chip, "out_dir": str(out_dir),
                "torch_npu": torch_npu, "strict": strict, "max_runs": max_runs, "max_wall_s": max_wall,
@@ -188,7 +153,7 @@ def port(
             if ctx is not None and ctx.get_parameter_source(name).name == "DEFAULT":  # type: ignore[union-attr]
                 request.pop(name)
     if problem := target_problem(str(request["target"] if "target" in request else _goal_target(goal, path))):
-        raise _fail(problem)
+        raise fail(problem)
     if force:  # last: only once every check passed, and only npuport's own bundle (out_dir_problem)
         clear_out_dir(out_dir)
     raise typer.Exit(run_port_cli(request, goal=goal))
@@ -210,7 +175,7 @@ def resume(
 
     snap = thread_snapshot(thread) if checkpoint_db().is_file() else None
     if snap is None:
-        raise _fail(f"no checkpoint of thread {thread!r} in {checkpoint_db()} (is NPUPORT_HOME the same?)")
+        raise fail(f"no checkpoint of thread {thread!r} in {checkpoint_db()} (is NPUPORT_HOME the same?)")
     if not snap.next:
         status, bundle = snap.values.get("status"), (snap.values.get("bundle") or {}).get("dir", "-")
         console.print(f"thread {thread} already finished ({status}); its bundle: {bundle}")
@@ -237,7 +202,7 @@ def demo(
     then verify the bundle (re-apply, re-validate, re-benchmark) as the report suggests."""
     model = EXAMPLES_DIR / "ocr_mini"
     if not model.is_dir():
-        raise _fail(f"the example model is missing at {model}", EXIT_INTERNAL)
+        raise fail(f"the example model is missing at {model}", EXIT_INTERNAL)
     out_dir = _checked_out_dir(out, model, force)
     if force:
         clear_out_dir(out_dir)
@@ -268,217 +233,8 @@ def demo(
     raise typer.Exit(code)
 
 
-def _fmt_entry(entry: dict[str, Any]) -> list[str]:
-    lines = [f"  class   {entry.get('entry', {}).get('class', '-')}"]
-    for key in ("config", "inputs", "decode"):
-        if entry.get(key):
-            lines.append(f"  {key:<7} {entry[key]}")
-    run = entry.get("run") or {}
-    kwargs = " ".join(f"{k}={v}" for k, v in (run.get("kwargs") or {}).items())
-    lines.append(f"  run     {run.get('method', '-')}({kwargs})" + (f", step {run['step']}" if run.get("step") else ""))
-    if entry.get("shrink"):
-        lines.append(f"  shrink  {fmt_params(entry['shrink'])}")
-    return lines
-
-
-_SCAN_CATEGORY = {"blocks running": 0, "changes numbers": 1, "slows down": 2}
-_SCAN_SEVERITY = {"high": 0, "medium": 1, "low": 2}
-
-
-def _scan_rank(f: Any) -> tuple[Any, ...]:
-    """Blockers first: what stops the model running, then what changes its numbers, then what slows it."""
-    return (_SCAN_CATEGORY.get(str(f.category), 3), _SCAN_SEVERITY.get(str(f.severity), 3), f.file, f.line)
-
-
-def _scan_summary(findings: list[Any], path: Path) -> str:
-    by = {c: sum(1 for f in findings if str(f.category) == c) for c in _SCAN_CATEGORY}
-    files = len({f.file for f in findings})
-    return (f"{len(findings)} hazards in {files} file(s) of {path}: {by['blocks running']} block running, "
-            f"{by['changes numbers']} change numbers, {by['slows down']} slow it down")
-
-
-@app.command()
-def scan(
-    path: Annotated[Path, typer.Argument(help="the model folder")],
-    as_json: Annotated[bool, typer.Option("--json", help="machine-readable output")] = False,
-) -> None:
-    """Static hazard scan (every hazard class in agents/rules/) with file:line evidence, and the model's entry.
-
-    Exit 2 when the folder is not a model folder or a file does not parse."""
-    from agents.entry import EntryNotFound, discover_entry
-    from agents.scanner import scan_tree
-
-    if problem := model_folder_problem(path):
-        raise _fail(problem)
-    from sandbox.source_check import check_sources
-
-    unreadable = [p for p in check_sources(path) if p.kind == "encoding"]  # syntax errors: parse_errors
-    result = scan_tree(path)
-    try:
-        entry: dict[str, Any] | None = discover_entry(path).as_manifest_dict()
-        entry_error = ""
-    except EntryNotFound as exc:
-        entry, entry_error = None, str(exc)
-    if as_json:
-        payload = {
-            "findings": [f.model_dump(mode="json") for f in result.findings],
-            "parse_errors": [str(e) for e in result.parse_errors],
-            "source_problems": [str(p) for p in unreadable],
-            "entry": entry,
-            "entry_error": entry_error,
-        }
-        sys.stdout.write(json.dumps(payload, indent=1) + "\n")
-    else:
-        ordered = sorted(result.findings, key=_scan_rank)
-        console.print(f"[bold]{_scan_summary(result.findings, path)}[/]")
-        for f in ordered:
-            # the location is never cut: it heads its own line; the message wraps below it
-            console.print(Text.assemble((f"{f.hazard:<4}", "bold"), (f"{f.file}:{f.line}", "cyan"),
-                                        (f"  {f.category}, {f.severity}", "dim")), overflow="ignore", crop=False)
-            console.print(Padding(Text(f.message), (0, 0, 0, 4), expand=False))
-        for e in result.parse_errors:
-            err.print(f"[red]parse error:[/] {e}")
-        for p in unreadable:
-            err.print(f"[red]unreadable:[/] {p}")
-        console.print("[bold]entry[/]")
-        console.print(Group(*(Text(line) for line in _fmt_entry(entry))) if entry else Text(f"  {entry_error}"))
-    if result.parse_errors or unreadable:
-        raise typer.Exit(EXIT_BAD_INPUT)
-
-
-@app.command()
-def ops(
-    what: Annotated[str, typer.Argument(help="a model folder, or 'matrix' to build a torch_npu op-support matrix")],
-    target: TargetOpt = EMULATED_TARGET,
-    chip: ChipOpt = DEFAULT_CHIP,
-    torch_npu: Annotated[str, typer.Option("--torch-npu", help="torch_npu version")] = DEFAULT_TORCH_NPU,
-    strict: Annotated[bool, typer.Option(help="raise on CPU fallbacks (TORCH_NPU_FALLBACK_CPU_DISABLE=1)")] = False,
-    wheel: Annotated[Path | None, typer.Option(help="matrix: a local torch_npu .whl instead of downloading")] = None,
-    yaml: Annotated[list[Path] | None, typer.Option("--yaml", help="matrix: op-plugin op_plugin_functions yaml")] = None,
-    rebuild: Annotated[bool, typer.Option(help="matrix: rebuild even if a stored matrix exists")] = False,
-    as_json: Annotated[bool, typer.Option("--json", help="machine-readable output")] = False,
-) -> None:
-    """Op inventory of a model on the target (NPU kernels, CPU fallbacks with call sites, dtype problems,
-    host syncs per step), or `ops matrix`: the op-support matrix of a torch_npu build."""
-    if what == "matrix":
-        _ops_matrix(torch_npu, wheel, list(yaml or []), rebuild, as_json)
-        return
-    model = Path(what)
-    if not model.is_dir():
-        raise _fail(f"{model} is not a model folder (or say 'matrix')")
-    from agents.entry import EntryNotFound
-    from agents.inventory import op_inventory
-    from sandbox.targets import TargetError
-
-    try:
-        inv = op_inventory(model, target=target, chip=chip, torch_npu=torch_npu, strict=strict)
-    except EntryNotFound as exc:
-        raise _fail(f"cannot find how to run the model: {exc}", exit_code(exc)) from exc
-    except TargetError as exc:
-        raise _fail(str(exc), exit_code(exc)) from exc
-    if as_json:
-        sys.stdout.write(json.dumps(inv.as_dict(), indent=1, default=str) + "\n")
-    else:
-        _print_inventory(inv.as_dict())
-    if not inv.ok:
-        raise typer.Exit(1)
-
-
-def _print_inventory(inv: dict[str, Any]) -> None:
-    st = inv["op_stats"] or {}
-    console.print(f"[bold]op inventory[/] on {inv['target']} ({inv['reason']})")
-    console.print(f"chip {st.get('chip', '-')}, torch_npu {st.get('torch_npu', '-')}, matrix {st.get('matrix', '-')}")
-    if not inv["ok"]:
-        err.print(f"[red]the model failed on the target:[/] {inv['error']}")
-    npu_ops = st.get("npu_ops") or {}
-    console.print(f"ops with NPU kernels: {len(npu_ops)} distinct, {st.get('op_total', sum(npu_ops.values()))} calls")
-    fb = st.get("fallbacks") or {}
-    table = Table(title="CPU fallbacks")
-    for col in ("op", "calls", "call sites"):
-        table.add_column(col)
-    for op, info in sorted(fb.items()):
-        sites = ", ".join(f"{k} x{v}" for k, v in (info.get("sites") or {}).items())
-        table.add_row(op, str(info.get("count", "")), sites)
-    console.print(table if fb else "CPU fallbacks: none")
-    for ev in st.get("dtype_events") or []:
-        console.print(f"dtype: {ev.get('kind')} {ev.get('op')} {ev.get('dtype')} at {ev.get('site')} x{ev.get('count', 1)}")
-    syncs = st.get("host_syncs") or {}
-    console.print(f"host syncs: {syncs.get('total', 0)} in all")
-    for site, n in sorted((syncs.get("sites") or {}).items(), key=lambda kv: -kv[1]):
-        console.print(f"  {site} x{n}")
-    steps = st.get("steps") or []
-    if steps:
-        per = [s.get("host_syncs", 0) for s in steps]
-        console.print(f"per step ({len(steps)} steps): ops {steps[0].get('ops')}, host syncs {per}, "
-                      f"fallbacks {[s.get('fallbacks', 0) for s in steps]}")
-
-
-def _ops_matrix(torch_npu: str, wheel: Path | None, yaml: list[Path], rebuild: bool, as_json: bool) -> None:
-    from knowledge import op_matrix
-
-    try:
-        matrix = op_matrix.load_or_build(torch_npu, wheel=wheel, yaml_paths=yaml, rebuild=rebuild)
-    except Exception as exc:
-        raise _fail(f"cannot build the matrix for torch_npu {torch_npu}: {first_line(exc)}", exit_code(exc)) from exc
-    if as_json:
-        sys.stdout.write(json.dumps(matrix.summary(), indent=1, default=str) + "\n")
-    else:
-        console.print(op_matrix.format_summary(matrix))
-
-
-kb_app = typer.Typer(no_args_is_help=True, help="The knowledge base: torch_npu / CANN docs, recipes, port memory.")
-
-
-def _kb_errors() -> tuple[type[BaseException], ...]:
-    from knowledge.kb import KBError
-
-    return (KBError,)
-
-
-@kb_app.command("build")
-def kb_build_cmd(
-    source: Annotated[list[str] | None, typer.Option("--source", "-s", help="a docs folder, wheel:VERSION, matrix:PATH ...")] = None,
-    rebuild: Annotated[bool, typer.Option(help="drop the store and build it anew")] = False,
-    as_json: Annotated[bool, typer.Option("--json")] = False,
-) -> None:
-    """Ingest sources into the Chroma store (incremental: unchanged sources cost nothing)."""
-    from knowledge.kb.cli_support import kb_build
-
-    try:
-        out = kb_build(list(source or []), json=as_json, rebuild=rebuild)
-    except _kb_errors() as exc:
-        raise _fail(str(exc), exit_code(exc)) from exc
-    sys.stdout.write((json.dumps(out, indent=1, default=str) if as_json else str(out)) + "\n")
-
-
-@kb_app.command("search")
-def kb_search_cmd(
-    query: Annotated[str, typer.Argument(help="an error message, op name or question")],
-    k: Annotated[int, typer.Option("--k", help="number of hits")] = 5,
-    as_json: Annotated[bool, typer.Option("--json")] = False,
-) -> None:
-    """Op-aware search: identifiers filter first, dense search fills the rest; hits carry citations."""
-    from knowledge.kb.cli_support import kb_search
-
-    try:
-        out = kb_search(query, k=k, json=as_json)
-    except _kb_errors() as exc:
-        raise _fail(str(exc), exit_code(exc)) from exc
-    sys.stdout.write((json.dumps(out, indent=1, default=str, ensure_ascii=False) if as_json else str(out)) + "\n")
-
-
-@kb_app.command("stats")
-def kb_stats_cmd(as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
-    """What the store holds."""
-    from knowledge.kb.cli_support import kb_stats
-
-    try:
-        out = kb_stats(json=as_json)
-    except _kb_errors() as exc:
-        raise _fail(str(exc), exit_code(exc)) from exc
-    sys.stdout.write((json.dumps(out, indent=1, default=str) if as_json else str(out)) + "\n")
-
-
+app.command()(scan)
+app.command()(ops)
 app.add_typer(kb_app, name="kb")
 
 
@@ -493,7 +249,7 @@ def verify(
     from agents.deploy import verify_bundle
 
     if not (bundle / "report.json").is_file():
-        raise _fail(f"{bundle} is not a bundle (no report.json)", 2)
+        raise fail(f"{bundle} is not a bundle (no report.json)", 2)
     res = verify_bundle(bundle, original, tolerance=tolerance)
     for line in res.lines():
         console.print(line)
@@ -504,7 +260,8 @@ def verify(
 def batch(
     manifest: Annotated[Path, typer.Argument(help="a batch manifest (YAML), or a folder of model folders/archives")],
     executor: Annotated[str, typer.Option(help="ray (embedded local Ray, or --ray-address) | local (processes)",
-                                          callback=_one_of(("ray", "local"), "executor"))] = "ray",
+                                          metavar="[ray|local]",
+                                          callback=one_of(lambda: ("ray", "local"), "executor"))] = "ray",
     ray_address: Annotated[str | None, typer.Option("--ray-address", envvar="RAY_ADDRESS",
                                                     help="an existing Ray cluster (default: embedded local Ray)")] = None,
     workers: Annotated[int | None, typer.Option(min=1, help="ports at once (default: the CPUs Ray sees)")] = None,
@@ -518,9 +275,9 @@ def batch(
     from api.batch_cli import run_batch_cli
 
     if target is not None:
-        _one_of(TARGETS, "target")(target)
+        check_target(target)
     if chip is not None:
-        _one_of(CHIPS, "chip")(chip)
+        check_chip(chip)
     raise typer.Exit(run_batch_cli(manifest, {"target": target, "chip": chip}, executor=executor,
                                    ray_address=ray_address, workers=workers, retry_failed=retry_failed, out=out,
                                    console=console, err=err))
@@ -531,7 +288,7 @@ def doctor(as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
     """Show the configured LLM endpoint (NPUPORT_LLM_*, key masked) and check that it answers
     (GET /models and a one-token chat call). Exit 1 when an endpoint is configured but does not answer;
     with none configured, npuport uses its offline rules (exit 0)."""
-    from agents.llm_doctor import check_llm
+    from agents.llm.doctor import check_llm
 
     res = check_llm()
     if as_json:

@@ -104,7 +104,7 @@ def print_summary(state: dict[str, Any]) -> None:
             table.add_row("throughput", str(tuning.get("detail") or ""))
     perf = state.get("perf") or {}
     if perf.get("profiled"):
-        from agents.perf_evidence import shown_where
+        from agents.validation.perf_evidence import shown_where
 
         found = perf.get("pathologies") or []
         table.add_row("performance", ("1 pathology" if len(found) == 1 else f"{len(found)} pathologies") + "".join(
@@ -173,7 +173,7 @@ def run_port_cli(request: dict[str, Any], goal: str = "", thread_id: str | None 
         return EXIT_INTERNAL
     print_summary(state)
     if state.get("status") == "validated":
-        from agents.perf_evidence import verdict
+        from agents.validation.perf_evidence import verdict
 
         console.print(f"[bold green]{verdict('validated', state.get('perf'))}[/]: {state.get('reason')}")
         return EXIT_OK

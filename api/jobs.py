@@ -25,8 +25,8 @@ from pathlib import Path
 from typing import Any
 
 from agents.request import request_of
-from api.settings import Settings
 from knowledge.errors import JobError, first_line
+from knowledge.settings import ServiceSettings as Settings
 
 TERMINAL = frozenset({"validated", "failed", "cancelled"})
 CRASH_RESUME = "the service died while this job ran; resuming it once"

@@ -8,7 +8,7 @@ import secrets
 import sys
 from pathlib import Path
 
-from api.settings import Settings
+from knowledge.settings import ServiceSettings as Settings
 
 TOKEN_FILE = "serve-token"
 

@@ -11,14 +11,15 @@ from typing import Any
 from pydantic import ValidationError
 
 from api.jobs import Job, JobManager, body_digest, make_job
-from api.settings import Settings
-from api.uploads import UploadError, confine_model_path, extract_archive
-from knowledge.errors import SubmitError
+from api.uploads import confine_model_path, extract_archive
+from knowledge.errors import SubmitError, UploadError
+from knowledge.settings import ServiceSettings as Settings
 
 
 def build_request(settings: Settings, goal: str, fields: dict[str, Any], uploaded_model: Path | None) -> dict[str, Any]:
     """A validated PortRequest dict whose model folder is an upload or lies under an allowed root."""
-    from agents.request import GoalError, PortRequest, parse_goal
+    from agents.request import PortRequest, parse_goal
+    from knowledge.errors import GoalError
 
     fields = dict(fields)
     if fields.get("out_dir") is not None:

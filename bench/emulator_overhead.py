@@ -31,7 +31,7 @@ def main() -> int:
     ap.add_argument("--repeats", type=int, default=10)
     args = ap.parse_args()
 
-    from agents.entry import discover_entry
+    from agents.reading.entry import discover_entry
     from agents.target_state import matrix_for
     from sandbox.runner import run_harness
     from sandbox.targets import resolve_target

@@ -39,7 +39,7 @@ def planted(repo: Path) -> set[tuple[str, int, str]]:
 
 
 def recall(repo: Path) -> tuple[int, int, list[str]]:
-    from agents.scanner import scan_tree
+    from agents.reading.scanner import scan_tree
 
     found = {(f.file, f.line, f.rule) for f in scan_tree(repo).findings}
     want = planted(repo)

@@ -28,7 +28,7 @@ WALL_GOAL_S = 60.0
 def recipe_fixes() -> set[str]:
     """Names of the fixes the hazard rules (recipes) own, plus reverting one of npuport's own changes."""
     sys.path.insert(0, str(ROOT))
-    from agents.diagnosis import REVERT_FIX
+    from agents.fixing.diagnosis import REVERT_FIX
     from agents.rules.registry import RULES
 
     return {f.codemod for r in RULES for f in r.fixes} | {REVERT_FIX}

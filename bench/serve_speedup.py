@@ -36,8 +36,8 @@ CONCURRENCIES = (1, 8, 32, 100)
 
 
 def _state(model: Path, shrink: bool) -> dict[str, Any]:
-    from agents.entry import discover_entry
     from agents.env_resolve import ensure_env, resolve
+    from agents.reading.entry import discover_entry
 
     entry = discover_entry(model).as_manifest_dict()
     python = ensure_env(resolve(model, "cpu", None))

@@ -20,7 +20,7 @@ from agents.nodes.planner import planner_node
 from agents.nodes.reporter import reporter_node
 from agents.nodes.tuner import tuner_node
 from agents.nodes.validator import validator_node
-from agents.report import emergency_report
+from agents.report.bundle import emergency_report
 from graph import routing
 from graph.conversation import PlannerInput, with_input, with_reply
 from graph.guard import guard

@@ -45,7 +45,7 @@ class PortState(TypedDict, total=False):
     numerics: dict[str, Any]
     """agents.models.Numerics: the validator's verdict."""
     perf: dict[str, Any]
-    """agents.perf_evidence.analyse: decode profiles (original and port) and performance pathologies."""
+    """agents.validation.perf_evidence.analyse: decode profiles (original and port) and performance pathologies."""
     tuning: dict[str, Any]
     """agents.models.Tuning: the tuner's trials, best configuration and measured speed-up."""
     bundle: dict[str, Any]

@@ -1,9 +1,8 @@
 """npuport's error types, in one place, and ``first_line`` for one-line messages.
 
 Why here: knowledge/ is the lowest layer (it imports no other npuport package), so every layer
-(sandbox, agents, graph, api) may import these without a layering violation. Each module that
-used to define one of these re-exports it, so ``from agents.workspace import WorkspaceError``
-still works. Every class keeps its historical built-in base (``RuntimeError``, ``ValueError``)
+(sandbox, agents, graph, api) may import these without a layering violation; every importer
+imports them from here (no module re-exports them). Every class keeps its historical built-in base (``RuntimeError``, ``ValueError``)
 so callers catching those still catch them; ``NpuportError`` is the root of every error a user can
 meet (tests/test_error_family.py fails on one outside it).
 

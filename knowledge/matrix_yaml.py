@@ -16,7 +16,7 @@ from typing import Any
 
 import yaml
 
-from knowledge.errors import YamlError  # noqa: F401  (re-exported)
+from knowledge.errors import YamlError
 
 ATEN_SECTIONS = ("official", "symint", "quant")
 CUSTOM_SECTIONS = ("custom", "autograd")

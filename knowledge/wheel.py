@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Protocol
 
-from knowledge.errors import WheelDownloadError, WheelError  # noqa: F401  (re-exported)
+from knowledge.errors import WheelDownloadError, WheelError
 from knowledge.home import cache_dir
 from knowledge.settings import settings
 

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from knowledge.errors import Infeasible  # noqa: F401  (re-exported)
+from knowledge.errors import Infeasible
 from sandbox import harness
 from sandbox.model_inputs import cast_floats
 from sandbox.process import RESULT_FD_ENV, Limits, Mounts, Sandbox, default_sandbox, scrub, scrubbed_env

@@ -19,12 +19,29 @@ import stat
 import subprocess
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from sandbox.confine import confinement
 
-if TYPE_CHECKING:  # process.py imports this module; the types only
-    from sandbox.process import Limits, Mounts
+
+class Limits(Protocol):
+    """What the bwrap command reads of sandbox.process.Limits (process.py imports this module)."""
+
+    @property
+    def tmpfs_mb(self) -> int: ...
+
+
+class Mounts(Protocol):
+    """What the bwrap command reads of sandbox.process.Mounts."""
+
+    @property
+    def hide(self) -> tuple[Path, ...]: ...
+
+    @property
+    def ro(self) -> tuple[Path, ...]: ...
+
+    @property
+    def rw(self) -> tuple[Path, ...]: ...
 
 # Top-level folders of the host a run sees (read-only). Anything else is absent.
 SYSTEM_DIRS = ("usr", "bin", "sbin", "lib", "lib32", "lib64", "libx32", "etc", "opt", "sys")

@@ -2,7 +2,7 @@
 the debugger's signatures and the reference run's import stubs.
 
 It lives in sandbox/ because the sandbox harness needs it and must not import agents/; it imports nothing,
-so the harness's isolated interpreter loads it cheaply. ``agents.cuda_only`` re-exports it.
+so the harness's isolated interpreter loads it cheaply. The agents import it from here too.
 """
 
 from __future__ import annotations

@@ -15,16 +15,10 @@ import os
 import subprocess
 from pathlib import Path
 
+from knowledge.errors import IsolationUnavailable
 from sandbox.bwrap import bwrap_command
 from sandbox.confine import seccomp_fd
-from sandbox.process import (
-    IsolationUnavailable,
-    Limits,
-    Mounts,
-    bwrap_available,
-    isolation_setting,
-    scrubbed_env,
-)
+from sandbox.process import Limits, Mounts, bwrap_available, isolation_setting, scrubbed_env
 
 
 @functools.lru_cache(maxsize=1)

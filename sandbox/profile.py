@@ -10,7 +10,7 @@ the step returned, and which submodules ran. Per generate: calls of every submod
 
 Counters: ascend-sim's own (ops, fallbacks, syncs with call sites); on the CPU only host reads
 (``.item()``, ``.tolist()``, ...: each a sync on a device) — no op counts and no fallbacks there.
-The analysis lives with the agents (agents/perf_evidence.py); this module only measures.
+The analysis lives with the agents (agents/validation/perf_evidence.py); this module only measures.
 """
 
 from __future__ import annotations

@@ -25,7 +25,7 @@ from fastapi.testclient import TestClient
 from test_api_helpers import fake_builder, sse_events, tar_bytes, tiny_model_files, zip_bytes
 
 from api.app import create_app
-from api.settings import Settings
+from knowledge.settings import ServiceSettings as Settings
 
 RW = {"Authorization": "Bearer tok-rw"}
 RO = {"Authorization": "Bearer tok-ro"}

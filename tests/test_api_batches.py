@@ -14,7 +14,7 @@ from fastapi.testclient import TestClient
 from test_api_helpers import sse_events
 
 from api.app import create_app
-from api.settings import Settings
+from knowledge.settings import ServiceSettings as Settings
 
 A = {"Authorization": "Bearer tok-a"}
 B = {"Authorization": "Bearer tok-b"}

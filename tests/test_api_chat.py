@@ -17,7 +17,7 @@ from openai import OpenAI
 from test_api_helpers import fake_builder, free_port, wait_http
 
 from api.app import create_app
-from api.settings import Settings
+from knowledge.settings import ServiceSettings as Settings
 
 REPO = Path(__file__).resolve().parents[1]
 

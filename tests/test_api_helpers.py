@@ -164,7 +164,7 @@ def _serve() -> None:
     import uvicorn
 
     from api.app import create_app
-    from api.settings import Settings
+    from knowledge.settings import ServiceSettings as Settings
 
     app = create_app(Settings(), graph_builder=fake_builder if args.fake else None)
     uvicorn.run(app, host="127.0.0.1", port=args.port, log_level="warning")

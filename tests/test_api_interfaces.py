@@ -113,7 +113,7 @@ def test_serve_prints_its_url_with_the_token(tmp_path: Path, capsys: pytest.Capt
     import uvicorn
 
     from api import serve
-    from api.settings import Settings
+    from knowledge.settings import ServiceSettings as Settings
 
     monkeypatch.setattr(uvicorn, "run", lambda *a, **k: None)  # everything up to listening, nothing after
     serve.serve("127.0.0.1", 8765, settings=Settings(home=tmp_path / "h"))

@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from test_api_helpers import fake_builder
 
 from api.app import create_app
-from api.settings import Settings
+from knowledge.settings import ServiceSettings as Settings
 
 
 def _more(self: Any) -> bool:

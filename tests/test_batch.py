@@ -12,8 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from graph.batch.manifest import BatchManifestError, load_manifest
+from graph.batch.manifest import load_manifest
 from graph.batch.store import BatchStore
+from knowledge.errors import BatchManifestError
 from tests.batch_models import write_zoo
 from tests.conftest import REPO_ROOT
 from tests.tiny_models import write_tiny_model
@@ -248,7 +249,8 @@ def test_live_table_counts_and_eta(tmp_path: Path) -> None:
 def test_archives_unpack_safely(tmp_path: Path) -> None:
     import zipfile
 
-    from graph.batch.sources import SourceError, stage
+    from graph.batch.sources import stage
+    from knowledge.errors import SourceError
 
     model = write_tiny_model(tmp_path / "m")
     with zipfile.ZipFile(tmp_path / "m.zip", "w") as zf:

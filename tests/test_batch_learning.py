@@ -93,8 +93,8 @@ def _port_state(tmp_path: Path, model: Path, target: str = "cpu") -> tuple[dict[
 
 
 def _learn_from_alpha(home: Path) -> str:
-    """The record a validated alpha port journals (agents/citations.py), from a minimal final state."""
-    from agents.citations import _journal_learned
+    """The record a validated alpha port journals (agents/reading/citations.py), from a minimal final state."""
+    from agents.reading.citations import _journal_learned
     from knowledge.locks import home_lock
     from knowledge.port_memory import WRITE_LOCK
 
@@ -118,7 +118,7 @@ def _learn_from_alpha(home: Path) -> str:
 def test_learned_fix_is_found_by_code_and_failure_not_by_file_names(tmp_path: Path, npuport_home: Path) -> None:
     """Fast: the journal record, the static reuse (learned_actions) and the debugger's reuse
     (learned_diagnosis), on real workspaces; a model without that code, or another target, gets nothing."""
-    from agents.learned import learned_actions, learned_diagnosis
+    from agents.fixing.learned import learned_actions, learned_diagnosis
     from agents.models import Diagnosis, Frame, StructuredException
     from knowledge.port_memory import read_records
 
@@ -172,7 +172,7 @@ def test_learned_fix_goes_into_the_knowledge_base_store(tmp_path: Path, npuport_
                                                         monkeypatch: pytest.MonkeyPatch) -> None:
     """With a Chroma store (real, MiniLM embeddings), the validated port's learned fix is journalled once,
     with its edit, and indexed under the same id: a search for the failure finds it as port memory."""
-    import agents.citations as citations
+    import agents.reading.citations as citations
     from knowledge.kb import KnowledgeBase
     from knowledge.port_memory import read_records
 
@@ -201,7 +201,7 @@ def test_learned_fix_goes_into_the_knowledge_base_store(tmp_path: Path, npuport_
 def test_only_llm_fixes_the_port_kept_are_learned(npuport_home: Path) -> None:
     """A recipe's fix is not journalled as learned (the recipe covers it already), nor an LLM fix that
     the debugger undid later (revert-and-retry): the port did not validate with it."""
-    from agents.citations import _journal_learned
+    from agents.reading.citations import _journal_learned
     from knowledge.port_memory import read_records
 
     edits = [{"file": "m.py", "search": SEARCH, "replace": REPLACE}]

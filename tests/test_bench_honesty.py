@@ -174,7 +174,7 @@ def test_knob_effects_compare_trials_that_differ_in_one_knob() -> None:
 
 
 def test_decode_profile_table_says_not_measured() -> None:
-    from agents.perf_evidence import perf_markdown
+    from agents.validation.perf_evidence import perf_markdown
 
     perf = {"profiled": True, "pathologies": [], "port": {"counters": "cpu-host-reads", "steps": [{}]},
             "rows": [{"step": 0, "input_len": 4, "ref_input_len": None, "ms": 1.5, "ref_ms": None, "ops": None,

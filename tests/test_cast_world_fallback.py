@@ -12,9 +12,9 @@ from typing import Any
 import pytest
 import torch
 
+from agents.reading.scanner import scan_source
 from agents.rules.h9_distributed import nccl_to_hccl
 from agents.rules.h12_half_precision import cast_policy, fp16_cast_policy
-from agents.scanner import scan_source
 from sandbox.targets import registry as targets
 from sandbox.targets.base import Chip
 

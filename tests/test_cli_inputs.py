@@ -251,7 +251,7 @@ def test_force_replaces_npuport_s_own_bundle(model: Path, tmp_path: Path, npupor
 
 
 def test_a_bundle_carries_the_marker(tmp_path: Path) -> None:
-    from agents.report import write_bundle
+    from agents.report.bundle import write_bundle
     from knowledge.bundles import bundle_dir_problem, is_npuport_bundle
 
     out = tmp_path / "b"
@@ -278,7 +278,7 @@ def test_non_utf8_source_is_named_and_refused(model: Path, tmp_path: Path, npupo
 
 
 def test_a_declared_encoding_is_decoded_per_pep_263(model: Path, tmp_path: Path) -> None:
-    from agents.scanner import scan_tree
+    from agents.reading.scanner import scan_tree
     from sandbox.source_check import check_sources
 
     (model / "latin.py").write_bytes(b"# -*- coding: latin-1 -*-\nimport torch\nx = torch.zeros(1).cuda()  # \xe9\n")
@@ -331,7 +331,7 @@ def test_the_reporter_never_overwrites_another_bundle_or_a_user_folder(tmp_path:
 
 def test_without_out_dir_the_bundle_goes_under_the_home(tmp_path: Path, npuport_home: Path,
                                                          monkeypatch: pytest.MonkeyPatch) -> None:
-    from agents.report import default_out_dir
+    from agents.report.bundle import default_out_dir
 
     monkeypatch.chdir(tmp_path)  # never the working directory (a LangGraph server's watched project)
     state = {"request": {"model_path": "m"}, "workdir": str(npuport_home / "workspaces" / "m-abc")}
@@ -341,7 +341,9 @@ def test_without_out_dir_the_bundle_goes_under_the_home(tmp_path: Path, npuport_
 def test_cli_conventions_version_short_help_choices_and_scan_summary(model: Path) -> None:
     code, output = run("--version")
     assert code == 0 and output.startswith("npuport ")
-    from api.cli import CHIPS, TARGETS
+    from sandbox.targets import chip_names, target_names
+
+    TARGETS, CHIPS = target_names(), chip_names()
 
     output = runner.invoke(app, ["port", "--help"], env={"COLUMNS": "300"}).output
     flat = "".join(output.split())

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import ast
 
-from agents import codemods as cm
+from agents.fixing import codemods as cm
+from agents.rules.h11_latent import SAME_DEVICE_HELPER
+from agents.rules.kit import CodemodResult
 
 
-def _apply(name: str, src: str, **params: object) -> cm.CodemodResult:
+def _apply(name: str, src: str, **params: object) -> CodemodResult:
     result = cm.CODEMODS[name][0](src, **params)
     ast.parse(result.source)
     return result
@@ -94,7 +96,7 @@ def test_same_device_helper_moves_cpu_tensors_to_the_other_device() -> None:
     import torch
 
     ns: dict[str, object] = {}
-    exec(cm.SAME_DEVICE_HELPER, ns)
+    exec(SAME_DEVICE_HELPER, ns)
     helper = ns["_npuport_same_device"]
     a, b = torch.zeros(2), torch.ones(2)
     moved = helper([a, b])  # type: ignore[operator]

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from agents.diagnosis import escalate
+from agents.fixing.diagnosis import escalate
 from agents.models import Citation, Diagnosis, Frame, StructuredException
 from tests.llm_stub import StubLLMServer
 from tests.test_llm_policy_e2e import _script, write_planted_model

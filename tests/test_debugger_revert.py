@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from agents.diagnosis import REVERT_FIX, npuport_change_at, revert_change
+from agents.fixing.diagnosis import REVERT_FIX, npuport_change_at, revert_change
 from agents.models import Frame, StructuredException
 from agents.rules.registry import DEFAULT, use_registry
 from agents.workspace import Workspace

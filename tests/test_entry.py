@@ -1,4 +1,4 @@
-"""Model entry discovery (agents/entry.py): manifest, config.json auto_map, generated; errors."""
+"""Model entry discovery (agents/reading/entry.py): manifest, config.json auto_map, generated; errors."""
 
 from __future__ import annotations
 
@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from agents.entry import EntryNotFound, ManifestError, discover_entry
+from agents.reading.entry import discover_entry
+from knowledge.errors import EntryNotFound, ManifestError
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 

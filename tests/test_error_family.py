@@ -20,7 +20,7 @@ PACKAGES = ("agents", "api", "bench", "graph", "knowledge", "sandbox")
 # Signals caught by the code that raises them; none is ever shown to a user.
 SIGNALS = {
     "sandbox.generate_capture._GenerateCalled": "stops a preprocessing call at generate() to capture its inputs",
-    "agents.rules.h6_codemods._Unsupported": "a codemod declines a site; the rewrite skips it",
+    "agents.rules.h6_mask_parts._Unsupported": "a codemod declines a site; the rewrite skips it",
     "graph.jobs_support.StopRequested": "a cancel request unwinds the graph thread",
     "api.limits.BodyLimitExceeded": "an HTTPException (413): FastAPI's own family",
 }
@@ -60,15 +60,26 @@ def test_every_error_type_derives_from_npuport_error() -> None:
     assert outside == [], f"error types outside NpuportError (derive them, or list a signal with its reason): {outside}"
 
 
-def test_modules_that_defined_an_error_still_name_it() -> None:
-    """The old homes keep the names (others import them from there): the class is the one in knowledge/errors."""
-    for module, name in [("api.jobs", "JobError"), ("api.uploads", "UploadError"), ("api.submit", "SubmitError"),
-                         ("graph.batch.manifest", "BatchManifestError"), ("graph.batch.runner", "BatchBusy"),
-                         ("graph.batch.executors", "ExecutorError"), ("graph.batch.sources", "SourceError"),
-                         ("sandbox.process", "IsolationUnavailable"), ("sandbox.redirect", "StubCalled"),
-                         ("sandbox.ascend_sim.native_build", "NativeUnavailable"), ("knowledge.kb", "KBError"),
-                         ("agents.scanner", "SourceSyntaxError"), ("agents.rules.base", "UnknownFindingRule")]:
-        assert getattr(importlib.import_module(module), name) is getattr(errors, name)
+def test_error_types_are_imported_from_their_one_home() -> None:
+    """No module passes an error type on: every ``from X import SomeError`` names knowledge.errors."""
+    names = {n for n, c in vars(errors).items() if isinstance(c, type) and issubclass(c, BaseException)}
+    wrong = []
+    for path in [p for pkg in (*PACKAGES, "tests") for p in sorted((ROOT / pkg).rglob("*.py"))]:
+        if "fixtures" in path.parts or "hazard_corpus" in path.parts:
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom) and node.module and node.module != "knowledge.errors" and \
+                    node.module.split(".")[0] in ("agents", "graph", "knowledge", "sandbox", "api", "tests"):
+                wrong += [f"{path.relative_to(ROOT)}: from {node.module} import {a.name}"
+                          for a in node.names if a.name in names]
+    assert wrong == [], wrong
+
+
+def test_architecture_counts_the_error_types() -> None:
+    family = [c for c in vars(errors).values()
+              if isinstance(c, type) and issubclass(c, NpuportError) and c.__module__ == errors.__name__]
+    text = (ROOT / "docs" / "architecture.md").read_text(encoding="utf-8")
+    assert f", {len(family)} in all)" in text, f"docs/architecture.md should say {len(family)} error types"
 
 
 @pytest.mark.parametrize(("exc", "kind", "code"), [

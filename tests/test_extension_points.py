@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from agents.policies.llm import load_prompt
+from agents.llm.prompts import load_prompt
 from agents.request import PortRequest, parse_goal, request_of
 from agents.rules.registry import DEFAULT, active, use_registry
 from sandbox.targets import registry
@@ -66,7 +66,7 @@ def test_capabilities_not_names_decide_for_a_new_target(toys: None) -> None:
 
 def test_the_bundle_offers_a_new_target_and_names_a_new_chip(toys: None) -> None:
     from agents.deploy.runscript import render_run_py, script_table
-    from agents.report_md import _chip_text
+    from agents.report.markdown import _chip_text
 
     table = script_table({"model_path": "m", "chip": "t1"})
     assert table["toy-host"] == {"device": "cpu", "imports": [], "bootstrap": None, "options": {}}
@@ -74,6 +74,19 @@ def test_the_bundle_offers_a_new_target_and_names_a_new_chip(toys: None) -> None
     text = render_run_py({}, "toy-host", {}, {"model_path": "m", "chip": "t1"})
     assert "TUNED_TARGET = 'toy-host'" in text and '"toy-host"' in text
     assert _chip_text("t1") == "t1 (Toy T1 inference card)"  # the report's chip line (the slow test reads report.md)
+
+
+def test_the_cli_accepts_a_target_and_chip_registered_after_import(toys: None, tmp_path: Path) -> None:
+    """The CLI checks a flag against the registries when the command runs, not when api.cli is imported."""
+    from typer.testing import CliRunner
+
+    from api.cli import app
+
+    out = CliRunner().invoke(app, ["ops", str(tmp_path / "missing"), "--target", "toy-host", "--chip", "t1"])
+    assert "unknown target" not in out.output and "unknown chip" not in out.output
+    assert "not a model folder" in out.output  # past the choices, at the folder check
+    out = CliRunner().invoke(app, ["ops", str(tmp_path), "--target", "toy-nowhere"])
+    assert out.exit_code == 2 and "unknown target 'toy-nowhere'" in out.output
 
 
 def test_the_llm_path_reads_the_hazard_classes_from_the_registry(ws: Any) -> None:  # noqa: F811

@@ -15,8 +15,9 @@ import pytest
 from knowledge.kb import get_recipe, load_recipes
 from knowledge.kb.chunking import decode, detect_language, looks_binary, sections_for
 from knowledge.kb.identifiers import extract_keys
+from knowledge.kb.matrix_chunks import matrix_chunks
 from knowledge.kb.recipes import SECTIONS, recipe_keys_for
-from knowledge.kb.sources import matrix_chunks, parse_op_plugin_docs, resolve
+from knowledge.kb.sources import parse_op_plugin_docs, resolve
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from knowledge.kb import KBError, KnowledgeBase
+from knowledge.errors import KBError
+from knowledge.kb import KnowledgeBase
 from knowledge.kb.aclnn import aclnn_to_ops, chip_of, parse_aclnn_doc
 from knowledge.kb.cli_support import kb_build
 from knowledge.kb.dtypes import supported_dtypes

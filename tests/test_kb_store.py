@@ -16,7 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from knowledge.kb import KBDependencyError, KBError, KBStoreError, KnowledgeBase
+from knowledge.errors import KBDependencyError, KBError, KBStoreError
+from knowledge.kb import KnowledgeBase
 from knowledge.kb import embeddings as emb_mod
 from knowledge.kb.kb import FACTS_DIR
 from knowledge.kb.recipes import load_recipes

@@ -42,7 +42,7 @@ def _builder() -> StateGraph[Any]:
 
 @pytest.fixture()
 def offline_server(npuport_home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
-    from api.settings import Settings
+    from knowledge.settings import ServiceSettings as Settings
 
     for k in ("NPUPORT_LLM_BASE_URL", "NPUPORT_LLM_MODEL", "OPENAI_API_KEY", "OPENAI_BASE_URL"):
         monkeypatch.delenv(k, raising=False)

@@ -138,7 +138,7 @@ def test_chat_port_streams_every_agents_reasoning_and_survives_each_llm_failure(
         tmp_path: Path, npuport_home: Path, llm_env: pytest.MonkeyPatch) -> None:
     from openai import OpenAI
 
-    from api.settings import Settings
+    from knowledge.settings import ServiceSettings as Settings
     from tests.test_api_chat import collect
 
     models = tmp_path / "models"

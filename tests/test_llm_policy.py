@@ -13,26 +13,18 @@ from typing import Any
 import pytest
 from langchain_core.messages import ToolMessage
 
-from agents.codemods import CODEMODS
-from agents.fixing import apply_fix
-from agents.llm_settings import LLMSettings
+from agents.fixing.codemods import CODEMODS, LLM_EDIT
+from agents.fixing.commits import apply_fix
+from agents.fixing.llm_edits import LLMEdit, SearchReplace, apply_llm_edit, diff_to_edits, llm_edit_codemod
+from agents.llm.client import TokenBudget
+from agents.llm.prompts import PROMPTS_DIR, load_prompt
+from agents.llm.tools import ToolBox, bounded
 from agents.models import Citation, Diagnosis, Finding, Frame, HazardCategory, Severity, StructuredException
 from agents.policies import PolicyContext, RulePolicy, get_policy
-from agents.policies.llm import (
-    LLM_EDIT,
-    PROMPTS_DIR,
-    HybridPolicy,
-    LLMEdit,
-    LLMPolicy,
-    SearchReplace,
-    TokenBudget,
-    apply_llm_edit,
-    diff_to_edits,
-    llm_edit_codemod,
-    load_prompt,
-)
-from agents.policies.tools import ToolBox, bounded
+from agents.policies.hybrid import HybridPolicy
+from agents.policies.llm import LLMPolicy
 from agents.workspace import Workspace
+from knowledge.settings import LLMSettings
 from tests.llm_stub import ScriptedChatModel, ai_text, ai_tool_call
 
 SOURCE = '''import torch
@@ -241,7 +233,7 @@ def test_budget_counts_an_estimate_when_the_server_reports_no_usage() -> None:
     budget = TokenBudget(10)
     from langchain_core.messages import AIMessage, HumanMessage
 
-    from agents.policies.llm import tokens_of
+    from agents.llm.client import tokens_of
 
     n = tokens_of(AIMessage(content="x" * 40), [HumanMessage("y" * 400)])
     assert 100 <= n <= 120

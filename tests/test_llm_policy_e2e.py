@@ -196,10 +196,10 @@ def test_hybrid_policy_fixes_a_planted_failure_through_policy_patcher_and_sandbo
         tmp_path: Path, npuport_home: Path, llm_env: None, monkeypatch: pytest.MonkeyPatch) -> None:
     """The same port without the graph: real sandbox runs, the hybrid policy from get_policy (so the
     ChatOpenAI client is built from the environment), the patcher's apply_fix, and the reference run."""
-    from agents.entry import discover_entry
-    from agents.fixing import apply_fix
+    from agents.fixing.commits import apply_fix
     from agents.models import Diagnosis
     from agents.policies import PolicyContext, get_policy
+    from agents.reading.entry import discover_entry
     from agents.runs import record_of
     from agents.workspace import Workspace
     from sandbox.runner import run_harness

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from sandbox.ascend_sim.native_build import NativeUnavailable, cached_library, choose_engine, library_path
+from knowledge.errors import NativeUnavailable
+from sandbox.ascend_sim.native_build import cached_library, choose_engine, library_path
 
 
 def test_python_engine_when_requested() -> None:

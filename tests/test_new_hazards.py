@@ -14,10 +14,10 @@ import pytest
 import torch
 
 from agents.models import Severity
+from agents.reading.scanner import scan_source
 from agents.rules.h14_host_memory import guard_pin_memory
 from agents.rules.h15_graph_compile import compile_eager, default_jit_executor
 from agents.rules.h16_attention_calls import attention_to_sdpa
-from agents.scanner import scan_source
 
 
 def _rules(src: str) -> list[tuple[str, str, int, bool]]:

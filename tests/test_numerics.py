@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from agents.numerics import TOLERANCES, compare_captures, tensor_metrics, within
+from agents.validation.numerics import TOLERANCES, compare_captures, tensor_metrics, within
 
 
 def test_identical_tensors_are_exact() -> None:

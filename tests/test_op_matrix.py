@@ -17,13 +17,12 @@ import pytest
 
 from knowledge import matrix_yaml as my
 from knowledge import wheel as wh
+from knowledge.matrix_compare import compare_wheel_yaml, format_summary
 from knowledge.matrix_docs import docs_by_aten_name, parse_docs_dir
 from knowledge.matrix_symbols import OpName, resolve, scan_library, split_key, wrapper_table
 from knowledge.op_matrix import (
     OpMatrix,
     build_matrix,
-    compare_wheel_yaml,
-    format_summary,
     load_matrix,
     load_or_build,
     op_key,

@@ -13,17 +13,13 @@ from typing import Any
 import pytest
 import torch
 
-from agents.codemods import CODEMODS
+from agents.fixing.codemods import CODEMODS
 from agents.models import Finding, HazardCategory, Severity
-from agents.perf_codemods import (
-    NPU_PRELUDE,
-    fused_attention,
-    fused_rms_norm,
-    fused_rotary_mul,
-    moe_dense_dispatch,
-    vectorise_mask_loops,
-)
 from agents.policies.rule import RulePolicy
+from agents.rules.h4_fused import NPU_PRELUDE, fused_rms_norm, fused_rotary_mul
+from agents.rules.h4_fused_attention import fused_attention
+from agents.rules.h6_codemods import vectorise_mask_loops
+from agents.rules.h6_moe import moe_dense_dispatch
 from sandbox.ascend_sim import fused_ops
 
 
@@ -387,7 +383,7 @@ def test_moe_dense_ratio_is_read_when_the_patched_code_runs(monkeypatch: pytest.
 
 
 def test_moe_loop_over_counts_is_found_and_a_capacity_cap_is_left_with_the_reason() -> None:
-    from agents.scanner import scan_source
+    from agents.reading.scanner import scan_source
 
     loops = [f for f in scan_source(MOE_COUNTS, "moe.py") if f.rule == "per-expert-loop"]
     assert len(loops) == 1 and loops[0].fixable and loops[0].snippet == "for i, num_tokens in enumerate(counts):"
@@ -407,9 +403,9 @@ def test_moe_config_finding_names_the_path_the_full_size_config_takes(tmp_path: 
                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
     import json
 
-    from agents.report import finding_resolutions
+    from agents.reading.scanner import scan_tree
+    from agents.report.bundle import finding_resolutions
     from agents.rules.registry import active
-    from agents.scanner import scan_tree
 
     monkeypatch.delenv("NPUPORT_MOE_DENSE_MAX_RATIO", raising=False)
     # The shapes of a multimodal MoE config: the counts in a nested language sub-config.

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import yaml
 
-from agents.perf_evidence import analyse, find_pathologies, summary_lines, verdict
+from agents.validation.perf_evidence import analyse, find_pathologies, summary_lines, verdict
 from sandbox.runner import run_harness
 from sandbox.targets import Target, resolve_target
 

@@ -9,9 +9,9 @@ import textwrap
 import pytest
 import torch
 
-from agents.report import finding_resolutions
+from agents.reading.scanner import scan_source
+from agents.report.bundle import finding_resolutions
 from agents.rules.h6_moe import moe_dense_dispatch
-from agents.scanner import scan_source
 
 # A routed-experts block of the expert-parallel class: training loop under `if self.training`, inference
 # through a sorted-token function with host-synced counts and an offset expert index; a collective branch.
@@ -69,7 +69,7 @@ MOE_MODEL = textwrap.dedent('''
 
 
 def _patch_from(result, file: str, finding_ids: list[str]) -> dict:  # type: ignore[no-untyped-def]
-    """The patch record apply_fix makes from a codemod result (agents/fixing.py)."""
+    """The patch record apply_fix makes from a codemod result (agents/fixing/commits.py)."""
     return {"id": "patch-1", "commit": "0123456789ab", "codemod": "moe-dense-dispatch", "finding_ids": finding_ids,
             "edits": [f"{file} {e}" for e in result.edits],
             "sites": [f"{file}:{a}-{b}" for a, b in result.spans],
@@ -239,7 +239,7 @@ AUX = textwrap.dedent('''
 
 @pytest.mark.meaning("aux-tensors-on-device")
 def test_aux_tensors_made_on_the_cpu_in_forward_move_to_the_inputs_device() -> None:
-    from agents.codemods import CODEMODS
+    from agents.fixing.codemods import CODEMODS
     from agents.rules.h11_aux_device import aux_tensors_on_device
 
     found = {f.line: f for f in scan_source(AUX, "enc.py") if f.rule == "aux-tensor-device"}
@@ -324,7 +324,7 @@ def test_flash_attention_selected_in_a_script_becomes_sdpa_and_runs(tmp_path) ->
 def test_scan_of_a_vllm_style_tree_reports_its_hazards_with_file_and_line(tmp_path) -> None:  # type: ignore[no-untyped-def]
     """An upstream vLLM path (out-of-tree model + run script), in small: `npuport scan` names each hazard's
     file:line, as the CLI prints it."""
-    from agents.scanner import scan_tree
+    from agents.reading.scanner import scan_tree
 
     pkg = tmp_path / "serve_ocr"
     (pkg / "encoder").mkdir(parents=True)
@@ -379,7 +379,7 @@ def test_scan_of_a_vllm_style_tree_reports_its_hazards_with_file_and_line(tmp_pa
 
 
 def test_helpers_are_inserted_only_where_used_and_added_when_a_later_rewrite_needs_more() -> None:
-    from agents.codemods import CODEMODS
+    from agents.fixing.codemods import CODEMODS
 
     src = textwrap.dedent('''
         import torch
@@ -477,8 +477,8 @@ def test_patch_sites_are_counted_in_the_original_file_after_earlier_patches_move
     """Two codemods on one file, one commit each, as the patcher runs them: the first inserts helpers at the
     top, so the second rewrites lines that have moved; its patch still names the original lines, and the
     report resolves the findings (which point at the original) as fixed."""
-    from agents.fixing import apply_fix
-    from agents.policies.base import FixAction
+    from agents.fixing.commits import apply_fix
+    from agents.models import FixAction
     from agents.workspace import Workspace
 
     model = tmp_path / "model"

@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from agents.models import RunRecord
-from agents.validation import self_disagreement
+from agents.validation.compare import self_disagreement
 from sandbox.model_inputs import marked_uninitialised, seed_parameters
 
 

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from agents.entry import discover_entry
+from agents.reading.entry import discover_entry
 from sandbox.shrink import estimate_params, shrink_config
 from tests.conftest import REPO_ROOT
 

@@ -8,8 +8,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from agents.report import write_bundle
-from agents.report_md import ordered_findings, user_site
+from agents.report.bundle import write_bundle
+from agents.report.markdown import ordered_findings, user_site
 
 
 def _finding(i: int, file: str, line: int, category: str, severity: str, hazard: str = "H1") -> dict[str, Any]:

@@ -7,10 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from agents.diagnosis import budget_left, classify
+from agents.fixing.diagnosis import budget_left, classify
 from agents.models import Frame, StructuredException
-from agents.request import GoalError, parse_goal
+from agents.request import parse_goal
 from graph import routing
+from knowledge.errors import GoalError
 
 
 def test_parse_goal_reads_path_chip_objective() -> None:

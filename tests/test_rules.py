@@ -11,13 +11,14 @@ from pathlib import Path
 
 import pytest
 
-from agents.codemods import CODEMODS
+from agents.fixing.codemods import CODEMODS
 from agents.models import Frame, HazardCategory, Severity, StructuredException
 from agents.policies.rule import RulePolicy
-from agents.rules.base import Registry, UnknownFindingRule
+from agents.reading.scanner import scan_source, scan_tree
+from agents.rules.base import Registry
 from agents.rules.diagnose import classify
 from agents.rules.registry import DEFAULT, active, use_registry
-from agents.scanner import scan_source, scan_tree
+from knowledge.errors import UnknownFindingRule
 from tests.fixtures import toy_rule
 
 ROOT = Path(__file__).resolve().parents[1]

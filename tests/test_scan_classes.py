@@ -13,10 +13,10 @@ import pytest
 import torch
 
 from agents.models import Finding
+from agents.reading.scanner import scan_source, scan_tree
 from agents.rules.context import TextFile
 from agents.rules.h23_checkpoint_config import RULE as H23
 from agents.rules.registry import DEFAULT
-from agents.scanner import scan_source, scan_tree
 
 ZOO = Path(__file__).resolve().parents[2] / "shared" / "data" / "zoo"  # ../shared beside the checkout, as in CI
 

@@ -1,4 +1,4 @@
-"""Static hazard scanner (agents/scanner.py): one positive and one negative snippet per rule,
+"""Static hazard scanner (agents/reading/scanner.py): one positive and one negative snippet per rule,
 exact lines, parse errors reported, import classification, tree walking, the example model."""
 
 from __future__ import annotations
@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from agents.models import Finding, HazardCategory, Severity
-from agents.scanner import SourceSyntaxError, scan_source, scan_tree
+from agents.reading.scanner import scan_source, scan_tree
+from knowledge.errors import SourceSyntaxError
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 

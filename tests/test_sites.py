@@ -9,8 +9,8 @@ from pathlib import Path
 from typing import Any
 
 from agents.nodes.validator import validator_node
-from agents.report import final_status, write_bundle
-from agents.sites import PATCHED_TAG, original_line, port_site
+from agents.report.bundle import final_status, write_bundle
+from agents.report.sites import PATCHED_TAG, original_line, port_site
 from agents.workspace import Workspace
 
 USER_LINES = 486

@@ -10,8 +10,9 @@ from agents.deploy.vllm import plan_serve
 from agents.request import PortRequest
 from agents.tuning.space import DEVICE_MEMORY_GIB, ModelFacts
 from api.cli import app
+from knowledge.errors import TargetError
 from sandbox.ascend_sim.profiles import PROFILES
-from sandbox.targets import CHIP_REGISTRY, TARGETS, TargetError, get_chip, resolve_target
+from sandbox.targets import CHIP_REGISTRY, TARGETS, get_chip, resolve_target
 
 
 def test_targets_and_chips_are_listed_once() -> None:

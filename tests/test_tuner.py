@@ -15,7 +15,7 @@ import pytest
 
 from agents.models import Tuning
 from agents.nodes.tuner import tuner_node
-from agents.tuning.constraints import NoFeasiblePoint, prune
+from agents.tuning.constraints import prune
 from agents.tuning.port import search, trial_records
 from agents.tuning.search import Budget, Outcome, npuport_search, random_search, tpe_search
 from agents.tuning.space import (
@@ -30,6 +30,7 @@ from agents.tuning.space import (
     typed,
     vllm_space,
 )
+from knowledge.errors import NoFeasiblePoint
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "ocr_mini"
 

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from agents.models import Tuning
-from agents.report import render_markdown
+from agents.report.bundle import render_markdown
 from agents.tuning.measure import outcome_of, unsupported_reason
 from agents.tuning.port import knob_effects, trial_records, unsupported_values
 from agents.tuning.search import Budget, Outcome, npuport_search, random_search, tpe_search

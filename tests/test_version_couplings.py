@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from agents.env_resolve import era_transformers, host_version, resolve
+from agents.reading.scanner import scan_tree
 from agents.rules.h18_version_couplings import config_class_attrs, couplings
-from agents.scanner import scan_tree
 
 HOST_TF = host_version("transformers") or ""
 needs_tf5 = pytest.mark.skipif(not HOST_TF.startswith("5."), reason="the host's transformers is not 5.x")

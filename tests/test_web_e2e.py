@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from test_api_chat import serve_in_thread
 
-from api.settings import Settings
+from knowledge.settings import ServiceSettings as Settings
 
 REPO = Path(__file__).resolve().parents[1]
 ARTEFACTS = REPO / "tmp" / "artefacts" / "web"

@@ -17,7 +17,7 @@ import pytest
 from test_api_chat import serve_in_thread
 from test_api_helpers import fake_builder
 
-from api.settings import Settings
+from knowledge.settings import ServiceSettings as Settings
 
 REPO = Path(__file__).resolve().parents[1]
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")

@@ -23,8 +23,8 @@ from test_api_helpers import FAKE_NODES, _fake_node, free_port, wait_http
 
 from api.app import create_app
 from api.serve import home_token
-from api.settings import Settings
 from graph.state import PortState
+from knowledge.settings import ServiceSettings as Settings
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 LAUNCH_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking",

@@ -14,8 +14,8 @@ from typing import Any
 
 import torch
 
-from agents.entry import discover_entry
 from agents.models import RunRecord
+from agents.reading.entry import discover_entry
 from tests.conftest import REPO_ROOT
 from tests.test_remote_code import _harness
 
@@ -72,7 +72,7 @@ def _outputs_record(tmp_path: Path, name: str, tensors: dict[str, torch.Tensor])
 
 
 def test_forward_outputs_are_compared_within_the_port_dtypes_tolerance(tmp_path: Path) -> None:
-    from agents.validation import compare_outputs, compared_outputs, self_disagreement
+    from agents.validation.compare import compare_outputs, compared_outputs, self_disagreement
 
     g = torch.Generator().manual_seed(0)
     hidden, pooled = torch.randn(1, 8, 32, generator=g), torch.randn(1, 32, generator=g)
@@ -105,8 +105,8 @@ def test_forward_outputs_are_compared_within_the_port_dtypes_tolerance(tmp_path:
 
 
 def test_the_report_says_an_encoder_was_validated_on_its_outputs() -> None:
-    from agents.report import final_status
-    from agents.report_md import _validation
+    from agents.report.bundle import final_status
+    from agents.report.markdown import _validation
 
     numerics = {"verdict": "match", "compared": "outputs", "detail": "forward outputs ... equal",
                 "metrics": {"dtype": "float16", "tolerance": {"min_cosine": 0.999, "max_share_over_1e3": 0.5}}}
@@ -176,7 +176,7 @@ def _flash_assert_model(tmp_path: Path) -> Path:
 
 def test_an_original_that_asserts_a_cuda_kernel_at_construction_gets_the_switch_only_fix_and_says_so(
         tmp_path: Path) -> None:
-    from agents.validation import reference_run
+    from agents.validation.compare import reference_run
     from agents.workspace import Workspace
 
     folder = _flash_assert_model(tmp_path)
@@ -198,7 +198,7 @@ def test_an_original_that_asserts_a_cuda_kernel_at_construction_gets_the_switch_
 
 
 def test_an_original_that_builds_as_written_is_never_adjusted(tmp_path: Path) -> None:
-    from agents.reference import adjust_tree
+    from agents.validation.reference import adjust_tree
 
     folder = _flash_assert_model(tmp_path)
     src = "\n".join(line for line in (folder / "modeling_toy.py").read_text().splitlines()

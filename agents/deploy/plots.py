@@ -126,7 +126,7 @@ def write_plots(tuning: dict[str, Any], plots_dir: Path, model: str) -> dict[str
 
 def decode_profile(perf: dict[str, Any] | None, path: Path, model: str) -> Path | None:
     """Per-step time and input length, original vs port, with the port's syncs and fallbacks per step
-    (agents/perf_evidence.py rows)."""
+    (agents/validation/perf_evidence.py rows)."""
     rows = (perf or {}).get("rows") or []
     if not rows:
         return None

@@ -228,7 +228,7 @@ class ServePlan:
 
 def default_search() -> Search | None:
     """The knowledge base's search over its serving collection, or None when no KB is usable."""
-    from agents.citations import kb_status
+    from agents.reading.citations import kb_status
 
     if kb_status().startswith(("off", "not built")):
         return None

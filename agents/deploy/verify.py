@@ -15,9 +15,10 @@ from pydantic import BaseModel, Field
 from agents.request import request_of
 from agents.runs import RunSpec, token_summary
 from agents.tuning.measure import TUNE_CONCURRENCY, headline_spec, points_of
-from agents.workspace import Workspace, WorkspaceError
+from agents.workspace import Workspace
+from knowledge.errors import TargetError, WorkspaceError
 from sandbox.process import Limits
-from sandbox.targets import Target, TargetError, resolve_target, target_spec_of
+from sandbox.targets import Target, resolve_target, target_spec_of
 
 DEFAULT_TOLERANCE = 0.30  # throughput on a shared host varies; within 1.3x of the report's number agrees
 MAX_NOISE_WIDENING = 1.0  # the runs' spread may widen that to 2x, never more
@@ -107,7 +108,7 @@ def _spec(report: dict[str, Any], ws: Workspace, target: Target, limits: Limits)
 
 
 def _tokens_claim(report: dict[str, Any], ws: Workspace, target: Target, limits: Limits) -> tuple[Claim, list[list[int]] | None]:
-    from agents.reference import adjust_tree, reference_dir
+    from agents.validation.reference import adjust_tree, reference_dir
 
     claimed = (report.get("numerics") or {}).get("port_tokens")
     original = reference_dir(ws)
@@ -137,7 +138,7 @@ def _outputs_claim(report: dict[str, Any], ref: Any, port: Any) -> Claim:
     """A model validated on its forward outputs (an encoder): both verify runs' outputs compared again,
     within the tolerance the port was held to."""
     from agents.runs import record_of
-    from agents.validation import compare_outputs
+    from agents.validation.compare import compare_outputs
 
     dtype = ((report.get("numerics") or {}).get("metrics") or {}).get("dtype") or "float32"
     now = compare_outputs(record_of(port, "verify-port", "verify", "port"),
@@ -149,7 +150,7 @@ def _outputs_claim(report: dict[str, Any], ref: Any, port: Any) -> Claim:
 def _perf_claim(report: dict[str, Any], ws: Workspace) -> Claim:
     """Re-check the decode profile: the verify runs of _tokens_claim profile themselves, and the
     pathologies found in them (kind, module, code line) must be the report's."""
-    from agents.perf_evidence import analyse, profile_of
+    from agents.validation.perf_evidence import analyse, profile_of
 
     claimed_perf = report.get("perf") or {}
     if not claimed_perf.get("profiled"):

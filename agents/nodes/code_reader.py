@@ -6,15 +6,16 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from agents.citations import cite_findings, kb_status
-from agents.entry import EntryNotFound, discover_entry
+from agents.llm.assist import llm_enabled, review_code
+from agents.llm.client import save_records
 from agents.models import Finding
-from agents.policies.assist import llm_enabled, review_code, save_records
-from agents.policies.base import PolicyContext
+from agents.reading.citations import cite_findings, kb_status
+from agents.reading.entry import discover_entry
+from agents.reading.scanner import scan_tree
 from agents.request import new_run_id, request_of
-from agents.scanner import scan_tree
 from agents.trace import step
-from agents.workspace import Workspace, WorkspaceError, tree_digest
+from agents.workspace import Workspace, tree_digest
+from knowledge.errors import EntryNotFound, WorkspaceError
 from knowledge.home import npuport_home
 
 
@@ -50,8 +51,7 @@ def code_reader_node(state: dict[str, Any]) -> dict[str, Any]:
         save_records(workdir, plan.pop("llm_records"))
         update["plan"] = plan
     if llm_enabled(req.policy):
-        ctx = PolicyContext(workdir=workdir, entry=entry.as_manifest_dict(), request=req.model_dump())
-        extra, note = review_code(ctx, [Finding(**f) for f in findings], only_unclassified=req.policy == "hybrid")
+        extra, note = review_code(workdir, [Finding(**f) for f in findings], only_unclassified=req.policy == "hybrid")
         findings += cite_findings([f.model_dump(mode="json") for f in extra])
         llm_trace.append(step("code_reader", note, llm=True, llm_findings=[f"{f.file}:{f.line} {f.hazard}" for f in extra]))
     by_hazard: dict[str, int] = {}

@@ -4,7 +4,7 @@ Signatures are pure functions of the exception (type, message, innermost model f
 failure twice is recognised as the same and loops are detected.
 
 When no recipe covers the failure the debugger keeps going within the port's budget, one step at a time
-(agents/diagnosis.py, ``next_step``): undo npuport's own change where the traceback lands, then ask the LLM
+(agents/fixing/diagnosis.py, ``next_step``): undo npuport's own change where the traceback lands, then ask the LLM
 policy (when an LLM is configured) with the knowledge base's passages for the error. Each step is one
 patch (a commit or a revert commit) and one more sandbox run; when nothing is left to try, or the budget
 is spent, the port stops with a report of what was tried and the passages that were consulted.
@@ -14,10 +14,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from agents.diagnosis import budget_left, escalate, tried_so_far
-from agents.models import Diagnosis, RunRecord
+from agents.fixing.diagnosis import budget_left, escalate, tried_so_far
+from agents.models import Diagnosis, RunRecord, StructuredException
+from agents.report.sites import port_site
 from agents.request import request_of
-from agents.sites import port_site
 from agents.trace import step
 
 
@@ -34,7 +34,7 @@ def debugger_node(state: dict[str, Any]) -> dict[str, Any]:
         diag = Diagnosis(id=f"diag-{len(history) + 1}", run_id=last.id, signature="numerics-mismatch",
                          kind="numerics-mismatch", summary=f"the port runs but its outputs differ: {numerics.get('detail')}")
     elif last.exception is not None:
-        from agents.learned import learned_diagnosis
+        from agents.fixing.learned import learned_diagnosis
 
         # a fix an earlier port learned for this failure (port memory) comes before asking the policy's LLM
         diag = (learned_diagnosis(state, last.id, last.exception, history)
@@ -42,7 +42,7 @@ def debugger_node(state: dict[str, Any]) -> dict[str, Any]:
     else:
         diag = Diagnosis(id=f"diag-{len(history) + 1}", run_id=last.id, signature=f"status:{last.status}",
                          kind=last.status, summary=f"the run ended with status {last.status}")
-    from agents.citations import kb_citations
+    from agents.reading.citations import kb_citations
 
     query = f"{last.exception.type}: {last.exception.message[:300]}" if last.exception else diag.summary
     known = {c.source for c in diag.citations}
@@ -50,7 +50,10 @@ def debugger_node(state: dict[str, Any]) -> dict[str, Any]:
     ok, why = budget_left(state)
     notes: list[str] = []
     if not diag.fix and ok and last.exception is not None:
-        diag, notes = escalate(state, diag, last.exception, policy.name)
+        def llm_diagnose(run_id: str, exc: StructuredException, history: list[Diagnosis]) -> Diagnosis:
+            return get_policy("llm", context=policy_context(state)).diagnose(run_id, exc, history)
+
+        diag, notes = escalate(state, diag, last.exception, policy.name, llm_diagnose)
     update: dict[str, Any] = {"diagnoses": [diag.model_dump(mode="json")]}
     # the traceback's line is one of the patched tree: say it as the user's line where it is one
     where = f" ({port_site(f'{diag.file}:{diag.line}', state.get('workdir'), request_of(state).model_path)})" if diag.file else ""

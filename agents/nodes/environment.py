@@ -9,8 +9,8 @@ from typing import Any
 from agents.request import request_of
 from agents.target_state import matrix_for, target_to_dict
 from agents.trace import step
-from knowledge.errors import first_line
-from sandbox.targets import Target, TargetError, get_target_spec, resolve_target
+from knowledge.errors import TargetError, first_line
+from sandbox.targets import Target, get_target_spec, resolve_target
 
 
 def environment_node(state: dict[str, Any]) -> dict[str, Any]:
@@ -32,7 +32,8 @@ def environment_node(state: dict[str, Any]) -> dict[str, Any]:
     trace = [step("environment", summary, notes=notes)]
     environment: dict[str, Any] = {"notes": notes}
     try:
-        from agents.env_resolve import EnvBuildError, ensure_env, native_for, resolve
+        from agents.env_resolve import ensure_env, native_for, resolve
+        from knowledge.errors import EnvBuildError
 
         resolution = resolve(Path(req.model_path), target.name, req.torch_npu)
         environment["resolution"] = resolution.as_dict()

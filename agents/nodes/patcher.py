@@ -6,8 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from agents.diagnosis import REVERT_FIX
-from agents.fixing import apply_fix, apply_revert
+from agents.fixing.commits import apply_fix, apply_revert
+from agents.fixing.diagnosis import REVERT_FIX
 from agents.models import Diagnosis, Finding
 from agents.policies import get_policy, policy_context
 from agents.request import request_of
@@ -45,7 +45,7 @@ def patcher_node(state: dict[str, Any]) -> dict[str, Any]:
     trace = [step("patcher", note, llm=True) for note in getattr(policy, "notes", [])]  # the LLM patcher's outcome
     target = state.get("target")
     if not pending and not state.get("static_fixes_done"):
-        from agents.learned import learned_actions
+        from agents.fixing.learned import learned_actions
 
         _apply(ws, actions, done, patches, trace, target)
         # then what earlier ports learned (port memory), matched against the code as the plan left it

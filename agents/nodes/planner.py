@@ -6,7 +6,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from agents.policies.assist import llm_enabled, plan_goal
+from agents.llm.assist import llm_enabled, plan_goal
 from agents.request import PortRequest, parse_goal, plan_steps
 from agents.trace import step
 from knowledge.errors import GoalError, first_line

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from agents.report import bundle_conflict, default_out_dir, final_status, home_bundle_dir, write_bundle
+from agents.report.bundle import bundle_conflict, default_out_dir, final_status, home_bundle_dir, write_bundle
 from agents.trace import step
 
 
@@ -14,7 +14,7 @@ def reporter_node(state: dict[str, Any]) -> dict[str, Any]:
     status, reason = final_status(state)
     out_dir = default_out_dir(state)
     if status == "validated":
-        from agents.citations import record_validated_fixes
+        from agents.reading.citations import record_validated_fixes
 
         record_validated_fixes(state)
     note = ""

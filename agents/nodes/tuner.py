@@ -24,7 +24,7 @@ def tuner_node(state: dict[str, Any]) -> dict[str, Any]:
     if not req.tune:
         tuning = skeleton_tuning(state)
     else:
-        from agents.policies.assist import llm_enabled
+        from agents.llm.assist import llm_enabled
 
         asked_llm = llm_enabled(req.policy)  # the LLM proposed trials: the report lists the outcome
         try:

@@ -6,11 +6,10 @@ from __future__ import annotations
 from typing import Any
 
 from agents.models import Numerics, RunRecord
-from agents.perf_evidence import analyse, profile_of, verdict
+from agents.report.sites import port_site
 from agents.request import request_of
-from agents.sites import port_site
 from agents.trace import step
-from agents.validation import (
+from agents.validation.compare import (
     compare_outputs,
     compare_tokens,
     compared_outputs,
@@ -18,6 +17,7 @@ from agents.validation import (
     self_disagreement,
     with_metrics,
 )
+from agents.validation.perf_evidence import analyse, profile_of, verdict
 
 
 def validator_node(state: dict[str, Any]) -> dict[str, Any]:

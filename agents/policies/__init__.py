@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from agents.policies.base import FixAction, Policy, PolicyContext, policy_context
+from agents.policies.base import Policy, PolicyContext, policy_context
 
 if TYPE_CHECKING:
     from agents.policies.rule import RulePolicy
@@ -24,9 +24,13 @@ def get_policy(name: str = "rule", context: PolicyContext | None = None) -> Poli
 
         return RulePolicy()
     if name in LLM_POLICIES:
-        from agents.policies.llm import HybridPolicy, LLMPolicy
+        if name == "llm":
+            from agents.policies.llm import LLMPolicy
 
-        return LLMPolicy(context=context) if name == "llm" else HybridPolicy(context=context)
+            return LLMPolicy(context=context)
+        from agents.policies.hybrid import HybridPolicy
+
+        return HybridPolicy(context=context)
     raise ValueError(f"unknown policy {name!r}; available: {', '.join(POLICIES)}")
 
 
@@ -38,5 +42,5 @@ def __getattr__(name: str) -> Any:  # RulePolicy on first use (PEP 562): libcst 
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-__all__ = ["LLM_POLICIES", "POLICIES", "FixAction", "Policy", "PolicyContext", "RulePolicy", "get_policy",
+__all__ = ["LLM_POLICIES", "POLICIES", "Policy", "PolicyContext", "RulePolicy", "get_policy",
            "policy_context"]

@@ -10,27 +10,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from pydantic import BaseModel, Field
-
-from agents.models import Citation, Diagnosis, Finding, StructuredException
-
-
-class FixAction(BaseModel):
-    """One patch to make: a codemod over some files (one commit)."""
-
-    codemod: str
-    files: list[str]
-    params: dict[str, Any] = Field(default_factory=dict)
-    finding_ids: list[str] = Field(default_factory=list)
-    diagnosis_id: str | None = None
-    summary: str
-    citations: list[Citation] = Field(default_factory=list)
+from agents.models import Diagnosis, Finding, FixAction, StructuredException
 
 
 class Policy(Protocol):
-    """What the patcher and the debugger ask a policy (``get_policy`` is the one way to get one; the
-    planner, code reader and tuner reach the LLM's through agents/policies/assist.py, which asks
-    ``get_policy`` too)."""
+    """What the patcher and the debugger ask a policy (``get_policy`` is the one way to get one). The
+    LLM policies, and the planner, code reader and tuner (agents/llm/assist.py), all reach the LLM
+    through one client (agents/llm/client.py) asking the roles of agents/llm/roles/."""
 
     name: str
     notes: list[str]

@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-from agents.models import Citation, Diagnosis, Finding, StructuredException
-from agents.policies.base import FixAction
-from agents.policies.reasoning import think
+from agents.models import Citation, Diagnosis, Finding, FixAction, StructuredException
+from agents.reasoning import think
 from agents.rules.diagnose import classify, explain
 from agents.rules.registry import active
 

@@ -14,7 +14,7 @@ import re
 from collections import Counter
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, cast
+from typing import Any, Protocol, cast
 
 import libcst as cst
 from libcst.metadata import CodeRange, MetadataWrapper, PositionProvider
@@ -29,10 +29,15 @@ from agents.rules.cst_helpers import (
     string_value,
     walk_nodes,
 )
+from agents.rules.flow import Flow
 
-if TYPE_CHECKING:
-    from agents.rules.base import Registry
-    from agents.rules.flow import Flow
+
+class FindingMaker(Protocol):
+    """What a detector's context asks the registry (agents/rules/base.py's Registry provides it): a
+    finding, checked against the rule that declares it."""
+
+    def finding(self, hazard: str, rule: str, file: str, line: int, col: int, snippet: str, message: str,
+                category: HazardCategory, severity: Severity, fixable: bool = True) -> Finding: ...
 
 HOT_FUNCTION_RE = re.compile(r"^(_?forward\w*|generate\w*|__call__|_?decode\w*|_?sample\w*|prefill\w*|step)$")
 
@@ -50,7 +55,7 @@ class ModuleContext:
     path: str
     source: str
     module: cst.Module
-    registry: Registry
+    registry: FindingMaker
     findings: list[Finding] = field(default_factory=list)
 
     def __post_init__(self) -> None:
@@ -128,8 +133,6 @@ class ModuleContext:
     @property
     def flow(self) -> Flow:
         if self._flow is None:
-            from agents.rules.flow import Flow
-
             self._flow = Flow(self)
             self._flow.run()
         return self._flow
@@ -301,7 +304,7 @@ class TextFile:
     rel: str
     name: str
     text: str
-    registry: Registry
+    registry: FindingMaker
     kind: str = "text"  # "text" | "setup.py" | "cuda-source" | "model-config" (config.json)
 
     def finding(self, hazard: str, rule: str, lineno: int, col: int, snippet: str, message: str,

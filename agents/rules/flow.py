@@ -4,15 +4,30 @@ in-place writes into expanded views and masked_scatter with a CUDA mask (H11).""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 import libcst as cst
 
 from agents.rules.cst_helpers import dotted, is_cuda_device_string, kwarg, last_name, string_value, walk_nodes
 
-if TYPE_CHECKING:
-    from agents.rules.context import ModuleContext
+
+class FlowContext(Protocol):
+    """What the dataflow reads of a module (agents/rules/context.py's ModuleContext provides it)."""
+
+    ix: Any  # the module's index: statements, parents
+
+    @property
+    def fallback_devices(self) -> list[cst.CSTNode]: ...
+
+    def function_of(self, node: cst.CSTNode) -> cst.FunctionDef | None: ...
+
+    def ancestors(self, node: cst.CSTNode) -> Iterator[tuple[cst.CSTNode, cst.CSTNode]]: ...
+
+    def qual(self, node: cst.CSTNode) -> str: ...
+
+    def is_module_ref(self, node: cst.CSTNode) -> bool: ...
 
 @dataclass(frozen=True)
 class _Val:
@@ -39,7 +54,7 @@ _METADATA_ATTRS = {"shape", "dtype", "ndim", "is_cuda", "requires_grad"}
 
 
 class Flow:
-    def __init__(self, ctx: ModuleContext) -> None:
+    def __init__(self, ctx: FlowContext) -> None:
         self.ctx = ctx
         self.fallbacks = set(ctx.fallback_devices)
         self.attention_sites: list[tuple[cst.CSTNode, str]] = []

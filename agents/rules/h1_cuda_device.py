@@ -34,7 +34,6 @@ from agents.rules.cst_helpers import (
 )
 from agents.rules.kit import (
     DEVICE_CALL,
-    DEVICE_HELPERS,
     DEVICE_TYPE,
     CodemodResult,
     Rewriter,
@@ -43,6 +42,7 @@ from agents.rules.kit import (
     is_cuda_string,
     run_codemod,
 )
+from agents.rules.kit_device import DEVICE_HELPERS
 
 # H1: torch.cuda.<api> -> (severity, note). Anything else under torch.cuda gets the default note.
 TORCH_CUDA_API: dict[str, tuple[Severity, str]] = {

@@ -24,7 +24,6 @@ from agents.rules.cst_helpers import (
     string_value,
 )
 from agents.rules.kit import (
-    DEVICE_HELPERS,
     DEVICE_TYPE,
     CodemodResult,
     Rewriter,
@@ -32,6 +31,7 @@ from agents.rules.kit import (
     is_cuda_string,
     run_codemod,
 )
+from agents.rules.kit_device import DEVICE_HELPERS
 
 # --- detector ----------------------------------------------------------------------------------
 

@@ -11,7 +11,6 @@ from typing import Any
 
 import libcst as cst
 
-from agents.cuda_only import BY_MODULE, CUDA_ONLY_DISTS, CUDA_ONLY_ROOTS
 from agents.models import Finding, Frame, StructuredException
 from agents.rules.base import (
     BLOCKS,
@@ -37,6 +36,7 @@ from agents.rules.kit import (
     dotted_name,
     run_codemod,
 )
+from sandbox.cuda_only import BY_MODULE, CUDA_ONLY_DISTS, CUDA_ONLY_ROOTS
 
 CUDA_EXTENSION_BUILD = {"torch.utils.cpp_extension.load", "torch.utils.cpp_extension.load_inline",
                         "torch.utils.cpp_extension.CUDAExtension", "torch.utils.cpp_extension.BuildExtension"}

@@ -9,7 +9,6 @@ import re
 
 import libcst as cst
 
-from agents.cuda_only import CUDA_ONLY_DISTS
 from agents.models import Finding
 from agents.rules.base import (
     BLOCKS,
@@ -24,6 +23,7 @@ from agents.rules.cst_helpers import (
     dotted,
     walk_nodes,
 )
+from sandbox.cuda_only import CUDA_ONLY_DISTS
 
 FRAMEWORK_INTERNAL_MODULES = {
     "transformers.utils.import_utils", "transformers.modeling_flash_attention_utils",

@@ -16,8 +16,6 @@ import libcst as cst
 import libcst.matchers as m
 from libcst.metadata import CodeRange, MetadataWrapper, PositionProvider
 
-from agents.rules.kit_device import DEVICE_HELPERS, HELPER_MARKER  # noqa: F401  (re-exported)
-
 
 @dataclass
 class CodemodResult:

@@ -8,7 +8,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from agents.tuning.space import HostFacts, SearchSpace
-from knowledge.errors import NoFeasiblePoint  # noqa: F401  (re-exported)
 from sandbox.targets import CHIP_REGISTRY
 
 Check = Callable[[dict[str, Any], HostFacts], str | None]

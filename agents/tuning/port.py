@@ -13,7 +13,7 @@ from agents.models import TrialRecord, Tuning
 from agents.request import PortRequest, request_of
 from agents.runs import run_spec
 from agents.target_state import target_from_dict
-from agents.tuning.constraints import NoFeasiblePoint, constraints_for, prune
+from agents.tuning.constraints import constraints_for, prune
 from agents.tuning.measure import (
     HEADLINE_REPEATS,
     REPORT_CONCURRENCIES,
@@ -26,6 +26,7 @@ from agents.tuning.measure import (
 from agents.tuning.search import Budget, Evaluate, TuneResult, npuport_search
 from agents.tuning.space import HostFacts, SearchSpace, model_facts, torch_space
 from agents.workspace import Workspace
+from knowledge.errors import NoFeasiblePoint
 from knowledge.settings import settings
 from sandbox.process import Limits
 
@@ -101,8 +102,7 @@ def unsupported_sentence(unsupported: dict[str, str]) -> str:
 def llm_proposals(state: dict[str, Any], space: SearchSpace, facts: HostFacts) -> tuple[list[dict[str, Any]], str]:
     """The LLM tuner's proposals (policy llm/hybrid with an endpoint), kept only when they are points of
     the constraint-pruned space; the note says how many were proposed, kept and rejected."""
-    from agents.policies.assist import llm_enabled, propose_trials
-    from agents.policies.base import policy_context
+    from agents.llm.assist import llm_enabled, propose_trials
 
     req = request_of(state)
     if not llm_enabled(req.policy):
@@ -111,11 +111,11 @@ def llm_proposals(state: dict[str, Any], space: SearchSpace, facts: HostFacts) -
     keys = {space.key(p) for p in feasible}
     start = {d.name: d.start() for d in space.dims}
     values = {d.name: list(d.values) for d in space.dims}
-    proposed, note = propose_trials(policy_context(state), values, [], req.objective)
+    proposed, note = propose_trials(Path(state["workdir"]) if state.get("workdir") else None, values, [], req.objective)
     kept = [p for p in proposed if space.key({**start, **p}) in keys]
     if proposed:
         note += f"; {len(kept)} inside the constraint space, {len(proposed) - len(kept)} rejected (pruned by constraints)"
-        from agents.policies.reasoning import think
+        from agents.reasoning import think
 
         think("tuner", "llm", note + "; the optimiser measures them and judges")
     return kept, note

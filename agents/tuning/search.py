@@ -25,8 +25,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from agents.tuning.constraints import Constraint, NoFeasiblePoint, constraints_for, explain_empty, prune
+from agents.tuning.constraints import Constraint, constraints_for, explain_empty, prune
 from agents.tuning.space import HostFacts, SearchSpace
+from knowledge.errors import NoFeasiblePoint
 
 
 @dataclass

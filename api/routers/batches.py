@@ -20,7 +20,8 @@ from pydantic import BaseModel, Field, ValidationError, field_validator
 from sse_starlette.sse import EventSourceResponse
 
 from api.auth import Principal, can_see, owner_filter, require
-from api.uploads import UploadError, confine_model_path
+from api.uploads import confine_model_path
+from knowledge.errors import UploadError
 
 router = APIRouter(prefix="/v1/batches", tags=["batches"])
 
@@ -82,7 +83,8 @@ def _out(store: Any, batch: Any) -> dict[str, Any]:
 
 
 def _resolve(body: BatchCreate, principal: Principal, roots: list[Path]) -> Any:
-    from graph.batch.manifest import BatchManifest, BatchManifestError, resolve
+    from graph.batch.manifest import BatchManifest, resolve
+    from knowledge.errors import BatchManifestError
 
     try:
         manifest = BatchManifest.model_validate(body.manifest)
@@ -101,7 +103,8 @@ def _resolve(body: BatchCreate, principal: Principal, roots: list[Path]) -> Any:
 
 
 def _drive(resolved: Any, opts: Any) -> None:
-    from graph.batch.runner import BatchBusy, run_batch
+    from graph.batch.runner import run_batch
+    from knowledge.errors import BatchBusy
 
     with contextlib.suppress(BatchBusy):  # a twin request already drives it
         run_batch(resolved, opts)

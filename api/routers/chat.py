@@ -36,9 +36,10 @@ from pydantic import BaseModel, Field
 
 from api.auth import Principal, require
 from api.chat_answers import answer, question_of
-from api.jobs import TERMINAL, Job, JobError, JobManager
+from api.jobs import TERMINAL, Job, JobManager
 from api.routers.ports import manager_of
-from api.submit import SubmitError, submit_job
+from api.submit import submit_job
+from knowledge.errors import JobError, SubmitError
 
 router = APIRouter(prefix="/v1", tags=["chat"])
 MODEL_NAME = "npuport"
@@ -197,7 +198,7 @@ def _chunk(cid: str, delta: dict[str, Any], finish: str | None = None, extra: di
 def _event_line(kind: str, data: dict[str, Any]) -> str | None:
     if kind == "step":
         return f"- **{data.get('agent')}**: {data.get('summary')}\n"
-    if kind == "progress" and data.get("kind") == "reasoning":  # an agent thinking aloud (agents/policies/reasoning.py)
+    if kind == "progress" and data.get("kind") == "reasoning":  # an agent thinking aloud (agents/reasoning.py)
         who = "LLM" if data.get("source") == "llm" else "rules"
         return f"  > _{data.get('agent')} ({who})_: {data.get('text')}\n"
     if kind != "status":  # other live progress (node starts, trials) is for the page; chat gets the steps

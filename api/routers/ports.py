@@ -20,8 +20,9 @@ from sse_starlette.sse import EventSourceResponse
 
 from agents.request import request_of
 from api.auth import Principal, can_see, owner_filter, require
-from api.jobs import STATUSES, TERMINAL, Job, JobError, JobManager
-from api.submit import SubmitError, submit_job
+from api.jobs import STATUSES, TERMINAL, Job, JobManager
+from api.submit import submit_job
+from knowledge.errors import JobError, SubmitError
 
 router = APIRouter(prefix="/v1/ports", tags=["ports"])
 

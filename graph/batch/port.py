@@ -17,10 +17,10 @@ from typing import Any
 
 from agents.request import PortRequest, request_of
 from graph.batch.manifest import PortSpec
-from graph.batch.sources import SourceError, stage
+from graph.batch.sources import stage
 from graph.batch.store import BatchStore
 from knowledge.bundles import is_npuport_bundle
-from knowledge.errors import error_record
+from knowledge.errors import SourceError, error_record
 
 
 def _limit_threads(n: int) -> None:

@@ -12,18 +12,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from graph.batch.executors import (
-    Executor,
-    ExecutorError,
-    LocalExecutor,
-    RayExecutor,
-    kill_tree,
-    worker_alive,
-)
+from graph.batch.executors import Executor, LocalExecutor, RayExecutor, kill_tree, worker_alive
 from graph.batch.manifest import PortSpec, ResolvedBatch
 from graph.batch.results import memory_records, write_results
 from graph.batch.store import FINISHED, BatchStore, PortRow
-from knowledge.errors import BatchBusy, first_line
+from knowledge.errors import BatchBusy, ExecutorError, first_line
 from knowledge.home import npuport_home
 
 ExecutorName = Literal["ray", "local"]

@@ -16,15 +16,14 @@ from collections.abc import Iterable
 from datetime import date as _date
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlparse
 
-from knowledge.errors import KBDependencyError, KBError, KBStoreError
+from knowledge.errors import KBError, KBStoreError
 from knowledge.home import npuport_home
 from knowledge.kb.chunking import digest
 from knowledge.kb.embeddings import Embedder, embedder_from_setting
 from knowledge.kb.identifiers import extract_keys
 from knowledge.kb.lexical import BM25Index, Doc
-from knowledge.kb.memory import memory_chunk
+from knowledge.kb.memory import journal_chunks, journal_records, memory_chunk
 from knowledge.kb.models import (
     COLLECTIONS,
     BuildStats,
@@ -32,7 +31,7 @@ from knowledge.kb.models import (
     Hit,
     SkippedFile,
 )
-from knowledge.kb.ranking import build_progress, dense_text, fuse_rank
+from knowledge.kb.ranking import build_progress, dense_text, fuse_rank, hit_of
 from knowledge.kb.recipes import Recipe, load_recipes, recipe_chunks, recipe_keys_for
 from knowledge.kb.sources import (
     CHUNKER_VERSION,
@@ -42,21 +41,17 @@ from knowledge.kb.sources import (
     resolve_folder,
     sha256_bytes,
 )
+from knowledge.kb.store import open_client
 
 FACTS_DIR = Path(__file__).resolve().parents[1] / "facts"
 MANIFEST = "kb_manifest"
 META_ID = "__kb__"
 SCHEMA = 1
-MEMORY_MIN_SIM = 0.55  # a port-memory hit without shared identifiers must be at least this close
 EMBED_BATCH = 512
 SMALL_COLLECTION = 300  # collections up to this size are ranked whole: one query instead of two
 LEXICAL_K = 30  # BM25 candidates fused with the dense and identifier rankings
 QUERY_CACHE = 256  # query embeddings kept per KnowledgeBase
 REBUILD_HINT = "run `npuport kb build --rebuild` to recreate it"
-
-
-def _sim(distance: float) -> float:
-    return max(0.0, min(1.0, 1.0 - float(distance)))
 
 
 class KnowledgeBase:
@@ -94,42 +89,9 @@ class KnowledgeBase:
             self._embedder = embedder_from_setting(self._embeddings_setting)
         return self._embedder
 
-    def _chromadb(self) -> Any:
-        try:
-            import chromadb
-        except ImportError as e:
-            raise KBDependencyError(
-                f"The package 'chromadb' is needed for the knowledge base ({e}): pip install chromadb."
-            ) from e
-        return chromadb
-
     def client(self) -> Any:
-        if self._client is not None:
-            return self._client
-        chromadb = self._chromadb()
-        from chromadb.config import Settings
-
-        settings = Settings(anonymized_telemetry=False, allow_reset=True)
-        try:
-            if self.url:
-                u = urlparse(self.url if "://" in self.url else f"http://{self.url}")
-                self._client = chromadb.HttpClient(
-                    host=u.hostname or "localhost",
-                    port=u.port or (443 if u.scheme == "https" else 8000),
-                    ssl=u.scheme == "https",
-                    settings=settings,
-                )
-                self._client.heartbeat()
-            else:
-                self.chroma_path.mkdir(parents=True, exist_ok=True)
-                self._client = chromadb.PersistentClient(path=str(self.chroma_path), settings=settings)
-        except Exception as e:  # chromadb raises many types here: all mean "cannot use the store"
-            self._client = None
-            if self.url:
-                raise KBStoreError(f"Cannot reach the Chroma server at {self.url}: {e}") from e
-            raise KBStoreError(
-                f"The knowledge-base store at {self.chroma_path} cannot be opened ({e}); {REBUILD_HINT}."
-            ) from e
+        if self._client is None:
+            self._client = open_client(self.url, self.chroma_path, REBUILD_HINT)
         return self._client
 
     def _collection(self, name: str) -> Any:
@@ -214,7 +176,7 @@ class KnowledgeBase:
                     str(self.journal_path),
                     sha256_bytes(data),
                     "port_memory",
-                    lambda: self._memory_chunks(data),
+                    lambda: journal_chunks(data),
                 )
             )
 
@@ -412,7 +374,7 @@ class KnowledgeBase:
         for name in names:
             n = counts[name]
             for d, sim in lex.nearest(qvec, name, n if n <= SMALL_COLLECTION else min(n, 3 * k)):
-                cands[d.id] = self._hit(d.id, name, d.text, d.meta, 1.0 - sim, keys)
+                cands[d.id] = hit_of(d.id, name, d.text, d.meta, 1.0 - sim, keys)
         dense_rank = {h.id: i for i, h in enumerate(sorted(cands.values(), key=lambda h: -h.score))}
         # Lexical (BM25) and identifier candidates come from the same in-memory index.
         bm = lex.scores(query)
@@ -421,10 +383,10 @@ class KnowledgeBase:
         for i, (d, _) in enumerate(lex.rank(bm, LEXICAL_K, wanted)):
             lex_rank[d.id] = i
             if d.id not in cands:
-                cands[d.id] = self._hit(d.id, d.collection, d.text, d.meta, None, keys)
+                cands[d.id] = hit_of(d.id, d.collection, d.text, d.meta, None, keys)
         for d in lex.with_keys(keys, 4 * k, wanted, bm):
             if d.id not in cands:
-                cands[d.id] = self._hit(d.id, d.collection, d.text, d.meta, None, keys)
+                cands[d.id] = hit_of(d.id, d.collection, d.text, d.meta, None, keys)
         return fuse_rank(list(cands.values()), k, dense_rank, lex_rank)
 
     def _query_vector(self, text: str) -> list[float]:
@@ -436,39 +398,6 @@ class KnowledgeBase:
                 self._qcache.pop(next(iter(self._qcache)))
             self._qcache[text] = vec
         return vec
-
-    def _hit(
-        self, cid: str, collection: str, doc: str, meta: dict[str, Any], dist: float | None, qkeys: list[str]
-    ) -> Hit:
-        mkeys = list(meta.get("keys") or [])
-        matched = [q for q in qkeys if q in mkeys]
-        sim = _sim(dist) if dist is not None else 0.0  # a lexical-only candidate has no distance
-        if collection == "port_memory" and (matched or sim >= MEMORY_MIN_SIM):
-            match = "memory"
-        elif matched:
-            match = "identifier"
-        elif dist is None:
-            match = "lexical"
-        else:
-            match = "dense"
-        return Hit(
-            id=cid,
-            collection=collection,
-            title=str(meta.get("title", "")),
-            text=doc[:600],
-            source=str(meta.get("source", "")),
-            anchor=str(meta.get("anchor", "")),
-            path=str(meta.get("path", "")),
-            score=round(sim, 4),
-            match=match,  # type: ignore[arg-type]
-            matched=matched,
-            keys=mkeys,
-            primary=list(meta.get("primary") or []),
-            version=str(meta.get("version", "")),
-            product=str(meta.get("product", "")),
-            language=str(meta.get("language", "")),
-            kind=str(meta.get("kind", "")),
-        )
 
     def aclnn_record(self, key: str) -> tuple[dict[str, Any], str] | None:
         """The parsed CANN reference record (names, ops, products, per-chip dtypes) of the doc keyed by
@@ -534,7 +463,7 @@ class KnowledgeBase:
             "files": list(files or []),
             "date": date or _date.today().isoformat(),
         }
-        existing = self._journal_records()
+        existing = journal_records(self.journal_path)
         if not any(r.get("id") == rec["id"] for r in existing):
             with self.journal_path.open("a", encoding="utf-8") as f:
                 f.write(json.dumps(rec, ensure_ascii=False) + "\n")
@@ -566,27 +495,6 @@ class KnowledgeBase:
         self._counts.clear()
         self._bm25 = None
         return str(rec["id"])
-
-    def _journal_records(self, data: bytes | None = None) -> list[dict[str, Any]]:
-        if data is None:
-            if not self.journal_path.is_file():
-                return []
-            data = self.journal_path.read_bytes()
-        out = []
-        for line in data.decode("utf-8", errors="replace").splitlines():
-            try:
-                rec = json.loads(line)
-            except json.JSONDecodeError:
-                continue  # a torn last line from a crash: the rest still counts
-            if isinstance(rec, dict) and rec.get("id") and rec.get("signature"):
-                out.append(rec)
-        return out
-
-    def _memory_chunks(self, data: bytes) -> tuple[list[Chunk], str]:
-        seen: dict[str, Chunk] = {}
-        for rec in self._journal_records(data):
-            seen[str(rec["id"])] = memory_chunk(rec)
-        return list(seen.values()), ""
 
 
 def _recipe_load(recipe: Recipe) -> tuple[list[Chunk], str]:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any
 
 from knowledge.kb.identifiers import extract_keys, op_key
@@ -36,3 +38,28 @@ def memory_chunk(rec: dict[str, Any]) -> Chunk:
         version=str(rec.get("date", "")),
         kind="memory",
     )
+
+
+def journal_records(path: Path | None = None, data: bytes | None = None) -> list[dict[str, Any]]:
+    """The records of the port-memory journal (its bytes, or the file at ``path``; none when absent)."""
+    if data is None:
+        if path is None or not path.is_file():
+            return []
+        data = path.read_bytes()
+    out = []
+    for line in data.decode("utf-8", errors="replace").splitlines():
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError:
+            continue  # a torn last line from a crash: the rest still counts
+        if isinstance(rec, dict) and rec.get("id") and rec.get("signature"):
+            out.append(rec)
+    return out
+
+
+def journal_chunks(data: bytes) -> tuple[list[Chunk], str]:
+    """The journal's records as chunks, one per id (a record appended twice counts once)."""
+    seen: dict[str, Chunk] = {}
+    for rec in journal_records(data=data):
+        seen[str(rec["id"])] = memory_chunk(rec)
+    return list(seen.values()), ""

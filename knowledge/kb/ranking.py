@@ -85,3 +85,44 @@ def build_progress(enabled: bool) -> Any:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+
+
+MEMORY_MIN_SIM = 0.55  # a port-memory hit without shared identifiers must be at least this close
+
+
+def _sim(distance: float) -> float:
+    return max(0.0, min(1.0, 1.0 - float(distance)))
+
+
+def hit_of(
+cid: str, collection: str, doc: str, meta: dict[str, Any], dist: float | None, qkeys: list[str]
+) -> Hit:
+    mkeys = list(meta.get("keys") or [])
+    matched = [q for q in qkeys if q in mkeys]
+    sim = _sim(dist) if dist is not None else 0.0  # a lexical-only candidate has no distance
+    if collection == "port_memory" and (matched or sim >= MEMORY_MIN_SIM):
+        match = "memory"
+    elif matched:
+        match = "identifier"
+    elif dist is None:
+        match = "lexical"
+    else:
+        match = "dense"
+    return Hit(
+        id=cid,
+        collection=collection,
+        title=str(meta.get("title", "")),
+        text=doc[:600],
+        source=str(meta.get("source", "")),
+        anchor=str(meta.get("anchor", "")),
+        path=str(meta.get("path", "")),
+        score=round(sim, 4),
+        match=match,  # type: ignore[arg-type]
+        matched=matched,
+        keys=mkeys,
+        primary=list(meta.get("primary") or []),
+        version=str(meta.get("version", "")),
+        product=str(meta.get("product", "")),
+        language=str(meta.get("language", "")),
+        kind=str(meta.get("kind", "")),
+    )

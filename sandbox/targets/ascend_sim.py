@@ -16,8 +16,9 @@ def _log(msg: str) -> None:
 
 def resolve(*, chip: str, torch_npu: str, strict: bool = False, matrix_path: str | None = None,
             **_: Any) -> Target:
+    from knowledge.errors import NativeUnavailable
     from knowledge.settings import settings
-    from sandbox.ascend_sim.native_build import NativeUnavailable, choose_engine
+    from sandbox.ascend_sim.native_build import choose_engine
 
     try:
         engine, lib, why = choose_engine(settings().sim_engine or "auto", log=_log)

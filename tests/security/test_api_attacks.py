@@ -14,8 +14,9 @@ from fastapi.testclient import TestClient
 from test_api import make_settings
 from test_api_helpers import fake_builder, tiny_model_files
 
-from agents.workspace import Workspace, WorkspaceError, tree_digest
+from agents.workspace import Workspace, tree_digest
 from api.app import create_app
+from knowledge.errors import WorkspaceError
 
 from .conftest import write_model
 

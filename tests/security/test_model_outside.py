@@ -48,7 +48,8 @@ def test_bundle_version_probe_runs_the_env_confined(hostile_env: tuple[str, Path
 
 
 def test_torch_identity_runs_the_env_confined(hostile_env: tuple[str, Path]) -> None:
-    from sandbox.ascend_sim.native_build import NativeUnavailable, _torch_identity
+    from knowledge.errors import NativeUnavailable
+    from sandbox.ascend_sim.native_build import _torch_identity
 
     py, marker = hostile_env
     with pytest.raises(NativeUnavailable):  # no torch in this env; the .pth ran first either way

@@ -107,8 +107,7 @@ def test_capture_files_are_bounded_before_any_load(tmp_path: Path, monkeypatch: 
     """A capture that inflates past the cap, a FIFO or a link is refused before torch.load sees it."""
     import torch
 
-    from agents import numerics
-
+    from agents.validation import numerics
     loads: list[object] = []
     real_load = torch.load
     monkeypatch.setattr(torch, "load", lambda *a, **k: loads.append(a) or real_load(*a, **k))

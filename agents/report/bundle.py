@@ -1,0 +1,266 @@
+"""The bundle and report of a port (port.patch, patched tree, report.md, report.json, trace.jsonl), written for failed ports too: it says what is left."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+from agents.report.markdown import _md_escape, failure_markdown, render_markdown
+from agents.request import request_of
+from agents.validation.perf_evidence import perf_markdown, shown_where, strict_failure, verdict
+from agents.workspace import Workspace
+from knowledge.bundles import MARKER as MARKER_NAME
+from knowledge.bundles import mark_bundle
+
+
+def final_status(state: dict[str, Any]) -> tuple[str, str]:
+    if state.get("status") == "failed":
+        return "failed", state.get("reason") or "failed"
+    numerics = state.get("numerics") or {}
+    if numerics.get("verdict") == "match":
+        if request_of(state).strict_perf and (why := strict_failure(state.get("perf"))):
+            return "failed", why
+        reason = "the port runs on the target and its greedy tokens match the original"
+        if numerics.get("compared") == "outputs":  # a model without generate (an encoder)
+            dtype = (numerics.get("metrics") or {}).get("dtype") or "float32"
+            reason = (f"the port runs on the target and its forward outputs match the original's within the {dtype} "
+                      "tolerance (the model has no generate: it was validated on its outputs, not greedy tokens)")
+        if found := (state.get("perf") or {}).get("pathologies"):
+            reason += "; decode profile: " + "; ".join(f"{p['title']} at {shown_where(p)}" for p in found)
+        return "validated", reason
+    return "failed", state.get("reason") or numerics.get("detail") or f"validation verdict {numerics.get('verdict', 'not-run')}"
+
+
+def _left_as_written(hazard: str, finding_rule: str = "") -> str:
+    """Why a finding can stay as written: its hazard rule's wording (the report names the message too); a
+    finding that is information only (the rule's report_only_rules) says so in its own words."""
+    from agents.rules.registry import active
+
+    rule = active().get(hazard)
+    if rule is not None and finding_rule in rule.report_only_rules and rule.manual.get(finding_rule):
+        return rule.manual[finding_rule]
+    return (rule.left_as_written if rule else "") or "no recipe changes it"
+
+
+def _covering_edit(patch: dict[str, Any], finding: dict[str, Any]) -> str | None:
+    """What the patch changed at the finding's line ("" when it does not say what), None when it rewrote
+    other lines only; a patch that does not record its lines counts as covering its findings."""
+    sites = patch.get("sites") or []
+    if not sites:
+        return ""
+    edits = patch.get("edits") or []
+    for i, site in enumerate(sites):
+        file, _, span = site.rpartition(":")
+        start, _, end = span.partition("-")
+        if file == finding["file"] and start.isdigit() and end.isdigit() and int(start) <= finding["line"] <= int(end):
+            edit = edits[i] if i < len(edits) and len(edits) == len(sites) else ""
+            return edit.split(": ", 1)[1] if ": " in edit else ""
+    return None
+
+
+def _declined_reason(patches: list[dict[str, Any]], finding: dict[str, Any]) -> str:
+    """Why a codemod left the finding's site as written ("file line N[-M]: why" covering its line)."""
+    for p in patches:
+        for d in p.get("declined") or []:
+            m = re.match(r"(.+) line (\d+)(?:-(\d+))?: (.*)$", d, re.S)
+            if m and m.group(1) == finding["file"] and \
+                    int(m.group(2)) <= finding["line"] <= int(m.group(3) or m.group(2)):
+                return m.group(4)
+    return ""
+
+
+def finding_resolutions(findings: list[dict[str, Any]], patches: list[dict[str, Any]], status: str) -> dict[str, str]:
+    """finding id -> "fixed by patch-N (commit): what it changed", "NOT changed: ..." when the codemod planned
+    for it left its site as written (a finding for the user, never a silent success), or "left as written: why"."""
+    from agents.rules.registry import active
+
+    planned: dict[str, dict[str, Any]] = {}
+    for patch in patches:
+        for fid in patch.get("finding_ids") or []:
+            planned.setdefault(fid, patch)
+    out: dict[str, str] = {}
+    tail = "" if status == "validated" else " (the port did not validate)"
+    for f in findings:
+        p = planned.get(f["id"])
+        if p is not None:
+            what = _covering_edit(p, f)
+            if what is not None:
+                out[f["id"]] = f"fixed by {p['id']} ({p['commit'][:8]}, {p['codemod']})" + (f": {what}" if what else "")
+                continue
+            why = _declined_reason(patches, f) or "it does not recognise the code at this site"
+            out[f["id"]] = (f"NOT changed: {p['codemod']} ({p['id']}) rewrote other sites but left this one as "
+                            f"written: {why}{tail}")
+            continue
+        codemod = active().codemod_for(f["hazard"], f["rule"]) if f.get("fixable") else None
+        if codemod:
+            why = _declined_reason(patches, f) or "it does not recognise the code at this site"
+            out[f["id"]] = f"NOT changed: the planned codemod {codemod} changed nothing here: {why}{tail}"
+        else:
+            out[f["id"]] = f"left as written: {_left_as_written(f['hazard'], f['rule'])}{tail}"
+    return out
+
+
+def _decode_profile_plot(report: dict[str, Any], out_dir: Path) -> str | None:
+    """plots/profile/decode_profile.png (a subfolder: the benchmark section lists plots/*.png)."""
+    if not (report.get("perf") or {}).get("rows"):
+        return None
+    from agents.deploy.plots import decode_profile
+
+    folder = out_dir / "plots" / "profile"
+    folder.mkdir(parents=True, exist_ok=True)
+    name = Path(request_of(report).model_path or "model").name
+    path = decode_profile(report["perf"], folder / "decode_profile.png", name)
+    return str(path.relative_to(out_dir)) if path else None
+
+
+def write_bundle(state: dict[str, Any], out_dir: Path, status: str, reason: str) -> dict[str, Any]:
+    mark_bundle(out_dir, str(state.get("workdir") or ""))  # first: --force may later replace only this
+    report = {
+        "status": status, "reason": reason, "request": state.get("request") or {}, "goal": state.get("goal", ""),
+        "plan": state.get("plan") or {}, "target": state.get("target") or {}, "entry": state.get("entry") or {},
+        "findings": state.get("findings") or [], "patches": state.get("patches") or [], "runs": state.get("runs") or [],
+        "diagnoses": state.get("diagnoses") or [], "numerics": state.get("numerics") or {},
+        "tuning": state.get("tuning") or {}, "counters": state.get("counters") or {},
+        "perf": state.get("perf") or {}, "verdict": verdict(status, state.get("perf")),
+        "original_digest": state.get("original_digest"), "workdir": state.get("workdir"),
+        "wall_s": time.time() - (state.get("started_at") or time.time()),
+        "failure": state.get("failure"), "environment": state.get("environment") or {},
+    }
+    kinds = {r.get("isolation") or "process" for r in report["runs"]}
+    report["isolation"] = "unisolated (process)" if "process" in kinds else ("bwrap" if kinds else "none (no run)")
+    report["resolutions"] = finding_resolutions(report["findings"], report["patches"], status)
+    files = _copy_traceback(state.get("failure"), out_dir)
+    if state.get("workdir") and Workspace(Path(state["workdir"])).has_repo():
+        ws = Workspace(Path(state["workdir"]))
+        (out_dir / "port.patch").write_text(ws.diff_from_original())
+        files["patch"] = str(out_dir / "port.patch")
+        patched = out_dir / "patched"
+        if patched.exists():
+            shutil.rmtree(patched)
+        ws.export_tree(patched)
+        files["patched_tree"] = str(patched)
+        if status == "validated":
+            # run.py, serve.sh, set_env.sh, requirements/constraints and plots: only for a port that works.
+            from agents.deploy import write_deploy_bundle
+
+            files.update(write_deploy_bundle(state, out_dir))
+            if files.get("deployment_json"):  # the exercised deployment (agents/deploy/serving.py)
+                report["deployment"] = json.loads(Path(files["deployment_json"]).read_text())
+    llm_dir = Path(state["workdir"]) / "llm" if state.get("workdir") else None
+    if llm_dir is not None and llm_dir.is_dir():  # every prompt and response of the LLM agents, scrubbed
+        if (out_dir / "llm").exists():
+            shutil.rmtree(out_dir / "llm")
+        shutil.copytree(llm_dir, out_dir / "llm")
+        files["llm"] = str(out_dir / "llm")
+        usage_file = Path(state["workdir"]) / "llm_usage.json"
+        usage = json.loads(usage_file.read_text()) if usage_file.is_file() else {}
+        # What each agent did with the LLM, or why the rules decided instead (a timeout, a spent budget).
+        notes = [f"{t['agent']}: {t['summary']}" for t in state.get("trace") or [] if (t.get("detail") or {}).get("llm")]
+        report["llm"] = {"exchanges": len(list(llm_dir.glob("*.json"))), "tokens": usage.get("tokens"),
+                         "limit": usage.get("limit"), "records": "llm/", "decisions": notes}
+    plot = _decode_profile_plot(report, out_dir)
+    if plot:
+        files["plot_decode_profile"] = str(out_dir / plot)
+    (out_dir / "report.json").write_text(json.dumps(report, indent=1, default=str))
+    profiled = (report["perf"] or {}).get("profiled")  # only measured sections: no profile, no section
+    markdown = render_markdown(report) + ("\n".join(perf_markdown(report["perf"], status, plot)) if profiled else "")
+    if report.get("llm"):
+        llm = report["llm"]
+        markdown += (f"\n\n## LLM\n\n{llm['exchanges']} exchange(s), {llm['tokens']} of {llm['limit']} tokens; "
+                     "every prompt and response (secrets scrubbed) is in `llm/`, and each LLM fix's commit names "
+                     "its prompt.\n")
+        markdown += "".join(f"\n- {_md_escape(n)}" for n in llm.get("decisions") or []) + "\n"
+    if status == "validated":
+        from agents.deploy import deploy_markdown
+
+        markdown += "\n" + deploy_markdown(state, out_dir)
+    (out_dir / "report.md").write_text(markdown)
+    with (out_dir / "trace.jsonl").open("w") as fh:
+        for item in state.get("trace") or []:
+            fh.write(json.dumps(item, default=str) + "\n")
+    files.update({"report_md": str(out_dir / "report.md"), "report_json": str(out_dir / "report.json"),
+                  "trace": str(out_dir / "trace.jsonl")})
+    return {"dir": str(out_dir), "files": files}
+
+
+def _copy_traceback(failure: dict[str, Any] | None, out_dir: Path) -> dict[str, str]:
+    """A crashed node's traceback file (graph/guard.py), copied into the bundle beside the report."""
+    src = Path(failure["traceback"]) if failure and failure.get("traceback") else None
+    if src is None or not src.is_file():
+        return {}
+    dest = out_dir / "failure-traceback.txt"
+    shutil.copyfile(src, dest)
+    return {"failure_traceback": str(dest)}
+
+
+def emergency_report(state: dict[str, Any], failure: dict[str, Any]) -> dict[str, Any]:
+    """The reporter itself raised: write report.json, report.md and trace.jsonl from the state alone
+    (no diff, no patched tree: the workspace may be what broke), so the run still ends with a report
+    naming the failure. Called by the reporter's guard (graph/guard.py)."""
+    reason = f"the {failure['node']} step failed: {failure['error']}: {failure['message']}"
+    crashed = {**state, "failure": failure}
+    out_dir = default_out_dir(state)
+    try:
+        mark_bundle(out_dir)
+    except OSError:
+        out_dir = Path(state["workdir"]) / "bundle" if state.get("workdir") else Path.cwd() / "npuport-report"
+        mark_bundle(out_dir)
+    report = {
+        "status": "failed", "reason": reason, "request": state.get("request") or {}, "goal": state.get("goal", ""),
+        "target": state.get("target") or {}, "findings": state.get("findings") or [],
+        "patches": state.get("patches") or [], "runs": state.get("runs") or [],
+        "diagnoses": state.get("diagnoses") or [], "numerics": state.get("numerics") or {},
+        "tuning": state.get("tuning") or {}, "counters": state.get("counters") or {},
+        "wall_s": time.time() - (state.get("started_at") or time.time()), "failure": failure,
+    }
+    report["resolutions"] = {}
+    files = _copy_traceback(failure, out_dir)
+    (out_dir / "report.json").write_text(json.dumps(report, indent=1, default=str))
+    try:
+        markdown = render_markdown(report)
+    except Exception:  # the state itself may be what broke rendering: say the essentials
+        markdown = "\n".join([f"# npuport report: {Path((report['request']).get('model_path', '?')).name}", "",
+                              f"- **Status:** failed (partial bundle) — {reason}", *failure_markdown(failure), ""])
+    (out_dir / "report.md").write_text(markdown)
+    with (out_dir / "trace.jsonl").open("w") as fh:
+        for item in crashed.get("trace") or []:
+            fh.write(json.dumps(item, default=str) + "\n")
+    files.update({"report_md": str(out_dir / "report.md"), "report_json": str(out_dir / "report.json"),
+                  "trace": str(out_dir / "trace.jsonl")})
+    return {"bundle": {"dir": str(out_dir), "files": files, "note": "emergency report: the reporter failed"}}
+
+
+def default_out_dir(state: dict[str, Any]) -> Path:
+    """The request's out_dir; without one (LangGraph Studio, a bare graph run) a folder under the home,
+    ``$NPUPORT_HOME/jobs/<workspace>/bundle``: never the working directory, which a server's file
+    watcher may reload the graph from (the reply and the state say where the bundle went)."""
+    req = request_of(state)
+    if req.out_dir:
+        return Path(req.out_dir).expanduser()
+    return home_bundle_dir(state)
+
+
+def home_bundle_dir(state: dict[str, Any]) -> Path:
+    from knowledge.home import npuport_home
+
+    key = Path(state["workdir"]).name if state.get("workdir") else f"{Path(request_of(state).model_path or 'model').name}-{int(time.time())}"
+    return npuport_home() / "jobs" / key / "bundle"
+
+
+def bundle_conflict(out_dir: Path, state: dict[str, Any]) -> str | None:
+    """Why this port may not write its bundle into ``out_dir``: a folder of a user's files, or another
+    port's bundle (only --force, which empties it first, replaces one). None: empty, missing, or ours."""
+    from knowledge.bundles import bundle_dir_problem, bundle_owner
+
+    if problem := bundle_dir_problem(out_dir):
+        return problem
+    if not out_dir.is_dir() or not any(out_dir.iterdir()):
+        return None
+    owner = bundle_owner(out_dir)
+    if owner == str(state.get("workdir") or "") or (owner == "" and (out_dir / MARKER_NAME).is_file()):
+        return None  # this port's own bundle (a resume), or a folder marked for npuport with no owner yet
+    return f"{out_dir} holds another port's bundle; it is not overwritten without --force"
