@@ -371,3 +371,55 @@ def test_a_processor_batch_goes_through_the_models_own_generate_wrapper() -> Non
     assert inputs["attention_mask"].shape == (1, 8) and inputs["position_ids"].tolist() == [[0, 1, 2]]
     assert kwargs == {}  # the generation config is npuport's to set (greedy, N tokens)
     assert "generate" not in vars(model) and _Generator.generate.__name__ == "generate"  # restored
+
+
+# ----------------------------------------------------------------------------------------------
+# A CUDA device named in config.json (the code reads it, so rewriting the code's literals changes nothing)
+# ----------------------------------------------------------------------------------------------
+
+def test_a_cuda_device_in_config_json_is_a_finding_fixed_with_the_ports_device(tmp_path: Path) -> None:
+    from agents.fixing.commits import apply_fix
+    from agents.policies.rule import RulePolicy
+    from agents.reading.scanner import scan_tree
+    from agents.workspace import Workspace
+
+    folder = tmp_path / "vlm"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps({"hidden_size": 8, "device": "cuda",
+                                                    "vision": {"device": "cuda:0", "width": 4}}, indent=2))
+    (folder / "modeling_x.py").write_text("import torch\n\n\nclass M(torch.nn.Module):\n    def __init__(self, config):\n"
+                                          "        super().__init__()\n        self.w = torch.zeros(2).to(config.device)\n")
+    found = [f for f in scan_tree(folder).findings if f.rule == "cuda-device-in-config"]
+    # Before: no finding, so the only fix tried was the code's (device-agnostic), which changed nothing.
+    assert [(f.file, f.line) for f in found] == [("config.json", 3), ("config.json", 5)]
+    actions = [a for a in RulePolicy().plan_fixes(found) if a.codemod == "config-device"]
+    assert len(actions) == 1 and actions[0].files == ["config.json"]
+    ws = Workspace.create(folder, tmp_path / "ws")
+    patch, _ = apply_fix(ws, actions[0], 1, target={"name": "x", "device": "npu:0"})
+    assert patch is not None and patch.files == ["config.json"]
+    config = json.loads((ws.model_dir / "config.json").read_text())
+    assert config["device"] == "npu" and config["vision"] == {"device": "npu", "width": 4}
+    assert patch.edits[0] == 'config.json line 3: device: "cuda" -> "npu" (the port\'s device; the model\'s code reads this value)'
+    assert json.loads((folder / "config.json").read_text())["device"] == "cuda"  # the user's folder untouched
+
+
+# ----------------------------------------------------------------------------------------------
+# A module the model imports under try/except ImportError keeps its CUDA-only imports
+# ----------------------------------------------------------------------------------------------
+
+def test_a_cuda_only_import_in_a_module_the_model_treats_as_optional_is_not_guarded(tmp_path: Path) -> None:
+    from agents.reading.scanner import scan_tree
+
+    folder = tmp_path / "enc"
+    (folder / "kernels").mkdir(parents=True)
+    (folder / "kernels" / "__init__.py").write_text("")
+    (folder / "kernels" / "flash_triton.py").write_text(
+        "import torch\nimport triton\n\n\ndef flash(q):\n    assert q.is_cuda\n    return triton.cdiv(q, 2)\n")
+    (folder / "layers.py").write_text(
+        "import torch\n\ntry:\n    from .kernels.flash_triton import flash\nexcept ImportError:\n    flash = None\n")
+    (folder / "other.py").write_text("import torch\nimport triton\n\n\ndef f(x):\n    return triton.cdiv(x, 2)\n")
+    found = {(f.file, f.rule): f for f in scan_tree(folder).findings if f.hazard == "H3"}
+    optional = found[("kernels/flash_triton.py", "cuda-only-import")]
+    # Before: guarded like any other, so the module imported and the model took the Triton path on Ascend.
+    assert not optional.fixable and "(layers.py:4)" in optional.message and "switch to its torch path" in optional.message
+    assert found[("other.py", "cuda-only-import")].fixable  # a module nothing guards is still guarded
