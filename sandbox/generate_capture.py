@@ -29,10 +29,11 @@ else:  # beside a bundle's run.py
 
 
 class _GenerateCalled(Exception):  # noqa: N818  (a signal, not an error)
-    def __init__(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+    def __init__(self, args: tuple[Any, ...], kwargs: dict[str, Any], owner: Any = None) -> None:
         super().__init__("generate called")
         self.call_args = args
         self.call_kwargs = kwargs
+        self.owner = owner  # the module whose generate was called (the model, or a submodule: its language model)
 
 
 @contextmanager
@@ -41,12 +42,14 @@ def intercepted(model: Any) -> Iterator[None]:
     their arguments (instance attributes shadow the class's methods; every class of the model's MRO that
     defines generate is patched for the duration, so a wrapper's ``super().generate`` is caught too)."""
     def intercept(*args: Any, **kwargs: Any) -> Any:
-        raise _GenerateCalled(args, kwargs)
+        raise _GenerateCalled(args, kwargs, model)
 
     def intercept_method(self: Any, *args: Any, **kwargs: Any) -> Any:
-        raise _GenerateCalled(args, kwargs)
+        raise _GenerateCalled(args, kwargs, self)
 
-    patched = [(c, c.__dict__["generate"]) for c in type(model).__mro__ if "generate" in c.__dict__]
+    # the model's classes, and those of its submodules (a wrapper that generates through its language model)
+    classes = dict.fromkeys(c for m in _modules(model) for c in type(m).__mro__ if "generate" in c.__dict__)
+    patched = [(c, c.__dict__["generate"]) for c in classes]
     model.generate = intercept
     model.forward = intercept
     for c, _ in patched:
@@ -58,6 +61,22 @@ def intercepted(model: Any) -> Iterator[None]:
         del model.forward
         for c, original in patched:
             setattr(c, "generate", original)  # noqa: B010
+
+
+def _modules(model: Any) -> list[Any]:
+    named = getattr(model, "modules", None)
+    return list(named()) if callable(named) else [model]
+
+
+def owner_path(model: Any, owner: Any) -> str:
+    """'' for the model itself, else the dotted name of the submodule whose generate was called."""
+    if owner is None or owner is model:
+        return ""
+    named = getattr(model, "named_modules", None)
+    for name, module in (named() if callable(named) else []):
+        if module is owner:
+            return name
+    return ""
 
 
 def call_until_generate(model: Any, call: Callable[[], Any], what: str) -> _GenerateCalled:

@@ -175,7 +175,7 @@ def model_inputs_for(model: Any, manifest: dict[str, Any], model_dir: Path, conf
                      run_kwargs: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
     """(inputs, generate kwargs the inputs' source passed, {source, notes}): the manifest's inputs
     function, else the model's own preprocessing path, else inputs synthesised from the signature."""
-    from sandbox.model_inputs import PreprocessingFailed, capture_preprocessed_inputs, synthesise_inputs
+    from sandbox.model_inputs import PreprocessingFailed, capture_preprocessed, synthesise_inputs
 
     run_cfg = manifest.get("run") or {}
     if manifest.get("inputs"):
@@ -184,15 +184,24 @@ def model_inputs_for(model: Any, manifest: dict[str, Any], model_dir: Path, conf
     notes: list[str] = []
     if run_cfg.get("preprocess"):
         try:
-            inputs, kwargs, notes = capture_preprocessed_inputs(
-                model, run_cfg["preprocess"], model_dir, config, seed,
-                max_new_tokens=int(run_kwargs.get("max_new_tokens") or 8))
-            return inputs, kwargs, {"source": "preprocess", "notes": notes}
+            got = capture_preprocessed(model, run_cfg["preprocess"], model_dir, config, seed,
+                                       max_new_tokens=int(run_kwargs.get("max_new_tokens") or 8))
+            # a model that generates through a submodule (its language model): the run calls that generate
+            return got.inputs, got.kwargs, {"source": "preprocess", "notes": got.notes,
+                                            **({"method": got.method} if got.method else {})}
         except PreprocessingFailed as exc:
             notes = [f"the model's preprocessing path could not be driven ({exc}); inputs synthesised instead"]
     inputs = synthesise_inputs(model, run_cfg.get("method", "generate"), config, seed)
     notes.append("inputs synthesised from the run method's signature: " + ", ".join(sorted(inputs)))
     return inputs, {}, {"source": "synthesised", "notes": notes}
+
+
+def _method(model: Any, path: str) -> Any:
+    """``generate``, or a submodule's (``language_model.generate``) that the preprocessing path called."""
+    obj = model
+    for part in path.split("."):
+        obj = getattr(obj, part)
+    return obj
 
 
 def new_token_count(row: list[int], input_ids: Any) -> int:
@@ -307,7 +316,7 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
         raw_inputs, source_kwargs, result["inputs"] = model_inputs_for(model, manifest, model_dir, config, seed, kwargs)
         kwargs = {**source_kwargs, **kwargs}  # npuport's run kwargs (greedy, N new tokens) decide decoding
         inputs = {k: _to_device(v, device) for k, v in raw_inputs.items()}
-        method = getattr(model, run_cfg.get("method", "generate"))
+        method = _method(model, result["inputs"].get("method") or run_cfg.get("method", "generate"))
         if bootstrap is not None and hasattr(bootstrap, "begin_step"):
             _bracket_steps(model, run_cfg.get("step"), bootstrap)
         captured: dict[str, Any] = {}

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 if __package__:  # inside npuport (sandbox.model_inputs)
-    from .generate_capture import _GenerateCalled, call_until_generate, generate_arguments  # noqa: F401
+    from .generate_capture import _GenerateCalled, call_until_generate, generate_arguments, owner_path  # noqa: F401
     from .inputs_base import (  # noqa: F401  (re-exported: the names this module always offered)
         DECODING_CONTROLS,
         PROCESSOR_FILES,
@@ -46,7 +46,12 @@ if __package__:  # inside npuport (sandbox.model_inputs)
     from .processor_inputs import processor_inputs
     from .stand_in_tokenizer import has_tokenizer_files, load_tokenizer, stand_in_tokenizer  # noqa: F401
 else:  # beside a bundle's run.py, with its sibling modules
-    from generate_capture import _GenerateCalled, call_until_generate, generate_arguments  # type: ignore[no-redef]  # noqa: F401
+    from generate_capture import (  # type: ignore[no-redef]  # noqa: F401
+        _GenerateCalled,
+        call_until_generate,
+        generate_arguments,
+        owner_path,
+    )
     from inputs_base import (  # type: ignore[no-redef]  # noqa: F401
         DECODING_CONTROLS,
         PROCESSOR_FILES,
@@ -221,14 +226,25 @@ def _placeholder(fn: Any) -> str | None:
     return None
 
 
+def reads_own_tokenizer(fn: Any) -> bool:
+    """The method works through ``self.tokenizer`` (an attribute the user sets: ``model.tokenizer = tok``)."""
+    try:
+        tree = ast.parse(textwrap.dedent(inspect.getsource(fn)))
+    except (OSError, TypeError, SyntaxError):
+        return False
+    return any(isinstance(n, ast.Attribute) and n.attr == "tokenizer" and isinstance(n.value, ast.Name)
+               and n.value.id == "self" for n in ast.walk(tree))
+
+
 def preprocessing_arguments(fn: Any, tokenizer: Any, config: dict[str, Any], seed: int, workdir: Path,
                             max_new_tokens: int) -> dict[str, Any]:
-    """Arguments for an infer-style method: the tokenizer, a test prompt (with the method's image
-    placeholder when it takes an image), a test image, a scratch output folder; defaults elsewhere."""
+    """Arguments for an infer-style method: the tokenizer (unless it reads ``self.tokenizer``), a test prompt
+    (with the method's image placeholder when it takes an image), a test image, a scratch output folder;
+    defaults elsewhere."""
     params = inspect.signature(fn).parameters
-    if "tokenizer" not in params:
+    if "tokenizer" not in params and not reads_own_tokenizer(fn):
         raise PreprocessingFailed(f"{fn.__name__} takes no tokenizer")
-    args: dict[str, Any] = {"tokenizer": tokenizer}
+    args: dict[str, Any] = {"tokenizer": tokenizer} if "tokenizer" in params else {}
     image_param = next((n for n in params if _IMAGE_PARAM.match(n)), None)
     for name, p in params.items():
         if name == "tokenizer" or p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
@@ -253,31 +269,58 @@ def preprocessing_arguments(fn: Any, tokenizer: Any, config: dict[str, Any], see
     return args
 
 
+class Captured:
+    """What the model's preprocessing path handed to generate: the inputs (tensors, by name), the other
+    arguments kept, the notes for the report, and ``method``: the dotted path of the generate that was
+    called when it is a submodule's (the model generates through its language model), else None."""
+
+    def __init__(self, inputs: dict[str, Any], kwargs: dict[str, Any], notes: list[str], method: str | None = None):
+        self.inputs, self.kwargs, self.notes, self.method = inputs, kwargs, notes, method
+
+
 def capture_preprocessed_inputs(model: Any, method_name: str, model_dir: Path, config: dict[str, Any], seed: int,
                                 max_new_tokens: int = 8) -> tuple[dict[str, Any], dict[str, Any], list[str]]:
+    """capture_preprocessed() as (inputs, kwargs, notes)."""
+    got = capture_preprocessed(model, method_name, model_dir, config, seed, max_new_tokens)
+    return got.inputs, got.kwargs, got.notes
+
+
+def capture_preprocessed(model: Any, method_name: str, model_dir: Path, config: dict[str, Any], seed: int,
+                         max_new_tokens: int = 8) -> Captured:
     """Call the model's preprocessing method and stop it at its generate call.
 
-    Returns (inputs: the tensor arguments generate got, by name; kwargs: the other arguments, decoding
-    controls removed; notes: what was done, for the report). Floating tensors are cast to the model's
-    dtype: an infer method typically casts images for an autocast region npuport does not reproduce."""
+    Returns the tensor arguments generate got, by name; the other arguments, decoding controls removed; what
+    was done, for the report; and the generate's path when it was a submodule's. Floating tensors are cast to
+    the model's dtype: an infer method typically casts images for an autocast region npuport does not
+    reproduce. A method that reads ``self.tokenizer`` (an attribute the authors set, ``model.tokenizer =
+    tokenizer``) gets the tokenizer that way."""
     if method_name == PROCESSOR_PATH:
-        return processor_inputs(model, model_dir, config, seed, max_new_tokens)
+        return Captured(*processor_inputs(model, model_dir, config, seed, max_new_tokens))
     fn = preprocessing_method(model, method_name)
     tokenizer, how = load_tokenizer(model_dir, config)
-    original_generate = getattr(model, "generate", None)
+    as_attribute = "tokenizer" not in inspect.signature(fn).parameters and reads_own_tokenizer(fn)
+    if as_attribute:
+        model.tokenizer = tokenizer
     # the test image and the method's output folder live only for the call: the captured tensors are in memory
     with tempfile.TemporaryDirectory(prefix="npuport-preprocess-") as tmp:
         call = preprocessing_arguments(fn, tokenizer, config, seed, Path(tmp), max_new_tokens)
         captured = call_until_generate(model, lambda: fn(**call), f"{method_name}()")
-    target = original_generate if original_generate is not None else model.forward
+    path = owner_path(model, captured.owner)
+    owner = model.get_submodule(path) if path else model
+    target = getattr(owner, "generate", None) or owner.forward
     inputs, kwargs = generate_arguments(model, target, captured, f"{method_name}()")
     dtype = model_float_dtype(model)
     shapes = ", ".join(f"{k} {shape_text(v)}" for k, v in inputs.items())
+    where = f"{path}.generate" if path else "generate"
     notes = [f"inputs built by the model's own preprocessing path {type(model).__name__}.{method_name}() with "
-             f"{how}, a test prompt and a test image; its generate call was intercepted: {shapes}"]
+             f"{how}{' (set as model.tokenizer, which the method reads)' if as_attribute else ''}, a test prompt and "
+             f"a test image; its {where} call was intercepted: {shapes}"]
+    if path:
+        notes.append(f"the model generates through its submodule {path} ({type(owner).__name__}): the run calls "
+                     f"{where} with these inputs (the image and the text were encoded by the model's own code)")
     if kwargs:
         notes.append("the preprocessing path's generate arguments kept: "
                      + ", ".join(f"{k}={v!r}" for k, v in sorted(kwargs.items())))
     if dtype is not None:
         notes.append(f"floating inputs cast to the model's dtype ({str(dtype).removeprefix('torch.')})")
-    return inputs, kwargs, notes
+    return Captured(inputs, kwargs, notes, f"{path}.generate" if path else None)

@@ -423,3 +423,76 @@ def test_a_cuda_only_import_in_a_module_the_model_treats_as_optional_is_not_guar
     # Before: guarded like any other, so the module imported and the model took the Triton path on Ascend.
     assert not optional.fixable and "(layers.py:4)" in optional.message and "switch to its torch path" in optional.message
     assert found[("other.py", "cuda-only-import")].fixable  # a module nothing guards is still guarded
+
+
+# ----------------------------------------------------------------------------------------------
+# A model whose own chat reads self.tokenizer and generates through its language model
+# ----------------------------------------------------------------------------------------------
+
+WRAPPER_VLM = textwrap.dedent('''
+    import torch
+    from torch import nn
+
+
+    class TinyLM(nn.Module):
+        def __init__(self, vocab, width):
+            super().__init__()
+            self.embed_tokens = nn.Embedding(vocab, width)
+            self.head = nn.Linear(width, vocab)
+
+        def generate(self, inputs_embeds=None, max_new_tokens=4, do_sample=False, **kwargs):
+            out, h = [], inputs_embeds
+            for _ in range(max_new_tokens):
+                nxt = self.head(h.mean(1)).argmax(-1)
+                out.append(nxt)
+                h = torch.cat([h, self.embed_tokens(nxt)[:, None]], dim=1)
+            return torch.stack(out, dim=1)
+
+
+    class Composer(nn.Module):
+        """As an InternLM-XComposer-style release: the user sets model.tokenizer, chat(text, image) encodes
+        both with the model's own code and generates through the language model."""
+
+        def __init__(self, config):
+            super().__init__()
+            self.lm = TinyLM(config["vocab_size"], 16)
+            self.vision = nn.Linear(3, 16)
+            self.tokenizer = None
+
+        def encode_img(self, image):
+            from PIL import Image
+            import numpy as np
+            pixels = torch.tensor(np.asarray(Image.open(image).convert("RGB"), dtype="float32")[:4, :4] / 255.0)
+            return self.vision(pixels.reshape(1, 16, 3))
+
+        def chat(self, text, image=None, history=None, **kwargs):
+            ids = self.tokenizer(text, return_tensors="pt").input_ids
+            embeds = torch.cat([self.encode_img(image), self.lm.embed_tokens(ids)], dim=1)
+            out = self.lm.generate(inputs_embeds=embeds, max_new_tokens=kwargs.get("max_new_tokens", 32))
+            return self.tokenizer.decode(out[0]), history
+
+        def forward(self, input_ids):
+            return self.lm.head(self.lm.embed_tokens(input_ids))
+''')
+
+
+def test_a_chat_that_reads_self_tokenizer_and_generates_through_its_language_model_is_driven(tmp_path: Path) -> None:
+    folder = tmp_path / "composer"
+    folder.mkdir()
+    (folder / "modeling_composer.py").write_text(WRAPPER_VLM)
+    (folder / "config.json").write_text(json.dumps({"vocab_size": 64, "image_size": 8}))
+    (folder / "tokenizer_config.json").write_text(json.dumps({"eos_token": "</s>"}))
+    entry = discover_entry(folder)
+    # Before: chat takes no tokenizer argument, so no preprocessing path was found and inputs were synthesised
+    # for Composer.forward; the model's own text-and-image path never ran.
+    assert entry.run_preprocess == "chat", entry.assumptions
+    assert any("model.tokenizer set, which it reads" in a for a in entry.assumptions)
+    manifest = {**entry.as_manifest_dict(), "run": {"method": "generate", "preprocess": "chat",
+                                                   "kwargs": {"max_new_tokens": 4}}}
+    res = _harness(folder, manifest, tmp_path)
+    assert res["ok"], res["exception"]
+    assert res["inputs"]["source"] == "preprocess" and res["inputs"]["method"] == "lm.generate"
+    notes = " ".join(res["inputs"]["notes"])
+    assert "set as model.tokenizer" in notes and "its lm.generate call was intercepted: inputs_embeds (1, " in notes
+    assert "generates through its submodule lm (TinyLM)" in notes
+    assert len(res["outputs"]["tokens"][0]) == 4  # the language model's greedy ids, not the chat's text

@@ -145,6 +145,7 @@ def main():
     run = manifest.get("run") or {}
     kwargs = dict(run.get("kwargs") or {})
     source_kwargs = {}  # generate arguments the model's preprocessing path passed (not decoding controls)
+    method_path = [run.get("method", "generate")]  # a submodule's generate when the path called that one
     if manifest.get("inputs"):
         inputs_fn = load_attr(manifest["inputs"], model_dir)
     else:
@@ -153,10 +154,11 @@ def main():
             # inputs synthesised from the signature (model_inputs.py, shipped beside this script)
             if run.get("preprocess"):
                 try:
-                    inputs, extra, _ = model_inputs.capture_preprocessed_inputs(
+                    got = model_inputs.capture_preprocessed(
                         model, run["preprocess"], model_dir, config, seed, int(kwargs.get("max_new_tokens") or 8))
-                    source_kwargs.update(extra)
-                    return inputs
+                    source_kwargs.update(got.kwargs)
+                    method_path[0] = got.method or method_path[0]
+                    return got.inputs
                 except model_inputs.PreprocessingFailed as exc:
                     print(f"preprocessing path not usable ({exc}); synthesising inputs", file=sys.stderr)
             return model_inputs.synthesise_inputs(model, run.get("method", "generate"), config, seed)
@@ -168,7 +170,9 @@ def main():
             inputs[key] = to_device(torch.cat([p[key] for p in per], dim=0), device, getattr(torch, args.dtype))
         else:  # nested inputs (a list of image tuples, a dict): the first request's
             inputs[key] = to_device(first, device, getattr(torch, args.dtype))
-    method = getattr(model, run.get("method", "generate"))
+    method = model
+    for part in method_path[0].split("."):
+        method = getattr(method, part)
     times, out = [], None
     with torch.no_grad():
         method(**inputs, **kwargs)  # warm-up

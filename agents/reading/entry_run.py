@@ -6,6 +6,7 @@ what was assumed, written down for the report."""
 from __future__ import annotations
 
 import ast
+from collections.abc import Iterator
 from pathlib import Path
 
 from agents.reading.entry_source import (
@@ -62,15 +63,40 @@ INPUTS_HOOK = "npuport_inputs.py"  # the documented inputs hook, looked at first
 PREPROCESS_METHODS = ("infer", "chat", "preprocess", "process_inputs", "prepare_inputs")
 
 
+PROMPT_PARAMS = ("text", "prompt", "query", "question", "instruction", "message")
+
+
+def _reads_self_tokenizer(fn: ast.FunctionDef) -> bool:
+    return any(isinstance(n, ast.Attribute) and n.attr == "tokenizer" and isinstance(n.value, ast.Name)
+               and n.value.id == "self" for n in ast.walk(fn))
+
+
+def _preprocessing_candidates(classes: dict[str, ast.ClassDef], cls: str) -> Iterator[
+        tuple[str, ast.ClassDef, ast.FunctionDef | None, str]]:
+    """(class, node, method, how it gets the tokenizer): an infer-style method taking a tokenizer, first in
+    each class nearest first; then one (infer-style, or the class's own generate) that takes a prompt and
+    works through ``self.tokenizer``, an attribute the authors set (``model.tokenizer = tokenizer``)."""
+    hierarchy = list(_local_hierarchy(classes, cls))
+    for name, node in hierarchy:
+        for fn in node.body:
+            if isinstance(fn, ast.FunctionDef) and fn.name in PREPROCESS_METHODS and \
+                    any(a.arg == "tokenizer" for a in fn.args.args):
+                yield name, node, fn, "tokenizer, "
+    for wanted in (*PREPROCESS_METHODS, "generate"):
+        for name, node in hierarchy:
+            for fn in node.body:
+                if isinstance(fn, ast.FunctionDef) and fn.name == wanted and _reads_self_tokenizer(fn) and \
+                        any(a.arg in PROMPT_PARAMS for a in fn.args.args):
+                    yield name, node, fn, "the prompt; model.tokenizer set, which it reads; "
+
+
 def _preprocessing_method(root: Path, cls: str, classes: dict[str, ast.ClassDef],
                           assumptions: list[str]) -> str | None:
     """The model's own preprocessing path: an infer-style method of the class (or a local base) that
     takes a tokenizer, else the folder's processor (AutoProcessor) when its files are there. The harness
     drives it for the inputs (sandbox/model_inputs.py)."""
-    for name, node in _local_hierarchy(classes, cls):
-        for fn in node.body:
-            if isinstance(fn, ast.FunctionDef) and fn.name in PREPROCESS_METHODS and \
-                    any(a.arg == "tokenizer" for a in fn.args.args):
+    for name, node, fn, how in _preprocessing_candidates(classes, cls):
+        if fn is not None:
                 have = [f for f in TOKENIZER_FILES if (root / f).is_file()]
                 if have:
                     tok = f"the folder's tokenizer ({', '.join(have)})"
@@ -81,7 +107,7 @@ def _preprocessing_method(root: Path, cls: str, classes: dict[str, ast.ClassDef]
                 else:
                     tok = (f"a stand-in tokenizer (no {', '.join(TOKENIZER_FILES)} in the folder: character ids, "
                            "the special tokens of tokenizer_config.json)")
-                assumptions.append(f"inputs come from the model's own preprocessing path {name}.{fn.name}(tokenizer, "
+                assumptions.append(f"inputs come from the model's own preprocessing path {name}.{fn.name}({how}"
                                    f"...) ({_rel_of(root, node)}:{fn.lineno}) with {tok}, a test prompt and a test "
                                    "image: its generate call is intercepted and its arguments are the inputs "
                                    "(docs/architecture.md, Inputs when the model has none)")
