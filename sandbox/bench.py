@@ -336,6 +336,8 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     spec = json.loads(Path(argv[0]).read_text())
+    for var in harness.OFFLINE_ENV:  # no network in a run (sandbox/harness.py main)
+        os.environ.setdefault(var, "1")
     # The result goes back on the parent's pipe (as the harness's does), never through a file in the run
     # folder: the parent reads nothing the model's code could have planted there.
     fd = os.environ.pop(RESULT_FD_ENV, None)

@@ -35,6 +35,7 @@ from sandbox.model_inputs import (  # one seeding for the harness, the bench and
 )
 
 MAX_STUB_RETRIES = 8
+OFFLINE_ENV = ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_DATASETS_OFFLINE")
 
 
 def _import_with_stubs(fn: Any, redirect: bool, stubbed: list[str]) -> Any:
@@ -377,6 +378,10 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     spec = json.loads(Path(argv[0]).read_text())
+    # A run has no network: the Hub libraries are told so before they are imported, so a model or processor
+    # that names a Hub id fails at once (and sandbox/hub_offline.py builds it) instead of retrying for minutes.
+    for var in OFFLINE_ENV:
+        os.environ.setdefault(var, "1")
     channel = None
     fd = os.environ.pop("HARNESS_RESULT_FD", None)
     if spec.get("result_channel") and fd is None:
