@@ -100,6 +100,15 @@ class RunRecord(BaseModel):
     isolation: str = ""  # "bwrap" or "process" (no filesystem/network isolation): said in the report
     shrunk: list[str] | None = None  # under --shrink: each config change ("path: old -> new")
     inputs: dict[str, Any] | None = None  # where the inputs came from: {source: hook|preprocess|synthesised, notes}
+    # A forward run (an encoder: no generate): its named floating outputs, name -> {shape, dtype}; the tensors
+    # are in the run folder's outputs.pt, which the validator compares with the original's.
+    output_tensors: dict[str, Any] | None = None
+    # A reference run of an original that cannot be built without CUDA: the switch-only edits made to the
+    # reference copy ("reference adjusted: file line N: what (why)"), agents/validation/reference.py.
+    reference_adjusted: list[str] | None = None
+    # Sub-models the model's code fetches from the Hub by id at construction, built offline (no network in a
+    # run): one note each (sandbox/hub_offline.py).
+    built_offline: list[str] | None = None
 
 
 class Diagnosis(BaseModel):
@@ -121,6 +130,9 @@ class Numerics(BaseModel):
     """Validator verdict."""
 
     verdict: Literal["match", "mismatch", "not-run", "nondeterministic-reference"]
+    # What was compared: the greedy tokens of generate, or (a model without generate) the forward's outputs
+    # within the port dtype's tolerance (metrics["outputs"] per tensor).
+    compared: Literal["tokens", "outputs"] = "tokens"
     token_agreement: float = 0.0
     reference_tokens: list[list[int]] | None = None
     port_tokens: list[list[int]] | None = None

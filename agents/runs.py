@@ -103,6 +103,8 @@ def record_of(run: HarnessRun, run_id: str, purpose: str, target: str) -> RunRec
         outputs_digest=outputs.get("digest", ""), tokens=outputs.get("tokens"), timings=res.get("timings") or {},
         exception=_exception(res), warnings=res.get("warnings") or [], op_stats=res.get("op_stats") or {},
         isolation=run.exec_result.isolation, shrunk=res.get("shrunk"), inputs=res.get("inputs"),
+        output_tensors=outputs.get("tensors") if isinstance(outputs.get("tensors"), dict) else None,
+        built_offline=[str(n) for n in res["built_offline"]] if isinstance(res.get("built_offline"), list) else None,
     )
 
 

@@ -2,7 +2,8 @@
 
 Exit codes (one table for every command; also in ``npuport --help`` and the README):
 
-  0  the port validated (its greedy tokens equal the original's), or the command did its job
+  0  the port validated (its greedy tokens equal the original's; a model without generate: its forward
+     outputs within the stated tolerance), or the command did its job
   1  the port ran but did not validate (the report says why), or a check the command ran failed
   2  bad input or usage: not a folder, an empty folder, no Python files, unknown chip or target (in a
      flag or in the goal text), a Python file that does not parse or decode, --target npu without

@@ -157,6 +157,7 @@ def main() -> int:
     args = ap.parse_args()
     if not args.zoo.is_dir():
         sys.exit(f"no zoo at {args.zoo} (pass its path)")
+    args.zoo = args.zoo.resolve()  # the batch manifest lies elsewhere: a relative path would resolve from there
     names = releases(args.zoo, args.only)
     targets = [args.target] if args.target else list(TARGETS)
     with tempfile.TemporaryDirectory(prefix="npuport-zoo-") as tmp:

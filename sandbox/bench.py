@@ -238,11 +238,12 @@ def _run_config(cls: Any, base_config: dict[str, Any], manifest: dict[str, Any],
             out["compiled_modules"] = effects["compiled_modules"] = _compile_children(model, mode)
             effects["ops"] = None  # a dispatch mode would trace into the compiled graphs
         run_cfg = manifest.get("run") or {}
-        method = getattr(model, run_cfg.get("method", "generate"))
         kwargs = dict(run_cfg.get("kwargs") or {})
         kwargs.update(spec.get("run_kwargs") or {})
-        # the inputs the harness's runs got (hook, the model's preprocessing path, or synthesised)
-        source_kwargs = harness.model_inputs_for(model, manifest, model_dir, base_config, seed, kwargs)[1]
+        # the inputs the harness's runs got (hook, the model's preprocessing path, or synthesised), and the
+        # generate they go to (a submodule's, when the model generates through its language model)
+        _, source_kwargs, source = harness.model_inputs_for(model, manifest, model_dir, base_config, seed, kwargs)
+        method = harness._method(model, source.get("method") or run_cfg.get("method", "generate"))
         kwargs = {**source_kwargs, **kwargs}
 
         def inputs_fn(config: dict[str, Any], seed: int) -> dict[str, Any]:
@@ -335,6 +336,8 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     spec = json.loads(Path(argv[0]).read_text())
+    for var in harness.OFFLINE_ENV:  # no network in a run (sandbox/harness.py main)
+        os.environ.setdefault(var, "1")
     # The result goes back on the parent's pipe (as the harness's does), never through a file in the run
     # folder: the parent reads nothing the model's code could have planted there.
     fd = os.environ.pop(RESULT_FD_ENV, None)

@@ -7,7 +7,6 @@ clock lives here. Contract: docs/architecture.md ("Harness contract").
 
 from __future__ import annotations
 
-import copy
 import hashlib
 import importlib
 import json
@@ -21,45 +20,22 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+from sandbox.model_build import (  # noqa: F401  (re-exported: the bench, run.py's tests and serve_ref use them)
+    MODEL_PACKAGE,
+    _hub_offline,
+    _load_attr,
+    build_model,
+    load_config,
+    register_model_package,
+    with_generation_mixin,
+)
 from sandbox.model_inputs import (  # one seeding for the harness, the bench and run.py
     marked_uninitialised,
     seed_parameters,
 )
 
 MAX_STUB_RETRIES = 8
-
-
-MODEL_PACKAGE = "npuport_model"  # the synthetic package the model folder is imported as
-
-
-def register_model_package(model_dir: Path) -> None:
-    """Import the model folder as a package, as transformers' dynamic module loader does, so that its
-    modules' relative imports (``from .configuration_x import XConfig``) resolve. Absolute imports
-    still work through sys.path."""
-    pkg = ModuleType(MODEL_PACKAGE)
-    pkg.__path__ = [str(model_dir)]
-    pkg.__file__ = str(model_dir / "__init__.py")
-    pkg.__package__ = MODEL_PACKAGE
-    sys.modules[MODEL_PACKAGE] = pkg
-
-
-def _load_attr(spec: str, model_dir: Path) -> Any:
-    module_name, _, attr = spec.partition(":")
-    if not attr:
-        module_name, _, attr = spec.rpartition(".")
-    in_model = _module_in(model_dir, module_name)
-    if in_model and MODEL_PACKAGE not in sys.modules:
-        register_model_package(model_dir)
-    module = importlib.import_module(f"{MODEL_PACKAGE}.{module_name}" if in_model else module_name)
-    obj: Any = module
-    for part in attr.split("."):
-        obj = getattr(obj, part)
-    return obj
-
-
-def _module_in(model_dir: Path, module_name: str) -> bool:
-    base = model_dir / Path(*module_name.split("."))
-    return base.with_suffix(".py").is_file() or (base / "__init__.py").is_file()
+OFFLINE_ENV = ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_DATASETS_OFFLINE")
 
 
 def _import_with_stubs(fn: Any, redirect: bool, stubbed: list[str]) -> Any:
@@ -211,98 +187,11 @@ def _to_device(value: Any, device: str) -> Any:
     return value
 
 
-def load_config(model_dir: Path, manifest: dict[str, Any], spec: dict[str, Any],
-                build: Any = None) -> tuple[dict[str, Any], list[str]]:
-    """config.json as a dict; under ``shrink`` a derived small config (sandbox/shrink.py) with the
-    manifest's ``shrink:`` overrides on top, and the list of what was shrunk; with ``build`` (config ->
-    model) the one the model's constructor accepts (sandbox/shrink_fit.py). Without ``shrink``, a
-    config too large for this machine's memory is refused with a message naming --shrink."""
-    from sandbox.cuda_only import kernel_flags_off
-    from sandbox.shrink import estimate_params, shrink_config
-
-    config: dict[str, Any] = json.loads((model_dir / manifest.get("config", "config.json")).read_text())
-    flags = kernel_flags_off(config)  # "flash_attn": true names a kernel neither the CPU nor Ascend has
-    # The manifest's config_overrides hold for every run (a quantization switch turned off: agents/reading/quant_path.py)
-    extra = {**(manifest.get("config_overrides") or {}), **(spec.get("config_overrides") or {})}
-    changes: list[str] = []
-    if spec.get("shrink") and build is not None:
-        from sandbox.shrink_fit import fit_to_constructor
-
-        small, changes = fit_to_constructor(build, config, manifest.get("shrink") or {}, model_dir, extra)
-        return small, [*flags, *changes]
-    if spec.get("shrink"):
-        config, changes = shrink_config(config, manifest.get("shrink") or {}, model_dir)
-        changes = [*flags, *changes]
-    else:
-        changes = flags
-        params = estimate_params(config)
-        need = params * 4  # built in float32 before any dtype cast
-        avail = _available_memory()
-        if avail and need > 0.8 * avail:
-            raise MemoryError(f"the model's config describes about {params / 1e9:.2f}B parameters "
-                              f"({need / 2**30:.1f} GiB in float32) but {avail / 2**30:.1f} GiB of memory is "
-                              "available: rerun with --shrink (a small config derived from config.json, random "
-                              "weights)")
-    config.update(extra)
-    return config, changes
-
-
-def _available_memory() -> int | None:
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return None
-
-
-def _auto_ref(value: Any) -> str | None:
-    if isinstance(value, list | tuple):
-        value = next((v for v in value if v), None)
-    if not isinstance(value, str) or "." not in value:
-        return None
-    module, _, name = value.split("--", 1)[-1].rpartition(".")
-    return f"{module}:{name}"
-
-
-def build_model(cls: Any, config: dict[str, Any], model_dir: Path) -> Any:
-    """Build the model as transformers does for remote code: the config through config.json's
-    ``auto_map["AutoConfig"]`` (else the class's own ``config_class``) into its PretrainedConfig
-    class, then ``cls._from_config``; a plain nn.Module gets the dict (``cls(config)``)."""
-    auto = config.get("auto_map") if isinstance(config.get("auto_map"), dict) else {}
-    ref = _auto_ref(auto.get("AutoConfig")) if auto else None
-    config_cls: Any = _load_attr(ref, model_dir) if ref else None
-    if config_cls is None:
-        candidate = getattr(cls, "config_class", None)
-        if isinstance(candidate, type) and hasattr(candidate, "from_dict"):
-            config_cls = candidate
-    if config_cls is None:
-        return cls(config)
-    # from a copy, as from_dict builds from the file each time: a config class may pop its sub-config dicts
-    config_obj = config_cls(**copy.deepcopy(config))
-    if hasattr(cls, "_from_config"):
-        return with_generation_mixin(cls)._from_config(config_obj)
-    return cls(config_obj)
-
-
-def with_generation_mixin(cls: Any) -> Any:
-    """The class as transformers' Auto classes hand out remote code (``trust_remote_code=True``): a
-    generative PreTrainedModel that relied on inheriting generate (it defines its own
-    prepare_inputs_for_generation or generate) gets GenerationMixin among its bases, the way the model's
-    authors loaded it (``auto_factory.add_generation_mixin_to_remote_model``, transformers >= 4.45)."""
-    try:
-        from transformers.models.auto.auto_factory import add_generation_mixin_to_remote_model
-    except ImportError:  # older releases: PreTrainedModel itself inherits GenerationMixin
-        return cls
-    return add_generation_mixin_to_remote_model(cls)
-
-
 def model_inputs_for(model: Any, manifest: dict[str, Any], model_dir: Path, config: dict[str, Any], seed: int,
                      run_kwargs: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
     """(inputs, generate kwargs the inputs' source passed, {source, notes}): the manifest's inputs
     function, else the model's own preprocessing path, else inputs synthesised from the signature."""
-    from sandbox.model_inputs import PreprocessingFailed, capture_preprocessed_inputs, synthesise_inputs
+    from sandbox.model_inputs import PreprocessingFailed, capture_preprocessed, synthesise_inputs
 
     run_cfg = manifest.get("run") or {}
     if manifest.get("inputs"):
@@ -311,15 +200,24 @@ def model_inputs_for(model: Any, manifest: dict[str, Any], model_dir: Path, conf
     notes: list[str] = []
     if run_cfg.get("preprocess"):
         try:
-            inputs, kwargs, notes = capture_preprocessed_inputs(
-                model, run_cfg["preprocess"], model_dir, config, seed,
-                max_new_tokens=int(run_kwargs.get("max_new_tokens") or 8))
-            return inputs, kwargs, {"source": "preprocess", "notes": notes}
+            got = capture_preprocessed(model, run_cfg["preprocess"], model_dir, config, seed,
+                                       max_new_tokens=int(run_kwargs.get("max_new_tokens") or 8))
+            # a model that generates through a submodule (its language model): the run calls that generate
+            return got.inputs, got.kwargs, {"source": "preprocess", "notes": got.notes,
+                                            **({"method": got.method} if got.method else {})}
         except PreprocessingFailed as exc:
             notes = [f"the model's preprocessing path could not be driven ({exc}); inputs synthesised instead"]
     inputs = synthesise_inputs(model, run_cfg.get("method", "generate"), config, seed)
     notes.append("inputs synthesised from the run method's signature: " + ", ".join(sorted(inputs)))
     return inputs, {}, {"source": "synthesised", "notes": notes}
+
+
+def _method(model: Any, path: str) -> Any:
+    """``generate``, or a submodule's (``language_model.generate``) that the preprocessing path called."""
+    obj = model
+    for part in path.split("."):
+        obj = getattr(obj, part)
+    return obj
 
 
 def new_token_count(row: list[int], input_ids: Any) -> int:
@@ -334,6 +232,28 @@ def new_token_count(row: list[int], input_ids: Any) -> int:
 
 def _digest_tokens(tokens: list[list[int]]) -> str:
     return hashlib.sha256(json.dumps(tokens).encode()).hexdigest()[:16]
+
+
+def _record_output(outputs: dict[str, Any], output: Any, raw_inputs: dict[str, Any], spec: dict[str, Any]) -> None:
+    """Greedy token ids (a generate call); else a forward's named floating outputs, saved at the spec's
+    ``outputs_path`` for the validator (an encoder is validated on them, sandbox/run_outputs.py)."""
+    from sandbox import run_outputs
+
+    tokens = run_outputs.token_ids(output)
+    tensors = run_outputs.named_outputs(output) if tokens is None else {}
+    if tensors:
+        kept = run_outputs.kept_for_comparison(tensors)
+        outputs.update(tokens=None, tensors=run_outputs.describe(kept), digest=run_outputs.digest(kept), new_tokens=0)
+        if spec.get("outputs_path"):
+            import torch
+
+            torch.save(kept, spec["outputs_path"])
+        return
+    if tokens is None:  # neither ids nor tensors (a custom generate's own structure): kept as it came
+        tokens = output
+    outputs["tokens"] = tokens
+    outputs["digest"] = _digest_tokens(tokens)
+    outputs["new_tokens"] = sum(new_token_count(row, raw_inputs.get("input_ids")) for row in tokens)
 
 
 def _synchronize(device: str) -> None:
@@ -365,6 +285,7 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
     warnings.showwarning = record_warning  # type: ignore[assignment]
     warnings.simplefilter("default")
     bootstrap: ModuleType | None = None
+    offline: Any = None
     t0 = time.perf_counter()
     try:
         if spec.get("threads"):
@@ -387,6 +308,7 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
         stubbed: list[str] = result["stubbed_modules"]
         redirect_on = bool(redirect_to)
         cls = _import_with_stubs(lambda: _load_attr(manifest["entry"]["class"], model_dir), redirect_on, stubbed)
+        offline = _hub_offline(model_dir, manifest, spec)  # sub-models fetched from the Hub, built offline
         config, shrunk = load_config(model_dir, manifest, spec, lambda c: _import_with_stubs(
             lambda: build_model(cls, c, model_dir), redirect_on, stubbed))
         result["config_changes"] = shrunk
@@ -400,7 +322,10 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
 
         # a weight init that reshapes a parameter a checkpoint would not (it runs only for missing weights)
         shrunk += restore_constructor_shapes(model, constructor_shapes(cls, lambda: build_model(cls, config, model_dir)))
-        seed_parameters(model, seed)
+        if materialised := seed_parameters(model, seed):
+            result.setdefault("built_offline", []).append(
+                "weights the model's code leaves on the meta device for its checkpoint to fill (built under "
+                f"init_empty_weights: {', '.join(materialised)}) are materialised on the CPU and seeded like the rest")
         model.eval()
         if spec.get("dtype"):
             model.to(getattr(torch, spec["dtype"]))
@@ -411,7 +336,7 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
         raw_inputs, source_kwargs, result["inputs"] = model_inputs_for(model, manifest, model_dir, config, seed, kwargs)
         kwargs = {**source_kwargs, **kwargs}  # npuport's run kwargs (greedy, N new tokens) decide decoding
         inputs = {k: _to_device(v, device) for k, v in raw_inputs.items()}
-        method = getattr(model, run_cfg.get("method", "generate"))
+        method = _method(model, result["inputs"].get("method") or run_cfg.get("method", "generate"))
         if bootstrap is not None and hasattr(bootstrap, "begin_step"):
             _bracket_steps(model, run_cfg.get("step"), bootstrap)
         captured: dict[str, Any] = {}
@@ -434,15 +359,10 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
         for h in handles:
             h.remove()
         result["timings"]["run_s"] = run_s
-        if isinstance(output, dict):
-            output = output.get("tokens", output.get("sequences"))
-        tokens = output.detach().to("cpu").tolist() if isinstance(output, torch.Tensor) else output
-        result["outputs"]["tokens"] = tokens
-        result["outputs"]["digest"] = _digest_tokens(tokens)
-        result["outputs"]["new_tokens"] = sum(new_token_count(row, raw_inputs.get("input_ids")) for row in tokens)
+        _record_output(result["outputs"], output, raw_inputs, spec)
         if manifest.get("decode"):
             decode = _load_attr(manifest["decode"], model_dir)
-            result["outputs"]["text"] = [decode(config, row) for row in tokens]
+            result["outputs"]["text"] = [decode(config, row) for row in result["outputs"].get("tokens") or []]
         if profiler is not None:
             result["profile"] = profiler.report()
         if bootstrap is not None and hasattr(bootstrap, "op_report"):
@@ -462,6 +382,8 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
         }
     finally:
         warnings.showwarning = original_showwarning  # type: ignore[assignment]
+        if offline is not None and offline.notes:
+            result["built_offline"] = [*offline.notes, *result.get("built_offline", [])]
         if bootstrap is not None and hasattr(bootstrap, "op_report") and not result["op_stats"]:
             try:
                 result["op_stats"] = bootstrap.op_report()
@@ -475,6 +397,10 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     spec = json.loads(Path(argv[0]).read_text())
+    # A run has no network: the Hub libraries are told so before they are imported, so a model or processor
+    # that names a Hub id fails at once (and sandbox/hub_offline.py builds it) instead of retrying for minutes.
+    for var in OFFLINE_ENV:
+        os.environ.setdefault(var, "1")
     channel = None
     fd = os.environ.pop("HARNESS_RESULT_FD", None)
     if spec.get("result_channel") and fd is None:

@@ -114,6 +114,7 @@ def run_harness(
         "repeats": 1,
         "result_channel": True,  # the result comes back on a pipe; its fd number is in HARNESS_RESULT_FD
         "capture_path": str((run_dir / "capture.pt").resolve()),
+        "outputs_path": str((run_dir / "outputs.pt").resolve()),  # a forward's outputs (an encoder's validation)
         # NPUPORT_PROFILE=0 turns the decode profile off (bench/profile_overhead.py's baseline).
         "profile": settings().profile,
     }

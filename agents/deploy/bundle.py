@@ -66,7 +66,8 @@ def write_deploy_bundle(state: dict[str, Any], out_dir: Path) -> dict[str, str]:
     manifest = state.get("entry") or {}
     files["run_py"] = _write(out_dir / "run.py", runscript.render_run_py(tuning.get("best") or {}, target, manifest,
                                                                          req.model_dump()), True)
-    files["model_inputs_py"] = _write(out_dir / "model_inputs.py", runscript.model_inputs_source())
+    for fname, text in runscript.model_inputs_sources().items():  # model_inputs.py and the modules it imports
+        files[fname.replace(".", "_")] = _write(out_dir / fname, text)
     if req.shrink and model_dir is not None:
         # The exact small config the port was validated with; run.py uses it by default.
         from sandbox.shrink import shrink_config
@@ -92,7 +93,13 @@ def write_deploy_bundle(state: dict[str, Any], out_dir: Path) -> dict[str, str]:
         files["requirements"] = _write(out_dir / "requirements.txt", req_txt)
         files["constraints"] = _write(out_dir / "constraints.txt", con_txt)
     files.update(plots.write_plots(tuning, out_dir / "plots", name))
-    if serve_report.serving_requested(state) and state.get("workdir"):
+    if serve_report.serving_requested(state) and state.get("workdir") and manifest.get("run", {}).get("method") not in (
+            None, "generate"):
+        files["deployment_json"] = _write(out_dir / "deployment.json", json.dumps(
+            {"status": "not served", "error": "the model has no generate (validated on its forward outputs): vLLM's "
+                                              "generation serving and its token check do not apply; serve.sh is "
+                                              "written, not exercised"}, indent=1))
+    elif serve_report.serving_requested(state) and state.get("workdir"):
         from agents.deploy.serving import exercise
         from agents.workspace import Workspace
 

@@ -36,6 +36,7 @@ import yaml
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 import model_inputs  # noqa: E402  (npuport's inputs module, shipped beside this script)
+import run_outputs  # noqa: E402  (what a run returned: token ids, or a forward's outputs)
 
 sys.dont_write_bytecode = True  # keep ./patched byte-identical to what port.patch yields
 TUNED = json.loads(__TUNED__)  # the tuned configuration (see report.md)
@@ -145,6 +146,7 @@ def main():
     run = manifest.get("run") or {}
     kwargs = dict(run.get("kwargs") or {})
     source_kwargs = {}  # generate arguments the model's preprocessing path passed (not decoding controls)
+    method_path = [run.get("method", "generate")]  # a submodule's generate when the path called that one
     if manifest.get("inputs"):
         inputs_fn = load_attr(manifest["inputs"], model_dir)
     else:
@@ -153,10 +155,11 @@ def main():
             # inputs synthesised from the signature (model_inputs.py, shipped beside this script)
             if run.get("preprocess"):
                 try:
-                    inputs, extra, _ = model_inputs.capture_preprocessed_inputs(
+                    got = model_inputs.capture_preprocessed(
                         model, run["preprocess"], model_dir, config, seed, int(kwargs.get("max_new_tokens") or 8))
-                    source_kwargs.update(extra)
-                    return inputs
+                    source_kwargs.update(got.kwargs)
+                    method_path[0] = got.method or method_path[0]
+                    return got.inputs
                 except model_inputs.PreprocessingFailed as exc:
                     print(f"preprocessing path not usable ({exc}); synthesising inputs", file=sys.stderr)
             return model_inputs.synthesise_inputs(model, run.get("method", "generate"), config, seed)
@@ -168,7 +171,9 @@ def main():
             inputs[key] = to_device(torch.cat([p[key] for p in per], dim=0), device, getattr(torch, args.dtype))
         else:  # nested inputs (a list of image tuples, a dict): the first request's
             inputs[key] = to_device(first, device, getattr(torch, args.dtype))
-    method = getattr(model, run.get("method", "generate"))
+    method = model
+    for part in method_path[0].split("."):
+        method = getattr(method, part)
     times, out = [], None
     with torch.no_grad():
         method(**inputs, **kwargs)  # warm-up
@@ -178,6 +183,13 @@ def main():
             if device.startswith("npu"):
                 torch.npu.synchronize()
             times.append(time.perf_counter() - t0)
+    if run_outputs.token_ids(out) is None and run_outputs.named_outputs(out):  # a forward (an encoder)
+        for name, t in run_outputs.named_outputs(out).items():
+            print(f"output {name}: shape {tuple(t.shape)} dtype {str(t.dtype).removeprefix('torch.')} "
+                  f"mean {float(t.float().mean()):.6f} std {float(t.float().std()):.6f}")
+        print(f"target {args.target} batch {args.batch} dtype {args.dtype} threads {torch.get_num_threads()}: "
+              f"forward in {min(times) * 1000:.1f} ms (best of {len(times)})")
+        return
     tokens = out.tolist() if isinstance(out, torch.Tensor) else out
     decode = load_attr(manifest["decode"], model_dir) if manifest.get("decode") else None
     for i, row in enumerate(tokens):
@@ -218,8 +230,19 @@ def render_run_py(tuned: dict[str, Any], target: str, manifest: dict[str, Any] |
             .replace("__CHOICES__", ", ".join(sorted(table))))
 
 
+# npuport's inputs modules (sandbox/), shipped beside run.py: they import nothing of npuport but each other.
+BUNDLED_MODULES = ("model_inputs", "inputs_base", "stand_in_tokenizer", "processor_inputs", "generate_capture",
+                   "run_outputs")
+
+
 def model_inputs_source() -> str:
     """The text of model_inputs.py for the bundle: npuport's own module, which imports nothing of npuport."""
-    from sandbox import model_inputs
+    return model_inputs_sources()["model_inputs.py"]
 
-    return Path(model_inputs.__file__).read_text(encoding="utf-8")
+
+def model_inputs_sources() -> dict[str, str]:
+    """file name -> text of every module run.py imports from beside it (model_inputs.py and its siblings)."""
+    import sandbox
+
+    root = Path(sandbox.__file__).parent
+    return {f"{m}.py": (root / f"{m}.py").read_text(encoding="utf-8") for m in BUNDLED_MODULES}

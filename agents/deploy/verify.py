@@ -108,12 +108,17 @@ def _spec(report: dict[str, Any], ws: Workspace, target: Target, limits: Limits)
 
 
 def _tokens_claim(report: dict[str, Any], ws: Workspace, target: Target, limits: Limits) -> tuple[Claim, list[list[int]] | None]:
+    from agents.validation.reference import adjust_tree, reference_dir
+
     claimed = (report.get("numerics") or {}).get("port_tokens")
-    original = ws.root / "original"
-    ws.original_tree(original)
+    original = reference_dir(ws)
+    if any(r.get("reference_adjusted") for r in report.get("runs") or []):
+        adjust_tree(original)  # the switch-only fix the port's reference got (the report lists it)
     spec = _spec(report, ws, target, limits)
     ref = spec.as_reference(original).replace(capture=()).harness(ws.runs_dir / "verify-reference")
     port = spec.harness(ws.runs_dir / "verify-port")
+    if (report.get("numerics") or {}).get("compared") == "outputs":
+        return _outputs_claim(report, ref, port), None
     ref_t = (ref.result.get("outputs") or {}).get("tokens") if ref.ok else None
     port_t = (port.result.get("outputs") or {}).get("tokens") if port.ok else None
     if ref_t is None or port_t is None:
@@ -127,6 +132,19 @@ def _tokens_claim(report: dict[str, Any], ws: Workspace, target: Target, limits:
               if ok else f"port {port_t}, original {ref_t}, report {claimed}")  # a disagreement shows every id
     return Claim(name="tokens match", verdict="agree" if ok else "disagree", claimed=claimed, observed=port_t,
                  detail=detail), ref_t
+
+
+def _outputs_claim(report: dict[str, Any], ref: Any, port: Any) -> Claim:
+    """A model validated on its forward outputs (an encoder): both verify runs' outputs compared again,
+    within the tolerance the port was held to."""
+    from agents.runs import record_of
+    from agents.validation.compare import compare_outputs
+
+    dtype = ((report.get("numerics") or {}).get("metrics") or {}).get("dtype") or "float32"
+    now = compare_outputs(record_of(port, "verify-port", "verify", "port"),
+                          record_of(ref, "verify-reference", "verify", "reference"), dtype)
+    return Claim(name="forward outputs match", verdict="agree" if now.verdict == "match" else "disagree",
+                 claimed="match", observed=now.verdict, detail=now.detail)
 
 
 def _perf_claim(report: dict[str, Any], ws: Workspace) -> Claim:

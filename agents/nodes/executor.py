@@ -24,7 +24,9 @@ def executor_node(state: dict[str, Any]) -> dict[str, Any]:
     counters["port_runs"] = n
     if rec.ok:
         text = (run.result.get("outputs") or {}).get("text")
-        summary = f"{run_id} on {target.name}: ok in {rec.wall_s:.1f} s, tokens {token_summary(rec.tokens)}" + (f" {text!r}" if text else "")
+        produced = (f"tokens {token_summary(rec.tokens)}" if rec.tokens is not None or not rec.output_tensors else
+                    "outputs " + ", ".join(f"{k} {tuple(v.get('shape') or [])}" for k, v in rec.output_tensors.items()))
+        summary = f"{run_id} on {target.name}: ok in {rec.wall_s:.1f} s, {produced}" + (f" {text!r}" if text else "")
     else:
         exc = rec.exception
         where = next((f"{f.file}:{f.line}" for f in reversed(exc.frames) if f.in_model), "") if exc else ""

@@ -9,7 +9,14 @@ from agents.models import Numerics, RunRecord
 from agents.report.sites import port_site
 from agents.request import request_of
 from agents.trace import step
-from agents.validation.compare import compare_tokens, reference_run, self_disagreement, with_metrics
+from agents.validation.compare import (
+    compare_outputs,
+    compare_tokens,
+    compared_outputs,
+    reference_run,
+    self_disagreement,
+    with_metrics,
+)
 from agents.validation.perf_evidence import analyse, profile_of, verdict
 
 
@@ -20,9 +27,9 @@ def validator_node(state: dict[str, Any]) -> dict[str, Any]:
     new_runs: list[dict[str, Any]] = []
     counters = dict(state.get("counters") or {})
     if ref_dict is None:
-        ref = reference_run(state)
+        ref, made = reference_run(state)
         new_runs.append(ref.model_dump(mode="json"))
-        counters["reference_runs"] = counters.get("reference_runs", 0) + 1
+        counters["reference_runs"] = counters.get("reference_runs", 0) + made
     else:
         ref = RunRecord(**ref_dict)
     if not ref.ok:
@@ -30,16 +37,19 @@ def validator_node(state: dict[str, Any]) -> dict[str, Any]:
         detail = f"the original could not run under the device redirect: {exc.type}: {exc.message[:200]}" if exc else "reference failed"
         numerics = Numerics(verdict="not-run", detail=detail)
     else:
-        numerics = compare_tokens(ref.tokens, port.tokens)
         from agents.rules.h12_half_precision import port_compute_dtype
 
         # a port that keeps float16 (the chip's cast policy) is held to float16's tolerance
-        numerics = with_metrics(numerics, port, ref, port_compute_dtype(state))
+        dtype = port_compute_dtype(state)
+        # a model without generate (an encoder) is validated on its forward outputs, within that tolerance
+        numerics = compare_outputs(port, ref, dtype) if compared_outputs(port, ref) else compare_tokens(ref.tokens,
+                                                                                                           port.tokens)
+        numerics = with_metrics(numerics, port, ref, dtype)
         if numerics.verdict == "mismatch" and not any(r["id"] == "reference-2" for r in runs):
             # Before the port is blamed: does the original agree with itself? (once per port)
-            again = reference_run(state, "reference-2")
+            again, made = reference_run(state, "reference-2")
             new_runs.append(again.model_dump(mode="json"))
-            counters["reference_runs"] = counters.get("reference_runs", 0) + 1
+            counters["reference_runs"] = counters.get("reference_runs", 0) + made
             numerics = self_disagreement(ref, again) or numerics
     # Decode profiles of the same two runs (sandbox/profile.py) -> performance pathologies.
     perf = analyse(profile_of(port.result_path), profile_of(ref.result_path) if ref.ok else None)
@@ -47,5 +57,6 @@ def validator_node(state: dict[str, Any]) -> dict[str, Any]:
         p["user_where"] = port_site(p.get("where"), state.get("workdir"), request_of(state).model_path)
     perf_note = f"; {verdict('validated', perf)}" if numerics.verdict == "match" else ""
     return {"numerics": numerics.model_dump(mode="json"), "runs": new_runs, "counters": counters, "perf": perf,
-            "trace": [step("validator", f"{numerics.verdict}: {numerics.detail} (reference {ref.tokens}, "
-                                        f"port {port.tokens}){perf_note}")]}
+            "trace": [step("validator", f"{numerics.verdict}: {numerics.detail}"
+                                        + (f" (reference {ref.tokens}, port {port.tokens})" if numerics.compared == "tokens"
+                                           else "") + perf_note)]}

@@ -12,28 +12,30 @@ Model code is only parsed with ``ast``, never imported: it may need CUDA or be h
 
 from __future__ import annotations
 
-import ast
-import json
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from agents.reading.entry_run import _find_inputs, _preprocessing_method, _run_method
+from agents.reading.entry_source import (  # noqa: F401  (MANIFEST_NAME, AUTO_MAP_PREFERENCE: the entry's names)
+    AUTO_MAP_PREFERENCE,
+    MANIFEST_NAME,
+    NOT_MODEL_AUTO_KEYS,
+    _auto_map_key,
+    _check_class,
+    _check_function,
+    _module_classes,
+    _package_classes,
+    _parse,
+    _python_files,
+    _read_config,
+    _split_auto_ref,
+)
 from agents.reading.quant_path import quantized_path
 from knowledge.errors import EntryNotFound, ManifestError
-from sandbox.model_inputs import PROCESSOR_FILES, PROCESSOR_PATH, TOKENIZER_FILES
 
-MANIFEST_NAME = "npuport.yaml"
-# auto_map keys tried in order; the first the config names wins.
-AUTO_MAP_PREFERENCE = ("AutoModelForCausalLM", "AutoModelForVision2Seq", "AutoModelForImageTextToText",
-                       "AutoModelForSeq2SeqLM", "AutoModel")
-NOT_MODEL_AUTO_KEYS = ("AutoConfig", "AutoTokenizer", "AutoProcessor", "AutoImageProcessor",
-                       "AutoFeatureExtractor", "AutoVideoProcessor")
-INPUT_FN_NAMES = ("make_inputs", "sample_inputs", "get_inputs", "example_inputs")
-MODULE_BASES = {"Module", "PreTrainedModel", "GenerationMixin"}
-SKIP_DIRS = {".git", "__pycache__", ".venv", "venv", "env", "node_modules", "site-packages", "tests", "test"}
 DEFAULT_RUN_KWARGS: dict[str, Any] = {"max_new_tokens": 8}
 
 
@@ -197,7 +199,7 @@ def _from_auto_map(root: Path, config: dict[str, Any]) -> EntryInfo:
         cls = quant.float_class
     if quant is not None:
         assumptions.append(quant.assumption())
-    method = _run_method(tree, cls, assumptions, _package_classes(root, tree, module_file))
+    method = _run_method(tree, cls, assumptions, _package_classes(root, tree, module_file), auto_key=key)
     inputs, decode = _find_inputs(root, assumptions, synthesise=True)
     preprocess = _preprocessing_method(root, cls, _package_classes(root, tree, module_file), assumptions) \
         if inputs is None else None
@@ -254,293 +256,3 @@ def _generated(root: Path, py_files: list[Path], config: dict[str, Any] | None) 
                      config_path=config_path, inputs_fn=inputs, decode_fn=decode, run_method=method,
                      run_kwargs=dict(DEFAULT_RUN_KWARGS) if method == "generate" else {}, run_preprocess=preprocess,
                      assumptions=assumptions)
-
-
-# ----------------------------------------------------------------------------------------------
-# Helpers
-# ----------------------------------------------------------------------------------------------
-
-def _python_files(root: Path) -> list[Path]:
-    out = []
-    for p in sorted(root.rglob("*.py")):
-        rel = p.relative_to(root).parts
-        if any(part in SKIP_DIRS or part.endswith(".egg-info") for part in rel[:-1]):
-            continue
-        if rel[-1].startswith("test_") or rel[-1] in ("conftest.py", "setup.py"):
-            continue
-        out.append(p)
-    return out
-
-
-def _read_config(path: Path) -> dict[str, Any]:
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as exc:
-        raise EntryNotFound(f"{path.name} is not valid JSON (line {exc.lineno}: {exc.msg})") from exc
-    if not isinstance(data, dict):
-        raise EntryNotFound(f"{path.name} must hold a JSON object")
-    return data
-
-
-def _auto_map_key(auto: dict[str, Any]) -> str | None:
-    for key in AUTO_MAP_PREFERENCE:
-        if auto.get(key):
-            return key
-    return next((k for k, v in auto.items() if k.startswith("AutoModel") and v and k not in NOT_MODEL_AUTO_KEYS),
-                None)
-
-
-def _split_auto_ref(value: Any, key: str) -> tuple[str, str]:
-    """'modeling_x.Class' (or 'user/repo--modeling_x.Class', or a list of such) -> (module, class)."""
-    if isinstance(value, list | tuple):
-        value = next((v for v in value if v), None)
-    if not isinstance(value, str) or "." not in value:
-        raise EntryNotFound(f"config.json auto_map[{key!r}] should be 'module.Class', got {value!r}")
-    value = value.split("--", 1)[-1]
-    module, _, cls = value.rpartition(".")
-    return module, cls
-
-
-def _module_file(root: Path, module: str) -> Path | None:
-    base = root / Path(*module.split("."))
-    for candidate in (base.with_suffix(".py"), base / "__init__.py"):
-        if candidate.is_file():
-            return candidate
-    return None
-
-
-def _parse(path: Path, root: Path) -> ast.Module:
-    rel = path.relative_to(root).as_posix()
-    try:
-        return ast.parse(path.read_text(encoding="utf-8"), filename=rel)
-    except SyntaxError as exc:
-        raise EntryNotFound(f"syntax error in the model: {rel}:{exc.lineno}: {exc.msg}") from exc
-    except UnicodeDecodeError as exc:
-        raise EntryNotFound(f"{rel} is not UTF-8 text") from exc
-
-
-def _check_class(root: Path, module: str, cls: str, *, field: str, manifest: bool = True) -> str:
-    """The module file (posix, relative) after checking it defines or imports cls."""
-    prefix = f"{MANIFEST_NAME}: {field}" if manifest else field
-    path = _module_file(root, module)
-    if path is None:
-        raise (ManifestError if manifest else EntryNotFound)(f"{prefix}: no module {module} "
-                                                             f"({module.replace('.', '/')}.py) under the model root")
-    tree = _parse(path, root)
-    rel = path.relative_to(root).as_posix()
-    if cls not in _top_level_names(tree):
-        raise (ManifestError if manifest else EntryNotFound)(f"{prefix}: {rel} has no class {cls}")
-    return rel
-
-
-def _check_function(root: Path, module: str, fn: str, *, field: str) -> None:
-    path = _module_file(root, module)
-    if path is None:
-        raise ManifestError(f"{MANIFEST_NAME}: {field}: no module {module} ({module.replace('.', '/')}.py)")
-    if fn not in _top_level_names(_parse(path, root)):
-        raise ManifestError(f"{MANIFEST_NAME}: {field}: {path.relative_to(root).as_posix()} has no function {fn}")
-
-
-def _top_level_names(tree: ast.Module) -> set[str]:
-    """Names a module defines or imports at top level (classes, functions, assignments)."""
-    names: set[str] = set()
-    for node in tree.body:
-        if isinstance(node, ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef):
-            names.add(node.name)
-        elif isinstance(node, ast.Import | ast.ImportFrom):
-            names |= {(a.asname or a.name).split(".")[0] for a in node.names}
-        elif isinstance(node, ast.Assign):
-            names |= {t.id for t in node.targets if isinstance(t, ast.Name)}
-    return names
-
-
-def _package_classes(root: Path, tree: ast.Module, module_file: str) -> dict[str, ast.ClassDef]:
-    """Top-level classes of a module and of the modules it imports relatively (``from .x import Base``),
-    transitively: a remote-code model's bases often live in a sibling module."""
-    classes: dict[str, ast.ClassDef] = {}
-    seen: set[str] = set()
-    todo: list[tuple[ast.Module, str]] = [(tree, module_file)]
-    while todo:
-        mod_tree, rel = todo.pop()
-        if rel in seen:
-            continue
-        seen.add(rel)
-        for node in mod_tree.body:
-            if isinstance(node, ast.ClassDef):
-                classes.setdefault(node.name, node)
-            elif isinstance(node, ast.ImportFrom) and node.level == 1 and node.module:
-                path = _module_file(root, node.module)
-                if path is not None and path.relative_to(root).as_posix() not in seen:
-                    try:
-                        todo.append((_parse(path, root), path.relative_to(root).as_posix()))
-                    except EntryNotFound:
-                        continue
-    return classes
-
-
-def _run_method(tree: ast.Module, cls: str, assumptions: list[str],
-                classes: dict[str, ast.ClassDef] | None = None) -> str:
-    classes = classes or {n.name: n for n in tree.body if isinstance(n, ast.ClassDef)}
-    for _, node in _local_hierarchy(classes, cls):
-        if any(isinstance(b, ast.FunctionDef) and b.name == "generate" for b in node.body):
-            return "generate"
-        for b in node.bases:
-            base = _base_name(b)
-            if base.endswith(("PreTrainedModel", "GenerationMixin")) and base not in classes:
-                assumptions.append(f"{cls} inherits generate from transformers ({base}); HF generate returns "
-                                   "the prompt and the new tokens")
-                return "generate"
-    assumptions.append(f"{cls} has no generate: runs forward, whose output is not greedy token ids")
-    return "forward"
-
-
-def _local_hierarchy(classes: dict[str, ast.ClassDef], cls: str) -> Iterator[tuple[str, ast.ClassDef]]:
-    """``cls`` and its base classes defined in the model's own files (each once), nearest first."""
-    seen: set[str] = set()
-    todo = [cls]
-    while todo:
-        name = todo.pop().rsplit(".", 1)[-1]
-        node = classes.get(name)
-        if node is None or name in seen:
-            continue
-        seen.add(name)
-        yield name, node
-        todo += [_base_name(b) for b in reversed(node.bases)]
-
-
-def _base_name(node: ast.expr) -> str:
-    if isinstance(node, ast.Name):
-        return node.id
-    if isinstance(node, ast.Attribute):
-        return f"{_base_name(node.value)}.{node.attr}"
-    if isinstance(node, ast.Subscript):
-        return _base_name(node.value)
-    return ""
-
-
-class _ClassInfo(BaseModel):
-    name: str
-    file: str
-    bases: list[str]
-    has_forward: bool
-    has_generate: bool
-    size: int
-    names_used: set[str]
-
-
-def _module_classes(trees: dict[Path, ast.Module], root: Path) -> dict[str, _ClassInfo]:
-    """Top-level classes that are nn.Modules (directly or through a local base) and have a forward."""
-    infos: dict[str, _ClassInfo] = {}
-    for path, tree in trees.items():
-        for node in tree.body:
-            if not isinstance(node, ast.ClassDef):
-                continue
-            methods = {b.name for b in node.body if isinstance(b, ast.FunctionDef | ast.AsyncFunctionDef)}
-            used = {n.id for n in ast.walk(node) if isinstance(n, ast.Name)} | \
-                   {n.attr for n in ast.walk(node) if isinstance(n, ast.Attribute)}
-            infos[node.name] = _ClassInfo(name=node.name, file=path.relative_to(root).as_posix(),
-                                          bases=[_base_name(b) for b in node.bases],
-                                          has_forward="forward" in methods, has_generate="generate" in methods,
-                                          size=(node.end_lineno or node.lineno) - node.lineno, names_used=used)
-
-    def is_module(c: _ClassInfo, seen: frozenset[str] = frozenset()) -> bool:
-        for b in c.bases:
-            last = b.rsplit(".", 1)[-1]
-            if last in MODULE_BASES or last.endswith("PreTrainedModel"):
-                return True
-            local = infos.get(last)
-            if local is not None and last not in seen and is_module(local, seen | {c.name}):
-                return True
-        return False
-
-    def has(c: _ClassInfo, attr: str, seen: frozenset[str] = frozenset()) -> bool:
-        if getattr(c, attr):
-            return True
-        return any(b.rsplit(".", 1)[-1] in infos and b not in seen and has(infos[b.rsplit(".", 1)[-1]], attr,
-                                                                            seen | {c.name}) for b in c.bases)
-
-    out = {}
-    for name, c in infos.items():
-        if is_module(c) and has(c, "has_forward"):
-            out[name] = c.model_copy(update={"has_generate": has(c, "has_generate")})
-    return out
-
-
-INPUTS_HOOK = "npuport_inputs.py"  # the documented inputs hook, looked at first
-PREPROCESS_METHODS = ("infer", "chat", "preprocess", "process_inputs", "prepare_inputs")
-
-
-def _preprocessing_method(root: Path, cls: str, classes: dict[str, ast.ClassDef],
-                          assumptions: list[str]) -> str | None:
-    """The model's own preprocessing path: an infer-style method of the class (or a local base) that
-    takes a tokenizer, else the folder's processor (AutoProcessor) when its files are there. The harness
-    drives it for the inputs (sandbox/model_inputs.py)."""
-    for name, node in _local_hierarchy(classes, cls):
-        for fn in node.body:
-            if isinstance(fn, ast.FunctionDef) and fn.name in PREPROCESS_METHODS and \
-                    any(a.arg == "tokenizer" for a in fn.args.args):
-                have = [f for f in TOKENIZER_FILES if (root / f).is_file()]
-                if have:
-                    tok = f"the folder's tokenizer ({', '.join(have)})"
-                elif (root / "tokenizer_config.json").is_file():
-                    tok = ("the folder's tokenizer if AutoTokenizer loads it from tokenizer_config.json (no "
-                           f"{', '.join(TOKENIZER_FILES)}), else a stand-in tokenizer (character ids, the special "
-                           "tokens of tokenizer_config.json)")
-                else:
-                    tok = (f"a stand-in tokenizer (no {', '.join(TOKENIZER_FILES)} in the folder: character ids, "
-                           "the special tokens of tokenizer_config.json)")
-                assumptions.append(f"inputs come from the model's own preprocessing path {name}.{fn.name}(tokenizer, "
-                                   f"...) ({_rel_of(root, node)}:{fn.lineno}) with {tok}, a test prompt and a test "
-                                   "image: its generate call is intercepted and its arguments are the inputs "
-                                   "(docs/architecture.md, Inputs when the model has none)")
-                return fn.name
-    have_processor = [f for f in PROCESSOR_FILES if (root / f).is_file()]
-    have_tokenizer = [f for f in TOKENIZER_FILES if (root / f).is_file()]
-    if have_processor and have_tokenizer:
-        assumptions.append(f"inputs come from the folder's own processor (AutoProcessor: {', '.join(have_processor)}, "
-                           f"{', '.join(have_tokenizer)}) on a test prompt and a test image, through its chat "
-                           "template when it has one (docs/architecture.md, Inputs when the model has none)")
-        return PROCESSOR_PATH
-    if have_processor:
-        assumptions.append(f"the folder has a processor config ({', '.join(have_processor)}) but no tokenizer file "
-                           f"({', '.join(TOKENIZER_FILES)}), so its processor cannot be loaded; inputs are synthesised")
-    return None
-
-
-def _rel_of(root: Path, node: ast.ClassDef) -> str:
-    for path in _python_files(root):
-        try:
-            tree = ast.parse(path.read_text(encoding="utf-8"))
-        except (SyntaxError, UnicodeDecodeError):
-            continue
-        if any(isinstance(n, ast.ClassDef) and n.name == node.name and n.lineno == node.lineno for n in tree.body):
-            return path.relative_to(root).as_posix()
-    return "?"
-
-
-def _find_inputs(root: Path, assumptions: list[str], synthesise: bool = False) -> tuple[str | None, str | None]:
-    """A sample-inputs function (and decode) in the model's files, by conventional names; the
-    ``npuport_inputs.py`` hook first. None: the harness synthesises inputs from the method's signature."""
-    files = _python_files(root)
-    files.sort(key=lambda p: p.name != INPUTS_HOOK)
-    for path in files:
-        try:
-            tree = ast.parse(path.read_text(encoding="utf-8"))
-        except (SyntaxError, UnicodeDecodeError):
-            continue
-        fns = {n.name for n in tree.body if isinstance(n, ast.FunctionDef)}
-        for fn in INPUT_FN_NAMES:
-            if fn in fns:
-                module = path.relative_to(root).as_posix().removesuffix(".py").replace("/", ".")
-                decode = f"{module}:decode" if "decode" in fns else None
-                assumptions.append(f"sample inputs from {module}:{fn}(config, seed)")
-                return f"{module}:{fn}", decode
-    if synthesise:
-        assumptions.append(f"no sample-inputs function ({', '.join(INPUT_FN_NAMES)}) and no {INPUTS_HOOK}: inputs "
-                           "come from the model's own preprocessing path when it has one, else are synthesised "
-                           "from the run method's signature and the config (token ids within the vocabulary, "
-                           "images of the config's image size)")
-    else:
-        assumptions.append(f"no sample-inputs function ({', '.join(INPUT_FN_NAMES)}) found: inputs must be given "
-                           f"in an {MANIFEST_NAME}")
-    return None, None

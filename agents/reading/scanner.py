@@ -115,6 +115,7 @@ def scan_tree(root: Path, *, include: list[str] | None = None, registry: Registr
     patterns = include or DEFAULT_INCLUDE
     result = ScanResult(root=str(root))
     findings: list[Finding] = []
+    sources: dict[str, str] = {}  # every Python file, for the rules' tree-level passes
     for path, rel in _walk(root, result.skipped):
         if not any(fnmatch.fnmatch(rel, p) or fnmatch.fnmatch(path.name, p) for p in patterns):
             continue
@@ -130,6 +131,7 @@ def scan_tree(root: Path, *, include: list[str] | None = None, registry: Registr
         if _is_test_file(rel):
             result.test_files.append(rel)
         if path.suffix == ".py":
+            sources[rel] = text
             try:
                 findings.extend(scan_source(text, rel, reg))
             except SourceSyntaxError as exc:
@@ -142,6 +144,9 @@ def scan_tree(root: Path, *, include: list[str] | None = None, registry: Registr
             findings.extend(_scan_text(TextFile(rel, path.name, text, reg, kind="model-config"), reg))
         else:
             findings.extend(_scan_text(TextFile(rel, path.name, text, reg), reg))
+    for rule in reg.rules:
+        if rule.refine is not None:
+            findings = rule.refine(findings, sources)
     result.findings = _dedupe_sorted(findings)
     return result
 

@@ -25,6 +25,10 @@ def final_status(state: dict[str, Any]) -> tuple[str, str]:
         if request_of(state).strict_perf and (why := strict_failure(state.get("perf"))):
             return "failed", why
         reason = "the port runs on the target and its greedy tokens match the original"
+        if numerics.get("compared") == "outputs":  # a model without generate (an encoder)
+            dtype = (numerics.get("metrics") or {}).get("dtype") or "float32"
+            reason = (f"the port runs on the target and its forward outputs match the original's within the {dtype} "
+                      "tolerance (the model has no generate: it was validated on its outputs, not greedy tokens)")
         if found := (state.get("perf") or {}).get("pathologies"):
             reason += "; decode profile: " + "; ".join(f"{p['title']} at {shown_where(p)}" for p in found)
         return "validated", reason

@@ -149,6 +149,9 @@ def _summary(report: dict[str, Any]) -> list[str]:
               f"{req.torch_npu}; {counters.get('port_runs', 0)} port + {counters.get('reference_runs', 0)} "
               f"reference run(s) in {report['wall_s']:.0f} s; isolation {_isolation_text(report.get('runs') or [])}",
               f"- **Environment (every run):** {_md_escape(_environment_text(report.get('environment') or {}))}",
+              *([f"- **Reference adjusted:** {len(adj)} switch-only edit(s) to the reference copy, without which the "
+                 "original cannot be built on a host without CUDA; see Validation"] if (adj := reference_adjustments(report))
+                else []),
               "- Every detail (token ids, each edit, each trial) is in `report.json`.", ""]
     return lines
 
@@ -189,10 +192,12 @@ def _findings(report: dict[str, Any]) -> list[str]:
 def _how_run(report: dict[str, Any]) -> list[str]:
     assumptions = (report.get("entry") or {}).get("assumptions") or []
     inputs: dict[str, Any] = next((r["inputs"] for r in report.get("runs") or [] if r.get("inputs")), {})
-    if not (assumptions or inputs):
+    offline: list[str] = next((r["built_offline"] for r in report.get("runs") or [] if r.get("built_offline")), [])
+    if not (assumptions or inputs or offline):
         return []
     return (["## How the model was run (entry, inputs)", ""] + [f"- {_md_escape(a)}" for a in assumptions]
-            + [f"- inputs ({inputs.get('source')}): {_md_escape(n)}" for n in inputs.get("notes") or []] + [""])
+            + [f"- inputs ({inputs.get('source')}): {_md_escape(n)}" for n in inputs.get("notes") or []]
+            + [f"- built offline: {_md_escape(n)}" for n in offline] + [""])
 
 
 def _shrunk(report: dict[str, Any]) -> list[str]:
@@ -242,13 +247,29 @@ def _diagnoses(report: dict[str, Any]) -> list[str]:
                                     for d in diagnoses] + [""]
 
 
+def reference_adjustments(report: dict[str, Any]) -> list[str]:
+    """The switch-only edits the reference copy needed to be built on this host (agents/validation/reference.py)."""
+    return next((r["reference_adjusted"] for r in report.get("runs") or []
+                 if r.get("purpose") == "reference" and r.get("reference_adjusted")), [])
+
+
 def _validation(report: dict[str, Any]) -> list[str]:
     n = report.get("numerics") or {}
     if not n:
         return []
-    return ["## Validation", "", f"- verdict: **{n.get('verdict', 'not-run')}** — {_md_escape(str(n.get('detail', '')))}",
-            f"- reference tokens (original, CPU float32 via device redirect): {token_summary(n.get('reference_tokens'))}",
-            f"- port tokens (on the target): {token_summary(n.get('port_tokens'))} (every id: report.json `numerics`)", ""]
+    lines = ["## Validation", "", f"- verdict: **{n.get('verdict', 'not-run')}** — {_md_escape(str(n.get('detail', '')))}"]
+    if n.get("compared") == "outputs":
+        metrics = n.get("metrics") or {}
+        tol = metrics.get("tolerance") or {}
+        lines.append(f"- compared: the forward outputs (the model has no generate), each tensor against the original's "
+                     f"(CPU float32 via device redirect) within the {metrics.get('dtype', 'float32')} tolerance: cosine >= "
+                     f"{tol.get('min_cosine')}, at most {float(tol.get('max_share_over_1e3') or 0):.0%} of elements off "
+                     "by more than 1e-3 relative (per tensor: report.json `numerics.metrics.outputs`)")
+    else:
+        lines += [f"- reference tokens (original, CPU float32 via device redirect): {token_summary(n.get('reference_tokens'))}",
+                  f"- port tokens (on the target): {token_summary(n.get('port_tokens'))} (every id: report.json `numerics`)"]
+    lines += [f"- {_md_escape(a)}" for a in reference_adjustments(report)]
+    return lines + [""]
 
 
 def _op_inventory(report: dict[str, Any]) -> list[str]:

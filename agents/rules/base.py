@@ -79,6 +79,9 @@ class HazardRule:
     # even the LLM patcher is asked to change them.
     report_only: bool = False
     report_only_rules: frozenset[str] = frozenset()  # the same for these finding rule ids only
+    # A pass over the whole tree's findings with every Python source (rel path -> text), for what one file
+    # cannot tell (H3: a module the model imports under try/except ImportError keeps its imports).
+    refine: Callable[[list[Finding], Mapping[str, str]], list[Finding]] | None = None
 
     def reports_only(self, rule: str) -> bool:
         """Whether findings of this rule id are information for the person, never a patch."""

@@ -216,5 +216,5 @@ RULE = HazardRule(
     kb_topic="recipe:H13",
     recipe="knowledge/recipes/H13.md",
     left_as_written="the flag stays as configured; where the library is missing the torch path runs",
-    fixtures=("tests/test_new_hazards.py",),
+    fixtures=("tests/test_new_hazards.py", "tests/test_zoo_model_classes.py"),
 )

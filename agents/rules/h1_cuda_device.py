@@ -12,6 +12,7 @@ import libcst as cst
 import libcst.matchers as m
 
 from agents.models import Finding, Frame, HazardCategory, Severity, StructuredException
+from agents.rules import h1_config_device
 from agents.rules.base import (
     BLOCKS,
     HIGH,
@@ -274,7 +275,7 @@ def device_agnostic(source: str, **_: Any) -> CodemodResult:
 
 
 def _h1_text(tf: TextFile) -> list[Finding]:
-    out: list[Finding] = []
+    out: list[Finding] = h1_config_device.detect(tf)  # "device": "cuda" in config.json
     for ln in tf.env_lines():
         m = re.search(r"\bCUDA_VISIBLE_DEVICES\s*=", ln.line)
         if m:
@@ -300,7 +301,9 @@ RULE = HazardRule(
     title="Hard-coded CUDA device and torch.cuda API",
     detect=_h1_cuda_device,
     detect_text=_h1_text,
-    fixes=(DEVICE_AGNOSTIC,),
+    fixes=(DEVICE_AGNOSTIC,
+           Fix("config-device", h1_config_device.config_device, "the CUDA device named in config.json -> the port's "
+               "device", frozenset({h1_config_device.RULE_ID}), order=31)),
     manual={
         "cudnn-flags": "a cuDNN setting: it does nothing on the NPU; the NPU's own option (if any) is a choice",
         "cuda-backend-flags": "a CUDA backend setting: the NPU analogue (e.g. allow_hf32) is a numerics choice",
@@ -310,5 +313,5 @@ RULE = HazardRule(
     explains=(ErrorPattern("cuda-assert", _cuda_assert, "hard-coded CUDA", fix="device-agnostic", order=20),),
     kb_topic="recipe:H1",
     recipe="knowledge/recipes/H1.md",
-    fixtures=("tests/test_scanner.py", "tests/test_codemods.py", "examples/ocr_mini"),
+    fixtures=("tests/test_scanner.py", "tests/test_codemods.py", "examples/ocr_mini", "tests/test_zoo_model_classes.py"),
 )

@@ -12,6 +12,7 @@ from typing import Any
 import libcst as cst
 
 from agents.models import Finding, Frame, StructuredException
+from agents.rules import h3_optional_modules
 from agents.rules.base import (
     BLOCKS,
     HIGH,
@@ -478,5 +479,6 @@ RULE = HazardRule(
     kb_topic="recipe:H3",
     recipe="knowledge/recipes/H3.md",
     left_as_written="the CUDA-only path stays off (its import is guarded or gone); the torch path runs",
-    fixtures=("tests/test_scanner.py", "tests/test_codemods.py", "examples/tiny_llm"),
+    fixtures=("tests/test_scanner.py", "tests/test_codemods.py", "examples/tiny_llm", "tests/test_zoo_model_classes.py"),
+    refine=h3_optional_modules.refine,
 )

@@ -30,13 +30,87 @@ def compare_tokens(ref: list[list[int]] | None, port: list[list[int]] | None) ->
                     reference_tokens=ref, port_tokens=port, detail=detail)
 
 
-def reference_run(state: dict[str, Any], name: str = "reference") -> RunRecord:
-    """The original as written, under the device redirect, on the CPU in float32."""
+def outputs_file(run: RunRecord) -> Path:
+    """Where the runner asked the harness to save a forward's outputs (never the path result.json names:
+    sandboxed code can write result.json)."""
+    return Path(run.result_path).parent / "outputs.pt"
+
+
+def compared_outputs(port: RunRecord, ref: RunRecord) -> bool:
+    """Validate on forward outputs: the runs returned named tensors, not token ids (an encoder)."""
+    return bool(port.output_tensors or ref.output_tensors) and port.tokens is None and ref.tokens is None
+
+
+def _shape(meta: Any) -> str:
+    return "(" + ", ".join(str(d) for d in (meta or {}).get("shape") or []) + ")"
+
+
+def compare_outputs(port: RunRecord, ref: RunRecord, dtype: str = "float32") -> Numerics:
+    """A model without generate (an encoder) is validated on what its forward returns: every named floating
+    output of the original (hidden states, pooled output, logits, embeddings) against the port's, each
+    within the tolerance of the port's dtype (agents/validation/numerics.py): cosine similarity and the share of elements
+    off by more than 1e-3 relative."""
+    import torch
+
+    from agents.validation.numerics import MAX_CAPTURE_BYTES, TOLERANCES, tensor_metrics, within
+    from sandbox.rundir import check_zip_bounded
+
+    tol = TOLERANCES.get(dtype, TOLERANCES["float32"])
+    rule = (f"the {dtype} tolerance: cosine >= {tol.min_cosine}, at most {tol.max_share_over_1e3:.0%} of elements off "
+            "by more than 1e-3 relative")
+    try:
+        loaded = []
+        for run in (port, ref):
+            check_zip_bounded(outputs_file(run), MAX_CAPTURE_BYTES, MAX_CAPTURE_BYTES)  # hostile data: bounded first
+            loaded.append(torch.load(outputs_file(run), weights_only=True))
+        got, want = loaded
+    except Exception as exc:  # a run that saved no outputs: nothing to compare
+        return Numerics(verdict="not-run", compared="outputs", detail=f"no forward outputs to compare ({type(exc).__name__}: "
+                                                                      f"{str(exc)[:120]})")
+    if not isinstance(got, dict) or not isinstance(want, dict) or not want:
+        return Numerics(verdict="not-run", compared="outputs", detail="no forward outputs to compare")
+    per: dict[str, dict[str, float]] = {}
+    parts, bad = [], []
+    for name, expected in want.items():
+        actual = got.get(name)
+        if not isinstance(actual, torch.Tensor) or not isinstance(expected, torch.Tensor):
+            bad.append(f"{name} (the port returned none)")
+            continue
+        m = tensor_metrics(actual, expected)
+        per[name] = m
+        meta = (ref.output_tensors or {}).get(name)
+        if m.get("shape_mismatch"):
+            bad.append(f"{name} (shape {tuple(actual.shape)}, the original's {tuple(expected.shape)})")
+            continue
+        parts.append(f"{name} {_shape(meta)}: cosine {m['cosine']:.6f}, max abs err {m['max_abs']:.2e}, "
+                     f"{m['share_over_1e3']:.1%} of elements off by > 1e-3")
+        if not within(m, tol):
+            bad.append(name)
+    metrics = {"outputs": per, "dtype": dtype,
+               "tolerance": {"min_cosine": tol.min_cosine, "max_share_over_1e3": tol.max_share_over_1e3}}
+    if bad:
+        detail = f"forward outputs differ from the original's beyond {rule}: {', '.join(bad)}; " + "; ".join(parts)
+        return Numerics(verdict="mismatch", compared="outputs", metrics=metrics, detail=detail)
+    detail = f"forward outputs (no generate: an encoder) equal the original's within {rule}: " + "; ".join(parts)
+    return Numerics(verdict="match", compared="outputs", metrics=metrics, detail=detail)
+
+
+def reference_run(state: dict[str, Any], name: str = "reference") -> tuple[RunRecord, int]:
+    """The original as written, under the device redirect, on the CPU in float32; and how many sandbox runs
+    that took. An original that cannot be built on a host without CUDA (a constructor's kernel assert, a
+    hard-wired kernel flag) is run again with the port's switch-only fix applied to the reference copy, and
+    the record says so (``reference_adjusted``, agents/validation/reference.py)."""
+    from agents.validation.reference import adjust_reference, adjustments, failure_text, reference_dir
+
     ws = Workspace(Path(state["workdir"]))
-    original = ws.root / "original"
-    ws.original_tree(original)
-    run = run_spec(state, target=reference_target()).as_reference(original).harness(ws.runs_dir / name)
-    return record_of(run, name, "reference", "cpu (cuda->cpu redirect)")
+    spec = run_spec(state, target=reference_target()).as_reference(reference_dir(ws))
+    notes = adjustments(ws)
+    rec = record_of(spec.harness(ws.runs_dir / name), name, "reference", "cpu (cuda->cpu redirect)")
+    runs = 1
+    if not rec.ok and not notes and (notes := adjust_reference(ws, failure_text(rec.exception))):
+        rec = record_of(spec.harness(ws.runs_dir / f"{name}-adjusted"), name, "reference", "cpu (cuda->cpu redirect)")
+        runs += 1
+    return rec.model_copy(update={"reference_adjusted": notes or None}), runs
 
 
 def self_disagreement(first: RunRecord, second: RunRecord) -> Numerics | None:
@@ -44,6 +118,15 @@ def self_disagreement(first: RunRecord, second: RunRecord) -> Numerics | None:
     processes) disagree: the port cannot be judged against a reference that differs from itself, and a
     "first diverging module" between port and reference would blame the port for it. None when they agree
     (or the second could not run: the first run's comparison stands)."""
+    if second.ok and compared_outputs(first, second):
+        again = compare_outputs(second, first)
+        if again.verdict != "mismatch":
+            return None
+        return Numerics(verdict="nondeterministic-reference", compared="outputs", metrics=again.metrics,
+                        detail="the original is not deterministic: two runs of the unpatched original on the CPU (same "
+                               f"seed, same seeded weights) gave different forward outputs ({again.detail}), so the "
+                               "port's outputs cannot be checked against it; look for randomness the seed does not "
+                               "reach (uninitialised buffers, dropout left on, time or hash-dependent code)")
     if not second.ok or second.tokens is None or first.tokens == second.tokens:
         return None
     agree = token_agreement(first.tokens or [], second.tokens)
@@ -77,10 +160,10 @@ def with_metrics(numerics: Numerics, port: RunRecord, ref: RunRecord, dtype: str
     if verdict == "match" and not cmp["output_within_tolerance"]:
         verdict, detail = "mismatch", f"{detail}, but the step output leaves the {dtype} tolerance"
     out = cmp.get("output") or {}
-    if out:
+    if out and numerics.compared == "tokens":  # a forward's outputs were compared one by one already
         detail += f"; step output cosine {out['cosine']:.6f}, max abs err {out['max_abs']:.2e}"
     first = cmp["first_diverging_module"] if verdict == "mismatch" else None
     if first:
         detail += f"; first diverging module: {first}"
-    return numerics.model_copy(update={"verdict": verdict, "detail": detail, "metrics": cmp,
+    return numerics.model_copy(update={"verdict": verdict, "detail": detail, "metrics": {**numerics.metrics, **cmp},
                                        "first_diverging_module": first})

@@ -1,0 +1,88 @@
+"""The reference: the original as its authors ran it, as closely as a CUDA-less host allows.
+
+The reference run is the ORIGINAL tree under the cuda -> cpu redirect (agents/validation.py). Some originals
+cannot even be built without a CUDA kernel: a constructor asserts that FlashAttention imported although only
+the forward path a flag selects would call it, or a kernel-path flag is hard-wired to True. Such an original,
+run as written, fails on any host without CUDA, so nothing could be validated against it. The reference then
+gets the same switch-only fix the port gets (hazard H13's codemods: a constructor's kernel assert deferred to
+where the kernel is called, a hard-wired kernel flag set False, so the model's own torch path runs; no
+computation of the model is changed), applied to the reference copy only, never to the user's folder, and
+only after the original as written failed. Every edit is listed in the report ("reference adjusted: ...")
+with the failure that called for it; a silent one would be no reference at all."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from agents.workspace import Workspace
+
+# Codemods that only switch a CUDA-only kernel path off (they never change what the model computes on the
+# path that runs): the hazard rules' own fixes, applied to the reference copy.
+SWITCH_ONLY_FIXES = ("defer-kernel-assert", "kernel-path-off")
+NOTES_FILE = "reference-adjusted.json"  # in the workdir, beside original/: the adjustments made, once
+
+
+def reference_dir(ws: Workspace) -> Path:
+    """The original as committed, extracted once (the reference runs from it)."""
+    original = ws.root / "original"
+    ws.original_tree(original)
+    return original
+
+
+def adjustments(ws: Workspace) -> list[str]:
+    """The adjustments already made to this workspace's reference copy (empty: it runs as written)."""
+    path = ws.root / NOTES_FILE
+    try:
+        data = json.loads(path.read_text()) if path.is_file() else []
+    except (OSError, ValueError):
+        return []
+    return [str(n) for n in data] if isinstance(data, list) else []
+
+
+def adjust_tree(root: Path) -> list[str]:
+    """Apply the switch-only fixes to every Python file under ``root`` (in place); "file line N: what" per
+    edit. Applying them twice changes nothing the second time."""
+    from agents.fixing.codemods import CODEMODS
+
+    notes: list[str] = []
+    for path in sorted(root.rglob("*.py")):
+        rel = path.relative_to(root).as_posix()
+        try:
+            source = path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError):
+            continue
+        for name in SWITCH_ONLY_FIXES:
+            fn = CODEMODS[name][0]
+            try:
+                result = fn(source, file=rel)
+            except Exception:  # a file libcst cannot parse: left as written
+                break
+            if result.changed:
+                source = result.source
+                notes += [f"{rel} {e}" for e in result.edits]
+        if source != path.read_text(encoding="utf-8"):
+            path.write_text(source, encoding="utf-8")
+    return notes
+
+
+def adjust_reference(ws: Workspace, failure: str) -> list[str]:
+    """After the original as written failed (``failure``: what it raised, where): apply the switch-only
+    fixes to the reference copy; the notes for the report (empty when no such fix applies)."""
+    edits = adjust_tree(reference_dir(ws))
+    if not edits:
+        return []
+    notes = [f"reference adjusted: {e} (the original as written cannot be built on a host without CUDA: {failure}; "
+             "the same switch-only fix the port gets, applied to the reference copy only)" for e in edits]
+    (ws.root / NOTES_FILE).write_text(json.dumps(notes, indent=1))
+    return notes
+
+
+def failure_text(exc: Any) -> str:
+    """'AssertionError: ... at modeling_x.py:171' from a RunRecord's structured exception."""
+    if exc is None:
+        return "it failed"
+    where = next((f"{f.file}:{f.line}" for f in reversed(exc.frames) if f.in_model), "")
+    first = (exc.message or "").strip().splitlines()[0][:160] if exc.message else ""
+    return f"{exc.type}: {first}" + (f" at {where}" if where else "")
