@@ -350,15 +350,17 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
             for _ in range(int(spec.get("warmup", 0))):
                 method(**inputs, **kwargs)
             _synchronize(device)
-            run_s = []
+            run_s, cpu_s = [], []
             for _ in range(max(1, int(spec.get("repeats", 1)))):
-                start = time.perf_counter()
+                start, cpu0 = time.perf_counter(), time.process_time()
                 output = method(**inputs, **kwargs)
                 _synchronize(device)
                 run_s.append(time.perf_counter() - start)
+                cpu_s.append(time.process_time() - cpu0)  # CPU seconds: steadier than wall time on a busy host
         for h in handles:
             h.remove()
         result["timings"]["run_s"] = run_s
+        result["timings"]["run_cpu_s"] = cpu_s
         _record_output(result["outputs"], output, raw_inputs, spec)
         if manifest.get("decode"):
             decode = _load_attr(manifest["decode"], model_dir)

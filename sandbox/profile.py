@@ -10,7 +10,8 @@ the step returned, and which submodules ran. Per generate: calls of every submod
 
 Counters: ascend-sim's own (ops, fallbacks, syncs with call sites); on the CPU only host reads
 (``.item()``, ``.tolist()``, ...: each a sync on a device) — no op counts and no fallbacks there.
-The analysis lives with the agents (agents/validation/perf_evidence.py); this module only measures.
+The analysis lives with the agents (agents/validation/perf_evidence.py); this module only measures (its counters:
+sandbox/profile_counters.py).
 """
 
 from __future__ import annotations
@@ -23,34 +24,14 @@ from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
+from sandbox.profile_counters import Counters, HostReadCounters, SimCounters, diff_sites, site_in
+
 MAX_STEPS = 1024
 MAX_MODULES = 64
 MAX_DEPTH = 2  # submodules named with at most 1 dot ("model.vision_tower"): where encoders sit; deeper
 # hooks (every layer's attention, MLP, norms) cost time on every step and add nothing to the rules
 PAST_KWARGS = ("past_key_values", "past", "layer_past", "cache", "kv_cache")
 SEQ_KWARGS = ("input_ids", "inputs_embeds", "hidden_states", "x")
-
-
-def _site_in(root: str) -> str | None:
-    """The innermost frame in the model's folder, as 'relative/file.py:line' (our own frames are
-    outside it, so the walk starts at the caller)."""
-    f: Any = sys._getframe(1)
-    while f is not None:
-        fn = f.f_code.co_filename
-        if fn.startswith(root):
-            rel = _REL.get(fn)
-            if rel is None:
-                rel = _REL[fn] = os.path.relpath(fn, root)  # relpath costs ~15 us: once per file
-            return f"{rel}:{f.f_lineno}"
-        f = f.f_back
-    return None
-
-
-_REL: dict[str, str] = {}
-
-
-def _rel_site(site: str, root: str) -> str:
-    return os.path.relpath(site, root) if site.startswith(root) else site
 
 
 def _seq_len(args: tuple[Any, ...], kwargs: dict[str, Any]) -> int | None:
@@ -124,114 +105,6 @@ def _format_signature(sig: tuple[Any, ...] | None) -> str | None:
     return None if sig is None else ",".join(one(v) for v in sig)
 
 
-class _Counters:
-    """Monotonic totals of ops, syncs and fallbacks, and their call sites."""
-
-    kind = "time-only"
-
-    def ops(self) -> int:
-        return 0
-
-    def syncs(self) -> int:
-        return 0
-
-    def fallbacks(self) -> int:
-        return 0
-
-    def sync_sites(self) -> dict[str, int]:
-        return {}
-
-    def fallback_sites(self) -> dict[str, int]:
-        return {}
-
-
-class _SimCounters(_Counters):
-    kind = "device-ops"  # the emulated runtime counts the device ops it dispatches
-
-    def __init__(self, rt: Any) -> None:
-        self.rt = rt
-
-    def ops(self) -> int:
-        return int(self.rt.count_ops())
-
-    def syncs(self) -> int:
-        return int(self.rt.rec.sync_total)
-
-    def fallbacks(self) -> int:
-        return int(self.rt.rec.fallback_total)
-
-    def sync_sites(self) -> dict[str, int]:
-        return dict(self.rt.rec.sync_sites)
-
-    def fallback_sites(self) -> dict[str, int]:
-        return {f"{op} @ {site}": n for op, sites in self.rt.rec.fallbacks.items() for site, n in sites.items()}
-
-
-class _HostReadCounters(_Counters):
-    """On the CPU: counts the tensor -> host reads that sync a device (``.item()``, ``.tolist()``,
-    ``.numpy()``, ``bool()/int()/float()`` of a tensor) by wrapping those methods during generate.
-    No op counts: a TorchDispatchMode would count them, but entering one imports torch._dynamo
-    (about 8 s on a 2-core host) and doubles the step time."""
-
-    kind = "cpu-host-reads"
-    METHODS = ("item", "tolist", "numpy", "__bool__", "__int__", "__float__")
-
-    def __init__(self, root: str) -> None:
-        self.root = root
-        self.n_syncs = 0
-        self.sites: dict[str, int] = {}
-        self.saved: dict[str, Any] = {}
-        self.reading = False
-
-    def __enter__(self) -> None:
-        import torch
-
-        for name in self.METHODS:
-            orig = getattr(torch.Tensor, name)
-            self.saved[name] = torch.Tensor.__dict__.get(name)
-            setattr(torch.Tensor, name, self._counted(orig))
-
-    def __exit__(self, *exc: Any) -> None:
-        import torch
-
-        for name, old in self.saved.items():
-            if old is None:
-                delattr(torch.Tensor, name)
-            else:
-                setattr(torch.Tensor, name, old)
-        self.saved.clear()
-
-    def _counted(self, orig: Callable[..., Any]) -> Callable[..., Any]:
-        def read(t: Any, *args: Any, **kwargs: Any) -> Any:
-            if self.reading:  # a read inside a read (bool() -> item()) is one sync
-                return orig(t, *args, **kwargs)
-            self.n_syncs += 1
-            site = _site_in(self.root) or "<outside the model>"
-            self.sites[site] = self.sites.get(site, 0) + 1
-            self.reading = True
-            try:
-                return orig(t, *args, **kwargs)
-            finally:
-                self.reading = False
-
-        return read
-
-    def syncs(self) -> int:
-        return self.n_syncs
-
-    def sync_sites(self) -> dict[str, int]:
-        return dict(self.sites)
-
-
-def _rel_key(key: str, root: str) -> str:
-    op, sep, site = key.rpartition(" @ ")
-    return f"{op}{sep}{_rel_site(site, root)}"
-
-
-def _diff(now: dict[str, int], before: dict[str, int], root: str) -> dict[str, int]:
-    return {_rel_key(k, root): v - before.get(k, 0) for k, v in now.items() if v > before.get(k, 0)}
-
-
 class DecodeProfiler:
     """Attach to a built model; wrap the run method with :meth:`wrap`; read :meth:`report`."""
 
@@ -241,13 +114,13 @@ class DecodeProfiler:
         self.root = model_dir.rstrip(os.sep) + os.sep
         self.step_method = step_method
         rt = getattr(bootstrap, "RT", None) if bootstrap is not None else None
-        self.counters: _Counters
+        self.counters: Counters
         if rt is not None and hasattr(rt, "rec") and hasattr(rt, "count_ops"):
-            self.counters = _SimCounters(rt)
+            self.counters = SimCounters(rt)
         elif device.startswith("cpu") or device.startswith("cuda"):  # cuda here is the reference redirect to cpu
-            self.counters = _HostReadCounters(self.root)
+            self.counters = HostReadCounters(self.root)
         else:
-            self.counters = _Counters()
+            self.counters = Counters()
         self.active = False
         self.error: str | None = None
         self.generate_calls = 0
@@ -293,11 +166,11 @@ class DecodeProfiler:
                                "fallbacks": fb - self.m_fb}
         if syncs != self.m_syncs:
             s = c.sync_sites()
-            out["sync_sites"] = _diff(s, self.m_sync_sites, self.root)
+            out["sync_sites"] = diff_sites(s, self.m_sync_sites, self.root)
             self.m_sync_sites = s
         if fb != self.m_fb:
             f = c.fallback_sites()
-            out["fallback_sites"] = _diff(f, self.m_fb_sites, self.root)
+            out["fallback_sites"] = diff_sites(f, self.m_fb_sites, self.root)
             self.m_fb_sites = f
         self.m_ops, self.m_syncs, self.m_fb, self.t_mark = ops, syncs, fb, now
         return out
@@ -329,7 +202,7 @@ class DecodeProfiler:
         else:
             self.prelude = self._window()  # generate before its first step (e.g. an image encoder)
         if self.step_site is None:
-            self.step_site = _site_in(self.root)
+            self.step_site = site_in(self.root)
         past = None
         if self.takes_past:
             past = any(kwargs.get(k) is not None for k in PAST_KWARGS)
@@ -405,7 +278,7 @@ class DecodeProfiler:
         rec["signatures"].append(_signature(args, kwargs))
         self.cur["calls"][name] = 1  # type: ignore[index]
         if rec["site"] is None or step == 1:
-            rec["site"] = _site_in(self.root)
+            rec["site"] = site_in(self.root)
 
     # --- tokenizer decode ---------------------------------------------------------------------------
     def _hook_tokenizers(self) -> None:
@@ -457,7 +330,7 @@ class DecodeProfiler:
         except TypeError:
             n = None
         self.decode_calls.append({"after_step": len(self.steps) - 1, "len": n, "ms": round(ms, 4),
-                                  "site": _site_in(self.root)})
+                                  "site": site_in(self.root)})
 
     # --- the run method -----------------------------------------------------------------------------
     def wrap(self, method: Callable[..., Any]) -> Callable[..., Any]:
@@ -470,7 +343,7 @@ class DecodeProfiler:
             self._reset()
             self.active = self.error is None
             t0 = time.perf_counter()
-            reads = self.counters if isinstance(self.counters, _HostReadCounters) else None
+            reads = self.counters if isinstance(self.counters, HostReadCounters) else None
             try:
                 if reads is not None:
                     with reads:

@@ -1,10 +1,10 @@
-"""`torch.npu` and `torch_npu` modules: the API surface ported code calls, backed by the emulator."""
+"""`torch.npu` and `torch_npu` modules: the API surface ported code calls, backed by the emulator (the fused
+`torch_npu.npu_*` ops are in custom_ops.py)."""
 
 from __future__ import annotations
 
 import contextlib
 import importlib
-import inspect
 import sys
 import time
 import types
@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from . import fused_ops, messages, surface
+from . import custom_ops, messages, surface
 from .runtime import RT
 
 _DEVICE_STATE = {"current": 0}
@@ -349,145 +349,7 @@ def _build_amp(mod: types.ModuleType) -> None:
     mod.GradScaler = _GradScaler  # type: ignore[attr-defined]
 
 
-# --- torch_npu custom ops -----------------------------------------------------------------------------
-
-
-def _custom(name: str, ref: Callable[..., Any], fast: Callable[..., Any] | None = None) -> Callable[..., Any]:
-    """Wrap a CPU reference so it takes npu tensors, returns npu tensors and counts as one NPU op.
-
-    fast(module, *args, **kwargs): the native engine's C++ twin for the common call shapes (all tensors
-    on npu, a chip with bf16, no autograd); it returns None for a call it does not cover, which then runs the
-    reference with its checks and messages."""
-    op_key = f"npu::{name}"
-    counts = RT.custom_counts
-    check = _CHECKS.get(name)
-    sig = inspect.signature(ref)
-    check_params = set(inspect.signature(check).parameters) if check is not None else set()
-
-    def call(*args: Any, **kwargs: Any) -> Any:
-        counts[op_key] = counts.get(op_key, 0) + 1
-        if check is not None:
-            # The real op's argument checks (dtype, rank, head dim) come first, on every path.
-            bound = sig.bind(*args, **kwargs).arguments
-            check(**{k: v for k, v in bound.items() if k in check_params})
-        engine = RT.engine
-        if fast is not None and engine.name == "native" and RT.profile.bf16 and not torch.is_grad_enabled():
-            try:
-                out = fast(engine.mod, *args, **kwargs)  # type: ignore[attr-defined]
-            except TypeError:
-                out = None  # arguments it does not take: the reference reports them
-            if out is not None:
-                return out
-        seen_npu = False
-        cpu_arg: torch.Tensor | None = None
-        for a in (*args, *kwargs.values()):
-            if isinstance(a, torch.Tensor):
-                if engine.is_npu(a):
-                    seen_npu = True
-                elif cpu_arg is None and a.dim() > 0:
-                    cpu_arg = a
-        if not seen_npu:
-            return ref(*args, **kwargs)
-        if cpu_arg is not None:
-            raise RuntimeError(messages.device_mismatch("npu:0", cpu_arg.device))
-        if not RT.profile.bf16:
-            _check_custom_dtypes(name, [*args, *kwargs.values()])
-        uargs = [engine.to_cpu(a) if engine.is_npu(a) else a for a in args]
-        ukw = {k: engine.to_cpu(a) if engine.is_npu(a) else a for k, a in kwargs.items()}
-        return _rewrap(ref(*uargs, **ukw))
-
-    call.__name__ = name
-    call.__qualname__ = name
-    call.__doc__ = ref.__doc__
-    return call
-
-
-def _fast_rms_norm(mod: Any, self: Any, gamma: Any, epsilon: float = 1e-6) -> Any:
-    return mod.rms_norm(self, gamma, float(epsilon))
-
-
-def _fast_rotary_mul(mod: Any, input: Any, r1: Any, r2: Any, rotary_mode: str = "half", rotate: Any = None) -> Any:
-    if rotary_mode != "half" or rotate is not None:
-        return None
-    return mod.rotary_mul_half(input, r1, r2)
-
-
-def _fast_fusion_attention(
-    mod: Any,
-    query: Any,
-    key: Any,
-    value: Any,
-    head_num: int,
-    input_layout: str,
-    pse: Any = None,
-    padding_mask: Any = None,
-    atten_mask: Any = None,
-    scale: float = 1.0,
-    keep_prob: float = 1.0,
-    pre_tockens: int = fused_ops.INT_MAX,
-    next_tockens: int = fused_ops.INT_MAX,
-    inner_precise: int = 0,
-    prefix: Any = None,
-    actual_seq_qlen: Any = None,
-    actual_seq_kvlen: Any = None,
-    sparse_mode: int = 0,
-    gen_mask_parallel: bool = True,
-    sync: bool = False,
-    softmax_layout: str = "",
-    sink: Any = None,
-    dropout_mask: Any = None,
-    seed: int = 0,
-    offset: int = 0,
-) -> Any:
-    """BNSD without mask, dropout or sink: the shape the generated attention helper uses."""
-    plain = atten_mask is None and keep_prob == 1.0 and sink is None and actual_seq_qlen is None
-    if input_layout != "BNSD" or not plain or sparse_mode not in (0, 1):
-        return None
-    outs = mod.fusion_attention_bnsd(query, key, value, pse, float(scale))
-    return None if outs is None else (*outs, seed, offset, 0)
-
-
-def _check_custom_dtypes(name: str, args: list[Any]) -> None:
-    for a in args:
-        if isinstance(a, torch.Tensor) and a.dtype is torch.bfloat16:
-            exec_name = "aclnn" + "".join(p.capitalize() for p in name.removeprefix("npu_").split("_"))
-            allowed = [torch.float32, torch.float16]
-            raise RuntimeError(messages.dtype_not_supported(exec_name, "x", torch.bfloat16, allowed))
-
-
-def _rewrap(out: Any) -> Any:
-    if isinstance(out, torch.Tensor):
-        return RT.engine.to_npu(out) if out.device.type == "cpu" else out
-    if isinstance(out, tuple):
-        return tuple(_rewrap(o) for o in out)
-    return out
-
-
-CUSTOM_OPS: dict[str, Callable[..., Any]] = {
-    "npu_fusion_attention": fused_ops.npu_fusion_attention,
-    "npu_prompt_flash_attention": fused_ops.npu_prompt_flash_attention,
-    "npu_rms_norm": fused_ops.npu_rms_norm,
-    "npu_rotary_mul": fused_ops.npu_rotary_mul,
-    "npu_moe_gating_top_k_softmax": fused_ops.npu_moe_gating_top_k_softmax,
-    "npu_add_rms_norm": fused_ops.npu_add_rms_norm,
-    "npu_swiglu": fused_ops.npu_swiglu,
-}
-
-
-_CHECKS: dict[str, Callable[..., None]] = {
-    "npu_fusion_attention": fused_ops.check_fusion_attention,
-    "npu_rms_norm": fused_ops.check_rms_norm,
-    "npu_rotary_mul": fused_ops.check_rotary_mul,
-    "npu_add_rms_norm": fused_ops.check_add_rms_norm,
-    "npu_swiglu": fused_ops.check_swiglu,
-}
-
-
-_FAST: dict[str, Callable[..., Any]] = {
-    "npu_fusion_attention": _fast_fusion_attention,
-    "npu_rms_norm": _fast_rms_norm,
-    "npu_rotary_mul": _fast_rotary_mul,
-}
+# --- torch_npu: fused ops (custom_ops.py), optimizers, submodules ------------------------------------
 
 
 class NpuFusedAdamW(torch.optim.AdamW):
@@ -504,8 +366,8 @@ def _build_root(mod: types.ModuleType) -> None:
     mod.__version__ = version  # type: ignore[attr-defined]
     mod._ascend_sim = True  # type: ignore[attr-defined]
     mod.__file__ = __file__  # code locates torch_npu's files by it; this one names the emulator
-    for name, ref in CUSTOM_OPS.items():
-        setattr(mod, name, _custom(name, ref, _FAST.get(name)))
+    for name, fn in custom_ops.torch_npu_ops().items():
+        setattr(mod, name, fn)
     # The submodules `import torch_npu` imports on a real host (contrib.transfer_to_npu is not one:
     # importing it patches torch).
     for sub in ("npu", "utils", "optim", "contrib"):
