@@ -1,8 +1,11 @@
 """The in-sandbox harness: loads a model through its manifest entry, runs fixed inputs, and writes
 a result JSON (outputs, timings it measured itself, warnings, op statistics, structured exception).
 
-Run as ``python -I -m sandbox.harness SPEC.json``. It never trusts patched code with timing: the
-clock lives here. Contract: docs/architecture.md ("Harness contract").
+Run under the run's supervisor (sandbox/supervisor.py, which starts it through sandbox/worker_channel.py's
+boot), or by hand as ``python -I -m sandbox.harness SPEC.json``. The model's code runs in this process,
+so nothing here is trusted with the result: the supervisor holds the result pipe and the clock (each
+timed call below is bracketed for it); what this process reports is the model process's claim.
+Contract: docs/architecture.md ("Harness contract").
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+from sandbox import worker_channel
 from sandbox.model_inputs import (  # one seeding for the harness, the bench and run.py
     marked_uninitialised,
     seed_parameters,
@@ -399,16 +403,19 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
             method = profiler.wrap(method)
         result["timings"]["load_s"] = time.perf_counter() - t0
         output: Any = None
+        worker_channel.ready()  # the supervisor's clock: load ends here, each call below is timed by it
         with torch.no_grad():
             for _ in range(int(spec.get("warmup", 0))):
-                method(**inputs, **kwargs)
-            _synchronize(device)
+                with worker_channel.timed("warmup"):
+                    method(**inputs, **kwargs)
+                    _synchronize(device)
             run_s = []
             for _ in range(max(1, int(spec.get("repeats", 1)))):
-                start = time.perf_counter()
-                output = method(**inputs, **kwargs)
-                _synchronize(device)
-                run_s.append(time.perf_counter() - start)
+                with worker_channel.timed("run"):
+                    start = time.perf_counter()
+                    output = method(**inputs, **kwargs)
+                    _synchronize(device)
+                    run_s.append(time.perf_counter() - start)
         for h in handles:
             h.remove()
         result["timings"]["run_s"] = run_s
@@ -453,23 +460,17 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     spec = json.loads(Path(argv[0]).read_text())
-    channel = None
-    fd = os.environ.pop("HARNESS_RESULT_FD", None)
-    if spec.get("result_channel") and fd is None:
-        print("npuport harness: the spec asks for a result channel but none was passed", file=sys.stderr)
+    # The result goes to the run's supervisor (sandbox/supervisor.py) over the worker's channel, greeted
+    # before any model code was imported; the result pipe to npuport is the supervisor's alone.
+    channel = worker_channel.current() or worker_channel.connect()
+    if spec.get("result_channel") and channel is None:
+        print("npuport harness: the spec asks for a supervisor channel but none was passed", file=sys.stderr)
         return 2
-    if fd is not None:
-        # The result channel: a pipe the parent opened. Taken before any model code is imported and kept
-        # from the model's subprocesses; a result file in the run folder would be the model's to write.
-        channel = os.fdopen(int(fd), "wb", closefd=True)
-        os.set_inheritable(channel.fileno(), False)
     result = run(spec)
-    payload = json.dumps(result, default=str).encode()
     if channel is not None:
-        with channel:
-            channel.write(payload)
-    else:
-        Path(spec["result_path"]).write_bytes(payload)
+        channel.result(result)
+    else:  # run by hand, outside npuport's sandbox
+        Path(spec["result_path"]).write_bytes(json.dumps(result, default=str).encode())
     return 0 if result["ok"] else 1
 
 
