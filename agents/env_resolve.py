@@ -39,6 +39,7 @@ from packaging.version import Version
 
 from agents.env_era import LAST_4X, era_transformers, model_couplings, own_versions, reconcile
 from agents.env_imports import guarded_imports
+from agents.env_owner import env_owner, provenance
 from agents.env_pins import (  # noqa: F401  (re-exported)
     IMPORT_TO_DIST,
     RANK,
@@ -90,6 +91,7 @@ class Resolution:
     # guarded imports the code goes on to require: installed when the index has them, a failure is a note
     optional: list[str] = field(default_factory=list)
     era: str | None = None  # the transformers requirement of the model's era, when it runs in one
+    owner: str = ""  # whose env this is ("": shared, npuport's pins only; agents/env_owner.py)
 
     @property
     def env_key(self) -> str:
@@ -104,6 +106,7 @@ class Resolution:
             **({"optional": sorted(self.optional)} if self.optional else {}),
             # an era's env is reconciled with the host packages it shadows (agents/env_era.py)
             **({"era_layout": 2} if self.era else {}),
+            **({"owner": self.owner} if self.owner else {}),  # the model chose installs: its owner's env
         }
         return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()[:16]
 
@@ -120,7 +123,7 @@ class Resolution:
             "dropped": self.dropped, "install": self.install, "needs_layered_env": self.needs_layered_env,
             "env_key": self.env_key if self.needs_layered_env else None,
             "companions": self.companions, "torch_pair": self.torch_pair, "optional": self.optional,
-            "summary": self.summary(),
+            "owner": self.owner or None, "summary": self.summary(),
         }
 
 
@@ -627,11 +630,13 @@ def _base_sites(resolution: Resolution) -> list[str]:
 
 
 def _run_pip(python: Path, install: list[str], constraints: Path, timeout_s: float) -> subprocess.CompletedProcess[str]:
-    # Wheels only: a source distribution named by an untrusted model would run its setup.py here,
-    # outside the sandbox.
+    # Wheels only (no setup.py), and in the sandbox: the env's interpreter runs the .pth files of the wheels
+    # installed before; only the env folder is writable, the network reaches only the index (sandbox/installs.py).
+    from sandbox.installs import run_pip
+
     argv = [str(python), "-m", "pip", "install", "--no-input", "--disable-pip-version-check", "--only-binary=:all:",
             "-c", str(constraints), *install]
-    return subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s)
+    return run_pip(argv, writable=(Path(python).parent.parent,), timeout=timeout_s)
 
 
 def _stderr_log(msg: str) -> None:
@@ -684,6 +689,7 @@ def ensure_env(resolution: Resolution, cache_root: Path | None = None, timeout_s
         apply_pair(resolution, pair)
     if not resolution.needs_layered_env:
         return None
+    resolution.owner = env_owner(resolution)
     python = _ensure_layered(resolution, root, timeout_s, log)
     pulled = [c for c in COMPANIONS if c in own_versions(python)] if resolution.torch_pair is None else []
     if pulled:
@@ -696,6 +702,7 @@ def ensure_env(resolution: Resolution, cache_root: Path | None = None, timeout_s
             resolution.companions = sorted(set(resolution.companions) | set(pulled))
             apply_pair(resolution, choose_pair(resolution.companions, resolution.host_python, host_version("torch"),
                                                load_compat(), root, log))
+            resolution.owner = env_owner(resolution)
             python = _ensure_layered(resolution, root, timeout_s, log)
     if resolution.era and resolution.era != LAST_4X:
         missing = missing_transformers_names(resolution.model_dir, python=str(python))
@@ -709,6 +716,7 @@ def ensure_env(resolution: Resolution, cache_root: Path | None = None, timeout_s
             resolution.notes.append(f"the era's {resolution.era} lacks {shown}, which the code imports: it runs "
                                     f"with {LAST_4X} instead.")
             resolution.era = LAST_4X
+            resolution.owner = env_owner(resolution)
             python = _ensure_layered(resolution, root, timeout_s, log)
     if resolution.era and (installed := own_versions(python).get("transformers")):
         resolution.stack["transformers"] = installed  # the release pip chose for the era's range
@@ -772,6 +780,7 @@ def _build(env_dir: Path, resolution: Resolution, timeout_s: float) -> None:
         "host_sites": host_site_dirs(), "npuport_root": str(NPUPORT_ROOT),
         "built_s": round(time.monotonic() - start, 1), "model_dir": str(resolution.model_dir),
         "torch_pair": resolution.torch_pair,
+        "owner": resolution.owner or None, "provenance": provenance(resolution),  # agents/env_owner.py
         # Folders the env reads besides its own (the sandbox binds them read-only: sandbox/process.py).
         "layers": [str(Path(pair["base_env"]).resolve())] if pair.get("base_env") else [],
     }, indent=1))
