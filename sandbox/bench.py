@@ -198,10 +198,10 @@ def _measure_point(call: Any, inputs_fn: Any, config: dict[str, Any], seed: int,
             with worker_channel.timed(section_label(config_id, concurrency, r, i)) as claims:
                 tokens = _tokens_of(call(w))
                 harness._synchronize(device)
+                counted = sum(new_token_counts(tokens, prompts[i]))
+                claims.update(rows=len(tokens), new_tokens=counted)
             done = time.perf_counter() - t0
             latencies.extend([done] * len(tokens))
-            counted = sum(new_token_counts(tokens, prompts[i]))
-            claims.update(rows=len(tokens), new_tokens=counted)
             new_tokens += counted
             if i == 0 and not first_tokens:
                 first_tokens = tokens[:1]

@@ -190,7 +190,7 @@ _t.perf_counter = lambda: _real_pc() / 1000.0
     assert c["status"] == "ok", c
     pt = c["points"][0]
     assert pt["measured_by"] == "supervisor"
-    assert pt["tokens_per_s"] <= 4 / 0.2 * 1.1, pt
+    assert pt["new_tokens"] == 4 and 0 < pt["tokens_per_s"] <= 4 / 0.2 * 1.1, pt
     assert pt["claimed_by_model_process"]["tokens_per_s"] > 1000, pt  # the lie, kept as the model's claim
 
 
