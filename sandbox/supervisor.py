@@ -5,8 +5,8 @@ never has the result channel: the supervisor's fds are not inherited (``close_fd
 makes itself non-dumpable (``PR_SET_DUMPABLE`` 0), so /proc/<pid>/fd, /mem and /environ of it are closed
 to the worker, which has no capability to override that (bwrap: uid 65534, ``--cap-drop ALL``; ptrace,
 process_vm_* and pidfd_getfd are refused by the seccomp filter). The supervisor runs npuport's own
-interpreter (``python -I -B -m sandbox.supervisor``, standard library only): no ``.pth`` of a layered env,
-no model module is ever imported here.
+interpreter (``python -I -S``, standard library and this package only, sandbox/supervised.py starts it):
+no ``.pth`` of a layered env (nor of ours), no model module is ever imported here.
 
 What it measures itself, and the parent trusts: the clock (load: start to ``ready``; each timed call:
 its ``go`` to the worker's ``end``; total), who sent each frame (SO_PASSCRED: the kernel's pid of the

@@ -149,3 +149,14 @@ sys.argv = [module, *sys.argv[3:]]
 import runpy
 runpy.run_module(module, run_name="__main__", alter_sys=True)
 """
+
+
+if __name__ == "__main__":  # an empty worker: what a supervised run costs beyond its model (bench/supervisor_overhead.py)
+    from sandbox import worker_channel as _wc  # the module the boot greeted with (this file runs as __main__)
+
+    _chan = _wc.current() or _wc.connect()
+    _wc.ready()
+    with _wc.timed("run"):
+        pass
+    if _chan is not None:
+        _chan.result({"ok": True})
