@@ -35,11 +35,13 @@ from pathlib import Path
 from typing import Any
 
 from knowledge.errors import Infeasible
-from sandbox import harness
+from sandbox import harness, worker_channel
+from sandbox.bench_measure import measured_bench, section_label
 from sandbox.model_inputs import cast_floats
-from sandbox.process import RESULT_FD_ENV, Limits, Mounts, Sandbox, default_sandbox, scrub, scrubbed_env
+from sandbox.process import Limits, Mounts, Sandbox, default_sandbox, scrub, scrubbed_env
 from sandbox.rundir import discard, write_own
 from sandbox.runner import HarnessRun
+from sandbox.supervised import decode, supervised_argv
 
 DTYPES = ("float32", "bfloat16", "float16")
 COMPILE_MODES = ("none", "default", "reduce-overhead")
@@ -171,7 +173,7 @@ def _build_model(cls: Any, config: dict[str, Any], cfg: dict[str, Any], seed: in
 
 def _measure_point(call: Any, inputs_fn: Any, config: dict[str, Any], seed: int, concurrency: int, batch: int,
                    device: str, dtype: Any, warmup: int, repeats: int,
-                   effects: dict[str, Any] | None = None) -> tuple[dict[str, Any], list[list[int]]]:
+                   effects: dict[str, Any] | None = None, config_id: str = "") -> tuple[dict[str, Any], list[list[int]]]:
     waves = []
     for start in range(0, concurrency, batch):
         n = min(batch, concurrency - start)
@@ -188,15 +190,19 @@ def _measure_point(call: Any, inputs_fn: Any, config: dict[str, Any], seed: int,
     throughputs: list[float] = []
     latencies: list[float] = []
     new_tokens = 0
-    for _ in range(max(1, repeats)):
+    for r in range(max(1, repeats)):
         new_tokens = 0
         t0 = time.perf_counter()
         for i, w in enumerate(waves):
-            tokens = _tokens_of(call(w))
-            harness._synchronize(device)
+            # each wave is timed by the run's supervisor; the counts travel with it as this process's claims
+            with worker_channel.timed(section_label(config_id, concurrency, r, i)) as claims:
+                tokens = _tokens_of(call(w))
+                harness._synchronize(device)
+                counted = sum(new_token_counts(tokens, prompts[i]))
+                claims.update(rows=len(tokens), new_tokens=counted)
             done = time.perf_counter() - t0
             latencies.extend([done] * len(tokens))
-            new_tokens += sum(new_token_counts(tokens, prompts[i]))
+            new_tokens += counted
             if i == 0 and not first_tokens:
                 first_tokens = tokens[:1]
         elapsed = time.perf_counter() - t0
@@ -258,7 +264,8 @@ def _run_config(cls: Any, base_config: dict[str, Any], manifest: dict[str, Any],
             # compiler) makes the configuration infeasible on this host, not the model broken.
             t1 = time.perf_counter()
             try:
-                call(_concat_requests(inputs_fn, base_config, seed, 1, device, dtype))
+                with worker_channel.timed(section_label(str(out["id"]), 0, 0, 0, "compile")):
+                    call(_concat_requests(inputs_fn, base_config, seed, 1, device, dtype))
             except Exception as exc:
                 raise Infeasible(f"torch.compile(mode={mode!r}) failed: {type(exc).__name__}: {str(exc)[:300]}") from exc
             out["compile_s"] = time.perf_counter() - t1
@@ -266,7 +273,8 @@ def _run_config(cls: Any, base_config: dict[str, Any], manifest: dict[str, Any],
         ref = spec.get("reference_tokens")
         for c in cfg.get("concurrencies") or spec.get("concurrencies") or [1]:
             point, first = _measure_point(call, inputs_fn, base_config, seed, int(c), batch, device, dtype,
-                                          int(spec.get("warmup", 1)), int(spec.get("repeats", 3)), effects)
+                                          int(spec.get("warmup", 1)), int(spec.get("repeats", 3)), effects,
+                                          config_id=str(out["id"]))
             out["points"].append(point)
             out.setdefault("tokens", first)
         if ref is not None:
@@ -338,19 +346,14 @@ def main(argv: list[str] | None = None) -> int:
     spec = json.loads(Path(argv[0]).read_text())
     for var in harness.OFFLINE_ENV:  # no network in a run (sandbox/harness.py main)
         os.environ.setdefault(var, "1")
-    # The result goes back on the parent's pipe (as the harness's does), never through a file in the run
-    # folder: the parent reads nothing the model's code could have planted there.
-    fd = os.environ.pop(RESULT_FD_ENV, None)
-    channel = os.fdopen(int(fd), "wb", closefd=True) if fd is not None else None
-    if channel is not None:
-        os.set_inheritable(channel.fileno(), False)
+    # The result goes to the run's supervisor (as the harness's does), which alone holds the pipe to the
+    # parent and the clock; never through a file in the run folder.
+    channel = worker_channel.current() or worker_channel.connect()
     result = run(spec)
-    payload = json.dumps(result, default=str).encode()
     if channel is not None:
-        with channel:
-            channel.write(payload)
+        channel.result(result)
     else:  # run by hand, outside npuport's sandbox
-        Path(spec["result_path"]).write_bytes(payload)
+        Path(spec["result_path"]).write_bytes(json.dumps(result, default=str).encode())
     return 0 if result["ok"] else 1
 
 
@@ -408,29 +411,36 @@ def run_bench(
     spec_path = run_dir / "bench_spec.json"
     write_own(spec_path, json.dumps(spec, indent=1))
     discard(result_path)
-    argv = [python or sys.executable, "-I", "-B", "-u", "-m", "sandbox.bench", str(spec_path.resolve())]
-    # -I drops the cwd from sys.path: the sandbox package must come from npuport's own install.
+    # The bench runs the model's code in a worker under the run's supervisor, which alone holds the result
+    # pipe and the clock (sandbox/supervisor.py); the numbers are rebuilt from its timings here.
+    argv = supervised_argv(python, "sandbox.bench", spec_path, MAX_RESULT_BYTES)
     box = sandbox or default_sandbox()
     # Under bwrap the run sees the model read-only and its run folder only (not npuport's git, not other runs).
     ro = [model_dir.resolve()] + [Path(v).resolve() for v in ((target or {}).get("options") or {}).values()
                                   if isinstance(v, str) and v.startswith("/") and Path(v).exists()]
-    mounts = Mounts(hide=(workdir.resolve(),), ro=tuple(ro), rw=(run_dir.resolve(),))
-    exec_result = box.execute(argv, cwd=run_dir.resolve(), env=scrubbed_env(env), limits=limits or Limits(),
-                              mounts=mounts, result_channel=True, channel_cap=MAX_RESULT_BYTES)
+    mounts = Mounts(hide=(workdir.resolve(),), ro=tuple(ro), rw=(run_dir.resolve(),),
+                    interpreters=(python,) if python else ())
+    # inductor compiles in the bench's own process: a pool of torch processes would read as the model's
+    run_env = scrubbed_env({"TORCHINDUCTOR_COMPILE_THREADS": "1", **(env or {})})
+    exec_result = box.execute(argv, cwd=run_dir.resolve(), env=run_env, limits=limits or Limits(),
+                              mounts=mounts, result_channel=True, channel_cap=MAX_RESULT_BYTES + 65536)
     write_own(run_dir / "bench_stdout.log", scrub(exec_result.stdout))
     write_own(run_dir / "bench_stderr.log", scrub(exec_result.stderr))
+    sup = decode(exec_result)
     result: dict[str, Any] = {}
-    if exec_result.channel_overflow:
+    if sup.unreadable == "too-large":
         result = {"ok": False, "configs": [], "exception": {"type": "BenchResultTooLarge",
                                                             "message": f"over {MAX_RESULT_BYTES} bytes"}}
-    elif exec_result.channel:
-        try:
-            loaded = json.loads(exec_result.channel)
-            result = loaded if isinstance(loaded, dict) else {}
-        except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as exc:
-            result = {"ok": False, "exception": {"type": "BenchResultUnreadable", "message": str(exc)}}
+    elif sup.unreadable:
+        result = {"ok": False, "configs": [], "exception": {"type": "BenchResultUnreadable", "message": sup.unreadable}}
+    elif sup.refused:
+        result = {"ok": False, "configs": [], "exception": {
+            "type": "UntrustedResult", "message": scrub(f"the supervisor refused the bench's result: {sup.refused}")}}
+    elif sup.claims is not None:
+        result = measured_bench(sup.claims, sup, reference_tokens)
     if not result:
         result = {"ok": False, "configs": [], "exception": None}
+    result["supervisor"] = sup.note()
     write_own(result_path, json.dumps(result, indent=1, default=str))
     return BenchRun(run_dir=run_dir, exec_result=exec_result, result=result)
 

@@ -43,6 +43,9 @@ class Mounts(Protocol):
     @property
     def rw(self) -> tuple[Path, ...]: ...
 
+    @property
+    def interpreters(self) -> tuple[str, ...]: ...
+
 # Top-level folders of the host a run sees (read-only). Anything else is absent.
 SYSTEM_DIRS = ("usr", "bin", "sbin", "lib", "lib32", "lib64", "libx32", "etc", "opt", "sys")
 MASK_MB = 256  # size of each home folder's tmpfs (caches the model's libraries write under $HOME)
@@ -74,11 +77,12 @@ def _interpreter_paths(python: str) -> set[Path]:
     return paths
 
 
-def _host_paths(argv: list[str]) -> list[Path]:
+def _host_paths(argv: list[str], interpreters: tuple[str, ...] = ()) -> list[Path]:
     paths = {Path(sys.prefix), Path(sys.base_prefix), Path(sys.exec_prefix)}
     paths |= _interpreter_paths(sys.executable)
-    if argv and ("python" in Path(argv[0]).name):
-        paths |= _interpreter_paths(argv[0])
+    for python in ([argv[0]] if argv else []) + list(interpreters):
+        if "python" in Path(python).name:
+            paths |= _interpreter_paths(python)
     # sys.path's package folders only: its first entry may be the server's cwd (a home directory)
     paths |= {Path(p) for p in sys.path if p and Path(p).is_dir()
               and ("site-packages" in p or "dist-packages" in p or Path(p).name.startswith("python"))}
@@ -168,7 +172,7 @@ def bwrap_command(bwrap: str, argv: list[str], *, cwd: Path, mounts: Mounts, lim
     home = _npuport_home()
     if home is not None and home.is_dir() and home != Path("/"):
         args += tmpfs(home, 1)  # other owners' uploads, workspaces and job databases, wherever it lives
-    for p in _host_paths(argv):
+    for p in _host_paths(argv, mounts.interpreters):
         args += ["--ro-bind", str(p), str(p)]
     for p in mounts.hide:
         args += tmpfs(p, 1)

@@ -1,8 +1,11 @@
 """The in-sandbox harness: loads a model through its manifest entry, runs fixed inputs, and writes
 a result JSON (outputs, timings it measured itself, warnings, op statistics, structured exception).
 
-Run as ``python -I -m sandbox.harness SPEC.json``. It never trusts patched code with timing: the
-clock lives here. Contract: docs/architecture.md ("Harness contract").
+Run under the run's supervisor (sandbox/supervisor.py, which starts it through sandbox/worker_channel.py's
+boot), or by hand as ``python -I -m sandbox.harness SPEC.json``. The model's code runs in this process,
+so nothing here is trusted with the result: the supervisor holds the result pipe and the clock (each
+timed call below is bracketed for it); what this process reports is the model process's claim.
+Contract: docs/architecture.md ("Harness contract").
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+from sandbox import worker_channel
 from sandbox.model_build import (  # noqa: F401  (re-exported: the bench, run.py's tests and serve_ref use them)
     MODEL_PACKAGE,
     _hub_offline,
@@ -346,17 +350,20 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
             method = profiler.wrap(method)
         result["timings"]["load_s"] = time.perf_counter() - t0
         output: Any = None
+        worker_channel.ready()  # the supervisor's clock: load ends here, each call below is timed by it
         with torch.no_grad():
             for _ in range(int(spec.get("warmup", 0))):
-                method(**inputs, **kwargs)
-            _synchronize(device)
+                with worker_channel.timed("warmup"):
+                    method(**inputs, **kwargs)
+                    _synchronize(device)
             run_s, cpu_s = [], []
             for _ in range(max(1, int(spec.get("repeats", 1)))):
-                start, cpu0 = time.perf_counter(), time.process_time()
-                output = method(**inputs, **kwargs)
-                _synchronize(device)
-                run_s.append(time.perf_counter() - start)
-                cpu_s.append(time.process_time() - cpu0)  # CPU seconds: steadier than wall time on a busy host
+                with worker_channel.timed("run"):
+                    start, cpu0 = time.perf_counter(), time.process_time()
+                    output = method(**inputs, **kwargs)
+                    _synchronize(device)
+                    run_s.append(time.perf_counter() - start)
+                    cpu_s.append(time.process_time() - cpu0)  # CPU seconds: steadier than wall time on a busy host
         for h in handles:
             h.remove()
         result["timings"]["run_s"] = run_s
@@ -403,23 +410,17 @@ def main(argv: list[str] | None = None) -> int:
     # that names a Hub id fails at once (and sandbox/hub_offline.py builds it) instead of retrying for minutes.
     for var in OFFLINE_ENV:
         os.environ.setdefault(var, "1")
-    channel = None
-    fd = os.environ.pop("HARNESS_RESULT_FD", None)
-    if spec.get("result_channel") and fd is None:
-        print("npuport harness: the spec asks for a result channel but none was passed", file=sys.stderr)
+    # The result goes to the run's supervisor (sandbox/supervisor.py) over the worker's channel, greeted
+    # before any model code was imported; the result pipe to npuport is the supervisor's alone.
+    channel = worker_channel.current() or worker_channel.connect()
+    if spec.get("result_channel") and channel is None:
+        print("npuport harness: the spec asks for a supervisor channel but none was passed", file=sys.stderr)
         return 2
-    if fd is not None:
-        # The result channel: a pipe the parent opened. Taken before any model code is imported and kept
-        # from the model's subprocesses; a result file in the run folder would be the model's to write.
-        channel = os.fdopen(int(fd), "wb", closefd=True)
-        os.set_inheritable(channel.fileno(), False)
     result = run(spec)
-    payload = json.dumps(result, default=str).encode()
     if channel is not None:
-        with channel:
-            channel.write(payload)
-    else:
-        Path(spec["result_path"]).write_bytes(payload)
+        channel.result(result)
+    else:  # run by hand, outside npuport's sandbox
+        Path(spec["result_path"]).write_bytes(json.dumps(result, default=str).encode())
     return 0 if result["ok"] else 1
 
 

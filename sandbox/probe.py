@@ -28,9 +28,10 @@ def _bwrap() -> str | None:
 
 def run_probe(argv: list[str], *, input: str | None = None, timeout: float = 60.0,  # noqa: A002
               env: dict[str, str] | None = None, readable: tuple[Path, ...] = (),
-              writable: tuple[Path, ...] = ()) -> subprocess.CompletedProcess[str]:
+              writable: tuple[Path, ...] = (), interpreters: tuple[str, ...] = ()) -> subprocess.CompletedProcess[str]:
     """Run ``argv`` confined; ``env`` adds to the scrubbed environment; ``readable`` / ``writable`` are
-    bound in (read-only / read-write). Raises ``subprocess.TimeoutExpired`` like subprocess.run."""
+    bound in (read-only / read-write), ``interpreters`` (besides ``argv[0]``) with their environments.
+    Raises ``subprocess.TimeoutExpired`` like subprocess.run."""
     run_env = scrubbed_env(env)
     bwrap = None if isolation_setting() == "process" else _bwrap()
     if bwrap is None:
@@ -39,7 +40,8 @@ def run_probe(argv: list[str], *, input: str | None = None, timeout: float = 60.
         return subprocess.run(argv, input=input, capture_output=True, text=True, timeout=timeout, env=run_env)
     fd = seccomp_fd()
     try:
-        cmd = bwrap_command(bwrap, argv, cwd=Path("/tmp"), mounts=Mounts(ro=tuple(p for p in readable if p.exists()), rw=writable),
+        mounts = Mounts(ro=tuple(p for p in readable if p.exists()), rw=writable, interpreters=interpreters)
+        cmd = bwrap_command(bwrap, argv, cwd=Path("/tmp"), mounts=mounts,
                             limits=Limits(wall_s=timeout, tmpfs_mb=256), filter_fd=fd)
         return subprocess.run(cmd, input=input, capture_output=True, text=True, timeout=timeout, env=run_env,
                               pass_fds=() if fd is None else (fd,))

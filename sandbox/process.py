@@ -82,11 +82,13 @@ class Limits:
 class Mounts:
     """What a bwrap run sees of the host beyond the system and the interpreter: ``hide`` is masked by
     an empty tmpfs, then ``ro`` is bound read-only and ``rw`` read-write (in that order, so a writable
-    run folder can sit inside a hidden workspace)."""
+    run folder can sit inside a hidden workspace). ``interpreters`` are bound back with their envs, like
+    the one the command starts with."""
 
     hide: tuple[Path, ...] = ()
     ro: tuple[Path, ...] = ()
     rw: tuple[Path, ...] = ()
+    interpreters: tuple[str, ...] = ()  # further interpreters the run starts (a layered env's, for the worker)
 
 
 @dataclass

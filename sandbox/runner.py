@@ -2,16 +2,18 @@
 result back. Everything the run produced stays in its run directory.
 
 The run sees (under bwrap) the model's tree read-only and its own run folder read-write; the rest of
-the workspace (npuport's git, the original, other runs such as the reference) is masked. The result
-comes back on a pipe the parent opened (its fd number in HARNESS_RESULT_FD), not from a file the model's code
-could write; a run that ends without writing it failed, whatever its exit code. The parent then writes
-``result.json`` itself, scrubbed of the server's secrets and capped in size, through
-sandbox/rundir.py (the run folder is hostile data: no name in it is followed)."""
+the workspace (npuport's git, the original, other runs such as the reference) is masked. The harness runs
+the model in a worker process under a trusted supervisor (sandbox/supervisor.py), which alone holds the
+result pipe the parent opened (its fd number in HARNESS_RESULT_FD): the model's code can neither write it
+nor forge the clock. The supervisor's timings replace the worker's, its findings refuse the run, and the
+rest is labelled as the model process's claims (sandbox/supervised.py). A run that ends without a result
+failed, whatever its exit code. The parent then writes ``result.json`` itself, scrubbed of the server's
+secrets and capped in size, through sandbox/rundir.py (the run folder is hostile data: no name in it is
+followed)."""
 
 from __future__ import annotations
 
 import json
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -19,6 +21,7 @@ from typing import Any
 from knowledge.settings import settings
 from sandbox.process import ExecResult, Limits, Mounts, Sandbox, default_sandbox, scrub, scrubbed_env
 from sandbox.rundir import discard, write_own
+from sandbox.supervised import Supervised, decode, label_claims, supervised_argv
 from sandbox.targets import Target
 
 MAX_RESULT_BYTES = 8 * 1024 * 1024
@@ -75,12 +78,34 @@ def _clean(result: dict[str, Any]) -> dict[str, Any]:
     return result
 
 
-def _mounts(workdir: Path, model_dir: Path, run_dir: Path, target: Target) -> Mounts:
+def _mounts(workdir: Path, model_dir: Path, run_dir: Path, target: Target, python: str | None = None) -> Mounts:
     ro = [model_dir.resolve()]
     for value in (target.options or {}).values():
         if isinstance(value, str) and value.startswith("/") and Path(value).exists():
             ro.append(Path(value).resolve())  # the emulator's op matrix and native engine
-    return Mounts(hide=(workdir.resolve(),), ro=tuple(ro), rw=(run_dir.resolve(),))
+    return Mounts(hide=(workdir.resolve(),), ro=tuple(ro), rw=(run_dir.resolve(),),
+                  interpreters=(python,) if python else ())
+
+
+def _supervised_result(sup: Supervised) -> dict[str, Any]:
+    """The run's result from the supervisor's message: the worker's claims with the supervisor's clock, or
+    the reason it is refused ({} when nothing came back)."""
+    if sup.unreadable == "too-large":
+        return _failure("ResultTooLarge", f"the run's result is larger than {MAX_RESULT_BYTES // 2**20} MiB; "
+                                          "npuport refuses it")
+    if sup.unreadable:
+        return _failure("HarnessResultUnreadable", sup.unreadable)
+    if sup.refused:
+        return _failure("UntrustedResult", f"the supervisor refused the model process's result: {sup.refused}")
+    if sup.claims is None:
+        return {}
+    result = dict(sup.claims)
+    m = sup.measured
+    result["timings_claimed"] = result.get("timings")
+    result["timings"] = {"load_s": m.get("load_s"), "run_s": [s["s"] for s in sup.sections("run")],
+                         "warmup_s": [s["s"] for s in sup.sections("warmup")], "total_s": m.get("total_s"),
+                         "measured_by": "supervisor"}
+    return result
 
 
 def run_harness(
@@ -123,26 +148,18 @@ def run_harness(
     write_own(spec_path, json.dumps(spec, indent=1))  # a link left by an earlier run in this folder is not followed
     discard(result_path)  # a stale result never stands for this run's
     env = scrubbed_env({} if reference else target.env)
-    argv = [python or sys.executable, "-I", "-B", "-u", "-m", "sandbox.harness", str(spec_path.resolve())]
+    argv = supervised_argv(python, "sandbox.harness", spec_path, MAX_RESULT_BYTES)
     box = sandbox or default_sandbox()
     lim = limits or Limits()
     exec_result = box.execute(argv, cwd=run_dir.resolve(), env=env, limits=lim,
-                              mounts=_mounts(workdir, model_dir, run_dir, target),
-                              result_channel=True, channel_cap=MAX_RESULT_BYTES)
+                              mounts=_mounts(workdir, model_dir, run_dir, target, python),
+                              result_channel=True, channel_cap=MAX_RESULT_BYTES + 65536)
     exec_result.stdout, exec_result.stderr = scrub(exec_result.stdout), scrub(exec_result.stderr)
     # The run may have planted links, FIFOs or folders under these names: write_own never follows them.
     write_own(run_dir / "stdout.log", exec_result.stdout)
     write_own(run_dir / "stderr.log", exec_result.stderr)
-    result: dict[str, Any] = {}
-    if exec_result.channel_overflow:
-        result = _failure("ResultTooLarge", f"the run's result is larger than {MAX_RESULT_BYTES // 2**20} MiB; "
-                                            "npuport refuses it")
-    elif exec_result.channel:
-        try:
-            loaded = json.loads(exec_result.channel)
-            result = loaded if isinstance(loaded, dict) else _failure("HarnessResultUnreadable", "not an object")
-        except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as exc:
-            result = _failure("HarnessResultUnreadable", f"the result channel held no valid JSON: {exc}")
+    sup = decode(exec_result)
+    result = _supervised_result(sup)
     if not result:
         if exec_result.status == "timeout":
             result = _failure("Timeout", f"the run exceeded its wall-clock limit of {lim.wall_s:g} s and was killed")
@@ -150,7 +167,7 @@ def run_harness(
             tail = "\n".join(exec_result.stderr.strip().splitlines()[-5:])
             result = _failure("ProcessDied", f"the sandboxed process ended (status {exec_result.status}, code "
                                              f"{exec_result.returncode}) without reporting a result: {tail}")
-    result = _clean(result)
+    result = label_claims(_clean(result), sup)
     if exec_result.notes:
         result.setdefault("warnings", [])
         result["warnings"] = [*result["warnings"], *(f"sandbox: {n}" for n in exec_result.notes)]

@@ -96,8 +96,9 @@ def own_versions(python: Path) -> dict[str, str]:
 
 def broken_host_packages(python: Path, timeout_s: float = 120.0) -> dict[str, str]:
     """{host dist: why} for the host packages whose requirements the env's own packages break."""
-    done = subprocess.run([str(python), "-m", "pip", "check", "--disable-pip-version-check"], capture_output=True,
-                          text=True, timeout=timeout_s)
+    from sandbox.probe import run_probe  # the env's .pth files run when it starts: inside the sandbox
+
+    done = run_probe([str(python), "-m", "pip", "check", "--disable-pip-version-check"], timeout=timeout_s)
     own = own_versions(python)
     broken: dict[str, str] = {}
     for line in done.stdout.splitlines():

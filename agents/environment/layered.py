@@ -29,6 +29,7 @@ from agents.environment.compat import (
     torch_npu_row,
 )
 from agents.environment.era import LAST_4X, own_versions, reconcile
+from agents.environment.owner import env_owner, provenance
 from agents.environment.resolution import Resolution, bundle_files
 from agents.environment.resolve import missing_transformers_names
 from agents.environment.torch_pair import COMPANIONS, TorchPair, choose_pair, probe
@@ -111,11 +112,13 @@ def own_installs(resolution: Resolution) -> list[str]:
 
 
 def run_pip(python: Path, install: list[str], constraints: Path, timeout_s: float) -> subprocess.CompletedProcess[str]:
-    # Wheels only: a source distribution named by an untrusted model would run its setup.py here,
-    # outside the sandbox.
+    # Wheels only (no setup.py), and in the sandbox: the env's interpreter runs the .pth files of the wheels
+    # installed before; only the env folder is writable, the network reaches only the index (sandbox/installs.py).
+    from sandbox.installs import run_pip as confined_pip
+
     argv = [str(python), "-m", "pip", "install", "--no-input", "--disable-pip-version-check", "--only-binary=:all:",
             "-c", str(constraints), *install]
-    return subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s)
+    return confined_pip(argv, writable=(Path(python).parent.parent,), timeout=timeout_s)
 
 
 def _stderr_log(msg: str) -> None:
@@ -222,6 +225,7 @@ def _ensure_model_env(resolution: Resolution, root: Path, timeout_s: float, log:
 
 def _ensure_layered(resolution: Resolution, root: Path, timeout_s: float, log: Callable[[str], None],
                     what: str = "the model's layered environment") -> Path:
+    resolution.owner = env_owner(resolution)  # the owner is part of the key: set before the key is read
     env_dir = root / resolution.env_key
     with locked(root / f"{resolution.env_key}.lock"):
         if (env_dir / MARKER).is_file() and env_python(env_dir).exists():
@@ -278,6 +282,7 @@ def _build(env_dir: Path, resolution: Resolution, timeout_s: float) -> None:
         "host_sites": host_site_dirs(), "npuport_root": str(NPUPORT_ROOT),
         "built_s": round(time.monotonic() - start, 1), "model_dir": str(resolution.model_dir),
         "torch_pair": resolution.torch_pair,
+        "owner": resolution.owner or None, "provenance": provenance(resolution),  # agents/environment/owner.py
         # Folders the env reads besides its own (the sandbox binds them read-only: sandbox/bwrap.py).
         "layers": _layers(resolution),
     }, indent=1))

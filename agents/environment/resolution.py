@@ -46,6 +46,7 @@ class Resolution:
     era_installs: list[str] = field(default_factory=list)
     era_base: str | None = None  # the era's base env the model's env is layered on, once built
     era_last: str | None = None  # the newest 4.x the code runs with (LAST_4X, or below a coupling's release)
+    owner: str = ""  # whose env this is ("": shared, npuport's pins only; agents/environment/owner.py)
 
     @property
     def env_key(self) -> str:
@@ -61,6 +62,7 @@ class Resolution:
             # an era's env is reconciled with the host packages it shadows (agents/environment/era.py)
             **({"era_layout": 3} if self.era else {}),
             **({"era_base": self.era_base} if self.era_base else {}),
+            **({"owner": self.owner} if self.owner else {}),  # the model chose installs: its owner's env
         }
         return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()[:16]
 
@@ -77,7 +79,7 @@ class Resolution:
             "dropped": self.dropped, "install": self.install, "needs_layered_env": self.needs_layered_env,
             "env_key": self.env_key if self.needs_layered_env else None,
             "companions": self.companions, "torch_pair": self.torch_pair, "optional": self.optional,
-            "era_base": self.era_base, "summary": self.summary(),
+            "era_base": self.era_base, "owner": self.owner or None, "summary": self.summary(),
         }
 
 

@@ -3,7 +3,9 @@
 The library is compiled against the torch in this environment with torch.utils.cpp_extension (a C++
 compiler and ninja are needed) in a child process, so the caller's process never loads it, and cached
 per source + torch + Python in NPUPORT_NATIVE_CACHE (default ~/.cache/npuport/ascend-sim-native).
-Targets pass the built path to the sandbox, which only loads it; nothing is compiled inside a sandbox.
+The build itself runs confined (sandbox/installs.py ``run_build``: the host read-only, only the build
+folder writable, no network, a scrubbed environment), since the interpreter of a layered env runs the
+.pth files of the model's wheels. Targets pass the built path to the model's runs, which only load it.
 """
 
 from __future__ import annotations
@@ -113,18 +115,18 @@ def library_path(*, build: bool = True, log: Callable[[str], None] | None = None
     if log is not None:
         log(f"building the ascend-sim native engine once for this torch (about a minute) in {build_dir}")
     # ninja from the environment's bin dir (the `ninja` wheel) when it is not on PATH.
-    env = dict(os.environ)
     builder = python or sys.executable
-    env["PATH"] = os.pathsep.join([str(Path(builder).parent), str(Path(sys.executable).parent), env.get("PATH", "")])
-    env.setdefault("MAX_JOBS", str(os.cpu_count() or 1))
+    env = {"PATH": os.pathsep.join([str(Path(builder).parent), str(Path(sys.executable).parent),
+                                    os.environ.get("PATH", "")]),
+           "MAX_JOBS": os.environ.get("MAX_JOBS") or str(os.cpu_count() or 1),
+           **{k: os.environ[k] for k in ("CXX", "CC") if os.environ.get(k)}}
+    # In the sandbox (sandbox/installs.py): an env's interpreter runs the .pth files of the model's wheels, so
+    # the build sees the host read-only, a scrubbed environment, no network, and writes its folder only.
+    from sandbox.installs import run_build
+
     try:
-        r = subprocess.run(
-            [builder, "-c", _BUILD, module_name(key), str(SOURCE), str(build_dir)],
-            capture_output=True,
-            text=True,
-            timeout=BUILD_TIMEOUT_S,
-            env=env,
-        )
+        r = run_build([builder, "-c", _BUILD, module_name(key), str(SOURCE), str(build_dir)],
+                      writable=(build_dir,), timeout=BUILD_TIMEOUT_S, env=env)
     except subprocess.TimeoutExpired as e:
         raise NativeUnavailable(f"building the native engine took over {BUILD_TIMEOUT_S} s") from e
     so = build_dir / f"{module_name(key)}.so"

@@ -7,10 +7,14 @@ bwrap gives skip there, saying so."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import httpx
 import pytest
 import yaml
 
@@ -119,3 +123,64 @@ def attack(tmp_path: Path, box: Sandbox):  # type: ignore[no-untyped-def]
     yield go
     for a in done:
         assert a.original_untouched(), f"the user's original folder changed ({box.name})"
+
+
+# --- the API attacks against a live `npuport serve` (bench/security.py --serve) ----------------------------
+
+SERVE_ENV = ("NPUPORT_TEST_SERVE_URL", "NPUPORT_TEST_SERVE_HOME", "NPUPORT_TEST_SERVE_ROOTS")
+SERVE_TOKENS = {"tok-a": ["read", "write"], "tok-b": ["read", "write"], "tok-admin": ["read", "write", "admin"]}
+"""The tokens a live server for these attacks is started with (bench/security.py --serve)."""
+
+
+def live_server() -> tuple[str, Path, Path] | None:
+    """(URL, its NPUPORT_HOME, its model root) of a real `npuport serve` process these attacks go to over
+    HTTP, when bench/security.py --serve started one; None: the app runs in-process (TestClient)."""
+    url, home, roots = (os.environ.get(k, "") for k in SERVE_ENV)
+    return (url, Path(home), Path(roots)) if url and home and roots else None
+
+
+@contextlib.contextmanager
+def api_client(home: Path, roots: Path, tokens: dict[str, list[str]]) -> Iterator[httpx.Client]:
+    """A client of the service: the live server's over HTTP, else the app in-process with these settings."""
+    live = live_server()
+    if live is not None:
+        with httpx.Client(base_url=live[0], timeout=120) as c:
+            yield c
+        return
+    from fastapi.testclient import TestClient
+    from test_api import make_settings
+    from test_api_helpers import fake_builder
+
+    from api.app import create_app
+
+    with TestClient(create_app(make_settings(home, roots, tokens=tokens), graph_builder=fake_builder)) as c:
+        yield c
+
+
+@pytest.fixture()
+def service_roots(tmp_path: Path) -> Path:
+    """The model root of the service under attack (holds m1)."""
+    live = live_server()
+    if live is not None:
+        return live[2]
+    root = tmp_path / "models"
+    (root / "m1").mkdir(parents=True)
+    (root / "m1" / "npuport.yaml").write_text("name: m1\n")
+    return root
+
+
+@pytest.fixture()
+def service_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The NPUPORT_HOME of the service under attack."""
+    live = live_server()
+    if live is not None:
+        return live[1]
+    home = tmp_path / "npuport-home"
+    home.mkdir()
+    monkeypatch.setenv("NPUPORT_HOME", str(home))
+    return home
+
+
+def in_process_only(reason: str) -> None:
+    if live_server() is not None:
+        pytest.skip(f"in-process only: {reason}")

@@ -1,4 +1,4 @@
-"""Classes: owners, uploads and service faults, attacked through the HTTP API (real app, TestClient)."""
+"""Classes: owners, uploads and service faults, attacked through the HTTP API (real app, httpx.Client)."""
 
 from __future__ import annotations
 
@@ -9,16 +9,14 @@ import zipfile
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import pytest
-from fastapi.testclient import TestClient
-from test_api import make_settings
-from test_api_helpers import fake_builder, tiny_model_files
+from test_api_helpers import tiny_model_files
 
 from agents.workspace import Workspace, tree_digest
-from api.app import create_app
 from knowledge.errors import WorkspaceError
 
-from .conftest import write_model
+from .conftest import SERVE_TOKENS, api_client, in_process_only, live_server, write_model
 
 A = {"Authorization": "Bearer tok-a"}
 B = {"Authorization": "Bearer tok-b"}
@@ -26,23 +24,25 @@ ADMIN = {"Authorization": "Bearer tok-admin"}
 
 
 @pytest.fixture()
-def roots(tmp_path: Path) -> Path:
-    root = tmp_path / "models"
-    (root / "m1").mkdir(parents=True)
-    (root / "m1" / "npuport.yaml").write_text("name: m1\n")
-    return root
+def roots(service_roots: Path) -> Path:
+    return service_roots
 
 
 @pytest.fixture()
-def client(npuport_home: Path, roots: Path) -> Iterator[TestClient]:
-    tokens = {"tok-a": ["read", "write"], "tok-b": ["read", "write"], "tok-admin": ["read", "write", "admin"]}
-    with TestClient(create_app(make_settings(npuport_home, roots, tokens=tokens), graph_builder=fake_builder)) as c:
+def npuport_home(service_home: Path) -> Path:
+    return service_home
+
+
+@pytest.fixture()
+def client(npuport_home: Path, roots: Path) -> Iterator[httpx.Client]:
+    """The service: a live `npuport serve` over HTTP (bench/security.py --serve), else the app in-process."""
+    with api_client(npuport_home, roots, SERVE_TOKENS) as c:
         yield c
 
 
 # --- owners -----------------------------------------------------------------------------------------
 
-def test_jobs_belong_to_their_token(client: TestClient) -> None:
+def test_jobs_belong_to_their_token(client: httpx.Client) -> None:
     r = client.post("/v1/ports", json={"request": {"model_path": "m1", "target": "cpu"}, "require_approval": True},
                     headers=A)
     assert r.status_code == 201, r.text
@@ -72,7 +72,7 @@ def _zip(members: list[tuple[str, str, str]]) -> bytes:
     return buf.getvalue()
 
 
-def _upload(c: TestClient, data: bytes) -> tuple[int, str]:
+def _upload(c: httpx.Client, data: bytes) -> tuple[int, str]:
     r = c.post("/v1/ports", files={"archive": ("m.zip", data, "application/zip")},
                data={"request": json.dumps({"target": "cpu"})}, headers=A)
     return r.status_code, r.text
@@ -95,21 +95,22 @@ def _model_members() -> list[tuple[str, str, str]]:
     [("a", "symlink", "b/.."), ("b", "symlink", "."), ("a/escaped.txt", "file", "pwned")],
     [("up", "symlink", "sub/../.."), ("up/escaped.txt", "file", "pwned")],
 ])
-def test_symlink_chains_never_write_outside(client: TestClient, npuport_home: Path, tmp_path: Path,
+def test_symlink_chains_never_write_outside(client: httpx.Client, npuport_home: Path, tmp_path: Path,
                                             chain: list[tuple[str, str, str]]) -> None:
     status, text = _upload(client, _zip([*_model_members(), *chain]))
     assert status == 400, text
-    assert not list(tmp_path.rglob("escaped.txt"))
+    live = live_server()
+    assert not list((live[1].parent if live else tmp_path).rglob("escaped.txt"))
     assert not _left(npuport_home), "the failed upload left files behind"
 
 
-def test_dangling_symlink_is_400_and_cleaned(client: TestClient, npuport_home: Path) -> None:
+def test_dangling_symlink_is_400_and_cleaned(client: httpx.Client, npuport_home: Path) -> None:
     status, text = _upload(client, _zip([*_model_members(), ("tiny/weights.bin", "symlink", "nowhere/at/all")]))
     assert status == 400, text
     assert not _left(npuport_home)
 
 
-def test_chunked_oversized_upload_is_413(client: TestClient) -> None:
+def test_chunked_oversized_upload_is_413(client: httpx.Client) -> None:
     boundary = "npuportboundary"
     head = (f"--{boundary}\r\nContent-Disposition: form-data; name=\"archive\"; filename=\"m.zip\"\r\n"
             "Content-Type: application/zip\r\n\r\n").encode()
@@ -151,12 +152,12 @@ def test_model_folder_symlinks_are_refused(tmp_path: Path) -> None:
     '{"goal": ' + "[" * 20000 + "]" * 20000 + "}",
     '{"goal": "x", "request": ' + '{"a":' * 100 + "1" + "}" * 100 + "}",
 ])
-def test_bad_numbers_and_deep_json_are_422(client: TestClient, raw: str) -> None:
+def test_bad_numbers_and_deep_json_are_422(client: httpx.Client, raw: str) -> None:
     r = client.post("/v1/ports", content=raw, headers={**A, "Content-Type": "application/json"})
     assert r.status_code == 422, r.text
 
 
-def test_reconnecting_sse_client_always_gets_the_terminal_event(client: TestClient) -> None:
+def test_reconnecting_sse_client_always_gets_the_terminal_event(client: httpx.Client) -> None:
     """The race behind "missed the terminal event": the job row is terminal, its terminal event not yet
     written, and a client reconnects with Last-Event-ID. The stream must wait for the event."""
     import threading
@@ -164,6 +165,7 @@ def test_reconnecting_sse_client_always_gets_the_terminal_event(client: TestClie
 
     from test_api_helpers import sse_events
 
+    in_process_only("it recreates a race inside the server's job store")
     mgr = client.app.state.manager  # type: ignore[attr-defined]
     job = client.post("/v1/ports", json={"request": {"model_path": "m1", "target": "cpu"}}, headers=A).json()["id"]
     deadline = time.monotonic() + 60

@@ -10,6 +10,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 from fastapi.testclient import TestClient
 from langgraph.graph import END, START, StateGraph
@@ -19,6 +20,8 @@ from test_api_helpers import fake_builder
 from api.app import create_app
 from graph.state import PortState
 from sandbox.process import Limits, Sandbox, scrubbed_env, stop_runs_when
+
+from .conftest import api_client
 
 A = {"Authorization": "Bearer tok-a"}
 
@@ -37,26 +40,27 @@ def _client(home: Path, roots: Path, builder: Any = fake_builder) -> TestClient:
 
 
 @pytest.fixture()
-def client(npuport_home: Path, roots: Path) -> Iterator[TestClient]:
-    with _client(npuport_home, roots) as c:
+def client(service_home: Path, service_roots: Path) -> Iterator[httpx.Client]:
+    """The service: a live `npuport serve` over HTTP (bench/security.py --serve), else the app in-process."""
+    with api_client(service_home, service_roots, {"tok-a": ["read", "write"]}) as c:
         yield c
 
 
 @pytest.mark.parametrize("field", ["run_timeout_s", "max_wall_s", "tune_time_s"])
-def test_huge_finite_numbers_are_refused(client: TestClient, field: str) -> None:
+def test_huge_finite_numbers_are_refused(client: httpx.Client, field: str) -> None:
     """1e12 s is finite and positive, and forever: the service refuses it rather than running it."""
     r = client.post("/v1/ports", json={"request": {"model_path": "m1", "target": "cpu", field: 1e12}}, headers=A)
     assert r.status_code == 422, r.text
 
 
-def test_batch_budgets_are_capped(client: TestClient) -> None:
+def test_batch_budgets_are_capped(client: httpx.Client) -> None:
     manifest = {"name": "b", "defaults": {"budget": {"run_timeout_s": 1e12}, "timeout_s": 1e12},
                 "models": [{"path": "m1"}]}
     r = client.post("/v1/batches", json={"manifest": manifest, "executor": "local"}, headers=A)
     assert r.status_code == 422, r.text
 
 
-def test_a_client_cannot_choose_the_ray_cluster(client: TestClient) -> None:
+def test_a_client_cannot_choose_the_ray_cluster(client: httpx.Client) -> None:
     """Ray Client exchanges pickles with whatever answers at that address, and ray.init is process-wide:
     the address is the operator's (RAY_ADDRESS of the service), never a request field."""
     manifest = {"name": "b", "models": [{"path": "m1"}]}
