@@ -11,6 +11,7 @@ human approves each patch round (LangGraph ``interrupt_before``).
 from __future__ import annotations
 
 import sqlite3
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -46,9 +47,18 @@ def checkpoint_db() -> Path:
 
 
 def _connect(path: Path | None) -> sqlite3.Connection:
-    # several jobs write checkpoints at once: WAL plus a busy timeout instead of "database is locked"
-    conn = sqlite3.connect(str(path or checkpoint_db()), check_same_thread=False, timeout=60)
-    conn.execute("PRAGMA journal_mode=WAL")
+    # Several jobs (batch workers are processes) write checkpoints at once: WAL plus a busy timeout, and
+    # autocommit, so no transaction that read turns into one that writes (in WAL that upgrade fails at once
+    # with "database is locked" when another process wrote in between; the busy timeout does not cover it).
+    conn = sqlite3.connect(str(path or checkpoint_db()), check_same_thread=False, timeout=60, isolation_level=None)
+    for attempt in range(20):  # switching to WAL takes an exclusive lock once, when the file is new
+        try:
+            conn.execute("PRAGMA journal_mode=WAL")
+            break
+        except sqlite3.OperationalError:
+            if attempt == 19:
+                raise
+            time.sleep(0.25 * (attempt + 1))
     return conn
 
 

@@ -178,6 +178,18 @@ def stop_runs_when(check: Callable[[], bool]) -> Iterator[None]:
         _stop_check.reset(token)
 
 
+def uid_tasks(uid: int | None = None) -> int:
+    """Tasks (threads) the user runs now, as RLIMIT_NPROC counts them."""
+    uid = os.getuid() if uid is None else uid
+    count = 0
+    for status in Path("/proc").glob("[0-9]*/status"):
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            fields = dict(line.split(":", 1) for line in status.read_text().splitlines() if ":" in line)
+            if int(fields["Uid"].split()[0]) == uid:
+                count += int(fields.get("Threads", "1"))
+    return count
+
+
 def _die_with_parent() -> None:
     """PR_SET_PDEATHSIG(SIGKILL): a server killed with SIGKILL takes its runs down with it."""
     import ctypes
@@ -187,6 +199,10 @@ def _die_with_parent() -> None:
 
 
 def _preexec(limits: Limits, cgroup: Path | None):  # type: ignore[no-untyped-def]
+    # RLIMIT_NPROC counts every task of the user, not the run's: the run gets max_procs beyond what the
+    # user already runs (a server or a test runner with its own threads would otherwise leave it none).
+    nproc = uid_tasks() + limits.max_procs  # counted here, in the parent, not between fork and exec
+
     def apply() -> None:
         _die_with_parent()
         if cgroup is not None:
@@ -199,9 +215,10 @@ def _preexec(limits: Limits, cgroup: Path | None):  # type: ignore[no-untyped-de
         cpu_s = limits.cpu_s or int(limits.wall_s * (os.cpu_count() or 1)) + 10
         resource.setrlimit(resource.RLIMIT_CPU, (cpu_s, cpu_s + 5))
         resource.setrlimit(resource.RLIMIT_FSIZE, (limits.file_size_mb * mb, limits.file_size_mb * mb))
-        # root in some containers cannot lower NPROC below the current count (and root ignores it anyway)
+        # Root in some containers cannot lower NPROC below the current count (and root with CAP_SYS_RESOURCE
+        # ignores it; the cgroup's pids.max is the cap that holds there).
         with contextlib.suppress(ValueError, OSError):
-            resource.setrlimit(resource.RLIMIT_NPROC, (limits.max_procs, limits.max_procs))
+            resource.setrlimit(resource.RLIMIT_NPROC, (nproc, nproc))
 
     return apply
 

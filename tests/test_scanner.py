@@ -475,8 +475,9 @@ def test_two_thousand_line_model_scans_quickly() -> None:
     spent = time.process_time() - t0
     assert len([f for f in findings if f.rule == "fused-attention-opportunity"]) == 90
     # About 2.5-3 s of CPU on an idle machine (the H4 detector asks which of the 90 RMSNorm sites
-    # fused-rms-norm covers, on the scan's own tree); the bound leaves room for a loaded CI box.
-    assert spent < 5.0, spent
+    # fused-rms-norm covers, on the scan's own tree), 7 s on the slower CI box; a detector that turns
+    # quadratic in the sites costs tens of seconds here, which the bound still catches.
+    assert spent < 15.0, spent
 
 
 def test_example_ocr_mini_has_the_planted_hazards() -> None:
