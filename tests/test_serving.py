@@ -15,9 +15,9 @@ from typing import Any
 import pytest
 import yaml
 
-from agents.deploy import serving, vllm
+from agents.deploy import serving, token_gate, vllm
 from agents.deploy.serve_report import deployment_lines
-from sandbox.serve_export import convert, llama_layout
+from sandbox.serve_layouts import Layout, convert, decoder_layout, layout_config
 from tests.conftest import REPO_ROOT
 
 TINY = REPO_ROOT / "examples" / "tiny_llm"
@@ -32,23 +32,41 @@ LLAMA_NAMES = ["embed_tokens.weight", "norm.weight", "lm_head.weight"] + [
 def test_llama_layout_maps_names_and_splits_the_fused_mlp() -> None:
     import torch
 
-    arch, mapping = llama_layout(LLAMA_NAMES) or ("", {})
-    assert arch == "LlamaForCausalLM"
-    assert mapping["layers.1.self_attn.q_proj.weight"] == "model.layers.1.self_attn.q_proj.weight"
-    assert mapping["lm_head.weight"] == "lm_head.weight"
+    layout = decoder_layout(LLAMA_NAMES)
+    assert layout is not None and layout.architecture == "LlamaForCausalLM"
+    assert layout.mapping["layers.1.self_attn.q_proj.weight"] == "model.layers.1.self_attn.q_proj.weight"
+    assert layout.mapping["lm_head.weight"] == "lm_head.weight"
     fused = torch.arange(8.0).reshape(4, 2)
-    out = convert({"layers.0.mlp.gate_up_proj.weight": fused}, {"layers.0.mlp.gate_up_proj.weight":
-                                                                 "model.layers.0.mlp.gate_up_proj.weight"})
+    out = convert({"layers.0.mlp.gate_up_proj.weight": fused, "layers.0.self_attn.rotary_emb.inv_freq": fused},
+                  {"layers.0.mlp.gate_up_proj.weight": "model.layers.0.mlp.gate_up_proj.weight"})
     assert torch.equal(out["model.layers.0.mlp.gate_proj.weight"], fused[:2])
     assert torch.equal(out["model.layers.0.mlp.up_proj.weight"], fused[2:])
+    assert len(out) == 2  # the computed rotary table is not carried: vLLM computes its own
 
 
-def test_layout_rules_refuse_what_they_cannot_place() -> None:
-    biased = LLAMA_NAMES + [f"layers.{i}.self_attn.{p}_proj.bias" for i in range(2) for p in "qkv"]
-    assert (llama_layout(biased) or ("",))[0] == "Qwen2ForCausalLM"
-    assert llama_layout([*LLAMA_NAMES, "layers.0.self_attn.rotary.inv_freq"]) is None  # a weight with no place
-    assert llama_layout([n for n in LLAMA_NAMES if "layers.1.mlp.down_proj" not in n]) is None  # a layer short
-    assert llama_layout(["transformer.h.0.attn.c_attn.weight", "transformer.wte.weight"]) is None
+def _with(names: list[str], parts: list[str]) -> list[str]:
+    return names + [f"layers.{i}.{p}" for i in range(2) for p in parts]
+
+
+def test_layout_rules_tell_the_classes_apart_by_norms_and_biases() -> None:
+    qkv = ["self_attn.q_proj.bias", "self_attn.k_proj.bias", "self_attn.v_proj.bias"]
+    assert (decoder_layout(_with(LLAMA_NAMES, qkv)) or Layout("", "", "", {})).architecture == "Qwen2ForCausalLM"
+    every = decoder_layout(_with(LLAMA_NAMES, [*qkv, "self_attn.o_proj.bias"]))  # biases on q, k, v and o
+    assert every is not None and every.architecture == "LlamaForCausalLM" and every.config == {"attention_bias": True}
+    stable = decoder_layout(_with([*LLAMA_NAMES, "norm.bias"], ["input_layernorm.bias", "post_attention_layernorm.bias"]))
+    assert stable is not None and stable.architecture == "StableLmForCausalLM" and not stable.config["use_qkv_bias"]
+    cfg = layout_config({"hidden_size": 64, "num_heads": 4, "num_hidden_layers": 2, "norm_eps": 1e-5, "rope_pct": 0.25,
+                         "vocab_size": 100, "architectures": ["SomethingForCausalLM"], "auto_map": {"x": "y"}},
+                        stable, has_head=True)
+    assert cfg["num_attention_heads"] == 4 and cfg["partial_rotary_factor"] == 0.25 and cfg["layer_norm_eps"] == 1e-5
+    assert cfg["architectures"] == ["StableLmForCausalLM"] and "auto_map" not in cfg and not cfg["tie_word_embeddings"]
+    # What no class holds: half a bias set, an o bias beside LayerNorms, a weight with no place, a layer short.
+    assert decoder_layout(_with(LLAMA_NAMES, ["self_attn.q_proj.bias"])) is None
+    assert decoder_layout(_with([*LLAMA_NAMES, "norm.bias"], ["input_layernorm.bias", "post_attention_layernorm.bias",
+                                                              "self_attn.o_proj.bias"])) is None
+    assert decoder_layout([*LLAMA_NAMES, "layers.0.self_attn.rel_pos.weight"]) is None
+    assert decoder_layout([n for n in LLAMA_NAMES if "layers.1.mlp.down_proj" not in n]) is None
+    assert decoder_layout(["transformer.h.0.attn.c_attn.weight", "transformer.wte.weight"]) is None
 
 
 def test_head_size_override_keeps_the_heads() -> None:
@@ -67,6 +85,42 @@ def test_token_gate_is_calibrated_to_the_reference_drift() -> None:
     assert within["ok"] and within["match_rate_served_vs_fp32"] == 0.875
     worse = serving.token_check([[1, 0, 0, 0], [5, 6, 7, 8]], {"float32": fp32, "bfloat16": bf16}, "bfloat16")
     assert not worse["ok"] and "mismatch" in worse["verdict"]
+
+
+def _lp(rows: list[list[dict[int, float]]]) -> list[list[dict[str, object]]]:
+    """Reference logprob rows (teacher forced) from {token: logprob} dicts."""
+    return [[{"top": pos} for pos in row] for row in rows]
+
+
+def test_logprobs_decide_a_divergence_at_a_near_tie_and_refuse_a_real_one() -> None:
+    fp32 = [[1, 2, 3]]
+    ref32 = _lp([[{1: -0.1, 7: -2.5}, {2: -0.70, 9: -0.72}, {3: -0.2, 4: -1.9}]])  # position 1: a near-tie
+    ref16 = _lp([[{1: -0.11, 7: -2.49}, {2: -0.71, 9: -0.70}, {3: -0.21, 4: -1.88}]])  # drift 0.02 -> tol 0.05
+    tie = [[1, 9, 5]]  # the server took the other side of the tie, then decoded its own context
+    served_lps = [[{"1": -0.12, "7": -2.48}, {"9": -0.69, "2": -0.71}, {"5": -0.3}]]
+    rec = token_gate.token_check(tie, {"float32": fp32, "bfloat16": fp32}, "bfloat16", served_lps,
+                                 {"float32": ref32, "bfloat16": ref16})
+    assert rec["ok"] and rec["decided_by"] == "top-k logprobs", rec["verdict"]
+    assert rec["logprobs"]["tolerance"] == 0.05 and rec["logprobs"]["divergences"][0]["position"] == 1
+    assert rec["match_rate_served_vs_fp32"] == round(1 / 3, 4)  # the rate is still reported
+    # The same divergence where float32 had a clear winner (gap 1.8 nats) is a mismatch, whatever the rate says.
+    clear = _lp([[{1: -0.1, 7: -2.5}, {2: -0.1, 9: -1.9}, {3: -0.2, 4: -1.9}]])
+    bad = token_gate.token_check(tie, {"float32": fp32, "bfloat16": fp32}, "bfloat16", served_lps,
+                                 {"float32": clear, "bfloat16": clear})
+    assert not bad["ok"] and "not in float32's top-k" not in bad["verdict"] and "beyond the tolerance" in bad["verdict"]
+    # Equal tokens with logprobs far apart before any divergence: exact tokens pass (they decide first), and
+    # the logprob record still shows the gap.
+    far = [[{"1": -0.1, "7": -2.5}, {"2": -0.2, "9": -0.72}, {"3": -0.2, "4": -1.9}]]
+    same = token_gate.token_check(fp32, {"float32": fp32, "bfloat16": fp32}, "bfloat16", far,
+                                  {"float32": ref32, "bfloat16": ref16})
+    assert same["ok"] and same["decided_by"] == "exact tokens" and same["logprobs"]["max_abs_diff"] == 0.5
+
+
+def test_without_logprobs_the_rate_decides_and_says_why() -> None:
+    fp32, bf16 = [[1, 2, 3, 4]], [[1, 2, 9, 9]]
+    rec = token_gate.token_check([[1, 2, 3, 0]], {"float32": fp32, "bfloat16": bf16}, "bfloat16",
+                                 logprobs_note="the server returned no top-k logprobs")
+    assert rec["ok"] and rec["decided_by"] == "token-match rate" and "no top-k logprobs" in rec["mode"]
 
 
 def test_ascend_only_settings_are_listed_not_exercised() -> None:

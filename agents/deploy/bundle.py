@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 from pathlib import Path
 from typing import Any
 
@@ -101,8 +102,19 @@ def write_deploy_bundle(state: dict[str, Any], out_dir: Path) -> dict[str, str]:
         # serve.sh says itself whether it was started and what came of it (never an untested script unmarked).
         head, _, rest = Path(files["serve_sh"]).read_text().partition("\n")
         note = f"# Started by npuport on this host ({record.get('host')}): {serve_report.deployment_summary(record)}"
+        if record.get("status") == "no vLLM path":
+            rest = no_path_guard(rest, str(record.get("error") or ""))
         _write(Path(files["serve_sh"]), f"{head}\n{note[:400].replace(chr(10), ' ')} (deployment.json)\n{rest}", True)
     return files
+
+
+def no_path_guard(script: str, reason: str) -> str:
+    """serve.sh of a model vLLM has no path for: it stops with the reason before anything starts (the vLLM
+    command stays below it, for whoever adds a model class)."""
+    why = shlex.quote(f"serve.sh: no vLLM path for this model: {reason.splitlines()[0][:300] if reason else ''}. "
+                      "vLLM has no class for it and cannot run its code (report.md, Deployment, lists what a vLLM "
+                      "model class would need); the command below is what would serve it with one.")
+    return script.replace("set -euo pipefail\n", f"set -euo pipefail\necho {why} >&2\nexit 3\n", 1)
 
 
 NOT_MEASURED = "not measured"
