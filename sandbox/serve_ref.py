@@ -153,10 +153,16 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
     config, _ = load_config(model_dir, manifest, {"shrink": spec.get("shrink"),
                                                   "config_overrides": spec.get("config_overrides")})
     cls = _import_with_stubs(lambda: _load_attr(manifest["entry"]["class"], model_dir), True, stubbed)
-    torch.manual_seed(seed)
-    model = _import_with_stubs(lambda: build_model(cls, config, model_dir), True, stubbed)
-    seed_parameters(model, seed)
-    model.eval()
+
+    def fresh(dtype: str) -> Any:
+        """The model as the reference built it (same seeded weights), in ``dtype`` before its first call: a
+        model converted after running keeps caches of the old dtype (rotary tables kept as attributes)."""
+        torch.manual_seed(seed)
+        built = _import_with_stubs(lambda: build_model(cls, config, model_dir), True, stubbed)
+        seed_parameters(built, seed)
+        return built.eval().to(getattr(torch, dtype))
+
+    model = fresh("float32")
     run_cfg = manifest.get("run") or {}
     kwargs = dict(run_cfg.get("kwargs") or {})
     max_new = int(spec.get("max_new_tokens") or kwargs.get("max_new_tokens") or 8)
@@ -193,29 +199,31 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
         out["servable"]["tokenizer"] = True
         out["servable"]["tokenizer_note"] = ("npuport's stand-in tokenizer (the folder has none that loads), written "
                                              "as tokenizer.json: the reference's ids per character")
+    low = spec.get("dtype") or "bfloat16"
+    models = {"float32": model, low: fresh(low)}
+    name = run_cfg.get("method", "generate")
     refs: dict[str, list[list[int]]] = {}
-    for dtype in ("float32", spec.get("dtype") or "bfloat16"):
-        model.to(getattr(torch, dtype))
-        refs[dtype] = ([_new_tokens(generate_with(method, inputs, max_new, kwargs), prompts[0])] if image is not None
-                       else [_new_tokens(_generate(method, [p], max_new, pad, kwargs), p) for p in prompts])
+    for dtype, m in models.items():
+        call = getattr(m, name)
+        refs[dtype] = ([_new_tokens(generate_with(call, inputs, max_new, kwargs), prompts[0])] if image is not None
+                       else [_new_tokens(_generate(call, [p], max_new, pad, kwargs), p) for p in prompts])
     out["reference_tokens"] = refs
     # Top-k logprobs along the float32 tokens, in float32 and in the serving dtype (the reference's own drift),
-    # for the served check's near-ties (agents/deploy/serving.py token_check).
+    # for the served check's near-ties (agents/deploy/token_gate.py).
     try:
         if image is not None:
             raise ValueError("teacher forcing along an image prompt is not driven (the model's forward takes the "
                              "image inputs its own generate prepares)")
-        lps: dict[str, Any] = {}
-        for dtype in ("float32", spec.get("dtype") or "bfloat16"):
-            model.to(getattr(torch, dtype))
-            lps[dtype] = [teacher_forced_logprobs(model, p, t) for p, t in zip(prompts, refs["float32"], strict=True)]
+        lps = {dtype: [teacher_forced_logprobs(m, p, t) for p, t in zip(prompts, refs["float32"], strict=True)]
+               for dtype, m in models.items()}
         out["reference_logprobs"] = lps if all(v is not None for rows in lps.values() for v in rows) else None
         if out["reference_logprobs"] is None:
             out["logprobs_note"] = "the model's forward returns no per-position logits: no logprobs compared"
     except Exception as exc:  # a forward the text path cannot drive (extra required inputs, ...)
         out["reference_logprobs"] = None
         out["logprobs_note"] = f"the reference logprobs could not be computed ({type(exc).__name__}: {str(exc)[:200]})"
-    model.to(getattr(torch, spec.get("dtype") or "bfloat16"))
+    method = getattr(models[low], name)  # Transformers' throughput in the serving dtype
+    del models["float32"], model
     phases["reference_s"] = round(time.monotonic() - mark, 1)
     # Each throughput measurement gets an equal share of the budget (a loaded host must not time the run out).
     sizes = [(spec["requests"], b, "transformers") for b in spec.get("batches") or []] + \
@@ -229,7 +237,7 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
     for reqs, b, key in sizes:
         out[key].append(_throughput(method, reqs, b, pad, kwargs, time.monotonic() + share))
     phases["throughput_s"] = round(time.monotonic() - mark - phases["reference_s"], 1)
-    out["transformers_dtype"] = spec.get("dtype") or "bfloat16"
+    out["transformers_dtype"] = low
     out["ok"] = True
     return out
 
