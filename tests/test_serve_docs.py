@@ -65,6 +65,9 @@ def test_without_the_docs_documented_defaults_are_used_and_said(tmp_path: Path) 
     state = {"request": {"model_path": str(model)}, "entry": {"config": "config.json"}}
     settings, plan = serve_plan(state, model, search=lambda q, k: [])
     assert "documented defaults are used" in plan.note
+    # ... and what the docs would have given a model of this class (multimodal, MoE, remote code)
+    assert "VLLM_ASCEND_ENABLE_NZ" in plan.note and "--mm-processor-cache-gb" in plan.note
+    assert "--no-enable-prefix-caching" in plan.note and "--additional-config" in plan.note
     by = {s.name: s for s in settings}
     assert by["gpu-memory-utilization"].source == "documented default"
     assert by["PYTORCH_NPU_ALLOC_CONF"].citation.startswith("documented default")
