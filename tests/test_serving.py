@@ -208,6 +208,8 @@ def test_vllm_serves_the_port_and_its_tokens_match(tmp_path: Path, npuport_home:
     tok = rec["tokens"]
     assert tok["ok"] and len(tok["served"]) == 2 and all(len(row) == 8 for row in tok["served"])
     assert tok["match_rate_served_vs_fp32"] >= tok["match_rate_ref_dtype_vs_fp32"]
+    # top-k logprobs came back through the server (no tokenizer: keyed by token id) and were compared
+    assert tok["logprobs"] and tok["logprobs"]["compared"] >= 16 and tok["decided_by"] in ("exact tokens", "top-k logprobs")
     assert [r["concurrency"] for r in rec["throughput"]["rows"]] == [1, 4]
     assert all(r["output_tokens_per_s"] > 0 for r in rec["throughput"]["rows"])
     assert any("TASK_QUEUE_ENABLE" in n for n in rec["not_exercised"]) and "dtype" in rec["exercised"]
@@ -253,3 +255,107 @@ def test_export_decides_the_vllm_path_from_classes_and_layout(tmp_path: Path) ->
     assert set(load_file(str(tmp_path / "b" / "model.safetensors"))) == {"proj.weight", "proj.bias"}
     assert (tmp_path / "b" / "modeling_x.py").is_file()  # vLLM loads a remote-code config class from the folder
     assert json.loads((tmp_path / "b" / "npuport-servable.json").read_text())["implementation"] == "vllm-native"
+
+
+# A remote-code model with hand-written attention (not transformers' attention interface) and weights of no
+# vLLM class's layout: vLLM's Transformers backend refuses it, so it has no vLLM path.
+NO_PATH_CODE = """
+import torch
+from torch import nn
+from transformers import PretrainedConfig, PreTrainedModel
+from transformers.modeling_outputs import CausalLMOutput
+
+
+class TinyAttnConfig(PretrainedConfig):
+    model_type = "tiny_attn_lm"
+
+    def __init__(self, vocab_size=64, width=32, **kwargs):
+        self.vocab_size, self.width = vocab_size, width
+        super().__init__(**kwargs)
+
+
+class PlainAttention(nn.Module):
+    def __init__(self, width):
+        super().__init__()
+        self.qkv = nn.Linear(width, 3 * width)
+        self.out = nn.Linear(width, width)
+
+    def forward(self, x):
+        q, k, v = self.qkv(x).chunk(3, -1)
+        mask = torch.full((x.shape[1], x.shape[1]), float("-inf")).triu(1)
+        return self.out(torch.softmax(q @ k.transpose(-1, -2) / q.shape[-1] ** 0.5 + mask, -1) @ v)
+
+
+class TinyAttnForCausalLM(PreTrainedModel):
+    config_class = TinyAttnConfig
+
+    def __init__(self, config):
+        if isinstance(config, dict):
+            config = TinyAttnConfig(**config)
+        super().__init__(config)
+        self.wte = nn.Embedding(config.vocab_size, config.width)
+        self.attn = PlainAttention(config.width)
+        self.head = nn.Linear(config.width, config.vocab_size)
+        self.post_init()
+
+    def forward(self, input_ids, **kwargs):
+        h = self.wte(input_ids)
+        return CausalLMOutput(logits=self.head(h + self.attn(h)))
+
+    @torch.no_grad()
+    def generate(self, input_ids, max_new_tokens=4, **kwargs):
+        ids = input_ids
+        for _ in range(max_new_tokens):
+            ids = torch.cat([ids, self.forward(ids).logits[:, -1].argmax(-1, keepdim=True)], 1)
+        return ids
+
+
+def make_inputs(config, seed):
+    g = torch.Generator().manual_seed(seed)
+    return {"input_ids": torch.randint(1, 64, (1, 5), generator=g)}
+"""
+NO_PATH_CONFIG = {"architectures": ["TinyAttnForCausalLM"], "model_type": "tiny_attn_lm", "vocab_size": 64, "width": 32,
+                  "auto_map": {"AutoConfig": "modeling_tiny_attn.TinyAttnConfig",
+                               "AutoModelForCausalLM": "modeling_tiny_attn.TinyAttnForCausalLM"}}
+NO_PATH_MANIFEST = {"name": "tiny_attn", "entry": {"class": "modeling_tiny_attn:TinyAttnForCausalLM"},
+                    "config": "config.json", "inputs": "modeling_tiny_attn:make_inputs",
+                    "run": {"method": "generate", "kwargs": {"max_new_tokens": 4}}}
+
+
+@pytest.mark.slow
+def test_a_class_the_transformers_backend_refuses_has_no_vllm_path(tmp_path: Path, npuport_home: Path) -> None:
+    import sys
+
+    model = tmp_path / "tiny_attn"
+    model.mkdir()
+    (model / "modeling_tiny_attn.py").write_text(NO_PATH_CODE)
+    (model / "config.json").write_text(json.dumps(NO_PATH_CONFIG))
+    b = _bundle(tmp_path, _settings())
+    shutil.copytree(model, b / "patched")
+    (b / "deploy.json").write_text(json.dumps({"serve_settings": [s.model_dump() for s in _settings()]}))
+    state = {"request": {"model_path": str(model)}, "entry": NO_PATH_MANIFEST, "environment": {"python": sys.executable}}
+    rec = serving.exercise(state, b, tmp_path / "runs", requests=4, concurrencies=(1,))
+    assert rec["status"] == "no vLLM path", rec.get("error")
+    assert "refuses TinyAttnForCausalLM" in rec["error"] and "attention interface" in rec["error"]
+    assert "start_s" not in rec and "tokens" not in rec  # no server was started for it
+    needs = rec["servable"]["needs"]
+    assert needs["leaf_layers"] == {"Embedding": 1, "Linear": 3} and "attn.qkv.weight" in needs["weight_names"]
+    text = "\n".join(deployment_lines(rec))
+    assert "No vLLM path" in text and "What a vLLM model class would need" in text and "FAILED" not in text
+
+
+def test_serve_sh_of_a_model_with_no_vllm_path_stops_with_the_reason(tmp_path: Path) -> None:
+    from agents.deploy.bundle import no_path_guard
+
+    b = _bundle(tmp_path, _settings())
+    sh = b / "serve.sh"
+    sh.write_text(no_path_guard(sh.read_text(), "vLLM's Transformers backend refuses FooForCausalLM"))
+    marker = tmp_path / "vllm-ran"
+    (tmp_path / "bin").mkdir()
+    fake = tmp_path / "bin" / "vllm"
+    fake.write_text(f"#!/usr/bin/env bash\ntouch {marker}\n")
+    fake.chmod(0o755)
+    done = subprocess.run(["bash", str(sh)], capture_output=True, text=True,
+                          env={**os.environ, "PATH": f"{fake.parent}:{os.environ['PATH']}"})
+    assert done.returncode == 3 and "no vLLM path" in done.stderr and "refuses FooForCausalLM" in done.stderr
+    assert not marker.exists()
