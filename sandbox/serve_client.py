@@ -162,6 +162,7 @@ def backend_refusal(servable: Path) -> str | None:
     cfg = json.loads((servable / "config.json").read_text())
     ref = next((v for k, v in (cfg.get("auto_map") or {}).items() if k.startswith("AutoModel")), None)
     arch = (cfg.get("architectures") or ["?"])[0]
+    cls: Any = None
     try:
         if ref:
             from transformers.dynamic_module_utils import get_class_from_dynamic_module

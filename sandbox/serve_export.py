@@ -53,10 +53,12 @@ def _save(state: dict[str, Any], out_dir: Path) -> None:
 
 
 def export(model: Any, config: dict[str, Any], model_dir: Path, code_dir: Path, out_dir: Path,
-           known: set[str]) -> dict[str, Any]:
+           known: set[str], config_types: set[str] | None = None) -> dict[str, Any]:
     """Write the servable folder for ``model`` (built and seeded as the reference was) into ``out_dir``;
     returns {implementation, architecture, detail, tokenizer, ...}. ``code_dir`` holds the ported code;
-    ``known`` is the architectures vLLM implements (asked of the vLLM environment)."""
+    ``known`` is the architectures vLLM implements, ``config_types`` the config model types its env reads
+    with its own classes (both asked of the vLLM environment)."""
+    config_types = config_types or set()
     out_dir.mkdir(parents=True, exist_ok=True)
     archs = [a for a in config.get("architectures") or [] if isinstance(a, str)]
     state = dict(model.state_dict())
@@ -66,7 +68,13 @@ def export(model: Any, config: dict[str, Any], model_dir: Path, code_dir: Path, 
         info.update(implementation="vllm-native", architecture=archs[0],
                     detail=f"vLLM's own {archs[0]} class serves the model; it ignores the patched modeling code")
         _save(state, out_dir)
-        if isinstance(config.get("auto_map"), dict):  # vLLM loads the config (and tokenizer) class from the code
+        if config.get("model_type") in config_types and isinstance(config.get("auto_map"), dict):
+            # vLLM's class was written for the config class its env has for this model type (transformers' own,
+            # or vLLM's); the release's configuration file of an older era lacks what that class reads.
+            served_config = {k: v for k, v in config.items() if k != "auto_map"}
+            info["config"] = (f"config.json read by the vLLM env's own config class for model type "
+                              f"{config['model_type']!r}, not the release's configuration code")
+        elif isinstance(config.get("auto_map"), dict):  # vLLM loads the config (and tokenizer) class from the code
             for p in code_dir.glob("*.py"):
                 shutil.copy2(p, out_dir / p.name)
     elif (layout := decoder_layout(list(state))) is not None:

@@ -98,8 +98,8 @@ def decoder_layout(names: list[str]) -> Layout | None:
     for parts in layers.values():
         if not parts >= _ATTN | _NORMS:
             return None
-        rest = parts - _ATTN - _NORMS - _NORM_BIAS - _QKV_BIAS - _O_BIAS
-        if rest not in _MLP:
+        mlp = parts - _ATTN - _NORMS - _NORM_BIAS - _QKV_BIAS - _O_BIAS
+        if mlp not in _MLP:
             return None
         for group in (_NORM_BIAS, _QKV_BIAS):
             if parts & group and not parts >= group:

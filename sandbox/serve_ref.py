@@ -191,7 +191,7 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
     mark = time.monotonic()
     # Saved before any dtype cast: the served weights are the reference's float32 weights.
     out["servable"] = export(model, config, model_dir, Path(spec["code_dir"]), Path(spec["servable_dir"]),
-                             set(spec.get("vllm_archs") or []))
+                             set(spec.get("vllm_archs") or []), set(spec.get("vllm_model_types") or []))
     if image is not None and image["stand_in"] and out["servable"]["implementation"] != "none":
         # vLLM's image processor needs a tokenizer: the reference's stand-in, as a tokenizer.json
         tok, _ = load_tokenizer(model_dir, config)

@@ -169,6 +169,7 @@ def exercise(state: dict[str, Any], bundle: Path, run_root: Path, *, requests: i
         "model_dir": str(model_dir), "manifest": manifest, "shrink": req.shrink, "seed": 0,
         "config_overrides": overrides, "code_dir": str((bundle / "patched").resolve()),
         "servable_dir": str(servable.resolve()), "vllm_archs": facts["archs"], "dtype": dtype,
+        "vllm_model_types": facts.get("model_types") or [],
         "requests": work[:hf_single or requests], "batches": [1],
         "threads": THREADS, "batch_requests": work,
         "batch_sizes": [c for c in concurrencies if c > 1], "throughput_budget_s": throughput_budget_s,
