@@ -105,7 +105,10 @@ def vllm_facts(python: Path) -> dict[str, Any]:
         facts = dict(json.loads(cached.read_text()))
         if all(k in facts for k in FACTS_KEYS):  # else written by an older npuport: ask again
             return facts
-    done = subprocess.run([str(python), "-c", FACTS_SCRIPT], capture_output=True, text=True, timeout=300)
+    try:  # importing vLLM takes minutes on a loaded host
+        done = subprocess.run([str(python), "-c", FACTS_SCRIPT], capture_output=True, text=True, timeout=1200)
+    except subprocess.TimeoutExpired as exc:
+        raise EnvBuildError(f"importing vLLM in {python} took longer than {exc.timeout:g} s") from exc
     if done.returncode != 0:
         raise EnvBuildError(f"vLLM does not import in {python}: {done.stderr.strip()[-800:]}")
     facts = dict(json.loads(done.stdout.strip().splitlines()[-1]))
