@@ -214,6 +214,9 @@ def exercise(state: dict[str, Any], bundle: Path, run_root: Path, *, requests: i
         template.write_text(image["chat_template"])
         extra += ["--chat-template", str(template.resolve())]
         record["image_request"] = {k: image[k] for k in ("text", "placeholder", "tokenizer", "chat_template")}
+        # vLLM profiles its vision encoder on a large dummy image at start-up, and every request runs it: on a
+        # CPU that takes several times a text model's start and requests.
+        start_timeout_s *= 2
     client = _sandboxed("sandbox.serve_client", str(vpython), {
         "serve_sh": str((bundle / "serve.sh").resolve()), "servable_dir": str(servable.resolve()),
         "serve_dir": str((run_dir / "serve_model").resolve()), "port": _free_port(), "extra_args": extra,
@@ -221,7 +224,7 @@ def exercise(state: dict[str, Any], bundle: Path, run_root: Path, *, requests: i
         "logprobs": TOP_K if ref.get("reference_logprobs") else None, "requests": work,
         "concurrencies": list(concurrencies), "start_timeout_s": start_timeout_s, "log_path": str(run_dir / "server.log"),
         "check_backend": ref["servable"]["implementation"] == "transformers-backend", "image_request": image,
-    }, run_dir, readable, start_timeout_s + 900, env=env)
+    }, run_dir, readable, start_timeout_s + (2400 if image is not None else 900), env=env)
     if client.get("no_path"):
         record.update(status="no vLLM path", implementation="none",
                       error=f"{client['no_path']}; the weights have no layout of a vLLM class either")
