@@ -77,16 +77,31 @@ def _accepts(method: Any, name: str) -> bool:
 def _throughput(method: Any, requests: list[dict[str, Any]], batch: int, pad: int,
                 kwargs: dict[str, Any]) -> dict[str, Any]:
     """Requested output tokens per second: batches of ``batch`` requests, each batch padded to its longest
-    prompt and decoded to its longest output (what a caller of ``generate`` waits for)."""
+    prompt and decoded to its longest output (what a caller of ``generate`` waits for). Latency, per batch as
+    a server running ``generate`` would give it (a request waits for its batch): TTFT is a call generating one
+    token on the first batch, TPOT the rest of that batch's time per decoded step. ``computed_tokens`` counts
+    the rows x steps decoded (padding included) against the tokens asked for."""
     start = time.perf_counter()
-    tokens = 0
+    tokens = computed = 0
+    first_s = 0.0
     for i in range(0, len(requests), batch):
         group = requests[i:i + batch]
-        _generate(method, [r["prompt"] for r in group], max(r["max_tokens"] for r in group), pad, kwargs)
+        t = time.perf_counter()
+        steps = max(r["max_tokens"] for r in group)
+        _generate(method, [r["prompt"] for r in group], steps, pad, kwargs)
+        first_s = first_s or time.perf_counter() - t
         tokens += sum(r["max_tokens"] for r in group)
+        computed += len(group) * steps
     wall = time.perf_counter() - start
+    group = requests[:batch]
+    t = time.perf_counter()
+    _generate(method, [r["prompt"] for r in group], 1, pad, kwargs)
+    ttft = time.perf_counter() - t
+    steps = max(r["max_tokens"] for r in group)
     return {"batch": batch, "requests": len(requests), "output_tokens": tokens, "wall_s": round(wall, 3),
-            "output_tokens_per_s": round(tokens / wall, 2) if wall > 0 else None}
+            "output_tokens_per_s": round(tokens / wall, 2) if wall > 0 else None, "computed_tokens": computed,
+            "median_ttft_ms": round(ttft * 1000, 1),
+            "median_tpot_ms": round(max(first_s - ttft, 0.0) / max(steps - 1, 1) * 1000, 2)}
 
 
 def run(spec: dict[str, Any]) -> dict[str, Any]:
@@ -128,13 +143,16 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
     pad = int(config.get("pad_token_id") or 0)
     out["prompts"] = prompts
     out["max_new_tokens"] = max_new
-    # Saved before any dtype cast: the served weights are the reference's float32 weights.
-    out["servable"] = export(model, config, model_dir, Path(spec["code_dir"]), Path(spec["servable_dir"]),
-                             set(spec.get("vllm_archs") or []))
     refs: dict[str, list[list[int]]] = {}
-    for dtype in ("float32", spec.get("dtype") or "bfloat16"):
-        model.to(getattr(torch, dtype))
-        refs[dtype] = [_new_tokens(_generate(method, [p], max_new, pad, kwargs), p) for p in prompts]
+    if spec.get("throughput_only"):  # Transformers' throughput alone (at other threads): no export, no references
+        model.to(getattr(torch, spec.get("dtype") or "bfloat16"))
+    else:
+        # Saved before any dtype cast: the served weights are the reference's float32 weights.
+        out["servable"] = export(model, config, model_dir, Path(spec["code_dir"]), Path(spec["servable_dir"]),
+                                 set(spec.get("vllm_archs") or []))
+        for dtype in ("float32", spec.get("dtype") or "bfloat16"):
+            model.to(getattr(torch, dtype))
+            refs[dtype] = [_new_tokens(_generate(method, [p], max_new, pad, kwargs), p) for p in prompts]
     out["reference_tokens"] = refs
     out["transformers"] = [_throughput(method, spec["requests"], b, pad, kwargs) for b in spec.get("batches") or []]
     out["transformers_batched"] = [_throughput(method, spec["batch_requests"], b, pad, kwargs)

@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from agents.deploy.vllm import ASCEND_ONLY_ENV, ASCEND_ONLY_FLAGS
 from agents.deploy.vllm_env import ensure_vllm_env, vllm_facts
 from agents.request import request_of
 from knowledge.errors import NpuportError
@@ -23,10 +24,7 @@ from sandbox.process import Limits, Mounts, default_sandbox, scrub, scrubbed_env
 from sandbox.targets import target_spec_of
 
 CONCURRENCIES = (1, 8, 32)
-# Settings of serve.sh that only an Ascend host reads; on this host they are present and not exercised.
-ASCEND_ONLY_ENV = ("VLLM_ASCEND_", "TASK_QUEUE_ENABLE", "PYTORCH_NPU_ALLOC_CONF", "HCCL_", "ASCEND_")
-ASCEND_ONLY_FLAGS = {"additional-config": "read by vllm-ascend's platform plugin",
-                     "gpu-memory-utilization": "the CPU engine sizes its KV cache from VLLM_CPU_KVCACHE_SPACE"}
+# Settings of serve.sh that only an Ascend host reads (agents/deploy/vllm.py); here present and not exercised.
 # Both sides compute on THREADS CPU threads (vLLM's engine bound to cores 0..THREADS-1): like for like, and on a
 # shared small host more OpenMP threads than free cores slow a small model down many times over.
 THREADS = 1
@@ -152,9 +150,12 @@ def exercised_settings(settings: list[dict[str, Any]]) -> tuple[list[str], list[
 
 def exercise(state: dict[str, Any], bundle: Path, run_root: Path, *, requests: int = 48,
              hf_single: int | None = None, concurrencies: tuple[int, ...] = CONCURRENCIES,
-             start_timeout_s: float = 300.0) -> dict[str, Any]:
+             start_timeout_s: float = 300.0, write_serve: Any = None, tune: Any = None) -> dict[str, Any]:
     """Serve the port with the bundle's serve.sh and check it; the deployment record (never raises for a
-    model's failure: a server that does not start is a failed deployment with its own error)."""
+    model's failure: a server that does not start is a failed deployment with its own error). With tuning
+    (``tune``, else the request's) and ``write_serve`` (re-renders the bundle's serve.sh with an engine
+    configuration), the engine's knobs are tuned on the real engine afterwards (agents/deploy/engine_tune.py);
+    a callable ``tune`` is handed the engine context instead (bench/record_engine_landscapes.py)."""
     from sandbox.shrink import shrink_config
 
     req = request_of(state)
@@ -192,14 +193,15 @@ def exercise(state: dict[str, Any], bundle: Path, run_root: Path, *, requests: i
     for s in json.loads((bundle / "deploy.json").read_text()).get("serve_settings") or []:
         if s["name"] == "dtype":
             dtype = str(s["value"])
-    ref = _sandboxed("sandbox.serve_ref", port_python, {
+    ref_spec = {
         "model_dir": str(model_dir), "manifest": manifest, "shrink": req.shrink, "seed": 0,
         "config_overrides": overrides, "code_dir": str((bundle / "patched").resolve()),
         "servable_dir": str(servable.resolve()), "vllm_archs": facts["archs"], "dtype": dtype,
         "requests": work[:hf_single or requests], "batches": [1],
         "threads": THREADS, "batch_requests": work,
         "batch_sizes": [c for c in concurrencies if c > 1],
-    }, run_dir, [model_dir, bundle / "patched"], 900)
+    }
+    ref = _sandboxed("sandbox.serve_ref", port_python, ref_spec, run_dir, [model_dir, bundle / "patched"], 900)
     record.update(config_note=note, overrides=overrides, dtype=dtype, isolation=ref.get("isolation"))
     if not ref.get("ok"):
         failure = ref.get("exception") or {}
@@ -214,21 +216,31 @@ def exercise(state: dict[str, Any], bundle: Path, run_root: Path, *, requests: i
     record["exercised"], record["not_exercised"] = exercised_settings(settings)
     if on_npu:
         record["exercised"], record["not_exercised"] = [s["name"] for s in settings], []
-    extra = [] if on_npu else [*HOST_ARGS]
+    needed = []  # what every start needs on this host
     if not ref["servable"].get("tokenizer"):
-        extra.append("--skip-tokenizer-init")  # prompts go in as token ids
+        needed.append("--skip-tokenizer-init")  # prompts go in as token ids
     if ref["servable"]["implementation"] == "transformers-backend":
-        extra += ["--model-impl", "transformers"]
-    extra += ["--max-num-seqs", str(max(concurrencies))]
+        needed += ["--model-impl", "transformers"]
+    extra = [*([] if on_npu else HOST_ARGS), *needed, "--max-num-seqs", str(max(concurrencies))]
     env = {**({} if on_npu else HOST_ENV), "PATH": f"{vpython.parent}:/usr/local/bin:/usr/bin:/bin"}  # its `vllm`
     served_name = Path(req.model_path).name
-    client = _sandboxed("sandbox.serve_client", str(vpython), {
-        "serve_sh": str((bundle / "serve.sh").resolve()), "servable_dir": str(servable.resolve()),
-        "serve_dir": str((run_dir / "serve_model").resolve()), "port": _free_port(), "extra_args": extra,
-        "model_name": served_name, "prompts": ref["prompts"], "max_new_tokens": ref["max_new_tokens"],
-        "logprobs": 5 if ref["servable"].get("tokenizer") else None, "requests": work,
-        "concurrencies": list(concurrencies), "start_timeout_s": start_timeout_s, "log_path": str(run_dir / "server.log"),
-    }, run_dir, [bundle], start_timeout_s + 900, env=env)
+    base = {"serve_sh": str((bundle / "serve.sh").resolve()), "servable_dir": str(servable.resolve()),
+            "serve_dir": str((run_dir / "serve_model").resolve()), "model_name": served_name,
+            "prompts": ref["prompts"], "max_new_tokens": ref["max_new_tokens"], "start_timeout_s": start_timeout_s}
+
+    def run_client(spec: dict[str, Any], where: Path) -> dict[str, Any]:
+        ro = [bundle] if where == run_dir else [bundle, servable]  # a run elsewhere reads the servable folder
+        return _sandboxed("sandbox.serve_client", str(vpython), {**spec, "port": _free_port()}, where, ro,
+                          start_timeout_s + 900, env=env)
+
+    def final_run(args: list[str], tag: str = "") -> dict[str, Any]:
+        where = run_dir / tag if tag else run_dir
+        where.mkdir(parents=True, exist_ok=True)
+        return run_client({**base, "extra_args": args, "requests": work, "concurrencies": list(concurrencies),
+                           "logprobs": 5 if ref["servable"].get("tokenizer") else None,
+                           "log_path": str(where / "server.log")}, where)
+
+    client = final_run(extra)
     record["host_args"] = extra
     record["host_env"] = {} if on_npu else HOST_ENV
     record["start_s"] = client.get("start_s")
@@ -242,9 +254,33 @@ def exercise(state: dict[str, Any], bundle: Path, run_root: Path, *, requests: i
     record["tokens"] = token_check(served, ref["reference_tokens"], dtype)
     record["throughput"] = throughput_table(client.get("bench") or [], ref.get("transformers") or [],
                                             ref.get("transformers_batched") or [])
+    record.update(transformers=ref.get("transformers") or [], transformers_batched=ref.get("transformers_batched") or [],
+                  threads=THREADS)
     record["status"] = "served" if record["tokens"]["ok"] else "failed"
     if not record["tokens"]["ok"]:
         record["error"] = f"tokens through the server: {record['tokens']['verdict']}"
+    elif (req.tune if tune is None else tune) and not on_npu and (write_serve is not None or callable(tune)):
+        from agents.deploy.engine_tune import EngineContext, tune_and_serve
+
+        def check(served: list[list[int]]) -> tuple[bool, str]:
+            verdict = token_check(served, ref["reference_tokens"], dtype)
+            return bool(verdict["ok"]), str(verdict["verdict"])
+
+        def hf_at(threads: int) -> dict[str, Any]:  # Transformers at the tuned engine's threads: like for like
+            where = run_dir / f"transformers-{threads}-threads"
+            where.mkdir(parents=True, exist_ok=True)
+            return _sandboxed("sandbox.serve_ref", port_python, {**ref_spec, "threads": threads, "throughput_only": True},
+                              where, [model_dir, bundle / "patched"], 900)
+
+        ctx = EngineContext(run_client=run_client, check=check, config=config, requests=work, base_spec=base,
+                            base_args=needed, runs_dir=run_dir / "engine", concurrency=max(concurrencies), dtype=dtype)
+        if callable(tune):
+            record["engine_tuning"] = tune(ctx)
+            return record
+        record["engine_tuning"] = tune_and_serve(
+            ctx, write_serve, {"throughput": record["throughput"], "hf_single": ref.get("transformers") or [],
+                               "hf_batched": ref.get("transformers_batched") or []},
+            lambda args: final_run(args, "tuned"), hf_at, THREADS, throughput_table)
     return record
 
 
