@@ -10,6 +10,7 @@ servable, the load); nothing here starts a process itself.
 
 from __future__ import annotations
 
+import json
 import statistics
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -82,7 +83,7 @@ def tune_engine(ctx: EngineContext, trials: int | None = None,
                               "slo": bench.slo.describe(), "budget_trials": budget.max_trials,
                               "priors": {d.name: d.start() for d in space.dims}}
     try:
-        result = search(space, facts, bench.evaluator(), budget)
+        result = search(space, facts, bench.evaluator(budget.max_trials), budget)
     except NoFeasiblePoint as exc:
         return {**record, "status": "failed", "detail": str(exc), "trials": []}
     record.update(trials=bench.log, stopped=result.stopped, feasible_points=result.feasible,
@@ -122,6 +123,65 @@ def engine_settings(best: dict[str, Any], facts: dict[str, Any] | None = None) -
 
 
 WriteServe = Callable[[dict[str, Any] | None], None]  # re-renders serve.sh with an engine block (None: without)
+Sandboxed = Callable[..., dict[str, Any]]  # serving._sandboxed(module, python, spec, run_dir, ro, wall_s, env=...)
+
+
+def strip_args(args: list[str], host: list[str]) -> list[str]:
+    """``args`` without the host's own engine choices (each flag in ``host``, with its value when it has one):
+    what every start needs whatever the engine's configuration (--skip-tokenizer-init, --model-impl, ...)."""
+    out, i = [], 0
+    while i < len(args):
+        if args[i] in host:
+            i += 2 if i + 1 < len(args) and not args[i + 1].startswith("--") else 1
+            continue
+        out.append(args[i])
+        i += 1
+    return out
+
+
+def engine_stage(run_dir: Path, record: dict[str, Any], config: dict[str, Any], requests: list[dict[str, Any]], *,
+                 write_serve: WriteServe | None, custom: Callable[[EngineContext], dict[str, Any]] | None,
+                 run: Sandboxed, port: Callable[[], int], python: str, ref_python: str, env: dict[str, str],
+                 check: Callable[[list[list[int]]], dict[str, Any]], host_args: list[str], threads: int,
+                 table: Callable[..., dict[str, Any]]) -> dict[str, Any]:
+    """After serving.exercise's untuned run: the engine tuned on the real engine (``custom``, when given, is
+    handed the context instead: the landscape recorder). The deployment's own sandboxed runs are rebuilt from
+    the specs exercise wrote beside them (serve_client.spec.json, serve_ref.spec.json)."""
+    client = json.loads((run_dir / "serve_client.spec.json").read_text())
+    ref = json.loads((run_dir / "serve_ref.spec.json").read_text())
+    bundle, servable = Path(client["serve_sh"]).parent, Path(client["servable_dir"])
+    wall = float(client.get("start_timeout_s") or 300) + 900
+
+    def run_client(spec: dict[str, Any], where: Path) -> dict[str, Any]:
+        return run("sandbox.serve_client", python, {**spec, "port": port()}, where, [bundle, servable], wall, env=env)
+
+    def gate(served: list[list[int]]) -> tuple[bool, str]:
+        verdict = check(served)
+        return bool(verdict["ok"]), str(verdict["verdict"])
+
+    def final_run(args: list[str]) -> dict[str, Any]:
+        where = run_dir / "tuned"
+        where.mkdir(parents=True, exist_ok=True)
+        return run_client({**client, "extra_args": args, "log_path": str(where / "server.log")}, where)
+
+    def hf_at(n: int) -> dict[str, Any]:  # Transformers at the tuned engine's threads: like for like
+        where = run_dir / f"transformers-{n}-threads"
+        where.mkdir(parents=True, exist_ok=True)
+        return run("sandbox.serve_ref", ref_python, {**ref, "threads": n, "throughput_only": True}, where,
+                   [Path(ref["model_dir"]), Path(ref["code_dir"])], 900)
+
+    base = {k: v for k, v in client.items() if k not in ("extra_args", "env", "concurrencies", "log_path", "port")}
+    ctx = EngineContext(run_client=run_client, check=gate, config=config, requests=requests, base_spec=base,
+                        base_args=strip_args(list(client.get("extra_args") or []), host_args),
+                        runs_dir=run_dir / "engine", concurrency=max(client.get("concurrencies") or [1]),
+                        dtype=str(record.get("dtype") or "bfloat16"))
+    if custom is not None:
+        return custom(ctx)
+    if write_serve is None:
+        return {"status": "skipped", "detail": "no serve.sh to write the tuned engine into"}
+    untuned = {"throughput": record.get("throughput"), "hf_single": record.get("transformers") or [],
+               "hf_batched": record.get("transformers_batched") or []}
+    return tune_and_serve(ctx, write_serve, untuned, final_run, hf_at, threads, table)
 FinalRun = Callable[[list[str]], dict[str, Any]]  # extra args -> the deployment's client result on the whole load
 HfAt = Callable[[int], dict[str, Any]]  # threads -> Transformers' throughput rows at that many threads
 
@@ -178,3 +238,34 @@ def engine_reasons(rec: dict[str, Any]) -> dict[str, str]:
     out["no-enable-chunked-prefill"] = out.get("enable-chunked-prefill", "")
     out["OMP_NUM_THREADS"] = out.get("VLLM_CPU_OMP_THREADS_BIND", "")
     return out
+
+
+def report_lines(rec: dict[str, Any] | None) -> list[str]:
+    """The report's section on the engine tuning (deployment.json's ``engine_tuning``)."""
+    if not rec:
+        return []
+    lines = ["", "### The engine, tuned on this host (vllm-cpu)", ""]
+    if rec.get("status") != "done":
+        return [*lines, f"Not tuned: {rec.get('detail') or rec.get('status')}.", ""]
+    lines.append(f"npuport's search over vLLM's serving knobs, {len(rec.get('trials') or [])} server starts of serve.sh "
+                 f"({rec.get('stopped')}); objective: {rec.get('objective')}; latency SLO: {rec.get('slo')}. "
+                 f"{rec.get('detail', '')}.")
+    lines += ["", "| trial | status | output tok/s | median TTFT (ms) | median TPOT (ms) | start (s) | configuration |",
+              "|---|---|---|---|---|---|---|"]
+    for t in rec.get("trials") or []:
+        value = "-" if t.get("value") is None else f"{t['value']:.0f}"
+        conf = " ".join(f"{k}={v}" for k, v in t["params"].items())
+        lines.append(f"| {t['trial']} | {t['status']} | {value} | {t.get('median_ttft_ms', '-')} | "
+                     f"{t.get('median_tpot_ms', '-')} | {t.get('start_s', '-')} | `{conf}` |")
+    for knob, gain in (rec.get("knob_gains") or {}).items():
+        lines.append(f"- {knob}: {gain}")
+    tp = rec.get("throughput") or {}
+    if tp.get("rows"):
+        lines += ["", f"The tuned serve.sh on the whole load (Transformers at {rec.get('hf_threads')} thread(s), like "
+                  f"for like): " + "; ".join(f"{r['output_tokens_per_s']} tok/s at concurrency {r['concurrency']} "
+                                              f"({r.get('vs_one_at_a_time')}x one at a time, {r.get('vs_batched')}x "
+                                              "batched)" for r in tp["rows"]) + "."]
+    lines.append(f"Engine settings in serve.sh are marked \"{MEASURED_ON}\" and apply where no Ascend device is "
+                 "present; the NPU's own engine settings (and everything vllm-ascend / CANN read) can only be measured "
+                 "on an NPU.")
+    return [*lines, ""]

@@ -98,4 +98,6 @@ def deployment_lines(rec: dict[str, Any] | None) -> list[str]:
                      "the stream: when the API server lags the engine, vLLM merges a request's pending tokens into "
                      "one chunk, so a TPOT near 0 means the tokens arrived together (TTFT is then the request's "
                      "latency).")
-    return lines + [""]
+    from agents.deploy.engine_tune import report_lines
+
+    return lines + report_lines(rec.get("engine_tuning")) + [""]

@@ -193,15 +193,14 @@ def exercise(state: dict[str, Any], bundle: Path, run_root: Path, *, requests: i
     for s in json.loads((bundle / "deploy.json").read_text()).get("serve_settings") or []:
         if s["name"] == "dtype":
             dtype = str(s["value"])
-    ref_spec = {
+    ref = _sandboxed("sandbox.serve_ref", port_python, {
         "model_dir": str(model_dir), "manifest": manifest, "shrink": req.shrink, "seed": 0,
         "config_overrides": overrides, "code_dir": str((bundle / "patched").resolve()),
         "servable_dir": str(servable.resolve()), "vllm_archs": facts["archs"], "dtype": dtype,
         "requests": work[:hf_single or requests], "batches": [1],
         "threads": THREADS, "batch_requests": work,
         "batch_sizes": [c for c in concurrencies if c > 1],
-    }
-    ref = _sandboxed("sandbox.serve_ref", port_python, ref_spec, run_dir, [model_dir, bundle / "patched"], 900)
+    }, run_dir, [model_dir, bundle / "patched"], 900)
     record.update(config_note=note, overrides=overrides, dtype=dtype, isolation=ref.get("isolation"))
     if not ref.get("ok"):
         failure = ref.get("exception") or {}
@@ -216,31 +215,21 @@ def exercise(state: dict[str, Any], bundle: Path, run_root: Path, *, requests: i
     record["exercised"], record["not_exercised"] = exercised_settings(settings)
     if on_npu:
         record["exercised"], record["not_exercised"] = [s["name"] for s in settings], []
-    needed = []  # what every start needs on this host
+    extra = [] if on_npu else [*HOST_ARGS]
     if not ref["servable"].get("tokenizer"):
-        needed.append("--skip-tokenizer-init")  # prompts go in as token ids
+        extra.append("--skip-tokenizer-init")  # prompts go in as token ids
     if ref["servable"]["implementation"] == "transformers-backend":
-        needed += ["--model-impl", "transformers"]
-    extra = [*([] if on_npu else HOST_ARGS), *needed, "--max-num-seqs", str(max(concurrencies))]
+        extra += ["--model-impl", "transformers"]
+    extra += ["--max-num-seqs", str(max(concurrencies))]
     env = {**({} if on_npu else HOST_ENV), "PATH": f"{vpython.parent}:/usr/local/bin:/usr/bin:/bin"}  # its `vllm`
     served_name = Path(req.model_path).name
-    base = {"serve_sh": str((bundle / "serve.sh").resolve()), "servable_dir": str(servable.resolve()),
-            "serve_dir": str((run_dir / "serve_model").resolve()), "model_name": served_name,
-            "prompts": ref["prompts"], "max_new_tokens": ref["max_new_tokens"], "start_timeout_s": start_timeout_s}
-
-    def run_client(spec: dict[str, Any], where: Path) -> dict[str, Any]:
-        ro = [bundle] if where == run_dir else [bundle, servable]  # a run elsewhere reads the servable folder
-        return _sandboxed("sandbox.serve_client", str(vpython), {**spec, "port": _free_port()}, where, ro,
-                          start_timeout_s + 900, env=env)
-
-    def final_run(args: list[str], tag: str = "") -> dict[str, Any]:
-        where = run_dir / tag if tag else run_dir
-        where.mkdir(parents=True, exist_ok=True)
-        return run_client({**base, "extra_args": args, "requests": work, "concurrencies": list(concurrencies),
-                           "logprobs": 5 if ref["servable"].get("tokenizer") else None,
-                           "log_path": str(where / "server.log")}, where)
-
-    client = final_run(extra)
+    client = _sandboxed("sandbox.serve_client", str(vpython), {
+        "serve_sh": str((bundle / "serve.sh").resolve()), "servable_dir": str(servable.resolve()),
+        "serve_dir": str((run_dir / "serve_model").resolve()), "port": _free_port(), "extra_args": extra,
+        "model_name": served_name, "prompts": ref["prompts"], "max_new_tokens": ref["max_new_tokens"],
+        "logprobs": 5 if ref["servable"].get("tokenizer") else None, "requests": work,
+        "concurrencies": list(concurrencies), "start_timeout_s": start_timeout_s, "log_path": str(run_dir / "server.log"),
+    }, run_dir, [bundle], start_timeout_s + 900, env=env)
     record["host_args"] = extra
     record["host_env"] = {} if on_npu else HOST_ENV
     record["start_s"] = client.get("start_s")
@@ -260,27 +249,13 @@ def exercise(state: dict[str, Any], bundle: Path, run_root: Path, *, requests: i
     if not record["tokens"]["ok"]:
         record["error"] = f"tokens through the server: {record['tokens']['verdict']}"
     elif (req.tune if tune is None else tune) and not on_npu and (write_serve is not None or callable(tune)):
-        from agents.deploy.engine_tune import EngineContext, tune_and_serve
+        from agents.deploy.engine_tune import engine_stage
 
-        def check(served: list[list[int]]) -> tuple[bool, str]:
-            verdict = token_check(served, ref["reference_tokens"], dtype)
-            return bool(verdict["ok"]), str(verdict["verdict"])
-
-        def hf_at(threads: int) -> dict[str, Any]:  # Transformers at the tuned engine's threads: like for like
-            where = run_dir / f"transformers-{threads}-threads"
-            where.mkdir(parents=True, exist_ok=True)
-            return _sandboxed("sandbox.serve_ref", port_python, {**ref_spec, "threads": threads, "throughput_only": True},
-                              where, [model_dir, bundle / "patched"], 900)
-
-        ctx = EngineContext(run_client=run_client, check=check, config=config, requests=work, base_spec=base,
-                            base_args=needed, runs_dir=run_dir / "engine", concurrency=max(concurrencies), dtype=dtype)
-        if callable(tune):
-            record["engine_tuning"] = tune(ctx)
-            return record
-        record["engine_tuning"] = tune_and_serve(
-            ctx, write_serve, {"throughput": record["throughput"], "hf_single": ref.get("transformers") or [],
-                               "hf_batched": ref.get("transformers_batched") or []},
-            lambda args: final_run(args, "tuned"), hf_at, THREADS, throughput_table)
+        record["engine_tuning"] = engine_stage(
+            run_dir, record, config, work, write_serve=write_serve, custom=tune if callable(tune) else None,
+            run=_sandboxed, port=_free_port, python=str(vpython), ref_python=port_python, env=env,
+            check=lambda served: token_check(served, ref["reference_tokens"], dtype),
+            host_args=[*HOST_ARGS, "--max-num-seqs"], threads=THREADS, table=throughput_table)
     return record
 
 

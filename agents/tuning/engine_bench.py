@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from agents import progress
 from agents.tuning.engine import EngineFacts, engine_args
 from agents.tuning.search import Evaluate, Outcome
 
@@ -99,11 +100,16 @@ class EngineBench:
             return Outcome(None, "slo", f"{why} ({med:.0f} tok/s)", extras={**extras, "tokens_per_s": med})
         return Outcome(med, "ok", spread=(max(runs) - min(runs)) / med if med else 0.0, extras=extras)
 
-    def evaluator(self) -> Evaluate:
+    def evaluator(self, budget: int | None = None) -> Evaluate:
         def evaluate(params: dict[str, Any]) -> Outcome:
             self.n += 1
+            of = f"{self.n}/{budget}" if budget else str(self.n)
+            conf = " ".join(f"{k}={v}" for k, v in params.items())
+            progress.emit("phase", text=f"engine trial {of}: serve.sh with {conf}")
             res = self.measure(params, f"engine-trial-{self.n}")
             out = self.outcome(res)
+            what = f"{out.value:.0f} tok/s" if out.value is not None else f"{out.status}: {out.detail[:80]}"
+            progress.emit("phase", text=f"engine trial {of}: {what}")
             self.log.append({"trial": self.n, "params": dict(params), "status": out.status, "value": out.value,
                              "detail": out.detail, **{k: v for k, v in out.extras.items() if k != "tokens"}})
             return out
