@@ -51,6 +51,7 @@ def test_constraints_prune_before_any_server_starts() -> None:
     assert "exceeds the 2 usable CPU cores" in why
     assert "max_num_seqs exceeds max_num_batched_tokens" in why
     assert "without chunked prefill" in why
+    assert "max_num_seqs=512 exceeds the 100 requests in flight" in why  # no more than the load admits
     assert all(p["threads"] <= 2 and p["max_num_seqs"] <= p["max_num_batched_tokens"] for p in feasible)
     big = engine_facts({**CONFIG, "hidden_size": 8192, "num_attention_heads": 64, "num_key_value_heads": 64,
                         "num_hidden_layers": 80, "max_position_embeddings": 32768}, concurrency=8, request_tokens=64,
@@ -150,6 +151,7 @@ def test_knob_gains_name_the_trials_that_differ_in_one_knob() -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(2400)  # four sandboxed runs, three of them vLLM starts
 def test_the_engine_is_tuned_on_the_real_engine_and_serve_sh_carries_it(tmp_path: Path, npuport_home: Path,
                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
     from agents.deploy import serving

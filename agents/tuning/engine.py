@@ -113,12 +113,15 @@ def engine_space(facts: EngineFacts, *, name: str = "vllm-cpu-engine") -> Search
     kv_need = math.ceil(facts.kv_bytes(facts.concurrency * facts.max_request_tokens) / GIB)
     threads = sorted({1, *range(2, facts.cores + 1, 2), facts.cores})
     blocks = [b for b in (16, 32, 64, 128) if b in facts.block_sizes] or [128]
+    # The order is the sweep order: what sets the cost of every step on a CPU host first (the streaming work of
+    # the API server, which shares the cores; the engine's threads), then the batch's shape, then memory layout,
+    # compilation last (its start costs the most).
     dims = [
-        Dim(name="max_num_seqs", values=seqs, ordered=True, prior=_pow2_at_least(facts.concurrency, seqs)),
-        Dim(name="max_num_batched_tokens", values=tokens, ordered=True, prior=_pow2_at_least(step, tokens)),
         Dim(name="stream_interval", values=[1, 4, 16], ordered=True, prior=1),
         Dim(name="threads", values=threads, ordered=True, prior=max(v for v in threads if v <= max(1, facts.cores - 1))),
         Dim(name="bind", values=["cores", "nobind"], prior="cores"),
+        Dim(name="max_num_batched_tokens", values=tokens, ordered=True, prior=_pow2_at_least(step, tokens)),
+        Dim(name="max_num_seqs", values=seqs, ordered=True, prior=_pow2_at_least(facts.concurrency, seqs)),
         Dim(name="kv_cache_gib", values=kv, ordered=True, prior=_pow2_at_least(max(kv_need, 1), kv)),
         Dim(name="enable_chunked_prefill", values=[True, False], prior=True),
         Dim(name="block_size", values=blocks, ordered=True, prior=128 if 128 in blocks else blocks[-1]),
@@ -171,6 +174,15 @@ def _threads(p: dict[str, Any], f: Any) -> str | None:
     return None
 
 
+def _seqs_beyond_load(p: dict[str, Any], f: Any) -> str | None:
+    seqs = [8, 16, 32, 64, 128, 256]
+    cover = _pow2_at_least(f.concurrency, seqs)
+    if p.get("max_num_seqs") and p["max_num_seqs"] > cover:
+        return (f"max_num_seqs={p['max_num_seqs']} exceeds the {f.concurrency} requests in flight: the same engine as "
+                f"max_num_seqs={cover}")
+    return None
+
+
 def _seqs_vs_tokens(p: dict[str, Any], f: Any) -> str | None:
     if "max_num_seqs" in p and "max_num_batched_tokens" in p and p["max_num_seqs"] > p["max_num_batched_tokens"]:
         return "max_num_seqs exceeds max_num_batched_tokens: the extra sequences could never run in one step"
@@ -212,6 +224,7 @@ def _block_size(p: dict[str, Any], f: Any) -> str | None:
 
 # (name, check) pairs; agents/tuning/constraints.py makes them Constraints for the engine's kind.
 ENGINE_CHECKS = [("threads<=cores", _threads), ("seqs<=batched-tokens", _seqs_vs_tokens),
+                 ("seqs-within-the-load", _seqs_beyond_load),
                  ("prefill-fits-without-chunking", _prefill_fits), ("kv-holds-a-sequence", _kv_holds_a_sequence),
                  ("memory", _memory), ("block-size-implemented", _block_size)]
 
