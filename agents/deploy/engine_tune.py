@@ -142,18 +142,21 @@ def strip_args(args: list[str], host: list[str]) -> list[str]:
 def engine_stage(run_dir: Path, record: dict[str, Any], config: dict[str, Any], requests: list[dict[str, Any]], *,
                  write_serve: WriteServe | None, custom: Callable[[EngineContext], dict[str, Any]] | None,
                  run: Sandboxed, port: Callable[[], int], python: str, ref_python: str, env: dict[str, str],
+                 ro: list[Path] | None = None,
                  check: Callable[[list[list[int]]], dict[str, Any]], host_args: list[str], threads: int,
                  table: Callable[..., dict[str, Any]]) -> dict[str, Any]:
     """After serving.exercise's untuned run: the engine tuned on the real engine (``custom``, when given, is
     handed the context instead: the landscape recorder). The deployment's own sandboxed runs are rebuilt from
-    the specs exercise wrote beside them (serve_client.spec.json, serve_ref.spec.json)."""
+    the specs exercise wrote beside them (serve_client.spec.json, serve_ref.spec.json); ``ro`` is what the
+    deployment's client run could read (the bundle, ...), the servable folder is added."""
     client = json.loads((run_dir / "serve_client.spec.json").read_text())
     ref = json.loads((run_dir / "serve_ref.spec.json").read_text())
-    bundle, servable = Path(client["serve_sh"]).parent, Path(client["servable_dir"])
+    servable = Path(client["servable_dir"])
+    ro = ro if ro is not None else [Path(client["serve_sh"]).parent]
     wall = float(client.get("start_timeout_s") or 300) + 900
 
     def run_client(spec: dict[str, Any], where: Path) -> dict[str, Any]:
-        return run("sandbox.serve_client", python, {**spec, "port": port()}, where, [bundle, servable], wall, env=env)
+        return run("sandbox.serve_client", python, {**spec, "port": port()}, where, [*ro, servable], wall, env=env)
 
     def gate(served: list[list[int]]) -> tuple[bool, str]:
         verdict = check(served)

@@ -253,7 +253,7 @@ def exercise(state: dict[str, Any], bundle: Path, run_root: Path, *, requests: i
 
         record["engine_tuning"] = engine_stage(
             run_dir, record, config, work, write_serve=write_serve, custom=tune if callable(tune) else None,
-            run=_sandboxed, port=_free_port, python=str(vpython), ref_python=port_python, env=env,
+            run=_sandboxed, port=_free_port, python=str(vpython), ref_python=port_python, env=env, ro=[bundle],
             check=lambda served: token_check(served, ref["reference_tokens"], dtype),
             host_args=[*HOST_ARGS, "--max-num-seqs"], threads=THREADS, table=throughput_table)
     return record
