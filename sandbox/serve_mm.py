@@ -49,10 +49,10 @@ def generate_with(method: Any, inputs: dict[str, Any], max_new: int, kwargs: dic
     dtype, as sandbox/model_inputs.capture_preprocessed_inputs does)."""
     import torch
 
-    from sandbox.model_inputs import _model_float_dtype, cast_floats
+    from sandbox.inputs_base import cast_floats, model_float_dtype
 
     model = getattr(method, "__self__", None)
-    dtype = _model_float_dtype(model) if model is not None else None
+    dtype = model_float_dtype(model) if model is not None else None
     with torch.no_grad():
         return method(**cast_floats(inputs, dtype), **{**kwargs, "max_new_tokens": max_new})
 

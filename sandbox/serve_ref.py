@@ -118,19 +118,34 @@ def _throughput(method: Any, requests: list[dict[str, Any]], batch: int, pad: in
                 kwargs: dict[str, Any], deadline: float | None = None) -> dict[str, Any]:
     """Requested output tokens per second: batches of ``batch`` requests, each batch padded to its longest
     prompt and decoded to its longest output (what a caller of ``generate`` waits for). Past ``deadline``
-    (time.monotonic) no new batch starts: the rate is over the requests measured (at least one batch)."""
+    (time.monotonic) no new batch starts: the rate is over the requests measured (at least one batch).
+    Latency, per batch as a server running ``generate`` would give it (a request waits for its batch): TTFT is a
+    call generating one token on the first batch, TPOT the rest of that batch's time per decoded step.
+    ``computed_tokens`` counts the rows x steps decoded (padding included) against the tokens asked for."""
     start = time.perf_counter()
-    tokens = done = 0
+    tokens = done = computed = 0
+    first_s = 0.0
     for i in range(0, len(requests), batch):
         if done and deadline is not None and time.monotonic() > deadline:
             break
         group = requests[i:i + batch]
-        _generate(method, [r["prompt"] for r in group], max(r["max_tokens"] for r in group), pad, kwargs)
+        t = time.perf_counter()
+        steps = max(r["max_tokens"] for r in group)
+        _generate(method, [r["prompt"] for r in group], steps, pad, kwargs)
+        first_s = first_s or time.perf_counter() - t
         tokens += sum(r["max_tokens"] for r in group)
         done += len(group)
+        computed += len(group) * steps
     wall = time.perf_counter() - start
+    group = requests[:batch]
+    t = time.perf_counter()
+    _generate(method, [r["prompt"] for r in group], 1, pad, kwargs)
+    ttft = time.perf_counter() - t
+    steps = max(r["max_tokens"] for r in group)
     return {"batch": batch, "requests": done, "requests_planned": len(requests), "output_tokens": tokens,
-            "wall_s": round(wall, 3), "output_tokens_per_s": round(tokens / wall, 2) if wall > 0 else None}
+            "wall_s": round(wall, 3), "output_tokens_per_s": round(tokens / wall, 2) if wall > 0 else None,
+            "computed_tokens": computed, "median_ttft_ms": round(ttft * 1000, 1),
+            "median_tpot_ms": round(max(first_s - ttft, 0.0) / max(steps - 1, 1) * 1000, 2)}
 
 
 def run(spec: dict[str, Any]) -> dict[str, Any]:
@@ -189,41 +204,47 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
     phases: dict[str, float] = {"build_s": round(time.monotonic() - began, 1)}
     out["phases"] = phases
     mark = time.monotonic()
-    # Saved before any dtype cast: the served weights are the reference's float32 weights.
-    out["servable"] = export(model, config, model_dir, Path(spec["code_dir"]), Path(spec["servable_dir"]),
-                             set(spec.get("vllm_archs") or []), set(spec.get("vllm_model_types") or []))
-    if image is not None and image["stand_in"] and out["servable"]["implementation"] != "none":
-        # vLLM's image processor needs a tokenizer: the reference's stand-in, as a tokenizer.json
-        tok, _ = load_tokenizer(model_dir, config)
-        write_stand_in(tok, int(nested(config, "vocab_size") or 0), model_dir, Path(spec["servable_dir"]), image["text"])
-        out["servable"]["tokenizer"] = True
-        out["servable"]["tokenizer_note"] = ("npuport's stand-in tokenizer (the folder has none that loads), written "
-                                             "as tokenizer.json: the reference's ids per character")
     low = spec.get("dtype") or "bfloat16"
-    models = {"float32": model, low: fresh(low)}
     name = run_cfg.get("method", "generate")
     refs: dict[str, list[list[int]]] = {}
-    for dtype, m in models.items():
-        call = getattr(m, name)
-        refs[dtype] = ([_new_tokens(generate_with(call, inputs, max_new, kwargs), prompts[0])] if image is not None
-                       else [_new_tokens(_generate(call, [p], max_new, pad, kwargs), p) for p in prompts])
-    out["reference_tokens"] = refs
-    # Top-k logprobs along the float32 tokens, in float32 and in the serving dtype (the reference's own drift),
-    # for the served check's near-ties (agents/deploy/token_gate.py).
-    try:
-        if image is not None:
-            raise ValueError("teacher forcing along an image prompt is not driven (the model's forward takes the "
-                             "image inputs its own generate prepares)")
-        lps = {dtype: [teacher_forced_logprobs(m, p, t) for p, t in zip(prompts, refs["float32"], strict=True)]
-               for dtype, m in models.items()}
-        out["reference_logprobs"] = lps if all(v is not None for rows in lps.values() for v in rows) else None
-        if out["reference_logprobs"] is None:
-            out["logprobs_note"] = "the model's forward returns no per-position logits: no logprobs compared"
-    except Exception as exc:  # a forward the text path cannot drive (extra required inputs, ...)
-        out["reference_logprobs"] = None
-        out["logprobs_note"] = f"the reference logprobs could not be computed ({type(exc).__name__}: {str(exc)[:200]})"
+    out["reference_tokens"] = refs  # filled below (none when only the throughput is asked for)
+    if spec.get("throughput_only"):  # Transformers' throughput alone (at other threads): no export, no references
+        models = {low: fresh(low)}
+        del model
+    else:
+        # Saved before any dtype cast: the served weights are the reference's float32 weights.
+        out["servable"] = export(model, config, model_dir, Path(spec["code_dir"]), Path(spec["servable_dir"]),
+                                 set(spec.get("vllm_archs") or []), set(spec.get("vllm_model_types") or []))
+        if image is not None and image["stand_in"] and out["servable"]["implementation"] != "none":
+            # vLLM's image processor needs a tokenizer: the reference's stand-in, as a tokenizer.json
+            tok, _ = load_tokenizer(model_dir, config)
+            write_stand_in(tok, int(nested(config, "vocab_size") or 0), model_dir, Path(spec["servable_dir"]), image["text"])
+            out["servable"]["tokenizer"] = True
+            out["servable"]["tokenizer_note"] = ("npuport's stand-in tokenizer (the folder has none that loads), written "
+                                                 "as tokenizer.json: the reference's ids per character")
+        models = {"float32": model, low: fresh(low)}
+        for dtype, m in models.items():
+            call = getattr(m, name)
+            refs[dtype] = ([_new_tokens(generate_with(call, inputs, max_new, kwargs), prompts[0])] if image is not None
+                           else [_new_tokens(_generate(call, [p], max_new, pad, kwargs), p) for p in prompts])
+        # Top-k logprobs along the float32 tokens, in float32 and in the serving dtype (the reference's own drift),
+        # for the served check's near-ties (agents/deploy/token_gate.py).
+        try:
+            if image is not None:
+                raise ValueError("teacher forcing along an image prompt is not driven (the model's forward takes the "
+                                 "image inputs its own generate prepares)")
+            lps = {dtype: [teacher_forced_logprobs(m, p, t) for p, t in zip(prompts, refs["float32"], strict=True)]
+                   for dtype, m in models.items()}
+            out["reference_logprobs"] = lps if all(v is not None for rows in lps.values() for v in rows) else None
+            if out["reference_logprobs"] is None:
+                out["logprobs_note"] = "the model's forward returns no per-position logits: no logprobs compared"
+        except Exception as exc:  # a forward the text path cannot drive (extra required inputs, ...)
+            out["reference_logprobs"] = None
+            out["logprobs_note"] = f"the reference logprobs could not be computed ({type(exc).__name__}: {str(exc)[:200]})"
+        if low != "float32":
+            del models["float32"]
+        del model
     method = getattr(models[low], name)  # Transformers' throughput in the serving dtype
-    del models["float32"], model
     phases["reference_s"] = round(time.monotonic() - mark, 1)
     # Each throughput measurement gets an equal share of the budget (a loaded host must not time the run out).
     sizes = [(spec["requests"], b, "transformers") for b in spec.get("batches") or []] + \

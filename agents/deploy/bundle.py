@@ -23,11 +23,12 @@ def _model_dir(state: dict[str, Any], out_dir: Path) -> Path | None:
     return None
 
 
-def serve_plan(state: dict[str, Any], model_dir: Path | None,
-               search: serve.Search | None = None) -> tuple[list[vllm.ServeSetting], serve.ServePlan]:
+def serve_plan(state: dict[str, Any], model_dir: Path | None, search: serve.Search | None = None,
+               engine: dict[str, Any] | None = None) -> tuple[list[vllm.ServeSetting], serve.ServePlan]:
     """The serve settings: the model's class from its config and code, the vllm-ascend docs the knowledge
     base holds for that class (``search``; default: the KB, when one is built), npuport's derived values,
-    and what the real-NPU loop measured."""
+    what the real-NPU loop measured, and the engine configuration the engine tuner measured on this host
+    (``engine``, agents/deploy/engine_tune.py)."""
     manifest = state.get("entry") or {}
     config: dict[str, Any] = {}
     if model_dir is not None:
@@ -40,7 +41,7 @@ def serve_plan(state: dict[str, Any], model_dir: Path | None,
                                 search if search is not None else serve.default_search(), req.chip)
     serving = (state.get("tuning") or {}).get("serving") or {}  # from the real-NPU loop, when it ran
     settings = vllm.plan_serve(facts, chip=req.chip, tuned=serving.get("best"),
-                               measured=serving.get("measured_on"), docs=docs)
+                               measured=serving.get("measured_on"), docs=docs, engine=engine)
     return settings, docs
 
 
@@ -79,22 +80,27 @@ def write_deploy_bundle(state: dict[str, Any], out_dir: Path) -> dict[str, str]:
             small, _ = shrink_config(json.loads(config_file.read_text()), manifest.get("shrink") or {}, model_dir)
         if small is not None:
             files["run_config"] = _write(out_dir / "run_config.json", json.dumps(small, indent=1))
-    settings, docs = serve_plan(state, model_dir)
     src = req.model_path
     from agents.environment.compat import load_compat
 
     npu_like = target_spec_of(state.get("target")).npu_like
     chosen_stack = stack.choose_stack(load_compat(), stack.default_search(), req.torch_npu if npu_like else None)
-    script = vllm.render_serve_sh(settings, name, str(Path(src).resolve()) if src else None)
-    if chosen_stack.get("chosen"):
-        head, _, rest = script.partition("\n")
-        script = f"{head}\n# Serving stack (one tuple, agents/deploy/stack.py): {chosen_stack['note'][:300]}\n{rest}"
-    files["serve_sh"] = _write(out_dir / "serve.sh", script, True)
-    files["set_env_sh"] = _write(out_dir / "set_env.sh", vllm.render_set_env_sh(settings), True)
-    files["deploy_json"] = _write(out_dir / "deploy.json", json.dumps(
-        {"serve_settings": [s.model_dump() for s in settings], "tuned": tuning.get("best") or {},
-         "target": target, "model_class": docs.model.model_dump(), "serving_docs": docs.docs,
-         "serving_note": docs.note, "serving_stack": chosen_stack}, indent=1))
+
+    def write_serve(engine: dict[str, Any] | None = None) -> None:
+        """serve.sh, set_env.sh and deploy.json; ``engine``: the engine configuration measured on this host."""
+        settings, docs = serve_plan(state, model_dir, engine=engine)
+        script = vllm.render_serve_sh(settings, name, str(Path(src).resolve()) if src else None)
+        if chosen_stack.get("chosen"):
+            head, _, rest = script.partition("\n")
+            script = f"{head}\n# Serving stack (one tuple, agents/deploy/stack.py): {chosen_stack['note'][:300]}\n{rest}"
+        files["serve_sh"] = _write(out_dir / "serve.sh", script, True)
+        files["set_env_sh"] = _write(out_dir / "set_env.sh", vllm.render_set_env_sh(settings), True)
+        files["deploy_json"] = _write(out_dir / "deploy.json", json.dumps(
+            {"serve_settings": [s.model_dump() for s in settings], "tuned": tuning.get("best") or {},
+             "target": target, "model_class": docs.model.model_dump(), "serving_docs": docs.docs,
+             "serving_note": docs.note, "serving_stack": chosen_stack, "engine": engine}, indent=1))
+
+    write_serve()
     if model_dir is not None:
         python = (state.get("environment") or {}).get("python")  # the layered env the runs used, if any
         req_txt, con_txt = requirements.render(model_dir, python if python and Path(python).exists() else None)
@@ -111,7 +117,7 @@ def write_deploy_bundle(state: dict[str, Any], out_dir: Path) -> dict[str, str]:
         from agents.deploy.serving import exercise
         from agents.workspace import Workspace
 
-        record = exercise(state, out_dir, Workspace(Path(state["workdir"])).runs_dir)
+        record = exercise(state, out_dir, Workspace(Path(state["workdir"])).runs_dir, write_serve=write_serve)
         files["deployment_json"] = _write(out_dir / "deployment.json", json.dumps(record, indent=1, default=str))
         # serve.sh says itself whether it was started and what came of it (never an untested script unmarked).
         head, _, rest = Path(files["serve_sh"]).read_text().partition("\n")

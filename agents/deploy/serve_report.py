@@ -27,9 +27,12 @@ def deployment_summary(rec: dict[str, Any]) -> str:
         return f"{rec.get('status')}: {str(rec.get('error') or '').strip().splitlines()[0][:160] if rec.get('error') else ''}"
     rows = (rec.get("throughput") or {}).get("rows") or []
     top = rows[-1] if rows else {}
+    eng = rec.get("engine_tuning") or {}
+    tuned = (f"; engine tuned on this host: {eng.get('deployed')} serve.sh deployed ({eng.get('tuned_vs_untuned')}x "
+             "the untuned)" if eng.get("deployed") else "")
     return (f"served by vLLM ({rec.get('implementation')}); tokens {'PASS' if rec['tokens']['ok'] else 'FAIL'}"
             + (f"; {top['output_tokens_per_s']} tok/s at concurrency {top['concurrency']} "
-               f"({top.get('vs_one_at_a_time')}x Transformers one at a time)" if top else ""))
+               f"({top.get('vs_one_at_a_time')}x Transformers one at a time)" if top else "") + tuned)
 
 
 def _measured_on(counts: dict[str, Any]) -> str:
@@ -119,4 +122,6 @@ def deployment_lines(rec: dict[str, Any] | None) -> list[str]:
                      "the stream: when the API server lags the engine, vLLM merges a request's pending tokens into "
                      "one chunk, so a TPOT near 0 means the tokens arrived together (TTFT is then the request's "
                      "latency).")
-    return lines + [""]
+    from agents.deploy.engine_tune import report_lines
+
+    return lines + report_lines(rec.get("engine_tuning")) + [""]

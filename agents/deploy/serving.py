@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from agents.deploy.token_gate import prefix_len, token_check
+from agents.deploy.vllm import ASCEND_ONLY_ENV, ASCEND_ONLY_FLAGS
 from agents.deploy.vllm_env import ensure_vllm_env, vllm_facts
 from agents.deploy.vllm_vision import ensure_vision_overlay
 from agents.request import request_of
@@ -31,10 +32,7 @@ TOP_K = 5  # logprobs per position compared through the server
 HF_SINGLE = 12
 # An image request runs the model's vision encoder on the CPU: its workload is the first IMAGE_REQUESTS requests.
 IMAGE_REQUESTS = 8
-# Settings of serve.sh that only an Ascend host reads; on this host they are present and not exercised.
-ASCEND_ONLY_ENV = ("VLLM_ASCEND_", "TASK_QUEUE_ENABLE", "PYTORCH_NPU_ALLOC_CONF", "HCCL_", "ASCEND_")
-ASCEND_ONLY_FLAGS = {"additional-config": "read by vllm-ascend's platform plugin",
-                     "gpu-memory-utilization": "the CPU engine sizes its KV cache from VLLM_CPU_KVCACHE_SPACE"}
+# Settings of serve.sh that only an Ascend host reads (agents/deploy/vllm.py); here present and not exercised.
 # Both sides compute on THREADS CPU threads (vLLM's engine bound to cores 0..THREADS-1): like for like, and on a
 # shared small host more OpenMP threads than free cores slow a small model down many times over.
 THREADS = 1
@@ -125,9 +123,13 @@ def exercised_settings(settings: list[dict[str, Any]]) -> tuple[list[str], list[
 
 def exercise(state: dict[str, Any], bundle: Path, run_root: Path, *, requests: int = 48,
              hf_single: int | None = HF_SINGLE, concurrencies: tuple[int, ...] = CONCURRENCIES,
-             start_timeout_s: float = 900.0, throughput_budget_s: float = 480.0) -> dict[str, Any]:
+             start_timeout_s: float = 900.0, throughput_budget_s: float = 480.0, write_serve: Any = None,
+             tune: Any = None) -> dict[str, Any]:
     """Serve the port with the bundle's serve.sh and check it; the deployment record (never raises for a
-    model's failure: a server that does not start is a failed deployment with its own error)."""
+    model's failure: a server that does not start is a failed deployment with its own error). With tuning
+    (``tune``, else the request's) and ``write_serve`` (re-renders the bundle's serve.sh with an engine
+    configuration), the engine's knobs are tuned on the real engine afterwards (agents/deploy/engine_tune.py);
+    a callable ``tune`` is handed the engine context instead (bench/record_engine_landscapes.py)."""
     from sandbox.shrink import shrink_config
 
     req = request_of(state)
@@ -256,9 +258,19 @@ def exercise(state: dict[str, Any], bundle: Path, run_root: Path, *, requests: i
                                                                 "the server returned no top-k logprobs"))
     record["throughput"] = throughput_table(client.get("bench") or [], ref.get("transformers") or [],
                                             ref.get("transformers_batched") or [])
+    record.update(transformers=ref.get("transformers") or [], transformers_batched=ref.get("transformers_batched") or [],
+                  threads=THREADS)
     record["status"] = "served" if record["tokens"]["ok"] else "failed"
     if not record["tokens"]["ok"]:
         record["error"] = f"tokens through the server: {record['tokens']['verdict']}"
+    elif (req.tune if tune is None else tune) and not on_npu and (write_serve is not None or callable(tune)):
+        from agents.deploy.engine_tune import engine_stage
+
+        record["engine_tuning"] = engine_stage(
+            run_dir, record, config, work, write_serve=write_serve, custom=tune if callable(tune) else None,
+            run=_sandboxed, port=_free_port, python=str(vpython), ref_python=port_python, env=env, ro=[bundle],
+            check=lambda served: token_check(served, ref["reference_tokens"], dtype),
+            host_args=[*HOST_ARGS, "--max-num-seqs"], threads=THREADS, table=throughput_table)
     return record
 
 
