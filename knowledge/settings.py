@@ -90,6 +90,15 @@ class Settings(BaseSettings):
     serve: bool = True
     """Exercise the deployment of a validated port (vLLM serves it with serve.sh; tokens and throughput checked;
     about two minutes on a small host) when the request does not say (0: write serve.sh only)."""
+    engine_tune_trials: int = Field(default=8, ge=1)
+    """Server starts the engine tuner may spend (a tuned port that is served: each trial starts serve.sh with one
+    configuration of vLLM's knobs and runs a short load; about a minute each on a small host)."""
+    serve_slo_ttft_ms: float | None = Field(default=None, gt=0)
+    """The engine tuner's latency objective: a configuration whose median time to first token exceeds it is
+    no candidate (unset: no bound)."""
+    serve_slo_tpot_ms: float | None = Field(default=None, gt=0)
+    """The engine tuner's latency objective: a configuration whose median time per output token exceeds it is
+    no candidate (unset: no bound)."""
 
     @property
     def kb_off(self) -> bool:

@@ -62,21 +62,57 @@ def _completion(base: str, model: str, prompt: list[int], max_tokens: int, logpr
                             "ignore_eos": True, "return_token_ids": True}
     if logprobs:
         body["logprobs"] = logprobs
+        body["return_tokens_as_token_ids"] = True  # top-k keyed "token_id:N": no tokenizer needed to read them
     choice = _post(f"{base}/v1/completions", body, 300)["choices"][0]
     out: dict[str, Any] = {"tokens": choice.get("token_ids")}
     lp = choice.get("logprobs") or {}
     if lp.get("top_logprobs"):
-        out["top_logprobs"] = lp["top_logprobs"]
-        out["tokens_text"] = lp.get("tokens")
+        out["top_logprobs"] = [_by_id(row) for row in lp["top_logprobs"]]
     return out
 
 
-def _stream(base: str, model: str, req: dict[str, Any]) -> dict[str, Any]:
-    """One streamed request: time to first token, time per output token after it, tokens received."""
-    body = {"model": model, "prompt": req["prompt"], "max_tokens": req["max_tokens"], "temperature": 0,
-            "ignore_eos": True, "return_token_ids": True, "stream": True,
-            "stream_options": {"include_usage": True}}
-    http = urllib.request.Request(f"{base}/v1/completions", data=json.dumps(body).encode(),
+def _by_id(row: dict[str, float] | None) -> dict[str, float]:
+    """{token id (as a string, JSON's key type): logprob} of one position's top-k ("token_id:N" keys)."""
+    out: dict[str, float] = {}
+    for key, value in (row or {}).items():
+        if key.startswith("token_id:") and value is not None:
+            out[key.partition(":")[2]] = float(value)
+    return out
+
+
+def _messages(image: dict[str, Any]) -> list[dict[str, Any]]:
+    """The image request as one user message: the test image, then the prompt text (which carries the
+    model's own image placeholder, so the server adds none)."""
+    return [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": image["image_data_url"]}},
+                                         {"type": "text", "text": image["text"]}]}]
+
+
+def _chat(base: str, model: str, image: dict[str, Any], max_tokens: int, logprobs: int | None) -> dict[str, Any]:
+    """The image request through the chat API, greedy: the tokens, and the prompt ids the server built."""
+    body: dict[str, Any] = {"model": model, "messages": _messages(image), "max_tokens": max_tokens, "temperature": 0,
+                            "ignore_eos": True, "return_token_ids": True}
+    if logprobs:
+        body.update(logprobs=True, top_logprobs=logprobs, return_tokens_as_token_ids=True)
+    answer = _post(f"{base}/v1/chat/completions", body, 900)
+    choice = answer["choices"][0]
+    out: dict[str, Any] = {"tokens": choice.get("token_ids"), "prompt_ids": answer.get("prompt_token_ids")}
+    rows = (choice.get("logprobs") or {}).get("content") or []
+    if rows:
+        out["top_logprobs"] = [_by_id({t["token"]: t["logprob"] for t in r.get("top_logprobs") or []}) for r in rows]
+    return out
+
+
+def _stream(base: str, model: str, req: dict[str, Any], image: dict[str, Any] | None = None) -> dict[str, Any]:
+    """One streamed request: time to first token, time per output token after it, tokens received. With an
+    image request, the request is that image and prompt with this request's output length."""
+    body: dict[str, Any] = {"model": model, "max_tokens": req["max_tokens"], "temperature": 0, "ignore_eos": True,
+                            "return_token_ids": True, "stream": True, "stream_options": {"include_usage": True}}
+    if image is not None:
+        body["messages"] = _messages(image)
+    else:
+        body["prompt"] = req["prompt"]
+    route = "chat/completions" if image is not None else "completions"
+    http = urllib.request.Request(f"{base}/v1/{route}", data=json.dumps(body).encode(),
                                   headers={"Content-Type": "application/json"})
     start = time.perf_counter()
     first = None
@@ -91,7 +127,8 @@ def _stream(base: str, model: str, req: dict[str, Any]) -> dict[str, Any]:
             if chunk.get("usage"):
                 usage = chunk["usage"].get("completion_tokens")
             for choice in chunk.get("choices") or []:
-                n = len(choice.get("token_ids") or []) or (1 if choice.get("text") else 0)
+                text = choice.get("text") or (choice.get("delta") or {}).get("content")
+                n = len(choice.get("token_ids") or []) or (1 if text else 0)
                 if n and first is None:
                     first = time.perf_counter()
                 tokens += n
@@ -101,11 +138,12 @@ def _stream(base: str, model: str, req: dict[str, Any]) -> dict[str, Any]:
     return {"ttft_s": ttft, "tpot_s": (end - (first or end)) / max(tokens - 1, 1), "tokens": tokens}
 
 
-def _bench(base: str, model: str, requests: list[dict[str, Any]], concurrency: int) -> dict[str, Any]:
-    _stream(base, model, requests[0])  # warm-up: the first request pays one-off costs
+def _bench(base: str, model: str, requests: list[dict[str, Any]], concurrency: int,
+           image: dict[str, Any] | None = None) -> dict[str, Any]:
+    _stream(base, model, requests[0], image)  # warm-up: the first request pays one-off costs
     start = time.perf_counter()
     with ThreadPoolExecutor(max_workers=concurrency) as pool:
-        done = list(pool.map(lambda r: _stream(base, model, r), requests))
+        done = list(pool.map(lambda r: _stream(base, model, r, image), requests))
     wall = time.perf_counter() - start
     tokens = sum(d["tokens"] for d in done)
     return {"concurrency": concurrency, "requests": len(requests), "output_tokens": tokens, "wall_s": round(wall, 3),
@@ -114,7 +152,37 @@ def _bench(base: str, model: str, requests: list[dict[str, Any]], concurrency: i
             "median_tpot_ms": round(statistics.median(d["tpot_s"] for d in done) * 1000, 2)}
 
 
+def backend_refusal(servable: Path) -> str | None:
+    """Why vLLM's Transformers backend would refuse the servable folder's model class, else None: the question
+    vLLM's registry asks (the class of config.json's first ``AutoModel*`` auto_map entry, else transformers'
+    own class of that architecture; written for transformers' attention interface), asked in this env
+    before a server is started for it."""
+    import transformers
+
+    cfg = json.loads((servable / "config.json").read_text())
+    ref = next((v for k, v in (cfg.get("auto_map") or {}).items() if k.startswith("AutoModel")), None)
+    arch = (cfg.get("architectures") or ["?"])[0]
+    cls: Any = None
+    try:
+        if ref:
+            from transformers.dynamic_module_utils import get_class_from_dynamic_module
+
+            cls = get_class_from_dynamic_module(ref, str(servable))
+        else:
+            cls = getattr(transformers, arch)
+        if cls.is_backend_compatible() or cls._can_set_attn_implementation():
+            return None
+    except Exception as exc:  # the model's code under this env's transformers: its failure is the answer
+        return (f"the model's class {ref or arch} does not load under vLLM's transformers {transformers.__version__} "
+                f"({type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''})")
+    return (f"vLLM's Transformers backend refuses {cls.__name__}: the class is not written for transformers' attention "
+            f"interface (transformers {transformers.__version__}: is_backend_compatible() and "
+            "_can_set_attn_implementation() are False)")
+
+
 def run(spec: dict[str, Any]) -> dict[str, Any]:
+    if spec.get("check_backend") and (why := backend_refusal(Path(spec["servable_dir"]))):
+        return {"ok": False, "started": False, "no_path": why}
     port = int(spec["port"])
     base = f"http://127.0.0.1:{port}"
     log = Path(spec["log_path"])
@@ -133,9 +201,13 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
             return out
         out["started"] = True
         model = spec["model_name"]
-        out["tokens"] = [_completion(base, model, p, int(spec["max_new_tokens"]), spec.get("logprobs"))
-                         for p in spec["prompts"]]
-        out["bench"] = [_bench(base, model, spec["requests"], c) for c in spec.get("concurrencies") or []]
+        image = spec.get("image_request")
+        if image is not None:
+            out["tokens"] = [_chat(base, model, image, int(spec["max_new_tokens"]), spec.get("logprobs"))]
+        else:
+            out["tokens"] = [_completion(base, model, p, int(spec["max_new_tokens"]), spec.get("logprobs"))
+                             for p in spec["prompts"]]
+        out["bench"] = [_bench(base, model, spec["requests"], c, image) for c in spec.get("concurrencies") or []]
         out["ok"] = True
     except (OSError, urllib.error.URLError, KeyError, ValueError) as exc:
         out["error"] = f"{type(exc).__name__}: {exc}\n" + log.read_text(errors="replace")[-2000:]

@@ -5,13 +5,15 @@ Three paths, decided from the model's classes and weight layout, never from its 
 
 - ``vllm-native``: config.json names an architecture vLLM implements; the state dict is saved as it is.
   vLLM's own class runs, not the model's (patched) code.
-- ``vllm-native-layout``: the architecture is unknown to vLLM, but the weights have the Llama-family
-  decoder layout (embedding, layers of RMS-normed attention with q/k/v/o projections and a gated MLP,
-  final norm, LM head; q/k/v biases make it the Qwen2 layout). The weights are renamed to that layout
-  (a fused gate/up projection is split) and the config rewritten to the matching vLLM class. The
-  token check through the server decides whether that class computes what the model computes.
+- ``vllm-native-layout``: the architecture is unknown to vLLM, but the weights have the layout of one of
+  vLLM's decoder classes (sandbox/serve_layouts.py: Llama, Qwen2, Llama with attention biases, StableLM,
+  told apart by their norms and biases). The weights are renamed to that layout (a fused gate/up
+  projection is split) and the config written in that class's terms. The token check through the
+  server decides whether that class computes what the model computes.
 - ``transformers-backend``: a transformers ``PreTrainedModel`` vLLM has no class for: saved with its
-  (patched) code and served with ``--model-impl transformers``, which runs that code.
+  (patched) code and served with ``--model-impl transformers``, which runs that code. vLLM's backend
+  takes only classes written for transformers' attention interface; sandbox/serve_client.py asks the
+  class in the vLLM env before starting the server, and a class it refuses has no vLLM path.
 
 Otherwise there is no vLLM path, and :func:`what_vllm_needs` says what a vLLM model class would need.
 """
@@ -24,87 +26,11 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from sandbox.serve_layouts import convert, decoder_layout, layout_config
+
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json", "merges.txt",
                    "tokenizer.model", "vocab.txt", "added_tokens.json", "generation_config.json")
-_LAYER = re.compile(r"^layers\.(\d+)\.(.+)$")
-_LAYER_PARTS = {"input_layernorm.weight", "post_attention_layernorm.weight", "self_attn.q_proj.weight",
-                "self_attn.k_proj.weight", "self_attn.v_proj.weight", "self_attn.o_proj.weight", "mlp.down_proj.weight"}
-_QKV_BIAS = {"self_attn.q_proj.bias", "self_attn.k_proj.bias", "self_attn.v_proj.bias"}
-_MLP = ({"mlp.gate_proj.weight", "mlp.up_proj.weight"}, {"mlp.gate_up_proj.weight"})
-_CONFIG_KEYS = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
-                "num_key_value_heads", "rms_norm_eps", "rope_theta", "max_position_embeddings", "tie_word_embeddings",
-                "pad_token_id", "bos_token_id", "eos_token_id", "head_dim")
-
-
-def _prefix(names: list[str]) -> str | None:
-    """The prefix under which the decoder's ``layers.N.`` live (``""``, ``"model."``, ...)."""
-    for name in names:
-        m = re.match(r"^(.*?)layers\.\d+\.", name)
-        if m:
-            return m.group(1)
-    return None
-
-
-def llama_layout(names: list[str]) -> tuple[str, dict[str, str]] | None:
-    """(vLLM architecture, {our name: its name}) when the weights have the Llama-family layout, else None.
-    A fused ``gate_up_proj`` maps to itself; :func:`convert` splits it."""
-    prefix = _prefix(names)
-    if prefix is None:
-        return None
-    layers: dict[int, set[str]] = {}
-    mapping: dict[str, str] = {}
-    for name in names:
-        rest = name[len(prefix):] if name.startswith(prefix) else None
-        if name == "lm_head.weight" or rest == "lm_head.weight":
-            mapping[name] = "lm_head.weight"
-        elif rest in ("embed_tokens.weight", "norm.weight"):
-            mapping[name] = f"model.{rest}"
-        elif rest is not None and (m := _LAYER.match(rest)):
-            layers.setdefault(int(m.group(1)), set()).add(m.group(2))
-            mapping[name] = f"model.{rest}"
-        else:
-            return None  # a weight the layout has no place for
-    if "model.embed_tokens.weight" not in mapping.values() or "model.norm.weight" not in mapping.values():
-        return None
-    if not layers or sorted(layers) != list(range(len(layers))):
-        return None
-    kinds = set()
-    for parts in layers.values():
-        mlp = parts - _LAYER_PARTS - _QKV_BIAS
-        if not parts >= _LAYER_PARTS or mlp not in _MLP:
-            return None
-        bias = parts & _QKV_BIAS
-        if bias and bias != _QKV_BIAS:
-            return None
-        kinds.add(bool(bias))
-    if len(kinds) != 1:
-        return None
-    return ("Qwen2ForCausalLM" if kinds.pop() else "LlamaForCausalLM"), mapping
-
-
-def convert(state: dict[str, Any], mapping: dict[str, str]) -> dict[str, Any]:
-    """The state dict renamed to the layout; a fused gate/up projection split into gate and up (in that
-    order, as ``chunk(2)`` splits it)."""
-    out: dict[str, Any] = {}
-    for name, tensor in state.items():
-        new = mapping[name]
-        if new.endswith("mlp.gate_up_proj.weight"):
-            gate, up = tensor.chunk(2, dim=0)
-            out[new.replace("gate_up_proj", "gate_proj")] = gate
-            out[new.replace("gate_up_proj", "up_proj")] = up
-        else:
-            out[new] = tensor
-    return out
-
-
-def layout_config(config: dict[str, Any], arch: str) -> dict[str, Any]:
-    model_type = {"LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2"}[arch]
-    out = {k: config[k] for k in _CONFIG_KEYS if k in config}
-    out.setdefault("num_key_value_heads", config.get("num_attention_heads"))
-    out.setdefault("tie_word_embeddings", True)
-    out.update({"architectures": [arch], "model_type": model_type, "hidden_act": config.get("hidden_act", "silu"),
-                "torch_dtype": "float32"})
-    return out
+_CONFIG_NOTE = "config.json rewritten in the terms of vLLM's class (sandbox/serve_layouts.py SYNONYMS)"
 
 
 def what_vllm_needs(model: Any) -> dict[str, Any]:
@@ -127,10 +53,12 @@ def _save(state: dict[str, Any], out_dir: Path) -> None:
 
 
 def export(model: Any, config: dict[str, Any], model_dir: Path, code_dir: Path, out_dir: Path,
-           known: set[str]) -> dict[str, Any]:
+           known: set[str], config_types: set[str] | None = None) -> dict[str, Any]:
     """Write the servable folder for ``model`` (built and seeded as the reference was) into ``out_dir``;
     returns {implementation, architecture, detail, tokenizer, ...}. ``code_dir`` holds the ported code;
-    ``known`` is the architectures vLLM implements (asked of the vLLM environment)."""
+    ``known`` is the architectures vLLM implements, ``config_types`` the config model types its env reads
+    with its own classes (both asked of the vLLM environment)."""
+    config_types = config_types or set()
     out_dir.mkdir(parents=True, exist_ok=True)
     archs = [a for a in config.get("architectures") or [] if isinstance(a, str)]
     state = dict(model.state_dict())
@@ -140,20 +68,28 @@ def export(model: Any, config: dict[str, Any], model_dir: Path, code_dir: Path, 
         info.update(implementation="vllm-native", architecture=archs[0],
                     detail=f"vLLM's own {archs[0]} class serves the model; it ignores the patched modeling code")
         _save(state, out_dir)
-        if isinstance(config.get("auto_map"), dict):  # vLLM loads the config (and tokenizer) class from the code
+        if config.get("model_type") in config_types and isinstance(config.get("auto_map"), dict):
+            # vLLM's class was written for the config class its env has for this model type (transformers' own,
+            # or vLLM's); the release's configuration file of an older era lacks what that class reads.
+            served_config = {k: v for k, v in config.items() if k != "auto_map"}
+            info["config"] = (f"config.json read by the vLLM env's own config class for model type "
+                              f"{config['model_type']!r}, not the release's configuration code")
+        elif isinstance(config.get("auto_map"), dict):  # vLLM loads the config (and tokenizer) class from the code
             for p in code_dir.glob("*.py"):
                 shutil.copy2(p, out_dir / p.name)
-    elif (layout := llama_layout(list(state))) is not None:
-        arch, mapping = layout
-        served_config = layout_config(config, arch)
-        info.update(implementation="vllm-native-layout", architecture=arch,
-                    detail=f"vLLM has no class for {', '.join(archs) or 'this model'}; its weights have the "
-                           f"{arch} layout, so vLLM's own {arch} serves the renamed weights (the patched modeling "
-                           "code is not run; the token check decides whether the class computes the same)")
-        _save(convert(state, mapping), out_dir)
+    elif (layout := decoder_layout(list(state))) is not None:
+        arch = layout.architecture
+        served_config = layout_config(config, layout, has_head=any(v == "lm_head.weight" for v in layout.mapping.values()))
+        info.update(implementation="vllm-native-layout", architecture=arch, layout=layout.reason,
+                    detail=f"vLLM has no class for {', '.join(archs) or 'this model'}; its weights have the layout of "
+                           f"vLLM's {arch} ({layout.reason}), so that class serves the renamed weights ({_CONFIG_NOTE}; "
+                           "the patched modeling code is not run; the token check decides whether the class computes "
+                           "the same)")
+        _save(convert(state, layout.mapping), out_dir)
     elif hasattr(model, "save_pretrained") and hasattr(model, "config"):
         info.update(implementation="transformers-backend", architecture=archs[0] if archs else type(model).__name__,
-                    detail="vLLM's Transformers backend (--model-impl transformers) runs the patched modeling code")
+                    detail="vLLM's Transformers backend (--model-impl transformers) runs the patched modeling code",
+                    needs=what_vllm_needs(model))  # for the report, should the backend refuse the class
         _save(state, out_dir)
         for p in code_dir.glob("*.py"):
             shutil.copy2(p, out_dir / p.name)

@@ -18,7 +18,10 @@ from typing import Any
 
 from sandbox.child_main import child_main
 from sandbox.harness import _import_with_stubs, _load_attr, build_model, load_config, model_inputs_for
-from sandbox.model_inputs import seed_parameters
+from sandbox.model_inputs import PROCESSOR_PATH, load_tokenizer, nested, seed_parameters
+from sandbox.serve_mm import generate_with, image_request
+from sandbox.serve_mm import throughput as mm_throughput
+from sandbox.serve_tokenizer import write_stand_in
 
 
 def _new_tokens(output: Any, prompt: list[int]) -> list[int]:
@@ -74,19 +77,75 @@ def _accepts(method: Any, name: str) -> bool:
     return any(p.name == name or p.kind is inspect.Parameter.VAR_KEYWORD for p in params)
 
 
+TOP_K = 5
+
+
+def _logits_of(model: Any, ids: list[int]) -> Any:
+    """The model's next-token logits at every position of ``ids`` (one forward pass), or None when its
+    forward does not return them."""
+    import torch
+
+    with torch.no_grad():
+        out = model(input_ids=torch.tensor([ids], dtype=torch.long))
+    logits = getattr(out, "logits", None)
+    if logits is None and isinstance(out, (tuple, list)) and out and isinstance(out[0], torch.Tensor):
+        logits = out[0]
+    if not isinstance(logits, torch.Tensor) or logits.dim() != 3 or logits.shape[1] != len(ids):
+        return None
+    return logits[0].float()
+
+
+def teacher_forced_logprobs(model: Any, prompt: list[int], tokens: list[int], k: int = TOP_K) -> list[dict[str, Any]] | None:
+    """Per generated position of ``tokens`` (decoded after ``prompt``): the top-k log-probabilities
+    ({token id: logprob}) and the logprob of the token itself, from one forward pass over prompt +
+    tokens (teacher forcing: every position sees the reference's own context)."""
+    import torch
+
+    if not tokens:
+        return []
+    logits = _logits_of(model, prompt + tokens[:-1])
+    if logits is None:
+        return None
+    lp = torch.log_softmax(logits[len(prompt) - 1:], dim=-1)
+    top = torch.topk(lp, k, dim=-1)
+    return [{"top": {int(i): round(float(v), 5) for i, v in zip(top.indices[n].tolist(), top.values[n].tolist(),
+                                                               strict=True)},
+             "token": int(tokens[n]), "token_logprob": round(float(lp[n, tokens[n]]), 5)}
+            for n in range(len(tokens))]
+
+
 def _throughput(method: Any, requests: list[dict[str, Any]], batch: int, pad: int,
-                kwargs: dict[str, Any]) -> dict[str, Any]:
+                kwargs: dict[str, Any], deadline: float | None = None) -> dict[str, Any]:
     """Requested output tokens per second: batches of ``batch`` requests, each batch padded to its longest
-    prompt and decoded to its longest output (what a caller of ``generate`` waits for)."""
+    prompt and decoded to its longest output (what a caller of ``generate`` waits for). Past ``deadline``
+    (time.monotonic) no new batch starts: the rate is over the requests measured (at least one batch).
+    Latency, per batch as a server running ``generate`` would give it (a request waits for its batch): TTFT is a
+    call generating one token on the first batch, TPOT the rest of that batch's time per decoded step.
+    ``computed_tokens`` counts the rows x steps decoded (padding included) against the tokens asked for."""
     start = time.perf_counter()
-    tokens = 0
+    tokens = done = computed = 0
+    first_s = 0.0
     for i in range(0, len(requests), batch):
+        if done and deadline is not None and time.monotonic() > deadline:
+            break
         group = requests[i:i + batch]
-        _generate(method, [r["prompt"] for r in group], max(r["max_tokens"] for r in group), pad, kwargs)
+        t = time.perf_counter()
+        steps = max(r["max_tokens"] for r in group)
+        _generate(method, [r["prompt"] for r in group], steps, pad, kwargs)
+        first_s = first_s or time.perf_counter() - t
         tokens += sum(r["max_tokens"] for r in group)
+        done += len(group)
+        computed += len(group) * steps
     wall = time.perf_counter() - start
-    return {"batch": batch, "requests": len(requests), "output_tokens": tokens, "wall_s": round(wall, 3),
-            "output_tokens_per_s": round(tokens / wall, 2) if wall > 0 else None}
+    group = requests[:batch]
+    t = time.perf_counter()
+    _generate(method, [r["prompt"] for r in group], 1, pad, kwargs)
+    ttft = time.perf_counter() - t
+    steps = max(r["max_tokens"] for r in group)
+    return {"batch": batch, "requests": done, "requests_planned": len(requests), "output_tokens": tokens,
+            "wall_s": round(wall, 3), "output_tokens_per_s": round(tokens / wall, 2) if wall > 0 else None,
+            "computed_tokens": computed, "median_ttft_ms": round(ttft * 1000, 1),
+            "median_tpot_ms": round(max(first_s - ttft, 0.0) / max(steps - 1, 1) * 1000, 2)}
 
 
 def run(spec: dict[str, Any]) -> dict[str, Any]:
@@ -95,6 +154,7 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
     from sandbox import redirect
     from sandbox.serve_export import export
 
+    began = time.monotonic()
     model_dir = Path(spec["model_dir"]).resolve()
     manifest = spec["manifest"]
     seed = int(spec.get("seed", 0))
@@ -108,10 +168,16 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
     config, _ = load_config(model_dir, manifest, {"shrink": spec.get("shrink"),
                                                   "config_overrides": spec.get("config_overrides")})
     cls = _import_with_stubs(lambda: _load_attr(manifest["entry"]["class"], model_dir), True, stubbed)
-    torch.manual_seed(seed)
-    model = _import_with_stubs(lambda: build_model(cls, config, model_dir), True, stubbed)
-    seed_parameters(model, seed)
-    model.eval()
+
+    def fresh(dtype: str) -> Any:
+        """The model as the reference built it (same seeded weights), in ``dtype`` before its first call: a
+        model converted after running keeps caches of the old dtype (rotary tables kept as attributes)."""
+        torch.manual_seed(seed)
+        built = _import_with_stubs(lambda: build_model(cls, config, model_dir), True, stubbed)
+        seed_parameters(built, seed)
+        return built.eval().to(getattr(torch, dtype))
+
+    model = fresh("float32")
     run_cfg = manifest.get("run") or {}
     kwargs = dict(run_cfg.get("kwargs") or {})
     max_new = int(spec.get("max_new_tokens") or kwargs.get("max_new_tokens") or 8)
@@ -121,25 +187,78 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
         raise ValueError(f"the model's inputs have no input_ids ({', '.join(inputs)}): the text check needs a prompt")
     prompts = _prompts(inputs)
     method = getattr(model, run_cfg.get("method", "generate"))
-    if needed := _required_beyond_text(method):
-        raise ValueError(f"the model's {run_cfg.get('method', 'generate')} requires {', '.join(needed)}: the served "
-                         "check drives text prompts only (image inputs through vLLM's multimodal API are not "
-                         "exercised on this host yet)")
+    beyond_text = {k: v for k, v in inputs.items() if k not in ("input_ids", "attention_mask")}
+    image = None
+    if beyond_text and run_cfg.get("preprocess") and run_cfg["preprocess"] != PROCESSOR_PATH:
+        # Built by the model's own preprocessing path from a test image: the server gets that image.
+        image = image_request(model, run_cfg["preprocess"], model_dir, config, seed, prompts[0],
+                              Path(spec["servable_dir"]).parent)
+        out["image_request"] = image
+    elif needed := _required_beyond_text(method):
+        raise ValueError(f"the model's {run_cfg.get('method', 'generate')} requires {', '.join(needed)}, which "
+                         "npuport's served check cannot supply: only text prompts and images built by the model's "
+                         "own preprocessing method are driven through the server")
     pad = int(config.get("pad_token_id") or 0)
     out["prompts"] = prompts
     out["max_new_tokens"] = max_new
-    # Saved before any dtype cast: the served weights are the reference's float32 weights.
-    out["servable"] = export(model, config, model_dir, Path(spec["code_dir"]), Path(spec["servable_dir"]),
-                             set(spec.get("vllm_archs") or []))
+    phases: dict[str, float] = {"build_s": round(time.monotonic() - began, 1)}
+    out["phases"] = phases
+    mark = time.monotonic()
+    low = spec.get("dtype") or "bfloat16"
+    name = run_cfg.get("method", "generate")
     refs: dict[str, list[list[int]]] = {}
-    for dtype in ("float32", spec.get("dtype") or "bfloat16"):
-        model.to(getattr(torch, dtype))
-        refs[dtype] = [_new_tokens(_generate(method, [p], max_new, pad, kwargs), p) for p in prompts]
-    out["reference_tokens"] = refs
-    out["transformers"] = [_throughput(method, spec["requests"], b, pad, kwargs) for b in spec.get("batches") or []]
-    out["transformers_batched"] = [_throughput(method, spec["batch_requests"], b, pad, kwargs)
-                                   for b in spec.get("batch_sizes") or []]
-    out["transformers_dtype"] = spec.get("dtype") or "bfloat16"
+    out["reference_tokens"] = refs  # filled below (none when only the throughput is asked for)
+    if spec.get("throughput_only"):  # Transformers' throughput alone (at other threads): no export, no references
+        models = {low: fresh(low)}
+        del model
+    else:
+        # Saved before any dtype cast: the served weights are the reference's float32 weights.
+        out["servable"] = export(model, config, model_dir, Path(spec["code_dir"]), Path(spec["servable_dir"]),
+                                 set(spec.get("vllm_archs") or []), set(spec.get("vllm_model_types") or []))
+        if image is not None and image["stand_in"] and out["servable"]["implementation"] != "none":
+            # vLLM's image processor needs a tokenizer: the reference's stand-in, as a tokenizer.json
+            tok, _ = load_tokenizer(model_dir, config)
+            write_stand_in(tok, int(nested(config, "vocab_size") or 0), model_dir, Path(spec["servable_dir"]), image["text"])
+            out["servable"]["tokenizer"] = True
+            out["servable"]["tokenizer_note"] = ("npuport's stand-in tokenizer (the folder has none that loads), written "
+                                                 "as tokenizer.json: the reference's ids per character")
+        models = {"float32": model, low: fresh(low)}
+        for dtype, m in models.items():
+            call = getattr(m, name)
+            refs[dtype] = ([_new_tokens(generate_with(call, inputs, max_new, kwargs), prompts[0])] if image is not None
+                           else [_new_tokens(_generate(call, [p], max_new, pad, kwargs), p) for p in prompts])
+        # Top-k logprobs along the float32 tokens, in float32 and in the serving dtype (the reference's own drift),
+        # for the served check's near-ties (agents/deploy/token_gate.py).
+        try:
+            if image is not None:
+                raise ValueError("teacher forcing along an image prompt is not driven (the model's forward takes the "
+                                 "image inputs its own generate prepares)")
+            lps = {dtype: [teacher_forced_logprobs(m, p, t) for p, t in zip(prompts, refs["float32"], strict=True)]
+                   for dtype, m in models.items()}
+            out["reference_logprobs"] = lps if all(v is not None for rows in lps.values() for v in rows) else None
+            if out["reference_logprobs"] is None:
+                out["logprobs_note"] = "the model's forward returns no per-position logits: no logprobs compared"
+        except Exception as exc:  # a forward the text path cannot drive (extra required inputs, ...)
+            out["reference_logprobs"] = None
+            out["logprobs_note"] = f"the reference logprobs could not be computed ({type(exc).__name__}: {str(exc)[:200]})"
+        if low != "float32":
+            del models["float32"]
+        del model
+    method = getattr(models[low], name)  # Transformers' throughput in the serving dtype
+    phases["reference_s"] = round(time.monotonic() - mark, 1)
+    # Each throughput measurement gets an equal share of the budget (a loaded host must not time the run out).
+    sizes = [(spec["requests"], b, "transformers") for b in spec.get("batches") or []] + \
+        [(spec["batch_requests"], b, "transformers_batched") for b in spec.get("batch_sizes") or []]
+    share = float(spec.get("throughput_budget_s") or 600) / max(len(sizes), 1)
+    out["transformers"], out["transformers_batched"] = [], []
+    if image is not None:  # one at a time on the image request; batching images is the model's own business
+        out["transformers"].append(mm_throughput(method, inputs, spec["requests"], kwargs,
+                                                 time.monotonic() + float(spec.get("throughput_budget_s") or 600)))
+        sizes = []
+    for reqs, b, key in sizes:
+        out[key].append(_throughput(method, reqs, b, pad, kwargs, time.monotonic() + share))
+    phases["throughput_s"] = round(time.monotonic() - mark - phases["reference_s"], 1)
+    out["transformers_dtype"] = low
     out["ok"] = True
     return out
 

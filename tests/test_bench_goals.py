@@ -42,3 +42,29 @@ def test_tuner_landscapes_come_from_at_least_three_models() -> None:
                        cwd=ROOT, capture_output=True, text=True, timeout=600)
     seen = re.search(r"landscapes: (\d+) from (\d+) model", r.stdout)
     assert seen and int(seen.group(2)) == len(by_model) >= 3, r.stdout[-2000:]
+
+
+def test_engine_landscapes_replay_with_the_priors_they_were_recorded_with(tmp_path: Path) -> None:
+    """A landscape recorded on the real engine (bench/record_engine_landscapes.py) carries its own priors and
+    orderedness; the replay starts npuport there and summarises the engine's landscapes on their own."""
+    import shutil
+
+    engine = [f for f in LANDSCAPES.glob("*.json") if json.loads(f.read_text()).get("kind") == "vllm-engine"]
+    for f in engine:  # what the recorder wrote: every point a server start, priors from the engine space
+        data = json.loads(f.read_text())
+        assert data["target"] == "vllm-cpu" and set(data["priors"]) == set(data["dims"])
+        assert all(p.get("start_s") is not None for p in data["points"] if p["value"])
+    grid = {"stream_interval": [1, 4, 16], "threads": [1, 2]}
+    value = {(1, 1): 100.0, (4, 1): 150.0, (16, 1): 160.0, (1, 2): 60.0, (4, 2): 80.0, (16, 2): 90.0}
+    (tmp_path / "toy--vllm-stream-threads.json").write_text(json.dumps({
+        "schema": 1, "kind": "vllm-engine", "name": "vllm-stream-threads", "model": "toy", "target": "vllm-cpu",
+        "dims": grid, "ordered": ["stream_interval", "threads"], "priors": {"stream_interval": 4, "threads": 1},
+        "points": [{"params": {"stream_interval": s, "threads": t}, "status": "ok", "value": v, "runs": [v]}
+                   for (s, t), v in value.items()]}))
+    for name in ("tiny_llm--cpu-batch-dtype.json", "cpu-batch-dtype.json", "tiny--cpu-batch-dtype.json"):
+        shutil.copy(LANDSCAPES / name, tmp_path / name)
+    r = subprocess.run([sys.executable, "bench/tuner_efficiency.py", "--seeds", "2", "--max-trials", "10",
+                        "--landscapes", str(tmp_path)], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    row = next(ln for ln in r.stdout.splitlines() if ln.startswith("toy/vllm-stream-threads"))
+    assert row.split()[2] == "2.0"  # npuport from the recorded prior (4, 1): one step up reaches (16, 1)
+    assert "mean over the real-engine landscapes" in r.stdout and "1 real-engine landscapes" in r.stdout

@@ -65,6 +65,9 @@ def test_without_the_docs_documented_defaults_are_used_and_said(tmp_path: Path) 
     state = {"request": {"model_path": str(model)}, "entry": {"config": "config.json"}}
     settings, plan = serve_plan(state, model, search=lambda q, k: [])
     assert "documented defaults are used" in plan.note
+    # ... and what the docs would have given a model of this class (multimodal, MoE, remote code)
+    assert "VLLM_ASCEND_ENABLE_NZ" in plan.note and "--mm-processor-cache-gb" in plan.note
+    assert "--no-enable-prefix-caching" in plan.note and "--additional-config" in plan.note
     by = {s.name: s for s in settings}
     assert by["gpu-memory-utilization"].source == "documented default"
     assert by["PYTORCH_NPU_ALLOC_CONF"].citation.startswith("documented default")
@@ -174,3 +177,14 @@ def test_serve_sh_serves_the_original_files_with_the_patched_code(tmp_path: Path
     r = subprocess.run([str(bundle / "serve.sh"), str(original), str(original / "served")], capture_output=True,
                        text=True, env={**os.environ, "PATH": f"{fake}:{os.environ['PATH']}"}, timeout=60)
     assert r.returncode == 2 and "outside" in r.stderr and not (original / "served").exists()
+
+
+@pytest.mark.slow
+def test_the_knowledge_base_carries_the_known_bad_serving_stacks(vllm_docs_kb: Any) -> None:
+    """Every build indexes npuport's note on known-bad vllm-ascend releases; the stack reads it from there."""
+    from agents.deploy import stack
+    from agents.environment.compat import load_compat
+
+    got = stack.choose_stack(load_compat(), lambda q, k: vllm_docs_kb.search(q, k=k, collections=["ascend_ops"]), None)
+    assert got["known_bad_from"] == "the knowledge base", got
+    assert [s["vllm_ascend"] for s in got["skipped"]] == ["0.22.1rc1"] and got["chosen"]["vllm_ascend"] == "0.23.0"

@@ -15,9 +15,9 @@ from typing import Any
 import pytest
 import yaml
 
-from agents.deploy import serving, vllm
+from agents.deploy import serving, token_gate, vllm
 from agents.deploy.serve_report import deployment_lines
-from sandbox.serve_export import convert, llama_layout
+from sandbox.serve_layouts import Layout, convert, decoder_layout, layout_config
 from tests.conftest import REPO_ROOT
 
 TINY = REPO_ROOT / "examples" / "tiny_llm"
@@ -32,23 +32,41 @@ LLAMA_NAMES = ["embed_tokens.weight", "norm.weight", "lm_head.weight"] + [
 def test_llama_layout_maps_names_and_splits_the_fused_mlp() -> None:
     import torch
 
-    arch, mapping = llama_layout(LLAMA_NAMES) or ("", {})
-    assert arch == "LlamaForCausalLM"
-    assert mapping["layers.1.self_attn.q_proj.weight"] == "model.layers.1.self_attn.q_proj.weight"
-    assert mapping["lm_head.weight"] == "lm_head.weight"
+    layout = decoder_layout(LLAMA_NAMES)
+    assert layout is not None and layout.architecture == "LlamaForCausalLM"
+    assert layout.mapping["layers.1.self_attn.q_proj.weight"] == "model.layers.1.self_attn.q_proj.weight"
+    assert layout.mapping["lm_head.weight"] == "lm_head.weight"
     fused = torch.arange(8.0).reshape(4, 2)
-    out = convert({"layers.0.mlp.gate_up_proj.weight": fused}, {"layers.0.mlp.gate_up_proj.weight":
-                                                                 "model.layers.0.mlp.gate_up_proj.weight"})
+    out = convert({"layers.0.mlp.gate_up_proj.weight": fused, "layers.0.self_attn.rotary_emb.inv_freq": fused},
+                  {"layers.0.mlp.gate_up_proj.weight": "model.layers.0.mlp.gate_up_proj.weight"})
     assert torch.equal(out["model.layers.0.mlp.gate_proj.weight"], fused[:2])
     assert torch.equal(out["model.layers.0.mlp.up_proj.weight"], fused[2:])
+    assert len(out) == 2  # the computed rotary table is not carried: vLLM computes its own
 
 
-def test_layout_rules_refuse_what_they_cannot_place() -> None:
-    biased = LLAMA_NAMES + [f"layers.{i}.self_attn.{p}_proj.bias" for i in range(2) for p in "qkv"]
-    assert (llama_layout(biased) or ("",))[0] == "Qwen2ForCausalLM"
-    assert llama_layout([*LLAMA_NAMES, "layers.0.self_attn.rotary.inv_freq"]) is None  # a weight with no place
-    assert llama_layout([n for n in LLAMA_NAMES if "layers.1.mlp.down_proj" not in n]) is None  # a layer short
-    assert llama_layout(["transformer.h.0.attn.c_attn.weight", "transformer.wte.weight"]) is None
+def _with(names: list[str], parts: list[str]) -> list[str]:
+    return names + [f"layers.{i}.{p}" for i in range(2) for p in parts]
+
+
+def test_layout_rules_tell_the_classes_apart_by_norms_and_biases() -> None:
+    qkv = ["self_attn.q_proj.bias", "self_attn.k_proj.bias", "self_attn.v_proj.bias"]
+    assert (decoder_layout(_with(LLAMA_NAMES, qkv)) or Layout("", "", "", {})).architecture == "Qwen2ForCausalLM"
+    every = decoder_layout(_with(LLAMA_NAMES, [*qkv, "self_attn.o_proj.bias"]))  # biases on q, k, v and o
+    assert every is not None and every.architecture == "LlamaForCausalLM" and every.config == {"attention_bias": True}
+    stable = decoder_layout(_with([*LLAMA_NAMES, "norm.bias"], ["input_layernorm.bias", "post_attention_layernorm.bias"]))
+    assert stable is not None and stable.architecture == "StableLmForCausalLM" and not stable.config["use_qkv_bias"]
+    cfg = layout_config({"hidden_size": 64, "num_heads": 4, "num_hidden_layers": 2, "norm_eps": 1e-5, "rope_pct": 0.25,
+                         "vocab_size": 100, "architectures": ["SomethingForCausalLM"], "auto_map": {"x": "y"}},
+                        stable, has_head=True)
+    assert cfg["num_attention_heads"] == 4 and cfg["partial_rotary_factor"] == 0.25 and cfg["layer_norm_eps"] == 1e-5
+    assert cfg["architectures"] == ["StableLmForCausalLM"] and "auto_map" not in cfg and not cfg["tie_word_embeddings"]
+    # What no class holds: half a bias set, an o bias beside LayerNorms, a weight with no place, a layer short.
+    assert decoder_layout(_with(LLAMA_NAMES, ["self_attn.q_proj.bias"])) is None
+    assert decoder_layout(_with([*LLAMA_NAMES, "norm.bias"], ["input_layernorm.bias", "post_attention_layernorm.bias",
+                                                              "self_attn.o_proj.bias"])) is None
+    assert decoder_layout([*LLAMA_NAMES, "layers.0.self_attn.rel_pos.weight"]) is None
+    assert decoder_layout([n for n in LLAMA_NAMES if "layers.1.mlp.down_proj" not in n]) is None
+    assert decoder_layout(["transformer.h.0.attn.c_attn.weight", "transformer.wte.weight"]) is None
 
 
 def test_head_size_override_keeps_the_heads() -> None:
@@ -67,6 +85,42 @@ def test_token_gate_is_calibrated_to_the_reference_drift() -> None:
     assert within["ok"] and within["match_rate_served_vs_fp32"] == 0.875
     worse = serving.token_check([[1, 0, 0, 0], [5, 6, 7, 8]], {"float32": fp32, "bfloat16": bf16}, "bfloat16")
     assert not worse["ok"] and "mismatch" in worse["verdict"]
+
+
+def _lp(rows: list[list[dict[int, float]]]) -> list[list[dict[str, object]]]:
+    """Reference logprob rows (teacher forced) from {token: logprob} dicts."""
+    return [[{"top": pos} for pos in row] for row in rows]
+
+
+def test_logprobs_decide_a_divergence_at_a_near_tie_and_refuse_a_real_one() -> None:
+    fp32 = [[1, 2, 3]]
+    ref32 = _lp([[{1: -0.1, 7: -2.5}, {2: -0.70, 9: -0.72}, {3: -0.2, 4: -1.9}]])  # position 1: a near-tie
+    ref16 = _lp([[{1: -0.11, 7: -2.49}, {2: -0.71, 9: -0.70}, {3: -0.21, 4: -1.88}]])  # drift 0.02 -> tol 0.05
+    tie = [[1, 9, 5]]  # the server took the other side of the tie, then decoded its own context
+    served_lps = [[{"1": -0.12, "7": -2.48}, {"9": -0.69, "2": -0.71}, {"5": -0.3}]]
+    rec = token_gate.token_check(tie, {"float32": fp32, "bfloat16": fp32}, "bfloat16", served_lps,
+                                 {"float32": ref32, "bfloat16": ref16})
+    assert rec["ok"] and rec["decided_by"] == "top-k logprobs", rec["verdict"]
+    assert rec["logprobs"]["tolerance"] == 0.05 and rec["logprobs"]["divergences"][0]["position"] == 1
+    assert rec["match_rate_served_vs_fp32"] == round(1 / 3, 4)  # the rate is still reported
+    # The same divergence where float32 had a clear winner (gap 1.8 nats) is a mismatch, whatever the rate says.
+    clear = _lp([[{1: -0.1, 7: -2.5}, {2: -0.1, 9: -1.9}, {3: -0.2, 4: -1.9}]])
+    bad = token_gate.token_check(tie, {"float32": fp32, "bfloat16": fp32}, "bfloat16", served_lps,
+                                 {"float32": clear, "bfloat16": clear})
+    assert not bad["ok"] and "not in float32's top-k" not in bad["verdict"] and "beyond the tolerance" in bad["verdict"]
+    # Equal tokens with logprobs far apart before any divergence: exact tokens pass (they decide first), and
+    # the logprob record still shows the gap.
+    far = [[{"1": -0.1, "7": -2.5}, {"2": -0.2, "9": -0.72}, {"3": -0.2, "4": -1.9}]]
+    same = token_gate.token_check(fp32, {"float32": fp32, "bfloat16": fp32}, "bfloat16", far,
+                                  {"float32": ref32, "bfloat16": ref16})
+    assert same["ok"] and same["decided_by"] == "exact tokens" and same["logprobs"]["max_abs_diff"] == 0.5
+
+
+def test_without_logprobs_the_rate_decides_and_says_why() -> None:
+    fp32, bf16 = [[1, 2, 3, 4]], [[1, 2, 9, 9]]
+    rec = token_gate.token_check([[1, 2, 3, 0]], {"float32": fp32, "bfloat16": bf16}, "bfloat16",
+                                 logprobs_note="the server returned no top-k logprobs")
+    assert rec["ok"] and rec["decided_by"] == "token-match rate" and "no top-k logprobs" in rec["mode"]
 
 
 def test_ascend_only_settings_are_listed_not_exercised() -> None:
@@ -155,6 +209,8 @@ def test_vllm_serves_the_port_and_its_tokens_match(tmp_path: Path, npuport_home:
     tok = rec["tokens"]
     assert tok["ok"] and len(tok["served"]) == 2 and all(len(row) == 8 for row in tok["served"])
     assert tok["match_rate_served_vs_fp32"] >= tok["match_rate_ref_dtype_vs_fp32"]
+    # top-k logprobs came back through the server (no tokenizer: keyed by token id) and were compared
+    assert tok["logprobs"] and tok["logprobs"]["compared"] >= 16 and tok["decided_by"] in ("exact tokens", "top-k logprobs")
     assert [r["concurrency"] for r in rec["throughput"]["rows"]] == [1, 4]
     assert all(r["output_tokens_per_s"] > 0 for r in rec["throughput"]["rows"])
     assert any("TASK_QUEUE_ENABLE" in n for n in rec["not_exercised"]) and "dtype" in rec["exercised"]
@@ -200,3 +256,107 @@ def test_export_decides_the_vllm_path_from_classes_and_layout(tmp_path: Path) ->
     assert set(load_file(str(tmp_path / "b" / "model.safetensors"))) == {"proj.weight", "proj.bias"}
     assert (tmp_path / "b" / "modeling_x.py").is_file()  # vLLM loads a remote-code config class from the folder
     assert json.loads((tmp_path / "b" / "npuport-servable.json").read_text())["implementation"] == "vllm-native"
+
+
+# A remote-code model with hand-written attention (not transformers' attention interface) and weights of no
+# vLLM class's layout: vLLM's Transformers backend refuses it, so it has no vLLM path.
+NO_PATH_CODE = """
+import torch
+from torch import nn
+from transformers import PretrainedConfig, PreTrainedModel
+from transformers.modeling_outputs import CausalLMOutput
+
+
+class TinyAttnConfig(PretrainedConfig):
+    model_type = "tiny_attn_lm"
+
+    def __init__(self, vocab_size=64, width=32, **kwargs):
+        self.vocab_size, self.width = vocab_size, width
+        super().__init__(**kwargs)
+
+
+class PlainAttention(nn.Module):
+    def __init__(self, width):
+        super().__init__()
+        self.qkv = nn.Linear(width, 3 * width)
+        self.out = nn.Linear(width, width)
+
+    def forward(self, x):
+        q, k, v = self.qkv(x).chunk(3, -1)
+        mask = torch.full((x.shape[1], x.shape[1]), float("-inf")).triu(1)
+        return self.out(torch.softmax(q @ k.transpose(-1, -2) / q.shape[-1] ** 0.5 + mask, -1) @ v)
+
+
+class TinyAttnForCausalLM(PreTrainedModel):
+    config_class = TinyAttnConfig
+
+    def __init__(self, config):
+        if isinstance(config, dict):
+            config = TinyAttnConfig(**config)
+        super().__init__(config)
+        self.wte = nn.Embedding(config.vocab_size, config.width)
+        self.attn = PlainAttention(config.width)
+        self.head = nn.Linear(config.width, config.vocab_size)
+        self.post_init()
+
+    def forward(self, input_ids, **kwargs):
+        h = self.wte(input_ids)
+        return CausalLMOutput(logits=self.head(h + self.attn(h)))
+
+    @torch.no_grad()
+    def generate(self, input_ids, max_new_tokens=4, **kwargs):
+        ids = input_ids
+        for _ in range(max_new_tokens):
+            ids = torch.cat([ids, self.forward(ids).logits[:, -1].argmax(-1, keepdim=True)], 1)
+        return ids
+
+
+def make_inputs(config, seed):
+    g = torch.Generator().manual_seed(seed)
+    return {"input_ids": torch.randint(1, 64, (1, 5), generator=g)}
+"""
+NO_PATH_CONFIG = {"architectures": ["TinyAttnForCausalLM"], "model_type": "tiny_attn_lm", "vocab_size": 64, "width": 32,
+                  "auto_map": {"AutoConfig": "modeling_tiny_attn.TinyAttnConfig",
+                               "AutoModelForCausalLM": "modeling_tiny_attn.TinyAttnForCausalLM"}}
+NO_PATH_MANIFEST = {"name": "tiny_attn", "entry": {"class": "modeling_tiny_attn:TinyAttnForCausalLM"},
+                    "config": "config.json", "inputs": "modeling_tiny_attn:make_inputs",
+                    "run": {"method": "generate", "kwargs": {"max_new_tokens": 4}}}
+
+
+@pytest.mark.slow
+def test_a_class_the_transformers_backend_refuses_has_no_vllm_path(tmp_path: Path, npuport_home: Path) -> None:
+    import sys
+
+    model = tmp_path / "tiny_attn"
+    model.mkdir()
+    (model / "modeling_tiny_attn.py").write_text(NO_PATH_CODE)
+    (model / "config.json").write_text(json.dumps(NO_PATH_CONFIG))
+    b = _bundle(tmp_path, _settings())
+    shutil.copytree(model, b / "patched")
+    (b / "deploy.json").write_text(json.dumps({"serve_settings": [s.model_dump() for s in _settings()]}))
+    state = {"request": {"model_path": str(model)}, "entry": NO_PATH_MANIFEST, "environment": {"python": sys.executable}}
+    rec = serving.exercise(state, b, tmp_path / "runs", requests=4, concurrencies=(1,))
+    assert rec["status"] == "no vLLM path", rec.get("error")
+    assert "refuses TinyAttnForCausalLM" in rec["error"] and "attention interface" in rec["error"]
+    assert "start_s" not in rec and "tokens" not in rec  # no server was started for it
+    needs = rec["servable"]["needs"]
+    assert needs["leaf_layers"] == {"Embedding": 1, "Linear": 3} and "attn.qkv.weight" in needs["weight_names"]
+    text = "\n".join(deployment_lines(rec))
+    assert "No vLLM path" in text and "What a vLLM model class would need" in text and "FAILED" not in text
+
+
+def test_serve_sh_of_a_model_with_no_vllm_path_stops_with_the_reason(tmp_path: Path) -> None:
+    from agents.deploy.bundle import no_path_guard
+
+    b = _bundle(tmp_path, _settings())
+    sh = b / "serve.sh"
+    sh.write_text(no_path_guard(sh.read_text(), "vLLM's Transformers backend refuses FooForCausalLM"))
+    marker = tmp_path / "vllm-ran"
+    (tmp_path / "bin").mkdir()
+    fake = tmp_path / "bin" / "vllm"
+    fake.write_text(f"#!/usr/bin/env bash\ntouch {marker}\n")
+    fake.chmod(0o755)
+    done = subprocess.run(["bash", str(sh)], capture_output=True, text=True,
+                          env={**os.environ, "PATH": f"{fake.parent}:{os.environ['PATH']}"})
+    assert done.returncode == 3 and "no vLLM path" in done.stderr and "refuses FooForCausalLM" in done.stderr
+    assert not marker.exists()

@@ -6,10 +6,11 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 from pathlib import Path
 from typing import Any
 
-from agents.deploy import plots, requirements, runscript, serve, serve_report, vllm
+from agents.deploy import plots, requirements, runscript, serve, serve_report, stack, vllm
 from agents.request import request_of
 from agents.tuning.space import model_facts
 from sandbox.targets import target_spec_of
@@ -22,11 +23,12 @@ def _model_dir(state: dict[str, Any], out_dir: Path) -> Path | None:
     return None
 
 
-def serve_plan(state: dict[str, Any], model_dir: Path | None,
-               search: serve.Search | None = None) -> tuple[list[vllm.ServeSetting], serve.ServePlan]:
+def serve_plan(state: dict[str, Any], model_dir: Path | None, search: serve.Search | None = None,
+               engine: dict[str, Any] | None = None) -> tuple[list[vllm.ServeSetting], serve.ServePlan]:
     """The serve settings: the model's class from its config and code, the vllm-ascend docs the knowledge
     base holds for that class (``search``; default: the KB, when one is built), npuport's derived values,
-    and what the real-NPU loop measured."""
+    what the real-NPU loop measured, and the engine configuration the engine tuner measured on this host
+    (``engine``, agents/deploy/engine_tune.py)."""
     manifest = state.get("entry") or {}
     config: dict[str, Any] = {}
     if model_dir is not None:
@@ -39,7 +41,7 @@ def serve_plan(state: dict[str, Any], model_dir: Path | None,
                                 search if search is not None else serve.default_search(), req.chip)
     serving = (state.get("tuning") or {}).get("serving") or {}  # from the real-NPU loop, when it ran
     settings = vllm.plan_serve(facts, chip=req.chip, tuned=serving.get("best"),
-                               measured=serving.get("measured_on"), docs=docs)
+                               measured=serving.get("measured_on"), docs=docs, engine=engine)
     return settings, docs
 
 
@@ -78,15 +80,27 @@ def write_deploy_bundle(state: dict[str, Any], out_dir: Path) -> dict[str, str]:
             small, _ = shrink_config(json.loads(config_file.read_text()), manifest.get("shrink") or {}, model_dir)
         if small is not None:
             files["run_config"] = _write(out_dir / "run_config.json", json.dumps(small, indent=1))
-    settings, docs = serve_plan(state, model_dir)
     src = req.model_path
-    files["serve_sh"] = _write(out_dir / "serve.sh", vllm.render_serve_sh(
-        settings, name, str(Path(src).resolve()) if src else None), True)
-    files["set_env_sh"] = _write(out_dir / "set_env.sh", vllm.render_set_env_sh(settings), True)
-    files["deploy_json"] = _write(out_dir / "deploy.json", json.dumps(
-        {"serve_settings": [s.model_dump() for s in settings], "tuned": tuning.get("best") or {},
-         "target": target, "model_class": docs.model.model_dump(), "serving_docs": docs.docs,
-         "serving_note": docs.note}, indent=1))
+    from agents.environment.compat import load_compat
+
+    npu_like = target_spec_of(state.get("target")).npu_like
+    chosen_stack = stack.choose_stack(load_compat(), stack.default_search(), req.torch_npu if npu_like else None)
+
+    def write_serve(engine: dict[str, Any] | None = None) -> None:
+        """serve.sh, set_env.sh and deploy.json; ``engine``: the engine configuration measured on this host."""
+        settings, docs = serve_plan(state, model_dir, engine=engine)
+        script = vllm.render_serve_sh(settings, name, str(Path(src).resolve()) if src else None)
+        if chosen_stack.get("chosen"):
+            head, _, rest = script.partition("\n")
+            script = f"{head}\n# Serving stack (one tuple, agents/deploy/stack.py): {chosen_stack['note'][:300]}\n{rest}"
+        files["serve_sh"] = _write(out_dir / "serve.sh", script, True)
+        files["set_env_sh"] = _write(out_dir / "set_env.sh", vllm.render_set_env_sh(settings), True)
+        files["deploy_json"] = _write(out_dir / "deploy.json", json.dumps(
+            {"serve_settings": [s.model_dump() for s in settings], "tuned": tuning.get("best") or {},
+             "target": target, "model_class": docs.model.model_dump(), "serving_docs": docs.docs,
+             "serving_note": docs.note, "serving_stack": chosen_stack, "engine": engine}, indent=1))
+
+    write_serve()
     if model_dir is not None:
         python = (state.get("environment") or {}).get("python")  # the layered env the runs used, if any
         req_txt, con_txt = requirements.render(model_dir, python if python and Path(python).exists() else None)
@@ -103,13 +117,24 @@ def write_deploy_bundle(state: dict[str, Any], out_dir: Path) -> dict[str, str]:
         from agents.deploy.serving import exercise
         from agents.workspace import Workspace
 
-        record = exercise(state, out_dir, Workspace(Path(state["workdir"])).runs_dir)
+        record = exercise(state, out_dir, Workspace(Path(state["workdir"])).runs_dir, write_serve=write_serve)
         files["deployment_json"] = _write(out_dir / "deployment.json", json.dumps(record, indent=1, default=str))
         # serve.sh says itself whether it was started and what came of it (never an untested script unmarked).
         head, _, rest = Path(files["serve_sh"]).read_text().partition("\n")
         note = f"# Started by npuport on this host ({record.get('host')}): {serve_report.deployment_summary(record)}"
+        if record.get("status") == "no vLLM path":
+            rest = no_path_guard(rest, str(record.get("error") or ""))
         _write(Path(files["serve_sh"]), f"{head}\n{note[:400].replace(chr(10), ' ')} (deployment.json)\n{rest}", True)
     return files
+
+
+def no_path_guard(script: str, reason: str) -> str:
+    """serve.sh of a model vLLM has no path for: it stops with the reason before anything starts (the vLLM
+    command stays below it, for whoever adds a model class)."""
+    why = shlex.quote(f"serve.sh: no vLLM path for this model: {reason.splitlines()[0][:300] if reason else ''}. "
+                      "vLLM has no class for it and cannot run its code (report.md, Deployment, lists what a vLLM "
+                      "model class would need); the command below is what would serve it with one.")
+    return script.replace("set -euo pipefail\n", f"set -euo pipefail\necho {why} >&2\nexit 3\n", 1)
 
 
 NOT_MEASURED = "not measured"
@@ -176,6 +201,7 @@ def deploy_markdown(state: dict[str, Any], out_dir: Path) -> str:
             lines.append(f"| {s['name']} | `{value}` | {s['reason']} | {s['citation']} | {s.get('source', '')} | "
                          f"{s['measured']} |")
         lines.append("")
+        lines += stack.stack_lines(data.get("serving_stack"))
     return "\n".join(lines)
 
 

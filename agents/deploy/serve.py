@@ -290,6 +290,7 @@ def plan_from_docs(mc: ModelClass, search: Search | None, chip: str = DEFAULT_CH
                 f"({cls}): documented defaults are used (build it with `npuport kb build <vllm-ascend docs folder>`)"
                 if search is None or not docs else
                 f"no serving doc in the knowledge base matches this model's class ({cls}): documented defaults are used")
+        note += f"; {would_read(mc)}"
     have = {s.name for s in out}
     # A variable the class doc leaves out: the next doc of the same class that sets it, else the KB asked
     # for it by name, else the documented default.
@@ -324,6 +325,20 @@ def plan_from_docs(mc: ModelClass, search: Search | None, chip: str = DEFAULT_CH
                               citation=mc.why.get("max_len", "config.json"),
                               reason="this model's own maximum length"))
     return ServePlan(model=mc, settings=out, docs=[d.source for d in docs], note=note)
+
+
+def would_read(mc: ModelClass) -> str:
+    """What a knowledge base with the vllm-ascend docs would set for this class, and which settings here are
+    therefore npuport's defaults, not the docs' (the settings plan_from_docs takes from a class's serve script)."""
+    flags = ["--gpu-memory-utilization", "--no-enable-prefix-caching"]
+    if mc.multimodal:
+        flags.append("--mm-processor-cache-gb")
+    if mc.remote_code:
+        flags.append("--trust-remote-code")
+    if mc.moe or mc.multimodal:
+        flags.append("--additional-config (e.g. multistream_overlap_shared_expert)")
+    return ("with the docs, serve.sh would take from the serve script of a model of this class: "
+            f"{', '.join(ENV_VARS[:4])} and {', '.join(flags)}; without them those are npuport's defaults or absent")
 
 
 def _lookup_env(name: str, search: Search, mc: ModelClass, chip: str) -> tuple[str, str] | None:

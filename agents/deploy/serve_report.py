@@ -27,9 +27,19 @@ def deployment_summary(rec: dict[str, Any]) -> str:
         return f"{rec.get('status')}: {str(rec.get('error') or '').strip().splitlines()[0][:160] if rec.get('error') else ''}"
     rows = (rec.get("throughput") or {}).get("rows") or []
     top = rows[-1] if rows else {}
+    eng = rec.get("engine_tuning") or {}
+    tuned = (f"; engine tuned on this host: {eng.get('deployed')} serve.sh deployed ({eng.get('tuned_vs_untuned')}x "
+             "the untuned)" if eng.get("deployed") else "")
     return (f"served by vLLM ({rec.get('implementation')}); tokens {'PASS' if rec['tokens']['ok'] else 'FAIL'}"
             + (f"; {top['output_tokens_per_s']} tok/s at concurrency {top['concurrency']} "
-               f"({top.get('vs_one_at_a_time')}x Transformers one at a time)" if top else ""))
+               f"({top.get('vs_one_at_a_time')}x Transformers one at a time)" if top else "") + tuned)
+
+
+def _measured_on(counts: dict[str, Any]) -> str:
+    """Which Transformers rates were timed on fewer requests than the workload has (the time budget)."""
+    parts = [f"{'one at a time' if b == '1' else f'batched {b}'} on {c['measured']} of {c['planned']}"
+             for b, c in counts.items() if c.get("measured") and c.get("planned") and c["measured"] < c["planned"]]
+    return f" (timed on a prefix of the workload: {', '.join(parts)} requests)" if parts else ""
 
 
 def _ms(v: Any) -> str:
@@ -61,9 +71,12 @@ def deployment_lines(rec: dict[str, Any] | None) -> list[str]:
         lines.append(f"- serve.sh settings exercised here: {', '.join(rec['exercised'])}")
     if rec.get("not_exercised"):
         lines.append(f"- not exercised on this host (Ascend only): {'; '.join(rec['not_exercised'])}")
-    if rec.get("error"):
+    if rec.get("error") and status == "no vLLM path":
+        lines += ["", f"No vLLM path: {rec['error']}. Nothing was served, and serve.sh stops with this reason "
+                  "instead of starting vLLM."]
+    elif rec.get("error"):
         lines += ["", "The deployment failed; the server's own words:", "", "```", str(rec["error"])[-2500:], "```"]
-    needs = (rec.get("servable") or {}).get("needs")
+    needs = (rec.get("servable") or {}).get("needs") if status == "no vLLM path" else None
     if needs:
         lines += ["", "What a vLLM model class would need: the layers "
                   + ", ".join(f"{k} x{v}" for k, v in needs["leaf_layers"].items())
@@ -78,14 +91,25 @@ def deployment_lines(rec: dict[str, Any] | None) -> list[str]:
         low = tok.get(f"reference_{rec.get('dtype')}") or []
         for i, (s, f) in enumerate(zip(tok["served"], tok["reference_float32"], strict=False)):
             lines.append(f"| {i} | `{f}` | `{low[i] if i < len(low) else '-'}` | `{s}` |")
-        lines.append(f"\nToken-match rate (up to the first divergence): served vs float32 "
-                     f"{tok['match_rate_served_vs_fp32']:.0%}; Transformers {rec.get('dtype')} vs float32 "
-                     f"{tok['match_rate_ref_dtype_vs_fp32']:.0%}.")
+        lines.append(f"\nDecided by: {tok.get('decided_by') or 'exact tokens or the token-match rate'}. Token-match "
+                     f"rate (up to the first divergence): served vs float32 {tok['match_rate_served_vs_fp32']:.0%}; "
+                     f"Transformers {rec.get('dtype')} vs float32 {tok['match_rate_ref_dtype_vs_fp32']:.0%}.")
+        lp = tok.get("logprobs")
+        if lp:
+            lines.append(f"Top-k logprobs through the server against Transformers float32 (up to each row's first "
+                         f"divergence): {lp['compared']} compared, largest difference {lp['max_abs_diff']:.3f} nats; "
+                         f"tolerance {lp['tolerance']:.3f} nats (the reference's own float32-vs-{rec.get('dtype')} "
+                         f"drift {lp['reference_drift']:.3f} nats, doubled, at least 0.05)"
+                         + ("; divergences: " + ", ".join(
+                             f"prompt {d['prompt']} position {d['position']} (served {d['served']}, float32 "
+                             f"{d['float32']}, float32's gap {d['float32_logprob_gap']})" for d in lp["divergences"][:6])
+                            if lp.get("divergences") else "") + ".")
     tp = rec.get("throughput")
     if tp and tp.get("rows"):
         one = tp.get("transformers_one_at_a_time_tok_s")
         lines += ["", "### Throughput (one run, same requests: mixed prompt and output lengths)", "",
-                  f"Transformers `generate`, one request at a time: {_ms(one)} output tok/s.", "",
+                  f"Transformers `generate`, one request at a time: {_ms(one)} output tok/s"
+                  + _measured_on(tp.get("transformers_requests") or {}) + ".", "",
                   "| concurrency | vLLM output tok/s | median TTFT (ms) | median TPOT (ms) | Transformers batched "
                   "tok/s | vLLM / one at a time | vLLM / batched |", "|---|---|---|---|---|---|---|"]
         for r in tp["rows"]:
@@ -98,4 +122,6 @@ def deployment_lines(rec: dict[str, Any] | None) -> list[str]:
                      "the stream: when the API server lags the engine, vLLM merges a request's pending tokens into "
                      "one chunk, so a TPOT near 0 means the tokens arrived together (TTFT is then the request's "
                      "latency).")
-    return lines + [""]
+    from agents.deploy.engine_tune import report_lines
+
+    return lines + report_lines(rec.get("engine_tuning")) + [""]

@@ -16,17 +16,23 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from agents.deploy.token_gate import prefix_len, token_check
+from agents.deploy.vllm import ASCEND_ONLY_ENV, ASCEND_ONLY_FLAGS
 from agents.deploy.vllm_env import ensure_vllm_env, vllm_facts
+from agents.deploy.vllm_vision import ensure_vision_overlay
 from agents.request import request_of
 from knowledge.errors import NpuportError
 from sandbox.process import Limits, Mounts, default_sandbox, scrub, scrubbed_env
 from sandbox.targets import target_spec_of
 
 CONCURRENCIES = (1, 8, 32)
-# Settings of serve.sh that only an Ascend host reads; on this host they are present and not exercised.
-ASCEND_ONLY_ENV = ("VLLM_ASCEND_", "TASK_QUEUE_ENABLE", "PYTORCH_NPU_ALLOC_CONF", "HCCL_", "ASCEND_")
-ASCEND_ONLY_FLAGS = {"additional-config": "read by vllm-ascend's platform plugin",
-                     "gpu-memory-utilization": "the CPU engine sizes its KV cache from VLLM_CPU_KVCACHE_SPACE"}
+TOP_K = 5  # logprobs per position compared through the server
+# Transformers one request at a time is timed on the first HF_SINGLE requests of the workload (the slowest
+# measurement of the check; a rate needs no more), batched on all of them; vLLM serves all at every concurrency.
+HF_SINGLE = 12
+# An image request runs the model's vision encoder on the CPU: its workload is the first IMAGE_REQUESTS requests.
+IMAGE_REQUESTS = 8
+# Settings of serve.sh that only an Ascend host reads (agents/deploy/vllm.py); here present and not exercised.
 # Both sides compute on THREADS CPU threads (vLLM's engine bound to cores 0..THREADS-1): like for like, and on a
 # shared small host more OpenMP threads than free cores slow a small model down many times over.
 THREADS = 1
@@ -49,21 +55,25 @@ def workload(vocab: int, max_len: int, n: int, seed: int = 0) -> list[dict[str, 
 
 def head_overrides(config: dict[str, Any], head_sizes: list[int]) -> tuple[dict[str, Any], str | None]:
     """Config changes that give the attention a head size vLLM's CPU attention implements (a tiny shrunk
-    model may have head_dim 16); the reference is recomputed at that size, so the check stays like for like."""
+    model may have head_dim 16); the reference is recomputed at that size, so the check stays like for like.
+    An explicit head size (``head_dim``, or ``kv_channels`` as GLM configs name it) is changed in place; a
+    derived one (hidden_size / heads) through the width, heads kept."""
     heads = int(config.get("num_attention_heads") or 0)
     hidden = int(config.get("hidden_size") or 0)
     if not heads or not hidden or not head_sizes:
         return {}, None
-    hd = int(config.get("head_dim") or hidden // heads)
+    key = next((k for k in ("head_dim", "kv_channels") if config.get(k)), None)
+    hd = int(config[key]) if key else hidden // heads
     if hd in head_sizes:
         return {}, None
     new = min((s for s in head_sizes if s >= hd), default=max(head_sizes))
     factor = new / hd
     out: dict[str, Any] = {"hidden_size": heads * new}
-    if config.get("intermediate_size"):
-        out["intermediate_size"] = int(config["intermediate_size"] * factor)
-    if config.get("head_dim"):
-        out["head_dim"] = new
+    for width in ("intermediate_size", "ffn_hidden_size"):
+        if config.get(width):
+            out[width] = int(config[width] * factor)
+    if key:
+        out[key] = new
     return out, (f"head_dim {hd} is not a head size vLLM's CPU attention implements ({head_sizes}): served and "
                  f"checked at head_dim {new} (hidden_size {heads * new}); the reference tokens are recomputed at that "
                  "size")
@@ -97,45 +107,6 @@ def _sandboxed(module: str, python: str, spec: dict[str, Any], run_dir: Path, ro
     return dict(out)
 
 
-def _prefix_len(a: list[int], b: list[int]) -> int:
-    n = 0
-    for x, y in zip(a, b, strict=False):
-        if x != y:
-            break
-        n += 1
-    return n
-
-
-def match_rate(got: list[list[int]], want: list[list[int]]) -> float:
-    """Tokens up to each row's first divergence, over the tokens wanted (after a divergence the two decode
-    different contexts, so later positions say nothing)."""
-    total = sum(len(w) for w in want)
-    return sum(_prefix_len(g, w) for g, w in zip(got, want, strict=True)) / total if total else 1.0
-
-
-def token_check(served: list[list[int]], refs: dict[str, list[list[int]]], dtype: str) -> dict[str, Any]:
-    """The three-way comparison: Transformers float32, Transformers in the serving dtype, the server (in the
-    serving dtype). Exact agreement with float32 passes; otherwise the server must stay within the
-    reference's own drift in that dtype."""
-    fp32, low = refs["float32"], refs.get(dtype) or refs["float32"]
-    want = [w[:len(s)] if len(s) < len(w) else w for s, w in zip(served, fp32, strict=True)]
-    rate_served, rate_ref = match_rate(served, want), match_rate(low, fp32)
-    if served == want:
-        verdict, ok = "exact: the server's greedy tokens equal Transformers float32", True
-    elif served == low:
-        verdict, ok = (f"equal to Transformers in {dtype} (Transformers' own {dtype} drift from float32: "
-                       f"{rate_ref:.0%} match)"), True
-    elif rate_served >= rate_ref:
-        verdict, ok = (f"within the reference's {dtype} drift: {rate_served:.0%} of tokens match float32 before "
-                       f"divergence, Transformers {dtype} itself {rate_ref:.0%}"), True
-    else:
-        verdict, ok = (f"mismatch: {rate_served:.0%} of tokens match float32, below Transformers {dtype}'s own "
-                       f"{rate_ref:.0%}"), False
-    return {"ok": ok, "verdict": verdict, "mode": "exact greedy tokens (no tokenizer: no logprobs compared)",
-            "match_rate_served_vs_fp32": round(rate_served, 4), "match_rate_ref_dtype_vs_fp32": round(rate_ref, 4),
-            "served": served, "reference_float32": fp32, f"reference_{dtype}": low}
-
-
 def exercised_settings(settings: list[dict[str, Any]]) -> tuple[list[str], list[str]]:
     """(exercised, not exercised on this host) setting names of serve.sh / set_env.sh."""
     used, not_here = [], []
@@ -151,10 +122,14 @@ def exercised_settings(settings: list[dict[str, Any]]) -> tuple[list[str], list[
 
 
 def exercise(state: dict[str, Any], bundle: Path, run_root: Path, *, requests: int = 48,
-             hf_single: int | None = None, concurrencies: tuple[int, ...] = CONCURRENCIES,
-             start_timeout_s: float = 300.0) -> dict[str, Any]:
+             hf_single: int | None = HF_SINGLE, concurrencies: tuple[int, ...] = CONCURRENCIES,
+             start_timeout_s: float = 900.0, throughput_budget_s: float = 480.0, write_serve: Any = None,
+             tune: Any = None) -> dict[str, Any]:
     """Serve the port with the bundle's serve.sh and check it; the deployment record (never raises for a
-    model's failure: a server that does not start is a failed deployment with its own error)."""
+    model's failure: a server that does not start is a failed deployment with its own error). With tuning
+    (``tune``, else the request's) and ``write_serve`` (re-renders the bundle's serve.sh with an engine
+    configuration), the engine's knobs are tuned on the real engine afterwards (agents/deploy/engine_tune.py);
+    a callable ``tune`` is handed the engine context instead (bench/record_engine_landscapes.py)."""
     from sandbox.shrink import shrink_config
 
     req = request_of(state)
@@ -196,11 +171,13 @@ def exercise(state: dict[str, Any], bundle: Path, run_root: Path, *, requests: i
         "model_dir": str(model_dir), "manifest": manifest, "shrink": req.shrink, "seed": 0,
         "config_overrides": overrides, "code_dir": str((bundle / "patched").resolve()),
         "servable_dir": str(servable.resolve()), "vllm_archs": facts["archs"], "dtype": dtype,
+        "vllm_model_types": facts.get("model_types") or [],
         "requests": work[:hf_single or requests], "batches": [1],
         "threads": THREADS, "batch_requests": work,
-        "batch_sizes": [c for c in concurrencies if c > 1],
-    }, run_dir, [model_dir, bundle / "patched"], 900)
-    record.update(config_note=note, overrides=overrides, dtype=dtype, isolation=ref.get("isolation"))
+        "batch_sizes": [c for c in concurrencies if c > 1], "throughput_budget_s": throughput_budget_s,
+    }, run_dir, [model_dir, bundle / "patched"], 900 + throughput_budget_s)
+    record.update(config_note=note, overrides=overrides, dtype=dtype, isolation=ref.get("isolation"),
+                  reference_phases_s=ref.get("phases"))
     if not ref.get("ok"):
         failure = ref.get("exception") or {}
         record["error"] = ref.get("error") or f"the reference side failed: {failure.get('type')}: {failure.get('message')}"
@@ -222,13 +199,38 @@ def exercise(state: dict[str, Any], bundle: Path, run_root: Path, *, requests: i
     extra += ["--max-num-seqs", str(max(concurrencies))]
     env = {**({} if on_npu else HOST_ENV), "PATH": f"{vpython.parent}:/usr/local/bin:/usr/bin:/bin"}  # its `vllm`
     served_name = Path(req.model_path).name
+    readable = [bundle]
+    image = ref.get("image_request")
+    if image is not None:
+        work, concurrencies = work[:IMAGE_REQUESTS], tuple(c for c in concurrencies if c <= IMAGE_REQUESTS) or (1,)
+        if not on_npu:  # vLLM's image processors import torchvision (agents/deploy/vllm_vision.py)
+            try:
+                vision = ensure_vision_overlay(vpython)
+            except NpuportError as exc:
+                record["error"] = f"no torchvision loads in the vLLM env for its image processor: {exc}"
+                return record
+            record["torchvision"] = vision
+            env["PYTHONPATH"] = vision["path"]
+            readable.append(Path(vision["path"]))
+        template = run_dir / "npuport-chat-template.jinja"
+        template.write_text(image["chat_template"])
+        extra += ["--chat-template", str(template.resolve())]
+        record["image_request"] = {k: image[k] for k in ("text", "placeholder", "tokenizer", "chat_template")}
+        # vLLM profiles its vision encoder on a large dummy image at start-up, and every request runs it: on a
+        # CPU that takes several times a text model's start and requests.
+        start_timeout_s *= 2
     client = _sandboxed("sandbox.serve_client", str(vpython), {
         "serve_sh": str((bundle / "serve.sh").resolve()), "servable_dir": str(servable.resolve()),
         "serve_dir": str((run_dir / "serve_model").resolve()), "port": _free_port(), "extra_args": extra,
         "model_name": served_name, "prompts": ref["prompts"], "max_new_tokens": ref["max_new_tokens"],
-        "logprobs": 5 if ref["servable"].get("tokenizer") else None, "requests": work,
+        "logprobs": TOP_K if ref.get("reference_logprobs") else None, "requests": work,
         "concurrencies": list(concurrencies), "start_timeout_s": start_timeout_s, "log_path": str(run_dir / "server.log"),
-    }, run_dir, [bundle], start_timeout_s + 900, env=env)
+        "check_backend": ref["servable"]["implementation"] == "transformers-backend", "image_request": image,
+    }, run_dir, readable, start_timeout_s + (2400 if image is not None else 900), env=env)
+    if client.get("no_path"):
+        record.update(status="no vLLM path", implementation="none",
+                      error=f"{client['no_path']}; the weights have no layout of a vLLM class either")
+        return record
     record["host_args"] = extra
     record["host_env"] = {} if on_npu else HOST_ENV
     record["start_s"] = client.get("start_s")
@@ -238,13 +240,37 @@ def exercise(state: dict[str, Any], bundle: Path, run_root: Path, *, requests: i
     if not client.get("ok"):
         record["error"] = "the server started but the check failed: " + str(client.get("error") or "")[-2000:]
         return record
+    if image is not None:
+        got, want = client["tokens"][0].get("prompt_ids") or [], ref["prompts"][0]
+        same = got == want
+        record["prompt_check"] = {"same": same, "served_len": len(got), "reference_len": len(want),
+                                  "first_difference": None if same else prefix_len(got, want)}
+        if not same:
+            record["error"] = (f"the server built another prompt from the image request than the reference's: "
+                               f"{len(got)} ids vs {len(want)}, first difference at {prefix_len(got, want)}; its "
+                               "tokens are not comparable")
+            return record
     served = [t["tokens"] for t in client["tokens"]]
-    record["tokens"] = token_check(served, ref["reference_tokens"], dtype)
+    served_lps = [t.get("top_logprobs") for t in client["tokens"]]
+    record["tokens"] = token_check(served, ref["reference_tokens"], dtype,
+                                   served_lps if all(served_lps) else None, ref.get("reference_logprobs"),
+                                   ref.get("logprobs_note") or (None if all(served_lps) else
+                                                                "the server returned no top-k logprobs"))
     record["throughput"] = throughput_table(client.get("bench") or [], ref.get("transformers") or [],
                                             ref.get("transformers_batched") or [])
+    record.update(transformers=ref.get("transformers") or [], transformers_batched=ref.get("transformers_batched") or [],
+                  threads=THREADS)
     record["status"] = "served" if record["tokens"]["ok"] else "failed"
     if not record["tokens"]["ok"]:
         record["error"] = f"tokens through the server: {record['tokens']['verdict']}"
+    elif (req.tune if tune is None else tune) and not on_npu and (write_serve is not None or callable(tune)):
+        from agents.deploy.engine_tune import engine_stage
+
+        record["engine_tuning"] = engine_stage(
+            run_dir, record, config, work, write_serve=write_serve, custom=tune if callable(tune) else None,
+            run=_sandboxed, port=_free_port, python=str(vpython), ref_python=port_python, env=env, ro=[bundle],
+            check=lambda served: token_check(served, ref["reference_tokens"], dtype),
+            host_args=[*HOST_ARGS, "--max-num-seqs"], threads=THREADS, table=throughput_table)
     return record
 
 
@@ -259,4 +285,6 @@ def throughput_table(vllm_rows: list[dict[str, Any]], single: list[dict[str, Any
         rows.append({**r, "transformers_batched_tok_s": hf,
                      "vs_one_at_a_time": round(r["output_tokens_per_s"] / one, 2) if one else None,
                      "vs_batched": round(r["output_tokens_per_s"] / hf, 2) if hf else None})
-    return {"transformers_one_at_a_time_tok_s": one, "rows": rows}
+    measured = {r["batch"]: (r.get("requests"), r.get("requests_planned")) for r in [*single, *batched]}
+    return {"transformers_one_at_a_time_tok_s": one, "rows": rows,
+            "transformers_requests": {str(b): {"measured": m, "planned": p} for b, (m, p) in measured.items()}}

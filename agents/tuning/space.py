@@ -30,8 +30,8 @@ class Dim(BaseModel):
 
 class SearchSpace(BaseModel):
     name: str
-    target: str  # cpu | ascend-sim | npu | vllm-ascend
-    kind: Literal["torch", "vllm-ascend", "fused-ops"] = "torch"
+    target: str  # cpu | ascend-sim | npu | vllm-ascend | vllm-cpu
+    kind: Literal["torch", "vllm-ascend", "fused-ops", "vllm-engine"] = "torch"
     dims: list[Dim]
     fixed: dict[str, Any] = Field(default_factory=dict)  # settings every point shares
 
@@ -101,7 +101,7 @@ CONFIG_MODELS: dict[str, type[BaseModel]] = {"torch": TorchRunConfig, "vllm-asce
 
 def typed(space: SearchSpace, point: dict[str, Any]) -> BaseModel:
     """The point as its target's typed configuration (raises pydantic.ValidationError if ill-typed)."""
-    return CONFIG_MODELS[space.kind](**point)
+    return CONFIG_MODELS[space.kind](**point)  # the engine's kind is registered by agents/tuning/engine.py
 
 
 # ---------------------------------------------------------------------------------------------
