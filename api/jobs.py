@@ -252,7 +252,8 @@ class JobManager:
                 return
             self._pool = ThreadPoolExecutor(max_workers=self.settings.workers, thread_name_prefix="npuport-job")
             # Runs left by a server killed with SIGKILL die before their jobs resume (never two at once).
-            from sandbox.process import reap_orphans, register_secret
+            from sandbox.process import register_secret
+            from sandbox.reaper import reap_orphans
 
             reap_orphans()
             for token in self.settings.tokens:  # API tokens never appear in what a run hands back

@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from knowledge.errors import Infeasible
-from sandbox import harness, worker_channel
+from sandbox import harness, model_build, worker_channel
 from sandbox.bench_measure import measured_bench, section_label
 from sandbox.model_inputs import cast_floats
 from sandbox.process import Limits, Mounts, Sandbox, default_sandbox, scrub, scrubbed_env
@@ -162,7 +162,7 @@ def _build_model(cls: Any, config: dict[str, Any], cfg: dict[str, Any], seed: in
         dtype = getattr(torch, cfg["dtype"])
     torch.manual_seed(seed)
     with harness.marked_uninitialised():
-        model = harness.build_model(cls, config, model_dir)
+        model = model_build.build_model(cls, config, model_dir)
     harness.seed_parameters(model, seed)
     model.eval()
     if dtype is not None:
@@ -318,11 +318,11 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
             getattr(bootstrap, fn_name)(target.get("options") or {})
         sys.path.insert(0, str(model_dir))
         stubbed: list[str] = []
-        cls = harness._import_with_stubs(lambda: harness._load_attr(manifest["entry"]["class"], model_dir),
+        cls = harness._import_with_stubs(lambda: model_build._load_attr(manifest["entry"]["class"], model_dir),
                                          redirect_on, stubbed)
         # the same constructor-fitted small config as the port's runs (sandbox/shrink_fit.py)
-        config, _ = harness.load_config(model_dir, manifest, spec, lambda c: harness._import_with_stubs(
-            lambda: harness.build_model(cls, c, model_dir), redirect_on, stubbed))
+        config, _ = model_build.load_config(model_dir, manifest, spec, lambda c: harness._import_with_stubs(
+            lambda: model_build.build_model(cls, c, model_dir), redirect_on, stubbed))
         result["stubbed_modules"] = stubbed
         for cfg in spec.get("configs") or [{"id": "default"}]:
             result["configs"].append(_run_config(cls, config, manifest, model_dir, cfg, spec, device))

@@ -24,14 +24,12 @@ from types import ModuleType
 from typing import Any
 
 from sandbox import worker_channel
-from sandbox.model_build import (  # noqa: F401  (re-exported: the bench, run.py's tests and serve_ref use them)
+from sandbox.model_build import (
     MODEL_PACKAGE,
     _hub_offline,
     _load_attr,
     build_model,
     load_config,
-    register_model_package,
-    with_generation_mixin,
 )
 from sandbox.model_inputs import (  # one seeding for the harness, the bench and run.py
     marked_uninitialised,

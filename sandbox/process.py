@@ -39,17 +39,15 @@ from typing import Protocol
 
 from knowledge.errors import IsolationUnavailable
 from knowledge.interrupt import PortInterrupted, raise_if_stopped, stop_requested
-from sandbox.bwrap import _interpreter_paths as _interpreter_paths  # noqa: F401  (tests import it from here)
+from sandbox.bwrap import _interpreter_paths as _interpreter_paths
 from sandbox.bwrap import bwrap_command
 from sandbox.confine import seccomp_fd
-from sandbox.reaper import (  # noqa: F401  (pid_alive, reap_orphans re-exported)
+from sandbox.reaper import (
     RUN_MARK_ENV,
     _Cgroup,
     _kill_group,
     _register,
     kill_marked,
-    pid_alive,
-    reap_orphans,
 )
 
 # Environment variables that may carry secrets never reach patched code.

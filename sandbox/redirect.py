@@ -143,6 +143,10 @@ def _new_stub(name: str) -> types.ModuleType:
     mod.__path__ = []  # a package, so submodule imports resolve to stubs too
     mod.__getattr__ = _module_getattr(name)  # type: ignore[method-assign]
     mod.__npuport_stub__ = True  # type: ignore[attr-defined]
+    # a spec, as an imported module has: importlib.util.find_spec(name) (transformers' availability checks)
+    # raises "name.__spec__ is None" on a module in sys.modules without one
+    mod.__spec__ = importlib.machinery.ModuleSpec(name, _FINDER, is_package=True)
+    mod.__loader__ = _FINDER
     return mod
 
 

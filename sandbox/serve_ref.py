@@ -17,7 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from sandbox.child_main import child_main
-from sandbox.harness import _import_with_stubs, _load_attr, build_model, load_config, model_inputs_for
+from sandbox.harness import _import_with_stubs, model_inputs_for
+from sandbox.model_build import _load_attr, build_model, load_config
 from sandbox.model_inputs import PROCESSOR_PATH, load_tokenizer, nested, seed_parameters
 from sandbox.serve_mm import generate_with, image_request
 from sandbox.serve_mm import throughput as mm_throughput

@@ -189,12 +189,12 @@ def test_new_tokens_leave_out_a_prompt_the_output_repeats() -> None:
 
 
 def _tiled_model() -> tuple[object, dict]:  # type: ignore[type-arg]
-    from sandbox import harness
+    from sandbox import model_build
 
-    harness.register_model_package(TILED)
+    model_build.register_model_package(TILED)
     config = json.loads((TILED / "config.json").read_text())
-    cls = harness._load_attr("modeling_tiled:TiledOcrForCausalLM", TILED)
-    return harness.build_model(cls, config, TILED).eval(), config
+    cls = model_build._load_attr("modeling_tiled:TiledOcrForCausalLM", TILED)
+    return model_build.build_model(cls, config, TILED).eval(), config
 
 
 def test_captured_inputs_are_what_the_preprocessing_path_built() -> None:
@@ -237,11 +237,11 @@ def test_the_folders_own_tokenizer_is_used_when_present(tmp_path: Path) -> None:
     (folder / "tokenizer_config.json").write_text(json.dumps({"tokenizer_class": "PreTrainedTokenizerFast",
                                                               "unk_token": "[UNK]"}))
     assert "the folder's tokenizer (tokenizer.json)" in " ".join(discover_entry(folder).assumptions)
-    from sandbox import harness
+    from sandbox import model_build
 
-    harness.register_model_package(folder)
+    model_build.register_model_package(folder)
     config = json.loads((folder / "config.json").read_text())
-    model = harness.build_model(harness._load_attr("modeling_tiled:TiledOcrForCausalLM", folder), config, folder)
+    model = model_build.build_model(model_build._load_attr("modeling_tiled:TiledOcrForCausalLM", folder), config, folder)
     inputs, _, notes = capture_preprocessed_inputs(model, "infer", folder, config, seed=0)
     ids = inputs["input_ids"][0][~inputs["images_seq_mask"][0]].tolist()
     assert ids == [vocab["Read"], vocab["the"], vocab["text"], vocab["in"], vocab["the"], 0], ids  # "image." unknown
@@ -462,7 +462,7 @@ def test_a_processor_config_without_a_tokenizer_gets_a_stand_in_tokenizer_and_sa
 
 def test_a_tokenizer_config_whose_tokenizer_does_not_load_falls_back_to_the_stand_in_with_the_reason(
         tmp_path: Path) -> None:
-    from sandbox import harness
+    from sandbox import model_build
     from sandbox.model_inputs import capture_preprocessed_inputs
 
     folder = tmp_path / "tiled"
@@ -473,9 +473,9 @@ def test_a_tokenizer_config_whose_tokenizer_does_not_load_falls_back_to_the_stan
         {"tokenizer_class": "TiledTokenizer", "auto_map": {"AutoTokenizer": ["tokenization_tiled.TiledTokenizer", None]},
          "added_tokens_decoder": {"5": {"content": "<|eot|>", "special": True}}, "eos_token": "<|eot|>"}))
     assert any("if AutoTokenizer loads it" in a for a in discover_entry(folder).assumptions)
-    harness.register_model_package(folder)
+    model_build.register_model_package(folder)
     config = json.loads((folder / "config.json").read_text())
-    model = harness.build_model(harness._load_attr("modeling_tiled:TiledOcrForCausalLM", folder), config, folder)
+    model = model_build.build_model(model_build._load_attr("modeling_tiled:TiledOcrForCausalLM", folder), config, folder)
     inputs, _, notes = capture_preprocessed_inputs(model, "infer", folder, config, seed=0)
     assert "a stand-in tokenizer (the folder's tokenizer does not load here (" in notes[0]
     assert int(inputs["images_seq_mask"].sum()) == 16

@@ -19,10 +19,8 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from agents.reading.entry_run import _find_inputs, _preprocessing_method, _run_method
-from agents.reading.entry_source import (  # noqa: F401  (MANIFEST_NAME, AUTO_MAP_PREFERENCE: the entry's names)
-    AUTO_MAP_PREFERENCE,
+from agents.reading.entry_source import (
     MANIFEST_NAME,
-    NOT_MODEL_AUTO_KEYS,
     _auto_map_key,
     _check_class,
     _check_function,

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from sandbox.process import reap_orphans
+from sandbox.reaper import reap_orphans
 
 SERVER = '''
 import sys
