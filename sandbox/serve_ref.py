@@ -196,9 +196,10 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
                               Path(spec["servable_dir"]).parent)
         out["image_request"] = image
     elif needed := _required_beyond_text(method):
-        raise ValueError(f"the model's {run_cfg.get('method', 'generate')} requires {', '.join(needed)}, which "
-                         "npuport's served check cannot supply: only text prompts and images built by the model's "
-                         "own preprocessing method are driven through the server")
+        # still exported below: the record then says whether vLLM has a path for the model at all
+        out["not_driven"] = (f"the model's {run_cfg.get('method', 'generate')} requires {', '.join(needed)}, which "
+                             "npuport's served check cannot supply: only text prompts and images built by the "
+                             "model's own preprocessing method are driven through the server")
     pad = int(config.get("pad_token_id") or 0)
     out["prompts"] = prompts
     out["max_new_tokens"] = max_new
@@ -216,6 +217,9 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
         # Saved before any dtype cast: the served weights are the reference's float32 weights.
         out["servable"] = export(model, config, model_dir, Path(spec["code_dir"]), Path(spec["servable_dir"]),
                                  set(spec.get("vllm_archs") or []), set(spec.get("vllm_model_types") or []))
+        if out.get("not_driven"):
+            out["ok"] = True
+            return out
         if image is not None and image["stand_in"] and out["servable"]["implementation"] != "none":
             # vLLM's image processor needs a tokenizer: the reference's stand-in, as a tokenizer.json
             tok, _ = load_tokenizer(model_dir, config)

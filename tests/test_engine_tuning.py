@@ -169,6 +169,16 @@ def test_the_engine_is_tuned_on_the_real_engine_and_serve_sh_carries_it(tmp_path
     rec = serving.exercise(_state(tmp_path), b, tmp_path / "runs", requests=8, concurrencies=(1, 4), tune=True,
                            write_serve=write_serve, start_timeout_s=900)  # a busy shared host starts vLLM slowly
     assert rec["status"] == "served", rec.get("error")
+    # the serving check itself (one vLLM start less in CI than a test of its own)
+    assert rec["implementation"] == "vllm-native-layout" and rec["servable"]["architecture"] == "LlamaForCausalLM"
+    tok = rec["tokens"]
+    assert tok["ok"] and len(tok["served"]) == 2 and all(len(row) == 8 for row in tok["served"])
+    assert tok["match_rate_served_vs_fp32"] >= tok["match_rate_ref_dtype_vs_fp32"]
+    # top-k logprobs came back through the server (no tokenizer: keyed by token id) and were compared
+    assert tok["logprobs"] and tok["logprobs"]["compared"] >= 16 and tok["decided_by"] in ("exact tokens", "top-k logprobs")
+    assert [r["concurrency"] for r in rec["throughput"]["rows"]] == [1, 4]
+    assert all(r["output_tokens_per_s"] > 0 for r in rec["throughput"]["rows"])
+    assert any("TASK_QUEUE_ENABLE" in n for n in rec["not_exercised"]) and "dtype" in rec["exercised"]
     tuning = rec["engine_tuning"]
     assert tuning["status"] == "done", tuning.get("detail")
     assert len(tuning["trials"]) == 1 and tuning["trials"][0]["value"] > 0  # the prior point, measured

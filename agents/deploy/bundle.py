@@ -121,7 +121,8 @@ def write_deploy_bundle(state: dict[str, Any], out_dir: Path) -> dict[str, str]:
         files["deployment_json"] = _write(out_dir / "deployment.json", json.dumps(record, indent=1, default=str))
         # serve.sh says itself whether it was started and what came of it (never an untested script unmarked).
         head, _, rest = Path(files["serve_sh"]).read_text().partition("\n")
-        note = f"# Started by npuport on this host ({record.get('host')}): {serve_report.deployment_summary(record)}"
+        verb = "Started" if record.get("status") == "served" or record.get("throughput") else "Checked (not started)"
+        note = f"# {verb} by npuport on this host ({record.get('host')}): {serve_report.deployment_summary(record)}"
         if record.get("status") == "no vLLM path":
             rest = no_path_guard(rest, str(record.get("error") or ""))
         _write(Path(files["serve_sh"]), f"{head}\n{note[:400].replace(chr(10), ' ')} (deployment.json)\n{rest}", True)

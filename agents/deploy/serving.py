@@ -187,6 +187,9 @@ def exercise(state: dict[str, Any], bundle: Path, run_root: Path, *, requests: i
     if ref["servable"]["implementation"] == "none":
         record.update(status="no vLLM path", error=ref["servable"]["detail"])
         return record
+    if ref.get("not_driven"):  # vLLM could load it, but the check cannot build the request: nothing claimed
+        record.update(status="not served", error=ref["not_driven"])
+        return record
     settings = json.loads((bundle / "deploy.json").read_text())["serve_settings"]
     record["exercised"], record["not_exercised"] = exercised_settings(settings)
     if on_npu:
