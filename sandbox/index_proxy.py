@@ -18,20 +18,10 @@ from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from sandbox.netgate import pump
+
 MAX_HEAD = 16 * 1024
 CONNECT_TIMEOUT_S = 30.0
-
-
-def _pump(src: socket.socket, dst: socket.socket) -> None:
-    try:
-        while data := src.recv(1 << 16):
-            dst.sendall(data)
-    except OSError:
-        pass
-    finally:
-        for s in (src, dst):
-            with contextlib.suppress(OSError):
-                s.shutdown(socket.SHUT_RDWR)
 
 
 class IndexProxy:
@@ -101,8 +91,8 @@ class IndexProxy:
                 if url.query:
                     path += "?" + url.query
                 upstream.sendall(f"{method} {path} {version}".encode("latin-1") + b"\r\n" + rest)
-            threading.Thread(target=_pump, args=(upstream, client), daemon=True).start()
-            _pump(client, upstream)
+            threading.Thread(target=pump, args=(upstream, client), daemon=True).start()
+            pump(client, upstream)
         except (OSError, ValueError):
             pass
         finally:

@@ -17,7 +17,8 @@ import sys
 import threading
 
 
-def _pump(src: socket.socket, dst: socket.socket) -> None:
+def pump(src: socket.socket, dst: socket.socket) -> None:
+    """Copy ``src`` to ``dst`` until either side ends, then shut both (the proxy's relay uses it too)."""
     try:
         while True:
             data = src.recv(1 << 16)
@@ -40,8 +41,8 @@ def _relay(client: socket.socket, path: str) -> None:
         client.close()
         upstream.close()
         return
-    threading.Thread(target=_pump, args=(upstream, client), daemon=True).start()
-    _pump(client, upstream)
+    threading.Thread(target=pump, args=(upstream, client), daemon=True).start()
+    pump(client, upstream)
 
 
 def _serve(listener: socket.socket, path: str) -> None:
