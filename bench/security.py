@@ -82,7 +82,7 @@ class _Tally:
 
 def _run(paths: list[Path], k: str, label: str) -> int:
     tally = _Tally()
-    argv = [*map(str, paths), "-q", "-p", "no:cacheprovider", "--no-header", "-rN"]
+    argv = [*map(str, paths), "-q", "-p", "no:cacheprovider", "--no-header", "-rN", "-n", "0"]  # one process: the tally
     if k:
         argv += ["-k", k]
     rc = pytest.main(argv, plugins=[tally])
