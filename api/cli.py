@@ -87,7 +87,8 @@ def settings() -> None:
     from knowledge.settings import env_table
 
     table = Table(show_header=True, box=None, pad_edge=False)
-    for col in ("variable", "default", "meaning"):
+    table.add_column("variable", no_wrap=True)  # a name is copied whole, however narrow the terminal
+    for col in ("default", "meaning"):
         table.add_column(col, overflow="fold")
     for var, default, doc in env_table():
         table.add_row(var, default or "-", doc)

@@ -82,7 +82,7 @@ def scan(
         sys.stdout.write(json.dumps(payload, indent=1) + "\n")
     else:
         ordered = sorted(result.findings, key=_scan_rank)
-        console.print(f"[bold]{_scan_summary(result.findings, path)}[/]")
+        console.print(f"[bold]{_scan_summary(result.findings, path)}[/]", soft_wrap=True)  # one line, however long the path
         for f in ordered:
             # the location is never cut: it heads its own line; the message wraps below it
             console.print(Text.assemble((f"{f.hazard:<4}", "bold"), (f"{f.file}:{f.line}", "cyan"),

@@ -26,7 +26,7 @@ import struct
 from collections.abc import Iterator
 from typing import Any
 
-WORKER_FD_ENV = "NPUPORT_WORKER_FD"
+WORKER_FD_ENV = "SANDBOX_WORKER_FD"
 HEADER = struct.Struct("!I")
 MAX_FRAME = 16 * 1024 * 1024
 
@@ -101,7 +101,7 @@ _current: WorkerChannel | None = None
 
 
 def connect() -> WorkerChannel | None:
-    """The channel the supervisor passed (its fd number in NPUPORT_WORKER_FD), greeted; None when this
+    """The channel the supervisor passed (its fd number in SANDBOX_WORKER_FD), greeted; None when this
     process was not started by a supervisor (run by hand)."""
     global _current
     fd = os.environ.pop(WORKER_FD_ENV, None)

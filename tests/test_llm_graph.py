@@ -210,7 +210,10 @@ def test_chat_port_streams_every_agents_reasoning_and_survives_each_llm_failure(
     proposed = [t for t in trials if t["detail"].startswith("LLM proposal")]
     assert len(proposed) == 1 and proposed[0]["params"]["batch"] == 2
     assert proposed[0]["status"] == "ok" and proposed[0]["value"] is not None  # measured, not trusted
-    assert report["tuning"]["best"] in [t["params"] for t in trials if t["status"] == "ok"]
+    # the best trial is deployed, or the untuned port when the final side-by-side measured it faster (a busy host)
+    chosen = (report["tuning"].get("tuned") or {}).get("chosen")
+    assert report["tuning"]["best"] in [t["params"] for t in trials if t["status"] == "ok"] or chosen == "untuned", \
+        (report["tuning"]["best"], chosen)
     assert "1 inside the constraint space, 1 rejected" in report["tuning"]["detail"]
     assert any(d.startswith("tuner: ") and "LLM proposed 2 trial(s)" in d for d in report["llm"]["decisions"])
     # secrets never reach the bundle; the user's folder is never written

@@ -270,7 +270,7 @@ class PlainAttention(nn.Module):
 
     def forward(self, x):
         q, k, v = self.qkv(x).chunk(3, -1)
-        mask = torch.full((x.shape[1], x.shape[1]), float("-inf")).triu(1)
+        mask = torch.full((x.shape[1], x.shape[1]), float("-inf"), dtype=x.dtype).triu(1)  # runs in bf16 too
         return self.out(torch.softmax(q @ k.transpose(-1, -2) / q.shape[-1] ** 0.5 + mask, -1) @ v)
 
 

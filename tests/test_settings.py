@@ -35,7 +35,8 @@ def test_readme_and_help_list_every_variable() -> None:
     from api.cli import app
 
     out = CliRunner().invoke(app, ["settings"], env={"COLUMNS": "300"}).stdout
-    assert all(var in out for var in _declared())
+    flat = "".join(out.split())  # a table cell may still fold a long name
+    assert [var for var in _declared() if var not in flat] == []
     short = CliRunner().invoke(app, ["--help"], env={"COLUMNS": "300"}).stdout
     assert "npuport settings" in short and not any(var in short for var in _declared())  # a short --help
 

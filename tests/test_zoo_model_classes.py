@@ -12,6 +12,7 @@ import textwrap
 from pathlib import Path
 from typing import Any
 
+import pytest
 import torch
 
 from agents.models import RunRecord
@@ -377,6 +378,7 @@ def test_a_processor_batch_goes_through_the_models_own_generate_wrapper() -> Non
 # A CUDA device named in config.json (the code reads it, so rewriting the code's literals changes nothing)
 # ----------------------------------------------------------------------------------------------
 
+@pytest.mark.meaning("config-device")
 def test_a_cuda_device_in_config_json_is_a_finding_fixed_with_the_ports_device(tmp_path: Path) -> None:
     from agents.fixing.commits import apply_fix
     from agents.policies.rule import RulePolicy
@@ -401,6 +403,10 @@ def test_a_cuda_device_in_config_json_is_a_finding_fixed_with_the_ports_device(t
     assert config["device"] == "npu" and config["vision"] == {"device": "npu", "width": 4}
     assert patch.edits[0] == 'config.json line 3: device: "cuda" -> "npu" (the port\'s device; the model\'s code reads this value)'
     assert json.loads((folder / "config.json").read_text())["device"] == "cuda"  # the user's folder untouched
+    # meaning: the rewritten config is the original with only its device values moved to the port's device
+    original = json.loads((folder / "config.json").read_text())
+    moved = json.loads(json.dumps(original).replace('"cuda:0"', '"npu"').replace('"cuda"', '"npu"'))
+    assert config == moved
 
 
 # ----------------------------------------------------------------------------------------------

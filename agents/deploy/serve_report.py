@@ -24,7 +24,9 @@ def serving_requested(source: dict[str, Any]) -> bool:
 def deployment_summary(rec: dict[str, Any]) -> str:
     """One line: served (by what), tokens, the best throughput; or why not."""
     if rec.get("status") != "served":
-        return f"{rec.get('status')}: {str(rec.get('error') or '').strip().splitlines()[0][:160] if rec.get('error') else ''}"
+        why = str(rec.get("error") or "").strip().splitlines()[0][:160] if rec.get("error") else ""
+        status = str(rec.get("status"))
+        return why if why.startswith(status) else f"{status}: {why}"  # the error may already say it
     rows = (rec.get("throughput") or {}).get("rows") or []
     top = rows[-1] if rows else {}
     eng = rec.get("engine_tuning") or {}

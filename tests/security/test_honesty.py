@@ -118,7 +118,7 @@ if _inner:
     _env["HARNESS_RESULT_FD"] = _inner
 _sock = [f for f in _chans if f not in (0, 1, 2)]
 if _WORKER_FD:
-    _env["NPUPORT_WORKER_FD"] = _WORKER_FD
+    _env["SANDBOX_WORKER_FD"] = _WORKER_FD
 _argv = [sys.executable, "-I", "-B", "-u", "-m", "sandbox.harness", "copy-spec.json"]
 '''
 
@@ -155,7 +155,7 @@ def test_a_reference_mode_copy_cannot_speak_for_the_run(attack, box: Sandbox, ho
     elif how == "child-speaks":
         act = "subprocess.run(_argv, env=_env, pass_fds=_chans)\nos._exit(0)"
     else:  # the copy writes its result to a file; the model returns the copy's tokens from its own generate
-        act = ('_env.pop("HARNESS_RESULT_FD", None); _env.pop("NPUPORT_WORKER_FD", None)\n'
+        act = ('_env.pop("HARNESS_RESULT_FD", None); _env.pop("SANDBOX_WORKER_FD", None)\n'
                'subprocess.run(_argv, env=_env, pass_fds=())\n'
                'return torch.tensor(_json.load(open("copy-result.json"))["outputs"]["tokens"])')
     in_generate = ('if os.environ.get("NPUPORT_COPY") != "1":\n'

@@ -187,7 +187,7 @@ def test_layered_env_installs_run_in_the_sandbox(tmp_path: Path, monkeypatch: py
 def test_native_engine_build_runs_in_the_sandbox(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """ascend-sim's engine is compiled by the env's interpreter (its .pth runs first): the build is confined,
     with a scrubbed environment (no server secret reaches it)."""
-    from sandbox.ascend_sim.native_build import NativeUnavailable, _torch_identity, library_path
+    from knowledge.errors import NativeUnavailable, _torch_identity, library_path
 
     if bwrap_available() is None:
         pytest.skip("bubblewrap is not installed here (.ci/run installs it)")
