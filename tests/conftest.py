@@ -56,3 +56,9 @@ def session_home(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def sim_home(session_home: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.setenv("NPUPORT_HOME", str(session_home))
     return session_home
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Slow end-to-end tests first (stable order otherwise): on two workers they start early instead of
+    leaving one worker alone with the longest of them at the end of the run."""
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)

@@ -16,6 +16,8 @@ from agents.deploy import plots, requirements, vllm, write_deploy_bundle
 from agents.deploy.vllm_loop import parse_bench_output, serve_argv
 from agents.tuning.space import model_facts
 
+pytestmark = pytest.mark.xdist_group("deploy-bundle")  # its module fixture is built once, on one worker
+
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "ocr_mini"
 PNG = b"\x89PNG\r\n\x1a\n"
 
@@ -142,8 +144,10 @@ def bundle(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
     home = tmp_path_factory.mktemp("home")
     out = tmp_path_factory.mktemp("bundle")
-    old = {k: os.environ.get(k) for k in ("NPUPORT_HOME", "NPUPORT_TUNE_TRIALS")}
-    os.environ.update(NPUPORT_HOME=str(home), NPUPORT_TUNE_TRIALS="3")
+    old = {k: os.environ.get(k) for k in ("NPUPORT_HOME", "NPUPORT_TUNE_TRIALS", "NPUPORT_SERVE")}
+    # vLLM serving the port (and verify re-serving it) is tests/test_engine_tuning.py's and test_serving.py's;
+    # this bundle is for run.py and verify's tokens and numbers
+    os.environ.update(NPUPORT_HOME=str(home), NPUPORT_TUNE_TRIALS="3", NPUPORT_SERVE="0")
     try:
         from graph.runner import run_port
 

@@ -15,6 +15,8 @@ import pytest
 from agents.deploy import serve, vllm
 from agents.deploy.bundle import serve_plan
 
+pytestmark = pytest.mark.xdist_group("vllm-docs-kb")  # its module fixture is built once, on one worker
+
 # Synthetic configs of the two classes (the names are made up: nothing may depend on them).
 MM_CONFIG: dict[str, Any] = {
     "architectures": ["ZetaOcrForCausalLM"], "model_type": "zeta_vl",
