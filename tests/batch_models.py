@@ -25,8 +25,8 @@ def write_zoo(root: Path, *, hang: bool = False) -> Path:
         "name: zoo\n"
         "defaults:\n"
         "  target: cpu\n"
-        "  budget: {max_runs: 2, run_timeout_s: 60}\n"
-        "  timeout_s: 240\n"
+        "  budget: {max_runs: 2, run_timeout_s: 180}\n"
+        "  timeout_s: 480\n"  # room for a loaded two-worker CI box; only gamma's 12 s is tested
         "models:\n"
         "  - path: alpha\n"
         "  - path: beta.tar.gz\n"
