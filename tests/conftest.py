@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -62,3 +64,17 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     """Slow end-to-end tests first (stable order otherwise): on two workers they start early instead of
     leaving one worker alone with the longest of them at the end of the run."""
     items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+
+
+@pytest.fixture()
+def one_ray_at_a_time() -> Iterator[None]:
+    """Tests that start Ray hold this lock: `ray stop --force` in one of them ends every Ray on the host, and
+    two workers' embedded clusters would otherwise run side by side."""
+    import fcntl
+
+    with open(Path(tempfile.gettempdir()) / "npuport-tests-ray.lock", "w") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
