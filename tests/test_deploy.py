@@ -16,7 +16,7 @@ from agents.deploy import plots, requirements, vllm, write_deploy_bundle
 from agents.deploy.vllm_loop import parse_bench_output, serve_argv
 from agents.tuning.space import model_facts
 
-pytestmark = pytest.mark.xdist_group("deploy-bundle")  # its module fixture is built once, on one worker
+pytestmark = pytest.mark.xdist_group("deploy-bundle")  # asks xdist to keep the module fixture on one worker (not seen to hold: docs/benchmarks.md)
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "ocr_mini"
 PNG = b"\x89PNG\r\n\x1a\n"
