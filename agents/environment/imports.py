@@ -6,7 +6,17 @@ from __future__ import annotations
 import ast
 import re
 import sys
+from collections.abc import Iterable, Iterator
 from pathlib import Path
+
+
+def parsed_files(files: Iterable[Path]) -> Iterator[tuple[Path, ast.Module]]:
+    """(path, module) of each file that parses (the model's own files; one that does not is skipped)."""
+    for path in files:
+        try:
+            yield path, ast.parse(path.read_text(encoding="utf-8", errors="replace"))
+        except SyntaxError:
+            continue
 
 
 def own_package_names(model_dir: Path, files: list[Path]) -> set[str]:
@@ -57,11 +67,7 @@ def guarded_imports(model_dir: Path, files: list[Path]) -> dict[str, str]:
     are left out. {module: "file:line"}."""
     own = own_package_names(model_dir, files) | OTHER_FRAMEWORKS
     found: dict[str, str] = {}
-    for path in files:
-        try:
-            tree = ast.parse(path.read_text(encoding="utf-8", errors="replace"))
-        except SyntaxError:
-            continue
+    for path, tree in parsed_files(files):
         for trynode in ast.walk(tree):
             if not isinstance(trynode, ast.Try):
                 continue

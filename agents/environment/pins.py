@@ -203,16 +203,12 @@ def unconditional_imports(model_dir: Path) -> dict[str, str]:
     (an import a guard protects is optional): {module: "file:line"} of the first such import."""
     import sys
 
-    from agents.environment.imports import own_package_names
+    from agents.environment.imports import own_package_names, parsed_files
 
     files = model_py_files(model_dir)
     local = own_package_names(model_dir, files)
     found: dict[str, str] = {}
-    for path in files:
-        try:
-            tree = ast.parse(path.read_text(encoding="utf-8", errors="replace"))
-        except SyntaxError:
-            continue
+    for path, tree in parsed_files(files):
         for node in tree.body:
             names: list[str] = []
             if isinstance(node, ast.Import):
