@@ -178,13 +178,18 @@ def write_bundle(state: dict[str, Any], out_dir: Path, status: str, reason: str)
         from agents.deploy import deploy_markdown
 
         markdown += "\n" + deploy_markdown(state, out_dir)
+    _write_report_and_trace(out_dir, markdown, state.get("trace") or [], files)
+    return {"dir": str(out_dir), "files": files}
+
+
+def _write_report_and_trace(out_dir: Path, markdown: str, trace: list[Any], files: dict[str, str]) -> None:
+    """report.md and trace.jsonl, listed in ``files`` with report.json (written before)."""
     (out_dir / "report.md").write_text(markdown)
     with (out_dir / "trace.jsonl").open("w") as fh:
-        for item in state.get("trace") or []:
+        for item in trace:
             fh.write(json.dumps(item, default=str) + "\n")
     files.update({"report_md": str(out_dir / "report.md"), "report_json": str(out_dir / "report.json"),
                   "trace": str(out_dir / "trace.jsonl")})
-    return {"dir": str(out_dir), "files": files}
 
 
 def _copy_traceback(failure: dict[str, Any] | None, out_dir: Path) -> dict[str, str]:
@@ -225,12 +230,7 @@ def emergency_report(state: dict[str, Any], failure: dict[str, Any]) -> dict[str
     except Exception:  # the state itself may be what broke rendering: say the essentials
         markdown = "\n".join([f"# npuport report: {Path((report['request']).get('model_path', '?')).name}", "",
                               f"- **Status:** failed (partial bundle) — {reason}", *failure_markdown(failure), ""])
-    (out_dir / "report.md").write_text(markdown)
-    with (out_dir / "trace.jsonl").open("w") as fh:
-        for item in crashed.get("trace") or []:
-            fh.write(json.dumps(item, default=str) + "\n")
-    files.update({"report_md": str(out_dir / "report.md"), "report_json": str(out_dir / "report.json"),
-                  "trace": str(out_dir / "trace.jsonl")})
+    _write_report_and_trace(out_dir, markdown, crashed.get("trace") or [], files)
     return {"bundle": {"dir": str(out_dir), "files": files, "note": "emergency report: the reporter failed"}}
 
 
