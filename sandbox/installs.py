@@ -36,9 +36,14 @@ _LIST_KEYS = ("index-url", "extra-index-url", "find-links", "constraint", "requi
               "no-index")
 
 
-@functools.lru_cache(maxsize=1)
 def pip_config() -> dict[str, list[str]]:
     """pip's effective settings that decide where it reads from: key -> values (files and environment)."""
+    # cached per PIP_* environment: a process that changes PIP_FIND_LINKS or PIP_NO_INDEX gets a fresh answer
+    return _pip_config(tuple(sorted((k, v) for k, v in os.environ.items() if k.startswith("PIP_"))))
+
+
+@functools.lru_cache(maxsize=8)
+def _pip_config(pip_env: tuple[tuple[str, str], ...]) -> dict[str, list[str]]:
     try:
         out = subprocess.run([sys.executable, "-m", "pip", "config", "list"], capture_output=True, text=True,
                              timeout=60, env={**os.environ, "PIP_DISABLE_PIP_VERSION_CHECK": "1"}).stdout

@@ -187,7 +187,8 @@ def test_layered_env_installs_run_in_the_sandbox(tmp_path: Path, monkeypatch: py
 def test_native_engine_build_runs_in_the_sandbox(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """ascend-sim's engine is compiled by the env's interpreter (its .pth runs first): the build is confined,
     with a scrubbed environment (no server secret reaches it)."""
-    from knowledge.errors import NativeUnavailable, _torch_identity, library_path
+    from knowledge.errors import NativeUnavailable
+    from sandbox.ascend_sim.native_build import _torch_identity, library_path
 
     if bwrap_available() is None:
         pytest.skip("bubblewrap is not installed here (.ci/run installs it)")
@@ -236,7 +237,6 @@ def test_a_confined_install_reaches_the_index_and_nothing_else(tmp_path: Path, m
         monkeypatch.delenv(name)
     monkeypatch.setenv("PIP_CONFIG_FILE", os.devnull)  # this pip knows only the test's index
     monkeypatch.setenv("PIP_INDEX_URL", f"http://127.0.0.1:{index_port}/simple")
-    installs.pip_config.cache_clear()
     try:
         assert installs.index_reach()[0] == {("127.0.0.1", index_port)}
         py = _layered_venv(tmp_path / "env")
@@ -254,6 +254,5 @@ def test_a_confined_install_reaches_the_index_and_nothing_else(tmp_path: Path, m
         seen = installs.run_pip([str(py), "-c", probe], writable=(tmp_path / "env",), timeout=120)
         assert f"{index_port} 200" in seen.stdout and f"{other_port} refused 403" in seen.stdout, seen.stdout + seen.stderr
     finally:
-        installs.pip_config.cache_clear()
         for srv in servers:
             srv.shutdown()
