@@ -42,10 +42,11 @@ def _scan_rank(f: Any) -> tuple[Any, ...]:
     return (_SCAN_CATEGORY.get(str(f.category), 3), _SCAN_SEVERITY.get(str(f.severity), 3), f.file, f.line)
 
 
-def _scan_summary(findings: list[Any], path: Path) -> str:
+def _scan_summary(findings: list[Any]) -> str:
     by = {c: sum(1 for f in findings if str(f.category) == c) for c in _SCAN_CATEGORY}
     files = len({f.file for f in findings})
-    return (f"{len(findings)} hazards in {files} file(s) of {path}: {by['blocks running']} block running, "
+    # no folder in it: the user named it, and a long path would push the line past 80 columns
+    return (f"{len(findings)} hazards in {files} file(s): {by['blocks running']} block running, "
             f"{by['changes numbers']} change numbers, {by['slows down']} slow it down")
 
 
@@ -82,7 +83,7 @@ def scan(
         sys.stdout.write(json.dumps(payload, indent=1) + "\n")
     else:
         ordered = sorted(result.findings, key=_scan_rank)
-        console.print(f"[bold]{_scan_summary(result.findings, path)}[/]", soft_wrap=True)  # one line, however long the path
+        console.print(f"[bold]{_scan_summary(result.findings)}[/]", soft_wrap=True)  # one line
         for f in ordered:
             # the location is never cut: it heads its own line; the message wraps below it
             console.print(Text.assemble((f"{f.hazard:<4}", "bold"), (f"{f.file}:{f.line}", "cyan"),
