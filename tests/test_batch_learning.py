@@ -18,7 +18,7 @@ import pytest
 from tests.conftest import REPO_ROOT
 from tests.test_llm_policy_e2e import PLANTED, REPLACE, SEARCH, _graph_script, write_planted_model
 
-pytestmark = [pytest.mark.xdist_group("ray"), pytest.mark.usefixtures("one_ray_at_a_time")]  # tests/conftest.py
+pytestmark = [pytest.mark.usefixtures("one_ray_at_a_time")]  # tests/conftest.py
 
 FAILURE = "npuport-planted: unsupported layout strided"
 

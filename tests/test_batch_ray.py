@@ -23,7 +23,7 @@ from tests.batch_models import write_zoo
 from tests.conftest import REPO_ROOT
 
 pytest.importorskip("ray", reason="the batch extra is not installed: pip install 'npuport[batch]'")
-pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("ray"), pytest.mark.usefixtures("one_ray_at_a_time")]
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_ray_at_a_time")]
 
 RAY = str(Path(sys.executable).parent / "ray")
 

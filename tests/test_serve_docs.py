@@ -15,8 +15,6 @@ import pytest
 from agents.deploy import serve, vllm
 from agents.deploy.bundle import serve_plan
 
-pytestmark = pytest.mark.xdist_group("vllm-docs-kb")  # asks xdist to keep the module fixture on one worker (not seen to hold: docs/benchmarks.md)
-
 # Synthetic configs of the two classes (the names are made up: nothing may depend on them).
 MM_CONFIG: dict[str, Any] = {
     "architectures": ["ZetaOcrForCausalLM"], "model_type": "zeta_vl",
