@@ -216,8 +216,8 @@ def _deployment_claim(report: dict[str, Any], bundle: Path, ws: Workspace) -> Cl
         same = now.get("status") == "no vLLM path"
         return Claim(name="deployment", verdict="agree" if same else "disagree", claimed="no vLLM path",
                      observed=now.get("status"),
-                     detail=("still no vLLM path: " if same else "the report said no vLLM path, now: ")
-                     + str(now.get("error") or now.get("status"))[:300])
+                     detail=("still " if same else "the report said no vLLM path, now: ")
+                     + str(now.get("error") or now.get("status"))[:300])  # the error opens with "no vLLM path"
     if now.get("status") != "served":
         return Claim(name="deployment", verdict="disagree", claimed="served", observed=now.get("status"),
                      detail=f"serve.sh no longer serves: {str(now.get('error'))[:300]}")
