@@ -278,6 +278,7 @@ def _run(argv: list[str], *, cwd: Path, env: dict[str, str], limits: Limits, iso
         chan_r, chan_w = os.pipe()
         pass_fds = (*extra_fds, chan_w)
         env = {**env, RESULT_FD_ENV: str(chan_w)}
+    record = _register(0, cgroup.path, mark)  # before the start: a server killed now leaves no run unrecorded
     try:
         proc = subprocess.Popen(
             argv, cwd=str(cwd), env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -287,11 +288,13 @@ def _run(argv: list[str], *, cwd: Path, env: dict[str, str], limits: Limits, iso
     except BaseException:
         if chan_r is not None:
             os.close(chan_r)
+        if record is not None:
+            record.unlink(missing_ok=True)
         raise
     finally:
         if chan_w is not None:
             os.close(chan_w)  # only the child holds the write end: EOF means it is gone
-    record = _register(proc.pid, cgroup.path, mark)
+    record = _register(proc.pid, cgroup.path, mark, record)
     assert proc.stdout is not None and proc.stderr is not None
     bufs: dict[int, bytearray] = {proc.stdout.fileno(): bytearray(), proc.stderr.fileno(): bytearray()}
     caps = {fd: limits.max_output_bytes for fd in bufs}

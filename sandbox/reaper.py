@@ -129,17 +129,21 @@ def kill_marked(mark: str) -> int:
     return killed
 
 
-def _register(pid: int, cgroup: Path | None, mark: str = "") -> Path | None:
+def _register(pid: int, cgroup: Path | None, mark: str = "", record: Path | None = None) -> Path | None:
+    """Record a run for reap_orphans. Called twice: before the run starts (pid 0: its mark and cgroup
+    already find it, so a server killed while starting it leaves nothing behind), then with its pid."""
     try:
         reg = _registry()
         reg.mkdir(parents=True, exist_ok=True)
-        rec = reg / f"{os.getpid()}-{pid}.json"
-        rec.write_text(json.dumps({"server": os.getpid(), "server_start": _start_time(os.getpid()), "pgid": pid,
-                                   "start": _start_time(pid), "cgroup": str(cgroup) if cgroup else None,
+        rec = record or reg / f"{os.getpid()}-{mark or pid}.json"
+        tmp = rec.with_suffix(".tmp")
+        tmp.write_text(json.dumps({"server": os.getpid(), "server_start": _start_time(os.getpid()), "pgid": pid,
+                                   "start": _start_time(pid) if pid else "", "cgroup": str(cgroup) if cgroup else None,
                                    "mark": mark}))
+        os.replace(tmp, rec)  # never a half-written record (reap_orphans drops unreadable ones)
         return rec
     except OSError:
-        return None
+        return record
 
 
 def reap_orphans() -> int:

@@ -84,7 +84,10 @@ def _layer_pth(env_dir: Path, resolution: Resolution) -> Path:
 def purelib(python: Path) -> str:
     # -S: no .pth of the env runs outside the sandbox. Without site, sys.prefix is the base interpreter's,
     # so the env's own prefix (python's bin/..) is passed in.
-    code = "import sys, sysconfig; print(sysconfig.get_paths(vars={'base': sys.argv[1], 'platbase': sys.argv[1]})['purelib'])"
+    # The venv scheme by name: without site, Debian's Python would answer with its posix_local scheme
+    # (local/lib/.../dist-packages), which is not where venv put the env's packages.
+    code = ("import sys, sysconfig; s = 'venv' if 'venv' in sysconfig.get_scheme_names() else 'posix_prefix'; "
+            "print(sysconfig.get_paths(s, vars={'base': sys.argv[1], 'platbase': sys.argv[1]})['purelib'])")
     return subprocess.run([str(python), "-I", "-S", "-c", code, str(Path(python).parent.parent)],
                           capture_output=True, text=True, check=True).stdout.strip()
 
