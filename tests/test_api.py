@@ -384,7 +384,8 @@ def test_upload_zip_and_tar_gz(client: TestClient, npuport_home: Path) -> None:
     (tar_bytes({"../../x.py": b"x"}), 400, "traversal"),
     (zip_bytes({"m/big.bin": b"\0" * 600_000}), 413, "unpacks to more than"),
     (b"this is not an archive", 400, "not a zip or tar"),
-])
+], ids=["zip-parent", "zip-absolute", "zip-inner-parent", "zip-symlink-escapes", "zip-symlink-absolute",
+        "tar-symlink-escapes", "tar-hardlink-absolute", "tar-parent", "zip-bomb", "not-an-archive"])
 def test_bad_archives_rejected(client: TestClient, npuport_home: Path, archive: bytes, status: int, needle: str) -> None:
     r = upload(client, archive)
     assert r.status_code == status, r.text

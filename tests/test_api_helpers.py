@@ -11,6 +11,7 @@ Run as a script it serves the app on loopback, with the fake graph if asked:
 from __future__ import annotations
 
 import argparse
+import gzip
 import io
 import json
 import os
@@ -134,7 +135,8 @@ def zip_bytes(files: dict[str, bytes], symlinks: dict[str, str] | None = None) -
 def tar_bytes(files: dict[str, bytes], links: dict[str, tuple[str, bytes]] | None = None) -> bytes:
     """``links``: name -> (target, tar type byte: tarfile.SYMTYPE or LNKTYPE)."""
     buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w:gz") as tf:
+    # gzip's header holds a time: mtime=0 makes the bytes (and a test id made of them) the same on every worker
+    with gzip.GzipFile(fileobj=buf, mode="wb", mtime=0) as gz, tarfile.open(fileobj=gz, mode="w") as tf:
         for name, data in files.items():
             info = tarfile.TarInfo(name)
             info.size = len(data)
