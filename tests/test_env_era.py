@@ -175,3 +175,28 @@ def test_models_of_one_era_share_its_base_env_and_layer_only_their_own_pins(
     out = subprocess.run([str(py_a), "-I", "-c", probe], capture_output=True, text=True, check=True).stdout.strip()
     assert Path(out).is_relative_to(base)  # the era's package comes from the shared base
     assert not any((py_a.parent.parent / "lib").rglob("npuport_era_lib"))
+
+
+def test_names_the_eras_sources_lack_are_found_without_an_import(tmp_path: Path) -> None:
+    """config.json saved with 4.24 by code that imports GenerationConfig and transformers.generation (4.26+):
+    the era's sources settle it (no interpreter runs: this env's python is not even executable), so a
+    probe timing out on a loaded host cannot hide it and the era is lifted (agents/environment/layered.py)."""
+    from agents.environment.resolve import missing_transformers_names
+
+    env = tmp_path / "era-env"
+    (env / "bin").mkdir(parents=True)
+    (env / "bin" / "python").write_text("not an interpreter\n")
+    tf = env / "lib" / "python3.11" / "site-packages" / "transformers"
+    tf.mkdir(parents=True)
+    (tf / "__init__.py").write_text('__version__ = "4.24.0"\n_import_structure = {"generation_utils": ["GenerationMixin"]}\n')
+    (tf / "generation_utils.py").write_text("class GenerationMixin: ...\n")
+    model = tmp_path / "m"
+    model.mkdir()
+    (model / "modeling_m.py").write_text(
+        "from transformers import GenerationConfig, GenerationMixin\n"
+        "from transformers.generation.logits_process import LogitsProcessor\n"
+        "from transformers.generation_utils import GenerationMixin as G\n")
+    missing = missing_transformers_names(model, python=str(env / "bin" / "python"))
+    assert sorted((mod, name) for mod, name, _ in missing) == [
+        ("transformers", "GenerationConfig"), ("transformers.generation.logits_process", "LogitsProcessor")]
+    assert all(where.startswith("modeling_m.py:") for _, _, where in missing), missing

@@ -189,7 +189,9 @@ def ensure_env(resolution: Resolution, cache_root: Path | None = None, timeout_s
             python = _ensure_model_env(resolution, root, timeout_s, log)
     last = resolution.era_last or LAST_4X
     if resolution.era and resolution.era != last:
-        missing = missing_transformers_names(resolution.model_dir, python=str(python))
+        # asked of the era's base env when there is one: transformers is installed there, not in the model's layer
+        era_env = env_python(Path(resolution.era_base)) if resolution.era_base else python
+        missing = missing_transformers_names(resolution.model_dir, python=str(era_env))
         if missing:
             # config.json's release is older than the code: it imports names that came later (a checkpoint
             # saved with 4.24 by code that imports GenerationConfig, 4.26+). The last 4.x has them all.

@@ -290,6 +290,19 @@ def host_lacks(model_dir: Path) -> list[tuple[str, str, str]]:
     return out
 
 
+def _surely_absent(package: Path, module: str) -> bool:
+    """Whether reading ``package`` (a transformers folder) settles that a name the model imports from
+    ``module`` is missing (``_spelled_in`` already said the source does not spell it)."""
+    import re
+
+    base = package / Path(*module.split(".")[1:])
+    if module != "transformers":
+        return not (base.with_suffix(".py").is_file() or (base / "__init__.py").is_file())
+    init = package / "__init__.py"
+    text = init.read_text(encoding="utf-8", errors="replace") if init.is_file() else ""
+    return re.search(r'^__version__ = "4\.', text, re.M) is not None
+
+
 def missing_transformers_names(model_dir: Path, python: str | None = None) -> list[tuple[str, str, str]]:
     """The (module, name, where) the model imports from transformers that the installed transformers
     lacks (a removed or renamed API), checked in a child interpreter (importing transformers is slow
@@ -304,6 +317,11 @@ def missing_transformers_names(model_dir: Path, python: str | None = None) -> li
         wanted = [w for w in wanted if not _spelled_in(package, w[0], w[1])]
         if not wanted:
             return []
+        # What the sources settle without an import (which a timeout on a loaded host would lose): a module
+        # with no file, or a top-level name a 4.x __init__ does not list (it lists every public name).
+        sure = [w for w in wanted if _surely_absent(package, w[0])]
+        if sure:
+            return sure
     probe = ("import importlib, json, sys\n"
              "out = []\n"
              "for mod, name, where in json.loads(sys.stdin.read()):\n"
