@@ -121,7 +121,10 @@ class ProcessWatch:
             if rec is None:
                 rec = self.seen[(pid, start)] = {"pid": pid, "argv": _cmdline(pid)[:300], "torch": False}
             if not rec["torch"] and _loaded_torch(pid):
-                rec["torch"] = True
+                # Seen with torch at two looks: a child between fork and exec (a subprocess the model's
+                # libraries start) shows its parent's mappings for an instant, and is not a computation.
+                rec["looks"] = rec.get("looks", 0) + 1
+                rec["torch"] = rec["looks"] >= 2
 
     def _descendants(self) -> list[int]:
         """The supervisor's descendants, by each thread's ``children`` list (a walk of the run's tree, not of
