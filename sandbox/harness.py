@@ -193,7 +193,13 @@ def model_inputs_for(model: Any, manifest: dict[str, Any], model_dir: Path, conf
                      run_kwargs: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
     """(inputs, generate kwargs the inputs' source passed, {source, notes}): the manifest's inputs
     function, else the model's own preprocessing path, else inputs synthesised from the signature."""
-    from sandbox.model_inputs import PreprocessingFailed, capture_preprocessed, synthesise_inputs
+    from sandbox.model_inputs import (
+        PreprocessingFailed,
+        capture_preprocessed,
+        language_model_path,
+        synthesise_inputs,
+        takes_text,
+    )
 
     run_cfg = manifest.get("run") or {}
     if manifest.get("inputs"):
@@ -209,7 +215,17 @@ def model_inputs_for(model: Any, manifest: dict[str, Any], model_dir: Path, conf
                                             **({"method": got.method} if got.method else {})}
         except PreprocessingFailed as exc:
             notes = [f"the model's preprocessing path could not be driven ({exc}); inputs synthesised instead"]
-    inputs = synthesise_inputs(model, run_cfg.get("method", "generate"), config, seed)
+    method = run_cfg.get("method", "generate")
+    lm = language_model_path(model) if method == "generate" and takes_text(getattr(model, "generate", None)) else None
+    if lm:
+        # the model's own generate takes text (generate(text, image)) and its preprocessing path could not be
+        # driven: its language model generates on token ids, the part validated without the model's own path
+        inputs = synthesise_inputs(model.get_submodule(lm), "generate", config, seed)
+        notes.append(f"{type(model).__name__}.generate takes text, not token ids: the run calls its language model "
+                     f"{lm}.generate ({type(model.get_submodule(lm)).__name__}) on synthesised ids ("
+                     + ", ".join(sorted(inputs)) + "); the model's other inputs (an image) are not exercised")
+        return inputs, {}, {"source": "synthesised", "notes": notes, "method": f"{lm}.generate"}
+    inputs = synthesise_inputs(model, method, config, seed)
     notes.append("inputs synthesised from the run method's signature: " + ", ".join(sorted(inputs)))
     return inputs, {}, {"source": "synthesised", "notes": notes}
 

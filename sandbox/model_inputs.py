@@ -164,6 +164,31 @@ def seed_parameters(model: Any, seed: int) -> list[str]:
 # Synthesised inputs (no preprocessing path)
 # ----------------------------------------------------------------------------------------------
 
+# A generate whose first parameter is one of these takes text, not token ids (``generate(self, text, image)``)
+TEXT_PARAMS = ("text", "texts", "prompt", "prompts", "query", "question", "instruction", "message")
+
+
+def takes_text(fn: Any) -> bool:
+    """The method's first parameter is a prompt (text), not token ids or embeddings."""
+    try:
+        params = [p for p in inspect.signature(fn).parameters.values() if p.name != "self"]
+    except (TypeError, ValueError):
+        return False
+    return bool(params) and params[0].name in TEXT_PARAMS
+
+
+def language_model_path(model: Any) -> str | None:
+    """The dotted name of the shallowest submodule that generates from token ids (a transformers generate
+    whose first parameter is not text, and input embeddings): the language model a wrapper whose own
+    generate takes text generates through."""
+    named = getattr(model, "named_modules", None)
+    found = [(name, m) for name, m in (named() if callable(named) else []) if name and m is not model
+             and callable(getattr(m, "generate", None)) and callable(getattr(m, "get_input_embeddings", None))
+             and not takes_text(m.generate)]
+    found.sort(key=lambda nm: nm[0].count("."))
+    return found[0][0] if found else None
+
+
 def synthesise_inputs(model: Any, method_name: str, config: dict[str, Any], seed: int) -> dict[str, Any]:
     """Token ids within the vocabulary (and a mask) for a method that takes them, an image batch of the
     config's image size for one that names pixels. Structured inputs (image lists, grids, masks) are not

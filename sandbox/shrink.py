@@ -66,6 +66,10 @@ SIZE_LAYERS = frozenset({"Linear", "Embedding", "Conv1d", "Conv2d", "Conv3d", "L
                          "MultiheadAttention", "BatchNorm1d", "BatchNorm2d", "ConvTranspose2d", "Bilinear"})
 
 
+# torch's constructors of a tensor of a given shape (positional sizes or one list / tuple of them)
+TENSOR_MAKERS = frozenset({"zeros", "ones", "empty", "randn", "rand", "full"})
+
+
 def _size_name(name: str | None) -> bool:
     return bool(name) and bool(SIZE_NAME.search(name or "")) and not NOT_A_SIZE.search(name or "")
 
@@ -119,6 +123,13 @@ def hard_coded_widths(model_dir: Path) -> dict[int, list[tuple[str, str | None]]
                 for arg, kd in zip(node.kwonlyargs, node.kw_defaults, strict=True):
                     if isinstance(kd, ast.Constant) and _size_name(arg.arg):
                         note(kd.value, path, kd, lines, arg.arg)
+            elif isinstance(node, ast.Call) and _callee(node) in TENSOR_MAKERS:
+                # torch.zeros([1, 1, 4096]): a tensor of a fixed shape (a learned flag, a query bank) that the
+                # code concatenates with the model's activations, so its width is the model's
+                for a in node.args:
+                    for dim in (a.elts if isinstance(a, ast.List | ast.Tuple) else [a]):
+                        if isinstance(dim, ast.Constant):
+                            note(dim.value, path, dim, lines)
             elif isinstance(node, ast.Call):
                 layer = _callee(node) in SIZE_LAYERS
                 for a in node.args:
@@ -235,8 +246,9 @@ def _shrink_level(config: dict[str, Any], prefix: str, changes: list[str],
             width(key, HEAD_DIM)
     if hidden_key and isinstance(old_hidden, int) and out[hidden_key] < old_hidden:
         _companion_widths(out, hidden_key, old_hidden, out[hidden_key], width)
-    if heads_key and hidden_key and _int(out[heads_key]) and out[hidden_key] % out[heads_key]:
-        # A kept (hard-coded) width the shrunk head count does not divide: keep the heads too.
+    kept_hidden = bool(hidden_key) and out[hidden_key] == old_hidden and _int(old_hidden) and old_hidden > hidden
+    if heads_key and hidden_key and _int(out[heads_key]) and (out[hidden_key] % out[heads_key] or kept_hidden):
+        # A kept (hard-coded) width: keep the heads too, so the per-head size is the model's (and divides).
         out[heads_key] = old_heads
         changes[:] = [c for c in changes if not c.startswith(f"{prefix}{heads_key}:")]
     if keep_widths and any(_HIDDEN_KEYS.match(k) or _HEAD_KEYS.match(k) for k in out):

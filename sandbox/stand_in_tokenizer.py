@@ -47,7 +47,9 @@ def _load_tokenizer(model_dir: Path, config: dict[str, Any]) -> tuple[Any, str]:
             why = f"the folder's tokenizer does not load here ({type(exc).__name__}: {first})"
     tok = stand_in_tokenizer(model_dir, config)
     structure = (f"; prompts get the special tokens the model's own {tok.npuport_borrowed} adds"
-                 if getattr(tok, "npuport_borrowed", "") else "")
+                 if getattr(tok, "npuport_borrowed", "") else
+                 f"; the model's own tokenizer class was not usable ({OWN_CLASS_ERRORS[str(model_dir)]}), so prompts "
+                 "get transformers' default special tokens" if str(model_dir) in OWN_CLASS_ERRORS else "")
     return tok, (
         f"a stand-in tokenizer ({why}): character ids within the vocabulary, the special tokens of "
         f"tokenizer_config.json with the ids config.json gives them{structure}; the text differs from the real "
@@ -122,11 +124,43 @@ def _own_tokenizer_class(model_dir: Path) -> Any:
                  lambda: get_class_from_dynamic_module(str(model_dir), f"{module}.py", name)):  # older releases
         try:
             return call()
-        except TypeError:
+        except TypeError as exc:
+            OWN_CLASS_ERRORS[str(model_dir)] = f"TypeError: {exc}"
             continue
-        except Exception:  # it does not import here: the stand-in keeps transformers' default structure
+        except Exception as exc:  # noqa: BLE001  (tried from the folder itself below)
+            OWN_CLASS_ERRORS[str(model_dir)] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:160] if str(exc) else ''}"
+            break
+    return _own_class_from_file(model_dir, module, name)
+
+
+def _own_class_from_file(model_dir: Path, module: str, name: str) -> Any:
+    """The class imported from the folder's file itself, when transformers' module cache cannot take it (a
+    cache the run may not write, a read-only copy it tries to overwrite); None when it does not import here:
+    the stand-in then keeps transformers' default structure."""
+    import importlib.util
+    import sys
+
+    path = Path(model_dir) / f"{module.replace('.', '/')}.py"
+    if not path.is_file():
+        return None
+    unique = f"npuport_own_tokenizer_{abs(hash(str(path)))}"
+    try:
+        spec = importlib.util.spec_from_file_location(unique, path)
+        if spec is None or spec.loader is None:
             return None
-    return None
+        loaded = importlib.util.module_from_spec(spec)
+        sys.modules[unique] = loaded
+        spec.loader.exec_module(loaded)
+        OWN_CLASS_ERRORS.pop(str(model_dir), None)
+        return getattr(loaded, name, None)
+    except Exception as exc:  # it does not import here: the stand-in keeps transformers' default structure
+        sys.modules.pop(unique, None)
+        OWN_CLASS_ERRORS[str(model_dir)] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:160] if str(exc) else ''}"
+        return None
+
+
+# why the model's own tokenizer class could not be had, per folder (for the report)
+OWN_CLASS_ERRORS: dict[str, str] = {}
 
 
 class _Vocabulary:

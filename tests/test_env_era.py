@@ -200,3 +200,104 @@ def test_names_the_eras_sources_lack_are_found_without_an_import(tmp_path: Path)
     assert sorted((mod, name) for mod, name, _ in missing) == [
         ("transformers", "GenerationConfig"), ("transformers.generation.logits_process", "LogitsProcessor")]
     assert all(where.startswith("modeling_m.py:") for _, _, where in missing), missing
+
+
+def _tf_wheel(folder: Path, version: str, files: dict[str, str]) -> None:
+    """A stand-in transformers release: only its sources matter (read, never imported)."""
+    info = f"transformers-{version}.dist-info"
+    members = {**{f"transformers/{p}": c for p, c in files.items()},
+               f"{info}/METADATA": f"Metadata-Version: 2.1\nName: transformers\nVersion: {version}\n",
+               f"{info}/WHEEL": "Wheel-Version: 1.0\nGenerator: npuport-test\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
+               f"{info}/RECORD": ""}
+    with zipfile.ZipFile(folder / f"transformers-{version}-py3-none-any.whl", "w") as z:
+        for path, content in members.items():
+            z.writestr(path, content)
+
+
+def test_an_era_older_than_its_code_is_lifted_to_the_nearest_line_that_has_its_names(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Saved with 4.23 by code importing transformers.generation (4.26+) and calling logger.warning_once (4.27+):
+    the lift stops at 4.27, read from the wheels of 4.24..4.27 (real pip download from a local index), not at
+    the last 4.x, which removed a helper the same code calls."""
+    from agents.environment.era_lift import nearest_line
+
+    wheels = tmp_path / "wheels"
+    wheels.mkdir()
+    old_init = '__version__ = "{v}"\n_import_structure = {{"generation_utils": ["GenerationMixin"]}}\n'
+    _tf_wheel(wheels, "4.24.0", {"__init__.py": old_init.format(v="4.24.0"), "generation_utils.py": ""})
+    _tf_wheel(wheels, "4.25.1", {"__init__.py": old_init.format(v="4.25.1"), "generation/__init__.py": "",
+                                 "generation/utils.py": "class GenerationMixin: ...\n"})
+    new = {"generation/__init__.py": "", "utils/__init__.py": "from . import logging\n", "utils/logging.py": "",
+           "modeling_utils.py": "class PreTrainedModel: ...\n",
+           "generation/utils.py": "class GenerationMixin:\n    def _extract_past(self): ...\nclass LogitsProcessorList: ...\n"}
+    once = {**new, "utils/logging.py": "def warning_once(self, *args): ...\n"}
+    _tf_wheel(wheels, "4.26.0", {"__init__.py": '__version__ = "4.26.0"\n', **new})
+    _tf_wheel(wheels, "4.26.1", {"__init__.py": '__version__ = "4.26.1"\n', **new})
+    _tf_wheel(wheels, "4.27.0", {"__init__.py": '__version__ = "4.27.0"\n', **once})
+    gone = {**once, "generation/utils.py": "class GenerationMixin: ...\nclass LogitsProcessorList: ...\n"}
+    _tf_wheel(wheels, "4.28.0", {"__init__.py": '__version__ = "4.28.0"\n', **gone})
+    monkeypatch.setenv("PIP_NO_INDEX", "1")
+    monkeypatch.setenv("PIP_FIND_LINKS", str(wheels))
+    model = tmp_path / "m"
+    model.mkdir()
+    (model / "modeling_m.py").write_text(textwrap.dedent("""\
+        from transformers.generation.utils import LogitsProcessorList
+        from transformers.modeling_utils import PreTrainedModel
+        from transformers.utils import logging
+
+        logger = logging.get_logger(__name__)
+
+
+        class M(PreTrainedModel):
+            def forward(self, x):
+                logger.warning_once("inherited from transformers 4.27's logging")
+                return self._extract_past(x), self.own(x), self.register_buffer("b", x)
+
+            def own(self, x):
+                return x
+
+
+        class Helper:
+            def run(self):
+                return self.not_a_transformers_method()  # not a transformers class: its self is not asked
+        """))
+    cache = tmp_path / "sources"
+    line, passed = nearest_line(model, "transformers~=4.23.0", "transformers<4.50", cache)
+    assert line == "transformers~=4.27.0"
+    assert [p.split(" ")[0] for p in passed] == ["4.24", "4.25", "4.26"]
+    assert "warning_once (modeling_m.py:10)" in passed[-1]
+    assert (cache / "4.26" / ".complete").read_text() == "transformers-4.26.1-py3-none-any.whl"  # the line's newest
+    assert not list(cache.rglob("*.whl"))  # sources kept, wheels not
+    # the ceiling holds: below 4.27 nothing has the names, so the caller keeps its own last line
+    assert nearest_line(model, "transformers~=4.23.0", "transformers<4.27", cache)[0] is None
+    # a line after 4.27 removed the helper the code calls: lifting from 4.27 on finds no line below 4.29
+    assert nearest_line(model, "transformers~=4.27.0", "transformers<4.29", cache)[0] is None
+
+
+def test_a_reconciled_package_that_does_not_import_steps_down_to_a_release_that_does(tmp_path: Path,
+                                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """pip's choice fits the declared requirements, but its code imports a name the env's dependency lacks
+    (accelerate 0.32 beside huggingface-hub 0.17): the newest release of each lower line is tried until one
+    imports (real venv, real pip, a local index)."""
+    from agents.environment.era import _importable_release, own_versions
+    from agents.environment.layered import run_pip
+
+    wheels = tmp_path / "wheels"
+    wheels.mkdir()
+    _wheel(wheels, "npuport-hub", "0.17.3", "npuport_hub", "OLD = 1\n")
+    for version, body in (("0.32.1", "from npuport_hub import NEW\n"), ("0.31.0", "from npuport_hub import NEW\n"),
+                          ("0.30.2", "import npuport_hub\n"), ("0.30.1", "import npuport_hub\n")):
+        _wheel(wheels, "npuport-accel", version, "npuport_accel", body)
+    monkeypatch.setenv("PIP_NO_INDEX", "1")
+    monkeypatch.setenv("PIP_FIND_LINKS", str(wheels))
+    env = tmp_path / "env"
+    subprocess.run([sys.executable, "-m", "venv", str(env)], check=True, capture_output=True)
+    python = env / "bin" / "python"
+    constraints = env / "npuport-constraints.txt"  # where the env build keeps it: the confined pip reads it
+    constraints.write_text("npuport-hub==0.17.3\n")
+    assert run_pip(python, ["npuport-hub", "npuport-accel"], constraints, 120).returncode == 0
+    assert own_versions(python)["npuport-accel"] == "0.32.1"
+    kept, stepped = _importable_release(python, "npuport-accel", "0.32.1", run_pip, constraints, 120)
+    assert kept == "0.30.2" and own_versions(python)["npuport-accel"] == "0.30.2"
+    assert "0.32.1: ImportError" in stepped and "0.31.0: ImportError" in stepped

@@ -145,7 +145,8 @@ def test_shrink_keeps_a_width_the_code_hard_codes_and_says_where() -> None:
     config = json.loads((TILED / "config.json").read_text())
     small, changes = shrink_config(config, {}, TILED)
     # The projector's output width is the literal 96 in the code: shrinking hidden_size would break it.
-    assert small["hidden_size"] == 96 and small["num_attention_heads"] == 4 and small["num_hidden_layers"] == 2
+    assert small["hidden_size"] == 96 and small["num_hidden_layers"] == 2
+    assert small["num_attention_heads"] == 6  # the width kept, its heads too: the per-head size stays the model's
     kept = next(c for c in changes if c.startswith("hidden_size: kept at 96"))
     assert "modeling_tiled.py:" in kept and "n_embed = 96" in kept and "shrink: {hidden_size: N}" in kept
     # A config class's own defaults and a parameter named as the key are the config's, not hard-coded.
@@ -479,3 +480,21 @@ def test_a_tokenizer_config_whose_tokenizer_does_not_load_falls_back_to_the_stan
     inputs, _, notes = capture_preprocessed_inputs(model, "infer", folder, config, seed=0)
     assert "a stand-in tokenizer (the folder's tokenizer does not load here (" in notes[0]
     assert int(inputs["images_seq_mask"].sum()) == 16
+
+
+TEXT_GENERATE = REPO_ROOT / "tests" / "fixtures" / "hf_text_generate"
+
+
+def test_a_wrapper_whose_generate_takes_text_is_validated_through_its_language_model(tmp_path: Path) -> None:
+    """``generate(self, text, image=None)`` takes no token ids, and the model's own path cannot be driven (it
+    ships no tokenizer): the run calls its language model's generate on ids instead of failing with
+    "generate() missing 'text'", and says that the image path was not exercised."""
+    entry = discover_entry(TEXT_GENERATE)
+    assert entry.run_method == "generate" and entry.run_preprocess is None
+    res = _harness(TEXT_GENERATE, entry.as_manifest_dict(), tmp_path, run_kwargs={"max_new_tokens": 4,
+                                                                                 "do_sample": False})
+    assert res["ok"], res.get("exception")
+    assert res["inputs"]["method"] == "language_model.generate"
+    assert any("generate takes text" in n and "LlamaForCausalLM" in n and "not exercised" in n
+               for n in res["inputs"]["notes"]), res["inputs"]["notes"]
+    assert res["outputs"]["new_tokens"] == 4

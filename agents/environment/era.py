@@ -164,7 +164,59 @@ def reconcile(python: Path, run_pip: Callable[[Path, list[str], Path, float], su
     for dist, why in sorted(broken.items()):
         done = run_pip(python, [dist], constraints, timeout_s)
         after = own_versions(python).get(dist.lower().replace("_", "-"))
-        outcome[dist] = (f"{dist} {after} installed into the env ({why})" if done.returncode == 0 and after else
-                         f"left as the host's: no release fits ({why})")
+        if done.returncode != 0 or not after:
+            outcome[dist] = f"left as the host's: no release fits ({why})"
+            continue
+        after, stepped = _importable_release(python, dist, after, run_pip, constraints, timeout_s)
+        outcome[dist] = (f"{dist} {after} installed into the env ({why})"
+                         + (f"; {stepped}" if stepped else "") if after else
+                         f"left as the host's: no release that fits imports ({why}; {stepped})")
     outcome.update({d: f"left as the host's: nothing in the env imports it ({why})" for d, why in unused.items()})
     return outcome
+
+
+# How many older lines of a reconciled package are tried when the one pip chose does not import.
+STEP_DOWN_LINES = 10
+
+
+def import_error(python: Path, modules: set[str], timeout_s: float = 120.0) -> str | None:
+    """The last line of the error importing ``modules`` in the env, or None when they import."""
+    from sandbox.probe import run_probe
+
+    code = "; ".join(f"import {m}" for m in sorted(modules))
+    done = run_probe([str(python), "-c", code], timeout=timeout_s)
+    if done.returncode == 0:
+        return None
+    lines = (done.stderr or done.stdout).strip().splitlines()
+    return lines[-1] if lines else f"exit {done.returncode}"
+
+
+def _importable_release(python: Path, dist: str, version: str,
+                        run_pip: Callable[[Path, list[str], Path, float], subprocess.CompletedProcess[str]],
+                        constraints: Path, timeout_s: float) -> tuple[str | None, str]:
+    """(the release of ``dist`` left in the env that imports, what was stepped over). A release's metadata
+    may ask less than its code imports (accelerate 0.32 declares any huggingface-hub and imports a name of
+    0.23): pip's choice is imported, and while it fails the newest release of the line below is tried."""
+    modules = {m for m in _top_modules(dist) if m.isidentifier()}
+    if not modules:
+        return version, ""
+    failed: list[str] = []
+    for _ in range(STEP_DOWN_LINES):
+        error = import_error(python, modules)
+        if error is None:
+            return version, (f"newer releases fit pip's resolver but fail to import: {'; '.join(failed)}"
+                             if failed else "")
+        failed.append(f"{version}: {error[:160]}")
+        try:
+            major, minor = minor_of(version)
+        except (ValueError, IndexError):
+            break
+        if (major, minor) == (0, 0):
+            break
+        below = f"{major}.{minor}" if minor else f"{major}"
+        done = run_pip(python, [f"{dist}<{below}"], constraints, timeout_s)
+        now = own_versions(python).get(dist.lower().replace("_", "-"))
+        if done.returncode != 0 or not now or now == version:
+            break
+        version = now
+    return None, "; ".join(failed)

@@ -29,6 +29,7 @@ from agents.environment.compat import (
     torch_npu_row,
 )
 from agents.environment.era import LAST_4X, own_versions, reconcile
+from agents.environment.era_lift import nearest_line
 from agents.environment.owner import env_owner, provenance
 from agents.environment.resolution import Resolution, bundle_files
 from agents.environment.resolve import missing_transformers_names
@@ -194,8 +195,14 @@ def ensure_env(resolution: Resolution, cache_root: Path | None = None, timeout_s
         missing = missing_transformers_names(resolution.model_dir, python=str(era_env))
         if missing:
             # config.json's release is older than the code: it imports names that came later (a checkpoint
-            # saved with 4.24 by code that imports GenerationConfig, 4.26+). The last 4.x has them all.
+            # saved with 4.24 by code that imports GenerationConfig, 4.26+). The nearest line that has them
+            # all, read from its wheel; the last 4.x when none below it has (later lines removed helpers the
+            # same code calls).
             shown = ", ".join(f"{mod}.{name} ({where})" for mod, name, where in missing[:3])
+            nearest, passed = nearest_line(resolution.model_dir, resolution.era, last, root / "era-sources")
+            if passed:
+                resolution.notes.append("lines passed over for the era: " + "; ".join(passed) + ".")
+            last = nearest or last
             resolution.install = [last if r == resolution.era else r for r in resolution.install]
             resolution.era_installs = [last if r == resolution.era else r for r in resolution.era_installs]
             resolution.pins["transformers"] = last
