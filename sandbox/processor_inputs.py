@@ -117,10 +117,16 @@ def load_processor(model_dir: Path, config: dict[str, Any]) -> tuple[Any, str]:
     return proc, f"{how} (AutoProcessor failed: {first[:120]})"
 
 
+def _library(module: str) -> bool:
+    """A class of a library (transformers, torch, builtins), not of the release: remote code that
+    transformers' loader imports lives in ``transformers_modules.*``, which is the release's own."""
+    top = module.split(".")[0]
+    return top in ("transformers", "torch", "builtins")
+
+
 def _own_names(obj: Any) -> set[str]:
     """Attributes the object's class defines outside transformers (the release's own code)."""
-    return {k for c in type(obj).__mro__ if not c.__module__.startswith(("transformers", "builtins"))
-            for k in c.__dict__}
+    return {k for c in type(obj).__mro__ if not _library(c.__module__) for k in c.__dict__}
 
 
 def _batched(out: dict[str, Any]) -> tuple[dict[str, Any], bool]:
@@ -137,7 +143,7 @@ def generate_wrapper(model: Any) -> str | None:
     """The model's own method that takes a processor's batch and calls generate (``generate_from_batch``):
     named generate*, defined in the release's code, its first parameter a batch."""
     for cls in type(model).__mro__:
-        if cls.__module__.startswith(("transformers", "torch", "builtins")):
+        if _library(cls.__module__):
             continue
         for name, fn in cls.__dict__.items():
             if not (name.startswith("generate") and name != "generate" and callable(fn)):

@@ -299,3 +299,31 @@ def test_a_model_pinning_an_old_transformers_runs_in_its_own_layered_env(
     host = subprocess.run([sys.executable, "-c", "import transformers; print(transformers.__version__)"],
                           capture_output=True, text=True, check=True).stdout.strip()
     assert host == HOST_TRANSFORMERS == md.version("transformers")
+
+
+def test_an_unguarded_import_in_a_function_body_is_installed_and_a_guarded_one_is_not(tmp_path: Path) -> None:
+    """``def resize(...): import tensorflow as tf`` (an image processor's resize): transformers' remote-code loader
+    demands it before loading the file and the function needs it when it runs, so it is installed (the CPU
+    build, lighter); imports under a guard (try, if) in a function are not."""
+    model = tmp_path / "m"
+    model.mkdir()
+    (model / "image_processing_m.py").write_text(
+        "import numpy as np\n\n\n"
+        "def resize(image):\n"
+        "    import tensorflow as tf\n"
+        "    return tf.image.resize(image, [2, 2])\n\n\n"
+        "def optional_paths(x):\n"
+        "    try:\n"
+        "        import npuport_absent_guarded\n"
+        "    except ImportError:\n"
+        "        pass\n"
+        "    if x:\n"
+        "        import npuport_absent_under_if\n"
+        "    from . import image_processing_m\n")
+    if host_version("tensorflow") is not None or host_version("tensorflow-cpu") is not None:
+        pytest.skip("the host has tensorflow: nothing to install")
+    res = resolve(model, "cpu", None)
+    assert "tensorflow-cpu" in res.optional and res.needs_layered_env
+    assert not any("npuport_absent" in d or d == "image-processing-m" for d in res.optional), res.optional
+    note = next(n for n in res.notes if "body of resize()" in n)
+    assert "image_processing_m.py:5" in note and "remote-code loader" in note and "CPU build" in note

@@ -374,6 +374,32 @@ def test_a_processor_batch_goes_through_the_models_own_generate_wrapper() -> Non
     assert "generate" not in vars(model) and _Generator.generate.__name__ == "generate"  # restored
 
 
+def test_remote_code_loaded_by_transformers_is_the_releases_own_not_the_library() -> None:
+    """transformers' loader imports a release's processor as ``transformers_modules.<folder>.<file>``: its
+    ``process()`` (a processor with no __call__) and a model's ``generate_from_batch`` are the release's own,
+    not transformers' (a 'MolmoProcessor object is not callable' came from reading them as the library's)."""
+    from sandbox.processor_inputs import _own_names, generate_wrapper
+
+    class Processor:
+        def process(self, text, images=None):
+            return {"input_ids": text}
+
+    class Remote:
+        def generate_from_batch(self, batch, generation_config=None):
+            return batch
+
+    Processor.__module__ = Remote.__module__ = "transformers_modules.local.preprocessing_release"
+    assert "process" in _own_names(Processor()) and "__call__" not in _own_names(Processor())
+    assert generate_wrapper(Remote()) == "generate_from_batch"
+
+    class Library:
+        def process(self):
+            return None
+
+    Library.__module__ = "transformers.processing_utils"
+    assert "process" not in _own_names(Library())
+
+
 # ----------------------------------------------------------------------------------------------
 # A CUDA device named in config.json (the code reads it, so rewriting the code's literals changes nothing)
 # ----------------------------------------------------------------------------------------------

@@ -81,3 +81,27 @@ def guarded_imports(model_dir: Path, files: list[Path]) -> dict[str, str]:
                     if used and module not in sys.stdlib_module_names and module not in own and module not in found:
                         found[module] = f"{path.relative_to(model_dir).as_posix()}:{imp.lineno}"
     return found
+
+
+# Where a framework's CPU build serves a run as well as the full one (a lighter install), by import name.
+LIGHTER_DIST = {"tensorflow": "tensorflow-cpu"}
+
+
+def function_imports(model_dir: Path, files: list[Path]) -> dict[str, tuple[str, str]]:
+    """Third-party modules a function imports in its own body, with no guard around the import
+    (``def resize(...): import tensorflow as tf``): the function needs them when it runs, and transformers'
+    remote-code loader demands every unguarded import of a file before it loads the file (a processor's
+    too). {module: ("file:line", function)}."""
+    own = own_package_names(model_dir, files)
+    found: dict[str, tuple[str, str]] = {}
+    for path, tree in parsed_files(files):
+        for fn in ast.walk(tree):
+            if not isinstance(fn, ast.FunctionDef | ast.AsyncFunctionDef):
+                continue
+            for stmt in fn.body:
+                if not isinstance(stmt, ast.Import | ast.ImportFrom):
+                    continue
+                for module in _top_module(stmt):
+                    if module not in sys.stdlib_module_names and module not in own and module not in found:
+                        found[module] = (f"{path.relative_to(model_dir).as_posix()}:{stmt.lineno}", fn.name)
+    return found

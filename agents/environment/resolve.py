@@ -26,7 +26,7 @@ from agents.environment.compat import (
     load_compat,
 )
 from agents.environment.era import LAST_4X, era_ceiling, era_transformers, model_couplings, python_floor
-from agents.environment.imports import guarded_imports
+from agents.environment.imports import LIGHTER_DIST, function_imports, guarded_imports
 from agents.environment.pins import (
     IMPORT_TO_DIST,
     Pin,
@@ -178,6 +178,20 @@ def _guarded_dependencies(model_dir: Path, pins: dict[str, str], dropped: dict[s
         optional.append(dist)
         notes.append(f"{module} is imported inside try/except ({where}) and the code demands it: {dist} is "
                      "installed into the layered environment when the package index has it.")
+    unconditional = unconditional_imports(model_dir)
+    for module, (where, function) in sorted(function_imports(model_dir, model_py_files(model_dir)).items()):
+        dist = str(canonicalize_name(LIGHTER_DIST.get(module) or IMPORT_TO_DIST.get(module, module)))
+        if module in unconditional or dist in pins or dist in dropped or dist in FRAMEWORK or \
+                dist in ("torch-npu", "npuport", "sandbox") or cuda_only_reason(dist, compat):
+            continue  # a CUDA-only one is H3's: the port removes or replaces its uses
+        if host_version(dist) is not None or (module != dist and host_version(module) is not None):
+            continue
+        pins[dist] = dist
+        optional.append(dist)
+        lighter = f" (the CPU build of {module}: a lighter install)" if module in LIGHTER_DIST else ""
+        notes.append(f"{module} is imported in the body of {function}() ({where}), unguarded: the function needs it "
+                     f"when it runs and transformers' remote-code loader demands it before it loads the file; "
+                     f"{dist}{lighter} is installed into the layered environment when the package index has it.")
     return optional
 
 
