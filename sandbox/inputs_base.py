@@ -95,3 +95,23 @@ def shape_text(value: Any) -> str:
         inner = ", ".join(shape_text(v) for v in value[:3]) + (", ..." if len(value) > 3 else "")
         return f"[{inner}]" if isinstance(value, list) else f"({inner})"
     return type(value).__name__
+
+
+def with_embedding_rows(model: Any, config: dict[str, Any]) -> dict[str, Any]:
+    """``config`` with ``vocab_size`` raised to the rows the model's input embedding really has, when it has
+    more: an embedding that appends rows of its own for added tokens (Molmo's image tokens sit past
+    config.json's vocab_size, in a second table beside the first) takes those ids, so a stand-in tokenizer
+    keeps them. The rows are the first dimension of the embedding module's own 2-D tables, summed."""
+    get = getattr(model, "get_input_embeddings", None)
+    try:
+        embedding = get() if callable(get) else None
+    except Exception:  # noqa: BLE001  (a model whose getter is not wired: the config's size stands)
+        embedding = None
+    params = getattr(embedding, "parameters", None)
+    if not callable(params):
+        return config
+    rows = sum(int(p.shape[0]) for p in params(recurse=False) if getattr(p, "dim", lambda: 0)() == 2)
+    vocab = nested(config, "vocab_size")
+    if isinstance(vocab, int) and rows > vocab:
+        return {**config, "vocab_size": rows}
+    return config

@@ -42,6 +42,7 @@ if __package__:  # inside npuport (sandbox.model_inputs)
         nested,
         shape_text,
         test_image,
+        with_embedding_rows,
     )
     from .processor_inputs import processor_inputs
     from .stand_in_tokenizer import has_tokenizer_files, load_tokenizer, stand_in_tokenizer  # noqa: F401
@@ -67,6 +68,7 @@ else:  # beside a bundle's run.py, with its sibling modules
         nested,
         shape_text,
         test_image,
+        with_embedding_rows,
     )
     from processor_inputs import processor_inputs  # type: ignore[no-redef]
     from stand_in_tokenizer import has_tokenizer_files, load_tokenizer, stand_in_tokenizer  # type: ignore[no-redef]  # noqa: F401
@@ -184,9 +186,23 @@ def language_model_path(model: Any) -> str | None:
     named = getattr(model, "named_modules", None)
     found = [(name, m) for name, m in (named() if callable(named) else []) if name and m is not model
              and callable(getattr(m, "generate", None)) and callable(getattr(m, "get_input_embeddings", None))
-             and not takes_text(m.generate)]
-    found.sort(key=lambda nm: nm[0].count("."))
+             and not takes_text(m.generate) and _generates_from_ids(m)]
+    # the shallowest; among those the largest (a Q-Former beside the language model generates too)
+    found.sort(key=lambda nm: (nm[0].count("."), -sum(p.numel() for p in nm[1].parameters())))
     return found[0][0] if found else None
+
+
+def _generates_from_ids(module: Any) -> bool:
+    """Its prepare_inputs_for_generation needs nothing but the ids (a Q-Former's asks for query_embeds)."""
+    prepare = getattr(module, "prepare_inputs_for_generation", None)
+    if prepare is None:
+        return True
+    try:
+        params = list(inspect.signature(prepare).parameters.values())
+    except (TypeError, ValueError):
+        return True
+    required = [p for p in params[1:] if p.default is p.empty and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    return not required
 
 
 def synthesise_inputs(model: Any, method_name: str, config: dict[str, Any], seed: int) -> dict[str, Any]:
@@ -322,7 +338,7 @@ def capture_preprocessed(model: Any, method_name: str, model_dir: Path, config: 
     if method_name == PROCESSOR_PATH:
         return Captured(*processor_inputs(model, model_dir, config, seed, max_new_tokens))
     fn = preprocessing_method(model, method_name)
-    tokenizer, how = load_tokenizer(model_dir, config)
+    tokenizer, how = load_tokenizer(model_dir, with_embedding_rows(model, config))
     as_attribute = "tokenizer" not in inspect.signature(fn).parameters and reads_own_tokenizer(fn)
     if as_attribute:
         model.tokenizer = tokenizer

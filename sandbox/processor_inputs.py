@@ -32,6 +32,7 @@ if __package__:
         model_float_dtype,
         shape_text,
         test_image,
+        with_embedding_rows,
     )
     from .stand_in_tokenizer import load_tokenizer
 else:  # beside a bundle's run.py
@@ -45,6 +46,7 @@ else:  # beside a bundle's run.py
         model_float_dtype,
         shape_text,
         test_image,
+        with_embedding_rows,
     )
     from stand_in_tokenizer import load_tokenizer  # type: ignore[no-redef]
 
@@ -159,6 +161,7 @@ def processor_inputs(model: Any, model_dir: Path, config: dict[str, Any], seed: 
     """The folder's own processor on a test prompt and, when it processes images, a test image; the prompt
     goes through its chat template when it has one, so image placeholders are expanded the way the
     processor does it. Then the model's own generate wrapper, when it has one."""
+    config = with_embedding_rows(model, config)  # ids past config.json's vocab_size the model embeds
     try:
         from PIL import Image
 

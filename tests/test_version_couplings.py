@@ -243,3 +243,33 @@ def test_the_harness_builds_remote_code_as_the_auto_classes_hand_it_out(tmp_path
     lm = build_model(Lm, {}, tmp_path)
     assert hasattr(lm, "generate") and isinstance(lm, Lm) and type(lm).__name__ == "Lm"
     assert not hasattr(build_model(Encoder, {}, tmp_path), "generate")
+
+
+def test_a_legacy_tuple_cache_reader_is_capped_below_454_and_a_repacked_checkpoint_runs_on_the_last_4x(
+        tmp_path: Path) -> None:
+    """``past_key_values[0][0].size(-2)`` with no ``_supports_cache_class``: from 4.54 generate hands every model
+    an empty DynamicCache at its first step, so a checkpoint re-saved with 4.55 (a quantized repack) must not
+    pick 4.55 for code written before it; declaring cache-class support is no coupling."""
+    legacy = textwrap.dedent('''\
+        from transformers import PreTrainedModel
+
+
+        class OldModel(PreTrainedModel):
+            def forward(self, input_ids, past_key_values=None):
+                past_length = 0 if past_key_values is None else past_key_values[0][0].size(-2)
+                return past_length
+    ''')
+    found = [c for c in couplings(legacy) if c.rule == "legacy-cache-default"]
+    assert len(found) == 1 and found[0].before == "4.54" and found[0].line == 6
+    assert "empty DynamicCache" in found[0].reason
+    assert not [c for c in couplings(legacy.replace("    def forward", "    _supports_cache_class = True\n\n    def forward"))
+                if c.rule == "legacy-cache-default"]
+    model = tmp_path / "m"
+    model.mkdir()
+    (model / "modeling_m.py").write_text(legacy)
+    (model / "config.json").write_text(json.dumps({"transformers_version": "4.55.0", "model_type": "m"}))
+    if not (host_version("transformers") or "").startswith("5."):
+        pytest.skip("the host's transformers is not 5.x: no era is chosen")
+    res = resolve(model, "cpu", None)
+    assert res.era == "transformers<4.50"
+    assert any("at or past 4.54" in n and "modeling_m.py:6" in n for n in res.notes), res.notes

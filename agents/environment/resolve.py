@@ -94,11 +94,14 @@ def resolve(model_dir: Path, target: str, torch_npu: str | None) -> Resolution:
     era = era_transformers(saved, host_tf, floor) if "transformers" not in pins else None
     coupled = model_couplings(model_dir) if host_tf and _minor(host_tf)[0] >= 5 else []
     ceiling = era_ceiling(model_dir) if coupled else None
-    last = f"transformers<{ceiling[0]}" if ceiling else LAST_4X  # the newest 4.x the code runs with
+    # the newest 4.x the code runs with: below a coupling's release when that is older than the last 4.x that
+    # gives PreTrainedModel generate (a ceiling past it, 4.54's cache default, still runs on the last 4.x)
+    capped = ceiling is not None and _minor(ceiling[0]) < _minor(LAST_4X.removeprefix("transformers<"))
+    last = f"transformers<{ceiling[0]}" if ceiling and capped else LAST_4X
     if coupled and "transformers" not in pins and not era and not (saved and _minor(saved)[0] >= 5):
         # config.json names no era, but the code is coupled to 4.x: the last 4.x release it runs with
         era = last
-        if ceiling:
+        if ceiling and capped:
             notes.append(f"the code needs a release older than {LAST_4X.removeprefix('transformers')} "
                          f"({ceiling[1]}): its era is {era}.")
     elif era and ceiling and _minor(str(Requirement(era).specifier).lstrip("~=<>"))[:2] >= _minor(ceiling[0]):

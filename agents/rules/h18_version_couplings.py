@@ -89,6 +89,32 @@ def _base_names(cls: ast.ClassDef) -> list[str]:
     return [b.attr if isinstance(b, ast.Attribute) else b.id if isinstance(b, ast.Name) else "" for b in cls.bases]
 
 
+# transformers 4.54 gives every model an empty DynamicCache at generate's first step (before, a model that did
+# not declare ``_supports_cache_class`` got None there and its own legacy tuples after).
+LEGACY_CACHE_BEFORE = "4.54"
+_PAST_NAMES = ("past_key_values", "past_key_value", "past", "layer_past")
+
+
+def _legacy_cache_default(tree: ast.Module) -> list[Coupling]:
+    """A module that reads the cache as legacy tuples (``past_key_values[0][0]``) and declares no cache
+    class support (``_supports_cache_class = True``): from 4.54 the first step's cache is an empty
+    DynamicCache, not None, and the tuple read fails (``'NoneType' object has no attribute 'size'``)."""
+    declares = any(isinstance(n, ast.Assign) and any(isinstance(t, ast.Name) and t.id in (
+        "_supports_cache_class", "_supports_default_dynamic_cache") for t in n.targets) for n in ast.walk(tree))
+    if declares:
+        return []
+    for n in ast.walk(tree):
+        if isinstance(n, ast.Subscript) and isinstance(n.slice, ast.Constant) and isinstance(n.slice.value, int) \
+                and isinstance(n.value, ast.Subscript) and isinstance(n.value.slice, ast.Constant) \
+                and isinstance(n.value.value, ast.Name) and n.value.value.id in _PAST_NAMES:
+            return [Coupling("legacy-cache-default", n.lineno, n.col_offset,
+                             f"needs transformers < {LEGACY_CACHE_BEFORE}: reads the cache as legacy tuples "
+                             f"(`{n.value.value.id}[..][..]`) and declares no `_supports_cache_class`; from "
+                             f"{LEGACY_CACHE_BEFORE} generate passes an empty DynamicCache at the first step, not None",
+                             before=LEGACY_CACHE_BEFORE)]
+    return []
+
+
 def _generative_without_mixin(tree: ast.Module) -> list[Coupling]:
     """Classes deriving (in this file) from a PreTrainedModel that use generation (they define
     ``prepare_inputs_for_generation``) with GenerationMixin nowhere among their bases."""
@@ -138,7 +164,7 @@ def couplings(source: str, config_attrs: frozenset[str] = frozenset()) -> list[C
         tree = ast.parse(source)
     except SyntaxError:
         return []
-    out = _generative_without_mixin(tree) + _composite_without_defaults(tree)
+    out = _generative_without_mixin(tree) + _composite_without_defaults(tree) + _legacy_cache_default(tree)
     own = _assigned_self_attrs(tree) | config_attrs
     star = [n for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and any(a.name == "*" for a in n.names)]
     bound = _bound_names(tree) if star else set()
@@ -209,7 +235,7 @@ RULE = HazardRule(
     detect=_h18_version_couplings,
     manual={rule: _ERA for rule in ("inherits-generate", "generation-config-attr", "removed-helper", "flag-property",
                                     "tied-weights-list", "rope-scaling-type", "star-import-leak",
-                                    "composite-config-init")},
+                                    "composite-config-init", "legacy-cache-default")},
     kb_topic="recipe:H18",
     recipe="knowledge/recipes/H18.md",
     left_as_written="the environment of the model's era runs it as written (agents/environment/resolve.py)",
