@@ -345,6 +345,15 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
                 "weights the model's code leaves on the meta device for its checkpoint to fill (built under "
                 f"init_empty_weights: {', '.join(materialised)}) are materialised on the CPU and seeded like the rest")
         model.eval()
+        floats = {p.dtype for p in model.parameters() if p.is_floating_point()}
+        on_cpu = redirect_to == "cpu" or device == "cpu"
+        if on_cpu and not spec.get("dtype") and len(floats) > 1 and floats & {torch.float16, torch.bfloat16}:
+            # parts built in half precision for a GPU, where the code autocasts only off the CPU (float input,
+            # Half bias): a run on the CPU runs the whole model in float32
+            model.float()
+            warning_counts["the model builds parts in " + "/".join(sorted(str(d).removeprefix("torch.")
+                                                                           for d in floats))
+                           + " for a GPU; on the CPU it runs all in float32"] += 1
         if spec.get("dtype"):
             model.to(getattr(torch, spec["dtype"]))
         model.to(device)

@@ -246,7 +246,7 @@ def _shrink_level(config: dict[str, Any], prefix: str, changes: list[str],
             width(key, HEAD_DIM)
     if hidden_key and isinstance(old_hidden, int) and out[hidden_key] < old_hidden:
         _companion_widths(out, hidden_key, old_hidden, out[hidden_key], width)
-    kept_hidden = bool(hidden_key) and out[hidden_key] == old_hidden and _int(old_hidden) and old_hidden > hidden
+    kept_hidden = hidden_key is not None and out[hidden_key] == old_hidden and _int(old_hidden) and old_hidden > hidden
     if heads_key and hidden_key and _int(out[heads_key]) and (out[hidden_key] % out[heads_key] or kept_hidden):
         # A kept (hard-coded) width: keep the heads too, so the per-head size is the model's (and divides).
         out[heads_key] = old_heads

@@ -105,7 +105,9 @@ def inherited_calls(model_dir: Path) -> list[tuple[str, str]]:
         scopes += [(c, ("self", "logger")) for c in ast.walk(tree) if isinstance(c, ast.ClassDef) and c.name in derived]
         for scope, receivers in scopes:
             for node in ast.walk(scope):
-                f = node.func if isinstance(node, ast.Call) else None
+                if not isinstance(node, ast.Call):
+                    continue
+                f = node.func
                 if isinstance(f, ast.Attribute) and isinstance(f.value, ast.Name) and f.value.id in receivers \
                         and f.attr not in own and f.attr not in given and not f.attr.startswith("__"):
                     out.setdefault(f.attr, f"{path.relative_to(model_dir).as_posix()}:{node.lineno}")
