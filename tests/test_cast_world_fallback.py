@@ -212,3 +212,21 @@ def test_align_devices_concatenates_the_same_values() -> None:
     exec(compile(src, "a.py", "exec"), ns_a)
     exec(compile(out.source, "b.py", "exec"), ns_b)
     assert torch.equal(ns_a["run"](x, y), ns_b["run"](x, y))
+
+
+@pytest.mark.meaning("fp16-cast-policy")
+def test_a_cast_that_follows_the_models_own_float16_is_left_as_written() -> None:
+    """``if dtype in (torch.float16, torch.bfloat16): cache = cache.half()`` runs only when the model already is
+    float16 (its config's torch_dtype, which the policy does not rewrite): rewriting it to float32 left a float32
+    rotary cache beside float16 values ("Expected query, key, and value to have the same dtype", ChatGLM2 on the
+    cpu target). A cast of the model's own choosing is still rewritten, and the rewrite runs."""
+    src = ("import torch\n\n\ndef rotary_cache(x, dtype):\n    cache = torch.stack([x.cos(), x.sin()], -1)\n"
+           "    if dtype in (torch.float16, torch.bfloat16):\n        cache = cache.half()\n    return cache\n\n\n"
+           "def build():\n    return torch.nn.Linear(2, 2).half()\n")
+    out = fp16_cast_policy(src, dtype="float32")
+    assert out.changed and "cache = cache.half()" in out.source
+    assert "torch.nn.Linear(2, 2).to(torch.float32)" in out.source
+    ns: dict[str, Any] = {}
+    exec(compile(out.source, "port.py", "exec"), ns)
+    assert ns["rotary_cache"](torch.ones(2, dtype=torch.float16), torch.float16).dtype == torch.float16
+    assert ns["build"]().weight.dtype == torch.float32

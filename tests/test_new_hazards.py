@@ -105,6 +105,29 @@ def test_default_jit_executor_computes_the_same_and_runs_on_other_devices(tmp_pa
     assert runs["rewritten"]["meta"].returncode == 0 and "ran on meta" in runs["rewritten"]["meta"].stdout
 
 
+@pytest.mark.meaning("default-jit-executor")
+def test_cpu_fusion_the_legacy_setup_asked_for_is_switched_off_with_the_default_executor(tmp_path: Path) -> None:
+    """ChatGLM's setup also asks for CPU fusion (`_jit_override_can_fuse_on_cpu(True)`): under the default
+    executor that is NNC, which needs LLVM ("LLVM Backend not found" on a cpu-target run). The rewrite turns it
+    off with the executor switch; the scripted function computes what eager torch does."""
+    src = LEGACY_JIT.replace("torch._C._jit_override_can_fuse_on_gpu(True)\n",
+                             "torch._C._jit_override_can_fuse_on_gpu(True)\ntorch._C._jit_override_can_fuse_on_cpu(True)\n")
+    out = default_jit_executor(src)
+    assert "_jit_override_can_fuse_on_cpu(False)" in out.source and len(out.edits) == 3
+    half = out.source.replace("_jit_override_can_fuse_on_cpu(False)", "_jit_override_can_fuse_on_cpu(True)")
+    runs = {}
+    for name, code in (("rewritten", out.source), ("executor_only", half)):
+        (tmp_path / f"{name}.py").write_text(code)
+        runs[name] = subprocess.run([sys.executable, str(tmp_path / f"{name}.py"), "cpu"], capture_output=True,
+                                    text=True, timeout=120)
+    assert runs["rewritten"].returncode == 0, runs["rewritten"].stderr[-800:]
+    g = torch.Generator().manual_seed(0)
+    x, y = torch.randn(4, 8, generator=g), torch.randn(4, 8, generator=g)
+    assert runs["rewritten"].stdout.strip() == str((torch.sigmoid(x * y + 1.0) * x).tolist())
+    if runs["executor_only"].returncode != 0:  # a torch built without LLVM: the half rewrite fails as ChatGLM did
+        assert "LLVM" in runs["executor_only"].stderr
+
+
 def _reference_bshd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | None = None,
                     causal: bool = False) -> torch.Tensor:
     """Attention as xformers / flash-attn document it, on (batch, seq, heads, dim); flash-attn's causal

@@ -135,11 +135,23 @@ class CastPolicy(Rewriter):
     def __init__(self, dtype: str) -> None:
         super().__init__()
         self.dtype = dtype
+        self._mirroring = 0  # depth of `if` branches taken only when the data already is float16
 
     def _dtype(self) -> cst.BaseExpression:
         return cst.parse_expression(f"torch.{self.dtype}")
 
+    def visit_If(self, node: cst.If) -> None:
+        # `if dtype in (torch.float16, torch.bfloat16): cache = cache.half()` follows the model's dtype (a
+        # config's torch_dtype the policy does not rewrite): casting it elsewhere mixes dtypes in one op
+        self._mirroring += _mirrors_dtype(node.test)
+
+    def leave_If(self, original: cst.If, updated: cst.If) -> cst.BaseStatement:
+        self._mirroring -= _mirrors_dtype(original.test)
+        return updated
+
     def leave_Call(self, original: cst.Call, updated: cst.Call) -> cst.BaseExpression:
+        if self._mirroring:
+            return updated
         f = updated.func
         if isinstance(f, cst.Attribute) and f.attr.value == "half" and not updated.args:
             self.note(original, f".half() -> .to(torch.{self.dtype})")
@@ -166,6 +178,13 @@ class CastPolicy(Rewriter):
 
 EMPTY = cst.Module(body=[])
 _EQ = cst.AssignEqual(whitespace_before=cst.SimpleWhitespace(""), whitespace_after=cst.SimpleWhitespace(""))
+
+
+def _mirrors_dtype(test: cst.BaseExpression) -> int:
+    """1 when an `if` test asks whether a dtype is float16 (`dtype == torch.float16`, `x.dtype in (torch.half,
+    ...)`): its branch casts to float16 because the data already is."""
+    code = EMPTY.code_for_node(test).replace(" ", "")
+    return int("dtype" in code and any(t in code for t in ("torch.float16", "torch.half")))
 
 
 def _is_fp16(node: cst.BaseExpression) -> bool:

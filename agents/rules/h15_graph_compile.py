@@ -61,7 +61,17 @@ class DefaultJitExecutor(Rewriter):
                 and _switched_off(updated):
             self.note(original, f"{name}(False) -> (True): the legacy executor's fuser knows only CPU and CUDA")
             return updated.with_changes(args=[updated.args[0].with_changes(value=cst.Name("True"))])
+        if name and name.rsplit(".", 1)[-1] == "_jit_override_can_fuse_on_cpu" and _switched_on(updated):
+            # the default executor fuses CPU code with NNC, which needs LLVM, and torch's wheels have none
+            # ("LLVM Backend not found" on the cpu target); the legacy fuser used a C compiler instead
+            self.note(original, f"{name}(True) -> (False): the default executor's CPU fuser needs LLVM, which "
+                                "torch's wheels lack")
+            return updated.with_changes(args=[updated.args[0].with_changes(value=cst.Name("False"))])
         return updated
+
+
+def _switched_on(call: cst.Call) -> bool:
+    return len(call.args) == 1 and isinstance(call.args[0].value, cst.Name) and call.args[0].value.value == "True"
 
 
 def default_jit_executor(source: str, **_: Any) -> CodemodResult:
