@@ -70,8 +70,11 @@ def _line_sources(line: tuple[int, int], cache: Path, timeout_s: float) -> Path 
     return package
 
 
-# torch's Module and the standard library's Logger give these; transformers is not asked for them
-_GIVEN = frozenset(dir(logging.Logger)) | frozenset({"forward", "cuda", "npu"})
+# torch's Module and the standard library's Logger give these; transformers is not asked for them. Only the
+# Logger's own: an imported transformers adds `warning_once` to logging.Logger, which is the question here.
+_GIVEN = frozenset(n for n in dir(logging.Logger)
+                   if getattr(getattr(logging.Logger, n), "__module__", "logging") in ("logging", "builtins", None)) \
+    | frozenset({"forward", "cuda", "npu"})
 _DEF = re.compile(r"^\s*def (\w+)\s*\(", re.M)
 
 
