@@ -196,9 +196,8 @@ def model_inputs_for(model: Any, manifest: dict[str, Any], model_dir: Path, conf
     from sandbox.model_inputs import (
         PreprocessingFailed,
         capture_preprocessed,
-        language_model_path,
         synthesise_inputs,
-        takes_text,
+        text_wrapper_language_model,
     )
 
     run_cfg = manifest.get("run") or {}
@@ -216,7 +215,7 @@ def model_inputs_for(model: Any, manifest: dict[str, Any], model_dir: Path, conf
         except PreprocessingFailed as exc:
             notes = [f"the model's preprocessing path could not be driven ({exc}); inputs synthesised instead"]
     method = run_cfg.get("method", "generate")
-    lm = language_model_path(model) if method == "generate" and takes_text(getattr(model, "generate", None)) else None
+    lm = text_wrapper_language_model(model, method)
     if lm:
         # the model's own generate takes text (generate(text, image)) and its preprocessing path could not be
         # driven: its language model generates on token ids, the part validated without the model's own path

@@ -192,6 +192,14 @@ def language_model_path(model: Any) -> str | None:
     return found[0][0] if found else None
 
 
+def text_wrapper_language_model(model: Any, method: str) -> str | None:
+    """The language model to run when the model's own ``generate`` takes text (``generate(text, image)``) and
+    its preprocessing path could not give token inputs; None for any other model or method."""
+    if method != "generate" or not takes_text(getattr(model, "generate", None)):
+        return None
+    return language_model_path(model)
+
+
 def _generates_from_ids(module: Any) -> bool:
     """Its prepare_inputs_for_generation needs nothing but the ids (a Q-Former's asks for query_embeds)."""
     prepare = getattr(module, "prepare_inputs_for_generation", None)

@@ -162,8 +162,7 @@ def main():
                     return got.inputs
                 except model_inputs.PreprocessingFailed as exc:
                     print(f"preprocessing path not usable ({exc}); synthesising inputs", file=sys.stderr)
-            lm = model_inputs.language_model_path(model) if run.get("method", "generate") == "generate" and \
-                model_inputs.takes_text(getattr(model, "generate", None)) else None
+            lm = model_inputs.text_wrapper_language_model(model, run.get("method", "generate"))
             if lm:  # the model's generate takes text: its language model generates on ids, as in the harness
                 method_path[0] = f"{lm}.generate"
                 return model_inputs.synthesise_inputs(model.get_submodule(lm), "generate", config, seed)
