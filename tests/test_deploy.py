@@ -238,3 +238,20 @@ def test_verify_compares_the_served_throughput_the_report_printed() -> None:
     ok, _ = _served_throughput(rec((32, 100.0)), rec((32, 350.0)))  # too fast is as suspect as too slow
     assert not ok
     assert _served_throughput({}, rec((1, 5.0)))[0]  # nothing was claimed: nothing to disagree with
+
+
+def test_verify_throughput_follows_a_host_that_changed_speed_but_not_a_wrong_ratio() -> None:
+    """A tuned figure 1.5x off the report's agrees when the untuned port, measured now, moved by the same
+    factor (the CI host got faster between the demo and its verify), and disagrees when the tuned/untuned
+    ratio itself changed."""
+    from agents.deploy.verify import host_moved, within
+
+    assert not within(721.2, 481.4, 0.30, 0.30)[0]
+    ok, why = host_moved(721.2, 481.4, 160.0, 106.8, 0.30)
+    assert ok and "host is faster" in why and "4.51x now vs 4.51x reported" in why, why
+    ok, why = host_moved(721.2, 481.4, 106.0, 106.8, 0.30)  # the untuned port did not move: the claim is off
+    assert not ok and "disagrees" in why
+    ok, _ = host_moved(300.0, 481.4, 30.0, 106.8, 0.30)  # a slower host, but the ratio doubled: disagree
+    assert not ok
+    assert not host_moved(721.2, 481.4, 0.0, 106.8, 0.30)[0]
+    assert not host_moved(481.4, 4814.0, 106.8, 1068.0, 0.30)[0]  # every figure 10x too high is no faster host
