@@ -150,8 +150,9 @@ def main() -> int:
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--max-runs", type=int, default=6)
-    ap.add_argument("--run-timeout", type=float, default=300.0)
-    ap.add_argument("--port-timeout", type=float, default=900.0)
+    ap.add_argument("--run-timeout", type=float, default=600.0,
+                    help="a hang guard per sandbox run; the port time printed is the figure judged")
+    ap.add_argument("--port-timeout", type=float, default=1800.0, help="a hang guard per port")
     ap.add_argument("--out", type=Path, default=None, help="keep the batches' results here (default: a temp dir)")
     ap.add_argument("--json", type=Path, default=None, help="also write the rows as JSON here")
     args = ap.parse_args()

@@ -82,3 +82,18 @@ def test_rule_policy_without_an_llm_stops_with_what_it_tried(tmp_path: Path, npu
     reason = state["reason"]
     assert "npuport-planted: unsupported layout" in reason and "no recipe covers" in reason
     assert "Tried: 1 sandbox run(s)" in reason and "LLM: not configured" in reason
+
+
+def test_a_run_killed_at_its_wall_clock_limit_says_how_to_give_it_more_time() -> None:
+    """A timeout has no code fix: the reason says the limit was the user's and how to raise it (twice it),
+    instead of "no recipe covers timeout" (the xcomposer family on two loaded cores)."""
+    from agents.models import RunRecord, StructuredException
+    from agents.nodes.debugger import debugger_node
+
+    rec = RunRecord(id="run-1", purpose="port", target="ascend-sim", ok=False, status="timeout", wall_s=450.0,
+                    result_path="r.json", exception=StructuredException(
+                        type="Timeout", message="the run exceeded its wall-clock limit of 450 s and was killed"))
+    out = debugger_node({"request": {"model_path": "/tmp", "target": "ascend-sim", "run_timeout_s": 450},
+                         "runs": [rec.model_dump(mode="json")], "counters": {"port_runs": 1}})
+    assert out["status"] == "failed"
+    assert "--run-timeout 900" in out["reason"] and "no recipe covers" not in out["reason"], out["reason"]

@@ -61,6 +61,27 @@ def test_garbage_that_is_not_marked_is_still_seeded_when_it_is_not_finite() -> N
     assert bool(torch.isfinite(model.scale).all()) and float(model.scale.abs().max()) < 1.0
 
 
+def test_a_large_parameter_keeps_its_spread_from_a_sample_and_uninitialised_ones_still_show() -> None:
+    """Past STAT_SAMPLE elements the mean and spread are read from a stride (a 2e9-value model seeded in
+    seconds, not a minute): the seeded values keep the model's spread, and an all-NaN tensor is still seeded
+    from the config's initializer_range."""
+    from sandbox.model_inputs import STAT_SAMPLE
+
+    class Wide(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.w = nn.Parameter(torch.randn(STAT_SAMPLE + 12345) * 0.5 + 2.0)
+            self.blank = nn.Parameter(torch.full((STAT_SAMPLE * 2,), float("nan")))
+
+    model = Wide()
+    before = model.w.detach().clone()
+    seed_parameters(model, 0)
+    std, mean = torch.std_mean(model.w.detach())
+    assert abs(float(std) - 0.5) < 0.005 and abs(float(mean) - 2.0) < 0.005
+    assert not torch.equal(before, model.w.detach())  # seeded by name, not the model's draw
+    assert bool(torch.isfinite(model.blank).all()) and abs(float(model.blank.detach().std()) - 0.02) < 0.001
+
+
 def _record(run_id: str, tokens: list[list[int]] | None, ok: bool = True) -> RunRecord:
     return RunRecord(id=run_id, purpose="reference", target="cpu", ok=ok, status="ok" if ok else "error",
                      wall_s=1.0, result_path="result.json", tokens=tokens)

@@ -67,7 +67,8 @@ def debugger_node(state: dict[str, Any]) -> dict[str, Any]:
         if not ok and not diag.fix:
             because = f"{diag.summary}; {why}"
         elif not diag.fix:
-            because = f"{diag.summary}; no recipe covers {diag.kind}"
+            because = f"{diag.summary}; " + (timeout_hint(request_of(state).run_timeout_s) if diag.kind == "timeout"
+                                             else f"no recipe covers {diag.kind}")
         tried = tried_so_far(state, diag)
         update["status"] = "failed"
         update["reason"] = f"could not port because {because}" + (f". Tried: {tried}" if tried else "")
@@ -76,3 +77,13 @@ def debugger_node(state: dict[str, Any]) -> dict[str, Any]:
     # What the LLM debugger did, or why the rules decided instead (the report's LLM section lists these).
     update["trace"] = [step("debugger", n, llm=True) for n in policy.notes] + trace
     return update
+
+
+def timeout_hint(limit_s: float) -> str:
+    """What a run killed at its wall-clock limit asks of the user: a model kept wide (hard-coded sizes, a
+    fixed vision tower) is slow on a few CPU cores rather than hung, and the limit is theirs to raise."""
+    import os
+
+    return (f"a large model on {os.cpu_count() or 1} CPU core(s) can be slow rather than hung: give each sandbox "
+            f"run more time (`npuport port --run-timeout {int(limit_s * 2)}`, the batch manifest's "
+            "budget.run_timeout_s)")
