@@ -414,7 +414,8 @@ def register(device_module: Any) -> None:
 
 
 def register_autocast() -> None:
-    """torch.autocast(device_type="npu") for either engine (idempotent)."""
+    """torch.autocast(device_type="npu") for the Python engine (idempotent; the native engine's library
+    registers its own, in C++)."""
     if _AUTOCAST_LIBS:
         return
     lib = torch.library.Library("aten", "IMPL")
@@ -448,6 +449,9 @@ _AUTOCAST_LOWER = (
 )
 
 
+AUTOCAST_OVERLOADS = ("default", "padding", "deprecated", "input")
+
+
 def _register_autocast(lib: Any) -> None:
     exclude = torch._C.DispatchKeySet(torch._C.DispatchKey.AutocastPrivateUse1)  # type: ignore[attr-defined]
     for name in _AUTOCAST_LOWER:
@@ -455,6 +459,8 @@ def _register_autocast(lib: Any) -> None:
         if packet is None:
             continue
         for ov in packet.overloads():
+            if ov not in AUTOCAST_OVERLOADS:
+                continue  # out= and out_dtype variants run as called, as under CUDA's and torch_npu's autocast
             op = getattr(packet, ov)
             qual = name if ov == "default" else f"{name}.{ov}"
             lib.impl(qual, _autocast_kernel(op, exclude), "AutocastPrivateUse1")

@@ -136,8 +136,6 @@ def install(lib_path: str, device_module: Any) -> NativeEngine:
     if not _REGISTERED:
         from torch.utils.backend_registration import _DummyPrivateUse1Hook
 
-        from .device import register_autocast
-
         torch.utils.rename_privateuse1_backend("npu")
         torch.utils.generate_methods_for_privateuse1_backend()
         torch._register_device_module("npu", device_module)
@@ -152,6 +150,6 @@ def install(lib_path: str, device_module: Any) -> NativeEngine:
             and not torch._C._dispatch_has_kernel_for_dispatch_key(n, "PrivateUse1")
         ]
         mod.register_kernels(names)
-        register_autocast()
+        # torch.autocast(device_type="npu") is registered by the library itself (C++ kernels)
         _REGISTERED = True
     return engine

@@ -10,6 +10,7 @@
 
 #include <ATen/ATen.h>
 #include <ATen/Operators.h>
+#include <ATen/autocast_mode.h>
 #include <ATen/core/boxing/KernelFunction.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <c10/core/Allocator.h>
@@ -911,6 +912,33 @@ std::optional<std::vector<at::Tensor>> fusion_attention_bnsd(const at::Tensor& q
 }
 
 }  // namespace
+
+// torch.autocast(device_type="npu"): the ops that run in the autocast dtype, cast in C++ as torch_npu casts
+// them (the same list as the Python engine's _AUTOCAST_LOWER in device.py; a Python kernel per matmul cost a
+// small model's generate 2.4x its CPU time). Every other op passes through autocast untouched.
+TORCH_LIBRARY_IMPL(aten, AutocastPrivateUse1, m) {
+  KERNEL_PRIVATEUSEONE(mm, lower_precision_fp)
+  KERNEL_PRIVATEUSEONE(addmm, lower_precision_fp)
+  KERNEL_PRIVATEUSEONE(bmm, lower_precision_fp)
+  KERNEL_PRIVATEUSEONE(baddbmm, lower_precision_fp)
+  KERNEL_PRIVATEUSEONE(addbmm, lower_precision_fp)
+  KERNEL_PRIVATEUSEONE(matmul, lower_precision_fp)
+  KERNEL_PRIVATEUSEONE(linear, lower_precision_fp)
+  KERNEL_PRIVATEUSEONE(conv1d, lower_precision_fp)
+  KERNEL_PRIVATEUSEONE(conv1d, padding, lower_precision_fp)
+  KERNEL_PRIVATEUSEONE(conv2d, lower_precision_fp)
+  KERNEL_PRIVATEUSEONE(conv2d, padding, lower_precision_fp)
+  KERNEL_PRIVATEUSEONE(conv3d, lower_precision_fp)
+  KERNEL_PRIVATEUSEONE(conv3d, padding, lower_precision_fp)
+  KERNEL_PRIVATEUSEONE(convolution, lower_precision_fp)
+  KERNEL_PRIVATEUSEONE(_convolution, lower_precision_fp)
+  KERNEL_PRIVATEUSEONE(_convolution, deprecated, lower_precision_fp)
+  KERNEL_PRIVATEUSEONE(addmv, lower_precision_fp)
+  KERNEL_PRIVATEUSEONE(mv, lower_precision_fp)
+  KERNEL_PRIVATEUSEONE(prelu, lower_precision_fp)
+  KERNEL_PRIVATEUSEONE(conv_transpose2d, input, lower_precision_fp)
+}
+TORCH_LIBRARY_IMPL(_, AutocastPrivateUse1, m) { m.fallback(torch::CppFunction::makeFallthrough()); }
 
 // Everything else on PrivateUse1 (ops with CPU/backend kernels) reaches the kernel as a fallback.
 TORCH_LIBRARY_IMPL(_, PrivateUse1, m) { m.fallback(torch::CppFunction::makeFromBoxedFunction<&npu_kernel>()); }
