@@ -251,18 +251,17 @@ def _build(module: types.ModuleType, config: dict[str, Any], **overrides: Any) -
     return module.TinyLlmForCausalLM({**config, **overrides}).eval()
 
 
-def test_cpu_copy_generates_deterministically_and_fast(cpu_copy: CpuCopy, modeling: types.ModuleType) -> None:
+def test_cpu_copy_generates_deterministically_and_stays_small(cpu_copy: CpuCopy, modeling: types.ModuleType) -> None:
     model = _build(modeling, cpu_copy.config)
     inputs = cpu_copy.inputs()
     assert inputs["input_ids"].shape[0] == 2 and (inputs["attention_mask"] == 0).any(), "a left-padded batch"
     first = model.generate(**inputs, max_new_tokens=8)
-    start = time.perf_counter()
     second = model.generate(**inputs, max_new_tokens=8)
-    elapsed = time.perf_counter() - start
     assert first.shape == (2, 8) and first.dtype == torch.long
     assert torch.equal(first, second)
     assert int(first.min()) >= 0 and int(first.max()) < cpu_copy.config["vocab_size"]
-    assert elapsed < 1.0
+    # small enough for the demo and CI (the speed itself is bench/port_time.py's, not a timed test's)
+    assert sum(p.numel() for p in model.parameters()) < 2_000_000
     assert torch.equal(_build(modeling, cpu_copy.config).generate(**inputs, max_new_tokens=8), first)
     assert not torch.equal(first[0], first[1]), "the prompts reach the logits"
     text = cpu_copy.samples.decode(cpu_copy.config, first[0].tolist())
