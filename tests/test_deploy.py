@@ -249,9 +249,9 @@ def test_verify_compares_the_served_throughput_the_report_printed() -> None:
 
 
 def test_verify_throughput_follows_a_host_that_changed_speed_but_not_a_wrong_ratio() -> None:
-    """A tuned figure 1.5x off the report's agrees when the untuned port, measured now, moved by the same
-    factor (the CI host got faster between the demo and its verify), and disagrees when the tuned/untuned
-    ratio itself changed."""
+    """A tuned figure off the report's agrees when the untuned port, measured now, moved by the same factor
+    (the CI host got 1.5x, then 6.5x, faster between the demo and its verify), and disagrees when the
+    tuned/untuned ratio itself changed or the host would have moved beyond MAX_HOST_DRIFT."""
     from agents.deploy.verify import host_moved, within
 
     assert not within(721.2, 481.4, 0.30, 0.30)[0]
@@ -262,4 +262,6 @@ def test_verify_throughput_follows_a_host_that_changed_speed_but_not_a_wrong_rat
     ok, _ = host_moved(300.0, 481.4, 30.0, 106.8, 0.30)  # a slower host, but the ratio doubled: disagree
     assert not ok
     assert not host_moved(721.2, 481.4, 0.0, 106.8, 0.30)[0]
-    assert not host_moved(481.4, 4814.0, 106.8, 1068.0, 0.30)[0]  # every figure 10x too high is no faster host
+    ok, why = host_moved(426.1, 64.7, 112.9, 17.4, 0.35)  # CI: a demo ported at load ~10, verified when quieter
+    assert ok and "6.49x" in why and "agrees" in why, why
+    assert not host_moved(481.4, 9628.0, 106.8, 2136.0, 0.30)[0]  # every figure 20x too high is no faster host

@@ -23,7 +23,8 @@ from sandbox.targets import Target, resolve_target, target_spec_of
 
 DEFAULT_TOLERANCE = 0.30  # throughput on a shared host varies; within 1.3x of the report's number agrees
 MAX_NOISE_WIDENING = 1.0  # the runs' spread may widen that to 2x, never more
-MAX_HOST_DRIFT = 2.0  # a host may run at half or twice the speed it did at port time, never more (verify.host_moved)
+MAX_HOST_DRIFT = 10.0  # a shared host may run 10x slower or faster than at port time (CI beside the zoo bench: 6.5x
+# between the demo's tuner and its verify), never more: every figure 20x too high is no host (verify.host_moved)
 SERVED_TOLERANCE = 2.0  # the served figure (a whole vLLM engine on a shared host) agrees within 2x either way
 
 
