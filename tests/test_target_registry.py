@@ -3,6 +3,8 @@ takes names from it and unknown names are refused with the known ones listed."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from typer.testing import CliRunner
 
@@ -52,3 +54,16 @@ def test_serve_defaults_and_memory_come_from_the_chip() -> None:
     facts = ModelFacts(hidden_size=64, num_layers=2, num_heads=4, vocab_size=100)
     dtype = {c: next(s.value for s in plan_serve(facts, chip=c) if s.name == "dtype") for c in CHIP_REGISTRY}
     assert dtype == {"910b": "bfloat16", "a3": "bfloat16", "310p": "float16"}
+
+
+def test_a_recorded_matrix_that_is_not_here_falls_back_to_this_hosts_and_says_so(tmp_path: Path) -> None:
+    """A bundle's report names the op matrix of the host it was ported on (under that NPUPORT_HOME); verify on
+    another host, or after that home was removed, must not fail in the sandbox with FileNotFoundError."""
+    gone = tmp_path / "old-home" / "matrices" / "torch_npu-2.13.0.json"
+    t = resolve_target("ascend-sim", chip="910b", torch_npu="2.13.0", matrix_path=str(gone))
+    assert t.options["matrix_path"] is None
+    assert str(gone) in t.options["engine_note"] and "this host's" in t.options["engine_note"]
+    here = tmp_path / "m.json"
+    here.write_text("{}")
+    assert resolve_target("ascend-sim", chip="910b", torch_npu="2.13.0",
+                          matrix_path=str(here)).options["matrix_path"] == str(here)
