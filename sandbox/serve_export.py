@@ -44,12 +44,39 @@ def what_vllm_needs(model: Any) -> dict[str, Any]:
     return {"leaf_layers": classes, "weight_names": names[:60], "weight_name_count": len(names)}
 
 
-def _save(state: dict[str, Any], out_dir: Path) -> None:
+SHARD_BYTES = 512 * 2**20  # below the sandbox's per-file limit (Limits.file_size_mb, 1 GiB)
+
+
+def _save(state: dict[str, Any], out_dir: Path, shard_bytes: int = SHARD_BYTES) -> None:
+    """The weights as safetensors: one model.safetensors, or, past ``shard_bytes``, shards with the
+    model.safetensors.index.json that transformers and vLLM read (a shrunk vision-language model keeps
+    towers its code sizes, over the sandbox's 1 GiB per file: DeepSeek-OCR-2's export failed with EFBIG)."""
+    import json
+
     from safetensors.torch import save_file
 
     # Tied weights share storage; safetensors wants each tensor once, contiguous.
-    save_file({k: v.detach().to("cpu").contiguous().clone() for k, v in state.items()},
-              str(out_dir / "model.safetensors"), metadata={"format": "pt"})
+    tensors = {k: v.detach().to("cpu").contiguous().clone() for k, v in state.items()}
+    shards: list[dict[str, Any]] = [{}]
+    size = 0
+    for name, t in tensors.items():
+        n = t.numel() * t.element_size()
+        if shards[-1] and size + n > shard_bytes:
+            shards.append({})
+            size = 0
+        shards[-1][name] = t
+        size += n
+    if len(shards) == 1:
+        save_file(shards[0], str(out_dir / "model.safetensors"), metadata={"format": "pt"})
+        return
+    weight_map: dict[str, str] = {}
+    for i, shard in enumerate(shards, 1):
+        fname = f"model-{i:05d}-of-{len(shards):05d}.safetensors"
+        save_file(shard, str(out_dir / fname), metadata={"format": "pt"})
+        weight_map.update(dict.fromkeys(shard, fname))
+    total = sum(t.numel() * t.element_size() for t in tensors.values())
+    (out_dir / "model.safetensors.index.json").write_text(
+        json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=1))
 
 
 def export(model: Any, config: dict[str, Any], model_dir: Path, code_dir: Path, out_dir: Path,

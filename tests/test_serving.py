@@ -347,3 +347,28 @@ def test_serve_sh_of_a_model_with_no_vllm_path_stops_with_the_reason(tmp_path: P
                           env={**os.environ, "PATH": f"{fake.parent}:{os.environ['PATH']}"})
     assert done.returncode == 3 and "no vLLM path" in done.stderr and "refuses FooForCausalLM" in done.stderr
     assert not marker.exists()
+
+
+def test_export_shards_weights_past_the_sandbox_file_limit(tmp_path: Path) -> None:
+    """A servable folder's weights past the shard size are written as shards with the index transformers
+    and vLLM read (one file past the sandbox's 1 GiB per-file limit failed with EFBIG), each tensor once;
+    below it, one model.safetensors."""
+    import torch
+    from safetensors.torch import load_file
+
+    from sandbox.serve_export import _save
+
+    state = {f"layer.{i}.weight": torch.full((256, 256), float(i)) for i in range(5)}  # 256 KiB each
+    _save(state, tmp_path, shard_bytes=600 * 1024)
+    index = json.loads((tmp_path / "model.safetensors.index.json").read_text())
+    files = sorted(set(index["weight_map"].values()))
+    assert files == ["model-00001-of-00003.safetensors", "model-00002-of-00003.safetensors",
+                     "model-00003-of-00003.safetensors"]
+    assert index["metadata"]["total_size"] == 5 * 256 * 256 * 4
+    loaded = {k: v for f in files for k, v in load_file(str(tmp_path / f)).items()}
+    assert set(loaded) == set(state) and all(torch.equal(loaded[k], state[k]) for k in state)
+    assert not (tmp_path / "model.safetensors").exists()
+    one = tmp_path / "one"
+    one.mkdir()
+    _save(state, one)
+    assert sorted(p.name for p in one.iterdir()) == ["model.safetensors"]
