@@ -226,7 +226,7 @@ def host_moved(tuned_now: float, tuned_claimed: float, untuned_now: float, untun
                tol: float) -> tuple[bool, str]:
     """A tuned figure off the report's by more than the tolerance still agrees when the untuned port,
     measured now on the same host, moved with it: the tuned/untuned ratio now is within ``1 + tol`` of the
-    report's, and the host moved by at most MAX_HOST_DRIFT either way (a report whose every figure is 10x
+    report's, and the host moved by at most MAX_HOST_DRIFT either way (a report whose every figure is 20x
     too high is not a faster host). Pure, so the rule is tested without a benchmark."""
     host = untuned_now / untuned_claimed if untuned_claimed else 0.0
     now = tuned_now / untuned_now if untuned_now else 0.0
