@@ -12,6 +12,7 @@ from typing import Any
 from agents.models import Frame, RunRecord, StructuredException
 from agents.request import PortRequest, request_of
 from agents.target_state import target_from_dict
+from knowledge.disk import explain_write_failure
 from sandbox.bench import BenchRun, run_bench
 from sandbox.process import Limits
 from sandbox.runner import HarnessRun, run_harness
@@ -84,11 +85,14 @@ def run_spec(state: Mapping[str, Any], target: Target | None = None) -> RunSpec:
                       python=(state.get("environment") or {}).get("python"))
 
 
-def _exception(result: dict[str, Any]) -> StructuredException | None:
+def _exception(result: dict[str, Any], run_dir: Path) -> StructuredException | None:
     exc = result.get("exception")
     if not exc:
         return None
-    return StructuredException(type=exc.get("type", "Exception"), message=exc.get("message", ""),
+    message = exc.get("message", "")
+    if why := explain_write_failure(message, run_dir):  # torch.save on a full disk says "unexpected pos"
+        message = f"{message} [npuport: {why}]"
+    return StructuredException(type=exc.get("type", "Exception"), message=message,
                                frames=[Frame(**f) for f in exc.get("frames") or []])
 
 
@@ -101,7 +105,7 @@ def record_of(run: HarnessRun, run_id: str, purpose: str, target: str) -> RunRec
         status=status,  # type: ignore[arg-type]
         wall_s=round(run.exec_result.wall_s, 3), result_path=str(run.run_dir / "result.json"),
         outputs_digest=outputs.get("digest", ""), tokens=outputs.get("tokens"), timings=res.get("timings") or {},
-        exception=_exception(res), warnings=res.get("warnings") or [], op_stats=res.get("op_stats") or {},
+        exception=_exception(res, run.run_dir), warnings=res.get("warnings") or [], op_stats=res.get("op_stats") or {},
         isolation=run.exec_result.isolation, shrunk=res.get("shrunk"), inputs=res.get("inputs"),
         output_tensors=outputs.get("tensors") if isinstance(outputs.get("tensors"), dict) else None,
         built_offline=[str(n) for n in res["built_offline"]] if isinstance(res.get("built_offline"), list) else None,

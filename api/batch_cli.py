@@ -48,6 +48,9 @@ def run_batch_cli(manifest: Path, overrides: dict[str, Any], *, executor: str, r
         err.print(f"[bold red]error:[/] invalid batch manifest:\n{escape(str(exc))}")
         return exit_code(exc)
     console.print(f"[bold]npuport batch[/] {resolved.name}: {len(resolved.ports)} models (batch {resolved.batch_id})")
+    from api.cli_port import disk_warning
+
+    disk_warning()
     live = Live(console=console, refresh_per_second=2, transient=False) if console.is_terminal else None
 
     def update(view: Any) -> None:

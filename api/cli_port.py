@@ -132,6 +132,17 @@ def isolation_fallback() -> None:
         os.environ["NPUPORT_ALLOW_UNISOLATED"] = "1"
 
 
+def disk_warning() -> None:
+    """A port writes environments and shrunk checkpoints under NPUPORT_HOME: say before it starts when the disk is
+    nearly full (a full disk fails later as something else: torch.save's "unexpected pos", a silent pip)."""
+    from knowledge.disk import low_disk_note
+    from knowledge.home import npuport_home
+
+    if note := low_disk_note(npuport_home()):
+        err.print(f"[bold yellow]warning:[/] {note}: a port of a real release may need more "
+                  "(layered environments, workspaces); free some space or set NPUPORT_HOME elsewhere.")
+
+
 def run_port_cli(request: dict[str, Any], goal: str = "", thread_id: str | None = None) -> int:
     """Run one port (or, with ``thread_id``, resume that thread from its checkpoint) with the live
     display; returns the exit code: 0 validated, 130 interrupted, else the failure's kind
@@ -143,6 +154,7 @@ def run_port_cli(request: dict[str, Any], goal: str = "", thread_id: str | None 
     resuming = thread_id is not None
     thread = thread_id or new_run_id(req.model_path or "model")
     isolation_fallback()
+    disk_warning()
     where = req.target if "target" in request else "the goal's target"
     console.print(f"[bold]npuport[/] {'resume' if resuming else 'port'} {req.model_path} -> {where} (thread {thread})")
     status = LiveStatus(req.max_runs, req.tune_trials if req.tune else None)

@@ -123,11 +123,12 @@ def test_host_packages_are_reconciled_only_where_the_env_imports_them(tmp_path: 
 # ---------------------------------------------------------------------------------------------
 
 
-def _wheel(folder: Path, name: str, version: str, module: str, body: str) -> None:
+def _wheel(folder: Path, name: str, version: str, module: str, body: str, requires: tuple[str, ...] = ()) -> None:
     dist = name.replace("-", "_")
     info = f"{dist}-{version}.dist-info"
+    needs = "".join(f"Requires-Dist: {r}\n" for r in requires)
     files = {f"{module}/__init__.py": body,
-             f"{info}/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n",
+             f"{info}/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n{needs}",
              f"{info}/WHEEL": "Wheel-Version: 1.0\nGenerator: npuport-test\nRoot-Is-Purelib: true\nTag: py3-none-any\n"}
     record = [f"{p},sha256={base64.urlsafe_b64encode(hashlib.sha256(c.encode()).digest()).rstrip(b'=').decode()},"
               f"{len(c.encode())}" for p, c in files.items()]
@@ -139,16 +140,21 @@ def _wheel(folder: Path, name: str, version: str, module: str, body: str) -> Non
 
 @pytest.mark.slow
 def test_models_of_one_era_share_its_base_env_and_layer_only_their_own_pins(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, npuport_home: Path
 ) -> None:
+    """The envs live where a user's do, under NPUPORT_HOME, which the confined pip cannot see but for the layers
+    bound in: a layer whose package requires the base's must find it there, not install a copy (a torch pair's
+    base is 5 GB)."""
     wheels = tmp_path / "wheels"
     wheels.mkdir()
     _wheel(wheels, "npuport-era-lib", "1.0", "npuport_era_lib", "RELEASE = 'era'\n")
-    _wheel(wheels, "npuport-extra-a", "1.0", "npuport_extra_a", "import npuport_era_lib\nA = 1\n")
+    _wheel(wheels, "npuport-extra-a", "1.0", "npuport_extra_a", "import npuport_era_lib\nA = 1\n",
+           requires=("npuport-era-lib",))
     _wheel(wheels, "npuport-extra-b", "1.0", "npuport_extra_b", "B = 2\n")
     monkeypatch.setenv("PIP_NO_INDEX", "1")
     monkeypatch.setenv("PIP_FIND_LINKS", str(wheels))
-    cache = tmp_path / "envs"
+    monkeypatch.delenv("NPUPORT_ENV_CACHE", raising=False)  # set, the sandbox would bind the whole cache
+    cache = npuport_home / "envs"
 
     def model(name: str, extras: list[str]) -> object:
         root = tmp_path / name

@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import fcntl
+import functools
 import json
 import shutil
 import subprocess
@@ -35,6 +36,7 @@ from agents.environment.resolution import Resolution, bundle_files
 from agents.environment.resolve import missing_transformers_names
 from agents.environment.torch_pair import COMPANIONS, TorchPair, choose_pair, probe
 from agents.environment.torch_pair import release_of as _release
+from knowledge.disk import low_disk_note
 from knowledge.errors import EnvBuildError, first_line
 
 MARKER = "npuport-env.json"
@@ -115,14 +117,17 @@ def own_installs(resolution: Resolution) -> list[str]:
     return [r for r in resolution.install if r not in resolution.era_installs]
 
 
-def run_pip(python: Path, install: list[str], constraints: Path, timeout_s: float) -> subprocess.CompletedProcess[str]:
+def run_pip(python: Path, install: list[str], constraints: Path, timeout_s: float,
+            layers: tuple[Path, ...] = ()) -> subprocess.CompletedProcess[str]:
     # Wheels only (no setup.py), and in the sandbox: the env's interpreter runs the .pth files of the wheels
     # installed before; only the env folder is writable, the network reaches only the index (sandbox/installs.py).
+    # ``layers``, the envs this one sits on, are bound read-only: NPUPORT_HOME is masked in the sandbox, and a pip
+    # that cannot see the torch pair's base env installs torch (5 GB with its CUDA wheels) into every layer.
     from sandbox.installs import run_pip as confined_pip
 
     argv = [str(python), "-m", "pip", "install", "--no-input", "--disable-pip-version-check", "--only-binary=:all:",
             "-c", str(constraints), *install]
-    return confined_pip(argv, writable=(Path(python).parent.parent,), timeout=timeout_s)
+    return confined_pip(argv, writable=(Path(python).parent.parent,), readable=layers, timeout=timeout_s)
 
 
 def _stderr_log(msg: str) -> None:
@@ -268,25 +273,29 @@ def _build(env_dir: Path, resolution: Resolution, timeout_s: float) -> None:
         keep = [f"{n}=={v}" for n in sorted(FRAMEWORK) if (v := host_version(n))]
     constraints = env_dir / "npuport-constraints.txt"
     constraints.write_text("\n".join(keep) + "\n")
+    pip = functools.partial(run_pip, layers=tuple(Path(p) for p in _layers(resolution)))
     start = time.monotonic()
     install = own_installs(resolution)
     if install:
         try:
-            done = run_pip(env_python(env_dir), install, constraints, timeout_s)
+            done = pip(env_python(env_dir), install, constraints, timeout_s)
         except subprocess.TimeoutExpired as exc:
             raise EnvBuildError(f"installing {', '.join(install)} into the layered environment took "
                                 f"longer than {timeout_s:g} s and was stopped") from exc
         if done.returncode != 0:
-            tail = "\n".join((done.stderr or done.stdout).strip().splitlines()[-8:])
+            tail = "\n".join((done.stderr.strip() or done.stdout.strip()).splitlines()[-8:])
+            if low := low_disk_note(env_dir):  # pip on a full disk says little of it
+                raise EnvBuildError(f"could not install {', '.join(install)} into the layered environment at "
+                                    f"{env_dir} (pip exit {done.returncode}): {low}; free some and resume:\n{tail}")
             raise EnvBuildError(
                 f"could not install {', '.join(install)} into the layered environment at {env_dir} "
                 f"(pip exit {done.returncode}); the model's pins may not exist for Python "
                 f"{sys.version_info.major}.{sys.version_info.minor}, may need torch other than the host's, or the "
                 f"package registry may be unreachable:\n{tail}"
             )
-    optional_failed = _install_optional(env_dir, resolution, constraints, timeout_s)
+    optional_failed = _install_optional(env_dir, resolution, constraints, timeout_s, pip)
     # the era's base env reconciles the host packages the era's release breaks (a model's layer on it does not)
-    reconciled = reconcile(env_python(env_dir), run_pip, keep, timeout_s) if resolution.era and \
+    reconciled = reconcile(env_python(env_dir), pip, keep, timeout_s) if resolution.era and \
         not resolution.era_base else {}
     (env_dir / MARKER).write_text(json.dumps({
         "key": resolution.env_key, "install": install, "optional": resolution.optional,
@@ -300,12 +309,13 @@ def _build(env_dir: Path, resolution: Resolution, timeout_s: float) -> None:
     }, indent=1))
 
 
-def _install_optional(env_dir: Path, resolution: Resolution, constraints: Path, timeout_s: float) -> dict[str, str]:
+def _install_optional(env_dir: Path, resolution: Resolution, constraints: Path, timeout_s: float,
+                      pip: Callable[..., subprocess.CompletedProcess[str]]) -> dict[str, str]:
     """Install each guarded import's package on its own; {package: why not} for those the index lacks."""
     failed: dict[str, str] = {}
     for req in resolution.optional:
         try:
-            done = run_pip(env_python(env_dir), [req], constraints, timeout_s)
+            done = pip(env_python(env_dir), [req], constraints, timeout_s)
         except subprocess.TimeoutExpired:
             failed[req] = f"pip took longer than {timeout_s:g} s"
             continue

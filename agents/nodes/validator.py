@@ -34,7 +34,10 @@ def validator_node(state: dict[str, Any]) -> dict[str, Any]:
         ref = RunRecord(**ref_dict)
     if not ref.ok:
         exc = ref.exception
-        detail = f"the original could not run under the device redirect: {exc.type}: {exc.message[:200]}" if exc else "reference failed"
+        # npuport's own note (a full disk: agents/runs.py) is kept past the cut
+        said, _, note = exc.message.partition(" [npuport: ") if exc else ("", "", "")
+        detail = (f"the original could not run under the device redirect: {exc.type}: {said[:200]}"
+                  + (f" [npuport: {note}" if note else "")) if exc else "reference failed"
         numerics = Numerics(verdict="not-run", detail=detail)
     else:
         from agents.rules.h12_half_precision import port_compute_dtype
