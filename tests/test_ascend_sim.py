@@ -555,8 +555,18 @@ def test_autocast_casts_in_the_engine_and_leaves_out_variants_alone(sim_engine: 
         OUT["after"] = str(lin(x).dtype)
         OUT["mm_kernel"] = [ln for ln in torch._C._dispatch_dump("aten::mm").splitlines()
                             if ln.startswith("AutocastPrivateUse1")]
+        OUT["autocast_ops"] = sorted(n.removeprefix("aten::") for n in
+                                     torch._C._dispatch_get_registrations_for_dispatch_key("AutocastPrivateUse1"))
         """
     )
+    # the C++ list and the Python one are one list: the same overloads get an autocast kernel on both engines
+    import torch
+
+    from sandbox.ascend_sim.device import _AUTOCAST_LOWER, AUTOCAST_OVERLOADS
+
+    expected = sorted(n + ("" if ov == "default" else "." + ov) for n in _AUTOCAST_LOWER
+                      for ov in getattr(torch.ops.aten, n).overloads() if ov in AUTOCAST_OVERLOADS)
+    assert out["autocast_ops"] == expected
     assert (out["linear"], out["conv"], out["add"]) == ("torch.float16", "torch.float16", "torch.float32")
     assert out["mm_out"] == "torch.float32" and out["close"] and out["after"] == "torch.float32"
     where = out["mm_kernel"][0]
