@@ -3,6 +3,9 @@ takes names from it and unknown names are refused with the known ones listed."""
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -15,6 +18,8 @@ from api.cli import app
 from knowledge.errors import TargetError
 from sandbox.ascend_sim.profiles import PROFILES
 from sandbox.targets import CHIP_REGISTRY, TARGETS, get_chip, resolve_target
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_targets_and_chips_are_listed_once() -> None:
@@ -56,13 +61,25 @@ def test_serve_defaults_and_memory_come_from_the_chip() -> None:
     assert dtype == {"910b": "bfloat16", "a3": "bfloat16", "310p": "float16"}
 
 
-def test_a_recorded_matrix_that_is_not_here_falls_back_to_this_hosts_and_says_so(tmp_path: Path) -> None:
+def test_a_recorded_matrix_that_is_not_here_falls_back_to_this_hosts_and_says_so(tmp_path: Path,
+                                                                                  sim_home: Path) -> None:
     """A bundle's report names the op matrix of the host it was ported on (under that NPUPORT_HOME); verify on
-    another host, or after that home was removed, must not fail in the sandbox with FileNotFoundError."""
+    another host, or after that home was removed, must not fail in the sandbox with FileNotFoundError: it uses
+    this host's matrix of the same torch_npu (the session's, built from the real wheel)."""
+    from agents.target_state import matrix_for
+
+    mine, _ = matrix_for("2.13.0")
+    assert mine is not None and Path(mine).is_file()
     gone = tmp_path / "old-home" / "matrices" / "torch_npu-2.13.0.json"
     t = resolve_target("ascend-sim", chip="910b", torch_npu="2.13.0", matrix_path=str(gone))
-    assert t.options["matrix_path"] is None
-    assert str(gone) in t.options["engine_note"] and "this host's" in t.options["engine_note"]
+    assert t.options["matrix_path"] == mine
+    # its own key: an env with another torch rewrites engine_note (agents/environment/layered.py native_for)
+    assert str(gone) in t.options["matrix_note"] and "this host's" in t.options["matrix_note"]
+    assert str(gone) not in t.options["engine_note"] and str(gone) in (t.reason or "")
+    sim = subprocess.run([sys.executable, "-c", "import json, sys; from sandbox.ascend_sim import install, op_report; "
+                          "install(json.loads(sys.argv[1])); print(op_report()['matrix_note'])",
+                          json.dumps(t.options)], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert str(gone) in sim.stdout and mine in sim.stdout, sim.stderr[-2000:]  # the run's op report says it too
     here = tmp_path / "m.json"
     here.write_text("{}")
     assert resolve_target("ascend-sim", chip="910b", torch_npu="2.13.0",

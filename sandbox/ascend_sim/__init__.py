@@ -32,7 +32,7 @@ def install(options: dict[str, Any] | None = None) -> None:
 
     options: {"chip": "910b"|"a3"|"310p", "torch_npu": "2.13.0", "matrix_path": str|None, "strict": bool,
     "engine": "auto"|"native"|"python", "native_lib": path of the built native engine,
-    "engine_note": why that engine}.
+    "engine_note": why that engine, "matrix_note": why not the recorded matrix}.
     Calling it again reconfigures (chip, matrix, strict) and resets the counters; the engine stays.
     """
     import torch
@@ -59,7 +59,7 @@ def install(options: dict[str, Any] | None = None) -> None:
         RT.engine = _device.ENGINE
     _OPTIONS.clear()
     _OPTIONS.update({"chip": profile.key, "torch_npu": version, "strict": strict, "engine": engine,
-                     "engine_note": why})
+                     "engine_note": why, "matrix_note": opts.get("matrix_note")})
 
 
 def _engine_for(opts: dict[str, Any]) -> tuple[str, str | None, str]:
@@ -99,6 +99,8 @@ def op_report() -> dict[str, Any]:
         "engine": _OPTIONS["engine"],
         "engine_note": _OPTIONS["engine_note"],
     }
+    if _OPTIONS.get("matrix_note"):  # a bundle's recorded matrix missing here (sandbox/targets/ascend_sim.py)
+        report["matrix_note"] = _OPTIONS["matrix_note"]
     if builtin:
         report["matrix_note"] = (
             "no op-support matrix given: built-in minimal policy (every op has an NPU kernel except "

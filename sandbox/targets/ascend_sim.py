@@ -28,13 +28,26 @@ def resolve(*, chip: str, torch_npu: str, strict: bool = False, matrix_path: str
     if matrix_path and not Path(matrix_path).is_file():
         # a bundle's report names the matrix of the host (and NPUPORT_HOME) it was ported on: verified elsewhere,
         # or after that home was cleaned, this host's matrix of the same torch_npu is used, and said
-        _log(f"the op-support matrix {matrix_path} is not here; using this host's for torch_npu {torch_npu}")
-        why = f"{why}; the recorded matrix {matrix_path} is not here, this host's for torch_npu {torch_npu} is used"
-        matrix_path = None
+        from knowledge.op_matrix import matrix_path as host_matrix
+
+        here = host_matrix(torch_npu)
+        if here.is_file():
+            matrix_note = f"the recorded matrix {matrix_path} is not here; this host's for torch_npu {torch_npu} " \
+                          f"({here}) is used"
+        else:
+            matrix_note = f"the recorded matrix {matrix_path} is not here, nor one for torch_npu {torch_npu} on this " \
+                          "host: the built-in minimal policy is used"
+        _log(matrix_note)
+        matrix_path = str(here) if here.is_file() else None
+    else:
+        matrix_note = None
+    # the matrix's note has its own key: an env with its own torch rebuilds the engine and rewrites engine_note
+    # (agents/environment/layered.py native_for)
     options = {"chip": chip, "torch_npu": torch_npu, "matrix_path": matrix_path, "strict": strict,
-               "engine": engine, "native_lib": lib, "engine_note": why}
+               "engine": engine, "native_lib": lib, "engine_note": why, "matrix_note": matrix_note}
     env = {"TORCH_NPU_FALLBACK_CPU_DISABLE": "1"} if strict else {}
-    return Target("ascend-sim", "npu", "sandbox.ascend_sim:install", options, env, reason=f"requested; {why}")
+    reason = f"requested; {why}" + (f"; {matrix_note}" if matrix_note else "")
+    return Target("ascend-sim", "npu", "sandbox.ascend_sim:install", options, env, reason=reason)
 
 
 SPEC = TargetSpec(name="ascend-sim", summary="an emulated Ascend host on any CPU", npu_like=True, resolve=resolve,
