@@ -571,3 +571,43 @@ def test_autocast_casts_in_the_engine_and_leaves_out_variants_alone(sim_engine: 
     assert out["mm_out"] == "torch.float32" and out["close"] and out["after"] == "torch.float32"
     where = out["mm_kernel"][0]
     assert ("ascend_sim_native.cpp" in where) if sim_engine == "native" else ("device.py" in where), where
+
+
+def test_half_precision_matmuls_accumulate_in_float_like_the_cube_unit(sim_engine: str) -> None:
+    """fp16/bf16 matmuls of a prefill's many rows compute in float and round once (the Cube unit's fp32
+    accumulation; the CPU's half kernels cost 3-5x the float time there); a decode row keeps the CPU's half
+    kernel. Both engines give the same bits, and the ops are counted as before."""
+    out = run_sim(
+        """
+        torch.manual_seed(0)
+        res = {}
+        for dt in (torch.float16, torch.bfloat16):
+            w = torch.randn(256, 512).to(dt)
+            b = torch.randn(256).to(dt)
+            for rows in (64, 1):
+                x = torch.randn(rows, 512).to(dt)
+                lin = torch.nn.functional.linear(x.npu(), w.npu(), b.npu()).cpu()
+                mm = torch.mm(x.npu(), w.t().npu()).cpu()
+                bm = torch.bmm(x.npu()[None].expand(2, -1, -1), w.t().npu()[None].expand(2, -1, -1)).cpu()
+                via_float = torch.addmm(b.float(), x.float(), w.t().float()).to(dt)
+                mm_float = torch.mm(x.float(), w.t().float()).to(dt)
+                key = f"{str(dt).removeprefix('torch.')}-{rows}"
+                res[key] = {
+                    "dtype": str(lin.dtype), "linear_float": torch.equal(lin, via_float),
+                    "mm_float": torch.equal(mm, mm_float), "bmm_float": torch.equal(bm[1], mm_float),
+                    "linear_cpu_half": torch.equal(lin, torch.nn.functional.linear(x, w, b)),
+                    "mm_cpu_half": torch.equal(mm, torch.mm(x, w.t())),
+                }
+        OUT["res"] = res
+        OUT["counted"] = {k.removeprefix("aten::"): v for k, v in op_report()["npu_ops"].items()
+                          if k in ("aten::mm", "aten::addmm", "aten::bmm")}
+        """
+    )
+    for dt in ("float16", "bfloat16"):
+        prefill, decode = out["res"][f"{dt}-64"], out["res"][f"{dt}-1"]
+        assert prefill["dtype"] == f"torch.{dt}"
+        assert prefill["linear_float"] and prefill["mm_float"] and prefill["bmm_float"], prefill
+        assert decode["linear_cpu_half"] and decode["mm_cpu_half"], decode
+    # the CPU's half kernel gives other bits on a prefill: the float path is what ran
+    assert not all(out["res"][f"{dt}-64"]["mm_cpu_half"] for dt in ("float16", "bfloat16"))
+    assert all(out["counted"].get(op, 0) >= 4 for op in ("mm", "addmm", "bmm")), out["counted"]

@@ -28,6 +28,7 @@
 #include <cstring>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -675,6 +676,66 @@ struct FastRet<std::tuple<T...>> {
   }
 };
 
+// Half-precision matmuls as the Cube unit computes them: fp16/bf16 operands, fp32 accumulation, one rounding
+// to the operands' dtype. The CPU's own half kernels take 3-5x the float time on a prefill; a matmul of fewer
+// rows (a decode step) stays on them, where converting the weight would cost more than it saves. The same rule
+// and threshold as the Python engine's (device.py HALF_VIA_FLOAT_ROWS).
+constexpr int64_t kHalfViaFloatRows = 16;
+
+bool half_via_float(const at::Tensor& a, const at::Tensor& b, int64_t rows) {
+  const c10::ScalarType d = a.scalar_type();
+  return (d == at::kHalf || d == at::kBFloat16) && b.scalar_type() == d && rows >= kHalfViaFloatRows;
+}
+
+template <class Op>
+struct HalfViaFloat {
+  static constexpr bool kEnabled = false;
+};
+
+template <>
+struct HalfViaFloat<at::_ops::mm> {
+  static constexpr bool kEnabled = true;
+  template <class Tup>
+  static std::optional<at::Tensor> run(const Tup& a) {
+    const at::Tensor& x = std::get<0>(a);
+    const at::Tensor& w = std::get<1>(a);
+    if (!half_via_float(x, w, x.size(0))) {
+      return std::nullopt;
+    }
+    return at::mm(x.to(at::kFloat), w.to(at::kFloat)).to(x.scalar_type());
+  }
+};
+
+template <>
+struct HalfViaFloat<at::_ops::bmm> {
+  static constexpr bool kEnabled = true;
+  template <class Tup>
+  static std::optional<at::Tensor> run(const Tup& a) {
+    const at::Tensor& x = std::get<0>(a);
+    const at::Tensor& w = std::get<1>(a);
+    if (!half_via_float(x, w, x.size(0) * x.size(1))) {
+      return std::nullopt;
+    }
+    return at::bmm(x.to(at::kFloat), w.to(at::kFloat)).to(x.scalar_type());
+  }
+};
+
+template <>
+struct HalfViaFloat<at::_ops::addmm> {
+  static constexpr bool kEnabled = true;
+  template <class Tup>
+  static std::optional<at::Tensor> run(const Tup& a) {
+    const at::Tensor& bias = std::get<0>(a);
+    const at::Tensor& x = std::get<1>(a);
+    const at::Tensor& w = std::get<2>(a);
+    if (!half_via_float(x, w, x.size(0)) || bias.scalar_type() != x.scalar_type()) {
+      return std::nullopt;
+    }
+    return at::addmm(bias.to(at::kFloat), x.to(at::kFloat), w.to(at::kFloat), std::get<3>(a), std::get<4>(a))
+        .to(x.scalar_type());
+  }
+};
+
 // "add.Tensor" for at::_ops::add_Tensor: the name Library::impl takes in the aten namespace.
 template <class Op>
 std::string op_name() {
@@ -718,6 +779,11 @@ struct Fast<Op, R(Args...)> {
       if (ok && cs.saw_npu) {
         if (!t_inside_view) {
           e.count.fetch_add(1, std::memory_order_relaxed);
+        }
+        if constexpr (HalfViaFloat<Op>::kEnabled) {
+          if (std::optional<at::Tensor> h = HalfViaFloat<Op>::run(cpu_args)) {
+            return FastRet<R>::wrap(std::move(*h), e, cs);
+          }
         }
         R r = std::apply(
             [](auto&... a) -> R { return Op::redispatch(c10::DispatchKeySet(c10::DispatchKey::CPU), a...); },
