@@ -18,6 +18,7 @@ from typing import Any
 import torch
 
 from . import messages, runtime
+from .half_matmul import RUN_AS
 from .policy import COMPLEX_DTYPES, OpDecision
 from .runtime import RT
 
@@ -200,31 +201,6 @@ def _unwrap(a: Any, d: OpDecision, func: Any, pos: int, found: list[Any]) -> Any
     return a
 
 
-# Half-precision matmuls as the Cube unit computes them: fp16/bf16 operands, fp32 accumulation, one rounding to
-# the operands' dtype. The CPU's own half kernels take 3-5x the float time on a prefill; fewer rows (a decode
-# step) stay on them. The native engine does the same (ascend_sim_native.cpp kHalfViaFloatRows).
-HALF_VIA_FLOAT_ROWS = 16
-_HALF = (torch.float16, torch.bfloat16)
-
-
-def _half_via_float(op: Any, mats: tuple[int, int], rows: Callable[[torch.Tensor], int], bias: int | None) -> Any:
-    def run(*args: Any, **kwargs: Any) -> Any:
-        x, w = args[mats[0]], args[mats[1]]
-        if x.dtype not in _HALF or w.dtype is not x.dtype or rows(x) < HALF_VIA_FLOAT_ROWS or kwargs.get("out") \
-                is not None or (bias is not None and args[bias].dtype is not x.dtype):
-            return op(*args, **kwargs)
-        up = [a.float() if i in (*mats, bias) else a for i, a in enumerate(args)]
-        return op(*up, **kwargs).to(x.dtype)
-    return run
-
-
-_RUN_AS: dict[Any, Any] = {
-    aten.mm.default: _half_via_float(aten.mm.default._op, (0, 1), lambda x: x.shape[0], None),
-    aten.bmm.default: _half_via_float(aten.bmm.default._op, (0, 1), lambda x: x.shape[0] * x.shape[1], None),
-    aten.addmm.default: _half_via_float(aten.addmm.default._op, (1, 2), lambda x: x.shape[0], 0),
-}
-
-
 def dispatch(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     try:
         d = getattr(func, _ATTR)
@@ -243,7 +219,7 @@ def dispatch(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
                 return _dispatch_general(func, d, args, kwargs)
             else:
                 uargs.append(a)
-        out = _RUN_AS.get(func, func._op)(*uargs)
+        out = RUN_AS.get(func, func._op)(*uargs)
         if type(out) is torch.Tensor and out.dtype is not torch.float64:
             t = _make(
                 NpuTensor,
@@ -285,7 +261,7 @@ def _dispatch_general(func: Any, d: OpDecision, args: tuple[Any, ...], kwargs: d
 
     if func is _COPY_:
         return _copy(args, uargs, ukwargs)
-    out = _RUN_AS.get(func, func._op)(*uargs, **ukwargs)
+    out = RUN_AS.get(func, func._op)(*uargs, **ukwargs)
 
     if to_host:
         if d.base == "_to_copy":

@@ -679,7 +679,7 @@ struct FastRet<std::tuple<T...>> {
 // Half-precision matmuls as the Cube unit computes them: fp16/bf16 operands, fp32 accumulation, one rounding
 // to the operands' dtype. The CPU's own half kernels take 3-5x the float time on a prefill; a matmul of fewer
 // rows (a decode step) stays on them, where converting the weight would cost more than it saves. The same rule
-// and threshold as the Python engine's (device.py HALF_VIA_FLOAT_ROWS).
+// and threshold as the Python engine's (half_matmul.py HALF_VIA_FLOAT_ROWS).
 constexpr int64_t kHalfViaFloatRows = 16;
 
 bool half_via_float(const at::Tensor& a, const at::Tensor& b, int64_t rows) {
