@@ -23,7 +23,9 @@ DECODING_CONTROLS = frozenset({"streamer", "max_new_tokens", "max_length", "min_
 try:  # inside npuport, one of its errors; beside a bundle's run.py (no npuport there), a plain one
     from knowledge.errors import NpuportError as _ErrorBase
 except ImportError:  # pragma: no cover - exercised by the bundle's run.py
-    _ErrorBase = Exception  # type: ignore[misc,assignment]
+    # its own class: `class X(Exception, RuntimeError)` has no consistent MRO and would fail at import
+    class _ErrorBase(Exception):  # type: ignore[no-redef]
+        pass
 
 
 class PreprocessingFailed(_ErrorBase, RuntimeError):

@@ -108,6 +108,27 @@ def test_write_deploy_bundle_without_tuning(tmp_path: Path) -> None:
     compile(Path(files["run_py"]).read_text(), "run.py", "exec")
 
 
+
+def test_the_modules_shipped_beside_run_py_import_where_npuport_is_not_installed(tmp_path: Path) -> None:
+    # On the deployment host npuport is absent: each shipped module must import from the bundle's folder
+    # alone (its fallback error base once made `class PreprocessingFailed(Exception, RuntimeError)`, no MRO).
+    from agents.deploy.runscript import BUNDLED_MODULES, model_inputs_sources
+
+    for name, text in model_inputs_sources().items():
+        (tmp_path / name).write_text(text)
+    code = ("import importlib, sys\n"
+            "for pkg in ('knowledge', 'sandbox', 'agents', 'api', 'graph'):\n"
+            "    sys.modules[pkg] = None  # `import knowledge.errors` raises ImportError, as without npuport\n"
+            "sys.path.insert(0, sys.argv[1])\n"
+            "for m in sys.argv[2:]:\n"
+            "    importlib.import_module(m)\n"
+            "import inputs_base\n"
+            "err = inputs_base.PreprocessingFailed('x')\n"
+            "assert isinstance(err, RuntimeError)\n")
+    out = subprocess.run([sys.executable, "-c", code, str(tmp_path), *BUNDLED_MODULES], capture_output=True,
+                         text=True, cwd=tmp_path, timeout=120)
+    assert out.returncode == 0, out.stderr
+
 def test_vllm_loop_parses_the_serving_benchmark() -> None:
     text = ("============ Serving Benchmark Result ============\nSuccessful requests: 128\n"
             "Output token throughput (tok/s):         1234.56\nMedian TTFT (ms):      81.2\n"
