@@ -113,11 +113,17 @@ def main():
     args = ap.parse_args()
 
     setup = TARGETS[args.target]
-    for name in setup["imports"]:  # e.g. torch_npu on an Ascend host (see requirements.txt)
-        importlib.import_module(name)
-    if setup["bootstrap"]:  # e.g. npuport's emulator (needs npuport importable)
-        mod_name, _, fn_name = setup["bootstrap"].partition(":")
-        getattr(importlib.import_module(mod_name), fn_name)(dict(setup["options"]))
+    try:
+        for name in setup["imports"]:  # e.g. torch_npu on an Ascend host (see requirements.txt)
+            importlib.import_module(name)
+        if setup["bootstrap"]:  # e.g. npuport's emulator (needs npuport importable)
+            mod_name, _, fn_name = setup["bootstrap"].partition(":")
+            getattr(importlib.import_module(mod_name), fn_name)(dict(setup["options"]))
+    except ImportError as exc:  # one line a user can act on, not a traceback
+        need = ("npuport (pip install npuport): the emulator is npuport's" if setup["bootstrap"]
+                else "the Ascend stack (CANN, then the torch_npu line in requirements.txt)")
+        others = ", ".join(t for t in sorted(TARGETS) if t != args.target)
+        sys.exit(f"run.py: target {args.target} needs {need}; {exc}. Other targets: {others} (--target)")
     device = setup["device"]
     if args.threads:
         torch.set_num_threads(args.threads)
