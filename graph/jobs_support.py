@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import sqlite3
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -62,7 +63,32 @@ def _connect(path: Path | None) -> sqlite3.Connection:
     return conn
 
 
-class PublishingSaver(SqliteSaver):
+class AtomicSqliteSaver(SqliteSaver):
+    """A SqliteSaver whose every write is one transaction. On the autocommit connection above, SqliteSaver's
+    ``put_writes`` (one executemany) committed row by row: a process killed in the middle left a node's writes
+    half stored (its results without its routing), and the resumed thread then ended as if that node had
+    finished with nowhere to go. ``BEGIN IMMEDIATE`` takes the write lock up front (no read-to-write upgrade)."""
+
+    @contextmanager
+    def cursor(self, transaction: bool = True) -> Iterator[sqlite3.Cursor]:
+        with self.lock:
+            self.setup()
+            cur = self.conn.cursor()
+            try:
+                if transaction:
+                    cur.execute("BEGIN IMMEDIATE")
+                yield cur
+                if transaction:
+                    cur.execute("COMMIT")
+            except BaseException:
+                if transaction and self.conn.in_transaction:
+                    self.conn.rollback()
+                raise
+            finally:
+                cur.close()
+
+
+class PublishingSaver(AtomicSqliteSaver):
     """A SqliteSaver that hands the durable trace to ``sink`` after each top-level checkpoint."""
 
     def __init__(self, conn: sqlite3.Connection, sink: TraceSink | None) -> None:
@@ -131,7 +157,7 @@ def thread_snapshot(thread_id: str, builder: GraphBuilder | None = None,
     """The last checkpoint of a thread, or None when the thread never checkpointed."""
     conn = _connect(db_path)
     try:
-        app = (builder or _default_builder)().compile(checkpointer=SqliteSaver(conn))
+        app = (builder or _default_builder)().compile(checkpointer=AtomicSqliteSaver(conn))
         snap = app.get_state({"configurable": {"thread_id": thread_id}})
         if not snap.values and not snap.next:
             return None

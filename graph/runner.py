@@ -14,13 +14,11 @@ from graph.builder import compile_graph
 def sqlite_checkpointer(path: Path | None = None) -> Iterator[Any]:
     """The same database and connection settings as the service (WAL, busy timeout), so a CLI port and
     `npuport serve` can share one home."""
-    from langgraph.checkpoint.sqlite import SqliteSaver
-
-    from graph.jobs_support import _connect
+    from graph.jobs_support import AtomicSqliteSaver, _connect
 
     conn = _connect(path)
     try:
-        yield SqliteSaver(conn)
+        yield AtomicSqliteSaver(conn)
     finally:
         conn.close()
 
