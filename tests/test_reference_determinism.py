@@ -82,6 +82,25 @@ def test_a_large_parameter_keeps_its_spread_from_a_sample_and_uninitialised_ones
     assert bool(torch.isfinite(model.blank).all()) and abs(float(model.blank.detach().std()) - 0.02) < 0.001
 
 
+def test_a_complex_rotary_buffer_keeps_its_values_and_integer_buffers_are_still_checked() -> None:
+    # Llama-style freqs_cis is complex64: the integer check once asked torch.iinfo of it and every run of
+    # such a model died in the harness before the model ran (bench/hazard_corpus.py's complex_rotary_bnb).
+    class Rotary(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            freqs = torch.outer(torch.arange(4).float(), 1.0 / (10000 ** (torch.arange(0, 8, 2).float() / 8)))
+            self.register_buffer("freqs_cis", torch.polar(torch.ones_like(freqs), freqs))
+            self.register_buffer("blank", torch.full((2, 2), complex(float("nan"), float("nan"))))
+            self.register_buffer("unset", torch.full((3,), torch.iinfo(torch.long).max))
+
+    model = Rotary()
+    expected = model.freqs_cis.clone()
+    seed_parameters(model, 0)
+    assert torch.equal(model.freqs_cis, expected)
+    assert bool(torch.isfinite(torch.view_as_real(model.blank)).all())
+    assert model.unset.tolist() == [0, 0, 0]
+
+
 def _record(run_id: str, tokens: list[list[int]] | None, ok: bool = True) -> RunRecord:
     return RunRecord(id=run_id, purpose="reference", target="cpu", ok=ok, status="ok" if ok else "error",
                      wall_s=1.0, result_path="result.json", tokens=tokens)
