@@ -170,10 +170,10 @@ def seed_parameters(model: Any, seed: int) -> list[str]:
         for name, b in model.named_buffers():
             if not isinstance(b, torch.Tensor) or not b.numel() or b.is_meta:
                 continue
-            if (b.is_floating_point() or b.is_complex()) and bool(torch.isnan(b).all()):
-                b.normal_(0.0, init_std, generator=gen(name))  # complex: both parts (rotary tables as freqs_cis)
-            elif not (b.is_floating_point() or b.is_complex()) and b.dtype != torch.bool \
-                    and bool((b == torch.iinfo(b.dtype).max).all()):
+            inexact = b.is_floating_point() or b.is_complex()  # complex: rotary tables such as freqs_cis
+            if inexact and bool(torch.isnan(b).all()):
+                b.normal_(0.0, init_std, generator=gen(name))
+            elif not inexact and b.dtype != torch.bool and bool((b == torch.iinfo(b.dtype).max).all()):
                 b.zero_()
     return materialised
 
