@@ -25,6 +25,16 @@ from typing import Any
 
 from sandbox.child_main import child_main
 
+# A load at concurrency c is the first LOAD_WAVES x c requests of the workload (at least MIN_LOAD, at most all):
+# a run of two waves spends half its time filling and draining the engine, ten waves measure its steady state.
+# Transformers batched at c runs the same requests (sandbox/serve_ref.py), so each row stays like for like.
+LOAD_WAVES = 10
+MIN_LOAD = 48
+
+
+def load_at(requests: list[dict[str, Any]], concurrency: int) -> list[dict[str, Any]]:
+    return requests[:max(MIN_LOAD, LOAD_WAVES * concurrency)]
+
 
 def _post(url: str, body: dict[str, Any], timeout: float) -> dict[str, Any]:
     req = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
@@ -140,6 +150,7 @@ def _stream(base: str, model: str, req: dict[str, Any], image: dict[str, Any] | 
 
 def _bench(base: str, model: str, requests: list[dict[str, Any]], concurrency: int,
            image: dict[str, Any] | None = None) -> dict[str, Any]:
+    requests = load_at(requests, concurrency)
     _stream(base, model, requests[0], image)  # warm-up: the first request pays one-off costs
     start = time.perf_counter()
     with ThreadPoolExecutor(max_workers=concurrency) as pool:

@@ -20,6 +20,7 @@ from sandbox.child_main import child_main
 from sandbox.harness import _import_with_stubs, model_inputs_for
 from sandbox.model_build import _load_attr, build_model, load_config
 from sandbox.model_inputs import PROCESSOR_PATH, load_tokenizer, nested, seed_parameters
+from sandbox.serve_client import load_at
 from sandbox.serve_mm import generate_with, image_request
 from sandbox.serve_mm import throughput as mm_throughput
 from sandbox.serve_tokenizer import write_stand_in
@@ -253,7 +254,7 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
     phases["reference_s"] = round(time.monotonic() - mark, 1)
     # Each throughput measurement gets an equal share of the budget (a loaded host must not time the run out).
     sizes = [(spec["requests"], b, "transformers") for b in spec.get("batches") or []] + \
-        [(spec["batch_requests"], b, "transformers_batched") for b in spec.get("batch_sizes") or []]
+        [(load_at(spec["batch_requests"], b), b, "transformers_batched") for b in spec.get("batch_sizes") or []]
     share = float(spec.get("throughput_budget_s") or 600) / max(len(sizes), 1)
     out["transformers"], out["transformers_batched"] = [], []
     if image is not None:  # one at a time on the image request; batching images is the model's own business

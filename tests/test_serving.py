@@ -123,6 +123,15 @@ def test_without_logprobs_the_rate_decides_and_says_why() -> None:
     assert rec["ok"] and rec["decided_by"] == "token-match rate" and "no top-k logprobs" in rec["mode"]
 
 
+def test_each_concurrency_serves_ten_waves_of_the_workload() -> None:
+    from sandbox.serve_client import load_at
+
+    work = serving.workload(32000, 2048, 1000)
+    assert load_at(work, 100) == work[:1000] and load_at(work, 32) == work[:320]
+    assert load_at(work, 1) == work[:48]  # a floor: a rate needs some requests even one at a time
+    assert load_at(work[:10], 100) == work[:10]  # never more than the workload
+
+
 def test_ascend_only_settings_are_listed_not_exercised() -> None:
     used, not_here = serving.exercised_settings([
         {"name": "dtype", "kind": "flag"}, {"name": "gpu-memory-utilization", "kind": "flag"},

@@ -63,9 +63,9 @@ def facts_of(ctx: EngineContext) -> EngineFacts:
 
 
 def trial_load(ctx: EngineContext) -> list[dict[str, Any]]:
-    """A trial's load: twice the objective's concurrency of the deployment's requests (a short run that still
-    fills the engine and drains it), at least 16."""
-    return ctx.requests[:max(16, 2 * ctx.concurrency)]
+    """A trial's load: four times the objective's concurrency of the deployment's requests, at least 16 (a short
+    run whose steady state still outweighs filling and draining the engine; the deployment's own rows run ten)."""
+    return ctx.requests[:max(16, 4 * ctx.concurrency)]
 
 
 def tune_engine(ctx: EngineContext, trials: int | None = None,
