@@ -45,6 +45,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from agents.tuning.engine import EngineFacts, engine_space  # noqa: E402
 from agents.tuning.search import Budget, Outcome, TuneResult, npuport_search, random_search, tpe_search  # noqa: E402
 from agents.tuning.space import Dim, HostFacts, SearchSpace, space_from_dims  # noqa: E402
 
@@ -63,9 +64,11 @@ def load(path: Path) -> tuple[str, SearchSpace, Table, list[dict[str, Any]]]:
     cores = max(data["dims"].get("threads", [1]))
     facts = HostFacts(target=data["target"], chip=data.get("chip") or "910b", cores=cores)
     if data.get("kind") == "vllm-engine":  # recorded on the real engine (bench/record_engine_landscapes.py)
+        # swept in the engine space's own order, as the tuner sweeps it (restrict() keeps that order)
+        order = [d.name for d in engine_space(EngineFacts()).dims]
         space = SearchSpace(name=data["name"], target=data["target"], kind="vllm-engine", dims=[
-            Dim(name=k, values=list(v), ordered=k in data["ordered"], prior=data["priors"][k])
-            for k, v in data["dims"].items()])
+            Dim(name=k, values=list(data["dims"][k]), ordered=k in data["ordered"], prior=data["priors"][k])
+            for k in sorted(data["dims"], key=order.index)])
     else:
         space = space_from_dims(data["name"], data["target"], data["dims"], facts)
     table = {space.key(p["params"]): p for p in data["points"]}
