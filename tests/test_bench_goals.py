@@ -68,3 +68,20 @@ def test_engine_landscapes_replay_with_the_priors_they_were_recorded_with(tmp_pa
     row = next(ln for ln in r.stdout.splitlines() if ln.startswith("toy/vllm-stream-threads"))
     assert row.split()[2] == "2.0"  # npuport from the recorded prior (4, 1): one step up reaches (16, 1)
     assert "mean over the real-engine landscapes" in r.stdout and "1 real-engine landscapes" in r.stdout
+
+
+def test_engine_landscapes_are_swept_in_the_engine_spaces_order(tmp_path: Path) -> None:
+    """The tuner sweeps stream_interval before max_num_seqs (agents/tuning/engine.py); a landscape that lists
+    its knobs the other way round is still replayed in the tuner's order."""
+    grid = {"max_num_seqs": [32, 64], "stream_interval": [1, 16]}  # the recorder's key order, not the sweep's
+    value = {(32, 1): 90.0, (64, 1): 100.0, (32, 16): 120.0, (64, 16): 200.0}
+    (tmp_path / "toy--vllm-seqs-stream.json").write_text(json.dumps({
+        "schema": 1, "kind": "vllm-engine", "name": "vllm-seqs-stream", "model": "toy", "target": "vllm-cpu",
+        "dims": grid, "ordered": ["stream_interval", "max_num_seqs"],
+        "priors": {"stream_interval": 1, "max_num_seqs": 64},
+        "points": [{"params": {"max_num_seqs": m, "stream_interval": s}, "status": "ok", "value": v, "runs": [v]}
+                   for (m, s), v in value.items()]}))
+    r = subprocess.run([sys.executable, "bench/tuner_efficiency.py", "--seeds", "2", "--max-trials", "10",
+                        "--landscapes", str(tmp_path)], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    row = next(ln for ln in r.stdout.splitlines() if ln.startswith("toy/vllm-seqs-stream"))
+    assert row.split()[2] == "2.0"  # the prior, then stream_interval 16 (max_num_seqs first would take 3)
