@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import statistics
 import subprocess
@@ -30,6 +31,39 @@ from sandbox.child_main import child_main
 # Transformers batched at c runs the same requests (sandbox/serve_ref.py), so each row stays like for like.
 LOAD_WAVES = 10
 MIN_LOAD = 48
+
+
+_DIED = re.compile(r"(\S+) died unexpectedly \(exit code: (-?\d+)\)")
+_NATIVE = re.compile(r'File "[^"]*/(csrc/[^"]+)", line (\d+), in (.+)$')
+_RAISED = re.compile(r"\bERROR\b.*?\b([A-Za-z_.]*(?:Error|Exception)): (.+)$")
+# What follows a dead engine rather than causes it.
+_CONSEQUENCES = ("EngineDeadError", "RuntimeError: cancelled", "EngineGenerateError")
+
+
+def root_cause(log: str) -> str:
+    """The server log's first signs of why it failed, in a line: a worker that died (and by which signal), the
+    first native frame of vLLM's own kernels on the crash's stack, the first error raised (not the dead
+    engine's consequences). Empty when the log shows none."""
+    died = native = raised = None
+    in_source = False
+    for line in log.splitlines():
+        if died is None and (m := _DIED.search(line)):
+            code = int(m.group(2))
+            try:
+                how = f"killed by {signal.Signals(-code).name}" if code < 0 else f"exit code {code}"
+            except ValueError:
+                how = f"exit code {code}"
+            died = f"vLLM's {m.group(1)} died ({how})"
+        if (m := _NATIVE.search(line)) and not in_source and (native is None or not (
+                m.group(1).endswith(".hpp") or m.group(3).startswith("operator"))):
+            # the innermost frame, then (when that is a header) the first named function of a kernel's source file
+            frame = f"{m.group(3).strip()[:100]} ({m.group(1)}:{m.group(2)})"
+            native = f"in vLLM's native code {frame}" if native is None else f"{native} called from {frame}"
+            in_source = not m.group(1).endswith(".hpp")
+        if raised is None and (m := _RAISED.search(line)) and not any(c in line for c in _CONSEQUENCES):
+            raised = f"{m.group(1)}: {m.group(2).strip()[:300]}"
+    parts = [" ".join(p for p in (died, native) if p), raised and f"first error: {raised}"]
+    return "; ".join(p for p in parts if p)
 
 
 def load_at(requests: list[dict[str, Any]], concurrency: int) -> list[dict[str, Any]]:
@@ -208,7 +242,8 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
         out["start_s"] = round(waited, 1)
         if not up:
             out["exit_code"] = proc.poll()
-            out["error"] = log.read_text(errors="replace")[-3000:]
+            text = log.read_text(errors="replace")
+            out["cause"], out["error"] = root_cause(text), text[-3000:]
             return out
         out["started"] = True
         model = spec["model_name"]
@@ -221,7 +256,8 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
         out["bench"] = [_bench(base, model, spec["requests"], c, image) for c in spec.get("concurrencies") or []]
         out["ok"] = True
     except (OSError, urllib.error.URLError, KeyError, ValueError) as exc:
-        out["error"] = f"{type(exc).__name__}: {exc}\n" + log.read_text(errors="replace")[-2000:]
+        text = log.read_text(errors="replace")
+        out["cause"], out["error"] = root_cause(text), f"{type(exc).__name__}: {exc}\n" + text[-2000:]
     finally:
         stop_server(proc)
     return out

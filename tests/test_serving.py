@@ -132,6 +132,33 @@ def test_each_concurrency_serves_ten_waves_of_the_workload() -> None:
     assert load_at(work[:10], 100) == work[:10]  # never more than the workload
 
 
+CRASHED_LOG = """(APIServer pid=3) WARNING [base.py:380] ValueError: Tokenizer not available when `skip_tokenizer_init=True`
+Fatal Python error: Segmentation fault
+  File "/tmp/vllm/csrc/cpu/cpu_types_x86.hpp", line 151, in vec_op::BF16Vec8::save(void*) const
+  File "/tmp/vllm/csrc/cpu/pos_encoding.cpp", line 54, in operator()
+  File "/tmp/vllm/csrc/cpu/pos_encoding.cpp", line 85, in rotary_embedding_impl<c10::BFloat16>
+  File "/tmp/vllm/csrc/cpu/pos_encoding.cpp", line 347, in rotary_embedding(at::Tensor&)
+(EngineCore pid=27) ERROR [multiproc_executor.py:315] Worker proc VllmWorker-0 died unexpectedly (exit code: -11), shutting down
+(EngineCore pid=27) ERROR [core.py:1512] RuntimeError: cancelled
+(APIServer pid=3) ERROR [async_llm.py:906] vllm.v1.engine.exceptions.EngineDeadError: EngineCore encountered an issue.
+INFO:     127.0.0.1:45402 - "POST /v1/completions HTTP/1.1" 500 Internal Server Error
+"""
+
+
+def test_a_crashed_server_is_reported_by_its_root_cause_not_its_log_tail() -> None:
+    from sandbox.serve_client import root_cause
+
+    cause = root_cause(CRASHED_LOG)
+    assert cause.startswith("vLLM's VllmWorker-0 died (killed by SIGSEGV)")
+    assert "BF16Vec8::save" in cause and "rotary_embedding_impl<c10::BFloat16> (csrc/cpu/pos_encoding.cpp:85)" in cause
+    assert "EngineDeadError" not in cause and "cancelled" not in cause and "Tokenizer" not in cause  # effects, warnings
+    assert root_cause("(APIServer) ERROR [x.py:1] ValueError: max_model_len 99999 is too long\n") == \
+        "first error: ValueError: max_model_len 99999 is too long"
+    assert root_cause("INFO ready\n") == ""
+    why = serving._why({"cause": cause, "error": CRASHED_LOG}, 2000)
+    assert why.startswith(cause) and why.endswith(CRASHED_LOG[-2000:])  # the cause first, the log's tail after it
+
+
 def test_ascend_only_settings_are_listed_not_exercised() -> None:
     used, not_here = serving.exercised_settings([
         {"name": "dtype", "kind": "flag"}, {"name": "gpu-memory-utilization", "kind": "flag"},

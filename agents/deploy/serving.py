@@ -107,6 +107,12 @@ def _sandboxed(module: str, python: str, spec: dict[str, Any], run_dir: Path, ro
     return dict(out)
 
 
+def _why(client: dict[str, Any], tail: int) -> str:
+    """The client's failure: the server log's root cause first (sandbox/serve_client.root_cause), then its tail."""
+    cause, log = client.get("cause"), str(client.get("error") or "")[-tail:]
+    return f"{cause}\n--- the server's log, last lines ---\n{log}" if cause else log
+
+
 def exercised_settings(settings: list[dict[str, Any]]) -> tuple[list[str], list[str]]:
     """(exercised, not exercised on this host) setting names of serve.sh / set_env.sh."""
     used, not_here = [], []
@@ -238,10 +244,10 @@ def exercise(state: dict[str, Any], bundle: Path, run_root: Path, *, requests: i
     record["host_env"] = {} if on_npu else HOST_ENV
     record["start_s"] = client.get("start_s")
     if not client.get("started"):
-        record["error"] = "serve.sh did not start: " + str(client.get("error") or "")[-2500:]
+        record["error"] = "serve.sh did not start: " + _why(client, 2500)
         return record
     if not client.get("ok"):
-        record["error"] = "the server started but the check failed: " + str(client.get("error") or "")[-2000:]
+        record["error"] = "the server started but the check failed: " + _why(client, 2000)
         return record
     if image is not None:
         got, want = client["tokens"][0].get("prompt_ids") or [], ref["prompts"][0]
