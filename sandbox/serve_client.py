@@ -256,10 +256,11 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
         out["bench"] = [_bench(base, model, spec["requests"], c, image) for c in spec.get("concurrencies") or []]
         out["ok"] = True
     except (OSError, urllib.error.URLError, KeyError, ValueError) as exc:
-        text = log.read_text(errors="replace")
-        out["cause"], out["error"] = root_cause(text), f"{type(exc).__name__}: {exc}\n" + text[-2000:]
+        out["error"] = f"{type(exc).__name__}: {exc}\n" + log.read_text(errors="replace")[-2000:]
     finally:
         stop_server(proc)
+    if out.get("started") and not out["ok"]:  # the whole log now: a dying worker's lines may follow the reply
+        out["cause"] = root_cause(log.read_text(errors="replace"))
     return out
 
 
