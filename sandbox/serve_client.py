@@ -67,6 +67,7 @@ def root_cause(log: str) -> str:
 
 
 def load_at(requests: list[dict[str, Any]], concurrency: int) -> list[dict[str, Any]]:
+    """The requests a load at ``concurrency`` serves (the workload's first LOAD_WAVES x concurrency)."""
     return requests[:max(MIN_LOAD, LOAD_WAVES * concurrency)]
 
 
