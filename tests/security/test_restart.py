@@ -38,6 +38,15 @@ def _alive(pid: int) -> bool:
         return False
 
 
+def _cwd(pid: str) -> str | None:
+    """A process's working folder; None when it is gone or another user's (a run of the server this test
+    started is its own user's: another user's `sleep 120`, a concurrent CI's say, cannot be one)."""
+    try:
+        return os.readlink(f"/proc/{pid}/cwd")
+    except OSError:
+        return None
+
+
 @pytest.mark.parametrize("mode", ["bwrap", "process"])
 def test_sigkilled_server_leaves_no_run_behind(mode: str, tmp_path: Path, npuport_home: Path) -> None:
     from sandbox.process import bwrap_available
@@ -61,8 +70,7 @@ def test_sigkilled_server_leaves_no_run_behind(mode: str, tmp_path: Path, npupor
             pid = int((work / name).read_text())
             assert not _alive(pid), f"{name} ({pid}) outlived its killed server"
     out = subprocess.run(["pgrep", "-f", "exec sleep 120|sleep 120"], capture_output=True, text=True).stdout.split()
-    mine = [p for p in out if Path(f"/proc/{p}/cwd").exists() and
-            os.path.realpath(f"/proc/{p}/cwd") == str(work.resolve())]
+    mine = [p for p in out if _cwd(p) == str(work.resolve())]
     assert not mine, f"processes of the killed server's run remain: {mine}"
 
 
