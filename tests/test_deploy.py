@@ -280,3 +280,20 @@ def test_verify_throughput_follows_a_host_that_changed_speed_but_not_a_wrong_rat
     ok, why = host_moved(426.1, 64.7, 112.9, 17.4, 0.35)  # CI: a demo ported at load ~10, verified when quieter
     assert ok and "6.49x" in why and "agrees" in why, why
     assert not host_moved(481.4, 9628.0, 106.8, 2136.0, 0.30)[0]  # every figure 20x too high is no faster host
+
+
+def test_a_benchmark_whose_runs_spread_past_2x_is_taken_again_and_the_steadiest_kept() -> None:
+    from agents.deploy.verify import steadiest
+
+    asked: list[int] = []
+
+    def again(n: int) -> dict[str, float]:
+        asked.append(n)
+        return {"tokens_per_s": 1800.0, "spread": 0.2} if n == 3 else {"tokens_per_s": 40.0, "spread": 2.5}
+
+    point, tries = steadiest({"tokens_per_s": 31.4, "spread": 3.1}, again)  # a burst of the host's load
+    assert (point, tries, asked) == ({"tokens_per_s": 1800.0, "spread": 0.2}, 3, [2, 3])
+    asked.clear()
+    steady = {"tokens_per_s": 1843.1, "spread": 0.22}
+    assert steadiest(steady, again) == (steady, 1) and asked == []  # a steady benchmark is taken once
+    assert steadiest({"tokens_per_s": 30.0, "spread": 3.0}, lambda n: None, tries=2)[1] == 2  # bounded

@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 import json
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
 
@@ -23,6 +24,10 @@ from sandbox.targets import Target, resolve_target, target_spec_of
 
 DEFAULT_TOLERANCE = 0.30  # throughput on a shared host varies; within 1.3x of the report's number agrees
 MAX_NOISE_WIDENING = 1.0  # the runs' spread may widen that to 2x, never more
+# Runs that differ among themselves by more than this ((max - min) / median) measured the host's load, not the
+# port: the benchmark is run again (MEASURE_TRIES in all) and the steadiest measurement kept.
+MAX_MEASURE_SPREAD = 1.0
+MEASURE_TRIES = 3
 MAX_HOST_DRIFT = 10.0  # a shared host may run 10x slower or faster than at port time (CI beside the zoo bench: 6.5x
 # between the demo's tuner and its verify), never more: every figure 20x too high is no host (verify.host_moved)
 SERVED_TOLERANCE = 2.0  # the served figure (a whole vLLM engine on a shared host) agrees within 2x either way
@@ -191,6 +196,8 @@ def _throughput_claim(report: dict[str, Any], ws: Workspace, target: Target, ref
         return next((p for p in points_of(run) if p.get("concurrency") == conc), None), run.error()
 
     point, error = measure(tuning["best"], "verify-bench")
+    first_spread = _spread(point)
+    point, tries = steadiest(point, lambda n: measure(tuning["best"], f"verify-bench-{n}")[0])
     if point is None:
         return Claim(name="throughput", verdict="disagree", claimed=claimed, detail=f"benchmark failed: {error}")
     observed = float(point["tokens_per_s"])
@@ -200,7 +207,8 @@ def _throughput_claim(report: dict[str, Any], ws: Workspace, target: Target, ref
     noise = float(claimed_point.get("spread") or 0) + float(point.get("spread") or 0)
     tol = max(tolerance, min(noise, MAX_NOISE_WIDENING))
     detail = (f"{observed:.1f} tokens/s now (median of {len(point.get('tokens_per_s_runs') or [])} runs, "
-              f"spread {float(point.get('spread') or 0):.0%}) vs {claimed:.1f} reported at concurrency {conc}")
+              f"spread {float(point.get('spread') or 0):.0%}) vs {claimed:.1f} reported at concurrency {conc}"
+              + (f"; the steadiest of {tries} benchmarks, the first spread {first_spread:.0%}" if tries > 1 else ""))
     ok, why = within(observed, claimed, tol, tolerance)
     untuned_claimed = (tuned.get("untuned") or {}).get("tokens_per_s")
     if not ok and untuned_claimed and tuned.get("chosen") != "untuned":
@@ -212,6 +220,23 @@ def _throughput_claim(report: dict[str, Any], ws: Workspace, target: Target, ref
             ok, why = host_moved(observed, claimed, float(base["tokens_per_s"]), float(untuned_claimed), tol)
     return Claim(name="throughput", verdict="agree" if ok else "disagree", claimed=round(claimed, 2),
                  observed=round(observed, 2), detail=f"{detail} ({why})")
+
+
+def _spread(point: dict[str, Any] | None) -> float:
+    return float((point or {}).get("spread") or 0.0)
+
+
+def steadiest(point: dict[str, Any] | None, again: Callable[[int], dict[str, Any] | None],
+              tries: int = MEASURE_TRIES) -> tuple[dict[str, Any] | None, int]:
+    """The measurement to judge, and how many were taken: while the runs of the best one so far spread more than
+    MAX_MEASURE_SPREAD, ``again(n)`` benchmarks once more (n = 2, 3, ...), up to ``tries`` in all."""
+    n = 1
+    while point is not None and _spread(point) > MAX_MEASURE_SPREAD and n < tries:
+        n += 1
+        nxt = again(n)
+        if nxt is not None and _spread(nxt) < _spread(point):
+            point = nxt
+    return point, n
 
 
 def within(observed: float, claimed: float, tol: float, stated: float) -> tuple[bool, str]:
