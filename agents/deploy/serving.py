@@ -23,6 +23,7 @@ from agents.deploy.vllm_vision import ensure_vision_overlay
 from agents.request import request_of
 from knowledge.errors import NpuportError
 from sandbox.process import Limits, Mounts, default_sandbox, scrub, scrubbed_env
+from sandbox.rundir import write_own
 from sandbox.targets import target_spec_of
 
 CONCURRENCIES = (1, 8, 32)
@@ -88,14 +89,14 @@ def _free_port() -> int:
 def _sandboxed(module: str, python: str, spec: dict[str, Any], run_dir: Path, ro: list[Path], wall_s: float,
                env: dict[str, str] | None = None) -> dict[str, Any]:
     spec_path = run_dir / f"{module.rsplit('.', 1)[-1]}.spec.json"
-    spec_path.write_text(json.dumps(spec, indent=1))
+    write_own(spec_path, json.dumps(spec, indent=1))  # the run folder is the runs' too: never through their links
     argv = [python, "-I", "-B", "-u", "-m", module, str(spec_path)]
     # vLLM maps its KV cache, shared memory and many threads: a larger address space than a harness run.
     limits = Limits(wall_s=wall_s, address_space_mb=64 * 1024, max_procs=1024)
     res = default_sandbox().execute(argv, cwd=run_dir, env=scrubbed_env(env), limits=limits,
                                     mounts=Mounts(ro=tuple(p.resolve() for p in ro), rw=(run_dir.resolve(),)),
                                     result_channel=True, channel_cap=64 * 2**20)
-    (run_dir / f"{module.rsplit('.', 1)[-1]}.stderr.log").write_text(scrub(res.stderr)[-200_000:])
+    write_own(run_dir / f"{module.rsplit('.', 1)[-1]}.stderr.log", scrub(res.stderr)[-200_000:])
     try:
         out = json.loads(res.channel) if res.channel else {}
     except ValueError:
@@ -222,7 +223,7 @@ def exercise(state: dict[str, Any], bundle: Path, run_root: Path, *, requests: i
             env["PYTHONPATH"] = vision["path"]
             readable.append(Path(vision["path"]))
         template = run_dir / "npuport-chat-template.jinja"
-        template.write_text(image["chat_template"])
+        write_own(template, image["chat_template"])
         extra += ["--chat-template", str(template.resolve())]
         record["image_request"] = {k: image[k] for k in ("text", "placeholder", "tokenizer", "chat_template")}
         # vLLM profiles its vision encoder on a large dummy image at start-up, and every request runs it: on a
