@@ -111,7 +111,11 @@ def report(name: str, rec: dict[str, Any]) -> tuple[bool, str]:
     hf_rows = {r["batch"]: r for r in rec.get("transformers") or []}
     hf = {1: hf_rows.get(1, {}), **{r["batch"]: r for r in rec.get("transformers_batched") or []}}
     print(f"Transformers, {rec.get('dtype')}, {rec.get('threads', 1)} thread(s): one at a time "
-          f"{tp['transformers_one_at_a_time_tok_s']} tok/s")
+          f"{tp['transformers_one_at_a_time_tok_s']} tok/s"
+          + (" (the image request, as the model's own preprocessing built it)" if rec.get("image_request") else ""))
+    for r in rec.get("transformers_batched") or []:
+        if r.get("error"):
+            print(f"Transformers batched at {r['batch']}: not measured: {r['error']}")
     _table("vLLM untuned (this host's defaults)", tp, hf)
     padded = hf.get(top) or {}
     if padded.get("computed_tokens"):
@@ -187,7 +191,7 @@ def main() -> int:
             bundle, write_serve = _bundle(state, model, Path(tmp), dtype)
             rec = exercise(state, bundle, Path(tmp) / "runs" / model.name, requests=args.requests,
                            hf_single=args.single, concurrencies=CONCURRENCIES, start_timeout_s=args.start_timeout,
-                           write_serve=write_serve)
+                           write_serve=write_serve, image_requests=None)  # an image model serves the whole load too
             records[model.name] = rec
             print(f"== {model.name}: {rec['status']} ({rec.get('implementation')}); "
                   f"{(rec.get('tokens') or {}).get('verdict') or str(rec.get('error', ''))[-400:]}")

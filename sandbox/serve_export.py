@@ -80,12 +80,16 @@ def _save(state: dict[str, Any], out_dir: Path, shard_bytes: int = SHARD_BYTES) 
 
 
 def export(model: Any, config: dict[str, Any], model_dir: Path, code_dir: Path, out_dir: Path,
-           known: set[str], config_types: set[str] | None = None) -> dict[str, Any]:
+           known: set[str], config_types: set[str] | None = None, backend_only: bool = False) -> dict[str, Any]:
     """Write the servable folder for ``model`` (built and seeded as the reference was) into ``out_dir``;
     returns {implementation, architecture, detail, tokenizer, ...}. ``code_dir`` holds the ported code;
     ``known`` is the architectures vLLM implements, ``config_types`` the config model types its env reads
-    with its own classes (both asked of the vLLM environment)."""
+    with its own classes (both asked of the vLLM environment). ``backend_only``: the vLLM classes failed
+    the model (crashed, or computed other tokens), so only the Transformers backend over the patched code
+    is considered."""
     config_types = config_types or set()
+    if backend_only:
+        known = set()
     out_dir.mkdir(parents=True, exist_ok=True)
     archs = [a for a in config.get("architectures") or [] if isinstance(a, str)]
     state = dict(model.state_dict())
@@ -104,7 +108,7 @@ def export(model: Any, config: dict[str, Any], model_dir: Path, code_dir: Path, 
         elif isinstance(config.get("auto_map"), dict):  # vLLM loads the config (and tokenizer) class from the code
             for p in code_dir.glob("*.py"):
                 shutil.copy2(p, out_dir / p.name)
-    elif (layout := decoder_layout(list(state))) is not None:
+    elif not backend_only and (layout := decoder_layout(list(state))) is not None:
         arch = layout.architecture
         served_config = layout_config(config, layout, has_head=any(v == "lm_head.weight" for v in layout.mapping.values()))
         info.update(implementation="vllm-native-layout", architecture=arch, layout=layout.reason,

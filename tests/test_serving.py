@@ -428,3 +428,173 @@ def test_the_parent_never_writes_or_reads_the_deployment_specs_through_a_runs_li
     with pytest.raises(HostileRunFile):
         engine_stage(run_dir, {}, {}, [], write_serve=None, custom=None, run=None, port=None, python="",
                      ref_python="", env={}, ro=[], check=None, host_args=[], threads=1, table=None)
+
+
+# A remote-code Llama whose MLP output is damped: its weights have the Llama layout, so vLLM's own Llama class is
+# tried first and computes other tokens; the class is written for transformers' attention interface (a Llama
+# subclass), so vLLM's Transformers backend runs the patched code instead.
+DAMPED_CODE = """
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM, LlamaModel
+from transformers.models.llama.modeling_llama import LlamaMLP
+
+
+class DampedLlamaConfig(LlamaConfig):
+    model_type = "damped_llama"
+
+
+class DampedMLP(LlamaMLP):
+    def forward(self, x):
+        return -0.5 * super().forward(x)
+
+
+class DampedLlamaModel(LlamaModel):
+    config_class = DampedLlamaConfig
+
+    def __init__(self, config):
+        super().__init__(config)
+        for layer in self.layers:
+            layer.mlp = DampedMLP(config)
+        self.post_init()
+
+
+class DampedLlamaForCausalLM(LlamaForCausalLM):
+    config_class = DampedLlamaConfig
+
+    def __init__(self, config):
+        if isinstance(config, dict):
+            config = DampedLlamaConfig(**config)
+        super().__init__(config)
+        self.model = DampedLlamaModel(config)
+        self.post_init()
+
+
+def make_inputs(config, seed):
+    g = torch.Generator().manual_seed(seed)
+    return {"input_ids": torch.randint(3, 128, (1, 6), generator=g)}
+"""
+DAMPED_CONFIG = {"architectures": ["DampedLlamaForCausalLM"], "model_type": "damped_llama", "vocab_size": 128,
+                 "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 2,
+                 "num_key_value_heads": 2, "max_position_embeddings": 256, "tie_word_embeddings": False,
+                 "auto_map": {"AutoConfig": "modeling_damped.DampedLlamaConfig",
+                              "AutoModel": "modeling_damped.DampedLlamaModel",
+                              "AutoModelForCausalLM": "modeling_damped.DampedLlamaForCausalLM"}}
+DAMPED_MANIFEST = {"name": "damped", "entry": {"class": "modeling_damped:DampedLlamaForCausalLM"},
+                   "config": "config.json", "inputs": "modeling_damped:make_inputs",
+                   "run": {"method": "generate", "kwargs": {"max_new_tokens": 6}}}
+
+
+def _damped_bundle(tmp_path: Path) -> tuple[Path, Path, list[vllm.ServeSetting]]:
+    model = tmp_path / "damped"
+    model.mkdir()
+    (model / "modeling_damped.py").write_text(DAMPED_CODE)
+    (model / "config.json").write_text(json.dumps(DAMPED_CONFIG))
+    settings = [*_settings(), vllm.ServeSetting(name="trust-remote-code", value=True, kind="flag", reason="r",
+                                                citation="c")]
+    b = tmp_path / "bundle"
+    b.mkdir()
+    (b / "serve.sh").write_text(vllm.render_serve_sh(settings, "damped", str(model)))
+    (b / "set_env.sh").write_text(vllm.render_set_env_sh(settings))
+    shutil.copytree(model, b / "patched")
+    (b / "deploy.json").write_text(json.dumps({"serve_settings": [s.model_dump() for s in settings]}))
+    return model, b, settings
+
+
+def test_export_for_the_backend_alone_keeps_the_patched_code_over_a_known_layout(tmp_path: Path) -> None:
+    import sys
+
+    from sandbox.serve_export import export
+
+    model, b, _ = _damped_bundle(tmp_path)
+    sys.path.insert(0, str(model))
+    try:
+        from transformers import AutoConfig  # noqa: F401 (the class's import chain)
+
+        import modeling_damped  # type: ignore[import-not-found]
+    finally:
+        sys.path.remove(str(model))
+    m = modeling_damped.DampedLlamaForCausalLM(modeling_damped.DampedLlamaConfig(**{
+        k: v for k, v in DAMPED_CONFIG.items() if k not in ("architectures", "auto_map", "model_type")}))
+    first = export(m, DAMPED_CONFIG, model, b / "patched", tmp_path / "a", set())
+    assert first["implementation"] == "vllm-native-layout"  # the Llama layout is tried first
+    second = export(m, DAMPED_CONFIG, model, b / "patched", tmp_path / "b", {"DampedLlamaForCausalLM"},
+                    backend_only=True)
+    assert second["implementation"] == "transformers-backend"  # neither vLLM's layout class nor a known name
+    assert json.loads((tmp_path / "b" / "config.json").read_text())["auto_map"] == DAMPED_CONFIG["auto_map"]
+    assert (tmp_path / "b" / "modeling_damped.py").read_text() == DAMPED_CODE
+
+
+@pytest.mark.slow
+def test_a_vllm_class_that_computes_other_tokens_falls_back_to_the_transformers_backend(
+        tmp_path: Path, npuport_home: Path) -> None:
+    import sys
+
+    model, b, _ = _damped_bundle(tmp_path)
+    state = {"request": {"model_path": str(model)}, "entry": DAMPED_MANIFEST, "environment": {"python": sys.executable}}
+    rec = serving.exercise(state, b, tmp_path / "runs", requests=4, concurrencies=(1,))
+    first = rec["first_attempt"]
+    assert first["implementation"] == "vllm-native-layout" and "tokens through the server" in first["error"]
+    assert rec["status"] == "served", rec.get("error")
+    assert rec["implementation"] == "transformers-backend" and "--model-impl" in rec["host_args"]
+    assert rec["tokens"]["ok"] and rec["tokens"]["served"] == rec["tokens"]["reference_float32"]
+    text = "\n".join(deployment_lines(rec))
+    assert "first tried: vLLM's own class for the weights' layout" in text and "Tokens through the server" in text
+
+
+def test_the_image_request_is_batched_by_copying_it_along_the_batch() -> None:
+    import torch
+
+    from sandbox.serve_mm import batched_throughput, replicate
+
+    crops, whole = torch.zeros(2, 3, 4, 4), torch.ones(1, 3, 8, 8)
+    inputs = {"input_ids": torch.tensor([[5, 6, 7]]), "images": [(crops, whole)], "images_seq_mask": torch.ones(1, 3),
+              "images_spatial_crop": torch.tensor([[2, 1]]), "temperature": 0.0}
+    many = replicate(inputs, 4)
+    assert many["input_ids"].tolist() == [[5, 6, 7]] * 4 and many["images_spatial_crop"].shape == (4, 2)
+    assert len(many["images"]) == 4 and many["images"][3][0] is crops  # the per-image list, one entry per row
+    assert many["temperature"] == 0.0
+
+    calls: list[tuple[int, int]] = []
+
+    def generate(input_ids: torch.Tensor, images: list[Any], max_new_tokens: int, **_: Any) -> torch.Tensor:
+        assert len(images) == input_ids.shape[0]
+        calls.append((input_ids.shape[0], max_new_tokens))
+        return input_ids
+
+    reqs = [{"max_tokens": n} for n in (3, 5, 2, 4, 6)]
+    row = batched_throughput(generate, inputs, reqs, 2, {}, deadline=float("inf"))
+    assert calls == [(2, 5), (2, 4), (1, 6)]  # each batch decodes to its longest output; the last one is short
+    assert row["output_tokens"] == 20 and row["computed_tokens"] == 2 * 5 + 2 * 4 + 6 and row["requests"] == 5
+
+    def one_image_only(input_ids: torch.Tensor, **_: Any) -> torch.Tensor:
+        if input_ids.shape[0] > 1:
+            raise RuntimeError("images[0] only")
+        return input_ids
+
+    refused = batched_throughput(one_image_only, inputs, reqs, 2, {}, deadline=float("inf"))
+    assert refused["output_tokens_per_s"] is None and "does not batch its image inputs" in refused["error"]
+
+
+def test_a_batch_of_images_that_would_not_fit_in_memory_is_not_run(monkeypatch: pytest.MonkeyPatch) -> None:
+    import time
+
+    import torch
+
+    from sandbox import serve_mm
+
+    monkeypatch.setattr(serve_mm, "available_bytes", lambda: 2**30)  # a host with 1 GiB free (the hardware, faked)
+    ran: list[int] = []
+
+    def generate(input_ids: torch.Tensor, max_new_tokens: int, **_: Any) -> torch.Tensor:
+        rows = input_ids.shape[0]
+        held = torch.ones(rows, 10 * 2**20)  # 40 MiB of activations a request, touched so they are resident
+        time.sleep(0.1)
+        ran.append(rows)
+        return input_ids + int(held[0, 0].item())
+
+    inputs = {"input_ids": torch.tensor([[5, 6, 7]])}
+    reqs = [{"max_tokens": 2}] * 64
+    one, rows = serve_mm.batched_rows(generate, inputs, reqs[:2], [(reqs, 32), (reqs, 4)], {}, share_s=60)
+    assert one["requests"] == 2 and rows[0]["batch"] == 4 and rows[0]["output_tokens_per_s"]
+    assert 32 not in ran and rows[1]["output_tokens_per_s"] is None  # 32 x ~40 MiB > 0.8 of 1 GiB: not run
+    assert "would need ~1." in rows[1]["error"] and "1.0 GiB is available" in rows[1]["error"]

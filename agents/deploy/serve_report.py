@@ -61,6 +61,12 @@ def deployment_lines(rec: dict[str, Any] | None) -> list[str]:
     if impl:
         lines.append(f"- implementation that served: {IMPLEMENTATION.get(impl, impl)}"
                      + (f" ({rec['servable'].get('detail')})" if rec.get("servable") else ""))
+    first = rec.get("first_attempt")
+    if first:
+        lines.append(f"- first tried: {IMPLEMENTATION.get(first['implementation'], first['implementation'])}, which "
+                     f"failed the model, so vLLM's Transformers backend was tried: {str(first['error'])[:600]}")
+    if rec.get("backend_retry"):
+        lines.append(f"- after that failure, vLLM's Transformers backend over the patched code: {rec['backend_retry']}")
     if rec.get("config_note"):
         lines.append(f"- {rec['config_note']}")
     if rec.get("host_args"):

@@ -37,6 +37,9 @@ IMAGE_REQUESTS = 8
 # Both sides compute on THREADS CPU threads (vLLM's engine bound to cores 0..THREADS-1): like for like, and on a
 # shared small host more OpenMP threads than free cores slow a small model down many times over.
 THREADS = 1
+# Implementations that run vLLM's own classes (not the patched code): when one fails the model, the Transformers
+# backend over the patched code is tried (sandbox/serve_export.py).
+VLLM_CLASSES = ("vllm-native", "vllm-native-layout")
 HOST_ENV = {"VLLM_TARGET_DEVICE": "cpu", "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_WORKER_MULTIPROC_METHOD": "spawn",
             "VLLM_CPU_OMP_THREADS_BIND": "0" if THREADS == 1 else f"0-{THREADS - 1}"}
 # Host-only additions: graph compilation takes minutes on a small CPU host, so this host serves eagerly.
@@ -131,12 +134,14 @@ def exercised_settings(settings: list[dict[str, Any]]) -> tuple[list[str], list[
 def exercise(state: dict[str, Any], bundle: Path, run_root: Path, *, requests: int = 48,
              hf_single: int | None = HF_SINGLE, concurrencies: tuple[int, ...] = CONCURRENCIES,
              start_timeout_s: float = 900.0, throughput_budget_s: float = 480.0, write_serve: Any = None,
-             tune: Any = None) -> dict[str, Any]:
+             tune: Any = None, image_requests: int | None = IMAGE_REQUESTS) -> dict[str, Any]:
     """Serve the port with the bundle's serve.sh and check it; the deployment record (never raises for a
     model's failure: a server that does not start is a failed deployment with its own error). With tuning
     (``tune``, else the request's) and ``write_serve`` (re-renders the bundle's serve.sh with an engine
     configuration), the engine's knobs are tuned on the real engine afterwards (agents/deploy/engine_tune.py);
-    a callable ``tune`` is handed the engine context instead (bench/record_engine_landscapes.py)."""
+    a callable ``tune`` is handed the engine context instead (bench/record_engine_landscapes.py). An image
+    model's load is its first ``image_requests`` requests at the concurrencies up to that (None: the whole
+    workload at every concurrency, as a text model's: bench/serve_speedup.py)."""
     from sandbox.shrink import shrink_config
 
     req = request_of(state)
@@ -174,7 +179,7 @@ def exercise(state: dict[str, Any], bundle: Path, run_root: Path, *, requests: i
     for s in json.loads((bundle / "deploy.json").read_text()).get("serve_settings") or []:
         if s["name"] == "dtype":
             dtype = str(s["value"])
-    ref = _sandboxed("sandbox.serve_ref", port_python, {
+    ref_spec = {
         "model_dir": str(model_dir), "manifest": manifest, "shrink": req.shrink, "seed": 0,
         "config_overrides": overrides, "code_dir": str((bundle / "patched").resolve()),
         "servable_dir": str(servable.resolve()), "vllm_archs": facts["archs"], "dtype": dtype,
@@ -182,7 +187,10 @@ def exercise(state: dict[str, Any], bundle: Path, run_root: Path, *, requests: i
         "requests": work[:hf_single or requests], "batches": [1],
         "threads": THREADS, "batch_requests": work,
         "batch_sizes": [c for c in concurrencies if c > 1], "throughput_budget_s": throughput_budget_s,
-    }, run_dir, [model_dir, bundle / "patched"], 900 + throughput_budget_s)
+        "image_requests": image_requests,
+    }
+    ref = _sandboxed("sandbox.serve_ref", port_python, ref_spec, run_dir, [model_dir, bundle / "patched"],
+                     900 + throughput_budget_s)
     record.update(config_note=note, overrides=overrides, dtype=dtype, isolation=ref.get("isolation"),
                   reference_phases_s=ref.get("phases"))
     if not ref.get("ok"):
@@ -201,79 +209,119 @@ def exercise(state: dict[str, Any], bundle: Path, run_root: Path, *, requests: i
     record["exercised"], record["not_exercised"] = exercised_settings(settings)
     if on_npu:
         record["exercised"], record["not_exercised"] = [s["name"] for s in settings], []
-    extra = [] if on_npu else [*HOST_ARGS]
-    if not ref["servable"].get("tokenizer"):
-        extra.append("--skip-tokenizer-init")  # prompts go in as token ids
-    if ref["servable"]["implementation"] == "transformers-backend":
-        extra += ["--model-impl", "transformers"]
-    extra += ["--max-num-seqs", str(max(concurrencies))]
-    env = {**({} if on_npu else HOST_ENV), "PATH": f"{vpython.parent}:/usr/local/bin:/usr/bin:/bin"}  # its `vllm`
-    served_name = Path(req.model_path).name
-    readable = [bundle]
     image = ref.get("image_request")
+    if image is not None and image_requests:
+        work, concurrencies = work[:image_requests], tuple(c for c in concurrencies if c <= image_requests) or (1,)
     if image is not None:
-        work, concurrencies = work[:IMAGE_REQUESTS], tuple(c for c in concurrencies if c <= IMAGE_REQUESTS) or (1,)
-        if not on_npu:  # vLLM's image processors import torchvision (agents/deploy/vllm_vision.py)
-            try:
-                vision = ensure_vision_overlay(vpython)
-            except NpuportError as exc:
-                record["error"] = f"no torchvision loads in the vLLM env for its image processor: {exc}"
-                return record
-            record["torchvision"] = vision
-            env["PYTHONPATH"] = vision["path"]
-            readable.append(Path(vision["path"]))
-        template = run_dir / "npuport-chat-template.jinja"
-        write_own(template, image["chat_template"])
-        extra += ["--chat-template", str(template.resolve())]
         record["image_request"] = {k: image[k] for k in ("text", "placeholder", "tokenizer", "chat_template")}
         # vLLM profiles its vision encoder on a large dummy image at start-up, and every request runs it: on a
         # CPU that takes several times a text model's start and requests.
         start_timeout_s *= 2
-    client = _sandboxed("sandbox.serve_client", str(vpython), {
-        "serve_sh": str((bundle / "serve.sh").resolve()), "servable_dir": str(servable.resolve()),
-        "serve_dir": str((run_dir / "serve_model").resolve()), "port": _free_port(), "extra_args": extra,
-        "model_name": served_name, "prompts": ref["prompts"], "max_new_tokens": ref["max_new_tokens"],
-        "logprobs": TOP_K if ref.get("reference_logprobs") else None, "requests": work,
-        "concurrencies": list(concurrencies), "start_timeout_s": start_timeout_s, "log_path": str(run_dir / "server.log"),
-        "check_backend": ref["servable"]["implementation"] == "transformers-backend", "image_request": image,
-    }, run_dir, readable, start_timeout_s + (2400 if image is not None else 900), env=env)
-    if client.get("no_path"):
-        record.update(status="no vLLM path", implementation="none",
-                      error=f"{client['no_path']}; the weights have no layout of a vLLM class either")
-        return record
-    record["host_args"] = extra
-    record["host_env"] = {} if on_npu else HOST_ENV
-    record["start_s"] = client.get("start_s")
-    if not client.get("started"):
-        record["error"] = "serve.sh did not start: " + _why(client, 2500)
-        return record
-    if not client.get("ok"):
-        record["error"] = "the server started but the check failed: " + _why(client, 2000)
-        return record
-    if image is not None:
-        got, want = client["tokens"][0].get("prompt_ids") or [], ref["prompts"][0]
-        same = got == want
-        record["prompt_check"] = {"same": same, "served_len": len(got), "reference_len": len(want),
-                                  "first_difference": None if same else prefix_len(got, want)}
-        if not same:
-            record["error"] = (f"the server built another prompt from the image request than the reference's: "
-                               f"{len(got)} ids vs {len(want)}, first difference at {prefix_len(got, want)}; its "
-                               "tokens are not comparable")
+    env = {**({} if on_npu else HOST_ENV), "PATH": f"{vpython.parent}:/usr/local/bin:/usr/bin:/bin"}  # its `vllm`
+    readable = [bundle]
+    if image is not None and not on_npu:  # vLLM's image processors import torchvision (agents/deploy/vllm_vision.py)
+        try:
+            vision = ensure_vision_overlay(vpython)
+        except NpuportError as exc:
+            record["error"] = f"no torchvision loads in the vLLM env for its image processor: {exc}"
             return record
-    served = [t["tokens"] for t in client["tokens"]]
-    served_lps = [t.get("top_logprobs") for t in client["tokens"]]
-    record["tokens"] = token_check(served, ref["reference_tokens"], dtype,
-                                   served_lps if all(served_lps) else None, ref.get("reference_logprobs"),
-                                   ref.get("logprobs_note") or (None if all(served_lps) else
-                                                                "the server returned no top-k logprobs"))
+        record["torchvision"] = vision
+        env["PYTHONPATH"] = vision["path"]
+        readable.append(Path(vision["path"]))
+
+    def serve_on(servable_info: dict[str, Any], servable_dir: Path, retry: bool = False) -> dict[str, Any] | None:
+        """Start serve.sh on one servable folder and check its tokens; the client's result, or None with
+        the failure in the record (``retry``: the backend after a vLLM class failed the model)."""
+        extra = [] if on_npu else [*HOST_ARGS]
+        if not servable_info.get("tokenizer"):
+            extra.append("--skip-tokenizer-init")  # prompts go in as token ids
+        if servable_info["implementation"] == "transformers-backend":
+            extra += ["--model-impl", "transformers"]
+        extra += ["--max-num-seqs", str(max(concurrencies))]
+        if image is not None:
+            template = run_dir / "npuport-chat-template.jinja"
+            write_own(template, image["chat_template"])
+            extra += ["--chat-template", str(template.resolve())]
+        client = _sandboxed("sandbox.serve_client", str(vpython), {
+            "serve_sh": str((bundle / "serve.sh").resolve()), "servable_dir": str(servable_dir.resolve()),
+            "serve_dir": str((run_dir / "serve_model").resolve()), "port": _free_port(), "extra_args": extra,
+            "model_name": Path(req.model_path).name, "prompts": ref["prompts"], "max_new_tokens": ref["max_new_tokens"],
+            "logprobs": TOP_K if ref.get("reference_logprobs") else None, "requests": work,
+            "concurrencies": list(concurrencies), "start_timeout_s": start_timeout_s,
+            "log_path": str(run_dir / "server.log"), "image_request": image,
+            "check_backend": servable_info["implementation"] == "transformers-backend",
+        }, run_dir, readable, start_timeout_s + (2400 if image is not None else 900), env=env)
+        record.update(servable=servable_info, implementation=servable_info["implementation"])
+        if client.get("no_path"):
+            record.update(status="no vLLM path", implementation="none", error=client["no_path"] + (
+                "" if retry else "; the weights have no layout of a vLLM class either"))
+            return None
+        record.update(host_args=extra, host_env={} if on_npu else HOST_ENV, start_s=client.get("start_s"))
+        if not client.get("started"):
+            record["error"] = "serve.sh did not start: " + _why(client, 2500)
+            return None
+        if not client.get("ok"):
+            record["error"] = "the server started but the check failed: " + _why(client, 2000)
+            return None
+        if image is not None:
+            got, want = client["tokens"][0].get("prompt_ids") or [], ref["prompts"][0]
+            same = got == want
+            record["prompt_check"] = {"same": same, "served_len": len(got), "reference_len": len(want),
+                                      "first_difference": None if same else prefix_len(got, want)}
+            if not same:
+                record["error"] = (f"the server built another prompt from the image request than the reference's: "
+                                   f"{len(got)} ids vs {len(want)}, first difference at {prefix_len(got, want)}; its "
+                                   "tokens are not comparable")
+                return None
+        served = [t["tokens"] for t in client["tokens"]]
+        served_lps = [t.get("top_logprobs") for t in client["tokens"]]
+        record["tokens"] = token_check(served, ref["reference_tokens"], dtype,
+                                       served_lps if all(served_lps) else None, ref.get("reference_logprobs"),
+                                       ref.get("logprobs_note") or (None if all(served_lps) else
+                                                                    "the server returned no top-k logprobs"))
+        if not record["tokens"]["ok"]:
+            record["error"] = f"tokens through the server: {record['tokens']['verdict']}"
+            return None
+        return client
+
+    client = serve_on(ref["servable"], servable)
+    if client is None and ref["servable"]["implementation"] in VLLM_CLASSES and record.get("status") != "no vLLM path":
+        # vLLM's class for the model crashed or computed other tokens (its CPU kernels have their own limits): the
+        # Transformers backend runs the patched code instead, when the model is a class it can take.
+        first = {"implementation": ref["servable"]["implementation"], "error": record.pop("error", ""),
+                 "tokens": record.pop("tokens", None)}
+        backend_dir = run_dir / "servable-backend"
+        second = _sandboxed("sandbox.serve_ref", port_python, {**ref_spec, "servable_dir": str(backend_dir.resolve()),
+                                                              "export_only": True, "backend_only": True},
+                            run_dir, [model_dir, bundle / "patched"], 900)
+        info = (second.get("servable") or {}) if second.get("ok") else {}
+        if info.get("implementation") == "transformers-backend":
+            record["first_attempt"] = first
+            print(f"npuport: vLLM's {first['implementation']} class failed the model; trying vLLM's Transformers "
+                  "backend over the patched code", file=sys.stderr, flush=True)
+            client = serve_on(info, backend_dir, retry=True)
+            if client is None and record.get("status") == "no vLLM path":
+                # The backend refuses the class: vLLM's own class stays the path (on an NPU its kernels are
+                # vllm-ascend's), failed here for the first reason; serve.sh is not stopped as if none existed.
+                record.update(status="failed", implementation=first["implementation"], servable=ref["servable"],
+                              backend_retry=record["error"], error=first["error"])
+                record.pop("first_attempt")
+                if first["tokens"]:
+                    record["tokens"] = first["tokens"]
+            elif client is None:  # both failed: the user reads both causes
+                record["error"] = (f"vLLM's own class ({first['implementation']}): {first['error'][:2000]}\n"
+                                   f"then vLLM's Transformers backend: {record.get('error', '')}")
+        else:
+            record.update(error=first["error"], **({"tokens": first["tokens"]} if first["tokens"] else {}))
+            record["backend_retry"] = info.get("detail") or second.get("error") or "the backend export failed"
+    if client is None:
+        return record
     record["throughput"] = throughput_table(client.get("bench") or [], ref.get("transformers") or [],
                                             ref.get("transformers_batched") or [])
     record.update(transformers=ref.get("transformers") or [], transformers_batched=ref.get("transformers_batched") or [],
                   threads=THREADS)
-    record["status"] = "served" if record["tokens"]["ok"] else "failed"
-    if not record["tokens"]["ok"]:
-        record["error"] = f"tokens through the server: {record['tokens']['verdict']}"
-    elif (req.tune if tune is None else tune) and not on_npu and (write_serve is not None or callable(tune)):
+    record["status"] = "served"  # serve_on returned a client only when the tokens passed
+    if (req.tune if tune is None else tune) and not on_npu and (write_serve is not None or callable(tune)):
         from agents.deploy.engine_tune import engine_stage
 
         record["engine_tuning"] = engine_stage(
