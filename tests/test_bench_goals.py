@@ -85,3 +85,19 @@ def test_engine_landscapes_are_swept_in_the_engine_spaces_order(tmp_path: Path) 
                         "--landscapes", str(tmp_path)], cwd=ROOT, capture_output=True, text=True, timeout=600)
     row = next(ln for ln in r.stdout.splitlines() if ln.startswith("toy/vllm-seqs-stream"))
     assert row.split()[2] == "2.0"  # the prior, then stream_interval 16 (max_num_seqs first would take 3)
+
+
+def test_serve_speedup_judges_b_against_the_best_batch_that_ran_when_the_top_one_could_not() -> None:
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("serve_speedup", ROOT / "bench" / "serve_speedup.py")
+    assert spec and spec.loader
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    top = bench.CONCURRENCIES[-1]
+    ran = {1: {"output_tokens_per_s": 4.6}, 8: {"output_tokens_per_s": 5.7}, 32: {"output_tokens_per_s": 4.6}}
+    ratio, note = bench.against_batched(650.0, {**ran, top: {"output_tokens_per_s": None, "error": "not run"}})
+    assert round(ratio, 1) == round(650.0 / 5.7, 1) and "best batch that ran, 8" in note  # the kinder baseline
+    same, note = bench.against_batched(650.0, {**ran, top: {"output_tokens_per_s": 325.0}})
+    assert same == 2.0 and note == ""
+    assert bench.against_batched(650.0, {1: {"output_tokens_per_s": 4.6}})[0] == 0.0  # one at a time is no batch

@@ -13,6 +13,7 @@ import json
 import random
 import socket
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -228,6 +229,12 @@ def exercise(state: dict[str, Any], bundle: Path, run_root: Path, *, requests: i
         record["torchvision"] = vision
         env["PYTHONPATH"] = vision["path"]
         readable.append(Path(vision["path"]))
+    if image is not None:
+        # In a folder of its own, which every server start reads (the engine tuner's trials too); made afresh
+        # (mkdtemp: a name no run could have taken) while no sandboxed run is going.
+        template = Path(tempfile.mkdtemp(prefix="chat-template-", dir=run_dir)) / "npuport-chat-template.jinja"
+        write_own(template, image["chat_template"])
+        readable.append(template.parent)
 
     def serve_on(servable_info: dict[str, Any], servable_dir: Path, retry: bool = False) -> dict[str, Any] | None:
         """Start serve.sh on one servable folder and check its tokens; the client's result, or None with
@@ -239,8 +246,6 @@ def exercise(state: dict[str, Any], bundle: Path, run_root: Path, *, requests: i
             extra += ["--model-impl", "transformers"]
         extra += ["--max-num-seqs", str(max(concurrencies))]
         if image is not None:
-            template = run_dir / "npuport-chat-template.jinja"
-            write_own(template, image["chat_template"])
             extra += ["--chat-template", str(template.resolve())]
         client = _sandboxed("sandbox.serve_client", str(vpython), {
             "serve_sh": str((bundle / "serve.sh").resolve()), "servable_dir": str(servable_dir.resolve()),
@@ -326,7 +331,7 @@ def exercise(state: dict[str, Any], bundle: Path, run_root: Path, *, requests: i
 
         record["engine_tuning"] = engine_stage(
             run_dir, record, config, work, write_serve=write_serve, custom=tune if callable(tune) else None,
-            run=_sandboxed, port=_free_port, python=str(vpython), ref_python=port_python, env=env, ro=[bundle],
+            run=_sandboxed, port=_free_port, python=str(vpython), ref_python=port_python, env=env, ro=readable,
             check=lambda served: token_check(served, ref["reference_tokens"], dtype),
             host_args=[*HOST_ARGS, "--max-num-seqs"], threads=THREADS, table=throughput_table)
     return record
