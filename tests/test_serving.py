@@ -430,6 +430,31 @@ def test_the_parent_never_writes_or_reads_the_deployment_specs_through_a_runs_li
                      ref_python="", env={}, ro=[], check=None, host_args=[], threads=1, table=None)
 
 
+def test_the_engine_tuner_never_mounts_a_servable_folder_a_run_replaced_by_a_link(tmp_path: Path) -> None:
+    """The client run can write its run folder: a link it leaves in place of the servable folder would be
+    followed by the trials' read-only mount (a host folder shown to the model's code)."""
+    from agents.deploy.engine_tune import engine_stage
+
+    secret = tmp_path / "host-secrets"
+    secret.mkdir()
+    run_dir = tmp_path / "deploy"
+    run_dir.mkdir()
+    (run_dir / "servable").symlink_to(secret)
+    serving.write_own(run_dir / "serve_client.spec.json", json.dumps(
+        {"servable_dir": str(run_dir / "servable"), "serve_sh": str(tmp_path / "bundle" / "serve.sh")}))
+    serving.write_own(run_dir / "serve_ref.spec.json", "{}")
+    mounted: list[list[Path]] = []
+
+    def run(module: str, python: str, spec: dict[str, Any], where: Path, ro: list[Path], *a: Any, **k: Any) -> dict:
+        mounted.append(ro)
+        return {"ok": False}
+
+    out = engine_stage(run_dir, {}, {}, [], write_serve=None, custom=lambda ctx: ctx.run_client({}, tmp_path),
+                       run=run, port=lambda: 1, python="", ref_python="", env={}, ro=[], check=None, host_args=[],
+                       threads=1, table=None)
+    assert out["status"] == "failed" and "no longer a folder of its own" in out["detail"] and mounted == []
+
+
 # A remote-code Llama whose MLP output is damped: its weights have the Llama layout, so vLLM's own Llama class is
 # tried first and computes other tokens; the class is written for transformers' attention interface (a Llama
 # subclass), so vLLM's Transformers backend runs the patched code instead.

@@ -155,6 +155,9 @@ def engine_stage(run_dir: Path, record: dict[str, Any], config: dict[str, Any], 
     client = json.loads(read_bounded(run_dir / "serve_client.spec.json", SPEC_CAP))
     ref = json.loads(read_bounded(run_dir / "serve_ref.spec.json", SPEC_CAP))
     servable = Path(client["servable_dir"])
+    if servable.is_symlink() or not servable.is_dir():  # a run's link would be followed into the trials' mounts
+        return {"status": "failed", "detail": f"the servable folder {servable} is no longer a folder of its own "
+                                              "(a run replaced it): not mounted into the tuner's server starts"}
     ro = ro if ro is not None else [Path(client["serve_sh"]).parent]
     wall = float(client.get("start_timeout_s") or 300) + 900
 

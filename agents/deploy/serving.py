@@ -295,7 +295,8 @@ def exercise(state: dict[str, Any], bundle: Path, run_root: Path, *, requests: i
         # Transformers backend runs the patched code instead, when the model is a class it can take.
         first = {"implementation": ref["servable"]["implementation"], "error": record.pop("error", ""),
                  "tokens": record.pop("tokens", None)}
-        backend_dir = run_dir / "servable-backend"
+        # afresh (mkdtemp) while no run is going: a link a run left under a fixed name would be followed
+        backend_dir = Path(tempfile.mkdtemp(prefix="servable-backend-", dir=run_dir))
         second = _sandboxed("sandbox.serve_ref", port_python, {**ref_spec, "servable_dir": str(backend_dir.resolve()),
                                                               "export_only": True, "backend_only": True},
                             run_dir, [model_dir, bundle / "patched"], 900)
