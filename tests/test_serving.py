@@ -533,8 +533,6 @@ def test_export_for_the_backend_alone_keeps_the_patched_code_over_a_known_layout
     model, b, _ = _damped_bundle(tmp_path)
     sys.path.insert(0, str(model))
     try:
-        from transformers import AutoConfig  # noqa: F401 (the class's import chain)
-
         import modeling_damped  # type: ignore[import-not-found]
     finally:
         sys.path.remove(str(model))
