@@ -175,10 +175,10 @@ def _settings() -> list[vllm.ServeSetting]:
             vllm.ServeSetting(name="TASK_QUEUE_ENABLE", value="1", kind="env", reason="r", citation="c")]
 
 
-def _bundle(tmp_path: Path, settings: list[vllm.ServeSetting]) -> Path:
+def _bundle(tmp_path: Path, settings: list[vllm.ServeSetting], model: Path = TINY) -> Path:
     b = tmp_path / "bundle"
     b.mkdir()
-    (b / "serve.sh").write_text(vllm.render_serve_sh(settings, "tiny_llm", str(TINY)))
+    (b / "serve.sh").write_text(vllm.render_serve_sh(settings, model.name, str(model)))
     (b / "set_env.sh").write_text(vllm.render_set_env_sh(settings))
     return b
 
@@ -516,10 +516,7 @@ def _damped_bundle(tmp_path: Path) -> tuple[Path, Path, list[vllm.ServeSetting]]
     (model / "config.json").write_text(json.dumps(DAMPED_CONFIG))
     settings = [*_settings(), vllm.ServeSetting(name="trust-remote-code", value=True, kind="flag", reason="r",
                                                 citation="c")]
-    b = tmp_path / "bundle"
-    b.mkdir()
-    (b / "serve.sh").write_text(vllm.render_serve_sh(settings, "damped", str(model)))
-    (b / "set_env.sh").write_text(vllm.render_set_env_sh(settings))
+    b = _bundle(tmp_path, settings, model)
     shutil.copytree(model, b / "patched")
     (b / "deploy.json").write_text(json.dumps({"serve_settings": [s.model_dump() for s in settings]}))
     return model, b, settings
