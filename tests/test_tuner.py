@@ -189,6 +189,29 @@ def test_budget_early_stop_noise_repeat_and_failures() -> None:
     assert [r.id for r in records] == [f"trial-{i}" for i in range(1, len(records) + 1)]
 
 
+def test_a_lucky_run_of_a_noisy_point_does_not_pull_the_walk_or_win() -> None:
+    """A point whose runs spread widely (2 threads fighting the host for 2 cores) is judged by its median
+    discounted by its spread: its lucky 5 % over a steady incumbent neither moves the walk nor is the answer,
+    and the walk goes on to the steady optimum along the other dimension."""
+    space = SearchSpace(name="noisy", target="cpu", dims=[
+        Dim(name="batch", values=[1, 2, 4], ordered=True, prior=4),
+        Dim(name="threads", values=[1, 2], ordered=True, prior=1)])
+    facts = HostFacts(target="cpu", cores=2)
+    table = {(4, 1): (100.0, 0.05), (2, 1): (105.0, 1.8), (1, 1): (40.0, 0.05),
+             (4, 2): (130.0, 0.05), (2, 2): (60.0, 0.05), (1, 2): (30.0, 0.05)}
+    res = npuport_search(space, facts, lambda p: Outcome(table[space.key(p)][0], spread=table[space.key(p)][1]),
+                         Budget(max_trials=20))
+    assert res.best is not None and space.key(res.best.params) == (4, 2), [t.params for t in res.trials]
+    walked = [space.key(t.params) for t in res.trials]
+    assert walked[:3] == [(4, 1), (2, 1), (4, 2)], walked  # not down the batch dimension after the noisy point
+    # the same 5 % from a steady point does move the walk
+    table[(2, 1)] = (105.0, 0.05)
+    res = npuport_search(space, facts, lambda p: Outcome(table[space.key(p)][0], spread=table[space.key(p)][1]),
+                         Budget(max_trials=20))
+    walked = [space.key(t.params) for t in res.trials]
+    assert walked[:3] == [(4, 1), (2, 1), (1, 1)], walked
+
+
 def test_tpe_and_random_respect_constraints_and_never_rerun_a_point() -> None:
     facts = HostFacts(target="cpu", cores=2)
     space = SearchSpace(name="c", target="cpu", dims=[Dim(name="threads", values=[1, 2, 4, 8], ordered=True),

@@ -9,8 +9,9 @@ npuport's search (maximises the objective):
    rises (a step must gain ``min_gain``, else it is noise); on a categorical dimension try the other
    values, best-first by a main-effects surrogate (the mean log-objective of earlier trials that had
    each value);
-4. noise: a challenger that wins by less than the measured spread of the two is re-measured before
-   it replaces the incumbent; repeats count as trials;
+4. noise: points are compared on their median discounted by their runs' spread (SPREAD_PENALTY); a
+   challenger that wins by less than the measured spread of the two is re-measured before it replaces
+   the incumbent; repeats count as trials;
 5. when a full sweep moves nothing, restarts once from the untried point the surrogate rates best
    (noise can strand the walk on a local optimum); stops early when the sweep around the restart
    improves nothing either, or at the trial / time budget.
@@ -70,6 +71,9 @@ class TuneResult:
 
 
 Evaluate = Callable[[dict[str, Any]], Outcome]
+# A point is judged by its median discounted by a quarter of its runs' spread: a steady configuration is the
+# better deployment, and one lucky run of a noisy point must not pull the walk its way.
+SPREAD_PENALTY = 0.25
 
 
 class _Runner:
@@ -107,6 +111,11 @@ class _Runner:
     def value(self, key: tuple[Any, ...]) -> float | None:
         vals = [t.value for t in self.seen.get(key, []) if t.value is not None]
         return sorted(vals)[len(vals) // 2] if vals else None  # median (upper) of the repeats
+
+    def steady(self, key: tuple[Any, ...]) -> float | None:
+        """The median discounted by its spread (SPREAD_PENALTY): what the walk compares and the answer is."""
+        v = self.value(key)
+        return None if v is None else v / (1.0 + SPREAD_PENALTY * self.spread(key))
 
     def spread(self, key: tuple[Any, ...]) -> float:
         return max((t.outcome.spread for t in self.seen.get(key, [])), default=0.0)
@@ -197,7 +206,7 @@ def npuport_search(space: SearchSpace, facts: HostFacts, evaluate: Evaluate, bud
                 cur = key
 
     def better(challenger: tuple[Any, ...], incumbent: tuple[Any, ...]) -> bool:
-        vc, vi = runner.value(challenger), runner.value(incumbent)
+        vc, vi = runner.steady(challenger), runner.steady(incumbent)
         if vc is None:
             return False
         if vi is None:
@@ -269,7 +278,7 @@ def npuport_search(space: SearchSpace, facts: HostFacts, evaluate: Evaluate, bud
                 runner.run(fresh, by_key[fresh], "restart at the surrogate's best untried point")
                 cur = fresh  # sweep around it; the best point seen so far stays the answer unless beaten
     ok = [t for t in runner.trials if t.value is not None]
-    best_trial = max(ok, key=lambda t: runner.value(space.key(t.params)) or 0.0) if ok else None
+    best_trial = max(ok, key=lambda t: runner.steady(space.key(t.params)) or 0.0) if ok else None
     return TuneResult(runner.trials, best_trial, stopped, len(feasible), pruned_n)
 
 
