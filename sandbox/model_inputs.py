@@ -229,6 +229,23 @@ def _generates_from_ids(module: Any) -> bool:
     return not required
 
 
+def builds_own_mask(model: Any, method_name: str) -> bool:
+    """The model's own ``generate`` (its code, not transformers') names its token or image inputs but no
+    attention mask: it builds the mask itself (image features merged into the text embeddings make it longer
+    than the ids), and a mask of the ids' length passed through its ``**kwargs`` would not fit. A batch of one
+    unpadded prompt means the same without one."""
+    if method_name != "generate":
+        return False
+    fn = getattr(type(model), "generate", None)
+    if fn is None or (getattr(fn, "__module__", "") or "").startswith(("transformers.", "torch.")):
+        return False
+    try:
+        params = set(inspect.signature(fn).parameters)
+    except (TypeError, ValueError):
+        return False
+    return "attention_mask" not in params and bool(params & {"input_ids", "pixel_values", "images", "image"})
+
+
 def synthesise_inputs(model: Any, method_name: str, config: dict[str, Any], seed: int) -> dict[str, Any]:
     """Token ids within the vocabulary (and a mask) for a method that takes them, an image batch of the
     config's image size for one that names pixels. Structured inputs (image lists, grids, masks) are not
@@ -252,7 +269,7 @@ def synthesise_inputs(model: Any, method_name: str, config: dict[str, Any], seed
     out: dict[str, Any] = {}
     if "input_ids" in names or var_kw:
         out["input_ids"] = torch.randint(0, int(vocab), (1, SYNTH_TOKENS), generator=g)
-        if "attention_mask" in names:
+        if "attention_mask" in names and not builds_own_mask(model, method_name):
             out["attention_mask"] = torch.ones(1, SYNTH_TOKENS, dtype=torch.long)
     size = int(nested(config, "image_size") or 32)
     chans = int(nested(config, "num_channels") or 3)

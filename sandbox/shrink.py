@@ -7,8 +7,9 @@ larger than the experts. The per-head size is kept (hidden = HEADS x the origina
 ``head_dim`` keys are not shrunk): code derives head counts from widths (``num_heads = embed_dim // 128``)
 and rotary sizes from the head size. Vocabulary and image sizes are kept: token ids and image tensors
 built by the model's own preprocessing must stay valid. A width equal to a literal the code uses as a
-size (a layer's size argument, a size-named keyword, default or variable) is kept, citing that line; the
-manifest's ``shrink:`` dict (dotted keys for nested configs) overrides any derived value.
+size (a layer's size argument, a size-named keyword, default or variable) is kept, citing that line. A width
+one level hands another (a vision tower's ``projection_dim`` equal to the language model's hidden size) follows
+the level it equals. The manifest's ``shrink:`` dict (dotted keys for nested configs) overrides any derived value.
 ``shrink_candidates`` gives the backed-off variants (a level's widths and heads kept) that
 sandbox/shrink_fit.py tries when the model's constructor rejects the derived sizes.
 Used by the harness (inside the sandbox), so it imports nothing of agents/graph.
@@ -156,6 +157,7 @@ def shrink_config(config: dict[str, Any], overrides: dict[str, Any] | None = Non
     changes: list[str] = []
     hard = hard_coded_widths(model_dir) if model_dir is not None else {}
     out = _shrink_level(config, "", changes, hard, keep)
+    _cross_level_widths(config, out, changes, hard)
     for key, value in (overrides or {}).items():
         node = out
         *parents, last = key.split(".")
@@ -318,6 +320,45 @@ def _companion_widths(out: dict[str, Any], hidden_key: str, old: int, new: int, 
                 _HIDDEN_KEYS, _FFN_KEYS, _HEAD_KEYS, _KV_KEYS, _LAYER_KEYS, _EXPERT_KEYS, _PER_HEAD_KEYS)):
             continue
         width(key, new * (v // old), ffn=bool(_FFN_WORD.search(key)))
+
+
+def _levels(config: dict[str, Any], prefix: str = "") -> list[tuple[str, dict[str, Any]]]:
+    """Every level of a config (the top, then its sub-configs at any depth) with its key prefix."""
+    return [(prefix, config), *(lv for k, v in config.items() if isinstance(v, dict)
+                                for lv in _levels(v, f"{prefix}{k}."))]
+
+
+def _cross_level_widths(config: dict[str, Any], out: dict[str, Any], changes: list[str],
+                        hard: dict[int, list[tuple[str, str | None]]]) -> None:
+    """A width one level hands to another: a size-named key of one level (a vision tower's ``projection_dim``,
+    a top-level ``mm_hidden_size``) equal to another level's hidden size, which the shrink reduced, follows it;
+    the projection that joins the two towers is sized by it (``image_features @ image_projection`` is
+    concatenated with the text embeddings). Left alone when the levels disagree on the new size, or when the
+    code uses the number as a size itself."""
+    new_levels = dict(_levels(out))
+    shrunk: dict[int, dict[str, tuple[str, int]]] = {}  # old hidden -> {level: (its hidden key, new hidden)}
+    for prefix, level in _levels(config):
+        key = next((k for k in level if _HIDDEN_KEYS.match(k) and _int(level[k])), None)
+        if key and _int(new_levels[prefix].get(key)) and new_levels[prefix][key] < level[key]:
+            shrunk.setdefault(level[key], {})[prefix] = (key, new_levels[prefix][key])
+    per_level = (_HIDDEN_KEYS, _FFN_KEYS, _HEAD_KEYS, _KV_KEYS, _LAYER_KEYS, _EXPERT_KEYS, _PER_HEAD_KEYS)
+    for prefix, level in _levels(config):
+        target = new_levels[prefix]
+        for key, v in level.items():
+            if (not _int(v) or v not in shrunk or target.get(key) != v or not _size_name(key)
+                    or _NOT_A_WIDTH.search(key) or any(r.match(key) for r in per_level)):
+                continue
+            others = {lv: kn for lv, kn in shrunk[v].items() if lv != prefix}
+            if len({n for _, n in others.values()}) != 1:
+                continue
+            where = [w for w, param in hard.get(v, []) if param != key and _same_class(w, False)]
+            if where:
+                changes.append(f"{prefix}{key}: kept at {v}, the model's code uses {v} as a size at {where[0]} "
+                               f"(override: shrink: {{{prefix}{key}: N}} in npuport.yaml)")
+                continue
+            lv, (hidden_key, new) = next(iter(others.items()))
+            target[key] = new
+            changes.append(f"{prefix}{key}: {v} -> {new} (with {lv}{hidden_key})")
 
 
 # ----------------------------------------------------------------------------------------------

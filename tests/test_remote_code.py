@@ -498,3 +498,32 @@ def test_a_wrapper_whose_generate_takes_text_is_validated_through_its_language_m
     assert any("generate takes text" in n and "LlamaForCausalLM" in n and "not exercised" in n
                for n in res["inputs"]["notes"]), res["inputs"]["notes"]
     assert res["outputs"]["new_tokens"] == 4
+
+
+
+def test_a_models_own_generate_that_builds_its_mask_gets_none() -> None:
+    """Synthesised inputs for a generate of the model's own that names its ids and pixels but no mask carry
+    none (a mask of the ids' length no longer fits once image features are merged in: Florence-2's
+    'Attention mask should be of size (1, 1, 10, 10), but is torch.Size([1, 1, 8, 8])'); its forward, and a
+    generate that passes everything through, still get one."""
+    import torch
+
+    from sandbox.model_inputs import builds_own_mask, synthesise_inputs
+
+    class MergesImages(torch.nn.Module):  # its own generate merges image features and builds the mask itself
+        def forward(self, input_ids, attention_mask=None, pixel_values=None):  # type: ignore[no-untyped-def]
+            return input_ids
+
+        def generate(self, input_ids, inputs_embeds=None, pixel_values=None, **kwargs):  # type: ignore[no-untyped-def]
+            return input_ids
+
+    class PassesThrough(MergesImages):
+        def generate(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+            return args
+
+    config = {"vocab_size": 100, "image_size": 16}
+    model = MergesImages()
+    assert builds_own_mask(model, "generate") and not builds_own_mask(model, "forward")
+    assert set(synthesise_inputs(model, "generate", config, 0)) == {"input_ids", "pixel_values"}
+    assert set(synthesise_inputs(model, "forward", config, 0)) == {"input_ids", "attention_mask", "pixel_values"}
+    assert "attention_mask" in synthesise_inputs(PassesThrough(), "generate", config, 0)

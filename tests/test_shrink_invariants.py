@@ -118,3 +118,25 @@ def test_a_forward_that_fails_with_every_size_leaves_the_derived_config(tmp_path
     small, changes = fit_to_constructor(model_cls, CONFIG, {}, tmp_path)
     assert small == shrink_config(CONFIG)[0]  # the constructor accepted the derived sizes; the forward says nothing
     assert not any("forward" in c for c in changes)
+
+
+def test_a_width_one_tower_hands_another_follows_the_level_it_equals() -> None:
+    """An encoder-decoder VLM's config: the vision tower's projection_dim (and the top level's) is the text
+    model's d_model, by which image features are concatenated with the text embeddings; it shrinks with it.
+    A per-head or rotary size equal to it by chance does not, and two levels that shrink the same old width
+    differently leave it alone."""
+    config = {"projection_dim": 1024,
+              "text_config": {"d_model": 1024, "encoder_attention_heads": 16, "decoder_attention_heads": 16,
+                              "encoder_ffn_dim": 4096, "encoder_layers": 12},
+              "vision_config": {"dim_embed": [256, 512, 1024, 2048], "projection_dim": 1024, "rope_dim": 1024,
+                                "image_size": 1024}}
+    small, changes = shrink_config(config)
+    new = small["text_config"]["d_model"]
+    assert new < 1024 and small["vision_config"]["projection_dim"] == new and small["projection_dim"] == new
+    assert "vision_config.projection_dim: 1024 -> 256 (with text_config.d_model)" in changes
+    assert small["vision_config"]["rope_dim"] == 1024 and small["vision_config"]["image_size"] == 1024
+    # two towers of the same width shrinking to different sizes: which one the projection joins is not known
+    config["audio_config"] = {"hidden_size": 1024, "num_attention_heads": 8}
+    small, _ = shrink_config(config)
+    assert small["audio_config"]["hidden_size"] != small["text_config"]["d_model"]
+    assert small["vision_config"]["projection_dim"] == 1024
