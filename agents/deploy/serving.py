@@ -132,6 +132,15 @@ def exercised_settings(settings: list[dict[str, Any]]) -> tuple[list[str], list[
     return used, not_here
 
 
+def plugin_note(config: dict[str, Any], facts: dict[str, Any]) -> str:
+    """For a model with no vLLM path here: when this vLLM names its architecture as served by an out-of-tree
+    plugin (its registry's table, read by vllm_facts), where that plugin is; else nothing."""
+    arch = next(iter(config.get("architectures") or []), None)
+    url = (facts.get("plugins") or {}).get(arch) if arch else None
+    return (f". vLLM serves {arch} only through an out-of-tree plugin, {url}, not installed here: installed "
+            "beside vLLM (and vllm-ascend on an Ascend host) it would be the path to try" if url else "")
+
+
 def exercise(state: dict[str, Any], bundle: Path, run_root: Path, *, requests: int = 48,
              hf_single: int | None = HF_SINGLE, concurrencies: tuple[int, ...] = CONCURRENCIES,
              start_timeout_s: float = 900.0, throughput_budget_s: float = 480.0, write_serve: Any = None,
@@ -201,7 +210,7 @@ def exercise(state: dict[str, Any], bundle: Path, run_root: Path, *, requests: i
     record["servable"] = ref["servable"]
     record["implementation"] = ref["servable"]["implementation"]
     if ref["servable"]["implementation"] == "none":
-        record.update(status="no vLLM path", error=ref["servable"]["detail"])
+        record.update(status="no vLLM path", error=ref["servable"]["detail"] + plugin_note(config, facts))
         return record
     if ref.get("not_driven"):  # vLLM could load it, but the check cannot build the request: nothing claimed
         record.update(status="not served", error=ref["not_driven"])
@@ -259,7 +268,7 @@ def exercise(state: dict[str, Any], bundle: Path, run_root: Path, *, requests: i
         record.update(servable=servable_info, implementation=servable_info["implementation"])
         if client.get("no_path"):
             record.update(status="no vLLM path", implementation="none", error=client["no_path"] + (
-                "" if retry else "; the weights have no layout of a vLLM class either"))
+                "" if retry else "; the weights have no layout of a vLLM class either") + plugin_note(config, facts))
             return None
         record.update(host_args=extra, host_env={} if on_npu else HOST_ENV, start_s=client.get("start_s"))
         if not client.get("started"):

