@@ -509,10 +509,18 @@ DAMPED_MANIFEST = {"name": "damped", "entry": {"class": "modeling_damped:DampedL
                    "run": {"method": "generate", "kwargs": {"max_new_tokens": 6}}}
 
 
-def _damped_bundle(tmp_path: Path) -> tuple[Path, Path, list[vllm.ServeSetting]]:
+# The same model as remote code of the older kind: its own attention module, not written for transformers'
+# attention interface, so vLLM's Transformers backend refuses the class.
+OLD_STYLE_DAMPED_CODE = DAMPED_CODE.replace("import torch\n", "import torch\nfrom torch import nn\n", 1).replace(
+    "class DampedLlamaModel(LlamaModel):\n",
+    "class DampedAttention(nn.Module):\n    pass\n\n\n"
+    "class DampedLlamaModel(LlamaModel):\n    _supports_attention_backend = False\n")
+
+
+def _damped_bundle(tmp_path: Path, code: str = DAMPED_CODE) -> tuple[Path, Path, list[vllm.ServeSetting]]:
     model = tmp_path / "damped"
     model.mkdir()
-    (model / "modeling_damped.py").write_text(DAMPED_CODE)
+    (model / "modeling_damped.py").write_text(code)
     (model / "config.json").write_text(json.dumps(DAMPED_CONFIG))
     settings = [*_settings(), vllm.ServeSetting(name="trust-remote-code", value=True, kind="flag", reason="r",
                                                 citation="c")]
@@ -559,6 +567,24 @@ def test_a_vllm_class_that_computes_other_tokens_falls_back_to_the_transformers_
     assert rec["tokens"]["ok"] and rec["tokens"]["served"] == rec["tokens"]["reference_float32"]
     text = "\n".join(deployment_lines(rec))
     assert "first tried: vLLM's own class for the weights' layout" in text and "Tokens through the server" in text
+
+
+@pytest.mark.slow
+def test_when_the_backend_refuses_the_class_the_vllm_class_failure_stands(tmp_path: Path, npuport_home: Path) -> None:
+    """vLLM's Llama computes other tokens for the damped model; written as older remote code (its own attention
+    module), the Transformers backend refuses the class: the deployment is failed for the first reason, with
+    the backend's refusal beside it, never "no vLLM path" (serve.sh is not stopped: on an NPU the class runs on
+    vllm-ascend's kernels)."""
+    import sys
+
+    model, b, _ = _damped_bundle(tmp_path, OLD_STYLE_DAMPED_CODE)
+    state = {"request": {"model_path": str(model)}, "entry": DAMPED_MANIFEST, "environment": {"python": sys.executable}}
+    rec = serving.exercise(state, b, tmp_path / "runs", requests=4, concurrencies=(1,))
+    assert rec["status"] == "failed" and rec["implementation"] == "vllm-native-layout", rec
+    assert "tokens through the server" in rec["error"] and "first_attempt" not in rec
+    assert "refuses DampedLlamaModel" in rec["backend_retry"], rec["backend_retry"]
+    text = "\n".join(deployment_lines(rec))
+    assert "after that failure, vLLM's Transformers backend over the patched code" in text
 
 
 def test_the_image_request_is_batched_by_copying_it_along_the_batch() -> None:
