@@ -213,12 +213,9 @@ def _shrink_level(config: dict[str, Any], prefix: str, changes: list[str],
 
     def width(key: str, new: int, ffn: bool = False) -> bool:
         old = out[key]
-        # A default of a parameter named as the key (``width=128`` for "width") is the config's to override;
-        # a site of the other class of size (an FFN size for a width, a width for an FFN size) is not this key's.
-        where = [w for w, param in hard.get(old, []) if param != key and _same_class(w, ffn)] if _int(old) else []
-        if where:
-            changes.append(f"{prefix}{key}: kept at {old}, the model's code uses {old} as a size at {where[0]} "
-                           f"(override: shrink: {{{prefix}{key}: N}} in npuport.yaml)")
+        kept = _kept_by_code(hard, prefix, key, old, ffn) if _int(old) else None
+        if kept:
+            changes.append(kept)
             return False
         set_(key, new)
         return True
@@ -314,12 +311,26 @@ def _companion_widths(out: dict[str, Any], hidden_key: str, old: int, new: int, 
     attention_hidden_size)`` reshaped per head) needs the ratio, not the number."""
     for key in list(out):
         v = out[key]
-        if key == hidden_key or not _int(v) or v < old or v % old or v // old > _RATIO_MAX:
-            continue
-        if not _size_name(key) or _NOT_A_WIDTH.search(key) or any(r.match(key) for r in (
-                _HIDDEN_KEYS, _FFN_KEYS, _HEAD_KEYS, _KV_KEYS, _LAYER_KEYS, _EXPERT_KEYS, _PER_HEAD_KEYS)):
+        if key == hidden_key or not _int(v) or v < old or v % old or v // old > _RATIO_MAX or not _paired_width(key):
             continue
         width(key, new * (v // old), ffn=bool(_FFN_WORD.search(key)))
+
+
+def _paired_width(key: str) -> bool:
+    """A size-named key outside the classes a level shrinks by rule (hidden, FFN, heads, layers, experts,
+    per-head sizes) and not a head / rotary / group size: a width that follows another one."""
+    return _size_name(key) and not _NOT_A_WIDTH.search(key) and not any(r.match(key) for r in (
+        _HIDDEN_KEYS, _FFN_KEYS, _HEAD_KEYS, _KV_KEYS, _LAYER_KEYS, _EXPERT_KEYS, _PER_HEAD_KEYS))
+
+
+def _kept_by_code(hard: dict[int, list[tuple[str, str | None]]], prefix: str, key: str, value: int,
+                  ffn: bool) -> str | None:
+    """The change line keeping ``key`` at ``value`` when the model's code uses that number as a size of the
+    key's class, else None. A default of a parameter named as the key (``width=128`` for "width") is the
+    config's to override; a site of the other class of size (an FFN size for a width) is not this key's."""
+    where = [w for w, param in hard.get(value, []) if param != key and _same_class(w, ffn)]
+    return (f"{prefix}{key}: kept at {value}, the model's code uses {value} as a size at {where[0]} "
+            f"(override: shrink: {{{prefix}{key}: N}} in npuport.yaml)") if where else None
 
 
 def _levels(config: dict[str, Any], prefix: str = "") -> list[tuple[str, dict[str, Any]]]:
@@ -341,20 +352,17 @@ def _cross_level_widths(config: dict[str, Any], out: dict[str, Any], changes: li
         key = next((k for k in level if _HIDDEN_KEYS.match(k) and _int(level[k])), None)
         if key and _int(new_levels[prefix].get(key)) and new_levels[prefix][key] < level[key]:
             shrunk.setdefault(level[key], {})[prefix] = (key, new_levels[prefix][key])
-    per_level = (_HIDDEN_KEYS, _FFN_KEYS, _HEAD_KEYS, _KV_KEYS, _LAYER_KEYS, _EXPERT_KEYS, _PER_HEAD_KEYS)
     for prefix, level in _levels(config):
         target = new_levels[prefix]
         for key, v in level.items():
-            if (not _int(v) or v not in shrunk or target.get(key) != v or not _size_name(key)
-                    or _NOT_A_WIDTH.search(key) or any(r.match(key) for r in per_level)):
+            if not _int(v) or v not in shrunk or target.get(key) != v or not _paired_width(key):
                 continue
             others = {lv: kn for lv, kn in shrunk[v].items() if lv != prefix}
             if len({n for _, n in others.values()}) != 1:
                 continue
-            where = [w for w, param in hard.get(v, []) if param != key and _same_class(w, False)]
-            if where:
-                changes.append(f"{prefix}{key}: kept at {v}, the model's code uses {v} as a size at {where[0]} "
-                               f"(override: shrink: {{{prefix}{key}: N}} in npuport.yaml)")
+            kept = _kept_by_code(hard, prefix, key, v, ffn=False)
+            if kept:
+                changes.append(kept)
                 continue
             lv, (hidden_key, new) = next(iter(others.items()))
             target[key] = new
