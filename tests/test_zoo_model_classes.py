@@ -528,3 +528,140 @@ def test_a_chat_that_reads_self_tokenizer_and_generates_through_its_language_mod
     assert "set as model.tokenizer" in notes and "its lm.generate call was intercepted: inputs_embeds (1, " in notes
     assert "generates through its submodule lm (TinyLM)" in notes
     assert len(res["outputs"]["tokens"][0]) == 4  # the language model's greedy ids, not the chat's text
+
+
+# ----------------------------------------------------------------------------------------------
+# FlashAttention selected in config.json (a vision sub-config), and a table of attention functions
+# without "sdpa"
+# ----------------------------------------------------------------------------------------------
+
+ATTN_TABLE = textwrap.dedent('''
+    import torch
+    from torch import nn
+
+
+    def flash_attention(q):
+        from flash_attn import flash_attn_varlen_func  # CUDA only
+        return flash_attn_varlen_func(q)
+
+
+    def eager_attention(q):
+        return torch.softmax(q @ q.transpose(-1, -2), -1) @ q
+
+
+    ATTENTION_FUNCTIONS = {
+        "flash_attention_2": flash_attention,
+        "eager": eager_attention,
+    }
+
+
+    class Tower(nn.Module):
+        def __init__(self, width, attn_implementation="flash_attention_2"):
+            super().__init__()
+            if attn_implementation == "flash_attention_2":
+                import flash_attn  # noqa: F401  (what transformers checks when the config asks for it)
+            self.attn = ATTENTION_FUNCTIONS[attn_implementation]
+            self.proj = nn.Linear(width, width)
+
+        def forward(self, x):
+            return self.proj(self.attn(x))
+
+
+    class Toy(nn.Module):
+        def __init__(self, config):
+            super().__init__()
+            vision = config["vision_config"]
+            self.emb = nn.Embedding(config["vocab_size"], 16)
+            self.tower = Tower(16, vision["_attn_implementation"])
+            self.head = nn.Linear(16, config["vocab_size"])
+
+        def forward(self, input_ids):
+            return self.head(self.tower(torch.tanh(self.emb(input_ids))))
+
+        def generate(self, input_ids, max_new_tokens=4):
+            ids = input_ids
+            for _ in range(max_new_tokens):
+                ids = torch.cat([ids, self(ids)[:, -1:].argmax(-1)], dim=1)
+            return ids
+
+
+    def make_inputs(config, seed):
+        return {"input_ids": torch.tensor([[1, 2, 3]])}
+''')
+
+
+def _attn_table_model(tmp_path: Path, table: str = ATTN_TABLE) -> Path:
+    folder = tmp_path / "tower"
+    folder.mkdir(parents=True)
+    (folder / "modeling_toy.py").write_text(table)
+    (folder / "config.json").write_text(json.dumps({"vocab_size": 32, "vision_config": {
+        "_attn_implementation": "flash_attention_2", "width": 16}}, indent=2))
+    (folder / "npuport.yaml").write_text("name: tower\nentry: {class: 'modeling_toy:Toy'}\n"
+                                         "inputs: 'modeling_toy:make_inputs'\nrun: {method: generate, kwargs: "
+                                         "{max_new_tokens: 4}}\n")
+    return folder
+
+
+@pytest.mark.meaning("config-attn-impl")
+def test_flash_attention_in_config_json_becomes_what_the_models_table_has(tmp_path: Path) -> None:
+    """config.json's ``"_attn_implementation": "flash_attention_2"`` (here a vision sub-config's) overrides the
+    code's default, so rewriting the code alone left transformers refusing to build the model ("FlashAttention2
+    has been toggled on, but it cannot be used"). And the model's own table of attention functions has no
+    "sdpa": the "sdpa" the code's default became was a KeyError. One choice for the whole model: "eager"
+    where a table lacks "sdpa", "sdpa" otherwise, in config.json and in the code alike."""
+    from agents.fixing.commits import apply_fix
+    from agents.policies.rule import RulePolicy
+    from agents.reading.scanner import scan_tree
+    from agents.workspace import Workspace
+
+    folder = _attn_table_model(tmp_path)
+    findings = scan_tree(folder).findings
+    rules = {(f.rule, f.file, f.line) for f in findings if "flash-attention" in f.rule}
+    assert ("flash-attention-config", "config.json", 4) in rules
+    assert ("flash-attention-table-no-sdpa", "modeling_toy.py", 16) in rules
+    plan = {a.codemod: a for a in RulePolicy().plan_fixes(findings)}
+    assert plan["config-attn-impl"].params == {"impl": "eager"} == plan["attn-impl-sdpa"].params
+    ws = Workspace.create(folder, tmp_path / "ws")
+    patch, _ = apply_fix(ws, plan["config-attn-impl"], 1)
+    assert patch is not None and patch.files == ["config.json"]
+    config = json.loads((ws.model_dir / "config.json").read_text())
+    assert config == {"vocab_size": 32, "vision_config": {"_attn_implementation": "eager", "width": 16}}
+    patch, _ = apply_fix(ws, plan["attn-impl-sdpa"], 2)
+    assert patch is not None and 'attn_implementation="eager"' in (ws.model_dir / "modeling_toy.py").read_text()
+    assert "flash_attention_2" in (folder / "config.json").read_text()  # the user's folder untouched
+
+    # A table that has "sdpa": the choice is sdpa.
+    with_sdpa = ATTN_TABLE.replace('    "eager": eager_attention,\n', '    "eager": eager_attention,\n'
+                                   '    "sdpa": eager_attention,\n')
+    other = _attn_table_model(tmp_path / "b", with_sdpa)
+    findings = scan_tree(other).findings
+    assert not [f for f in findings if f.rule == "flash-attention-table-no-sdpa"]
+    plan = {a.codemod: a for a in RulePolicy().plan_fixes(findings)}
+    assert plan["config-attn-impl"].params == {"impl": "sdpa"}
+
+
+def test_an_original_that_selects_flash_attention_in_config_json_gets_eager_in_its_reference(tmp_path: Path) -> None:
+    """The original as written cannot be built without flash_attn, so nothing could be validated against it.
+    Its reference copy gets the switch to "eager" in config.json and in the code (the same attention), the
+    report lists each edit, and the deployment's Transformers side builds from that same copy."""
+    from agents.deploy.serving import reference_model_dir
+    from agents.validation.compare import reference_run
+    from agents.workspace import Workspace
+
+    folder = _attn_table_model(tmp_path)
+    ws = Workspace.create(folder, tmp_path / "ws")
+    state: dict[str, Any] = {"workdir": str(ws.root), "entry": discover_entry(folder).as_manifest_dict(),
+                             "request": {"model_path": str(folder)}}
+    rec, runs = reference_run(state)
+    assert rec.ok and runs == 2, rec.exception
+    notes = rec.reference_adjusted or []
+    assert any(n.startswith('reference adjusted: config.json line 4: vision_config._attn_implementation: '
+                            '"flash_attention_2" -> "eager"') for n in notes), notes
+    assert len(notes) == 2 and all("StubCalled: flash_attn.flash_attn_varlen_func was called" in n for n in notes)
+    adjusted = json.loads((ws.root / "original" / "config.json").read_text())
+    assert adjusted["vision_config"]["_attn_implementation"] == "eager"
+    assert json.loads((folder / "config.json").read_text())["vision_config"]["_attn_implementation"] == \
+        "flash_attention_2"  # the user's folder untouched
+    # The deployment's reference: the adjusted copy once validation needed it, the original otherwise.
+    assert reference_model_dir({**state, "runs": [rec.model_dump()]}, folder) == (ws.root / "original").resolve()
+    assert reference_model_dir({**state, "runs": [{"reference_adjusted": None}]}, folder) == folder

@@ -141,6 +141,21 @@ def plugin_note(config: dict[str, Any], facts: dict[str, Any]) -> str:
             "beside vLLM (and vllm-ascend on an Ascend host) it would be the path to try" if url else "")
 
 
+def reference_model_dir(state: dict[str, Any], model_dir: Path) -> Path:
+    """The folder the Transformers side builds the original from: the original as written, or, when
+    validation needed the switch-only fixes to build it at all (agents/validation/reference.py), the
+    workspace's adjusted reference copy (as written it fails here the same way)."""
+    workdir = state.get("workdir")
+    if not workdir or not any(r.get("reference_adjusted") for r in state.get("runs") or []):
+        return model_dir
+    from agents.validation.reference import adjust_tree, reference_dir
+    from agents.workspace import Workspace
+
+    original = reference_dir(Workspace(Path(workdir)))
+    adjust_tree(original)  # idempotent: verify may find the copy extracted afresh
+    return original.resolve()
+
+
 def exercise(state: dict[str, Any], bundle: Path, run_root: Path, *, requests: int = 48,
              hf_single: int | None = HF_SINGLE, concurrencies: tuple[int, ...] = CONCURRENCIES,
              start_timeout_s: float = 900.0, throughput_budget_s: float = 480.0, write_serve: Any = None,
@@ -189,8 +204,9 @@ def exercise(state: dict[str, Any], bundle: Path, run_root: Path, *, requests: i
     for s in json.loads((bundle / "deploy.json").read_text()).get("serve_settings") or []:
         if s["name"] == "dtype":
             dtype = str(s["value"])
+    ref_dir = reference_model_dir(state, model_dir)
     ref_spec = {
-        "model_dir": str(model_dir), "manifest": manifest, "shrink": req.shrink, "seed": 0,
+        "model_dir": str(ref_dir), "manifest": manifest, "shrink": req.shrink, "seed": 0,
         "config_overrides": overrides, "code_dir": str((bundle / "patched").resolve()),
         "servable_dir": str(servable.resolve()), "vllm_archs": facts["archs"], "dtype": dtype,
         "vllm_model_types": facts.get("model_types") or [],
@@ -199,8 +215,8 @@ def exercise(state: dict[str, Any], bundle: Path, run_root: Path, *, requests: i
         "batch_sizes": [c for c in concurrencies if c > 1], "throughput_budget_s": throughput_budget_s,
         "image_requests": image_requests,
     }
-    ref = _sandboxed("sandbox.serve_ref", port_python, ref_spec, run_dir, [model_dir, bundle / "patched"],
-                     900 + throughput_budget_s)
+    ref = _sandboxed("sandbox.serve_ref", port_python, ref_spec, run_dir,
+                     list(dict.fromkeys([model_dir, ref_dir, bundle / "patched"])), 900 + throughput_budget_s)
     record.update(config_note=note, overrides=overrides, dtype=dtype, isolation=ref.get("isolation"),
                   reference_phases_s=ref.get("phases"))
     if not ref.get("ok"):
@@ -308,7 +324,7 @@ def exercise(state: dict[str, Any], bundle: Path, run_root: Path, *, requests: i
         backend_dir = Path(tempfile.mkdtemp(prefix="servable-backend-", dir=run_dir))
         second = _sandboxed("sandbox.serve_ref", port_python, {**ref_spec, "servable_dir": str(backend_dir.resolve()),
                                                               "export_only": True, "backend_only": True},
-                            run_dir, [model_dir, bundle / "patched"], 900)
+                            run_dir, list(dict.fromkeys([model_dir, ref_dir, bundle / "patched"])), 900)
         info = (second.get("servable") or {}) if second.get("ok") else {}
         if info.get("implementation") == "transformers-backend":
             record["first_attempt"] = first

@@ -22,6 +22,7 @@ from agents.policies.base import PolicyContext
 from agents.policies.rule import RulePolicy
 from agents.reasoning import think, why_failed
 from agents.rules.diagnose import classify
+from agents.rules.registry import active
 from knowledge.errors import BudgetExhausted
 from knowledge.settings import LLMSettings
 
@@ -96,6 +97,7 @@ class LLMPolicy:
             if fx.codemod:
                 files = sorted({f.file for f in hits})
                 actions.append(FixAction(codemod=fx.codemod, files=files, finding_ids=fx.finding_ids,
+                                         params=active().plan_params(fx.codemod, findings),
                                          summary=fx.summary or f"{fx.codemod}: {len(hits)} finding(s)", citations=cites))
             else:
                 blocks = LLMEdit(edits=fx.edits, diff=fx.diff).blocks()

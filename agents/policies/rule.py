@@ -33,6 +33,7 @@ class RulePolicy:
             if not citations:
                 citations = {f"recipe:{h}": _recipe(h, "") for h in sorted({f.hazard for f in hits})}
             actions.append(FixAction(codemod=codemod, files=files, finding_ids=ids,
+                                     params=active().plan_params(codemod, findings),
                                      summary=f"{codemod} ({hz}): {len(hits)} finding(s) in {', '.join(files)}",
                                      citations=list(citations.values())))
         think("patcher", "rules", "the recipes plan " + ("; ".join(a.summary for a in actions) if actions

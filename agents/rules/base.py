@@ -41,6 +41,8 @@ class Fix:
     description: str
     rules: frozenset[str] = frozenset()
     order: int = 100  # position in the static plan: imports first, so later codemods parse what will run
+    # codemod parameters chosen from all the model's findings (a choice that spans files), None: no parameters
+    plan_params: Callable[[list[Finding]], dict[str, Any]] | None = None
 
 
 @dataclass(frozen=True)
@@ -141,6 +143,11 @@ class Registry:
         """The codemod the rule policy applies to a finding (hazard, rule id) before the first run."""
         r = self.get(hazard)
         return r.codemod_for(rule) if r else None
+
+    def plan_params(self, codemod: str, findings: list[Finding]) -> dict[str, Any]:
+        """The parameters a static codemod takes for this model (Fix.plan_params over all its findings)."""
+        fix = next((f for r in self.rules for f in r.fixes if f.codemod == codemod), None)
+        return fix.plan_params(findings) if fix is not None and fix.plan_params is not None else {}
 
     def codemods(self) -> dict[str, tuple[Callable[..., CodemodResult], str, str]]:
         """codemod name -> (function, hazard of the first rule declaring it, description)."""

@@ -24,6 +24,13 @@ from agents.rules.cst_helpers import (
     string_value,
     walk_nodes,
 )
+from agents.rules.h4_attn_impl import (
+    CONFIG_RULE,
+    TABLE_WITHOUT_SDPA,
+    config_attn_impl,
+    detect_config,
+    plan_params,
+)
 from agents.rules.h4_fused import _square_base, fused_rms_norm, fused_rms_norm_spans, fused_rotary_mul
 from agents.rules.h4_fused_attention import fused_attention
 from agents.rules.kit import CodemodResult, Rewriter, run_codemod
@@ -48,9 +55,17 @@ def _h4_attention(ctx: ModuleContext) -> None:
                     f"code path taken only with attn_implementation \"{value}\": it is dead on Ascend, where the "
                     "model takes its other attention branch; check that branch is efficient", SLOWS, LOW)
         elif isinstance(parent, cst.DictElement) and parent.key is s:
-            ctx.add("H4", "flash-attention-2-impl", s,
-                    f"attention table entry \"{value}\" maps to a FlashAttention class that needs CUDA; left as "
-                    "written: the entry is dead once nothing selects it", BLOCKS, MEDIUM, fixable=False)
+            table = ctx.parent(parent)
+            keys = {string_value(e.key) for e in getattr(table, "elements", ()) if isinstance(e, cst.DictElement)}
+            if "sdpa" in keys or "eager" not in keys:
+                ctx.add("H4", "flash-attention-2-impl", s,
+                        f"attention table entry \"{value}\" maps to a FlashAttention class that needs CUDA; left as "
+                        "written: the entry is dead once nothing selects it", BLOCKS, MEDIUM, fixable=False)
+            else:  # the port's selections become "eager" (h4_attn_impl.impl_for): "sdpa" would be a KeyError
+                ctx.add("H4", TABLE_WITHOUT_SDPA, s,
+                        f"attention table entry \"{value}\" maps to a FlashAttention function that needs CUDA, and "
+                        "the table has no \"sdpa\" entry: the model's FlashAttention selections become \"eager\", "
+                        "which it has", BLOCKS, MEDIUM, fixable=False)
         else:
             chosen = _selects_impl(parent, ctx.parent(parent) if parent is not None else None, s)
             ctx.add("H4", "flash-attention-2-impl", s,
@@ -121,13 +136,19 @@ def _selects_impl(parent: cst.CSTNode | None, grand: cst.CSTNode | None, s: cst.
 
 
 class _ImplToSdpa(Rewriter):
-    """attn_implementation="flash_attention_2" (keyword, parameter default, assignment) -> "sdpa"."""
+    """attn_implementation="flash_attention_2" (keyword, parameter default, assignment) -> "sdpa" (or the
+    implementation the plan chose for the whole model, h4_attn_impl.impl_for)."""
+
+    def __init__(self, impl: str = "sdpa") -> None:
+        super().__init__()
+        self.impl = impl
 
     def _swap(self, node: cst.BaseExpression | None, where: str) -> cst.BaseExpression | None:
         if isinstance(node, cst.SimpleString) and node.evaluated_value in FLASH_IMPLS:
             q = node.prefix + node.quote
-            self.note(node, f"{where}={node.value} -> \"sdpa\" (flash-attn needs CUDA; SDPA runs on Ascend and CPU)")
-            return node.with_changes(value=f"{q}sdpa{node.quote}")
+            shown = "SDPA" if self.impl == "sdpa" else self.impl
+            self.note(node, f"{where}={node.value} -> \"{self.impl}\" (flash-attn needs CUDA; {shown} runs on Ascend and CPU)")
+            return node.with_changes(value=f"{q}{self.impl}{node.quote}")
         return None
 
     def leave_Arg(self, original: cst.Arg, updated: cst.Arg) -> cst.Arg:
@@ -155,8 +176,8 @@ class _ImplToSdpa(Rewriter):
         return updated
 
 
-def attn_impl_sdpa(source: str, **_: Any) -> CodemodResult:
-    return run_codemod(source, lambda _m: _ImplToSdpa())
+def attn_impl_sdpa(source: str, *, impl: str = "sdpa", **_: Any) -> CodemodResult:
+    return run_codemod(source, lambda _m: _ImplToSdpa(impl))
 
 
 def _norm_kind(ctx: ModuleContext, site: cst.CSTNode) -> tuple[str, str]:
@@ -213,9 +234,13 @@ RULE = HazardRule(
     hazard="H4",
     title="Attention implementation and NPU fused-op opportunities",
     detect=_h4_attention,
+    detect_text=detect_config,
     fixes=(
-        Fix("attn-impl-sdpa", attn_impl_sdpa, "attn_implementation \"flash_attention_2\" -> \"sdpa\"",
-            frozenset({"flash-attention-2-impl"}), order=40),
+        Fix("attn-impl-sdpa", attn_impl_sdpa, "attn_implementation \"flash_attention_2\" -> \"sdpa\" (\"eager\" where "
+            "the model's attention table has no sdpa)", frozenset({"flash-attention-2-impl"}), order=40,
+            plan_params=plan_params),
+        Fix("config-attn-impl", config_attn_impl, "config.json's FlashAttention implementation -> the one the code "
+            "gets", frozenset({CONFIG_RULE}), order=41, plan_params=plan_params),
         Fix("fused-rms-norm", fused_rms_norm, "RMSNorm formula through torch_npu.npu_rms_norm where present",
             frozenset({"rms-norm-opportunity"}), order=80),
         Fix("fused-rotary-mul", fused_rotary_mul, "rotate_half rotary through torch_npu.npu_rotary_mul where present",
@@ -225,6 +250,7 @@ RULE = HazardRule(
             frozenset({"fused-attention-opportunity"}), order=100),
     ),
     manual={
+        TABLE_WITHOUT_SDPA: "an entry of the model's table: dead once nothing selects it (the selections become eager)",
         "flash-attention-2-branch": "a branch for another attention implementation: dead on Ascend, nothing to fix",
         "sdpa-missing": "adding an SDPA path is a model change",
         "sdpa-used": "SDPA runs on Ascend; the op report says whether the fused kernel was taken",

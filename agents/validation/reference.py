@@ -5,8 +5,9 @@ cannot even be built without a CUDA kernel: a constructor asserts that FlashAtte
 the forward path a flag selects would call it, or a kernel-path flag is hard-wired to True. Such an original,
 run as written, fails on any host without CUDA, so nothing could be validated against it. The reference then
 gets the same switch-only fix the port gets (hazard H13's codemods: a constructor's kernel assert deferred to
-where the kernel is called, a hard-wired kernel flag set False, so the model's own torch path runs; no
-computation of the model is changed), applied to the reference copy only, never to the user's folder, and
+where the kernel is called, a hard-wired kernel flag set False, so the model's own torch path runs; H4's
+FlashAttention selection, in the code or in config.json, set to "eager", which transformers builds without
+flash_attn; no computation of the model is changed), applied to the reference copy only, never to the user's folder, and
 only after the original as written failed. Every edit is listed in the report ("reference adjusted: ...")
 with the failure that called for it; a silent one would be no reference at all."""
 
@@ -19,8 +20,11 @@ from typing import Any
 from agents.workspace import Workspace
 
 # Codemods that only switch a CUDA-only kernel path off (they never change what the model computes on the
-# path that runs): the hazard rules' own fixes, applied to the reference copy.
-SWITCH_ONLY_FIXES = ("defer-kernel-assert", "kernel-path-off")
+# path that runs): the hazard rules' own fixes, applied to the reference copy, with their parameters.
+# FlashAttention becomes "eager": the plain attention every implementation table has.
+SWITCH_ONLY_FIXES: dict[str, dict[str, Any]] = {"defer-kernel-assert": {}, "kernel-path-off": {},
+                                                "attn-impl-sdpa": {"impl": "eager"}}
+CONFIG_SWITCH_FIXES: dict[str, dict[str, Any]] = {"config-attn-impl": {"impl": "eager"}}  # on config.json
 NOTES_FILE = "reference-adjusted.json"  # in the workdir, beside original/: the adjustments made, once
 
 
@@ -47,16 +51,18 @@ def adjust_tree(root: Path) -> list[str]:
     from agents.fixing.codemods import CODEMODS
 
     notes: list[str] = []
-    for path in sorted(root.rglob("*.py")):
+    files = [(p, SWITCH_ONLY_FIXES) for p in sorted(root.rglob("*.py"))]
+    files += [(p, CONFIG_SWITCH_FIXES) for p in sorted(root.rglob("config.json"))]
+    for path, fixes in files:
         rel = path.relative_to(root).as_posix()
         try:
             source = path.read_text(encoding="utf-8")
         except (OSError, UnicodeDecodeError):
             continue
-        for name in SWITCH_ONLY_FIXES:
+        for name, params in fixes.items():
             fn = CODEMODS[name][0]
             try:
-                result = fn(source, file=rel)
+                result = fn(source, file=rel, **params)
             except Exception:  # a file libcst cannot parse: left as written
                 break
             if result.changed:
