@@ -196,6 +196,7 @@ def model_inputs_for(model: Any, manifest: dict[str, Any], model_dir: Path, conf
     from sandbox.model_inputs import (
         PreprocessingFailed,
         capture_preprocessed,
+        pixel_grid_names,
         synthesise_inputs,
         text_wrapper_language_model,
     )
@@ -226,6 +227,11 @@ def model_inputs_for(model: Any, manifest: dict[str, Any], model_dir: Path, conf
         return inputs, {}, {"source": "synthesised", "notes": notes, "method": f"{lm}.generate"}
     inputs = synthesise_inputs(model, method, config, seed)
     notes.append("inputs synthesised from the run method's signature: " + ", ".join(sorted(inputs)))
+    grids = pixel_grid_names(model, method)
+    if grids:
+        notes.append(f"the pixels are left out: {method} takes them with {', '.join(grids)} (packed patches and each "
+                     "image's grid, a structure npuport does not guess); the text alone is run, so the vision tower "
+                     "is not exercised (the model's own processor, or an npuport_inputs.py, would give both)")
     return inputs, {}, {"source": "synthesised", "notes": notes}
 
 

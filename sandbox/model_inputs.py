@@ -246,12 +246,8 @@ def builds_own_mask(model: Any, method_name: str) -> bool:
     return "attention_mask" not in params and bool(params & {"input_ids", "pixel_values", "images", "image"})
 
 
-def synthesise_inputs(model: Any, method_name: str, config: dict[str, Any], seed: int) -> dict[str, Any]:
-    """Token ids within the vocabulary (and a mask) for a method that takes them, an image batch of the
-    config's image size for one that names pixels. Structured inputs (image lists, grids, masks) are not
-    guessed: they come from the model's preprocessing path or an npuport_inputs.py hook."""
-    import torch
-
+def _signature_names(model: Any, method_name: str) -> tuple[set[str], bool]:
+    """The parameter names of the run method and forward, and whether either takes **kwargs."""
     names: set[str] = set()
     var_kw = False
     for name in dict.fromkeys((method_name, "forward")):
@@ -264,6 +260,30 @@ def synthesise_inputs(model: Any, method_name: str, config: dict[str, Any], seed
             continue
         names |= set(params)
         var_kw = var_kw or any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+    return names, var_kw
+
+
+PIXEL_NAMES = ("pixel_values", "images", "image")
+
+
+def pixel_grid_names(model: Any, method_name: str) -> list[str]:
+    """The grid parameters that come with the pixels (``grid_thws``, ``image_grid_thw``): the model takes its
+    images as packed patches with each image's (t, h, w), a structure npuport does not guess, so synthesised
+    inputs leave the pixels out and run the text alone. Empty when the method takes no such grid."""
+    names, _ = _signature_names(model, method_name)
+    if not any(p in names for p in PIXEL_NAMES):
+        return []
+    return sorted(n for n in names if "grid" in n.lower())
+
+
+def synthesise_inputs(model: Any, method_name: str, config: dict[str, Any], seed: int) -> dict[str, Any]:
+    """Token ids within the vocabulary (and a mask) for a method that takes them, an image batch of the
+    config's image size for one that names pixels. Structured inputs (image lists, grids, masks) are not
+    guessed: they come from the model's preprocessing path or an npuport_inputs.py hook; pixels that come
+    with a grid are left out (pixel_grid_names)."""
+    import torch
+
+    names, var_kw = _signature_names(model, method_name)
     g = torch.Generator().manual_seed(seed)
     vocab = nested(config, "vocab_size") or 256
     out: dict[str, Any] = {}
@@ -273,8 +293,8 @@ def synthesise_inputs(model: Any, method_name: str, config: dict[str, Any], seed
             out["attention_mask"] = torch.ones(1, SYNTH_TOKENS, dtype=torch.long)
     size = int(nested(config, "image_size") or 32)
     chans = int(nested(config, "num_channels") or 3)
-    for pix in ("pixel_values", "images", "image"):
-        if pix in names:
+    for pix in PIXEL_NAMES:
+        if pix in names and not pixel_grid_names(model, method_name):
             out[pix] = torch.randn(1, chans, size, size, generator=g)
             break
     if not out:

@@ -527,3 +527,30 @@ def test_a_models_own_generate_that_builds_its_mask_gets_none() -> None:
     assert set(synthesise_inputs(model, "generate", config, 0)) == {"input_ids", "pixel_values"}
     assert set(synthesise_inputs(model, "forward", config, 0)) == {"input_ids", "attention_mask", "pixel_values"}
     assert "attention_mask" in synthesise_inputs(PassesThrough(), "generate", config, 0)
+
+
+def test_pixels_that_come_with_a_grid_are_left_out_and_the_text_runs_alone() -> None:
+    """A model that takes its images as packed patches with each image's (t, h, w) grid (``grid_thws``,
+    ``image_grid_thw``) got a made-up (1, 3, H, W) image batch and no grid, and died in its vision tower
+    ("'NoneType' object has no attribute 'ndim'"). The grid is a structure npuport does not guess: without
+    the model's processor the pixels are left out and the text runs alone; a model without a grid still
+    gets its image batch."""
+    import torch
+
+    from sandbox.model_inputs import pixel_grid_names, synthesise_inputs
+
+    class PackedPatches(torch.nn.Module):
+        def forward(self, input_ids, attention_mask=None, pixel_values=None, grid_thws=None):  # type: ignore[no-untyped-def]
+            return input_ids
+
+    class Plain(torch.nn.Module):
+        def forward(self, input_ids, attention_mask=None, pixel_values=None):  # type: ignore[no-untyped-def]
+            return input_ids
+
+    config = {"vocab_size": 100, "image_size": 16}
+    assert pixel_grid_names(PackedPatches(), "generate") == ["grid_thws"]
+    assert set(synthesise_inputs(PackedPatches(), "generate", config, 0)) == {"input_ids", "attention_mask"}
+    assert pixel_grid_names(Plain(), "generate") == []
+    plain = synthesise_inputs(Plain(), "generate", config, 0)
+    assert set(plain) == {"input_ids", "attention_mask", "pixel_values"}
+    assert tuple(plain["pixel_values"].shape) == (1, 3, 16, 16)
