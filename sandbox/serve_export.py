@@ -79,6 +79,23 @@ def _save(state: dict[str, Any], out_dir: Path, shard_bytes: int = SHARD_BYTES) 
         json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=1))
 
 
+def without_quantization(config: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
+    """The config without any quantization_config (at any level: a text sub-config's too), and the dropped
+    ones as "key: method"."""
+    dropped: list[str] = []
+
+    def strip(c: dict[str, Any], where: str) -> dict[str, Any]:
+        out = {}
+        for k, v in c.items():
+            if k == "quantization_config" and isinstance(v, dict):
+                dropped.append(f"{where}{k}: {v.get('quant_method') or '?'}")
+            else:
+                out[k] = strip(v, f"{where}{k}.") if isinstance(v, dict) else v
+        return out
+
+    return strip(config, ""), dropped
+
+
 def export(model: Any, config: dict[str, Any], model_dir: Path, code_dir: Path, out_dir: Path,
            known: set[str], config_types: set[str] | None = None, backend_only: bool = False) -> dict[str, Any]:
     """Write the servable folder for ``model`` (built and seeded as the reference was) into ``out_dir``;
@@ -130,6 +147,10 @@ def export(model: Any, config: dict[str, Any], model_dir: Path, code_dir: Path, 
                            "weights have no layout of a vLLM class, and the model is not a transformers "
                            "PreTrainedModel the Transformers backend could run")
         return info
+    served_config, dropped = without_quantization(served_config)
+    if dropped:
+        info["quantization"] = (f"the release's quantization_config ({', '.join(dropped)}) is not served: the weights "
+                                "saved are the reference's seeded float weights, which vLLM would read as quantized")
     (out_dir / "config.json").write_text(json.dumps(served_config, indent=1))
     tok = [n for n in TOKENIZER_FILES if (model_dir / n).is_file()]
     for n in tok:

@@ -281,6 +281,30 @@ def test_export_decides_the_vllm_path_from_classes_and_layout(tmp_path: Path) ->
     assert json.loads((tmp_path / "b" / "npuport-servable.json").read_text())["implementation"] == "vllm-native"
 
 
+def test_a_quantization_config_is_not_served_with_the_seeded_float_weights(tmp_path: Path) -> None:
+    """A release's config.json describes its checkpoint (fp8 blocks, a compressed-tensors int4 text model): the
+    servable folder holds the reference's seeded float weights, so a quantization_config left in its config
+    made vLLM read them as quantized (a Kimi-K2-style DeepSeek-V3 release failed to start: "invalid weight
+    input features 16" from vLLM's CPU scaled_mm). It is dropped at any level, and the record says so."""
+    import torch
+
+    from sandbox.serve_export import export
+
+    code = tmp_path / "code"
+    code.mkdir()
+    cfg = {"architectures": ["KnownForCausalLM"], "hidden_size": 2,
+           "quantization_config": {"quant_method": "fp8", "weight_block_size": [128, 128]},
+           "text_config": {"hidden_size": 2, "quantization_config": {"quant_method": "compressed-tensors"}}}
+    info = export(torch.nn.Linear(2, 2), cfg, tmp_path, code, tmp_path / "q", {"KnownForCausalLM"})
+    served = json.loads((tmp_path / "q" / "config.json").read_text())
+    assert served == {"architectures": ["KnownForCausalLM"], "hidden_size": 2, "text_config": {"hidden_size": 2}}
+    assert info["quantization"].startswith("the release's quantization_config (quantization_config: fp8, "
+                                           "text_config.quantization_config: compressed-tensors) is not served")
+    plain = export(torch.nn.Linear(2, 2), {"architectures": ["KnownForCausalLM"]}, tmp_path, code, tmp_path / "p",
+                   {"KnownForCausalLM"})
+    assert "quantization" not in plain
+
+
 # A remote-code model with hand-written attention (not transformers' attention interface) and weights of no
 # vLLM class's layout: vLLM's Transformers backend refuses it, so it has no vLLM path.
 NO_PATH_CODE = """

@@ -69,6 +69,8 @@ def deployment_lines(rec: dict[str, Any] | None) -> list[str]:
         lines.append(f"- after that failure, vLLM's Transformers backend over the patched code: {rec['backend_retry']}")
     if rec.get("config_note"):
         lines.append(f"- {rec['config_note']}")
+    if (rec.get("servable") or {}).get("quantization"):
+        lines.append(f"- {rec['servable']['quantization']}")
     if rec.get("host_args"):
         lines.append(f"- added on this host: `{' '.join(rec['host_args'])}`, environment "
                      f"`{' '.join(f'{k}={v}' for k, v in (rec.get('host_env') or {}).items())}`"
