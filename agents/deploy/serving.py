@@ -146,7 +146,8 @@ def reference_model_dir(state: dict[str, Any], model_dir: Path) -> Path:
     validation needed the switch-only fixes to build it at all (agents/validation/reference.py), the
     workspace's adjusted reference copy (as written it fails here the same way)."""
     workdir = state.get("workdir")
-    if not workdir or not any(r.get("reference_adjusted") for r in state.get("runs") or []):
+    if not workdir or not Path(workdir).is_dir() or \
+            not any(r.get("reference_adjusted") for r in state.get("runs") or []):
         return model_dir
     from agents.validation.reference import adjust_tree, reference_dir
     from agents.workspace import Workspace

@@ -273,7 +273,8 @@ def _deployment_claim(report: dict[str, Any], bundle: Path, ws: Workspace) -> Cl
                      detail=f"the report's deployment was {claimed.get('status') or 'not exercised'}")
     from agents.deploy.serving import exercise
 
-    now = exercise(report, bundle, ws.runs_dir, concurrencies=tuple(
+    # this workspace's reference copy (the port's may be gone): the deployment builds the reference from it too
+    now = exercise({**report, "workdir": str(ws.root)}, bundle, ws.runs_dir, concurrencies=tuple(
         r["concurrency"] for r in (claimed.get("throughput") or {}).get("rows") or []) or (1,))
     if claimed["status"] == "no vLLM path":
         same = now.get("status") == "no vLLM path"
