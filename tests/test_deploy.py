@@ -267,6 +267,24 @@ def test_verify_compares_the_served_throughput_the_report_printed() -> None:
     assert _served_throughput({}, rec((1, 5.0)))[0]  # nothing was claimed: nothing to disagree with
 
 
+def test_verify_reproduces_served_tokens_up_to_the_near_tie_the_report_parted_at() -> None:
+    """Served tokens that parted from Transformers float32 at a near-tie are checked up to that tie: past it,
+    greedy decoding follows whichever tied token won, and a second run of the bf16 engine flipped it (a
+    DeepSeek-V3-style MoE: both runs passed the gate, verify disagreed on the tokens after the tie). Exact
+    claims stay exact, and a rerun that parts earlier than the report did disagrees."""
+    from agents.deploy.verify import same_served
+
+    fp32 = [[5, 6, 7, 8, 9, 10]]
+    tie = {"decided_by": "top-k logprobs", "served": [[5, 6, 7, 3, 4, 4]], "reference_float32": fp32}
+    assert same_served(tie, {"served": [[5, 6, 7, 8, 9, 10]]})  # the tie went the other way this time
+    assert same_served(tie, {"served": [[5, 6, 7, 2, 2, 2]]})
+    assert not same_served(tie, {"served": [[5, 6, 1, 3, 4, 4]]})  # parts before the report's tie
+    exact = {"decided_by": "exact tokens", "served": fp32, "reference_float32": fp32}
+    assert same_served(exact, {"served": [[5, 6, 7, 8, 9, 10]]})
+    assert not same_served(exact, {"served": [[5, 6, 7, 8, 9, 1]]})
+    assert not same_served(tie, {"served": [[5, 6, 7, 3, 4, 4], [1]]})  # another number of rows
+
+
 def test_verify_throughput_follows_a_host_that_changed_speed_but_not_a_wrong_ratio() -> None:
     """A tuned figure off the report's agrees when the untuned port, measured now, moved by the same factor
     (the CI host got 1.5x, then 6.5x, faster between the demo and its verify), and disagrees when the

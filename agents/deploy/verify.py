@@ -13,6 +13,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
+from agents.deploy.token_gate import prefix_len
 from agents.request import request_of
 from agents.runs import RunSpec, token_summary
 from agents.tuning.measure import TUNE_CONCURRENCY, headline_spec, points_of
@@ -285,12 +286,24 @@ def _deployment_claim(report: dict[str, Any], bundle: Path, ws: Workspace) -> Cl
     if now.get("status") != "served":
         return Claim(name="deployment", verdict="disagree", claimed="served", observed=now.get("status"),
                      detail=f"serve.sh no longer serves: {str(now.get('error'))[:300]}")
-    same = now["tokens"]["served"] == claimed["tokens"]["served"]
+    same = same_served(claimed["tokens"], now["tokens"])
     speed_ok, speed = _served_throughput(claimed, now)
     return Claim(name="deployment", verdict="agree" if same and now["tokens"]["ok"] and speed_ok else "disagree",
                  claimed=claimed["tokens"]["served"], observed=now["tokens"]["served"],
                  detail=(f"vLLM served the bundle again; {now['tokens']['verdict']}"
                          + ("" if same else "; the served tokens differ from the report's") + speed))
+
+
+def same_served(claimed: dict[str, Any], now: dict[str, Any]) -> bool:
+    """The served tokens reproduce the report's: exactly when the report's equalled Transformers float32; when
+    they parted from it at near-ties (decided by logprobs or by the drift-calibrated rate), up to each row's
+    first such divergence: past a near-tie, greedy decoding follows whichever tied token won, which another
+    run of a bfloat16 engine may flip. The rerun must pass the token gate as well (checked by the caller)."""
+    before, after = claimed.get("served") or [], now.get("served") or []
+    if claimed.get("decided_by") == "exact tokens" or len(before) != len(after):
+        return before == after
+    fp32 = claimed.get("reference_float32") or before
+    return all(a[:prefix_len(b, w)] == b[:prefix_len(b, w)] for a, b, w in zip(after, before, fp32, strict=False))
 
 
 def _served_throughput(claimed: dict[str, Any], now: dict[str, Any]) -> tuple[bool, str]:
