@@ -122,6 +122,30 @@ def test_the_report_says_an_encoder_was_validated_on_its_outputs() -> None:
 # The reference: an original that cannot be built without CUDA
 # ----------------------------------------------------------------------------------------------
 
+# The end every toy model of this file shares: a greedy generate and its inputs function.
+TOY_TAIL = """
+    def generate(self, input_ids, max_new_tokens=4):
+        ids = input_ids
+        for _ in range(max_new_tokens):
+            ids = torch.cat([ids, self(ids)[:, -1:].argmax(-1)], dim=1)
+        return ids
+
+
+def make_inputs(config, seed):
+    return {"input_ids": torch.tensor([[1, 2, 3]])}
+"""
+
+
+def _toy_folder(folder: Path, code: str, config: dict[str, Any]) -> Path:
+    folder.mkdir(parents=True)
+    (folder / "modeling_toy.py").write_text(code)
+    (folder / "config.json").write_text(json.dumps(config, indent=2))
+    (folder / "npuport.yaml").write_text(f"name: {folder.name}\nentry: {{class: 'modeling_toy:Toy'}}\n"
+                                         "inputs: 'modeling_toy:make_inputs'\nrun: {method: generate, kwargs: "
+                                         "{max_new_tokens: 4}}\n")
+    return folder
+
+
 FLASH_ASSERT = textwrap.dedent('''
     import torch
     from torch import nn
@@ -152,27 +176,11 @@ FLASH_ASSERT = textwrap.dedent('''
         def forward(self, input_ids):
             return self.head(torch.tanh(self.emb(input_ids)))
 
-        def generate(self, input_ids, max_new_tokens=4):
-            ids = input_ids
-            for _ in range(max_new_tokens):
-                ids = torch.cat([ids, self(ids)[:, -1:].argmax(-1)], dim=1)
-            return ids
-
-
-    def make_inputs(config, seed):
-        return {"input_ids": torch.tensor([[1, 2, 3]])}
-''')
+''') + TOY_TAIL
 
 
 def _flash_assert_model(tmp_path: Path) -> Path:
-    folder = tmp_path / "flashy"
-    folder.mkdir()
-    (folder / "modeling_toy.py").write_text(FLASH_ASSERT)
-    (folder / "config.json").write_text(json.dumps({"vocab_size": 32, "use_flash_attn": True}))
-    (folder / "npuport.yaml").write_text("name: flashy\nentry: {class: 'modeling_toy:Toy'}\n"
-                                         "inputs: 'modeling_toy:make_inputs'\nrun: {method: generate, kwargs: "
-                                         "{max_new_tokens: 4}}\n")
-    return folder
+    return _toy_folder(tmp_path / "flashy", FLASH_ASSERT, {"vocab_size": 32, "use_flash_attn": True})
 
 
 def test_an_original_that_asserts_a_cuda_kernel_at_construction_gets_the_switch_only_fix_and_says_so(
@@ -578,28 +586,12 @@ ATTN_TABLE = textwrap.dedent('''
         def forward(self, input_ids):
             return self.head(self.tower(torch.tanh(self.emb(input_ids))))
 
-        def generate(self, input_ids, max_new_tokens=4):
-            ids = input_ids
-            for _ in range(max_new_tokens):
-                ids = torch.cat([ids, self(ids)[:, -1:].argmax(-1)], dim=1)
-            return ids
-
-
-    def make_inputs(config, seed):
-        return {"input_ids": torch.tensor([[1, 2, 3]])}
-''')
+''') + TOY_TAIL
 
 
 def _attn_table_model(tmp_path: Path, table: str = ATTN_TABLE) -> Path:
-    folder = tmp_path / "tower"
-    folder.mkdir(parents=True)
-    (folder / "modeling_toy.py").write_text(table)
-    (folder / "config.json").write_text(json.dumps({"vocab_size": 32, "vision_config": {
-        "_attn_implementation": "flash_attention_2", "width": 16}}, indent=2))
-    (folder / "npuport.yaml").write_text("name: tower\nentry: {class: 'modeling_toy:Toy'}\n"
-                                         "inputs: 'modeling_toy:make_inputs'\nrun: {method: generate, kwargs: "
-                                         "{max_new_tokens: 4}}\n")
-    return folder
+    return _toy_folder(tmp_path / "tower", table, {"vocab_size": 32, "vision_config": {
+        "_attn_implementation": "flash_attention_2", "width": 16}})
 
 
 @pytest.mark.meaning("config-attn-impl")

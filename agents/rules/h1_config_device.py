@@ -15,8 +15,8 @@ from typing import Any
 
 from agents.models import Finding
 from agents.rules.base import BLOCKS, HIGH
+from agents.rules.config_json import rewrite_values, value_findings
 from agents.rules.context import TextFile
-from agents.rules.h6_host_sync import _json_key_line
 from agents.rules.kit import CodemodResult
 
 RULE_ID = "cuda-device-in-config"
@@ -33,49 +33,17 @@ def cuda_values(config: Mapping[str, Any], prefix: str = "") -> Iterator[tuple[s
 
 
 def detect(tf: TextFile) -> list[Finding]:
-    config = tf.config_object()
-    if config is None:
-        return []
-    lines = tf.text.splitlines()
-    out = []
-    for key, value in cuda_values(config):
-        line = _json_key_line(tf.text, key)
-        snippet = lines[line - 1].strip() if 0 < line <= len(lines) else ""
-        out.append(tf.finding("H1", RULE_ID, line, 0, snippet,
-                              f"config.json names the CUDA device (`{key}`: \"{value}\") and the model's code reads "
-                              "it: on Ascend the first tensor or module moved there fails (no CUDA), whatever the "
-                              "code's own device literals say; the port's device type goes in its place", BLOCKS, HIGH))
-    return out
+    return value_findings(tf, cuda_values, "H1", RULE_ID, lambda key, value: (
+        f"config.json names the CUDA device (`{key}`: \"{value}\") and the model's code reads it: on Ascend the "
+        "first tensor or module moved there fails (no CUDA), whatever the code's own device literals say; the "
+        "port's device type goes in its place"), BLOCKS, HIGH)
 
 
 def config_device(source: str, *, file: str = "", target: Mapping[str, Any] | None = None,
                   **_: Any) -> CodemodResult:
     """Each CUDA device value of a config.json -> the target's device type, in place (the rest of the text
     as written)."""
-    import json
-
-    try:
-        config = json.loads(source)
-    except ValueError:
-        return CodemodResult(source, False, skipped=["line 1: not a JSON object"])
-    if not isinstance(config, dict):
-        return CodemodResult(source, False)
     device = str((target or {}).get("device") or "").split(":")[0]
     if not device:
         return CodemodResult(source, False, skipped=["line 1: no target device to write"])
-    lines = source.splitlines(keepends=True)
-    edits, spans = [], []
-    for key, value in cuda_values(config):
-        line = _json_key_line(source, key)
-        if not 0 < line <= len(lines):
-            continue
-        leaf = re.escape(json.dumps(key.rsplit(".", 1)[-1]))
-        pattern = re.compile(rf"({leaf}\s*:\s*)\"{re.escape(value)}\"")
-        new, n = pattern.subn(lambda m: f'{m.group(1)}"{device}"', lines[line - 1], count=1)
-        if n:
-            lines[line - 1] = new
-            edits.append(f"line {line}: {key}: \"{value}\" -> \"{device}\" (the port's device; the model's code "
-                         "reads this value)")
-            spans.append((line, line))
-    text = "".join(lines)
-    return CodemodResult(text, text != source, edits=edits, spans=spans)
+    return rewrite_values(source, cuda_values, device, "the port's device; the model's code reads this value")

@@ -13,15 +13,13 @@ would fail with a KeyError on "sdpa"). Both compute the same attention as FlashA
 
 from __future__ import annotations
 
-import json
-import re
 from collections.abc import Iterator, Mapping
 from typing import Any
 
 from agents.models import Finding
 from agents.rules.base import BLOCKS, HIGH
+from agents.rules.config_json import rewrite_values, value_findings
 from agents.rules.context import TextFile
-from agents.rules.h6_host_sync import _json_key_line
 from agents.rules.kit import CodemodResult
 
 FLASH_IMPLS = ("flash_attention_2", "flash_attention_3")
@@ -49,43 +47,14 @@ def flash_values(config: Mapping[str, Any], prefix: str = "") -> Iterator[tuple[
 
 
 def detect_config(tf: TextFile) -> list[Finding]:
-    config = tf.config_object()
-    if config is None:
-        return []
-    lines = tf.text.splitlines()
-    out = []
-    for key, value in flash_values(config):
-        line = _json_key_line(tf.text, key)
-        snippet = lines[line - 1].strip() if 0 < line <= len(lines) else ""
-        out.append(tf.finding("H4", CONFIG_RULE, line, 0, snippet,
-                              f"config.json selects attention `{key}`: \"{value}\"; transformers refuses to build "
-                              "the model without flash_attn (CUDA only), and this value overrides the code's "
-                              "default; the port's implementation goes in its place", BLOCKS, HIGH))
-    return out
+    return value_findings(tf, flash_values, "H4", CONFIG_RULE, lambda key, value: (
+        f"config.json selects attention `{key}`: \"{value}\"; transformers refuses to build the model without "
+        "flash_attn (CUDA only), and this value overrides the code's default; the port's implementation goes in "
+        "its place"), BLOCKS, HIGH)
 
 
 def config_attn_impl(source: str, *, impl: str = "sdpa", **_: Any) -> CodemodResult:
     """Each FlashAttention value of an attention-implementation key in a config.json -> ``impl``, in place
     (the rest of the text as written)."""
-    try:
-        config = json.loads(source)
-    except ValueError:
-        return CodemodResult(source, False, skipped=["line 1: not a JSON object"])
-    if not isinstance(config, dict):
-        return CodemodResult(source, False)
-    lines = source.splitlines(keepends=True)
-    edits, spans = [], []
-    for key, value in flash_values(config):
-        line = _json_key_line(source, key)
-        if not 0 < line <= len(lines):
-            continue
-        leaf = re.escape(json.dumps(key.rsplit(".", 1)[-1]))
-        pattern = re.compile(rf"({leaf}\s*:\s*)\"{re.escape(value)}\"")
-        new, n = pattern.subn(lambda m: f'{m.group(1)}"{impl}"', lines[line - 1], count=1)
-        if n:
-            lines[line - 1] = new
-            edits.append(f"line {line}: {key}: \"{value}\" -> \"{impl}\" (flash-attn needs CUDA; {impl} computes "
-                         "the same attention on Ascend and the CPU)")
-            spans.append((line, line))
-    text = "".join(lines)
-    return CodemodResult(text, text != source, edits=edits, spans=spans)
+    return rewrite_values(source, flash_values, impl,
+                          f"flash-attn needs CUDA; {impl} computes the same attention on Ascend and the CPU")
