@@ -270,10 +270,11 @@ def pixel_grid_names(model: Any, method_name: str) -> list[str]:
     """The grid parameters that come with the pixels (``grid_thws``, ``image_grid_thw``): the model takes its
     images as packed patches with each image's (t, h, w), a structure npuport does not guess, so synthesised
     inputs leave the pixels out and run the text alone. Empty when the method takes no such grid."""
-    names, _ = _signature_names(model, method_name)
-    if not any(p in names for p in PIXEL_NAMES):
-        return []
-    return sorted(n for n in names if "grid" in n.lower())
+    return _grid_names(_signature_names(model, method_name)[0])
+
+
+def _grid_names(names: set[str]) -> list[str]:
+    return sorted(n for n in names if "grid" in n.lower()) if any(p in names for p in PIXEL_NAMES) else []
 
 
 def synthesise_inputs(model: Any, method_name: str, config: dict[str, Any], seed: int) -> dict[str, Any]:
@@ -294,7 +295,7 @@ def synthesise_inputs(model: Any, method_name: str, config: dict[str, Any], seed
     size = int(nested(config, "image_size") or 32)
     chans = int(nested(config, "num_channels") or 3)
     for pix in PIXEL_NAMES:
-        if pix in names and not pixel_grid_names(model, method_name):
+        if pix in names and not _grid_names(names):
             out[pix] = torch.randn(1, chans, size, size, generator=g)
             break
     if not out:

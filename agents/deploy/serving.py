@@ -146,15 +146,13 @@ def reference_model_dir(state: dict[str, Any], model_dir: Path) -> Path:
     validation needed the switch-only fixes to build it at all (agents/validation/reference.py), the
     workspace's adjusted reference copy (as written it fails here the same way)."""
     workdir = state.get("workdir")
-    if not workdir or not Path(workdir).is_dir() or \
-            not any(r.get("reference_adjusted") for r in state.get("runs") or []):
+    runs = state.get("runs") or []
+    if not workdir or not Path(workdir).is_dir() or not any(r.get("reference_adjusted") for r in runs):
         return model_dir
-    from agents.validation.reference import adjust_tree, reference_dir
+    from agents.validation.reference import reference_copy
     from agents.workspace import Workspace
 
-    original = reference_dir(Workspace(Path(workdir)))
-    adjust_tree(original)  # idempotent: verify may find the copy extracted afresh
-    return original.resolve()
+    return reference_copy(Workspace(Path(workdir)), runs).resolve()
 
 
 def exercise(state: dict[str, Any], bundle: Path, run_root: Path, *, requests: int = 48,

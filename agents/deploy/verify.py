@@ -117,12 +117,10 @@ def _spec(report: dict[str, Any], ws: Workspace, target: Target, limits: Limits)
 
 
 def _tokens_claim(report: dict[str, Any], ws: Workspace, target: Target, limits: Limits) -> tuple[Claim, list[list[int]] | None]:
-    from agents.validation.reference import adjust_tree, reference_dir
+    from agents.validation.reference import reference_copy
 
     claimed = (report.get("numerics") or {}).get("port_tokens")
-    original = reference_dir(ws)
-    if any(r.get("reference_adjusted") for r in report.get("runs") or []):
-        adjust_tree(original)  # the switch-only fix the port's reference got (the report lists it)
+    original = reference_copy(ws, report.get("runs") or [])  # with the switch-only fix the report lists, if any
     spec = _spec(report, ws, target, limits)
     ref = spec.as_reference(original).replace(capture=()).harness(ws.runs_dir / "verify-reference")
     port = spec.harness(ws.runs_dir / "verify-port")

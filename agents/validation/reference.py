@@ -73,6 +73,15 @@ def adjust_tree(root: Path) -> list[str]:
     return notes
 
 
+def reference_copy(ws: Workspace, runs: list[dict[str, Any]]) -> Path:
+    """The workspace's reference copy of the original, with the switch-only fixes applied when ``runs`` (a
+    report's or the graph state's) show validation needed them (idempotent: a copy extracted afresh gets them)."""
+    original = reference_dir(ws)
+    if any(r.get("reference_adjusted") for r in runs):
+        adjust_tree(original)
+    return original
+
+
 def adjust_reference(ws: Workspace, failure: str) -> list[str]:
     """After the original as written failed (``failure``: what it raised, where): apply the switch-only
     fixes to the reference copy; the notes for the report (empty when no such fix applies)."""
