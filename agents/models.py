@@ -107,7 +107,7 @@ class RunRecord(BaseModel):
     # reference copy ("reference adjusted: file line N: what (why)"), agents/validation/reference.py.
     reference_adjusted: list[str] | None = None
     # Sub-models the model's code fetches from the Hub by id at construction, built offline (no network in a
-    # run): one note each (sandbox/hub_offline.py).
+    # run): one note each (sandbox/harness/hub_offline.py).
     built_offline: list[str] | None = None
 
 

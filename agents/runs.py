@@ -13,9 +13,9 @@ from agents.models import Frame, RunRecord, StructuredException
 from agents.request import PortRequest, request_of
 from agents.target_state import target_from_dict
 from knowledge.disk import explain_write_failure
-from sandbox.bench import BenchRun, run_bench
-from sandbox.process import Limits
-from sandbox.runner import HarnessRun, run_harness
+from sandbox.bench.throughput import BenchRun, run_bench
+from sandbox.harness.runner import HarnessRun, run_harness
+from sandbox.isolation.process import Limits
 from sandbox.targets import Target, reference_target
 
 STEP_CAPTURE = ("__step__", "*")
@@ -37,7 +37,7 @@ class RunSpec:
     python: str | None = None
     """The layered environment's interpreter (the model's own pins), or None for the host's."""
     shrink: bool = False
-    """Run the derived small config (sandbox/shrink.py), port and reference alike."""
+    """Run the derived small config (sandbox/harness/shrink.py), port and reference alike."""
     capture: tuple[str, ...] = ()
     reference: bool = False
     """The original as written, under the cuda->cpu redirect, in float32."""

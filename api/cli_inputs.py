@@ -54,8 +54,8 @@ def clear_out_dir(out: Path) -> None:
 
 
 def sources_problem(path: Path) -> str | None:
-    """Python files that do not decode or parse (sandbox/source_check.py), each as file:line: reason."""
-    from sandbox.source_check import check_sources
+    """Python files that do not decode or parse (sandbox/isolation/source_check.py), each as file:line: reason."""
+    from sandbox.isolation.source_check import check_sources
 
     problems = check_sources(path)
     if not problems:

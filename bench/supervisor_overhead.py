@@ -1,4 +1,4 @@
-"""What the run's supervisor costs per sandbox run (sandbox/supervisor.py): the same harness run of the same
+"""What the run's supervisor costs per sandbox run (sandbox/isolation/supervisor.py): the same harness run of the same
 tiny model, under bwrap, alternately as the model's process alone (the harness writes its result file
 itself: what a run was before the supervisor) and under the supervisor (the result on its pipe, the
 worker greeting it, every call timed by it, the process watch). Prints each pair's wall times, then the
@@ -24,10 +24,10 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 
 def empty(pairs: int) -> int:
-    """The supervisor's own cost: an empty worker (sandbox/worker_channel.py as a program) under it, against a
+    """The supervisor's own cost: an empty worker (sandbox/isolation/worker_channel.py as a program) under it, against a
     bare interpreter that does nothing, both under the same sandbox."""
-    from sandbox.process import Limits, Mounts, default_sandbox, scrubbed_env
-    from sandbox.supervised import supervised_argv
+    from sandbox.isolation.process import Limits, Mounts, default_sandbox, scrubbed_env
+    from sandbox.isolation.supervised import supervised_argv
 
     box = default_sandbox()
     base = Path(tempfile.mkdtemp(prefix="npuport-sup-empty-"))
@@ -35,7 +35,7 @@ def empty(pairs: int) -> int:
     for i in range(pairs):
         walls = {}
         for mode in (("direct", "supervised") if i % 2 == 0 else ("supervised", "direct")):
-            argv = (supervised_argv(None, "sandbox.worker_channel", base / "none", 1 << 20) if mode == "supervised"
+            argv = (supervised_argv(None, "sandbox.isolation.worker_channel", base / "none", 1 << 20) if mode == "supervised"
                     else [sys.executable, "-I", "-B", "-u", "-c", "pass"])
             t0 = time.monotonic()
             res = box.execute(argv, cwd=base, env=scrubbed_env(), limits=Limits(wall_s=120), mounts=Mounts(rw=(base,)),
@@ -61,9 +61,9 @@ def main() -> int:
         return empty(args.pairs)
     from security.conftest import write_model
 
-    from sandbox.process import Limits, Mounts, default_sandbox, scrubbed_env
-    from sandbox.rundir import write_own
-    from sandbox.supervised import supervised_argv
+    from sandbox.isolation.process import Limits, Mounts, default_sandbox, scrubbed_env
+    from sandbox.isolation.rundir import write_own
+    from sandbox.isolation.supervised import supervised_argv
 
     box = default_sandbox()
     base = Path(tempfile.mkdtemp(prefix="npuport-sup-overhead-"))
@@ -82,8 +82,8 @@ def main() -> int:
                     "result_channel": mode == "supervised", "result_path": str(run_dir / "result.json")}
             spec_path = run_dir / "spec.json"
             write_own(spec_path, json.dumps(spec))
-            argv = (supervised_argv(None, "sandbox.harness", spec_path, 8 << 20) if mode == "supervised" else
-                    [sys.executable, "-I", "-B", "-u", "-m", "sandbox.harness", str(spec_path)])
+            argv = (supervised_argv(None, "sandbox.harness.worker", spec_path, 8 << 20) if mode == "supervised" else
+                    [sys.executable, "-I", "-B", "-u", "-m", "sandbox.harness.worker", str(spec_path)])
             t0 = time.monotonic()
             res = box.execute(argv, cwd=run_dir, env=scrubbed_env(), limits=Limits(wall_s=300),
                               mounts=Mounts(ro=(model,), rw=(run_dir,)), result_channel=mode == "supervised",

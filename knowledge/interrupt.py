@@ -2,7 +2,7 @@
 
 The CLI (api/cli_interrupt.py) calls ``request_stop()`` from its SIGINT handler. Whatever starts or
 waits on new work checks ``stop_requested()`` / ``raise_if_stopped()``: a sandbox refuses to start and
-kills the one that runs (sandbox/process.py polls it every 0.1 s), so tuning trials end within
+kills the one that runs (sandbox/isolation/process.py polls it every 0.1 s), so tuning trials end within
 seconds instead of starting new benchmark sandboxes. ``PortInterrupted`` derives from
 KeyboardInterrupt, so no ``except Exception`` in a node or the tuner swallows it, and LangGraph keeps
 the last checkpoint for a resume. Process-wide on purpose: one CLI process runs one port; the

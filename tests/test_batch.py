@@ -167,7 +167,7 @@ def test_local_executor_batch_with_a_hanging_model(tmp_path: Path, npuport_home:
     # the killed port's sandbox run did not outlive it
     assert not _processes_in(npuport_home)
     # beta came from an archive and ran shrunk as `npuport port --shrink` does: the request carries shrink,
-    # every run derived the small config (sandbox/shrink.py) with the model's npuport.yaml override on top;
+    # every run derived the small config (sandbox/harness/shrink.py) with the model's npuport.yaml override on top;
     # the user's files are untouched
     report = json.loads((out / "beta" / "report.json").read_text())
     assert report["request"]["shrink"] is True

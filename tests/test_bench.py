@@ -1,4 +1,4 @@
-"""sandbox/bench.py: the in-sandbox benchmark measures what it says, reports bad configurations as
+"""sandbox/bench/throughput.py: the in-sandbox benchmark measures what it says, reports bad configurations as
 data, and runs the original as written under the cuda->cpu redirect."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 import yaml
 
-from sandbox.bench import _percentile, run_bench
-from sandbox.process import Limits
+from sandbox.bench.throughput import _percentile, run_bench
+from sandbox.isolation.process import Limits
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "ocr_mini"
 

@@ -15,8 +15,8 @@ from agents.deploy.bundle import benchmark_lines
 from agents.tuning.port import facts_of, knob_effects, performance_sentence, settle
 from agents.tuning.search import Outcome, Trial, TuneResult
 from agents.tuning.space import HostFacts, ModelFacts, torch_space
-from sandbox.bench import new_token_counts, run_bench
-from sandbox.process import Limits
+from sandbox.bench.throughput import new_token_counts, run_bench
+from sandbox.isolation.process import Limits
 
 # A transformers-style toy: generate returns prompt + continuation, the config object carries
 # _attn_implementation and the attention reads it (sdpa vs a hand-written softmax).

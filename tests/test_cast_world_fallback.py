@@ -103,7 +103,7 @@ def run():
 
 def _run_world(tmp: Path, source: str) -> str:
     (tmp / "dist_mod.py").write_text(source)
-    code = (f"import sys\nsys.path.insert(0, {str(tmp)!r})\nfrom sandbox.redirect import install_single_process_world\n"
+    code = (f"import sys\nsys.path.insert(0, {str(tmp)!r})\nfrom sandbox.cuda_redirect.redirect import install_single_process_world\n"
             "install_single_process_world()\nimport dist_mod\nprint(repr(dist_mod.run()))\n")
     env = {"PATH": "/usr/bin:/bin"}  # no MASTER_ADDR / WORLD_SIZE: a validation run
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, env=env, timeout=120)
@@ -124,7 +124,7 @@ def test_nccl_to_hccl_runs_the_same_collectives_on_a_world_of_one(tmp_path: Path
 
 
 def test_a_multi_process_launch_is_left_alone(monkeypatch: pytest.MonkeyPatch) -> None:
-    code = ("import torch.distributed as dist\nfrom sandbox.redirect import install_single_process_world\n"
+    code = ("import torch.distributed as dist\nfrom sandbox.cuda_redirect.redirect import install_single_process_world\n"
             "print(install_single_process_world(), dist.init_process_group.__module__)\n")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT,
                        env={"PATH": "/usr/bin:/bin", "WORLD_SIZE": "2"}, timeout=120)

@@ -279,7 +279,7 @@ def test_non_utf8_source_is_named_and_refused(model: Path, tmp_path: Path, npupo
 
 def test_a_declared_encoding_is_decoded_per_pep_263(model: Path, tmp_path: Path) -> None:
     from agents.reading.scanner import scan_tree
-    from sandbox.source_check import check_sources
+    from sandbox.isolation.source_check import check_sources
 
     (model / "latin.py").write_bytes(b"# -*- coding: latin-1 -*-\nimport torch\nx = torch.zeros(1).cuda()  # \xe9\n")
     assert check_sources(model) == []

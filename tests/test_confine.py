@@ -1,4 +1,4 @@
-"""The seccomp program sandbox/confine.py builds, run through a small classic-BPF interpreter for each
+"""The seccomp program sandbox/isolation/confine.py builds, run through a small classic-BPF interpreter for each
 architecture it knows: refused calls get EPERM, clone3 ENOSYS, clone with a namespace flag EPERM,
 ordinary calls (and clone for threads and fork) are allowed, another ABI is refused outright."""
 
@@ -8,7 +8,7 @@ import struct
 
 import pytest
 
-from sandbox.confine import _ALLOW, _ARCHES, _ERRNO, seccomp_program
+from sandbox.isolation.confine import _ALLOW, _ARCHES, _ERRNO, seccomp_program
 
 EPERM, ENOSYS = 1, 38
 

@@ -16,7 +16,7 @@ from typing import Any
 
 from agents.fixing import codemods as cm
 from agents.reading.scanner import scan_source
-from sandbox.redirect import STUB_VERSION
+from sandbox.cuda_redirect.redirect import STUB_VERSION
 from tests.conftest import REPO_ROOT
 
 MODELING = '''import importlib.metadata
@@ -69,7 +69,7 @@ def _harness(model: Path, tmp_path: Path, **spec: Any) -> dict[str, Any]:
     spec_path = run_dir / "spec.json"
     spec_path.write_text(json.dumps({"model_dir": str(model), "manifest": MANIFEST, "device": "cpu", "seed": 0,
                                      "result_path": str(run_dir / "result.json"), **spec}))
-    subprocess.run([sys.executable, "-I", "-B", "-m", "sandbox.harness", str(spec_path)], cwd=run_dir,
+    subprocess.run([sys.executable, "-I", "-B", "-m", "sandbox.harness.worker", str(spec_path)], cwd=run_dir,
                    capture_output=True, text=True, timeout=240, env={**os.environ, "PYTHONPATH": str(REPO_ROOT)})
     result: dict[str, Any] = json.loads((run_dir / "result.json").read_text())
     return result

@@ -283,7 +283,7 @@ def test_a_model_pinning_an_old_transformers_runs_in_its_own_layered_env(
             "device": "cuda", "redirect": "cuda->cpu", "target": None, "seed": 0, "warmup": 0, "repeats": 1,
             "result_path": str(tmp_path / "result.json"), "capture_path": str(tmp_path / "capture.pt")}
     (tmp_path / "spec.json").write_text(json.dumps(spec))
-    run = subprocess.run([str(python), "-I", "-B", "-u", "-m", "sandbox.harness", str(tmp_path / "spec.json")],
+    run = subprocess.run([str(python), "-I", "-B", "-u", "-m", "sandbox.harness.worker", str(tmp_path / "spec.json")],
                          cwd=tmp_path, capture_output=True, text=True, timeout=300)
     result = json.loads((tmp_path / "result.json").read_text())
     assert result["ok"], (result.get("exception"), run.stderr[-2000:])

@@ -149,7 +149,7 @@ def test_native_engine_key_follows_the_torch_of_the_interpreter_that_runs_the_sa
 
 
 def test_the_sandbox_binds_a_layered_envs_base_env(tmp_path: Path) -> None:
-    from sandbox.bwrap import _interpreter_paths
+    from sandbox.isolation.bwrap import _interpreter_paths
 
     base, env = tmp_path / "base", tmp_path / "layered"
     for d in (base, env):

@@ -1,4 +1,4 @@
-"""The random-weight build as a checkpoint load would leave it (sandbox/init_shapes.py, sandbox/harness.py):
+"""The random-weight build as a checkpoint load would leave it (sandbox/harness/init_shapes.py, sandbox/harness/worker.py):
 a model's ``_init_weights`` that reshapes a parameter (it runs only for weights a checkpoint lacks) is
 undone in layout, and a config class that pops its sub-config dicts is built from a copy each time (the
 constructor fit builds it several times). Harness runs go through real subprocesses, shrunk."""
@@ -87,7 +87,7 @@ def _harness(model: Path, tmp_path: Path, **spec: Any) -> dict[str, Any]:
     spec_path = run_dir / "spec.json"
     spec_path.write_text(json.dumps({"model_dir": str(model), "manifest": MANIFEST, "device": "cpu", "seed": 0,
                                      "result_path": str(run_dir / "result.json"), **spec}))
-    subprocess.run([sys.executable, "-I", "-B", "-m", "sandbox.harness", str(spec_path)], cwd=run_dir,
+    subprocess.run([sys.executable, "-I", "-B", "-m", "sandbox.harness.worker", str(spec_path)], cwd=run_dir,
                    capture_output=True, text=True, timeout=240, env={**os.environ, "PYTHONPATH": str(REPO_ROOT)})
     result: dict[str, Any] = json.loads((run_dir / "result.json").read_text())
     return result
@@ -124,7 +124,7 @@ def test_a_weight_init_that_reshapes_a_parameter_is_undone_in_layout_and_sub_con
             raise AssertionError("the init's layout should break the forward")
         except RuntimeError as exc:
             assert "must match the size" in str(exc)
-        from sandbox.init_shapes import constructor_shapes, restore_constructor_shapes
+        from sandbox.harness.init_shapes import constructor_shapes, restore_constructor_shapes
 
         shapes = constructor_shapes(mod.DecayLM, lambda: mod.DecayLM(mod.DecayConfig(hidden_size=256,
                                                                                     num_attention_heads=4,

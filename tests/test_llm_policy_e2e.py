@@ -202,7 +202,7 @@ def test_hybrid_policy_fixes_a_planted_failure_through_policy_patcher_and_sandbo
     from agents.reading.entry import discover_entry
     from agents.runs import record_of
     from agents.workspace import Workspace
-    from sandbox.runner import run_harness
+    from sandbox.harness.runner import run_harness
     from sandbox.targets import Target
 
     model = write_planted_model(tmp_path / "planted")

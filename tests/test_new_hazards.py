@@ -316,10 +316,10 @@ def test_a_constructor_assert_on_a_cuda_only_kernel_is_a_fixable_blocker() -> No
 @pytest.mark.meaning("defer-kernel-assert")
 def test_the_module_builds_without_the_kernel_and_the_torch_path_computes_the_same() -> None:
     """Without flash_attn (here, on Ascend) the original cannot be built at all; the port builds, and with the
-    config's kernel flag off (what the harness sets, sandbox/cuda_only.py) it computes the original's torch
+    config's kernel flag off (what the harness sets, sandbox/cuda_redirect/cuda_only.py) it computes the original's torch
     branch exactly."""
     from agents.rules.h13_kernel_flags import defer_kernel_asserts
-    from sandbox.cuda_only import kernel_flags_off
+    from sandbox.cuda_redirect.cuda_only import kernel_flags_off
 
     config = {"flash_attn": True, "text": {"use_flash_attention": True, "use_cache": True}}
     changes = kernel_flags_off(config)

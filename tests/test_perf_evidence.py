@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from agents.validation.perf_evidence import analyse, find_pathologies, summary_lines, verdict
-from sandbox.runner import run_harness
+from sandbox.harness.runner import run_harness
 from sandbox.targets import Target, resolve_target
 
 MODELS = Path(__file__).parent / "fixtures" / "perf_models"

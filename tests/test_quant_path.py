@@ -113,7 +113,7 @@ def _harness(model: Path, manifest: dict[str, Any], tmp_path: Path, **spec: Any)
     spec_path = run_dir / "spec.json"
     spec_path.write_text(json.dumps({"model_dir": str(model), "manifest": manifest, "device": "cpu", "seed": 0,
                                      "result_path": str(run_dir / "result.json"), "redirect": "cuda->cpu", **spec}))
-    subprocess.run([sys.executable, "-I", "-B", "-m", "sandbox.harness", str(spec_path)], cwd=run_dir,
+    subprocess.run([sys.executable, "-I", "-B", "-m", "sandbox.harness.worker", str(spec_path)], cwd=run_dir,
                    capture_output=True, text=True, timeout=240, env={**os.environ, "PYTHONPATH": str(REPO_ROOT)})
     result: dict[str, Any] = json.loads((run_dir / "result.json").read_text())
     return result

@@ -13,7 +13,7 @@ from torch import nn
 
 from agents.models import RunRecord
 from agents.validation.compare import self_disagreement
-from sandbox.model_inputs import marked_uninitialised, seed_parameters
+from sandbox.inputs.model_inputs import marked_uninitialised, seed_parameters
 
 
 class _Uninitialised(nn.Module):
@@ -65,7 +65,7 @@ def test_a_large_parameter_keeps_its_spread_from_a_sample_and_uninitialised_ones
     """Past STAT_SAMPLE elements the mean and spread are read from a stride (a 2e9-value model seeded in
     seconds, not a minute): the seeded values keep the model's spread, and an all-NaN tensor is still seeded
     from the config's initializer_range."""
-    from sandbox.model_inputs import STAT_SAMPLE
+    from sandbox.inputs.model_inputs import STAT_SAMPLE
 
     class Wide(nn.Module):
         def __init__(self) -> None:

@@ -1,7 +1,7 @@
 """A model that builds parts in half precision for a GPU and autocasts only off the CPU (a vision tower made
 float16 in __init__, ``maybe_autocast`` that does nothing on the CPU): on the CPU, the reference (cuda
 redirected) and a cpu-target run, it fails with "Input type (float) and bias type (c10::Half)"; the harness
-runs it all in float32 there and says so (sandbox/harness.py). Real harness subprocesses."""
+runs it all in float32 there and says so (sandbox/harness/worker.py). Real harness subprocesses."""
 
 from __future__ import annotations
 
@@ -71,7 +71,7 @@ def _harness(model: Path, manifest: dict[str, Any], run_dir: Path, **spec: Any) 
     spec_path = run_dir / "spec.json"
     spec_path.write_text(json.dumps({"model_dir": str(model), "manifest": manifest, "seed": 0,
                                      "result_path": str(run_dir / "result.json"), **spec}))
-    subprocess.run([sys.executable, "-I", "-B", "-m", "sandbox.harness", str(spec_path)], cwd=run_dir,
+    subprocess.run([sys.executable, "-I", "-B", "-m", "sandbox.harness.worker", str(spec_path)], cwd=run_dir,
                    capture_output=True, text=True, timeout=240, env={**os.environ, "PYTHONPATH": str(REPO_ROOT)})
     result: dict[str, Any] = json.loads((run_dir / "result.json").read_text())
     return result

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from agents.reading.entry import discover_entry
-from sandbox.shrink import estimate_params, shrink_config
+from sandbox.harness.shrink import estimate_params, shrink_config
 from tests.conftest import REPO_ROOT
 
 FIXTURE = REPO_ROOT / "tests" / "fixtures" / "hf_remote_pkg"
@@ -32,7 +32,7 @@ def _harness(model: Path, manifest: dict, tmp_path: Path, **spec: object) -> dic
     spec_path.write_text(json.dumps({"model_dir": str(model), "manifest": manifest, "device": "cpu", "seed": 0,
                                      "result_path": str(run_dir / "result.json"), **spec}))
     # -I as the sandbox runs it: the model's folder is not on the path unless the harness puts it there.
-    subprocess.run([sys.executable, "-I", "-B", "-m", "sandbox.harness", str(spec_path)], cwd=run_dir,
+    subprocess.run([sys.executable, "-I", "-B", "-m", "sandbox.harness.worker", str(spec_path)], cwd=run_dir,
                    capture_output=True, text=True, timeout=240, env={**os.environ, "PYTHONPATH": str(REPO_ROOT)})
     return json.loads((run_dir / "result.json").read_text())
 
@@ -117,7 +117,7 @@ def test_harness_imports_the_folder_as_a_package_and_builds_through_auto_config(
 def test_nested_inputs_move_to_the_device() -> None:
     import torch
 
-    from sandbox.harness import _to_device
+    from sandbox.harness.worker import _to_device
 
     t = torch.ones(2)
     moved = _to_device({"images": [(t, t)], "meta": {"mask": t}, "n": 3}, "meta")
@@ -140,7 +140,7 @@ TILED = REPO_ROOT / "tests" / "fixtures" / "hf_remote_tiled"
 
 
 def test_shrink_keeps_a_width_the_code_hard_codes_and_says_where() -> None:
-    from sandbox.shrink import hard_coded_widths
+    from sandbox.harness.shrink import hard_coded_widths
 
     config = json.loads((TILED / "config.json").read_text())
     small, changes = shrink_config(config, {}, TILED)
@@ -181,7 +181,7 @@ def test_tiled_inputs_come_from_the_models_own_preprocessing_path_and_reach_the_
 def test_new_tokens_leave_out_a_prompt_the_output_repeats() -> None:
     import torch
 
-    from sandbox.harness import new_token_count
+    from sandbox.harness.worker import new_token_count
 
     prompt = torch.tensor([[5, 6, 7]])
     assert new_token_count([5, 6, 7, 1, 2], prompt) == 2  # transformers' generate: prompt + new
@@ -190,7 +190,7 @@ def test_new_tokens_leave_out_a_prompt_the_output_repeats() -> None:
 
 
 def _tiled_model() -> tuple[object, dict]:  # type: ignore[type-arg]
-    from sandbox import model_build
+    from sandbox.harness import model_build
 
     model_build.register_model_package(TILED)
     config = json.loads((TILED / "config.json").read_text())
@@ -203,7 +203,7 @@ def test_captured_inputs_are_what_the_preprocessing_path_built() -> None:
 
     import torch
 
-    from sandbox.model_inputs import capture_preprocessed_inputs
+    from sandbox.inputs.model_inputs import capture_preprocessed_inputs
 
     scratch = set(Path(tempfile.gettempdir()).glob("npuport-preprocess-*"))
     model, config = _tiled_model()
@@ -226,7 +226,7 @@ def test_captured_inputs_are_what_the_preprocessing_path_built() -> None:
 def test_the_folders_own_tokenizer_is_used_when_present(tmp_path: Path) -> None:
     from tokenizers import Tokenizer, models, pre_tokenizers
 
-    from sandbox.model_inputs import TEST_PROMPT, capture_preprocessed_inputs
+    from sandbox.inputs.model_inputs import TEST_PROMPT, capture_preprocessed_inputs
 
     folder = tmp_path / "tiled"
     shutil.copytree(TILED, folder)
@@ -238,7 +238,7 @@ def test_the_folders_own_tokenizer_is_used_when_present(tmp_path: Path) -> None:
     (folder / "tokenizer_config.json").write_text(json.dumps({"tokenizer_class": "PreTrainedTokenizerFast",
                                                               "unk_token": "[UNK]"}))
     assert "the folder's tokenizer (tokenizer.json)" in " ".join(discover_entry(folder).assumptions)
-    from sandbox import model_build
+    from sandbox.harness import model_build
 
     model_build.register_model_package(folder)
     config = json.loads((folder / "config.json").read_text())
@@ -374,7 +374,7 @@ def test_run_py_seeds_and_builds_inputs_exactly_as_the_harness(tmp_path: Path) -
     import torch
 
     from agents.deploy.runscript import model_inputs_sources, render_run_py
-    from sandbox import harness
+    from sandbox.harness import worker as harness
 
     for name, text in model_inputs_sources().items():  # as the bundle ships them
         (tmp_path / name).write_text(text)
@@ -463,8 +463,8 @@ def test_a_processor_config_without_a_tokenizer_gets_a_stand_in_tokenizer_and_sa
 
 def test_a_tokenizer_config_whose_tokenizer_does_not_load_falls_back_to_the_stand_in_with_the_reason(
         tmp_path: Path) -> None:
-    from sandbox import model_build
-    from sandbox.model_inputs import capture_preprocessed_inputs
+    from sandbox.harness import model_build
+    from sandbox.inputs.model_inputs import capture_preprocessed_inputs
 
     folder = tmp_path / "tiled"
     shutil.copytree(TILED, folder)
@@ -508,7 +508,7 @@ def test_a_models_own_generate_that_builds_its_mask_gets_none() -> None:
     generate that passes everything through, still get one."""
     import torch
 
-    from sandbox.model_inputs import builds_own_mask, synthesise_inputs
+    from sandbox.inputs.model_inputs import builds_own_mask, synthesise_inputs
 
     class MergesImages(torch.nn.Module):  # its own generate merges image features and builds the mask itself
         def forward(self, input_ids, attention_mask=None, pixel_values=None):  # type: ignore[no-untyped-def]
@@ -537,7 +537,7 @@ def test_pixels_that_come_with_a_grid_are_left_out_and_the_text_runs_alone() -> 
     gets its image batch."""
     import torch
 
-    from sandbox.model_inputs import pixel_grid_names, synthesise_inputs
+    from sandbox.inputs.model_inputs import pixel_grid_names, synthesise_inputs
 
     class PackedPatches(torch.nn.Module):
         def forward(self, input_ids, attention_mask=None, pixel_values=None, grid_thws=None):  # type: ignore[no-untyped-def]

@@ -96,17 +96,17 @@ def test_error_patterns_name_their_rule_fix_and_citation() -> None:
 
 
 def test_one_cuda_only_table() -> None:
-    """The scanner, the import guard, the debugger and the reference run's stubs read sandbox/cuda_only.py;
+    """The scanner, the import guard, the debugger and the reference run's stubs read sandbox/cuda_redirect/cuda_only.py;
     no other module spells the list out again."""
-    import sandbox.redirect
+    import sandbox.cuda_redirect.redirect
     from agents.rules.h3_cuda_libraries import GuardCudaOnlyImports
-    from sandbox.cuda_only import CUDA_ONLY_ROOTS, STUB_ROOTS
+    from sandbox.cuda_redirect.cuda_only import CUDA_ONLY_ROOTS, STUB_ROOTS
 
-    assert sandbox.redirect.CUDA_ONLY_MODULES is STUB_ROOTS and CUDA_ONLY_ROOTS <= STUB_ROOTS
+    assert sandbox.cuda_redirect.redirect.CUDA_ONLY_MODULES is STUB_ROOTS and CUDA_ONLY_ROOTS <= STUB_ROOTS
     assert GuardCudaOnlyImports({}).modules is CUDA_ONLY_ROOTS
     spelled = [p for pkg in ("agents", "sandbox", "knowledge", "graph", "api") for p in (ROOT / pkg).rglob("*.py")
                if re.search(r"[\"']flash_attn_2_cuda[\"']", p.read_text(encoding="utf-8"))]
-    assert [p.relative_to(ROOT).as_posix() for p in spelled] == ["sandbox/cuda_only.py"]
+    assert [p.relative_to(ROOT).as_posix() for p in spelled] == ["sandbox/cuda_redirect/cuda_only.py"]
 
 
 def test_product_modules_stay_under_500_lines() -> None:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from sandbox.process import Limits, ProcessSandbox, scrubbed_env
+from sandbox.isolation.process import Limits, ProcessSandbox, scrubbed_env
 
 
 def test_wall_timeout_kills_the_process_group(tmp_path: Path) -> None:

@@ -17,7 +17,7 @@ import yaml
 
 from agents.deploy import serving, token_gate, vllm
 from agents.deploy.serve_report import deployment_lines
-from sandbox.serve_layouts import Layout, convert, decoder_layout, layout_config
+from sandbox.serving.layouts import Layout, convert, decoder_layout, layout_config
 from tests.conftest import REPO_ROOT
 
 TINY = REPO_ROOT / "examples" / "tiny_llm"
@@ -124,7 +124,7 @@ def test_without_logprobs_the_rate_decides_and_says_why() -> None:
 
 
 def test_each_concurrency_serves_ten_waves_of_the_workload() -> None:
-    from sandbox.serve_client import load_at
+    from sandbox.serving.client import load_at
 
     work = serving.workload(32000, 2048, 1000)
     assert load_at(work, 100) == work[:1000] and load_at(work, 32) == work[:320]
@@ -146,7 +146,7 @@ INFO:     127.0.0.1:45402 - "POST /v1/completions HTTP/1.1" 500 Internal Server 
 
 
 def test_a_crashed_server_is_reported_by_its_root_cause_not_its_log_tail() -> None:
-    from sandbox.serve_client import root_cause
+    from sandbox.serving.client import root_cause
 
     cause = root_cause(CRASHED_LOG)
     assert cause.startswith("vLLM's VllmWorker-0 died (killed by SIGSEGV)")
@@ -253,7 +253,7 @@ def test_export_decides_the_vllm_path_from_classes_and_layout(tmp_path: Path) ->
     import torch
     from safetensors.torch import load_file
 
-    from sandbox.serve_export import export
+    from sandbox.serving.export import export
 
     class Odd(torch.nn.Module):  # a recurrent cell: no vLLM class, no decoder layout, not a PreTrainedModel
         def __init__(self) -> None:
@@ -288,7 +288,7 @@ def test_a_quantization_config_is_not_served_with_the_seeded_float_weights(tmp_p
     input features 16" from vLLM's CPU scaled_mm). It is dropped at any level, and the record says so."""
     import torch
 
-    from sandbox.serve_export import export
+    from sandbox.serving.export import export
 
     code = tmp_path / "code"
     code.mkdir()
@@ -416,7 +416,7 @@ def test_export_shards_weights_past_the_sandbox_file_limit(tmp_path: Path) -> No
     import torch
     from safetensors.torch import load_file
 
-    from sandbox.serve_export import _save
+    from sandbox.serving.export import _save
 
     state = {f"layer.{i}.weight": torch.full((256, 256), float(i)) for i in range(5)}  # 256 KiB each
     _save(state, tmp_path, shard_bytes=600 * 1024)
@@ -439,7 +439,7 @@ def test_the_parent_never_writes_or_reads_the_deployment_specs_through_a_runs_li
     name of the next run's spec or log is replaced, never written through, and a spec that is a link is
     refused when the engine tuner reads it back."""
     from agents.deploy.engine_tune import engine_stage
-    from sandbox.rundir import HostileRunFile
+    from sandbox.isolation.rundir import HostileRunFile
 
     outside = tmp_path / "outside.txt"
     outside.write_text("host file")
@@ -557,7 +557,7 @@ def _damped_bundle(tmp_path: Path, code: str = DAMPED_CODE) -> tuple[Path, Path,
 def test_export_for_the_backend_alone_keeps_the_patched_code_over_a_known_layout(tmp_path: Path) -> None:
     import sys
 
-    from sandbox.serve_export import export
+    from sandbox.serving.export import export
 
     model, b, _ = _damped_bundle(tmp_path)
     sys.path.insert(0, str(model))
@@ -614,7 +614,7 @@ def test_when_the_backend_refuses_the_class_the_vllm_class_failure_stands(tmp_pa
 def test_the_image_request_is_batched_by_copying_it_along_the_batch() -> None:
     import torch
 
-    from sandbox.serve_mm import batched_throughput, replicate
+    from sandbox.serving.images import batched_throughput, replicate
 
     crops, whole = torch.zeros(2, 3, 4, 4), torch.ones(1, 3, 8, 8)
     inputs = {"input_ids": torch.tensor([[5, 6, 7]]), "images": [(crops, whole)], "images_seq_mask": torch.ones(1, 3),
@@ -650,7 +650,7 @@ def test_a_batch_of_images_that_would_not_fit_in_memory_is_not_run(monkeypatch: 
 
     import torch
 
-    from sandbox import serve_mm
+    from sandbox.serving import images as serve_mm
 
     monkeypatch.setattr(serve_mm, "available_bytes", lambda: 2**30)  # a host with 1 GiB free (the hardware, faked)
     ran: list[int] = []

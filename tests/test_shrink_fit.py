@@ -12,8 +12,8 @@ from typing import Any
 
 import torch
 
-from sandbox.shrink import hard_coded_widths, shrink_config
-from sandbox.shrink_fit import fit_to_constructor
+from sandbox.harness.shrink import hard_coded_widths, shrink_config
+from sandbox.harness.shrink_fit import fit_to_constructor
 
 MODEL = '''import torch
 from torch import nn

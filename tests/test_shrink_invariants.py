@@ -1,4 +1,4 @@
-"""Shrink invariants (issue 25, class 3; sandbox/shrink.py, sandbox/shrink_fit.py): key/value head counts
+"""Shrink invariants (issue 25, class 3; sandbox/harness/shrink.py, sandbox/harness/shrink_fit.py): key/value head counts
 under every spelling keep their grouping, a level sized by a per-head size and no head count keeps it,
 widths the code pairs with the hidden size keep their ratio, and a forward on meta tensors backs the shrink
 off where the derived sizes break an invariant only the forward holds."""
@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 import torch
 
-from sandbox.shrink import shrink_config
-from sandbox.shrink_fit import fit_to_constructor
+from sandbox.harness.shrink import shrink_config
+from sandbox.harness.shrink_fit import fit_to_constructor
 
 
 @pytest.mark.parametrize("kv_key", ["n_head_kv", "num_query_groups", "num_kv_heads", "kv_heads", "n_kv_heads",

@@ -218,7 +218,7 @@ def test_the_harness_builds_remote_code_as_the_auto_classes_hand_it_out(tmp_path
     import torch
     from transformers import PretrainedConfig, PreTrainedModel
 
-    from sandbox.model_build import build_model
+    from sandbox.harness.model_build import build_model
 
     class ProbeConfig(PretrainedConfig):
         model_type = "npuport-h18-harness-probe"

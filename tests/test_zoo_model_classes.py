@@ -254,7 +254,7 @@ def _glm_like(tmp_path: Path) -> Path:
 
 
 def test_a_stand_in_tokenizer_gives_the_prompt_the_special_tokens_the_models_own_class_adds(tmp_path: Path) -> None:
-    from sandbox.stand_in_tokenizer import load_tokenizer
+    from sandbox.inputs.stand_in_tokenizer import load_tokenizer
 
     folder = _glm_like(tmp_path)
     config = json.loads((folder / "config.json").read_text())
@@ -273,7 +273,7 @@ def test_a_stand_in_tokenizer_gives_the_prompt_the_special_tokens_the_models_own
 # ----------------------------------------------------------------------------------------------
 
 def test_a_hub_id_names_its_model_type() -> None:
-    from sandbox.hub_offline import model_type_of
+    from sandbox.harness.hub_offline import model_type_of
 
     types = ["llama", "llama4", "mllama", "whisper", "qwen2", "qwen2_vl", "phi", "phi3", "t5", "mt5"]
     assert model_type_of("meta-llama/Llama-3.1-8B-Instruct", types) == "llama"
@@ -295,7 +295,7 @@ def test_a_config_that_fetches_a_sub_config_from_the_hub_is_built_offline_and_sh
         sys.path.insert(0, {str(REPO_ROOT)!r})
         from pathlib import Path
         from transformers import AutoConfig, PretrainedConfig
-        from sandbox.hub_offline import install
+        from sandbox.harness.hub_offline import install
 
         class Composite(PretrainedConfig):
             def __init__(self, text_model_id=None, vocab_size=None, **kw):
@@ -324,7 +324,7 @@ def test_a_config_that_fetches_a_sub_config_from_the_hub_is_built_offline_and_sh
 def test_weights_left_on_the_meta_device_are_materialised_and_seeded_deterministically() -> None:
     from torch import nn
 
-    from sandbox.model_inputs import seed_parameters
+    from sandbox.inputs.model_inputs import seed_parameters
 
     def build() -> nn.Module:
         m = nn.Module()
@@ -369,7 +369,7 @@ class _BatchModel(_Generator):
 
 
 def test_a_processor_batch_goes_through_the_models_own_generate_wrapper() -> None:
-    from sandbox.processor_inputs import _through_wrapper, generate_wrapper
+    from sandbox.inputs.processor_inputs import _through_wrapper, generate_wrapper
 
     model = _BatchModel()
     assert generate_wrapper(model) == "generate_from_batch"
@@ -386,7 +386,7 @@ def test_remote_code_loaded_by_transformers_is_the_releases_own_not_the_library(
     """transformers' loader imports a release's processor as ``transformers_modules.<folder>.<file>``: its
     ``process()`` (a processor with no __call__) and a model's ``generate_from_batch`` are the release's own,
     not transformers' (a 'MolmoProcessor object is not callable' came from reading them as the library's)."""
-    from sandbox.processor_inputs import _own_names, generate_wrapper
+    from sandbox.inputs.processor_inputs import _own_names, generate_wrapper
 
     class Processor:
         def process(self, text, images=None):

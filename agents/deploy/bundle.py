@@ -72,10 +72,10 @@ def write_deploy_bundle(state: dict[str, Any], out_dir: Path) -> dict[str, str]:
         files[fname.replace(".", "_")] = _write(out_dir / fname, text)
     if req.shrink and model_dir is not None:
         # The exact small config the port was validated with; run.py uses it by default.
-        from sandbox.shrink import shrink_config
+        from sandbox.harness.shrink import shrink_config
 
         config_file = model_dir / str(manifest.get("config") or "config.json")
-        small = _shrunk_config_of_port(state)  # the constructor-fitted config (sandbox/shrink_fit.py)
+        small = _shrunk_config_of_port(state)  # the constructor-fitted config (sandbox/harness/shrink_fit.py)
         if small is None and config_file.is_file():
             small, _ = shrink_config(json.loads(config_file.read_text()), manifest.get("shrink") or {}, model_dir)
         if small is not None:
@@ -173,7 +173,7 @@ def benchmark_lines(tuning: dict[str, Any]) -> list[str]:
               f"Deployed configuration: `{tuning.get('best')}`.", ""]
     effects = tuned.get("knob_effects") or {}
     if effects:
-        lines += ["Knobs searched and what they did to the executed run (sandbox/bench.py records it):", ""]
+        lines += ["Knobs searched and what they did to the executed run (sandbox/bench/throughput.py records it):", ""]
         lines += [f"- {k}: {v}" for k, v in effects.items()] + [""]
     return lines
 

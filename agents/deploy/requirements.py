@@ -49,7 +49,9 @@ def env_versions(python: str, dists: list[str]) -> dict[str, str | None]:
              "    try:\n        out[d] = metadata.version(d)\n    except metadata.PackageNotFoundError:\n"
              "        out[d] = None\nprint(json.dumps(out))\n")
     try:
-        from sandbox.probe import run_probe  # the env's .pth files run when it starts: inside the sandbox
+        from sandbox.isolation.probe import (
+            run_probe,  # the env's .pth files run when it starts: inside the sandbox
+        )
 
         done = run_probe([python, "-c", probe], input=json.dumps(dists), timeout=60)
         return dict(json.loads(done.stdout.strip().splitlines()[-1]))

@@ -1,7 +1,7 @@
 """run.py for the bundle: a standalone script (torch + pyyaml, no npuport needed for cpu / npu) that
 loads the patched model from ./patched through its manifest, applies the tuned settings, generates,
 and prints the text and the timing. It builds its inputs as the harness did, with model_inputs.py
-(sandbox/model_inputs.py, written beside it)."""
+(sandbox/inputs/model_inputs.py, written beside it)."""
 
 from __future__ import annotations
 
@@ -252,7 +252,7 @@ def model_inputs_source() -> str:
 
 def model_inputs_sources() -> dict[str, str]:
     """file name -> text of every module run.py imports from beside it (model_inputs.py and its siblings)."""
-    import sandbox
+    import sandbox.inputs
 
-    root = Path(sandbox.__file__).parent
+    root = Path(sandbox.inputs.__file__).parent
     return {f"{m}.py": (root / f"{m}.py").read_text(encoding="utf-8") for m in BUNDLED_MODULES}

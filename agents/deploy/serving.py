@@ -1,7 +1,7 @@
 """The deployment, exercised: for a validated port, the model the reference ran is saved as a servable
 folder, the bundle's own serve.sh starts vLLM on it, and the server's greedy tokens and throughput are
-checked against Transformers, all inside the sandbox (two runs: sandbox/serve_ref.py in the port's own
-environment, sandbox/serve_client.py in the vLLM environment, where server and client share the sandbox's
+checked against Transformers, all inside the sandbox (two runs: sandbox/serving/reference.py in the port's own
+environment, sandbox/serving/client.py in the vLLM environment, where server and client share the sandbox's
 loopback-only network).
 
 :func:`exercise` returns the deployment record (deployment.json in the bundle); the report renders it.
@@ -23,8 +23,8 @@ from agents.deploy.vllm_env import ensure_vllm_env, vllm_facts
 from agents.deploy.vllm_vision import ensure_vision_overlay
 from agents.request import request_of
 from knowledge.errors import NpuportError
-from sandbox.process import Limits, Mounts, default_sandbox, scrub, scrubbed_env
-from sandbox.rundir import write_own
+from sandbox.isolation.process import Limits, Mounts, default_sandbox, scrub, scrubbed_env
+from sandbox.isolation.rundir import write_own
 from sandbox.targets import target_spec_of
 
 CONCURRENCIES = (1, 8, 32)
@@ -39,7 +39,7 @@ IMAGE_REQUESTS = 8
 # shared small host more OpenMP threads than free cores slow a small model down many times over.
 THREADS = 1
 # Implementations that run vLLM's own classes (not the patched code): when one fails the model, the Transformers
-# backend over the patched code is tried (sandbox/serve_export.py).
+# backend over the patched code is tried (sandbox/serving/export.py).
 VLLM_CLASSES = ("vllm-native", "vllm-native-layout")
 HOST_ENV = {"VLLM_TARGET_DEVICE": "cpu", "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_WORKER_MULTIPROC_METHOD": "spawn",
             "VLLM_CPU_OMP_THREADS_BIND": "0" if THREADS == 1 else f"0-{THREADS - 1}"}
@@ -166,7 +166,7 @@ def exercise(state: dict[str, Any], bundle: Path, run_root: Path, *, requests: i
     a callable ``tune`` is handed the engine context instead (bench/record_engine_landscapes.py). An image
     model's load is its first ``image_requests`` requests at the concurrencies up to that (None: the whole
     workload at every concurrency, as a text model's: bench/serve_speedup.py)."""
-    from sandbox.shrink import shrink_config
+    from sandbox.harness.shrink import shrink_config
 
     req = request_of(state)
     manifest = state.get("entry") or {}
@@ -214,7 +214,7 @@ def exercise(state: dict[str, Any], bundle: Path, run_root: Path, *, requests: i
         "batch_sizes": [c for c in concurrencies if c > 1], "throughput_budget_s": throughput_budget_s,
         "image_requests": image_requests,
     }
-    ref = _sandboxed("sandbox.serve_ref", port_python, ref_spec, run_dir,
+    ref = _sandboxed("sandbox.serving.reference", port_python, ref_spec, run_dir,
                      list(dict.fromkeys([model_dir, ref_dir, bundle / "patched"])), 900 + throughput_budget_s)
     record.update(config_note=note, overrides=overrides, dtype=dtype, isolation=ref.get("isolation"),
                   reference_phases_s=ref.get("phases"))
@@ -271,7 +271,7 @@ def exercise(state: dict[str, Any], bundle: Path, run_root: Path, *, requests: i
         extra += ["--max-num-seqs", str(max(concurrencies))]
         if image is not None:
             extra += ["--chat-template", str(template.resolve())]
-        client = _sandboxed("sandbox.serve_client", str(vpython), {
+        client = _sandboxed("sandbox.serving.client", str(vpython), {
             "serve_sh": str((bundle / "serve.sh").resolve()), "servable_dir": str(servable_dir.resolve()),
             "serve_dir": str((run_dir / "serve_model").resolve()), "port": _free_port(), "extra_args": extra,
             "model_name": Path(req.model_path).name, "prompts": ref["prompts"], "max_new_tokens": ref["max_new_tokens"],
@@ -321,7 +321,7 @@ def exercise(state: dict[str, Any], bundle: Path, run_root: Path, *, requests: i
                  "tokens": record.pop("tokens", None)}
         # afresh (mkdtemp) while no run is going: a link a run left under a fixed name would be followed
         backend_dir = Path(tempfile.mkdtemp(prefix="servable-backend-", dir=run_dir))
-        second = _sandboxed("sandbox.serve_ref", port_python, {**ref_spec, "servable_dir": str(backend_dir.resolve()),
+        second = _sandboxed("sandbox.serving.reference", port_python, {**ref_spec, "servable_dir": str(backend_dir.resolve()),
                                                               "export_only": True, "backend_only": True},
                             run_dir, list(dict.fromkeys([model_dir, ref_dir, bundle / "patched"])), 900)
         info = (second.get("servable") or {}) if second.get("ok") else {}

@@ -20,7 +20,7 @@ from agents.tuning.measure import TUNE_CONCURRENCY, headline_spec, points_of
 from agents.tuning.port import UNTUNED_CONFIG
 from agents.workspace import Workspace
 from knowledge.errors import TargetError, WorkspaceError
-from sandbox.process import Limits
+from sandbox.isolation.process import Limits
 from sandbox.targets import Target, resolve_target, target_spec_of
 
 DEFAULT_TOLERANCE = 0.30  # throughput on a shared host varies; within 1.3x of the report's number agrees

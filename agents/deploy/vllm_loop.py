@@ -17,7 +17,7 @@ from typing import Any
 
 from agents.tuning.search import Budget, Outcome, TuneResult, npuport_search
 from agents.tuning.space import HostFacts, SearchSpace
-from sandbox.serve_client import stop_server
+from sandbox.serving.client import stop_server
 
 _THROUGHPUT = re.compile(r"Output token throughput \(tok/s\):\s*([0-9.]+)")
 _TTFT = re.compile(r"Median TTFT \(ms\):\s*([0-9.]+)")

@@ -99,7 +99,7 @@ def _strip_native(folder: Path) -> list[str]:
 
 
 def _py_probe(python: Path, folder: Path) -> tuple[bool, str]:
-    from sandbox.probe import run_probe
+    from sandbox.isolation.probe import run_probe
 
     done = run_probe([str(python), "-c", PY_PROBE], timeout=600, env={"PYTHONPATH": str(folder)}, readable=(folder,))
     if done.returncode == 0:

@@ -96,7 +96,9 @@ def own_versions(python: Path) -> dict[str, str]:
 
 def broken_host_packages(python: Path, timeout_s: float = 120.0) -> dict[str, str]:
     """{host dist: why} for the host packages whose requirements the env's own packages break."""
-    from sandbox.probe import run_probe  # the env's .pth files run when it starts: inside the sandbox
+    from sandbox.isolation.probe import (
+        run_probe,  # the env's .pth files run when it starts: inside the sandbox
+    )
 
     done = run_probe([str(python), "-m", "pip", "check", "--disable-pip-version-check"], timeout=timeout_s)
     own = own_versions(python)
@@ -181,7 +183,7 @@ STEP_DOWN_LINES = 10
 
 def import_error(python: Path, modules: set[str], timeout_s: float = 120.0) -> str | None:
     """The last line of the error importing ``modules`` in the env, or None when they import."""
-    from sandbox.probe import run_probe
+    from sandbox.isolation.probe import run_probe
 
     code = "; ".join(f"import {m}" for m in sorted(modules))
     done = run_probe([str(python), "-c", code], timeout=timeout_s)

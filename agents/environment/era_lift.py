@@ -43,7 +43,7 @@ def _line_sources(line: tuple[int, int], cache: Path, timeout_s: float) -> Path 
     package = done_dir / "transformers"
     if (done_dir / ".complete").is_file():
         return package
-    from sandbox.installs import run_pip
+    from sandbox.isolation.installs import run_pip
 
     shutil.rmtree(done_dir, ignore_errors=True)
     wheels = done_dir / "wheel"

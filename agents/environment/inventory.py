@@ -13,7 +13,7 @@ from typing import Any
 from agents.reading.entry import discover_entry
 from agents.runs import RunSpec
 from agents.target_state import matrix_for
-from sandbox.process import Limits
+from sandbox.isolation.process import Limits
 from sandbox.targets import DEFAULT_CHIP, DEFAULT_TORCH_NPU, EMULATED_TARGET, get_target_spec, resolve_target
 
 

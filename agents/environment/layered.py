@@ -105,7 +105,7 @@ def _base_sites(resolution: Resolution) -> list[str]:
 
 
 def _layers(resolution: Resolution) -> list[str]:
-    """Folders an env reads besides its own (the sandbox binds them read-only: sandbox/bwrap.py)."""
+    """Folders an env reads besides its own (the sandbox binds them read-only: sandbox/isolation/bwrap.py)."""
     bases = [resolution.era_base, (resolution.torch_pair or {}).get("base_env")]
     return [str(Path(b).resolve()) for b in bases if b]
 
@@ -120,10 +120,10 @@ def own_installs(resolution: Resolution) -> list[str]:
 def run_pip(python: Path, install: list[str], constraints: Path, timeout_s: float,
             layers: tuple[Path, ...] = ()) -> subprocess.CompletedProcess[str]:
     # Wheels only (no setup.py), and in the sandbox: the env's interpreter runs the .pth files of the wheels
-    # installed before; only the env folder is writable, the network reaches only the index (sandbox/installs.py).
+    # installed before; only the env folder is writable, the network reaches only the index (sandbox/isolation/installs.py).
     # ``layers``, the envs this one sits on, are bound read-only: NPUPORT_HOME is masked in the sandbox, and a pip
     # that cannot see the torch pair's base env installs torch (5 GB with its CUDA wheels) into every layer.
-    from sandbox.installs import run_pip as confined_pip
+    from sandbox.isolation.installs import run_pip as confined_pip
 
     argv = [str(python), "-m", "pip", "install", "--no-input", "--disable-pip-version-check", "--only-binary=:all:",
             "-c", str(constraints), *install]
@@ -304,7 +304,7 @@ def _build(env_dir: Path, resolution: Resolution, timeout_s: float) -> None:
         "built_s": round(time.monotonic() - start, 1), "model_dir": str(resolution.model_dir),
         "torch_pair": resolution.torch_pair,
         "owner": resolution.owner or None, "provenance": provenance(resolution),  # agents/environment/owner.py
-        # Folders the env reads besides its own (the sandbox binds them read-only: sandbox/bwrap.py).
+        # Folders the env reads besides its own (the sandbox binds them read-only: sandbox/isolation/bwrap.py).
         "layers": _layers(resolution),
     }, indent=1))
 

@@ -351,7 +351,9 @@ def missing_transformers_names(model_dir: Path, python: str | None = None) -> li
              "        out.append([mod, name, where])\n"
              "print(json.dumps(out))\n")
     try:
-        from sandbox.probe import run_probe  # the env's .pth files run when it starts: inside the sandbox
+        from sandbox.isolation.probe import (
+            run_probe,  # the env's .pth files run when it starts: inside the sandbox
+        )
 
         done = run_probe([python or sys.executable, "-c", probe], input=json.dumps(wanted), timeout=120)
         return [tuple(x) for x in json.loads(done.stdout.strip().splitlines()[-1])] if done.returncode == 0 else []

@@ -102,7 +102,9 @@ def probe(python: str, companions: list[str], extra_path: list[str] | None = Non
     the error's last line)."""
     code = "import json, torch\nout = {'torch': torch.__version__}\n" + \
         "".join(PROBES[c] for c in companions) + "print(json.dumps(out))\n"
-    from sandbox.probe import run_probe  # the env's .pth files run when it starts: inside the sandbox
+    from sandbox.isolation.probe import (
+        run_probe,  # the env's .pth files run when it starts: inside the sandbox
+    )
 
     env = {"PYTHONPATH": os.pathsep.join(extra_path)} if extra_path else {}
     try:

@@ -185,7 +185,7 @@ class ToolBox:
 
     def _run_in_sandbox(self, a: RunInSandboxArgs) -> str:
         from knowledge.errors import IsolationUnavailable
-        from sandbox.process import Limits, default_sandbox, scrubbed_env
+        from sandbox.isolation.process import Limits, default_sandbox, scrubbed_env
 
         used = sum(1 for e in self.log if e["tool"] == "run_in_sandbox")
         if used >= self.max_sandbox_calls:

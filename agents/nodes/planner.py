@@ -55,7 +55,7 @@ def planner_node(state: dict[str, Any]) -> dict[str, Any]:
         return {"request": req.model_dump(), "status": "failed", "started_at": started,
                 "reason": f"model path {req.model_path} is not a folder",
                 "trace": [step("planner", f"model path {req.model_path} is not a folder")]}
-    from sandbox.parse_guard import source_problem
+    from sandbox.isolation.parse_guard import source_problem
 
     # Before any agent parses the model in this process (the environment's imports, the scan, the entry):
     # a file that crashes or stalls the parser is found in a child with limits, and the port refused.

@@ -54,7 +54,7 @@ def validator_node(state: dict[str, Any]) -> dict[str, Any]:
             new_runs.append(again.model_dump(mode="json"))
             counters["reference_runs"] = counters.get("reference_runs", 0) + made
             numerics = self_disagreement(ref, again) or numerics
-    # Decode profiles of the same two runs (sandbox/profile.py) -> performance pathologies.
+    # Decode profiles of the same two runs (sandbox/harness/profile.py) -> performance pathologies.
     perf = analyse(profile_of(port.result_path), profile_of(ref.result_path) if ref.ok else None)
     for p in perf["pathologies"]:  # the profiled tree is the workspace's now: map its lines to the user's
         p["user_where"] = port_site(p.get("where"), state.get("workdir"), request_of(state).model_path)

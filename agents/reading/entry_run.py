@@ -15,7 +15,7 @@ from agents.reading.entry_source import (
     _local_hierarchy,
     _python_files,
 )
-from sandbox.model_inputs import PROCESSOR_FILES, PROCESSOR_PATH, TOKENIZER_FILES
+from sandbox.inputs.model_inputs import PROCESSOR_FILES, PROCESSOR_PATH, TOKENIZER_FILES
 
 INPUT_FN_NAMES = ("make_inputs", "sample_inputs", "get_inputs", "example_inputs")
 # auto_map keys under which the authors load the class as a generator: transformers' generate (its default
@@ -94,7 +94,7 @@ def _preprocessing_method(root: Path, cls: str, classes: dict[str, ast.ClassDef]
                           assumptions: list[str]) -> str | None:
     """The model's own preprocessing path: an infer-style method of the class (or a local base) that
     takes a tokenizer, else the folder's processor (AutoProcessor) when its files are there. The harness
-    drives it for the inputs (sandbox/model_inputs.py)."""
+    drives it for the inputs (sandbox/inputs/model_inputs.py)."""
     for name, node, fn, how in _preprocessing_candidates(classes, cls):
         if fn is not None:
                 have = [f for f in TOKENIZER_FILES if (root / f).is_file()]

@@ -30,12 +30,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sandbox.cuda_only import LIBRARIES
+from sandbox.cuda_redirect.cuda_only import LIBRARIES
 
 # A call that builds quantized layers: quantize(...), quantize_offline(self), make_quant(...),
 # replace_with_bnb_linear(...); never dequantize.
 _QUANT_CALL = re.compile(r"quanti[sz]e|make_quant|replace_with_\w*(bnb|gptq|awq|quant)", re.I)
-# CUDA-only quantization libraries (bitsandbytes, auto_gptq, awq, exllamav2): what sandbox/cuda_only.py's table
+# CUDA-only quantization libraries (bitsandbytes, auto_gptq, awq, exllamav2): what sandbox/cuda_redirect/cuda_only.py's table
 # says is quantisation or is replaced by Ascend quantisation.
 _QUANT_LIBS = tuple(lib.module for lib in LIBRARIES if "quantis" in f"{lib.what} {lib.instead}".lower())
 _KERNEL_LIBS = tuple(lib.module for lib in LIBRARIES)

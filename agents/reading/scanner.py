@@ -22,7 +22,7 @@ from agents.rules.base import Registry
 from agents.rules.context import ModuleContext, TextFile
 from agents.rules.registry import active
 from knowledge.errors import SourceSyntaxError
-from sandbox.source_check import decode_source
+from sandbox.isolation.source_check import decode_source
 
 # Directories never scanned; files we read as text (not Python).
 SKIP_DIRS = {".git", ".hg", ".svn", "__pycache__", ".venv", "venv", "env", ".tox", ".nox", "node_modules",

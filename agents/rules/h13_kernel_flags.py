@@ -20,7 +20,7 @@ from agents.rules.base import BLOCKS, HIGH, MEDIUM, Fix, HazardRule
 from agents.rules.context import ModuleContext
 from agents.rules.cst_helpers import walk_nodes
 from agents.rules.kit import CodemodResult, Rewriter, run_codemod
-from sandbox.cuda_only import BY_MODULE
+from sandbox.cuda_redirect.cuda_only import BY_MODULE
 
 # A flag that switches on a CUDA-only kernel path, by its name.
 KERNEL_FLAG = re.compile(

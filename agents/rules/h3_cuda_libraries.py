@@ -1,4 +1,4 @@
-"""H3: CUDA-only libraries and kernels (flash-attn, xformers, Triton, CUDA extensions; the one list is sandbox/cuda_only.py).
+"""H3: CUDA-only libraries and kernels (flash-attn, xformers, Triton, CUDA extensions; the one list is sandbox/cuda_redirect/cuda_only.py).
 
 One hazard class, one module: detector, fix (codemod or the reason it is manual), the run-time
 errors it explains and its knowledge-base topic (see docs/rules.md)."""
@@ -37,7 +37,7 @@ from agents.rules.kit import (
     dotted_name,
     run_codemod,
 )
-from sandbox.cuda_only import BY_MODULE, CUDA_ONLY_DISTS, CUDA_ONLY_ROOTS
+from sandbox.cuda_redirect.cuda_only import BY_MODULE, CUDA_ONLY_DISTS, CUDA_ONLY_ROOTS
 
 CUDA_EXTENSION_BUILD = {"torch.utils.cpp_extension.load", "torch.utils.cpp_extension.load_inline",
                         "torch.utils.cpp_extension.CUDAExtension", "torch.utils.cpp_extension.BuildExtension"}

@@ -313,7 +313,7 @@ def moe_dense_dispatch(source: str, **_: Any) -> CodemodResult:
 def moe_sizes(config: dict[str, Any], prefix: str = "") -> list[tuple[str, int, int]]:
     """(key path of the expert count, experts, top-k) for each (sub-)config that names both, e.g.
     ("language_config.n_routed_experts", 64, 6); a pair repeated at another level is listed once."""
-    from sandbox.shrink import _EXPERT_KEYS, _TOPK_KEYS
+    from sandbox.harness.shrink import _EXPERT_KEYS, _TOPK_KEYS
 
     out: list[tuple[str, int, int]] = []
 
@@ -341,7 +341,7 @@ def moe_config_notes(config: dict[str, Any], ratio: float) -> list[tuple[str, st
     """(key path, what moe-dense-dispatch's guard does at the config's sizes), e.g. "64 experts, top-6: the
     original host-synced loop runs (dense would be 10.7x the routed experts' FLOPs, above R = 4 ...)". A --shrink run's small
     config is named when it takes the other path (its validation then exercises that path, not this one)."""
-    from sandbox.shrink import shrink_config
+    from sandbox.harness.shrink import shrink_config
 
     small = {s[0]: s[1:] for s in moe_sizes(shrink_config(config)[0])}
     notes: list[tuple[str, str]] = []

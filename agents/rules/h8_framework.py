@@ -23,7 +23,7 @@ from agents.rules.cst_helpers import (
     dotted,
     walk_nodes,
 )
-from sandbox.cuda_only import CUDA_ONLY_DISTS
+from sandbox.cuda_redirect.cuda_only import CUDA_ONLY_DISTS
 
 FRAMEWORK_INTERNAL_MODULES = {
     "transformers.utils.import_utils", "transformers.modeling_flash_attention_utils",

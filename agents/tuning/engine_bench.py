@@ -5,7 +5,7 @@ the objective's concurrency (repeated on the same server), and stops it.
 The objective is output tokens/s at that concurrency; a configuration whose median TTFT or TPOT breaks the
 latency SLO is no candidate (status ``slo``), and one whose tokens differ is not measured (``mismatch``): a
 fast wrong answer is worth nothing. How the server is started and talked to is the deployment's own
-client (sandbox/serve_client.py, in the sandbox), passed in as ``run_client`` so this module stays below
+client (sandbox/serving/client.py, in the sandbox), passed in as ``run_client`` so this module stays below
 agents/deploy.
 """
 

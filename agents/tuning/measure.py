@@ -1,4 +1,4 @@
-"""Benchmark-backed evaluation: each trial is one sandbox/bench.py run of the port with one
+"""Benchmark-backed evaluation: each trial is one sandbox/bench/throughput.py run of the port with one
 configuration; the baseline is the original as written (eager, batch 1) under the cuda->cpu redirect,
 measured by the same benchmark on the same host."""
 
@@ -10,8 +10,8 @@ from typing import Any
 
 from agents.runs import RunSpec
 from agents.tuning.search import Evaluate, Outcome
-from sandbox.bench import BenchRun, run_bench
-from sandbox.process import Limits
+from sandbox.bench.throughput import BenchRun, run_bench
+from sandbox.isolation.process import Limits
 
 TUNE_CONCURRENCY = 8  # the objective: new tokens/s with 8 requests in flight
 REPORT_CONCURRENCIES = [1, 2, 4, 8]

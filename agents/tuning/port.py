@@ -28,7 +28,7 @@ from agents.tuning.space import HostFacts, SearchSpace, model_facts, torch_space
 from agents.workspace import Workspace
 from knowledge.errors import NoFeasiblePoint
 from knowledge.settings import settings
-from sandbox.process import Limits
+from sandbox.isolation.process import Limits
 
 DEFAULT_TRIALS = 12
 

@@ -59,7 +59,7 @@ class SearchSpace(BaseModel):
 
 
 class TorchRunConfig(BaseModel):
-    """How the harness runs the port on cpu / ascend-sim / npu (sandbox/bench.py applies it)."""
+    """How the harness runs the port on cpu / ascend-sim / npu (sandbox/bench/throughput.py applies it)."""
 
     batch: int = Field(default=1, ge=1)
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
@@ -217,7 +217,7 @@ def torch_space(facts: HostFacts, *, batches: list[int] | None = None, compile_m
                 name: str | None = None) -> SearchSpace:
     """cpu / ascend-sim / npu: batch size, dtype, attention implementation, torch.compile, threads.
 
-    Only knobs the benchmark applies to the executed run are dimensions (sandbox/bench.py records what
+    Only knobs the benchmark applies to the executed run are dimensions (sandbox/bench/throughput.py records what
     each changed). There is no KV-cache knob: the model's own generate decides whether it caches, and a
     config flag it does not read changed nothing in the measured run."""
     batches = batches or [1, 2, 4, 8, 16, 32]

@@ -53,7 +53,7 @@ def compare_outputs(port: RunRecord, ref: RunRecord, dtype: str = "float32") -> 
     import torch
 
     from agents.validation.numerics import MAX_CAPTURE_BYTES, TOLERANCES, tensor_metrics, within
-    from sandbox.rundir import check_zip_bounded
+    from sandbox.isolation.rundir import check_zip_bounded
 
     tol = TOLERANCES.get(dtype, TOLERANCES["float32"])
     rule = (f"the {dtype} tolerance: cosine >= {tol.min_cosine}, at most {tol.max_share_over_1e3:.0%} of elements off "

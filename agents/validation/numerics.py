@@ -66,7 +66,7 @@ def compare_captures(port_path: Path, ref_path: Path, order: list[str], dtype: s
     (in the port's execution order) that leaves the tolerance."""
     import torch
 
-    from sandbox.rundir import check_zip_bounded
+    from sandbox.isolation.rundir import check_zip_bounded
 
     # Capture files come from the run folders (hostile data): a regular file, bounded, and bounded once
     # inflated, before torch reads a byte of it.

@@ -1,5 +1,5 @@
 """Performance pathologies of a validated generative port, found in the decode profile that the harness
-measured in the same runs (sandbox/profile.py): pure functions over the profile dicts, no model runs.
+measured in the same runs (sandbox/harness/profile.py): pure functions over the profile dicts, no model runs.
 
 Matching tokens say a port is correct, not that it decodes the way it should. Each rule below reads
 the per-step numbers and names the code line the profiler recorded:
@@ -202,7 +202,7 @@ def _key(f: PerfFinding) -> tuple[str, str | None]:
 
 def _rows(ref: dict[str, Any] | None, port: dict[str, Any]) -> list[dict[str, Any]]:
     r_steps = (ref or {}).get("steps") or []
-    counts_ops = port.get("counters") == "device-ops"  # the profile says what it counted (sandbox/profile.py)
+    counts_ops = port.get("counters") == "device-ops"  # the profile says what it counted (sandbox/harness/profile.py)
     rows = []
     for i, s in enumerate(port.get("steps") or []):
         r = r_steps[i] if i < len(r_steps) else {}

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from knowledge.errors import ExecutorError, first_line
-from sandbox.reaper import pid_alive
+from sandbox.isolation.reaper import pid_alive
 
 INSTALL_HINT = "pip install 'npuport[batch]'"
 

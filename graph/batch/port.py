@@ -24,7 +24,7 @@ from knowledge.errors import SourceError, error_record
 
 
 def _limit_threads(n: int) -> None:
-    # the sandbox passes OMP_NUM_THREADS / MKL_NUM_THREADS on to the port's runs (sandbox/process.py)
+    # the sandbox passes OMP_NUM_THREADS / MKL_NUM_THREADS on to the port's runs (sandbox/isolation/process.py)
     for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
         os.environ[var] = str(n)
 
@@ -90,7 +90,7 @@ def execute_port(job: dict[str, Any]) -> dict[str, Any]:
             # another port's bundle by itself; the batch owns this folder)
             shutil.rmtree(bundle)
         # a PortRequest, validated like the CLI's and the service's, built the way the CLI builds it: `shrink`
-        # is the request's, so the harness derives the small config (sandbox/shrink.py) for every run
+        # is the request's, so the harness derives the small config (sandbox/harness/shrink.py) for every run
         request = PortRequest(model_path=str(model), target=s.target, chip=s.chip, objective=s.objective,
                               torch_npu=s.torch_npu, policy=s.policy, strict=s.strict, tune=s.tune,
                               shrink=bool(s.shrink), strict_perf=s.strict_perf,

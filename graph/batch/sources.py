@@ -62,7 +62,7 @@ def unpack(archive: Path, dest: Path) -> Path:
 
 
 def _shrink_overrides(shrink: bool | dict[str, Any]) -> dict[str, Any]:
-    # `shrink: true` is the request's (the harness derives the small config, sandbox/shrink.py, and
+    # `shrink: true` is the request's (the harness derives the small config, sandbox/harness/shrink.py, and
     # applies the model's own npuport.yaml overrides); only a batch's dict of overrides is staged here.
     return dict(shrink) if isinstance(shrink, dict) else {}
 

@@ -3,7 +3,7 @@
 The library is compiled against the torch in this environment with torch.utils.cpp_extension (a C++
 compiler and ninja are needed) in a child process, so the caller's process never loads it, and cached
 per source + torch + Python in NPUPORT_NATIVE_CACHE (default ~/.cache/npuport/ascend-sim-native).
-The build itself runs confined (sandbox/installs.py ``run_build``: the host read-only, only the build
+The build itself runs confined (sandbox/isolation/installs.py ``run_build``: the host read-only, only the build
 folder writable, no network, a scrubbed environment), since the interpreter of a layered env runs the
 .pth files of the model's wheels. Targets pass the built path to the model's runs, which only load it.
 """
@@ -66,7 +66,9 @@ def _torch_identity(python: str | None) -> tuple[str, ...]:
         known = {}
     line = known.get(memo_key) if marker.is_file() else None
     if not line:
-        from sandbox.probe import run_probe  # the env's .pth files run when it starts: inside the sandbox
+        from sandbox.isolation.probe import (
+            run_probe,  # the env's .pth files run when it starts: inside the sandbox
+        )
 
         done = run_probe([python, "-c", _TORCH_ID], timeout=300)
         if done.returncode != 0:
@@ -120,9 +122,9 @@ def library_path(*, build: bool = True, log: Callable[[str], None] | None = None
                                     os.environ.get("PATH", "")]),
            "MAX_JOBS": os.environ.get("MAX_JOBS") or str(os.cpu_count() or 1),
            **{k: os.environ[k] for k in ("CXX", "CC") if os.environ.get(k)}}
-    # In the sandbox (sandbox/installs.py): an env's interpreter runs the .pth files of the model's wheels, so
+    # In the sandbox (sandbox/isolation/installs.py): an env's interpreter runs the .pth files of the model's wheels, so
     # the build sees the host read-only, a scrubbed environment, no network, and writes its folder only.
-    from sandbox.installs import run_build
+    from sandbox.isolation.installs import run_build
 
     try:
         r = run_build([builder, "-c", _BUILD, module_name(key), str(SOURCE), str(build_dir)],

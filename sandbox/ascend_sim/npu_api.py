@@ -385,7 +385,7 @@ def _build_empty(mod: types.ModuleType) -> None:
 
 def _build_transfer_to_npu(mod: types.ModuleType) -> None:
     """Importing it redirects cuda to npu for the rest of the process, as on a real host."""
-    from sandbox import redirect
+    from sandbox.cuda_redirect import redirect
 
     redirect.install("npu")
 

@@ -1,5 +1,5 @@
 """Targets: where a port runs, one module each, and the chips they emulate or drive. Isolation
-(sandbox/process.py) is chosen independently.
+(sandbox/isolation/process.py) is chosen independently.
 
 - ``cpu`` (cpu.py): plain PyTorch on the CPU.
 - ``ascend-sim`` (ascend_sim.py): the emulated Ascend runtime (sandbox/ascend_sim) on the CPU, for a

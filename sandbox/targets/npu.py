@@ -35,7 +35,7 @@ def probe_npu(timeout_s: float = 60.0) -> tuple[bool, str]:
 
 def resolve(*, strict: bool = False, **_: Any) -> Target:
     env = {"TORCH_NPU_FALLBACK_CPU_DISABLE": "1"} if strict else {}
-    return Target("npu", "npu:0", "sandbox.npu_runtime:install", {"strict": strict}, env, reason="requested")
+    return Target("npu", "npu:0", "sandbox.targets.npu_runtime:install", {"strict": strict}, env, reason="requested")
 
 
 SPEC = TargetSpec(name="npu", summary="a real Ascend NPU through torch_npu", npu_like=True, resolve=resolve,

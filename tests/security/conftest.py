@@ -19,8 +19,8 @@ import pytest
 import yaml
 
 from agents.workspace import Workspace, tree_digest
-from sandbox.process import BubblewrapSandbox, Limits, ProcessSandbox, Sandbox, bwrap_available
-from sandbox.runner import HarnessRun, run_harness
+from sandbox.harness.runner import HarnessRun, run_harness
+from sandbox.isolation.process import BubblewrapSandbox, Limits, ProcessSandbox, Sandbox, bwrap_available
 from sandbox.targets import Target
 
 MANIFEST = """name: hostile

@@ -1,5 +1,5 @@
 """Class: a run does not report on itself. The model's code runs in a worker process; the result pipe to
-npuport and the clock belong to the run's supervisor (sandbox/supervisor.py). A model that writes a forged
+npuport and the clock belong to the run's supervisor (sandbox/isolation/supervisor.py). A model that writes a forged
 result on every channel it can reach, freezes the clock, or has a reference-mode copy of itself speak for
 the run must not change what npuport concludes: the result is refused, or the forgery is labelled as the
 model process's claim and the supervisor's measure stands beside it."""
@@ -14,8 +14,8 @@ import pytest
 import yaml
 
 from agents.workspace import Workspace
-from sandbox.bench import run_bench
-from sandbox.process import Limits, Sandbox
+from sandbox.bench.throughput import run_bench
+from sandbox.isolation.process import Limits, Sandbox
 
 from .conftest import write_model
 
@@ -119,7 +119,7 @@ if _inner:
 _sock = [f for f in _chans if f not in (0, 1, 2)]
 if _WORKER_FD:
     _env["SANDBOX_WORKER_FD"] = _WORKER_FD
-_argv = [sys.executable, "-I", "-B", "-u", "-m", "sandbox.harness", "copy-spec.json"]
+_argv = [sys.executable, "-I", "-B", "-u", "-m", "sandbox.harness.worker", "copy-spec.json"]
 '''
 
 

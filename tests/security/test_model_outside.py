@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from sandbox.process import bwrap_available
+from sandbox.isolation.process import bwrap_available
 
 
 @pytest.fixture()
@@ -75,7 +75,7 @@ def test_purelib_question_runs_no_pth(hostile_env: tuple[str, Path]) -> None:
 
 
 def test_a_probe_sees_no_host_secret_and_cannot_write(hostile_env: tuple[str, Path], tmp_path: Path) -> None:
-    from sandbox.probe import run_probe
+    from sandbox.isolation.probe import run_probe
 
     py, _ = hostile_env
     secret = tmp_path / "outside" / "token.txt"
@@ -217,7 +217,7 @@ def test_a_confined_install_reaches_the_index_and_nothing_else(tmp_path: Path, m
     import threading
 
     from agents.environment.layered import run_pip as _run_pip
-    from sandbox import installs
+    from sandbox.isolation import installs
 
     if bwrap_available() is None:
         pytest.skip("bubblewrap is not installed here (.ci/run installs it)")

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from sandbox.process import Limits
+from sandbox.isolation.process import Limits
 
 from .conftest import needs_isolation
 

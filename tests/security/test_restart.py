@@ -13,12 +13,12 @@ from pathlib import Path
 
 import pytest
 
-from sandbox.reaper import reap_orphans
+from sandbox.isolation.reaper import reap_orphans
 
 SERVER = '''
 import sys
 from pathlib import Path
-from sandbox.process import BubblewrapSandbox, Limits, ProcessSandbox, bwrap_available, scrubbed_env
+from sandbox.isolation.process import BubblewrapSandbox, Limits, ProcessSandbox, bwrap_available, scrubbed_env
 box = BubblewrapSandbox(bwrap_available()) if sys.argv[1] == "bwrap" else ProcessSandbox()
 work = Path(sys.argv[2])
 cmd = ["sh", "-c", "setsid sh -c 'echo $$ > daemon.pid; exec sleep 120' & echo $$ > child.pid; sleep 120"]
@@ -49,7 +49,7 @@ def _cwd(pid: str) -> str | None:
 
 @pytest.mark.parametrize("mode", ["bwrap", "process"])
 def test_sigkilled_server_leaves_no_run_behind(mode: str, tmp_path: Path, npuport_home: Path) -> None:
-    from sandbox.process import bwrap_available
+    from sandbox.isolation.process import bwrap_available
 
     if mode == "bwrap" and bwrap_available() is None:
         pytest.skip("bubblewrap is not installed here")

@@ -15,9 +15,9 @@ import pytest
 import yaml
 
 from agents.workspace import Workspace
-from sandbox.bench import run_bench
-from sandbox.process import Limits, Sandbox
-from sandbox.runner import run_harness
+from sandbox.bench.throughput import run_bench
+from sandbox.harness.runner import run_harness
+from sandbox.isolation.process import Limits, Sandbox
 from sandbox.targets import Target
 
 from .conftest import write_model

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from sandbox.process import Limits, default_sandbox
+from sandbox.isolation.process import Limits, default_sandbox
 
 from .conftest import needs_isolation
 
@@ -53,7 +53,7 @@ open("leak.txt", "w").write(STOLEN)
 def test_registered_tokens_are_scrubbed(attack, box) -> None:  # type: ignore[no-untyped-def]
     """An API token the server holds (registered by JobManager.start) never comes back in run text,
     even when the model's code prints it (say it found it somewhere)."""
-    from sandbox.process import register_secret
+    from sandbox.isolation.process import register_secret
 
     token = "npuport-api-token-7f3a9c1e5b"
     register_secret(token)
@@ -237,7 +237,7 @@ for k in kids:
 
 
 def test_unisolated_runs_need_an_explicit_choice(monkeypatch: pytest.MonkeyPatch) -> None:
-    from sandbox import process
+    from sandbox.isolation import process
 
     monkeypatch.setattr(process, "bwrap_available", lambda: None)
     monkeypatch.delenv("NPUPORT_ALLOW_UNISOLATED", raising=False)
@@ -260,8 +260,8 @@ def test_a_virtualenv_under_tmp_works_under_bwrap(tmp_path: Path) -> None:
     import yaml
 
     from agents.workspace import Workspace
-    from sandbox.process import BubblewrapSandbox, bwrap_available
-    from sandbox.runner import run_harness
+    from sandbox.harness.runner import run_harness
+    from sandbox.isolation.process import BubblewrapSandbox, bwrap_available
     from sandbox.targets import Target
 
     from .conftest import write_model

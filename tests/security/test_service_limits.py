@@ -19,7 +19,7 @@ from test_api_helpers import fake_builder
 
 from api.app import create_app
 from graph.state import PortState
-from sandbox.process import Limits, Sandbox, scrubbed_env, stop_runs_when
+from sandbox.isolation.process import Limits, Sandbox, scrubbed_env, stop_runs_when
 
 from .conftest import api_client
 
@@ -95,7 +95,7 @@ def _sleeping_builder(marker: Path) -> Any:
     """A one-node graph whose node is a 60 s sandbox run (what a slow port step is)."""
 
     def node(state: dict[str, Any]) -> dict[str, Any]:
-        from sandbox.process import default_sandbox
+        from sandbox.isolation.process import default_sandbox
 
         marker.write_text("started")
         res = default_sandbox(allow_process=True).execute(["sh", "-c", "sleep 60"], cwd=marker.parent,

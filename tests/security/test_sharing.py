@@ -76,7 +76,7 @@ def test_a_layered_env_the_model_chose_is_its_owners(tmp_path: Path, monkeypatch
     An env of npuport's own pins only (a transformers era) is shared, and says so."""
     from agents.environment.layered import ensure_env
     from agents.environment.owner import env_owner
-    from sandbox.process import bwrap_available
+    from sandbox.isolation.process import bwrap_available
 
     from .test_model_outside import _wheel
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from sandbox import parse_guard
+from sandbox.isolation import parse_guard
 
 CRASHER = "x = " + "-" * 100_000 + "1\n"
 

@@ -1,0 +1,400 @@
+"""Derive a small config from a model's config.json, and estimate a config's size.
+
+Rules are by the CLASS of a key (a layer count, an expert count, a head count, a width), applied at
+every nesting level (sub-configs such as a language or vision config). Sizes stay consistent:
+hidden % heads == 0, kv heads divide heads, routed experts divisible by expert groups, top-k no
+larger than the experts. The per-head size is kept (hidden = HEADS x the original hidden / heads, and
+``head_dim`` keys are not shrunk): code derives head counts from widths (``num_heads = embed_dim // 128``)
+and rotary sizes from the head size. Vocabulary and image sizes are kept: token ids and image tensors
+built by the model's own preprocessing must stay valid. A width equal to a literal the code uses as a
+size (a layer's size argument, a size-named keyword, default or variable) is kept, citing that line. A width
+one level hands another (a vision tower's ``projection_dim`` equal to the language model's hidden size) follows
+the level it equals. The manifest's ``shrink:`` dict (dotted keys for nested configs) overrides any derived value.
+``shrink_candidates`` gives the backed-off variants (a level's widths and heads kept) that
+sandbox/harness/shrink_fit.py tries when the model's constructor rejects the derived sizes.
+Used by the harness (inside the sandbox), so it imports nothing of agents/graph.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+from typing import Any
+
+LAYERS = 2
+HEADS = 4
+HEAD_DIM = 16
+HIDDEN = HEADS * HEAD_DIM
+INTERMEDIATE = 2 * HIDDEN
+EXPERTS = 4
+TOP_K = 2
+
+_LAYER_KEYS = re.compile(r"^(num_hidden_layers|n_layers?|num_layers|layers|num_decoder_layers|num_encoder_layers|depth|"
+                         r"encoder_layers|decoder_layers)$")
+_EXPERT_KEYS = re.compile(r"^(n_routed_experts|num_experts|num_local_experts|moe_num_experts|n_experts)$")
+_TOPK_KEYS = re.compile(r"^(num_experts_per_tok|moe_top_k|top_k|experts_per_token)$")
+_HEAD_KEYS = re.compile(r"^(num_attention_heads|n_heads?|num_heads|heads|encoder_attention_heads|decoder_attention_heads)$")
+# Key/value head counts (GQA / MQA) under any of their spellings: num_key_value_heads, n_head_kv, kv_heads,
+# num_kv_heads, multi_query_group_num, num_query_groups (a KV group per query group).
+_KV_KEYS = re.compile(r"^(num_key_value_heads|(n|num)_?(kv|key_value)_?heads?|(n|num)_heads?_kv|kv_(n_)?heads|"
+                      r"multi_query_group_num|num_query_groups|n_query_groups)$")
+# Per-head sizes: kept as written; a level without a head count derives its heads from width / per-head size.
+_PER_HEAD_KEYS = re.compile(r"^(head_dim|head_size|attention_head_size|d_head|dim_head|size_per_head|kv_channels)$")
+_HIDDEN_KEYS = re.compile(r"^(hidden_size|d_model|n_embd|n_embed|embed_dim|dim|width|hidden_dim|input_dim|output_dim)$")
+_FFN_KEYS = re.compile(r"^(intermediate_size|ffn_dim|ffn_hidden_size|n_inner|d_ff|encoder_ffn_dim|"
+                       r"decoder_ffn_dim|moe_intermediate_size|shared_expert_intermediate_size)$")
+# Expert groups (must divide the experts), groups picked per token, shared experts: one each.
+_TO_ONE = ("n_group", "num_expert_group", "topk_group", "n_shared_experts", "num_shared_experts")
+# Per-head sizes (head_dim, qk_rope_head_dim ...) are kept; low-rank projections shrink.
+_LORA_RANK_KEYS = re.compile(r"^(kv_lora_rank|q_lora_rank)$")
+
+
+def _int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+MIN_HARD_WIDTH = 64  # smaller literals are too common (kernel sizes, counts) to tie to a config width
+
+
+# A literal is a size only where the code uses it as one: a layer's size argument, or bound to a size-named
+# keyword, parameter or variable (``n_embed = 96``, ``def f(dim=896)``, ``Config(hidden_size=896)``).
+SIZE_NAME = re.compile(r"(^|_)(dim|dims|dimension|size|hidden|embed|embd|width|channels|chans|features|d_model|"
+                       r"units|planes)(_|$)", re.I)
+NOT_A_SIZE = re.compile(r"kernel|stride|pad|window|eps|batch|position|seq|length|token|vocab|worker|seed|image|"
+                        r"patch|max|min|cache|chunk|block|bucket|timeout|step", re.I)
+SIZE_LAYERS = frozenset({"Linear", "Embedding", "Conv1d", "Conv2d", "Conv3d", "LayerNorm", "GroupNorm", "RMSNorm",
+                         "MultiheadAttention", "BatchNorm1d", "BatchNorm2d", "ConvTranspose2d", "Bilinear"})
+
+
+# torch's constructors of a tensor of a given shape (positional sizes or one list / tuple of them)
+TENSOR_MAKERS = frozenset({"zeros", "ones", "empty", "randn", "rand", "full"})
+
+
+def _size_name(name: str | None) -> bool:
+    return bool(name) and bool(SIZE_NAME.search(name or "")) and not NOT_A_SIZE.search(name or "")
+
+
+def _callee(node: ast.Call) -> str:
+    f = node.func
+    return f.attr if isinstance(f, ast.Attribute) else f.id if isinstance(f, ast.Name) else ""
+
+
+def hard_coded_widths(model_dir: Path) -> dict[int, list[tuple[str, str | None]]]:
+    """Integer literals the model's code uses as sizes: ``n_embed = 1280``, ``def f(dim=896)``,
+    ``Config(hidden_size=896)``, ``nn.Linear(1280, ...)``: {value: [("file:line `code`", parameter name
+    for a default else None)]}. A config width equal to one is kept by the shrink: the code builds that
+    size whatever the config says, and a shrunk config would no longer fit it. The same number elsewhere
+    (``timeout = 1280``, ``max_length=4096``) is not a size, and is never cited as one."""
+    found: dict[int, list[tuple[str, str | None]]] = {}
+
+    def note(value: Any, path: Path, node: ast.AST, lines: list[str], param: str | None = None) -> None:
+        if _int(value) and value >= MIN_HARD_WIDTH:
+            line = getattr(node, "lineno", 0)
+            code = lines[line - 1].strip() if 0 < line <= len(lines) else ""
+            found.setdefault(value, []).append((f"{path.relative_to(model_dir).as_posix()}:{line} \"{code[:80]}\"",
+                                                param))
+
+    for path in sorted(model_dir.rglob("*.py")):
+        if any(part.startswith(".") or part == "__pycache__" for part in path.relative_to(model_dir).parts):
+            continue
+        text = path.read_text(encoding="utf-8", errors="replace")
+        try:
+            tree = ast.parse(text)
+        except SyntaxError:
+            continue
+        lines = text.splitlines()
+        # A config class's __init__ defaults are what the config overrides, not sizes the code fixes.
+        config_nodes = {id(n) for c in ast.walk(tree) if isinstance(c, ast.ClassDef) and _is_config_class(c)
+                        for n in ast.walk(c)}
+        for node in ast.walk(tree):
+            if id(node) in config_nodes:
+                continue
+            if isinstance(node, ast.Assign | ast.AnnAssign) and isinstance(node.value, ast.Constant):
+                targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+                names = [t.id if isinstance(t, ast.Name) else t.attr if isinstance(t, ast.Attribute) else ""
+                         for t in targets]
+                if any(_size_name(n) for n in names):
+                    note(node.value.value, path, node, lines)
+            elif isinstance(node, ast.arguments):
+                positional = [*node.posonlyargs, *node.args]
+                for arg, d in zip(positional[len(positional) - len(node.defaults):], node.defaults, strict=True):
+                    if isinstance(d, ast.Constant) and _size_name(arg.arg):
+                        note(d.value, path, d, lines, arg.arg)
+                for arg, kd in zip(node.kwonlyargs, node.kw_defaults, strict=True):
+                    if isinstance(kd, ast.Constant) and _size_name(arg.arg):
+                        note(kd.value, path, kd, lines, arg.arg)
+            elif isinstance(node, ast.Call) and _callee(node) in TENSOR_MAKERS:
+                # torch.zeros([1, 1, 4096]): a tensor of a fixed shape (a learned flag, a query bank) that the
+                # code concatenates with the model's activations, so its width is the model's
+                for a in node.args:
+                    for dim in (a.elts if isinstance(a, ast.List | ast.Tuple) else [a]):
+                        if isinstance(dim, ast.Constant):
+                            note(dim.value, path, dim, lines)
+            elif isinstance(node, ast.Call):
+                layer = _callee(node) in SIZE_LAYERS
+                for a in node.args:
+                    if isinstance(a, ast.Constant) and layer:
+                        note(a.value, path, a, lines)
+                for k in node.keywords:
+                    if isinstance(k.value, ast.Constant) and (_size_name(k.arg) or (layer and k.arg in (
+                            "in_features", "out_features", "embedding_dim", "normalized_shape", "embed_dim"))):
+                        note(k.value.value, path, k.value, lines)
+    return found
+
+
+def _is_config_class(node: ast.ClassDef) -> bool:
+    names = [node.name, *(b.attr if isinstance(b, ast.Attribute) else getattr(b, "id", "") for b in node.bases)]
+    return any(n.endswith("Config") for n in names)
+
+
+def shrink_config(config: dict[str, Any], overrides: dict[str, Any] | None = None,
+                  model_dir: Path | None = None, keep: frozenset[str] = frozenset()) -> tuple[dict[str, Any], list[str]]:
+    """A small copy of ``config`` and the list of changes ("path: old -> new"), overrides last. With
+    ``model_dir``, widths the code hard-codes are kept and reported (override: the manifest's
+    ``shrink:``). ``keep``: level prefixes ("" for the top, "vision_config." ...) whose widths and head
+    counts stay as written (layers and experts still shrink): the backed-off variants of shrink_candidates."""
+    changes: list[str] = []
+    hard = hard_coded_widths(model_dir) if model_dir is not None else {}
+    out = _shrink_level(config, "", changes, hard, keep)
+    _cross_level_widths(config, out, changes, hard)
+    for key, value in (overrides or {}).items():
+        node = out
+        *parents, last = key.split(".")
+        for p in parents:
+            nxt = node.get(p)
+            if not isinstance(nxt, dict):
+                nxt = node[p] = {}
+            node = nxt
+        original: Any = config
+        for part in key.split("."):
+            original = original.get(part, "<unset>") if isinstance(original, dict) else "<unset>"
+        node[last] = value
+        changes = [c for c in changes if not c.startswith(f"{key}:")]
+        changes.append(f"{key}: {original} -> {value} (manifest shrink override)")
+    return out, changes
+
+
+def width_levels(config: dict[str, Any], prefix: str = "") -> list[str]:
+    """Level prefixes whose widths or heads the shrink reduces, deepest first (a vision tower's before
+    the top level): the order in which shrink_fit backs them off."""
+    out = [lv for k, v in config.items() if isinstance(v, dict) for lv in width_levels(v, f"{prefix}{k}.")]
+    if any(_int(v) and v > 0 and (_HIDDEN_KEYS.match(k) or _HEAD_KEYS.match(k) or _FFN_KEYS.match(k))
+           for k, v in config.items()):
+        out.append(prefix)
+    return out
+
+
+def shrink_candidates(config: dict[str, Any], overrides: dict[str, Any] | None = None,
+                      model_dir: Path | None = None) -> list[tuple[frozenset[str], dict[str, Any], list[str]]]:
+    """(kept levels, small config, changes), most reduced first: the derived config, then one level's
+    widths and heads kept at a time, then every level's (only layers and experts reduced)."""
+    levels = width_levels(config)
+    keeps = [frozenset(), *(frozenset({lv}) for lv in levels)]
+    if len(levels) > 1:
+        keeps.append(frozenset(levels))
+    return [(k, *shrink_config(config, overrides, model_dir, k)) for k in keeps]
+
+
+def _shrink_level(config: dict[str, Any], prefix: str, changes: list[str],
+                  hard: dict[int, list[tuple[str, str | None]]] | None = None,
+                  keep: frozenset[str] = frozenset()) -> dict[str, Any]:
+    hard = hard or {}
+    out: dict[str, Any] = {}
+    for key, value in config.items():
+        out[key] = _shrink_level(value, f"{prefix}{key}.", changes, hard, keep) if isinstance(value, dict) else value
+    keep_widths = prefix in keep
+
+    def set_(key: str, new: int) -> None:
+        old = out[key]
+        if _int(old) and new < old:
+            out[key] = new
+            changes.append(f"{prefix}{key}: {old} -> {new}")
+
+    def width(key: str, new: int, ffn: bool = False) -> bool:
+        old = out[key]
+        kept = _kept_by_code(hard, prefix, key, old, ffn) if _int(old) else None
+        if kept:
+            changes.append(kept)
+            return False
+        set_(key, new)
+        return True
+
+    heads_key = next((k for k in out if _HEAD_KEYS.match(k) and _int(out[k])), None)
+    old_heads = out[heads_key] if heads_key else None
+    hidden_key = next((k for k in out if _HIDDEN_KEYS.match(k) and _int(out[k])), None)
+    hidden = _per_head_hidden(out, heads_key, hidden_key)
+    old_hidden = out[hidden_key] if hidden_key else None
+    for key in list(out):
+        v = out[key]
+        if not _int(v) or v <= 0:
+            continue
+        if _LAYER_KEYS.match(key):
+            set_(key, LAYERS)
+        elif _EXPERT_KEYS.match(key):
+            set_(key, EXPERTS)
+        elif keep_widths:
+            continue
+        elif _HEAD_KEYS.match(key):
+            set_(key, HEADS)
+        elif _HIDDEN_KEYS.match(key):
+            width(key, hidden)
+        elif _FFN_KEYS.match(key):
+            width(key, 2 * hidden, ffn=True)
+        elif _LORA_RANK_KEYS.match(key):
+            width(key, HEAD_DIM)
+    if hidden_key and isinstance(old_hidden, int) and out[hidden_key] < old_hidden:
+        _companion_widths(out, hidden_key, old_hidden, out[hidden_key], width)
+    kept_hidden = hidden_key is not None and out[hidden_key] == old_hidden and _int(old_hidden) and old_hidden > hidden
+    if heads_key and hidden_key and _int(out[heads_key]) and (out[hidden_key] % out[heads_key] or kept_hidden):
+        # A kept (hard-coded) width: keep the heads too, so the per-head size is the model's (and divides).
+        out[heads_key] = old_heads
+        changes[:] = [c for c in changes if not c.startswith(f"{prefix}{heads_key}:")]
+    if keep_widths and any(_HIDDEN_KEYS.match(k) or _HEAD_KEYS.match(k) for k in out):
+        changes.append(f"{prefix.rstrip('.') or '(top level)'}: widths and heads kept as written")
+    for key in list(out):
+        v = out[key]
+        if _KV_KEYS.match(key) and _int(v) and v > 0 and heads_key and not keep_widths:
+            # Keep the grouping class: full MHA stays MHA, MQA stays MQA, GQA becomes 2 groups.
+            new = out[heads_key] if v == old_heads else (1 if v == 1 else HEADS // 2)
+            set_(key, new)
+        elif _TOPK_KEYS.match(key) and _int(v) and any(_EXPERT_KEYS.match(k) and _int(out[k]) for k in out):
+            # experts picked per token; a level without experts has a sampling top_k (generation), not this
+            experts = next(out[k] for k in out if _EXPERT_KEYS.match(k) and _int(out[k]))
+            set_(key, min(TOP_K, experts))
+        elif key in _TO_ONE and _int(v) and v > 1:
+            set_(key, 1)
+        elif key in ("first_k_dense_replace",) and _int(v) and v >= LAYERS:
+            set_(key, LAYERS - 1)
+    return out
+
+
+_FFN_WORD = re.compile(r"intermediate|ffn|inner|mlp|d_ff|feed_?forward|expert", re.I)
+_LAYER_CALL = re.compile(r"\b(" + "|".join(sorted(SIZE_LAYERS)) + r")\(")
+
+
+def _same_class(where: str, ffn: bool) -> bool:
+    """Whether a cited site ("file:line \"code\"") sizes the class of key asked about: an FFN size only
+    where the code names it one (intermediate, ffn, mlp ...); a width where a layer takes it as a size or
+    a width-named size holds it."""
+    code = where.split(" ", 1)[-1]
+    if ffn:
+        return bool(_FFN_WORD.search(code))
+    return bool(_LAYER_CALL.search(code)) or not _FFN_WORD.search(code)
+
+
+def _per_head_hidden(level: dict[str, Any], heads_key: str | None, hidden_key: str | None) -> int:
+    """The shrunk width of a level: HEADS x its per-head size (``head_dim`` / ``head_size`` ... when given,
+    else hidden / heads), never more than it was; HIDDEN where the level has neither heads nor a per-head
+    size to go by."""
+    if not hidden_key:
+        return HIDDEN
+    hidden = level[hidden_key]
+    per_head = next((level[k] for k in level if _PER_HEAD_KEYS.match(k) and _int(level[k]) and level[k] > 0), None)
+    if per_head is None and heads_key:
+        heads = level[heads_key]
+        per_head = hidden // heads if heads and hidden % heads == 0 else None
+    if not per_head or (not heads_key and hidden % per_head):
+        return HIDDEN
+    return min(hidden, HEADS * int(per_head))
+
+
+# Other widths of a level that the code pairs with its hidden size (attention_hidden_size, the inner width of
+# a mixer, a projection's size): a size-named key holding the hidden size, or a small multiple of it.
+_RATIO_MAX = 8
+_NOT_A_WIDTH = re.compile(r"head|rotary|rope|lora|group|expert", re.I)
+
+
+def _companion_widths(out: dict[str, Any], hidden_key: str, old: int, new: int, width: Any) -> None:
+    """Shrink the level's other widths with its hidden size, keeping their ratio to it (a key equal to the
+    hidden size or a multiple of it up to 8x): code that pairs them (``nn.Linear(hidden_size,
+    attention_hidden_size)`` reshaped per head) needs the ratio, not the number."""
+    for key in list(out):
+        v = out[key]
+        if key == hidden_key or not _int(v) or v < old or v % old or v // old > _RATIO_MAX or not _paired_width(key):
+            continue
+        width(key, new * (v // old), ffn=bool(_FFN_WORD.search(key)))
+
+
+def _paired_width(key: str) -> bool:
+    """A size-named key outside the classes a level shrinks by rule (hidden, FFN, heads, layers, experts,
+    per-head sizes) and not a head / rotary / group size: a width that follows another one."""
+    return _size_name(key) and not _NOT_A_WIDTH.search(key) and not any(r.match(key) for r in (
+        _HIDDEN_KEYS, _FFN_KEYS, _HEAD_KEYS, _KV_KEYS, _LAYER_KEYS, _EXPERT_KEYS, _PER_HEAD_KEYS))
+
+
+def _kept_by_code(hard: dict[int, list[tuple[str, str | None]]], prefix: str, key: str, value: int,
+                  ffn: bool) -> str | None:
+    """The change line keeping ``key`` at ``value`` when the model's code uses that number as a size of the
+    key's class, else None. A default of a parameter named as the key (``width=128`` for "width") is the
+    config's to override; a site of the other class of size (an FFN size for a width) is not this key's."""
+    where = [w for w, param in hard.get(value, []) if param != key and _same_class(w, ffn)]
+    return (f"{prefix}{key}: kept at {value}, the model's code uses {value} as a size at {where[0]} "
+            f"(override: shrink: {{{prefix}{key}: N}} in npuport.yaml)") if where else None
+
+
+def _levels(config: dict[str, Any], prefix: str = "") -> list[tuple[str, dict[str, Any]]]:
+    """Every level of a config (the top, then its sub-configs at any depth) with its key prefix."""
+    return [(prefix, config), *(lv for k, v in config.items() if isinstance(v, dict)
+                                for lv in _levels(v, f"{prefix}{k}."))]
+
+
+def _cross_level_widths(config: dict[str, Any], out: dict[str, Any], changes: list[str],
+                        hard: dict[int, list[tuple[str, str | None]]]) -> None:
+    """A width one level hands to another: a size-named key of one level (a vision tower's ``projection_dim``,
+    a top-level ``mm_hidden_size``) equal to another level's hidden size, which the shrink reduced, follows it;
+    the projection that joins the two towers is sized by it (``image_features @ image_projection`` is
+    concatenated with the text embeddings). Left alone when the levels disagree on the new size, or when the
+    code uses the number as a size itself."""
+    new_levels = dict(_levels(out))
+    shrunk: dict[int, dict[str, tuple[str, int]]] = {}  # old hidden -> {level: (its hidden key, new hidden)}
+    for prefix, level in _levels(config):
+        key = next((k for k in level if _HIDDEN_KEYS.match(k) and _int(level[k])), None)
+        if key and _int(new_levels[prefix].get(key)) and new_levels[prefix][key] < level[key]:
+            shrunk.setdefault(level[key], {})[prefix] = (key, new_levels[prefix][key])
+    for prefix, level in _levels(config):
+        target = new_levels[prefix]
+        for key, v in level.items():
+            if not _int(v) or v not in shrunk or target.get(key) != v or not _paired_width(key):
+                continue
+            others = {lv: kn for lv, kn in shrunk[v].items() if lv != prefix}
+            if len({n for _, n in others.values()}) != 1:
+                continue
+            kept = _kept_by_code(hard, prefix, key, v, ffn=False)
+            if kept:
+                changes.append(kept)
+                continue
+            lv, (hidden_key, new) = next(iter(others.items()))
+            target[key] = new
+            changes.append(f"{prefix}{key}: {v} -> {new} (with {lv}{hidden_key})")
+
+
+# ----------------------------------------------------------------------------------------------
+# Size estimate (refuse a model too large for the box)
+# ----------------------------------------------------------------------------------------------
+
+def _find(config: dict[str, Any], pattern: re.Pattern[str]) -> int | None:
+    for k, v in config.items():
+        if pattern.match(k) and _int(v):
+            return int(v)
+    return None
+
+
+def estimate_params(config: dict[str, Any]) -> int:
+    """A rough parameter count of a transformer config, summed over its nested sub-configs."""
+    total = 0
+    hidden = _find(config, _HIDDEN_KEYS)
+    layers = _find(config, _LAYER_KEYS)
+    if hidden and layers:
+        ffn = _find(config, re.compile(r"^(intermediate_size|ffn_dim|ffn_hidden_size|n_inner|d_ff)$")) or 4 * hidden
+        experts = _find(config, _EXPERT_KEYS) or 0
+        moe_ffn = _find(config, re.compile(r"^moe_intermediate_size$")) or ffn
+        dense = min(layers, _find(config, re.compile(r"^first_k_dense_replace$")) or 0) if experts else layers
+        total += layers * 4 * hidden * hidden + dense * 3 * hidden * ffn + \
+            (layers - dense) * (experts + (_find(config, re.compile(r"^n_shared_experts$")) or 0)) * 3 * hidden * moe_ffn
+        vocab = _find(config, re.compile(r"^vocab_size$"))
+        if vocab:
+            total += 2 * vocab * hidden
+    nested = sum(estimate_params(v) for v in config.values() if isinstance(v, dict))
+    # Composite configs often repeat the language model's sizes at the top level: count them once.
+    return max(total, nested) if total and nested and total <= nested * 1.5 else total + nested

@@ -1,0 +1,119 @@
+"""What every inputs module shares (sandbox/inputs/model_inputs.py, stand_in_tokenizer.py, processor_inputs.py):
+the test prompt and image, the file names that say a folder ships a tokenizer or a processor, the error a
+preprocessing path raises, and tensor helpers. Self-contained (torch, numpy, Pillow): it ships in the bundle
+beside run.py with the other inputs modules."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+SYNTH_TOKENS = 8  # prompt length of synthesised inputs
+TEST_PROMPT = "Read the text in the image."
+TEST_IMAGE_MAX_SIDE = 448  # small, so tiling code stays in its single-view branch on a 2-core box
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "spiece.model")
+PROCESSOR_FILES = ("processor_config.json", "preprocessor_config.json")
+PROCESSOR_PATH = "AutoProcessor"  # run.preprocess value: the folder's processor, not a method of the model
+# generate() arguments that steer decoding rather than describe the input: npuport's run kwargs decide
+# these (greedy, N new tokens), and a streamer would print every token.
+DECODING_CONTROLS = frozenset({"streamer", "max_new_tokens", "max_length", "min_new_tokens", "min_length",
+                               "do_sample", "temperature", "top_p", "top_k", "num_beams", "generation_config",
+                               "logits_processor", "stopping_criteria", "synced_gpus", "assistant_model"})
+
+try:  # inside npuport, one of its errors; beside a bundle's run.py (no npuport there), a plain one
+    from knowledge.errors import NpuportError as _ErrorBase
+except ImportError:  # pragma: no cover - exercised by the bundle's run.py
+    # its own class: `class X(Exception, RuntimeError)` has no consistent MRO and would fail at import
+    class _ErrorBase(Exception):  # type: ignore[no-redef]
+        pass
+
+
+class PreprocessingFailed(_ErrorBase, RuntimeError):
+    """The preprocessing path could not be driven; the message says why (the harness falls back)."""
+
+
+def nested(config: dict[str, Any], key: str) -> Any:
+    """config[key], else the first value under that key in a nested sub-config."""
+    if config.get(key) is not None:
+        return config[key]
+    for v in config.values():
+        if isinstance(v, dict):
+            found = nested(v, key)
+            if found is not None:
+                return found
+    return None
+
+
+def test_image(config: dict[str, Any], seed: int, path: Path) -> Path:
+    """A deterministic noise RGB image (PNG), square, at most TEST_IMAGE_MAX_SIDE pixels a side."""
+    import numpy as np
+    from PIL import Image
+
+    side = min(int(nested(config, "image_size") or 64), TEST_IMAGE_MAX_SIDE)
+    rng = np.random.default_rng(seed)
+    Image.fromarray(rng.integers(0, 256, (side, side, 3), dtype=np.uint8), "RGB").save(path)
+    return path
+
+
+def model_float_dtype(model: Any) -> Any:
+    for p in model.parameters():
+        if p.is_floating_point():
+            return p.dtype
+    return None
+
+
+def cast_floats(value: Any, dtype: Any) -> Any:
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        return value.to(dtype) if dtype is not None and value.is_floating_point() else value
+    if isinstance(value, dict):
+        return {k: cast_floats(v, dtype) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return type(value)(cast_floats(v, dtype) for v in value)
+    return value
+
+
+def has_tensor(value: Any) -> bool:
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        return True
+    if isinstance(value, dict):
+        return any(has_tensor(v) for v in value.values())
+    if isinstance(value, list | tuple):
+        return any(has_tensor(v) for v in value)
+    return False
+
+
+def shape_text(value: Any) -> str:
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        return f"{tuple(value.shape)} {str(value.dtype).removeprefix('torch.')}"
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{k}: {shape_text(v)}" for k, v in value.items()) + "}"
+    if isinstance(value, list | tuple):
+        inner = ", ".join(shape_text(v) for v in value[:3]) + (", ..." if len(value) > 3 else "")
+        return f"[{inner}]" if isinstance(value, list) else f"({inner})"
+    return type(value).__name__
+
+
+def with_embedding_rows(model: Any, config: dict[str, Any]) -> dict[str, Any]:
+    """``config`` with ``vocab_size`` raised to the rows the model's input embedding really has, when it has
+    more: an embedding that appends rows of its own for added tokens (Molmo's image tokens sit past
+    config.json's vocab_size, in a second table beside the first) takes those ids, so a stand-in tokenizer
+    keeps them. The rows are the first dimension of the embedding module's own 2-D tables, summed."""
+    get = getattr(model, "get_input_embeddings", None)
+    try:
+        embedding = get() if callable(get) else None
+    except Exception:  # noqa: BLE001  (a model whose getter is not wired: the config's size stands)
+        embedding = None
+    params = getattr(embedding, "parameters", None)
+    if not callable(params):
+        return config
+    rows = sum(int(p.shape[0]) for p in params(recurse=False) if getattr(p, "dim", lambda: 0)() == 2)
+    vocab = nested(config, "vocab_size")
+    if isinstance(vocab, int) and rows > vocab:
+        return {**config, "vocab_size": rows}
+    return config

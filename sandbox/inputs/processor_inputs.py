@@ -1,0 +1,228 @@
+"""Inputs from the folder's own processor (its image processor and tokenizer) on a test prompt and a test
+image, the way a vision-language release's authors feed their model.
+
+- The processor is AutoProcessor's; when the folder's tokenizer files are not here (an LFS file, a file
+  too large for the release's copy) the processor class is built from its image processor and a stand-in
+  tokenizer (sandbox/inputs/stand_in_tokenizer.py: the special tokens of tokenizer_config.json / added_tokens.json
+  keep their ids, so image placeholders stay the ids the model's code looks for).
+- It is called the way its class takes input: ``__call__``, or the class's own ``process`` method.
+- One example without a batch axis (``input_ids`` of one dimension) becomes a batch of one.
+- When the model class has its own generate wrapper that takes the processor's batch
+  (``generate_from_batch(batch, generation_config)``), the batch goes through it and its generate call is
+  intercepted: the masks and positions the wrapper derives are the model's own.
+
+Self-contained; ships in the bundle beside run.py."""
+
+from __future__ import annotations
+
+import inspect
+import json
+import tempfile
+from pathlib import Path
+from typing import Any
+
+if __package__:
+    from .generate_capture import call_until_generate, generate_arguments
+    from .inputs_base import (
+        PROCESSOR_FILES,
+        TEST_PROMPT,
+        PreprocessingFailed,
+        cast_floats,
+        has_tensor,
+        model_float_dtype,
+        shape_text,
+        test_image,
+        with_embedding_rows,
+    )
+    from .stand_in_tokenizer import load_tokenizer
+else:  # beside a bundle's run.py
+    from generate_capture import call_until_generate, generate_arguments  # type: ignore[no-redef]
+    from inputs_base import (  # type: ignore[no-redef]
+        PROCESSOR_FILES,
+        TEST_PROMPT,
+        PreprocessingFailed,
+        cast_floats,
+        has_tensor,
+        model_float_dtype,
+        shape_text,
+        test_image,
+        with_embedding_rows,
+    )
+    from stand_in_tokenizer import load_tokenizer  # type: ignore[no-redef]
+
+BATCH_PARAMS = ("batch", "inputs", "model_inputs", "input_dict", "data", "example")
+
+
+def _first_line(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+
+
+def _processor_class(model_dir: Path) -> Any:
+    """The processor class the folder names (``auto_map['AutoProcessor']`` of processor_config.json /
+    preprocessor_config.json / tokenizer_config.json, else ``processor_class`` from transformers)."""
+    import transformers
+
+    for name in (*PROCESSOR_FILES, "tokenizer_config.json"):
+        try:
+            cfg = json.loads((Path(model_dir) / name).read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue
+        ref = (cfg.get("auto_map") or {}).get("AutoProcessor") if isinstance(cfg, dict) else None
+        if isinstance(ref, str) and "." in ref:
+            from transformers.dynamic_module_utils import get_class_from_dynamic_module
+
+            ref = ref.split("--", 1)[-1]
+            module, _, cls = ref.rpartition(".")
+            try:
+                return get_class_from_dynamic_module(ref, str(model_dir), local_files_only=True)
+            except TypeError:  # older releases: (path, module file, class name)
+                return get_class_from_dynamic_module(str(model_dir), f"{module}.py", cls)
+        if isinstance(cfg, dict) and isinstance(cfg.get("processor_class"), str) \
+                and hasattr(transformers, cfg["processor_class"]):
+            return getattr(transformers, cfg["processor_class"])
+    raise PreprocessingFailed("the folder names no processor class")
+
+
+def _with_stand_in_tokenizer(model_dir: Path, config: dict[str, Any]) -> tuple[Any, str]:
+    """The folder's processor class over its own image processor and a stand-in tokenizer."""
+    from transformers import AutoImageProcessor
+
+    cls = _processor_class(model_dir)
+    tokenizer, how = load_tokenizer(model_dir, config)
+    parts: dict[str, Any] = {}
+    for attr in getattr(cls, "attributes", ["image_processor", "tokenizer"]):
+        if attr == "tokenizer":
+            parts[attr] = tokenizer
+        elif attr == "image_processor":
+            parts[attr] = AutoImageProcessor.from_pretrained(str(model_dir), trust_remote_code=True)
+        else:
+            raise PreprocessingFailed(f"the processor also needs a {attr}, which npuport does not build")
+    # The class may insist on its tokenizer's class (Qwen2Tokenizer): the stand-in is a tokenizer, not that one.
+    relaxed = type(cls.__name__, (cls,), {"tokenizer_class": "PreTrainedTokenizerBase"})
+    return relaxed(**parts), how
+
+
+def load_processor(model_dir: Path, config: dict[str, Any]) -> tuple[Any, str]:
+    """(processor, how it was built): AutoProcessor over the folder, else its class with a stand-in
+    tokenizer when its own tokenizer does not load here."""
+    from transformers import AutoProcessor
+
+    try:
+        return AutoProcessor.from_pretrained(str(model_dir), trust_remote_code=True), "its own tokenizer"
+    except Exception as exc:
+        first = _first_line(exc)
+    try:
+        proc, how = _with_stand_in_tokenizer(model_dir, config)
+    except Exception as exc:
+        raise PreprocessingFailed(f"the folder's processor failed: {first}; with a stand-in tokenizer: "
+                                  f"{_first_line(exc)}") from exc
+    return proc, f"{how} (AutoProcessor failed: {first[:120]})"
+
+
+def _library(module: str) -> bool:
+    """A class of a library (transformers, torch, builtins), not of the release: remote code that
+    transformers' loader imports lives in ``transformers_modules.*``, which is the release's own."""
+    top = module.split(".")[0]
+    return top in ("transformers", "torch", "builtins")
+
+
+def _own_names(obj: Any) -> set[str]:
+    """Attributes the object's class defines outside transformers (the release's own code)."""
+    return {k for c in type(obj).__mro__ if not _library(c.__module__) for k in c.__dict__}
+
+
+def _batched(out: dict[str, Any]) -> tuple[dict[str, Any], bool]:
+    """A processor's single example (input_ids of one dimension) as a batch of one."""
+    import torch
+
+    ids = out.get("input_ids")
+    if not isinstance(ids, torch.Tensor) or ids.dim() != 1:
+        return out, False
+    return {k: v.unsqueeze(0) if isinstance(v, torch.Tensor) else v for k, v in out.items()}, True
+
+
+def generate_wrapper(model: Any) -> str | None:
+    """The model's own method that takes a processor's batch and calls generate (``generate_from_batch``):
+    named generate*, defined in the release's code, its first parameter a batch."""
+    for cls in type(model).__mro__:
+        if _library(cls.__module__):
+            continue
+        for name, fn in cls.__dict__.items():
+            if not (name.startswith("generate") and name != "generate" and callable(fn)):
+                continue
+            params = [p for p in inspect.signature(fn).parameters.values() if p.name != "self"]
+            if params and params[0].name in BATCH_PARAMS:
+                return name
+    return None
+
+
+def processor_inputs(model: Any, model_dir: Path, config: dict[str, Any], seed: int,
+                     max_new_tokens: int = 8) -> tuple[dict[str, Any], dict[str, Any], list[str]]:
+    """The folder's own processor on a test prompt and, when it processes images, a test image; the prompt
+    goes through its chat template when it has one, so image placeholders are expanded the way the
+    processor does it. Then the model's own generate wrapper, when it has one."""
+    config = with_embedding_rows(model, config)  # ids past config.json's vocab_size the model embeds
+    try:
+        from PIL import Image
+
+        proc, tok_how = load_processor(model_dir, config)
+        takes_images = getattr(proc, "image_processor", None) is not None
+        content: list[dict[str, Any]] = [{"type": "image"}] if takes_images else []
+        content.append({"type": "text", "text": TEST_PROMPT})
+        if getattr(proc, "chat_template", None):
+            text = proc.apply_chat_template([{"role": "user", "content": content}], add_generation_prompt=True)
+            how = "its chat template"
+        else:
+            mark = getattr(proc, "image_token", None) if takes_images else None
+            text, how = (f"{mark}\n{TEST_PROMPT}" if mark else TEST_PROMPT), "no chat template"
+        own = _own_names(proc)
+        call = proc.process if "process" in own and "__call__" not in own else proc
+        single = call is not proc
+        kwargs: dict[str, Any] = {"text": text if single else [text]}
+        if not single:
+            kwargs["return_tensors"] = "pt"
+        if takes_images:
+            with tempfile.TemporaryDirectory(prefix="npuport-preprocess-") as tmp:
+                image = Image.open(test_image(config, seed, Path(tmp) / "test.png")).convert("RGB")
+                kwargs["images"] = image if single else [image]
+                out = dict(call(**kwargs))
+        else:
+            out = dict(call(**kwargs))
+    except PreprocessingFailed:
+        raise
+    except Exception as exc:
+        raise PreprocessingFailed(f"the folder's processor failed: {_first_line(exc)}") from exc
+    out, batched = _batched({k: v for k, v in out.items() if has_tensor(v)})
+    name = type(proc).__name__ + (".process()" if single else "")
+    notes = [f"inputs built by the folder's own processor ({name}, {tok_how}, {how}) from a test prompt"
+             + (" and a test image" if takes_images else "")
+             + ("; it returned one example without a batch axis, made a batch of one" if batched else "")]
+    wrapper = generate_wrapper(model)
+    if wrapper is None:
+        dtype = model_float_dtype(model)
+        inputs = {k: cast_floats(v, dtype) for k, v in out.items()}
+        notes[0] += f": {', '.join(f'{k} {shape_text(v)}' for k, v in inputs.items())}"
+        return inputs, {}, notes
+    inputs, extra = _through_wrapper(model, wrapper, out, getattr(proc, "tokenizer", None), max_new_tokens)
+    notes.append(f"the batch went through the model's own {type(model).__name__}.{wrapper}(), whose generate call "
+                 f"was intercepted: {', '.join(f'{k} {shape_text(v)}' for k, v in inputs.items())}")
+    if extra:
+        notes.append("its generate arguments kept: " + ", ".join(f"{k}={v!r}" for k, v in sorted(extra.items())))
+    return inputs, extra, notes
+
+
+def _through_wrapper(model: Any, wrapper: str, batch: dict[str, Any], tokenizer: Any,
+                     max_new_tokens: int) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Drive the model's generate wrapper with the batch; the arguments of the generate call it makes."""
+    from transformers import GenerationConfig
+
+    fn = getattr(model, wrapper)
+    params = inspect.signature(fn).parameters
+    kwargs: dict[str, Any] = {}
+    if "generation_config" in params:
+        kwargs["generation_config"] = GenerationConfig(max_new_tokens=max_new_tokens, do_sample=False, use_cache=True)
+    if "tokenizer" in params and tokenizer is not None:
+        kwargs["tokenizer"] = tokenizer
+    original = getattr(model, "generate", None)
+    captured = call_until_generate(model, lambda: fn(batch, **kwargs), f"{wrapper}()")
+    return generate_arguments(model, original if original is not None else model.forward, captured, f"{wrapper}()")

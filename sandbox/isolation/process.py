@@ -1,0 +1,472 @@
+"""Subprocess isolation for code npuport did not write.
+
+Two sandboxes share one runner (``_run``):
+
+- ``BubblewrapSandbox`` (the default where bwrap works; its command line is sandbox/isolation/bwrap.py): an
+  allow-listed read-only view of the system, sized tmpfs on /tmp and over every home directory and
+  NPUPORT_HOME, the interpreter and its environment bound back read-only wherever they live, only the
+  paths the caller names writable; no privilege (uid 65534 in a user namespace, no capabilities, a
+  seccomp filter: sandbox/isolation/confine.py); new PID, IPC, UTS and network namespaces, ``--die-with-parent``
+  and ``--new-session``. When the run ends, the PID namespace takes every process it started with it.
+- ``ProcessSandbox``: a session of its own, rlimits, a scrubbed environment. It is NOT a security
+  boundary (the code can read and write whatever the server's user can), so it runs untrusted code only
+  when asked for explicitly (``NPUPORT_ISOLATION=process`` / ``--isolation process``) and every result
+  says ``isolation: process``.
+
+Both put the run in a cgroup with a ``pids.max`` when the host lets us (the only process cap that holds
+for root, which ignores RLIMIT_NPROC; without one, processes that left the session are found by a mark
+in their environment: sandbox/isolation/reaper.py), read stdout/stderr incrementally with a size cap, enforce the
+wall time on the whole tree, and stop when the job that started the run is cancelled (``stop_runs_when``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import os
+import re
+import resource
+import secrets
+import selectors
+import shutil
+import signal
+import subprocess
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol
+
+from knowledge.errors import IsolationUnavailable
+from knowledge.interrupt import PortInterrupted, raise_if_stopped, stop_requested
+from sandbox.isolation.bwrap import _interpreter_paths as _interpreter_paths
+from sandbox.isolation.bwrap import bwrap_command
+from sandbox.isolation.confine import seccomp_fd
+from sandbox.isolation.reaper import (
+    RUN_MARK_ENV,
+    _Cgroup,
+    _kill_group,
+    _register,
+    kill_marked,
+)
+
+# Environment variables that may carry secrets never reach patched code.
+_SECRET_PATTERN = re.compile(r"(KEY|TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL|AUTH|COOKIE|SESSION)", re.I)
+# What the sandboxed process may inherit from the host (everything else is dropped).
+_KEEP = {
+    "PATH", "HOME", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "TMPDIR", "PYTHONHASHSEED",
+    "OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE",
+    "ASCEND_HOME_PATH", "ASCEND_TOOLKIT_HOME", "ASCEND_OPP_PATH", "ASCEND_AICPU_PATH",
+    "LD_LIBRARY_PATH", "ASCEND_RT_VISIBLE_DEVICES", "NPUPORT_HOME",
+    "NPUPORT_MOE_DENSE_MAX_RATIO",  # read by moe-dense-dispatch's patched code when it runs
+}
+MAX_OUTPUT_BYTES = 1024 * 1024  # per stream; the rest is dropped and the result says so
+DRAIN_AFTER_EXIT_S = 1.0  # how long pipes are read after the command exits (a grandchild may hold them)
+
+
+@dataclass(frozen=True)
+class Limits:
+    wall_s: float = 300.0
+    cpu_s: int = 0  # 0: wall_s x cores (CPU time adds up over threads; the wall timeout is the real limit)
+    address_space_mb: int = 16 * 1024
+    max_procs: int = 512
+    file_size_mb: int = 1024
+    max_output_bytes: int = MAX_OUTPUT_BYTES
+    tmpfs_mb: int = 2048  # size of the run's /tmp (bwrap); tmpfs is host RAM, which RLIMIT_AS does not count
+    folder_quota_mb: int = 4096  # the run folder (cwd) as a whole; 0: unchecked. RLIMIT_FSIZE caps one file
+
+
+@dataclass(frozen=True)
+class Mounts:
+    """What a bwrap run sees of the host beyond the system and the interpreter: ``hide`` is masked by
+    an empty tmpfs, then ``ro`` is bound read-only and ``rw`` read-write (in that order, so a writable
+    run folder can sit inside a hidden workspace). ``interpreters`` are bound back with their envs, like
+    the one the command starts with."""
+
+    hide: tuple[Path, ...] = ()
+    ro: tuple[Path, ...] = ()
+    rw: tuple[Path, ...] = ()
+    interpreters: tuple[str, ...] = ()  # further interpreters the run starts (a layered env's, for the worker)
+
+
+@dataclass
+class ExecResult:
+    returncode: int | None
+    status: str  # ok | error | timeout | killed
+    wall_s: float
+    stdout: str
+    stderr: str
+    isolation: str
+    notes: list[str] = field(default_factory=list)
+    channel: bytes = b""  # what the run wrote on the result channel (result_channel=True)
+    channel_overflow: bool = False
+
+    def as_dict(self) -> dict[str, object]:
+        return {
+            "returncode": self.returncode,
+            "status": self.status,
+            "wall_s": self.wall_s,
+            "isolation": self.isolation,
+            "notes": self.notes,
+        }
+
+
+class Sandbox(Protocol):
+    """Runs a command in isolation and returns what happened."""
+
+    name: str
+
+    def execute(self, argv: list[str], *, cwd: Path, env: dict[str, str], limits: Limits,
+                mounts: Mounts | None = None, result_channel: bool = False,
+                channel_cap: int = 0) -> ExecResult: ...
+
+
+_registered_secrets: set[str] = set()
+MIN_SECRET_LEN = 6
+
+
+def register_secret(value: str) -> None:
+    """A value (an API token, an LLM key) that must never appear in text leaving a sandbox run."""
+    if value and len(value) >= MIN_SECRET_LEN:
+        _registered_secrets.add(value)
+
+
+def _secrets() -> list[str]:
+    found = {v for k, v in os.environ.items() if _SECRET_PATTERN.search(k) and len(v) >= MIN_SECRET_LEN}
+    return sorted(found | _registered_secrets, key=len, reverse=True)
+
+
+def scrub(text: str) -> str:
+    """Replace every known secret (secret-looking environment variables, registered tokens) by ***."""
+    for secret in _secrets():
+        if secret in text:
+            text = text.replace(secret, "***")
+    return text
+
+
+def scrubbed_env(extra: dict[str, str] | None = None) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k in _KEEP and not _SECRET_PATTERN.search(k)}
+    env.setdefault("PATH", "/usr/local/bin:/usr/bin:/bin")
+    env["PYTHONDONTWRITEBYTECODE"] = "1"
+    env["PYTHONUNBUFFERED"] = "1"
+    for k, v in (extra or {}).items():
+        env[k] = v
+    return env
+
+
+RESULT_FD_ENV = "HARNESS_RESULT_FD"
+"""Tells the harness the fd number of its result channel (a pipe the parent opened for this run)."""
+
+
+# --- cancel: a job's cancel (or the service's shutdown) kills the run in flight, not after it -------
+
+_stop_check: contextvars.ContextVar[Callable[[], bool] | None] = contextvars.ContextVar("npuport_stop_runs",
+                                                                                        default=None)
+CANCEL_POLL_S = 0.1
+
+
+@contextlib.contextmanager
+def stop_runs_when(check: Callable[[], bool]) -> Iterator[None]:
+    """Every sandbox run started in this context (LangGraph copies it into node threads) is killed as
+    soon as ``check()`` turns true; its result says it was cancelled."""
+    token = _stop_check.set(check)
+    try:
+        yield
+    finally:
+        _stop_check.reset(token)
+
+
+def uid_tasks(uid: int | None = None) -> int:
+    """Tasks (threads) the user runs now, as RLIMIT_NPROC counts them."""
+    uid = os.getuid() if uid is None else uid
+    count = 0
+    for status in Path("/proc").glob("[0-9]*/status"):
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            fields = dict(line.split(":", 1) for line in status.read_text().splitlines() if ":" in line)
+            if int(fields["Uid"].split()[0]) == uid:
+                count += int(fields.get("Threads", "1"))
+    return count
+
+
+def _die_with_parent() -> None:
+    """PR_SET_PDEATHSIG(SIGKILL): a server killed with SIGKILL takes its runs down with it."""
+    import ctypes
+
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL, 0, 0, 0)
+
+
+def _preexec(limits: Limits, cgroup: Path | None):  # type: ignore[no-untyped-def]
+    # RLIMIT_NPROC counts every task of the user, not the run's: the run gets max_procs beyond what the
+    # user already runs (a server or a test runner with its own threads would otherwise leave it none).
+    nproc = uid_tasks() + limits.max_procs  # counted here, in the parent, not between fork and exec
+
+    def apply() -> None:
+        _die_with_parent()
+        if cgroup is not None:
+            # join before exec, so every descendant is counted and found
+            with open(cgroup / "cgroup.procs", "w") as fh:
+                fh.write("0")
+        os.setsid()  # own process group: the timeout kills everything it started
+        mb = 1024 * 1024
+        resource.setrlimit(resource.RLIMIT_AS, (limits.address_space_mb * mb, limits.address_space_mb * mb))
+        cpu_s = limits.cpu_s or int(limits.wall_s * (os.cpu_count() or 1)) + 10
+        resource.setrlimit(resource.RLIMIT_CPU, (cpu_s, cpu_s + 5))
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limits.file_size_mb * mb, limits.file_size_mb * mb))
+        # Root in some containers cannot lower NPROC below the current count (and root with CAP_SYS_RESOURCE
+        # ignores it; the cgroup's pids.max is the cap that holds there).
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NPROC, (nproc, nproc))
+
+    return apply
+
+
+QUOTA_CHECK_S = 1.0
+MAX_FOLDER_ENTRIES = 100_000
+
+
+def _over_quota(folder: Path, quota: int) -> str:
+    """Why ``folder`` is over ``quota`` bytes of disk (or holds too many entries to count), or ""."""
+    used, entries, stack = 0, 0, [folder]
+    while stack:
+        with contextlib.suppress(OSError), os.scandir(stack.pop()) as it:
+            for e in it:
+                entries += 1
+                if entries > MAX_FOLDER_ENTRIES:
+                    return f"more than {MAX_FOLDER_ENTRIES} files and folders"
+                with contextlib.suppress(OSError):
+                    st = e.stat(follow_symlinks=False)
+                    used += st.st_blocks * 512  # disk actually used: a sparse file is not a full one
+                    if e.is_dir(follow_symlinks=False):
+                        stack.append(Path(e.path))
+        if used > quota:
+            return f"{used // 2**20} MiB used, the quota is {quota // 2**20} MiB"
+    return ""
+
+
+class ProcessSandbox:
+    """A subprocess in its own session with rlimits and a wall-clock timeout. Not isolated."""
+
+    name = "process"
+
+    def execute(self, argv: list[str], *, cwd: Path, env: dict[str, str], limits: Limits,
+                mounts: Mounts | None = None, result_channel: bool = False,
+                channel_cap: int = 0) -> ExecResult:
+        res = _run(argv, cwd=cwd, env=env, limits=limits, isolation=self.name, result_channel=result_channel,
+                   channel_cap=channel_cap)
+        res.notes.insert(0, "unisolated: the run could read and write whatever the server's user can")
+        return res
+
+
+def _run(argv: list[str], *, cwd: Path, env: dict[str, str], limits: Limits, isolation: str,
+         result_channel: bool = False, channel_cap: int = 0, extra_fds: tuple[int, ...] = ()) -> ExecResult:
+    """Run ``argv``; read stdout/stderr (and the result channel, an fd number the child inherits) with caps."""
+    raise_if_stopped("starting a sandbox")  # Ctrl-C: no new work starts (knowledge/interrupt.py)
+    start = time.monotonic()
+    cgroup = _Cgroup(limits.max_procs)
+    notes: list[str] = []
+    if cgroup.path is None and os.geteuid() == 0:
+        notes.append("process limit not enforced: running as root and no writable pids cgroup")
+    mark = secrets.token_hex(8)
+    env = {**env, RUN_MARK_ENV: mark}
+    chan_r: int | None = None
+    chan_w: int | None = None
+    pass_fds: tuple[int, ...] = extra_fds  # bwrap's seccomp program
+    if result_channel:
+        # The write end keeps whatever number the OS gave it: a fixed number dup2'd here would clobber an
+        # fd the parent (a threaded server, other runs) already holds. The child learns it from the env.
+        chan_r, chan_w = os.pipe()
+        pass_fds = (*extra_fds, chan_w)
+        env = {**env, RESULT_FD_ENV: str(chan_w)}
+    record = _register(0, cgroup.path, mark)  # before the start: a server killed now leaves no run unrecorded
+    try:
+        proc = subprocess.Popen(
+            argv, cwd=str(cwd), env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            pass_fds=pass_fds,
+            preexec_fn=_preexec(limits, cgroup.path),  # noqa: PLW1509 - rlimits must be set in the child
+        )
+    except BaseException:
+        if chan_r is not None:
+            os.close(chan_r)
+        if record is not None:
+            record.unlink(missing_ok=True)
+        raise
+    finally:
+        if chan_w is not None:
+            os.close(chan_w)  # only the child holds the write end: EOF means it is gone
+    record = _register(proc.pid, cgroup.path, mark, record)
+    assert proc.stdout is not None and proc.stderr is not None
+    bufs: dict[int, bytearray] = {proc.stdout.fileno(): bytearray(), proc.stderr.fileno(): bytearray()}
+    caps = {fd: limits.max_output_bytes for fd in bufs}
+    dropped = dict.fromkeys(bufs, 0)
+    if chan_r is not None:
+        bufs[chan_r] = bytearray()
+        caps[chan_r] = channel_cap
+        dropped[chan_r] = 0
+    sel = selectors.DefaultSelector()
+    for fd in bufs:
+        os.set_blocking(fd, False)
+        sel.register(fd, selectors.EVENT_READ)
+    deadline = start + limits.wall_s
+    status = "ok"
+    exited_at: float | None = None
+    stop = _stop_check.get()
+    quota = limits.folder_quota_mb * 1024 * 1024
+    next_quota_check = start + QUOTA_CHECK_S
+    try:
+        while sel.get_map():
+            now = time.monotonic()
+            if stop is not None and stop():
+                status = "killed"
+                notes.append("cancelled: the run was killed while it ran")
+                break
+            if quota and now >= next_quota_check:
+                next_quota_check = now + QUOTA_CHECK_S
+                if over := _over_quota(cwd, quota):
+                    status = "killed"
+                    notes.append(f"run folder over its quota ({over}); the run was killed")
+                    break
+            if proc.poll() is not None and exited_at is None:
+                exited_at = now
+            if exited_at is not None and now - exited_at > DRAIN_AFTER_EXIT_S:
+                notes.append("a process left behind kept the output pipes open; it was killed")
+                break
+            if exited_at is None and now > deadline:
+                status = "timeout"
+                break
+            if stop_requested():  # Ctrl-C: the finally below kills the run's group and cgroup
+                status = "interrupted"
+                break
+            for key, _ in sel.select(timeout=0.1):
+                fd = int(key.fd)
+                try:
+                    chunk = os.read(fd, 1 << 16)
+                except BlockingIOError:
+                    continue
+                if not chunk:
+                    sel.unregister(fd)
+                    continue
+                room = caps[fd] - len(bufs[fd])
+                bufs[fd] += chunk[:max(room, 0)]
+                dropped[fd] += max(len(chunk) - max(room, 0), 0)
+        while status == "ok" and proc.poll() is None:
+            # every pipe closed but the command runs on: wait for it within the wall time (and the cancel)
+            if stop is not None and stop():
+                status = "killed"
+                notes.append("cancelled: the run was killed while it ran")
+                break
+            if stop_requested():  # Ctrl-C
+                status = "interrupted"
+                break
+            if time.monotonic() > deadline:
+                status = "timeout"
+                break
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=min(CANCEL_POLL_S, max(deadline - time.monotonic(), 0.01)))
+    finally:
+        sel.close()
+        # Children the command left behind die with it: group, session-leaving daemons (cgroup).
+        _kill_group(proc.pid)
+        cgroup.kill_all()
+        if cgroup.path is None:  # no cgroup (a normal user): what left the session is found by its mark
+            kill_marked(mark)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=5)
+        proc.stdout.close()
+        proc.stderr.close()
+        if chan_r is not None:
+            os.close(chan_r)
+        if record is not None:
+            record.unlink(missing_ok=True)
+    if status == "interrupted":
+        raise PortInterrupted(f"a sandbox run was interrupted after {time.monotonic() - start:.1f}s")
+    rc = proc.returncode
+    if status == "ok" and rc != 0:
+        status = "killed" if rc is not None and rc < 0 else "error"
+    streams = list(bufs)
+    for fd, label in zip(streams[:2], ("stdout", "stderr"), strict=True):
+        if dropped[fd]:
+            notes.append(f"{label} truncated: kept the first {caps[fd]} bytes, dropped {dropped[fd]}")
+    channel = bytes(bufs[chan_r]) if chan_r is not None else b""
+    overflow = bool(chan_r is not None and dropped[chan_r])
+    return ExecResult(
+        returncode=rc, status=status, wall_s=time.monotonic() - start,
+        stdout=bufs[streams[0]].decode("utf-8", "replace"), stderr=bufs[streams[1]].decode("utf-8", "replace"),
+        isolation=isolation, notes=notes, channel=channel, channel_overflow=overflow,
+    )
+
+
+class BubblewrapSandbox:
+    """bwrap: an allow-listed read-only view of the host, no network, no privilege (uid 65534 in a user
+    namespace, no capabilities, a seccomp filter), only ``mounts.rw`` writable (sandbox/isolation/bwrap.py)."""
+
+    name = "bwrap"
+
+    def __init__(self, bwrap: str) -> None:
+        self.bwrap = bwrap
+
+    def command(self, argv: list[str], *, cwd: Path, mounts: Mounts, limits: Limits | None = None,
+                filter_fd: int | None = None) -> list[str]:
+        return bwrap_command(self.bwrap, argv, cwd=cwd, mounts=mounts, limits=limits or Limits(), filter_fd=filter_fd)
+
+    def execute(self, argv: list[str], *, cwd: Path, env: dict[str, str], limits: Limits,
+                mounts: Mounts | None = None, result_channel: bool = False,
+                channel_cap: int = 0) -> ExecResult:
+        fd = seccomp_fd()
+        try:
+            wrapped = self.command(argv, cwd=cwd, mounts=mounts or Mounts(rw=(cwd,)), limits=limits, filter_fd=fd)
+            return _run(wrapped, cwd=cwd, env=env, limits=limits, isolation=self.name,
+                        result_channel=result_channel, channel_cap=channel_cap,
+                        extra_fds=() if fd is None else (fd,))
+        finally:
+            if fd is not None:
+                os.close(fd)
+
+
+def _bwrap_works(bwrap: str) -> bool:
+    try:
+        r = subprocess.run([bwrap, "--ro-bind", "/", "/", "--unshare-net", "--unshare-pid", "true"],
+                           capture_output=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return r.returncode == 0
+
+
+def bwrap_available() -> str | None:
+    bwrap = shutil.which("bwrap")
+    return bwrap if bwrap and _bwrap_works(bwrap) else None
+
+
+def isolation_setting() -> str:
+    """``NPUPORT_ISOLATION`` (``NPUPORT_SANDBOX`` is its older name): auto | bwrap | process."""
+    from knowledge.settings import settings
+
+    conf = settings()
+    chosen = conf.isolation if "NPUPORT_ISOLATION" in os.environ else (conf.sandbox or conf.isolation)
+    return (chosen or "auto").strip().lower()
+
+
+def _allow_unisolated() -> bool:
+    from knowledge.settings import settings
+
+    return settings().allow_unisolated
+
+
+def default_sandbox(*, allow_process: bool | None = None) -> Sandbox:
+    """bwrap when present and usable. ``process`` runs only when chosen explicitly (the setting) or
+    when the caller allows the fallback (the CLI porting the user's own model, with a visible
+    warning); ``bwrap`` insists. Otherwise IsolationUnavailable."""
+    choice = isolation_setting()
+    if choice == "process":
+        return ProcessSandbox()
+    bwrap = bwrap_available()
+    if bwrap:
+        return BubblewrapSandbox(bwrap)
+    if choice != "bwrap" and (allow_process if allow_process is not None
+                              else _allow_unisolated()):
+        return ProcessSandbox()
+    raise IsolationUnavailable("bubblewrap (bwrap) is not installed or cannot create namespaces here, so untrusted "
+                               "model code cannot be isolated; install bubblewrap, or run unisolated explicitly "
+                               "with --isolation process (NPUPORT_ISOLATION=process)")
+
+
