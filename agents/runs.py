@@ -13,7 +13,7 @@ from agents.models import Frame, RunRecord, StructuredException
 from agents.request import PortRequest, request_of
 from agents.target_state import target_from_dict
 from knowledge.disk import explain_write_failure
-from sandbox.bench.throughput import BenchRun, run_bench
+from sandbox.bench.runner import BenchRun, run_bench
 from sandbox.harness.runner import HarnessRun, run_harness
 from sandbox.isolation.process import Limits
 from sandbox.targets import Target, reference_target

@@ -60,7 +60,7 @@ def main() -> int:
     os.environ.setdefault("NPUPORT_HOME", str(work / "home"))
     os.environ["NPUPORT_TUNE_TRIALS"] = str(args.trials)
     from graph.runner import run_port
-    from sandbox.bench.throughput import run_bench
+    from sandbox.bench.runner import run_bench
     from sandbox.isolation.process import Limits
 
     out = args.out or work / "bundle"

@@ -31,7 +31,7 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from sandbox.bench.throughput import run_bench  # noqa: E402
+from sandbox.bench.runner import run_bench  # noqa: E402
 from sandbox.isolation.process import Limits  # noqa: E402
 
 EXAMPLE = ROOT / "examples" / "ocr_mini"

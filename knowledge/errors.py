@@ -193,6 +193,13 @@ class NativeUnavailable(HostError, RuntimeError):
     """The emulator's C++ engine cannot be built or loaded here (the Python engine is used instead)."""
 
 
+class SpecError(NpuportError, ValueError):
+    """A harness spec that is not a spec of its kind (unknown or missing fields): npuport's own bug, since
+    only npuport writes specs (sandbox/harness/spec.py)."""
+
+    kind: ClassVar[ErrorKind] = "internal"
+
+
 class StubCalled(NpuportError, RuntimeError):
     """The model called a CUDA-only library's stub that has no CPU reference implementation."""
 

@@ -117,7 +117,7 @@ def test_harness_imports_the_folder_as_a_package_and_builds_through_auto_config(
 def test_nested_inputs_move_to_the_device() -> None:
     import torch
 
-    from sandbox.harness.worker import _to_device
+    from sandbox.harness.feeding import to_device as _to_device
 
     t = torch.ones(2)
     moved = _to_device({"images": [(t, t)], "meta": {"mask": t}, "n": 3}, "meta")

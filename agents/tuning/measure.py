@@ -10,7 +10,7 @@ from typing import Any
 
 from agents.runs import RunSpec
 from agents.tuning.search import Evaluate, Outcome
-from sandbox.bench.throughput import BenchRun, run_bench
+from sandbox.bench.runner import BenchRun, run_bench
 from sandbox.isolation.process import Limits
 
 TUNE_CONCURRENCY = 8  # the objective: new tokens/s with 8 requests in flight

@@ -46,7 +46,7 @@ def _module_in(model_dir: Path, module_name: str) -> bool:
     return base.with_suffix(".py").is_file() or (base / "__init__.py").is_file()
 
 
-def load_config(model_dir: Path, manifest: dict[str, Any], spec: dict[str, Any],
+def load_config(model_dir: Path, manifest: dict[str, Any], *, shrink: bool, overrides: dict[str, Any] | None = None,
                 build: Any = None) -> tuple[dict[str, Any], list[str]]:
     """config.json as a dict; under ``shrink`` a derived small config (sandbox/harness/shrink.py) with the
     manifest's ``shrink:`` overrides on top, and the list of what was shrunk; with ``build`` (config ->
@@ -58,14 +58,14 @@ def load_config(model_dir: Path, manifest: dict[str, Any], spec: dict[str, Any],
     config: dict[str, Any] = json.loads((model_dir / manifest.get("config", "config.json")).read_text())
     flags = kernel_flags_off(config)  # "flash_attn": true names a kernel neither the CPU nor Ascend has
     # The manifest's config_overrides hold for every run (a quantization switch turned off: agents/reading/quant_path.py)
-    extra = {**(manifest.get("config_overrides") or {}), **(spec.get("config_overrides") or {})}
+    extra = {**(manifest.get("config_overrides") or {}), **(overrides or {})}
     changes: list[str] = []
-    if spec.get("shrink") and build is not None:
+    if shrink and build is not None:
         from sandbox.harness.shrink_fit import fit_to_constructor
 
         small, changes = fit_to_constructor(build, config, manifest.get("shrink") or {}, model_dir, extra)
         return small, [*flags, *changes]
-    if spec.get("shrink"):
+    if shrink:
         config, changes = shrink_config(config, manifest.get("shrink") or {}, model_dir)
         changes = [*flags, *changes]
     else:
@@ -82,14 +82,14 @@ def load_config(model_dir: Path, manifest: dict[str, Any], spec: dict[str, Any],
     return config, changes
 
 
-def _hub_offline(model_dir: Path, manifest: dict[str, Any], spec: dict[str, Any]) -> Any:
+def _hub_offline(model_dir: Path, manifest: dict[str, Any], shrink: bool) -> Any:
     """Hub ids the model's code fetches at construction, built offline (sandbox/harness/hub_offline.py); None
     without transformers."""
     try:
         from sandbox.harness.hub_offline import install
 
         config = json.loads((model_dir / manifest.get("config", "config.json")).read_text())
-        return install(model_dir, config if isinstance(config, dict) else {}, bool(spec.get("shrink")))
+        return install(model_dir, config if isinstance(config, dict) else {}, shrink)
     except ImportError:
         return None
 

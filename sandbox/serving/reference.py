@@ -16,8 +16,9 @@ import traceback
 from pathlib import Path
 from typing import Any
 
+from sandbox.harness.feeding import model_inputs_for
+from sandbox.harness.loading import import_with_stubs
 from sandbox.harness.model_build import _load_attr, build_model, load_config
-from sandbox.harness.worker import _import_with_stubs, model_inputs_for
 from sandbox.inputs.model_inputs import PROCESSOR_PATH, load_tokenizer, nested, seed_parameters
 from sandbox.isolation.child_main import child_main
 from sandbox.serving.client import load_at
@@ -167,15 +168,15 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
     sys.path.insert(0, str(model_dir))
     # CUDA-only modules the original imports (flash_attn, ...) are stubbed as in the reference run
     stubbed: list[str] = []
-    config, _ = load_config(model_dir, manifest, {"shrink": spec.get("shrink"),
-                                                  "config_overrides": spec.get("config_overrides")})
-    cls = _import_with_stubs(lambda: _load_attr(manifest["entry"]["class"], model_dir), True, stubbed)
+    config, _ = load_config(model_dir, manifest, shrink=bool(spec.get("shrink")),
+                            overrides=spec.get("config_overrides"))
+    cls = import_with_stubs(lambda: _load_attr(manifest["entry"]["class"], model_dir), True, stubbed)
 
     def fresh(dtype: str) -> Any:
         """The model as the reference built it (same seeded weights), in ``dtype`` before its first call: a
         model converted after running keeps caches of the old dtype (rotary tables kept as attributes)."""
         torch.manual_seed(seed)
-        built = _import_with_stubs(lambda: build_model(cls, config, model_dir), True, stubbed)
+        built = import_with_stubs(lambda: build_model(cls, config, model_dir), True, stubbed)
         seed_parameters(built, seed)
         return built.eval().to(getattr(torch, dtype))
 
