@@ -16,10 +16,10 @@ import torch
 from agents.fixing.codemods import CODEMODS
 from agents.models import Finding, HazardCategory, Severity
 from agents.policies.rule import RulePolicy
-from agents.rules.h4_fused import NPU_PRELUDE, fused_rms_norm, fused_rotary_mul
-from agents.rules.h4_fused_attention import fused_attention
-from agents.rules.h6_codemods import vectorise_mask_loops
-from agents.rules.h6_moe import moe_dense_dispatch
+from agents.rules.h4.fused import NPU_PRELUDE, fused_rms_norm, fused_rotary_mul
+from agents.rules.h4.fused_attention import fused_attention
+from agents.rules.h6.codemods import vectorise_mask_loops
+from agents.rules.h6.moe import moe_dense_dispatch
 from sandbox.ascend_sim import fused_ops
 
 
@@ -523,7 +523,7 @@ def test_moe_offset_indexed_expert_parallel_loop_is_rewritten_under_a_guard() ->
 
 
 def test_moe_collectives_outside_a_simple_branch_are_left_with_the_reason() -> None:
-    from agents.rules.h6_moe import moe_plan
+    from agents.rules.h6.moe import moe_plan
 
     src = MOE_EP.replace("        if self.world > 1:\n            dist.all_to_all_single(tokens_per_expert.clone(), "
                          "tokens_per_expert)\n",

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -50,88 +51,23 @@ def resolve(model_dir: Path, target: str, torch_npu: str | None) -> Resolution:
     conflicts: list[str] = []
     notes: list[str] = []
     stack = stack_for_target(target, torch_npu, compat, conflicts, notes)
-
     found = find_pins(model_dir)
     by_name: dict[str, list[Pin]] = {}
     for pin in found:
         by_name.setdefault(pin.name, []).append(pin)
     merged = {name: merge_pins(name, pins, conflicts) for name, pins in by_name.items()}
-
-    pins: dict[str, str] = {}
-    dropped: dict[str, str] = {}
-    install: list[str] = []
-    companions: list[str] = []
+    chosen = _ModelPins()
     for name, (spec, lead) in sorted(merged.items()):
-        req = Requirement(lead.requirement)
-        extras = f"[{','.join(sorted(req.extras))}]" if req.extras else ""
-        requirement = f"{name}{extras}{spec}"
-        cuda = cuda_only_reason(name, compat)
-        if cuda:
-            dropped[name] = f"CUDA-only ({cuda})"
-            conflicts.append(f"the model needs {lead.requirement} ({lead.source}), which is CUDA-only ({cuda}) and "
-                             "cannot run on Ascend; it is left out and the port removes or replaces its uses (H3).")
-            continue
-        if name in FRAMEWORK:
-            problem = framework_conflict(name, spec, lead, stack, target, compat)
-            if problem:
-                conflicts.append(problem)
-            dropped[name] = "decided by the target (never installed into the sandbox env)"
-            if name in COMPANIONS:
-                dropped[name] = "paired with the torch the port runs on (chosen and proven when the env is built)"
-                companions.append(name)
-            continue
-        pins[name] = requirement
-        have = host_version(name)
-        if have is None or (spec and not spec.contains(have, prereleases=True)):
-            install.append(requirement)
-            host = f"the host has {have}" if have else "the host does not have it"
-            notes.append(f"{requirement} ({lead.source}): {host}; installed into the layered environment.")
+        _take_pin(name, spec, lead, chosen, stack, target, compat, conflicts, notes)
     resolve_vllm(merged, stack, compat, conflicts, notes)
+    pins, dropped, install, companions = chosen.pins, chosen.dropped, chosen.install, chosen.companions
 
     host_tf = host_version("transformers")
-    saved = saved_transformers_version(model_dir)
-    floor = python_floor(compat)
-    era = era_transformers(saved, host_tf, floor) if "transformers" not in pins else None
-    coupled = model_couplings(model_dir) if host_tf and _minor(host_tf)[0] >= 5 else []
-    ceiling = era_ceiling(model_dir) if coupled else None
-    # the newest 4.x the code runs with: below a coupling's release when that is older than the last 4.x that
-    # gives PreTrainedModel generate (a ceiling past it, 4.54's cache default, still runs on the last 4.x)
-    capped = ceiling is not None and _minor(ceiling[0]) < _minor(LAST_4X.removeprefix("transformers<"))
-    last = f"transformers<{ceiling[0]}" if ceiling and capped else LAST_4X
-    if coupled and "transformers" not in pins and not era and not (saved and _minor(saved)[0] >= 5):
-        # config.json names no era, but the code is coupled to 4.x: the last 4.x release it runs with
-        era = last
-        if ceiling and capped:
-            notes.append(f"the code needs a release older than {LAST_4X.removeprefix('transformers')} "
-                         f"({ceiling[1]}): its era is {era}.")
-    elif era and ceiling and _minor(str(Requirement(era).specifier).lstrip("~=<>"))[:2] >= _minor(ceiling[0]):
-        notes.append(f"config.json's release is at or past {ceiling[0]}, which the code breaks with ({ceiling[1]}): "
-                     f"it runs with {last}.")
-        era = last
-    if era and saved and floor and era.startswith("transformers~=") and _minor(saved) < _minor(floor):
-        notes.append(f"transformers {saved} (config.json) has no wheels for Python {sys.version_info.major}."
-                     f"{sys.version_info.minor} (its tokenizers does not), so the oldest line that has, {floor}, "
-                     "stands in for it.")
+    era, last = _era(model_dir, pins, host_tf, compat, notes)
+    era_installs = [era] if era else []
     if era:
-        # The release the authors ran: code written for 4.x runs under 5.x as long as every name it
-        # imports exists, then breaks at run time (no inherited generate, config attributes moved to the
-        # generation config, removed helpers). Both the reference and the port run in the era's env.
         pins["transformers"] = era
         install.append(era)
-        why = (f"config.json was saved with transformers {saved} and the host has {host_tf} (another major release)"
-               if saved and era.startswith("transformers~=") else
-               f"config.json names no transformers release and the code is coupled to 4.x ({coupled[0]})")
-        if coupled and saved and era.startswith("transformers~="):
-            why += f"; the code is coupled to it ({coupled[0]}{f' and {len(coupled) - 1} more' if len(coupled) > 1 else ''})"
-        lacks = host_lacks(model_dir)
-        shown = "; the host's release also lacks " + ", ".join(
-            f"{mod}.{name} ({where})" for mod, name, where in lacks[:4]) if lacks else ""
-        notes.append(f"{why}: the original and the port run in the environment of the model's era, {era}, built "
-                     f"once from the package index and shared by every port of that era{shown}.")
-    elif saved and host_tf:
-        notes.append(f"config.json was saved with transformers {saved} and the host has {host_tf} (same major "
-                     "release): the host's transformers is kept.")
-    era_installs = [era] if era else []
     if era and "einops" not in pins and host_version("einops") is None:
         # transformers 4.x on an Ascend host (torch_npu importable) imports its NPU flash-attention
         # integration, which imports einops unconditionally; it comes with the era's base env on every target,
@@ -156,6 +92,97 @@ def resolve(model_dir: Path, target: str, torch_npu: str | None) -> Resolution:
         needs_layered_env=bool(install) or bool(companions) or bool(optional), companions=sorted(set(companions)),
         optional=optional, era=era, era_installs=era_installs, era_last=last if era else None,
     )
+
+
+@dataclass
+class _ModelPins:
+    """What the model's own pins come to: pinned, left out (and why), installed, torch companions."""
+
+    pins: dict[str, str] = field(default_factory=dict)
+    dropped: dict[str, str] = field(default_factory=dict)
+    install: list[str] = field(default_factory=list)
+    companions: list[str] = field(default_factory=list)
+
+
+def _take_pin(name: str, spec: SpecifierSet, lead: Pin, chosen: _ModelPins, stack: dict[str, Any], target: str,
+              compat: dict[str, Any], conflicts: list[str], notes: list[str]) -> None:
+    """One of the model's pins: left out when CUDA-only or decided by the target, else pinned (and installed
+    into the layered environment when the host's release does not satisfy it)."""
+    req = Requirement(lead.requirement)
+    extras = f"[{','.join(sorted(req.extras))}]" if req.extras else ""
+    requirement = f"{name}{extras}{spec}"
+    cuda = cuda_only_reason(name, compat)
+    if cuda:
+        chosen.dropped[name] = f"CUDA-only ({cuda})"
+        conflicts.append(f"the model needs {lead.requirement} ({lead.source}), which is CUDA-only ({cuda}) and "
+                         "cannot run on Ascend; it is left out and the port removes or replaces its uses (H3).")
+        return
+    if name in FRAMEWORK:
+        problem = framework_conflict(name, spec, lead, stack, target, compat)
+        if problem:
+            conflicts.append(problem)
+        chosen.dropped[name] = "decided by the target (never installed into the sandbox env)"
+        if name in COMPANIONS:
+            chosen.dropped[name] = "paired with the torch the port runs on (chosen and proven when the env is built)"
+            chosen.companions.append(name)
+        return
+    chosen.pins[name] = requirement
+    have = host_version(name)
+    if have is None or (spec and not spec.contains(have, prereleases=True)):
+        chosen.install.append(requirement)
+        host = f"the host has {have}" if have else "the host does not have it"
+        notes.append(f"{requirement} ({lead.source}): {host}; installed into the layered environment.")
+
+
+def _era(model_dir: Path, pins: dict[str, str], host_tf: str | None, compat: dict[str, Any],
+         notes: list[str]) -> tuple[str | None, str]:
+    """(the transformers requirement of the model's era, or None to keep the host's; the newest 4.x the code
+    runs with), with notes saying why."""
+    saved = saved_transformers_version(model_dir)
+    floor = python_floor(compat)
+    era = era_transformers(saved, host_tf, floor) if "transformers" not in pins else None
+    coupled = model_couplings(model_dir) if host_tf and _minor(host_tf)[0] >= 5 else []
+    ceiling = era_ceiling(model_dir) if coupled else None
+    # the newest 4.x the code runs with: below a coupling's release when that is older than the last 4.x that
+    # gives PreTrainedModel generate (a ceiling past it, 4.54's cache default, still runs on the last 4.x)
+    capped = ceiling is not None and _minor(ceiling[0]) < _minor(LAST_4X.removeprefix("transformers<"))
+    last = f"transformers<{ceiling[0]}" if ceiling and capped else LAST_4X
+    if coupled and "transformers" not in pins and not era and not (saved and _minor(saved)[0] >= 5):
+        # config.json names no era, but the code is coupled to 4.x: the last 4.x release it runs with
+        era = last
+        if ceiling and capped:
+            notes.append(f"the code needs a release older than {LAST_4X.removeprefix('transformers')} "
+                         f"({ceiling[1]}): its era is {era}.")
+    elif era and ceiling and _minor(str(Requirement(era).specifier).lstrip("~=<>"))[:2] >= _minor(ceiling[0]):
+        notes.append(f"config.json's release is at or past {ceiling[0]}, which the code breaks with ({ceiling[1]}): "
+                     f"it runs with {last}.")
+        era = last
+    if era and saved and floor and era.startswith("transformers~=") and _minor(saved) < _minor(floor):
+        notes.append(f"transformers {saved} (config.json) has no wheels for Python {sys.version_info.major}."
+                     f"{sys.version_info.minor} (its tokenizers does not), so the oldest line that has, {floor}, "
+                     "stands in for it.")
+    if era:
+        notes.append(_era_note(model_dir, era, saved, host_tf, coupled))
+    elif saved and host_tf:
+        notes.append(f"config.json was saved with transformers {saved} and the host has {host_tf} (same major "
+                     "release): the host's transformers is kept.")
+    return era, last
+
+
+def _era_note(model_dir: Path, era: str, saved: str | None, host_tf: str | None, coupled: list[str]) -> str:
+    # The release the authors ran: code written for 4.x runs under 5.x as long as every name it
+    # imports exists, then breaks at run time (no inherited generate, config attributes moved to the
+    # generation config, removed helpers). Both the reference and the port run in the era's env.
+    why = (f"config.json was saved with transformers {saved} and the host has {host_tf} (another major release)"
+           if saved and era.startswith("transformers~=") else
+           f"config.json names no transformers release and the code is coupled to 4.x ({coupled[0]})")
+    if coupled and saved and era.startswith("transformers~="):
+        why += f"; the code is coupled to it ({coupled[0]}{f' and {len(coupled) - 1} more' if len(coupled) > 1 else ''})"
+    lacks = host_lacks(model_dir)
+    shown = "; the host's release also lacks " + ", ".join(
+        f"{mod}.{name} ({where})" for mod, name, where in lacks[:4]) if lacks else ""
+    return (f"{why}: the original and the port run in the environment of the model's era, {era}, built "
+            f"once from the package index and shared by every port of that era{shown}.")
 
 
 def _guarded_dependencies(model_dir: Path, pins: dict[str, str], dropped: dict[str, str], notes: list[str],

@@ -208,7 +208,6 @@ RULE = HazardRule(
     fixes=(Fix("fp16-cast-policy", fp16_cast_policy, "float16 casts follow the target chip's cast policy",
                frozenset({"fp16-weights"}), order=45),),
     kb_topic="recipe:H12",
-    recipe="knowledge/recipes/H12.md",
     left_as_written="float16 kept: the target computes float16",
     fixtures=("tests/test_new_hazards.py", "tests/test_cast_world_fallback.py"),
 )

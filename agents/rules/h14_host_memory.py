@@ -85,7 +85,6 @@ RULE = HazardRule(
         "is-cuda-branch": "which branch the NPU should take (the accelerator or the host path) is a design choice",
     },
     kb_topic="recipe:H14",
-    recipe="knowledge/recipes/H14.md",
     left_as_written="kept: correct on the port's device, possibly slower",
     fixtures=("tests/test_new_hazards.py",),
 )

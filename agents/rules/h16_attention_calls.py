@@ -121,7 +121,6 @@ RULE = HazardRule(
     fixes=(Fix("attention-to-sdpa", attention_to_sdpa, "xformers / flash-attn attention -> SDPA",
                frozenset({"xformers-attention-call", "flash-attn-call"}), order=15),),
     kb_topic="recipe:H16",
-    recipe="knowledge/recipes/H16.md",
     left_as_written="an option without an exact SDPA form: the CUDA-only call stays and needs a hand port",
     fixtures=("tests/test_new_hazards.py",),
 )

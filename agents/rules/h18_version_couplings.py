@@ -237,7 +237,6 @@ RULE = HazardRule(
                                     "tied-weights-list", "rope-scaling-type", "star-import-leak",
                                     "composite-config-init", "legacy-cache-default")},
     kb_topic="recipe:H18",
-    recipe="knowledge/recipes/H18.md",
     left_as_written="the environment of the model's era runs it as written (agents/environment/resolve.py)",
     fixtures=("tests/test_version_couplings.py",),
 )

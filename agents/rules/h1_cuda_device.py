@@ -312,6 +312,5 @@ RULE = HazardRule(
     },
     explains=(ErrorPattern("cuda-assert", _cuda_assert, "hard-coded CUDA", fix="device-agnostic", order=20),),
     kb_topic="recipe:H1",
-    recipe="knowledge/recipes/H1.md",
     fixtures=("tests/test_scanner.py", "tests/test_codemods.py", "examples/ocr_mini", "tests/test_zoo_model_classes.py"),
 )

@@ -147,6 +147,5 @@ RULE = HazardRule(
         "autocast-gpu-state": "reads/sets autocast state: the device to ask about is the caller's choice",
     },
     kb_topic="recipe:H2",
-    recipe="knowledge/recipes/H2.md",
     fixtures=("tests/test_scanner.py", "tests/test_codemods.py", "examples/ocr_mini"),
 )

@@ -477,7 +477,6 @@ RULE = HazardRule(
     explains=(ErrorPattern("missing-cuda-module", _missing_cuda_module, "CUDA-only libraries",
                            fix="guard-cuda-only-imports", order=10),),
     kb_topic="recipe:H3",
-    recipe="knowledge/recipes/H3.md",
     left_as_written="the CUDA-only path stays off (its import is guarded or gone); the torch path runs",
     fixtures=("tests/test_scanner.py", "tests/test_codemods.py", "examples/tiny_llm", "tests/test_zoo_model_classes.py"),
     refine=h3_optional_modules.refine,

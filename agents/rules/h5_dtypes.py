@@ -133,7 +133,6 @@ RULE = HazardRule(
     explains=(ErrorPattern("npu-dtype", _npu_dtype, "float64 on the NPU", fix="float64-to-float32",
                            fix_if=lambda sig: "DT_DOUBLE" in sig.key, order=50),),
     kb_topic="recipe:H5",
-    recipe="knowledge/recipes/H5.md",
     left_as_written="only an issue on chips without the dtype (bfloat16 on 310P) or for exact float64 numerics",
     fixtures=("tests/test_scanner.py", "tests/test_codemods.py", "examples/ocr_mini"),
 )

@@ -10,9 +10,7 @@ from agents.rules import (
     h1_cuda_device,
     h2_autocast,
     h3_cuda_libraries,
-    h4_attention,
     h5_dtypes,
-    h6_host_sync,
     h7_fallback_ops,
     h8_framework,
     h9_distributed,
@@ -31,6 +29,8 @@ from agents.rules import (
     h23_checkpoint_config,
 )
 from agents.rules.base import HazardRule, Registry
+from agents.rules.h4 import attention as h4_attention
+from agents.rules.h6 import host_sync as h6_host_sync
 
 RULES: tuple[HazardRule, ...] = (
     h1_cuda_device.RULE,

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import ast
 import re
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -199,74 +200,107 @@ def shrink_candidates(config: dict[str, Any], overrides: dict[str, Any] | None =
 def _shrink_level(config: dict[str, Any], prefix: str, changes: list[str],
                   hard: dict[int, list[tuple[str, str | None]]] | None = None,
                   keep: frozenset[str] = frozenset()) -> dict[str, Any]:
-    hard = hard or {}
-    out: dict[str, Any] = {}
-    for key, value in config.items():
-        out[key] = _shrink_level(value, f"{prefix}{key}.", changes, hard, keep) if isinstance(value, dict) else value
-    keep_widths = prefix in keep
+    """One config level shrunk (its sub-configs first), each change appended to ``changes``."""
+    out = {key: _shrink_level(value, f"{prefix}{key}.", changes, hard, keep) if isinstance(value, dict) else value
+           for key, value in config.items()}
+    level = _Level(out, prefix, changes, hard or {}, keep_widths=prefix in keep)
+    level.shrink_sizes()
+    level.keep_per_head_size()
+    level.shrink_groupings()
+    return out
 
-    def set_(key: str, new: int) -> None:
-        old = out[key]
+
+@dataclass
+class _Level:
+    """A config level being shrunk in place: its values, where it sits, the changes so far, the widths the
+    code hard-codes, and whether its widths and heads are kept as written (a backed-off candidate)."""
+
+    out: dict[str, Any]
+    prefix: str
+    changes: list[str]
+    hard: dict[int, list[tuple[str, str | None]]]
+    keep_widths: bool
+    heads_key: str | None = None
+    old_heads: Any = None
+    hidden_key: str | None = None
+    old_hidden: Any = None
+    hidden: int = 0
+    """The level's shrunk width (HEADS x its per-head size)."""
+
+    def set_(self, key: str, new: int) -> None:
+        old = self.out[key]
         if _int(old) and new < old:
-            out[key] = new
-            changes.append(f"{prefix}{key}: {old} -> {new}")
+            self.out[key] = new
+            self.changes.append(f"{self.prefix}{key}: {old} -> {new}")
 
-    def width(key: str, new: int, ffn: bool = False) -> bool:
-        old = out[key]
-        kept = _kept_by_code(hard, prefix, key, old, ffn) if _int(old) else None
+    def width(self, key: str, new: int, ffn: bool = False) -> bool:
+        old = self.out[key]
+        kept = _kept_by_code(self.hard, self.prefix, key, old, ffn) if _int(old) else None
         if kept:
-            changes.append(kept)
+            self.changes.append(kept)
             return False
-        set_(key, new)
+        self.set_(key, new)
         return True
 
-    heads_key = next((k for k in out if _HEAD_KEYS.match(k) and _int(out[k])), None)
-    old_heads = out[heads_key] if heads_key else None
-    hidden_key = next((k for k in out if _HIDDEN_KEYS.match(k) and _int(out[k])), None)
-    hidden = _per_head_hidden(out, heads_key, hidden_key)
-    old_hidden = out[hidden_key] if hidden_key else None
-    for key in list(out):
-        v = out[key]
-        if not _int(v) or v <= 0:
-            continue
-        if _LAYER_KEYS.match(key):
-            set_(key, LAYERS)
-        elif _EXPERT_KEYS.match(key):
-            set_(key, EXPERTS)
-        elif keep_widths:
-            continue
-        elif _HEAD_KEYS.match(key):
-            set_(key, HEADS)
-        elif _HIDDEN_KEYS.match(key):
-            width(key, hidden)
-        elif _FFN_KEYS.match(key):
-            width(key, 2 * hidden, ffn=True)
-        elif _LORA_RANK_KEYS.match(key):
-            width(key, HEAD_DIM)
-    if hidden_key and isinstance(old_hidden, int) and out[hidden_key] < old_hidden:
-        _companion_widths(out, hidden_key, old_hidden, out[hidden_key], width)
-    kept_hidden = hidden_key is not None and out[hidden_key] == old_hidden and _int(old_hidden) and old_hidden > hidden
-    if heads_key and hidden_key and _int(out[heads_key]) and (out[hidden_key] % out[heads_key] or kept_hidden):
-        # A kept (hard-coded) width: keep the heads too, so the per-head size is the model's (and divides).
-        out[heads_key] = old_heads
-        changes[:] = [c for c in changes if not c.startswith(f"{prefix}{heads_key}:")]
-    if keep_widths and any(_HIDDEN_KEYS.match(k) or _HEAD_KEYS.match(k) for k in out):
-        changes.append(f"{prefix.rstrip('.') or '(top level)'}: widths and heads kept as written")
-    for key in list(out):
-        v = out[key]
-        if _KV_KEYS.match(key) and _int(v) and v > 0 and heads_key and not keep_widths:
-            # Keep the grouping class: full MHA stays MHA, MQA stays MQA, GQA becomes 2 groups.
-            new = out[heads_key] if v == old_heads else (1 if v == 1 else HEADS // 2)
-            set_(key, new)
-        elif _TOPK_KEYS.match(key) and _int(v) and any(_EXPERT_KEYS.match(k) and _int(out[k]) for k in out):
-            # experts picked per token; a level without experts has a sampling top_k (generation), not this
-            experts = next(out[k] for k in out if _EXPERT_KEYS.match(k) and _int(out[k]))
-            set_(key, min(TOP_K, experts))
-        elif key in _TO_ONE and _int(v) and v > 1:
-            set_(key, 1)
-        elif key in ("first_k_dense_replace",) and _int(v) and v >= LAYERS:
-            set_(key, LAYERS - 1)
-    return out
+    def shrink_sizes(self) -> None:
+        """Layers and experts always; heads, hidden widths (to HEADS x the per-head size), FFN sizes, LoRA
+        ranks and the widths paired with the hidden size unless the level keeps its widths."""
+        out = self.out
+        self.heads_key = next((k for k in out if _HEAD_KEYS.match(k) and _int(out[k])), None)
+        self.old_heads = out[self.heads_key] if self.heads_key else None
+        self.hidden_key = next((k for k in out if _HIDDEN_KEYS.match(k) and _int(out[k])), None)
+        self.old_hidden = out[self.hidden_key] if self.hidden_key else None
+        hidden = self.hidden = _per_head_hidden(out, self.heads_key, self.hidden_key)
+        for key in list(out):
+            v = out[key]
+            if not _int(v) or v <= 0:
+                continue
+            if _LAYER_KEYS.match(key):
+                self.set_(key, LAYERS)
+            elif _EXPERT_KEYS.match(key):
+                self.set_(key, EXPERTS)
+            elif self.keep_widths:
+                continue
+            elif _HEAD_KEYS.match(key):
+                self.set_(key, HEADS)
+            elif _HIDDEN_KEYS.match(key):
+                self.width(key, hidden)
+            elif _FFN_KEYS.match(key):
+                self.width(key, 2 * hidden, ffn=True)
+            elif _LORA_RANK_KEYS.match(key):
+                self.width(key, HEAD_DIM)
+        if self.hidden_key and isinstance(self.old_hidden, int) and out[self.hidden_key] < self.old_hidden:
+            _companion_widths(out, self.hidden_key, self.old_hidden, out[self.hidden_key], self.width)
+
+    def keep_per_head_size(self) -> None:
+        """A kept (hard-coded) width keeps the heads too, so the per-head size is the model's (and divides)."""
+        out, heads_key, hidden_key, old_hidden = self.out, self.heads_key, self.hidden_key, self.old_hidden
+        kept_hidden = hidden_key is not None and out[hidden_key] == old_hidden and _int(old_hidden) \
+            and old_hidden > self.hidden
+        if heads_key and hidden_key and _int(out[heads_key]) and (out[hidden_key] % out[heads_key] or kept_hidden):
+            out[heads_key] = self.old_heads
+            self.changes[:] = [c for c in self.changes if not c.startswith(f"{self.prefix}{heads_key}:")]
+        if self.keep_widths and any(_HIDDEN_KEYS.match(k) or _HEAD_KEYS.match(k) for k in out):
+            self.changes.append(f"{self.prefix.rstrip('.') or '(top level)'}: widths and heads kept as written")
+
+    def shrink_groupings(self) -> None:
+        """What depends on the shrunk heads, layers and experts: kv heads (keeping the grouping class), the
+        experts picked per token, shared experts and groups, the dense layers before the MoE ones."""
+        out = self.out
+        for key in list(out):
+            v = out[key]
+            if _KV_KEYS.match(key) and _int(v) and v > 0 and self.heads_key and not self.keep_widths:
+                # Keep the grouping class: full MHA stays MHA, MQA stays MQA, GQA becomes 2 groups.
+                new = out[self.heads_key] if v == self.old_heads else (1 if v == 1 else HEADS // 2)
+                self.set_(key, new)
+            elif _TOPK_KEYS.match(key) and _int(v) and any(_EXPERT_KEYS.match(k) and _int(out[k]) for k in out):
+                # experts picked per token; a level without experts has a sampling top_k (generation), not this
+                experts = next(out[k] for k in out if _EXPERT_KEYS.match(k) and _int(out[k]))
+                self.set_(key, min(TOP_K, experts))
+            elif key in _TO_ONE and _int(v) and v > 1:
+                self.set_(key, 1)
+            elif key in ("first_k_dense_replace",) and _int(v) and v >= LAYERS:
+                self.set_(key, LAYERS - 1)
 
 
 _FFN_WORD = re.compile(r"intermediate|ffn|inner|mlp|d_ff|feed_?forward|expert", re.I)

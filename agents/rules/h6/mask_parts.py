@@ -1,4 +1,4 @@
-"""The parts of H6's vectorise-mask-loops that read a loop (agents/rules/h6_codemods.py rewrites it): which
+"""The parts of H6's vectorise-mask-loops that read a loop (agents/rules/h6/codemods.py rewrites it): which
 tensor fills it makes under which index conditions, and the loop's bounds and bodies as vector
 expressions over index grids. Anything outside what they understand raises ``_Unsupported``."""
 

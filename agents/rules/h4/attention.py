@@ -24,15 +24,15 @@ from agents.rules.cst_helpers import (
     string_value,
     walk_nodes,
 )
-from agents.rules.h4_attn_impl import (
+from agents.rules.h4.attn_impl import (
     CONFIG_RULE,
     TABLE_WITHOUT_SDPA,
     config_attn_impl,
     detect_config,
     plan_params,
 )
-from agents.rules.h4_fused import _square_base, fused_rms_norm, fused_rms_norm_spans, fused_rotary_mul
-from agents.rules.h4_fused_attention import fused_attention
+from agents.rules.h4.fused import _square_base, fused_rms_norm, fused_rms_norm_spans, fused_rotary_mul
+from agents.rules.h4.fused_attention import fused_attention
 from agents.rules.kit import CodemodResult, Rewriter, run_codemod
 
 # --- detector ----------------------------------------------------------------------------------
@@ -257,7 +257,6 @@ RULE = HazardRule(
         "layer-norm-formula": "a LayerNorm over a non-last dim: F.layer_norm needs that dim moved last, a layout change",
     },
     kb_topic="recipe:H4",
-    recipe="knowledge/recipes/H4.md",
     left_as_written="a performance opportunity; not needed for a correct port",
     fixtures=("tests/test_scanner.py", "tests/test_perf_codemods.py", "examples/tiny_llm"),
 )

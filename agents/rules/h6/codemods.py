@@ -6,7 +6,7 @@ prove harmless; each does nothing when it does not understand the code (no guess
   (``arange`` comparisons); slice bounds keep Python's slice semantics. A loop over an index tensor
   (``for i, p in enumerate(positions): t[p, cols] = v`` or ``t[p, positions[:i + 1]] = v``, positions from
   ``nonzero``) becomes one ``masked_fill_`` of the same (row, col) pairs.
-- ``moe-dense-dispatch`` lives in ``agents/rules/h6_moe.py``.
+- ``moe-dense-dispatch`` lives in ``agents/rules/h6/moe.py``.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import libcst as cst
 import libcst.matchers as m
 from libcst.metadata import PositionProvider
 
-from agents.rules.h6_mask_parts import (
+from agents.rules.h6.mask_parts import (
     _COL,
     _PURE_CALLS,
     _ROW,

@@ -7,7 +7,7 @@ from typing import Any
 
 import libcst as cst
 
-from agents.rules.h4_fused import (
+from agents.rules.h4.fused import (
     ATTENTION_HELPER,
     ATTENTION_MARKER,
     NPU_MARKER,
