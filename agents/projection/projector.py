@@ -8,13 +8,14 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from agents.projection.config_cost import config_cost
 from agents.projection.cost import ModelCost
 from agents.projection.engine import Efficiency
 from agents.projection.hardware import WEIGHT_BYTES, chip_hardware
 from agents.projection.model_source import ModelSource, from_state, model_cost
 from agents.projection.project import Deployment, Projection, Workload, cards_for, project
 from agents.projection.published import calibrated
-from knowledge.errors import GoalError
+from knowledge.errors import GoalError, NpuportError, first_line
 from sandbox.targets import DEFAULT_CHIP, get_chip
 
 DEFAULT_CONCURRENCY = (1, 8, 32, 100)
@@ -63,17 +64,20 @@ def project_source(source: ModelSource, *, chip: str | None = None, cards: int |
     return projection, cost
 
 
-def report_projection(state: Mapping[str, Any], model_dir: Path | None = None,
-                      implementation: str | None = None) -> dict[str, Any] | None:
+def report_projection(state: Mapping[str, Any], model_dir: Path | None = None, implementation: str | None = None,
+                      meta: bool = True) -> dict[str, Any] | None:
     """report.json's ``projection``: the projection of the port's model on its chip (the JSON schema of
-    ``npuport project --json``, the markdown section and the cost), or why there is none."""
+    ``npuport project --json``, the markdown section and the cost), or why there is none. ``meta``: build the
+    full-size model on the meta device in the port's environment (a validated port); otherwise config
+    arithmetic alone (a port that failed may not build)."""
     source = from_state(state, model_dir, implementation)
     if source is None:
         return None
     try:
-        projection, cost = project_source(source, build_env=False)
-    except GoalError as exc:
-        return {"error": str(exc)}
+        cost = None if meta else config_cost(source.config, "the port did not validate: its code is not built")
+        projection, cost = project_source(source, build_env=False, cost=cost)
+    except NpuportError as exc:
+        return {"error": first_line(exc)}
     from agents.projection.render import markdown
 
     return {**projection.as_json(), "input_len": projection.input_len, "output_len": projection.output_len,

@@ -74,3 +74,14 @@ def markdown(p: Projection, cost: ModelCost) -> list[str]:
               f"- engine efficiency: {p.efficiency}", f"- host syncs / CPU fallbacks: {p.host_costs}"]
     lines += [f"- note: {n}" for n in p.notes if n not in cost.notes]
     return [*lines, ""]
+
+
+def report_section(report: dict[str, object]) -> list[str]:
+    """report.md's "Projected on <chip>" section from report.json's ``projection``."""
+    p = report.get("projection")
+    if not isinstance(p, dict):
+        return []
+    if p.get("error"):
+        return ["## Projected on the chip", "", f"- not projected: {p['error']}", ""]
+    md = p.get("markdown")
+    return [str(x) for x in md] if isinstance(md, list) else []
