@@ -68,18 +68,20 @@ def host_costs(perf: Mapping[str, Any] | None, implementation: str | None) -> Ho
 
 
 def from_bundle(bundle: Path) -> ModelSource:
+    from agents.request import request_of
+
     report = json.loads((bundle / "report.json").read_text())
-    request = report.get("request") or {}
+    req = request_of(report)
     manifest = report.get("entry") or {}
     model_dir = bundle / "patched"
-    if not (model_dir / str(manifest.get("config") or "config.json")).is_file() and request.get("model_path"):
-        model_dir = Path(request["model_path"])
+    if not (model_dir / str(manifest.get("config") or "config.json")).is_file() and req.model_path:
+        model_dir = Path(req.model_path)
     python = (report.get("environment") or {}).get("python")
     implementation = (report.get("deployment") or {}).get("implementation")
-    return ModelSource(name=Path(request.get("model_path") or bundle.name).name, model_dir=model_dir,
+    return ModelSource(name=Path(req.model_path or bundle.name).name, model_dir=model_dir,
                        manifest=manifest, config=_config(model_dir, manifest),
                        python=python if python and Path(python).exists() else None,
-                       host=host_costs(report.get("perf"), implementation), chip=request.get("chip"))
+                       host=host_costs(report.get("perf"), implementation), chip=req.chip)
 
 
 def from_folder(folder: Path) -> ModelSource:
@@ -101,11 +103,13 @@ def from_state(state: Mapping[str, Any], model_dir: Path | None = None,
     config = _config(folder, manifest)
     if not config:
         return None
+    from agents.request import request_of
+
     python = (state.get("environment") or {}).get("python")
-    request = state.get("request") or {}
-    return ModelSource(name=Path(str(request.get("model_path") or folder)).name, model_dir=folder, manifest=manifest,
+    req = request_of(state)
+    return ModelSource(name=Path(str(req.model_path or folder)).name, model_dir=folder, manifest=manifest,
                        config=config, python=python if python and Path(python).exists() else None,
-                       host=host_costs(state.get("perf"), implementation), chip=request.get("chip"))
+                       host=host_costs(state.get("perf"), implementation), chip=req.chip)
 
 
 def model_digest(model_dir: Path) -> str:
