@@ -5,7 +5,8 @@ sequence; per tensor-parallel all-reduce), and the memory the runtime keeps besi
 None of these is a chip figure: they are fitted (``fit``) to published vllm-ascend throughput and latency
 figures (agents/data/published_serving.yaml) by least squares on the log of projected over published, each
 source weighted equally, with a weak pull towards the priors below so that a parameter no figure exercises
-(eager mode, when every figure ran graph mode) stays where the priors put it. bench/projection.py checks the
+(eager mode, when every figure ran graph mode: its per-layer time is graph mode's times a factor of at least
+1, whose prior is 3) stays where the priors put it. bench/projection.py checks the
 fit leave-one-out: a figure is projected with the efficiency fitted on the others only.
 """
 
@@ -21,7 +22,7 @@ PRIORS: dict[str, float] = {
     "compute": 0.5,          # share of the cube units' peak in the engine's matmuls
     "bandwidth": 0.6,        # share of HBM bandwidth when streaming weights and KV cache
     "layer_ms_graph": 0.15,  # host/launch time per layer per step, ACL graph captured
-    "layer_ms_eager": 0.6,   # the same, ops dispatched one by one from the host
+    "eager_factor": 3.0,     # eager's per-layer time over graph mode's (ops dispatched one by one from the host)
     "seq_ms": 0.1,           # per running sequence per step (scheduling, sampling, detokenising)
     "allreduce_ms": 0.03,    # latency of one tensor-parallel all-reduce (two per layer)
 }
@@ -34,7 +35,8 @@ class Efficiency(BaseModel):
     compute: float = PRIORS["compute"]
     bandwidth: float = PRIORS["bandwidth"]
     layer_ms_graph: float = PRIORS["layer_ms_graph"]
-    layer_ms_eager: float = PRIORS["layer_ms_eager"]
+    eager_factor: float = PRIORS["eager_factor"]
+    """At least 1: eager never launches faster than a captured graph."""
     seq_ms: float = PRIORS["seq_ms"]
     allreduce_ms: float = PRIORS["allreduce_ms"]
     reserve_gib: float = 6.0
@@ -42,6 +44,10 @@ class Efficiency(BaseModel):
     fitted_on: list[str] = Field(default_factory=list)
     """The figures the fit saw (ids in agents/data/published_serving.yaml)."""
     note: str = "priors (no published figure fitted)"
+
+    @property
+    def layer_ms_eager(self) -> float:
+        return self.layer_ms_graph * self.eager_factor
 
     def layer_ms(self, graph_mode: bool) -> float:
         return self.layer_ms_graph if graph_mode else self.layer_ms_eager
@@ -79,7 +85,8 @@ def fit(residuals: Sequence[tuple[str, str, Residual]], base: Efficiency | None 
         return out + [PRIOR_WEIGHT * (x - p) for x, p in zip(v, priors, strict=True)]
 
     upper = [0.0 if k in ("compute", "bandwidth") else math.log(100.0) for k in FITTED]
-    lower = [math.log(1e-3) if k in ("compute", "bandwidth") else math.log(1e-4) for k in FITTED]
+    lower = [math.log(1e-3) if k in ("compute", "bandwidth") else 0.0 if k == "eager_factor" else math.log(1e-4)
+             for k in FITTED]
     x0 = [min(max(x, lo + 1e-6), hi - 1e-6) for x, lo, hi in zip(start.vector(), lower, upper, strict=True)]
     result = least_squares(cost, x0, bounds=(lower, upper), loss="soft_l1", f_scale=0.3)
     ids = [fid for fid, _, _ in residuals]

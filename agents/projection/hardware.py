@@ -31,7 +31,8 @@ class Hardware(BaseModel):
     def peak(self, dtype: str) -> float:
         """Peak FLOP/s the matrix units reach for ``dtype`` (its compute dtype for narrow weights)."""
         compute = COMPUTE_DTYPE.get(dtype, dtype)
-        tflops = self.peak_tflops.get(compute) or self.peak_tflops.get("bfloat16" if compute == "float16" else "float16")
+        half = {"float16": "bfloat16", "bfloat16": "float16"}  # the cube units run both half types at one rate
+        tflops = self.peak_tflops.get(compute) or (self.peak_tflops.get(half[compute]) if compute in half else None)
         if not tflops:
             raise GoalError(f"{self.name} has no published {compute} peak (it has "
                             f"{', '.join(sorted(self.peak_tflops)) or 'none'}): pick --dtype among those",

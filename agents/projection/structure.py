@@ -132,14 +132,15 @@ def _kv_of(att: list[Entry], c: LmConfig, hidden: int) -> tuple[str, int, int, s
     """(kind, KV elements per token per layer, FLOPs per context token per layer, how, shardable)."""
     ins = [e for e in att if e.linear and e.out_in[1] == hidden]
     ups = [e for e in att if e.linear and e.out_in[1] != hidden]
-    for down in ins:
-        for up in ups:
-            extra = down.out_in[0] - up.out_in[1]
-            if 0 < extra <= LATENT_ROPE_MAX and up.out_in[1] < hidden // 2:
-                width = down.out_in[0]
-                return ("attention:mla", width, 2 * c.heads * width + 2 * c.heads * up.out_in[1],
-                        f"latent KV: {down.name.rsplit('.', 1)[-1]} {hidden}->{width}, read back by "
-                        f"{up.name.rsplit('.', 1)[-1]} from {up.out_in[1]} (+{extra} rotary)", False)
+    pairs = [(down.out_in[0] - up.out_in[1], down, up) for down in ins for up in ups
+             if 0 < down.out_in[0] - up.out_in[1] <= LATENT_ROPE_MAX and down.out_in[0] < hidden
+             and up.out_in[1] < hidden // 2]
+    if pairs:  # the down-projection whose output an up-projection reads back, less the rotary part
+        extra, down, up = min(pairs, key=lambda p: p[0])
+        width = down.out_in[0]
+        return ("attention:mla", width, 2 * c.heads * width + 2 * c.heads * up.out_in[1],
+                f"latent KV: {down.name.rsplit('.', 1)[-1]} {hidden}->{width}, read back by "
+                f"{up.name.rsplit('.', 1)[-1]} from {up.out_in[1]} (+{extra} rotary)", False)
     d, heads = c.head_dim, c.heads
     widths = [e.out_in[0] for e in ins]
     total = sum(widths)
