@@ -19,6 +19,7 @@ from typing import Any
 
 from agents.deploy.vllm import NOT_MEASURED, ServeSetting
 from agents.projection.project import Deployment, Projection, Workload, cards_for, memory_of, project
+from agents.projection.render import count_text
 from knowledge.errors import NpuportError
 
 PROJECTED = "projected"
@@ -78,7 +79,7 @@ def size_for_chip(settings: list[ServeSetting], state: Mapping[str, Any], model_
     dep = dep.model_copy(update={"cards": cards})
     mem = memory_of(cost, hw, eff, dep, wl)
     _set(out, "tensor-parallel-size", cards,
-         f"on {hw.name}: {cost.params / 1e9:.2f}B parameters in {dep.dtype} are {mem.weights_gib_per_card:.1f} GiB per "
+         f"on {hw.name}: {count_text(cost.params)} parameters in {dep.dtype} are {mem.weights_gib_per_card:.1f} GiB per "
          f"card at {cards} card(s), beside the runtime's {eff.reserve_gib:.1f} GiB: the fewest cards (a power of two) "
          f"whose {util:g} x {hw.hbm_gib:g} GiB holds them and a request")
     sized = project(cost, hw, eff, dep, wl, source.host)

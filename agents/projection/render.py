@@ -6,6 +6,10 @@ from agents.projection.cost import ModelCost
 from agents.projection.project import Projection
 
 
+def count_text(n: float) -> str:
+    return f"{n / 1e9:.2f}B" if n >= 1e9 else f"{n / 1e6:.1f}M" if n >= 1e6 else f"{n / 1e3:.1f}K"
+
+
 def _gib(x: float) -> str:
     return f"{x:.2f} GiB" if x >= 1 else f"{x * 1024:.1f} MiB"
 
@@ -13,16 +17,16 @@ def _gib(x: float) -> str:
 def cost_lines(cost: ModelCost) -> list[str]:
     """The model of the model: each layer kind with its parameters, active parameters and KV cache."""
     lines = [f"model: {cost.source}",
-             f"  {cost.params / 1e9:.2f}B parameters, {cost.active_params / 1e9:.2f}B read per token, "
+             f"  {count_text(cost.params)} parameters, {count_text(cost.active_params)} read per token, "
              f"{cost.layers} decoder layers, KV cache {cost.kv_elems_per_token} elements per token"]
     for k in cost.kinds:
         extra = f", {k.experts} experts, {k.top_k} per token" if k.kind == "moe" else ""
         kv = f", KV {k.kv_elems_per_token // max(k.count, 1)} per token per layer" if k.kv_elems_per_token else ""
-        lines.append(f"  - {k.kind} x{k.count}: {k.params / 1e6:.1f}M parameters, {k.active_params / 1e6:.1f}M "
+        lines.append(f"  - {k.kind} x{k.count}: {count_text(k.params)} parameters, {count_text(k.active_params)} "
                      f"active{extra}{kv} ({k.detail})")
     if cost.encoder:
         e = cost.encoder
-        lines.append(f"  - encoder: {e.params / 1e6:.1f}M parameters, {e.flops_per_image / 1e12:.2f} TFLOPs per image, "
+        lines.append(f"  - encoder: {count_text(e.params)} parameters, {e.flops_per_image / 1e12:.2f} TFLOPs per image, "
                      f"{e.output_tokens} tokens to the language model per image ({e.detail})")
     return lines + [f"  note: {n}" for n in cost.notes]
 
@@ -70,7 +74,8 @@ def markdown(p: Projection, cost: ModelCost) -> list[str]:
     for r in p.rows:
         lines.append(f"| {r.concurrency} | {r.running} | {r.output_tok_s:.1f} | {r.output_tok_s_per_card:.1f} | "
                      f"{r.ttft_ms:.1f} | {r.tpot_ms:.2f} | {r.bound} |")
-    lines += ["", *[f"- {x}" for x in memory_lines(p)], *[f"- {x.strip()}" for x in cost_lines(cost)],
+    costs = [f"  {x.strip()}" if x.startswith("  - ") else f"- {x.strip()}" for x in cost_lines(cost)]
+    lines += ["", *[f"- {x}" for x in memory_lines(p)], *costs,
               f"- engine efficiency: {p.efficiency}", f"- host syncs / CPU fallbacks: {p.host_costs}"]
     lines += [f"- note: {n}" for n in p.notes if n not in cost.notes]
     return [*lines, ""]
