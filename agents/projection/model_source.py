@@ -35,6 +35,8 @@ class ModelSource:
     config: dict[str, Any]
     python: str | None = None
     """The interpreter of the model's environment; None: npuport's own."""
+    env_known: bool = False
+    """The environment is the one a port resolved (``python`` None: the host's suffices): not resolved again."""
     host: HostCosts = field(default_factory=HostCosts)
     chip: str | None = None
     """The chip the port was asked for (a bundle's request)."""
@@ -76,11 +78,13 @@ def from_bundle(bundle: Path) -> ModelSource:
     model_dir = bundle / "patched"
     if not (model_dir / str(manifest.get("config") or "config.json")).is_file() and req.model_path:
         model_dir = Path(req.model_path)
-    python = (report.get("environment") or {}).get("python")
+    environment = report.get("environment") or {}
+    python = environment.get("python")
     implementation = (report.get("deployment") or {}).get("implementation")
     return ModelSource(name=Path(req.model_path or bundle.name).name, model_dir=model_dir,
                        manifest=manifest, config=_config(model_dir, manifest),
                        python=python if python and Path(python).exists() else None,
+                       env_known=bool(environment.get("resolution")) and not python,
                        host=host_costs(report.get("perf"), implementation), chip=req.chip)
 
 
@@ -105,10 +109,12 @@ def from_state(state: Mapping[str, Any], model_dir: Path | None = None,
         return None
     from agents.request import request_of
 
-    python = (state.get("environment") or {}).get("python")
+    environment = state.get("environment") or {}
+    python = environment.get("python")
     req = request_of(state)
     return ModelSource(name=Path(str(req.model_path or folder)).name, model_dir=folder, manifest=manifest,
                        config=config, python=python if python and Path(python).exists() else None,
+                       env_known=bool(environment.get("resolution")) and not python,
                        host=host_costs(state.get("perf"), implementation), chip=req.chip)
 
 
@@ -154,8 +160,8 @@ def model_environment(source: ModelSource, build: bool) -> tuple[str | None, str
     """The interpreter the meta build runs with: the source's own, else the model's layered environment as a
     port resolves it (built once when ``build``; minutes the first time; remembered under the npuport home
     for this model's code, so the next projection skips resolving it), else npuport's own; and a note."""
-    if source.python:
-        return source.python, "the port's environment"
+    if source.python or source.env_known:
+        return source.python, "the port's environment" if source.python else "npuport's own environment, as the port's"
     digest = model_digest(source.model_dir)
     if (known := _remembered_env(digest)) is not None:
         return known, "the model's layered environment"

@@ -5,7 +5,9 @@ is how bench/projection.py checks each figure with a fit that never saw it)."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import hashlib
 import math
 from pathlib import Path
 from typing import Any
@@ -104,8 +106,31 @@ def reserve_gib(figures: list[MemoryFigure], path: Path = DATA) -> float | None:
 
 
 def calibrated(exclude: frozenset[str] = frozenset(), path: Path = DATA) -> Efficiency:
-    """The efficiency fitted on every published figure but ``exclude``."""
-    return _calibrated(exclude, path)
+    """The efficiency fitted on every published figure but ``exclude``. The fit over all of them (what every
+    projection uses) is remembered under the npuport home, keyed by the figures and the code that fits them."""
+    if exclude:
+        return _calibrated(exclude, path)
+    memo = _fit_memo(path)
+    try:
+        return Efficiency.model_validate_json(memo.read_text())
+    except (OSError, ValueError):
+        pass
+    eff = _calibrated(exclude, path)
+    with contextlib.suppress(OSError):  # a read-only home: the fit is made again next time
+        memo.write_text(eff.model_dump_json())
+    return eff
+
+
+def _fit_memo(path: Path) -> Path:
+    """Where the fit over every figure is remembered: its key is the figures' file, the chip records and the
+    projection's own code (any change to them fits again)."""
+    from knowledge.home import cache_dir
+    from sandbox.targets import chips
+
+    h = hashlib.sha256(path.read_bytes())
+    for source in sorted(Path(__file__).parent.glob("*.py")) + [Path(chips.__file__)]:
+        h.update(source.read_bytes())
+    return cache_dir("projection") / f"efficiency-{h.hexdigest()[:24]}.json"
 
 
 @functools.cache
