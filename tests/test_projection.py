@@ -340,3 +340,17 @@ def test_leave_one_out_never_fits_on_the_figure_it_checks() -> None:
     first = load_published().figures[0]
     assert first.id not in calibrated(frozenset({first.id})).fitted_on
     assert first.id in calibrated().fitted_on
+
+
+def test_host_costs_count_the_models_step_not_the_generate_loop() -> None:
+    from agents.projection.model_source import host_costs
+
+    perf = {"port": {"steps": [{"syncs": 3, "gap": {"syncs": 1}},  # the prefill
+                               *[{"syncs": 2, "fallbacks": 1, "gap": {"syncs": 1}} for _ in range(5)]]}}
+    own = host_costs(perf, "transformers-backend")
+    assert (own.syncs_per_step, own.fallbacks_per_step, own.applies) == (2, 1, True)
+    native = host_costs(perf, "vllm-native")
+    assert not native.applies and "do not apply" in native.source
+    inventory = host_costs(None, None, {"host_syncs": {"total": 16}, "fallbacks": {"aten::nonzero": {"count": 8}}}, 8)
+    assert (inventory.syncs_per_step, inventory.fallbacks_per_step) == (2, 1) and "op inventory" in inventory.source
+    assert host_costs(None, None).syncs_per_step == 0

@@ -52,21 +52,39 @@ def _config(model_dir: Path, manifest: Mapping[str, Any]) -> dict[str, Any]:
     return data if isinstance(data, dict) else {}
 
 
-def host_costs(perf: Mapping[str, Any] | None, implementation: str | None) -> HostCosts:
-    """Host syncs and CPU fallbacks per decode step from a port's decode profile (report.json ``perf``: its
-    rows after the first step, the prefill), and whether the serving runs the code that has them."""
-    rows = list((perf or {}).get("rows") or [])[1:]
-    if not rows:
-        return HostCosts(source="no decode profile: no host syncs or CPU fallbacks counted")
-    syncs = statistics.median(float(r.get("syncs") or 0) for r in rows)
-    fallbacks = statistics.median(float(r.get("fallbacks") or 0) for r in rows)
+def host_costs(perf: Mapping[str, Any] | None, implementation: str | None,
+               op_stats: Mapping[str, Any] | None = None, steps: int = 0) -> HostCosts:
+    """Host syncs and CPU fallbacks per decode step of the model's own forward, and whether the serving runs
+    that code. From the port's decode profile (report.json ``perf``: each step after the first, the prefill;
+    only what happens inside the step: the generate loop around it is Transformers', which vLLM never runs);
+    without one, from the op inventory of the port's last run (its totals over ``steps`` generated tokens)."""
     applies = implementation is None or implementation in OWN_CODE_IMPLEMENTATIONS
     served = (f"vLLM served it with {implementation}" if implementation else "not served here: assumed to run the "
               "model's own code (vLLM's Transformers backend)")
+    tail = "" if applies else ", which does not run the model's own code: they do not apply"
+    decode = list(((perf or {}).get("port") or {}).get("steps") or [])[1:]
+    if decode:
+        syncs = statistics.median(float(s.get("syncs") or 0) for s in decode)
+        fallbacks = statistics.median(float(s.get("fallbacks") or 0) for s in decode)
+        where = f"decode profile of the port (median of {len(decode)} steps, inside the step)"
+    elif op_stats and steps:
+        total = (op_stats.get("host_syncs") or {}).get("total") or 0
+        falls = sum(int(v.get("count") or 0) for v in (op_stats.get("fallbacks") or {}).values() if isinstance(v, dict))
+        syncs, fallbacks = float(total) / steps, float(falls) / steps
+        where = f"op inventory of the port's last run (its totals over {steps} generated tokens)"
+    else:
+        return HostCosts(source="no decode profile or op inventory: no host syncs or CPU fallbacks counted")
     return HostCosts(syncs_per_step=syncs, fallbacks_per_step=fallbacks, applies=applies,
-                     source=f"decode profile of the port: {syncs:g} host sync(s), {fallbacks:g} CPU fallback(s) per "
-                            f"step (median of {len(rows)} steps); {served}"
-                            + ("" if applies else ", which does not run the model's own code: they do not apply"))
+                     source=f"{where}: {syncs:g} host sync(s), {fallbacks:g} CPU fallback(s) per step; {served}{tail}")
+
+
+def _last_op_stats(runs: Any) -> tuple[dict[str, Any] | None, int]:
+    """The op inventory of the last successful port run and how many tokens it generated."""
+    for run in reversed(list(runs or [])):
+        if isinstance(run, dict) and run.get("purpose") == "port" and run.get("ok") and run.get("op_stats"):
+            tokens = run.get("tokens") or []
+            return dict(run["op_stats"]), max((len(r) for r in tokens if isinstance(r, list)), default=0)
+    return None, 0
 
 
 def from_bundle(bundle: Path) -> ModelSource:
@@ -85,7 +103,8 @@ def from_bundle(bundle: Path) -> ModelSource:
                        manifest=manifest, config=_config(model_dir, manifest),
                        python=python if python and Path(python).exists() else None,
                        env_known=bool(environment.get("resolution")) and not python,
-                       host=host_costs(report.get("perf"), implementation), chip=req.chip)
+                       host=host_costs(report.get("perf"), implementation, *_last_op_stats(report.get("runs"))),
+                       chip=req.chip)
 
 
 def from_folder(folder: Path) -> ModelSource:
@@ -115,7 +134,8 @@ def from_state(state: Mapping[str, Any], model_dir: Path | None = None,
     return ModelSource(name=Path(str(req.model_path or folder)).name, model_dir=folder, manifest=manifest,
                        config=config, python=python if python and Path(python).exists() else None,
                        env_known=bool(environment.get("resolution")) and not python,
-                       host=host_costs(state.get("perf"), implementation), chip=req.chip)
+                       host=host_costs(state.get("perf"), implementation, *_last_op_stats(state.get("runs"))),
+                       chip=req.chip)
 
 
 def model_digest(model_dir: Path) -> str:

@@ -78,6 +78,8 @@ def report_projection(state: Mapping[str, Any], model_dir: Path | None = None, i
         projection, cost = project_source(source, build_env=False, cost=cost)
     except NpuportError as exc:
         return {"error": first_line(exc)}
+    except Exception as exc:  # the report is written whatever the projection does; the section says why
+        return {"error": f"the projection failed: {type(exc).__name__}: {first_line(exc)}"}
     from agents.projection.render import markdown
 
     return {**projection.as_json(), "input_len": projection.input_len, "output_len": projection.output_len,
