@@ -95,7 +95,7 @@ def test_throughput_latency_and_memory_of_a_toy_model() -> None:
 def test_weights_that_do_not_fit_say_so_with_the_cards_that_would() -> None:
     cost = dense_cost(params=20_000_000_000)  # 40 GB against 16 GiB cards
     p = project(cost, HW, BARE, Deployment(), Workload(concurrency=[1], input_len=10, output_len=10))
-    assert not p.memory.fits and p.rows[0].bound == "memory (weights)"
+    assert not p.memory.fits and p.rows[0].bound == "memory (weights)" and p.rows[0].output_tok_s == 0
     assert p.memory.cards_needed == 4
     assert memory_of(cost, HW, BARE, Deployment(cards=4), Workload()).fits
 

@@ -246,8 +246,8 @@ def row_at(cost: ModelCost, hw: Hardware, eff: Efficiency, dep: Deployment, wl: 
     bound = bound_of(first) if ttft > (out - 1) * tpot else bound_of(parts)
     if memory.fits and running < concurrency:
         bound = "memory (KV cache)"
-    if not memory.fits:
-        bound = "memory (weights)"
+    if not memory.fits:  # it does not run: the step times are what the arithmetic would give, no throughput
+        bound, tok_s = "memory (weights)", 0.0
     return Row(concurrency=concurrency, running=running, output_tok_s=tok_s,
                output_tok_s_per_card=tok_s / (max(dep.cards, 1) * dep.replicas), ttft_ms=ttft, tpot_ms=tpot,
                bound=bound, parts_ms={k: round(v, 3) for k, v in parts.items()})
