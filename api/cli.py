@@ -48,6 +48,7 @@ from api.cli_options import (
     one_of,
 )
 from api.cli_port import EXIT_INTERRUPTED, EXIT_MEANINGS, run_port_cli
+from api.cli_project import project
 from api.cli_scan import ops, scan
 from sandbox.targets import DEFAULT_CHIP, DEFAULT_TARGET, DEFAULT_TORCH_NPU, EMULATED_TARGET
 
@@ -237,6 +238,7 @@ def demo(
 
 app.command()(scan)
 app.command()(ops)
+app.command()(project)
 app.add_typer(kb_app, name="kb")
 
 

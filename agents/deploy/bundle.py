@@ -42,7 +42,9 @@ def serve_plan(state: dict[str, Any], model_dir: Path | None, search: serve.Sear
     serving = (state.get("tuning") or {}).get("serving") or {}  # from the real-NPU loop, when it ran
     settings = vllm.plan_serve(facts, chip=req.chip, tuned=serving.get("best"),
                                measured=serving.get("measured_on"), docs=docs, engine=engine)
-    return settings, docs
+    from agents.deploy.chip_sizing import size_for_chip  # sized for the chip by the projection (issue 44)
+
+    return size_for_chip(settings, state, model_dir), docs
 
 
 def serve_settings(state: dict[str, Any], model_dir: Path | None) -> list[vllm.ServeSetting]:

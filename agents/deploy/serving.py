@@ -263,7 +263,8 @@ def exercise(state: dict[str, Any], bundle: Path, run_root: Path, *, requests: i
     def serve_on(servable_info: dict[str, Any], servable_dir: Path, retry: bool = False) -> dict[str, Any] | None:
         """Start serve.sh on one servable folder and check its tokens; the client's result, or None with
         the failure in the record (``retry``: the backend after a vLLM class failed the model)."""
-        extra = [] if on_npu else [*HOST_ARGS]
+        # serve.sh's tensor-parallel size is sized for the chip's cards (agents/deploy/chip_sizing.py): one device here
+        extra = [] if on_npu else [*HOST_ARGS, "--tensor-parallel-size", "1"]
         if not servable_info.get("tokenizer"):
             extra.append("--skip-tokenizer-init")  # prompts go in as token ids
         if servable_info["implementation"] == "transformers-backend":

@@ -190,6 +190,8 @@ def render_serve_sh(settings: list[ServeSetting], served_name: str, model_src: s
     ]
     for x in flags:
         lines.append(f"# --{x.name}: {x.reason} [{x.citation}; {x.source}; {x.measured}]")
+    lines += [f"# {x.name}: {x.value}: {x.reason} [{x.citation}; {x.source}; {x.measured}]"
+              for x in settings if x.kind == "decision"]  # a choice with no flag of its own (graph mode)
     for k, v in extra.items():
         x = next(s for s in settings if s.name == k)
         lines.append(f"# additional_config.{k}={json.dumps(v)}: {x.reason} [{x.citation}; {x.source}; {x.measured}]")

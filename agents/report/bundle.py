@@ -150,6 +150,11 @@ def write_bundle(state: dict[str, Any], out_dir: Path, status: str, reason: str)
             files.update(write_deploy_bundle(state, out_dir))
             if files.get("deployment_json"):  # the exercised deployment (agents/deploy/serving.py)
                 report["deployment"] = json.loads(Path(files["deployment_json"]).read_text())
+    from agents.projection.projector import report_projection  # "Projected on <chip>" (issue 44)
+
+    report["projection"] = report_projection(state, out_dir / "patched" if (out_dir / "patched").is_dir() else None,
+                                             (report.get("deployment") or {}).get("implementation"),
+                                             meta=status == "validated")
     llm_dir = Path(state["workdir"]) / "llm" if state.get("workdir") else None
     if llm_dir is not None and llm_dir.is_dir():  # every prompt and response of the LLM agents, scrubbed
         if (out_dir / "llm").exists():

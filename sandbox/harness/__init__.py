@@ -5,7 +5,8 @@ from a config that ``shrink`` derives and ``shrink_fit`` fits to the constructor
 feeds it the inputs of ``sandbox.inputs`` and runs it). Around the model: the device redirect
 (``sandbox.cuda_redirect``), ``hub_offline`` (sub-models named
 by Hub id, built offline), ``init_shapes`` (a weight init that reshapes a parameter undone), ``profile``
-and ``profile_counters`` (the decode profile).
+and ``profile_counters`` (the decode profile); ``meta_inventory`` (a child of its own: the full-size model built
+on the meta device and its modules' types and shapes read back, for agents/projection).
 
 May import: ``sandbox.inputs``, ``sandbox.isolation``, ``sandbox.targets``, ``sandbox.ascend_sim``,
 ``sandbox.cuda_redirect``, ``knowledge``. Not ``sandbox.bench`` or ``sandbox.serving`` (they sit above it).
