@@ -153,6 +153,10 @@ def test_a_config_hint_loses_to_code_that_imports_a_later_module(monkeypatch: py
     note = next(n for n in res.notes if "The code wins" in n)
     assert "config.json's transformers 4.33.0" in note and "4.33.3 lacks transformers.cache_utils.DynamicCache" in note
     assert "modeling_cache_lm.py:8" in note
+    from agents.environment.release_choice import choice_text  # the report's environment line says it too
+
+    shown = choice_text(res.as_dict()) or ""
+    assert shown.startswith("transformers 4.36.2 chosen by what the code reads") and "4.33.3 lacks" in shown
 
 
 def test_the_choice_finds_the_nearest_line_that_has_every_read(local_index: Path, tmp_path: Path) -> None:

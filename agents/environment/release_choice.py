@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from agents.environment.api_needs import Need
 from agents.environment.api_release import Line, ReleaseAPI
@@ -264,3 +265,17 @@ def era_for_code(model_dir: Path, era: str | None, last: str, host_tf: str, floo
     note = (f"the code's own reads of transformers decide its release over {told}: {why}. The code wins: "
             f"{choice.chosen} is the nearest release that provides all {choice.needs} of them.")
     return chosen, choice, note
+
+
+def choice_text(resolution: dict[str, Any]) -> str | None:
+    """One sentence for the report: the release the code's reads chose when it is not config.json's, the
+    releases examined and why each was rejected (by the index, or by a run); None when the hint's stood."""
+    choice = resolution.get("release_choice") or {}
+    rejected = resolution.get("release_rejected") or {}
+    if not choice.get("chosen") or (choice["chosen"] == choice.get("hint") and not rejected):
+        return None
+    tried = [Verdict(t["release"], t["lacks"], t.get("why", "")) for t in choice.get("tried") or []]
+    why = [v.shown() for v in tried if v.lacks or v.why] + [f"{line} failed at run time ({e})" for line, e in
+                                                           rejected.items()]
+    return (f"transformers {choice['chosen']} chosen by what the code reads (config.json's release: "
+            f"{choice.get('hint')}); rejected: {'; '.join(why)}")
