@@ -137,6 +137,8 @@ def test_the_api_index_of_real_releases(monkeypatch: pytest.MonkeyPatch) -> None
         assert api.provides("transformers.models.llama.modeling_llama.LlamaRMSNorm")  # read when asked
         assert api.provides("logging.Logger.warning_once")
         assert not api.provides("transformers.no_such_name")
+        # a processor sets its attributes by computed names (setattr(self, name, ...)): any member read is there
+        assert api.provides("transformers.processing_utils.ProcessorMixin.tokenizer")
 
 
 @needs_tf5
@@ -291,3 +293,22 @@ def test_a_guessed_package_the_index_lacks_is_left_out_with_a_note(local_index: 
     note = next(n for n in res.notes if "left out" in n)
     assert "npuport-not-on-any-index" in note and "import npuport_not_on_any_index" in note, note
     assert "left out" in res.dropped["npuport-not-on-any-index"]
+
+
+@needs_tf5
+def test_a_hint_past_the_last_line_that_gives_generate_keeps_its_line(local_index: Path, tmp_path: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """config.json names 4.52 (past 4.49, the last line whose PreTrainedModel gives generate) and its release
+    has every read: the era stays 4.52, never pulled down to 4.49."""
+    from agents.environment.resolve import resolve
+
+    for version in ("4.49.0", "4.52.0"):
+        _release(local_index, version, {"modeling_utils.py": "class PreTrainedModel: ...\n"})
+    monkeypatch.setenv("NPUPORT_TRANSFORMERS_RELEASES", "4.49.0,4.52.0")
+    model = tmp_path / "m"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps({"transformers_version": "4.52.4"}))
+    (model / "modeling_m.py").write_text("from transformers.modeling_utils import PreTrainedModel\n")
+    res = resolve(model, "cpu", None)
+    assert res.era == "transformers~=4.52.0"
+    assert res.release_choice and res.release_choice["chosen"] == "4.52.0"

@@ -10,7 +10,8 @@ through an index built once from its wheel and kept as JSON beside the wheel cac
 - for each module read: its top-level names and where each comes from (defined there, or imported: the
   origin's dotted path), its star imports, the names a lazy package lists in its import structure
   (``_import_structure = {"cache_utils": ["Cache", ...]}``), and every class's bases (resolved to dotted
-  paths) and members (methods, class attributes, ``self.x = ...`` in its methods);
+  paths) and members (methods, class attributes, ``self.x = ...`` in its methods; ``*`` when it sets
+  attributes by computed names or defines ``__getattr__``: then any member is taken as there);
 - ``__all__`` of every module (read from the text: cheap), which star imports expand to;
 - attributes the release sets on classes outside it when imported (``logging.Logger.warning_once = ...``).
 
@@ -31,8 +32,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-SCHEMA = 2
+SCHEMA = 3
 ROOT = "transformers"
+# A class whose members are not all in its source (it sets attributes by computed names, or defines
+# __getattr__): any member read of it is taken as there.
+OPEN = "*"
 _ALL = re.compile(rb"^__all__\s*=\s*([\[(].*?[\])])\s*$", re.M | re.S)
 _IDENT = re.compile(r"^[A-Za-z_][\w.]*$")
 
@@ -162,7 +166,19 @@ def _class_record(node: ast.ClassDef, module: str, api: ModuleAPI) -> dict[str, 
         for t in targets:
             if isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name) and t.value.id in ("self", "cls"):
                 members.add(t.attr)
+        if _sets_by_name(sub):
+            members.add(OPEN)
+    if members & {"__getattr__", "__getattribute__"}:
+        members.add(OPEN)
     return {"bases": bases, "members": sorted(members)}
+
+
+def _sets_by_name(node: ast.AST) -> bool:
+    """``setattr(self, name, value)`` with a name computed at run time (a processor's ``attributes`` list): the
+    class's members cannot all be read from its source."""
+    return isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "setattr" \
+        and len(node.args) >= 2 and isinstance(node.args[0], ast.Name) and node.args[0].id in ("self", "cls") \
+        and not isinstance(node.args[1], ast.Constant)
 
 
 def parse_module(module: str, is_package: bool, source: bytes) -> ModuleAPI:

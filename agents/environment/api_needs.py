@@ -20,6 +20,7 @@ AttributeError (or any Exception), and an ``if`` that tests ``hasattr``/``getatt
 from __future__ import annotations
 
 import ast
+import functools
 import logging
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -48,6 +49,7 @@ class Need:
         return f"{self.paths[0]} ({self.where})"
 
 
+@functools.lru_cache(maxsize=1)
 def _given() -> frozenset[str]:
     """Members the model's classes have without transformers: torch's Module (and object's), Logger's own."""
     names = set(dir(object)) | {n for n in dir(logging.Logger) if not n.startswith("__")}

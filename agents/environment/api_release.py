@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from agents.environment.api_index import (
+    OPEN,
     ROOT,
     SCHEMA,
     SourceTree,
@@ -125,9 +126,10 @@ class ReleaseAPI:
         module, rest = ".".join(parts[:cut]), parts[cut:]
         if not rest:
             return True
-        origin = self.names_of(module).get(rest[0])
+        names = self.names_of(module)
+        origin = names.get(rest[0])
         if origin is None:
-            return False
+            return names.get("__getattr__") == f"{self.doc['aliases'].get(module, module)}.__getattr__"  # PEP 562
         if len(rest) == 1 or not origin.startswith(f"{ROOT}."):
             return True
         real = self.doc["aliases"].get(module, module)
@@ -157,7 +159,7 @@ class ReleaseAPI:
         if found is None or found[0] in seen:
             return False
         seen.add(found[0])
-        if attr in found[1]["members"]:
+        if attr in found[1]["members"] or OPEN in found[1]["members"]:
             return True
         return any(self._member(base, attr, seen) for base in found[1]["bases"] if base.startswith(f"{ROOT}."))
 

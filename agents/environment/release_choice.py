@@ -244,7 +244,10 @@ def era_for_code(model_dir: Path, era: str | None, last: str, host_tf: str, floo
         return era, None, None
     floor_line = line_of(floor) if floor else None
     last_line = requirement_line(last)
-    ceiling = (last_line[0], last_line[1] + 1) if era and last_line and hint[0] < host_line[0] else None
+    # an era of an older major release stays in it, and below ``last`` unless its hint is past that already
+    ceiling = None
+    if era and hint[0] < host_line[0]:
+        ceiling = (last_line[0], last_line[1] + 1) if last_line and hint <= last_line else (hint[0] + 1, 0)
     runs = runs or RunRejections()
     choice = choose_for_code(model_dir, hint, floor_line or (hint[0], 0), ceiling, log, runs.rejected, runs.extra)
     if choice is None:
@@ -261,7 +264,7 @@ def era_for_code(model_dir: Path, era: str | None, last: str, host_tf: str, floo
     chosen = None if choice.chosen_line == host_line else f"transformers~={choice.chosen_line[0]}.{choice.chosen_line[1]}.0"
     told = (f"config.json's transformers {saved} (a hint; its era: {era})" if saved and era else
             f"the era {era}" if era else f"the host's transformers {host_tf}")
-    why = "; ".join(v.shown() for v in choice.rejected())
+    why = "; ".join(v.shown() for v in choice.rejected()) or f"{choice.hint} is the nearest candidate to the hint"
     note = (f"the code's own reads of transformers decide its release over {told}: {why}. The code wins: "
             f"{choice.chosen} is the nearest release that provides all {choice.needs} of them.")
     return chosen, choice, note
