@@ -204,6 +204,17 @@ def test_the_choice_finds_the_nearest_line_that_has_every_read(local_index: Path
     assert [v.release for v in choice.tried] == ["4.23.0", "4.30.0", "4.24.0", "4.25.0", "4.27.0", "4.26.0"]
     assert "logging.Logger.warning_once (modeling_m.py:10)" in choice.tried[-1].lacks[0]
     assert any("_extract_past" in lack for lack in choice.tried[1].lacks)  # the newest removed the helper
+    # a helper only the hint's release and the newest were asked about, and nothing else missing: it waits for a
+    # run that fails on it (a member set at run time, a path never run); once a run has, older lines are searched
+    (model / "modeling_m.py").write_text("from transformers.modeling_utils import PreTrainedModel\n\n\n"
+                                         "class M(PreTrainedModel):\n    def f(self, x):\n"
+                                         "        return self._extract_past(x)\n")
+    lazy = choose_release(code_needs(model), (4, 28), lines, release_api)
+    assert lazy.chosen == "4.28.0" and [v.release for v in lazy.tried] == ["4.28.0", "4.30.0"]
+    assert lazy.ignored == ["transformers.modeling_utils.PreTrainedModel._extract_past (modeling_m.py:6)"]
+    failed = choose_release(code_needs(model), (4, 28), lines, release_api,
+                            rejected={(4, 28): "AttributeError: 'M' object has no attribute '_extract_past'"})
+    assert failed.chosen == "4.27.0"
     # what the questions read stays in the index, next to the wheel (never imported, never installed)
     assert (Path(str(release_api("4.27.0").path)).parent / "4.27.0.json").is_file()  # type: ignore[union-attr]
 

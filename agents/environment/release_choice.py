@@ -9,7 +9,9 @@ lie: reads the newest line has came later (search upward), reads it lacks were r
 Upward or downward, lines are tried at growing steps (1, 2, 4, ...) until one has them, then halved back to
 the nearest that has (names come and stay, or stay and go); that line must then have every read, else the
 next lines beyond it are tried, up to ``WALK`` more. A read no line provides at all (the hint, the newest and
-the oldest all lack it: set at run time, or the model's own) does not decide the release and is listed."""
+the oldest all lack it: set at run time, or the model's own) does not decide the release and is listed; nor
+does a member (an inherited call, a super() call) that only the hint's release and the newest were asked
+about, when nothing else is missing: it waits for a run that fails on it (release_retry.py)."""
 
 from __future__ import annotations
 
@@ -22,6 +24,7 @@ from agents.environment.api_needs import Need
 from agents.environment.api_release import Line, ReleaseAPI
 
 WALK = 6
+_MEMBER_READS = ("inherited call", "super()")
 
 
 @dataclass
@@ -136,6 +139,11 @@ def choose_release(needs: list[Need], hint: Line, lines: dict[Line, str],
     top = search.lacks(search.order[-1], missing)
     up = [n for n in missing if top is not None and n not in top]  # came after the hint: the newest has them
     down = [n for n in missing if n not in up]  # the newest lacks them too: removed since, look below
+    if down and not up and not rejected and all(n.how in _MEMBER_READS for n in down):
+        # members neither the hint's release nor the newest has (set at run time, or a path never run): nothing
+        # says an older release has them, so they wait for a run that fails on one (release_retry.py)
+        choice.chosen, choice.tried, choice.ignored = lines[hint], search.tried, [n.shown for n in down]
+        return choice
     at = search.order.index(hint)
     primary = (1, up) if up else (-1, down) if down else (1, [])
     line = _nearest(search, at, [primary, (-primary[0], missing)])
@@ -258,8 +266,10 @@ def era_for_code(model_dir: Path, era: str | None, last: str, host_tf: str, floo
                              f"the code reads ({'; '.join(v.shown() for v in choice.rejected()[:3])}): "
                              f"{era or kept} is kept.")
     if choice.chosen_line == hint and not runs.rejected:
-        note = (f"{len(choice.ignored)} read(s) of transformers no release provides do not decide the release: "
-                + ", ".join(choice.ignored[:3])) if choice.ignored else None
+        note = (f"{len(choice.ignored)} read(s) of transformers that neither {choice.hint} nor the newest release "
+                "examined provides do not decide the release (a member set at run time, or a path that never runs; "
+                "a run that fails on one tries the next candidate): " + ", ".join(choice.ignored[:3])
+                ) if choice.ignored else None
         return era, choice, note
     chosen = None if choice.chosen_line == host_line else f"transformers~={choice.chosen_line[0]}.{choice.chosen_line[1]}.0"
     told = (f"config.json's transformers {saved} (a hint; its era: {era})" if saved and era else
