@@ -288,22 +288,28 @@ def test_a_run_failing_on_a_name_its_release_lacks_moves_to_the_next_candidate(l
 @pytest.mark.slow
 def test_a_guessed_package_the_index_lacks_is_left_out_with_a_note(local_index: Path, tmp_path: Path) -> None:
     """The code imports a module no distribution on the index is named after (its folder's own package,
-    which the release does not ship) and one that exists: the env is built with the one, the other is a note."""
+    which the release does not ship) and one that exists, and pins a package it imports only in a function,
+    which the index lacks: the env is built with the one that exists, the others are notes."""
     from agents.environment.layered import ensure_env
     from agents.environment.resolve import resolve
 
     _wheel(local_index, "npuport-extra-b", "1.0", {"npuport_extra_b/__init__.py": "B = 2\n"})
     model = tmp_path / "m"
     model.mkdir()
-    (model / "modeling_m.py").write_text("import npuport_extra_b\nimport npuport_not_on_any_index\n")
+    (model / "modeling_m.py").write_text("import npuport_extra_b\nimport npuport_not_on_any_index\n\n\n"
+                                         "def stream():\n    import npuport_streaming\n")
+    # a pin the code imports only in a function (a streaming helper) may go too; one nothing imports may not
+    (model / "requirements.txt").write_text("npuport-streaming==0.1\n")
     res = resolve(model, "cpu", None)
-    assert sorted(res.install) == ["npuport-extra-b", "npuport-not-on-any-index"]
+    assert sorted(res.install) == ["npuport-extra-b", "npuport-not-on-any-index", "npuport-streaming==0.1"]
     python = ensure_env(res)
     assert python is not None
     assert list(python.parent.parent.glob("lib/python*/site-packages/npuport_extra_b"))
-    note = next(n for n in res.notes if "left out" in n)
+    note = next(n for n in res.notes if n.startswith("npuport-not-on-any-index is left out"))
     assert "npuport-not-on-any-index" in note and "import npuport_not_on_any_index" in note, note
     assert "left out" in res.dropped["npuport-not-on-any-index"]
+    streaming = next(n for n in res.notes if n.startswith("npuport-streaming==0.1 is left out"))
+    assert "imported only on a path of the code (modeling_m.py:6" in streaming, streaming
 
 
 @needs_tf5

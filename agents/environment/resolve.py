@@ -291,17 +291,24 @@ def _imported_dependencies(model_dir: Path, pins: dict[str, str], dropped: dict[
 
 def _spare_pins(model_dir: Path, install: list[str], found: list[Pin]) -> dict[str, str]:
     """{requirement: why} for the model's pins that may be left out when the index cannot install them: the
-    code imports none of their modules unguarded at module level (a package only a function or nothing of the
-    code imports: tensorboard in a requirements file, a streaming helper one method imports)."""
+    code imports them only in a function's body or under a guard, never unguarded at module level (a streaming
+    helper one method imports). A pin nothing imports stays required: the user asked for it."""
     from packaging.utils import canonicalize_name
 
-    imported = {str(canonicalize_name(IMPORT_TO_DIST.get(m, m))) for m in unconditional_imports(model_dir)}
+    def dist(module: str) -> str:
+        return str(canonicalize_name(IMPORT_TO_DIST.get(module, module)))
+
+    files = model_py_files(model_dir)
+    module_level = {dist(m) for m in unconditional_imports(model_dir)}
+    on_a_path = {dist(m): where for m, (where, _) in function_imports(model_dir, files).items()}
+    on_a_path.update({dist(m): where for m, where in guarded_imports(model_dir, files).items()})
     where = {p.name: p.source for p in found}
     spare = {}
     for requirement in install:
         name = str(canonicalize_name(Requirement(requirement).name))
-        if name in where and name not in imported and name != "transformers":
-            spare[requirement] = f"pinned ({where[name]}) but imported by no module of the code at module level"
+        if name in where and name in on_a_path and name not in module_level:
+            spare[requirement] = (f"pinned ({where[name]}) and imported only on a path of the code "
+                                  f"({on_a_path[name]}: in a function or under a guard)")
     return spare
 
 
