@@ -200,7 +200,7 @@ def ensure_env(resolution: Resolution, cache_root: Path | None = None, timeout_s
     own = json.loads((python.parent.parent / MARKER).read_text()) if (python.parent.parent / MARKER).is_file() else {}
     for req, why in (own.get("left_out") or {}).items():
         resolution.notes.append(f"{req} is left out of the environment: the package index cannot install it ({why}); "
-                                f"it is {resolution.spare.get(req, 'not one the code imports at module level')}, so "
+                                f"it is {resolution.spare.get(req, 'not one the code needs to load')}, so "
                                 "the port goes on without it (a run that needs it fails on its import).")
         resolution.dropped[str(Requirement(req).name)] = f"left out: the package index cannot install it ({why})"
     return python
@@ -299,7 +299,7 @@ def _install_without(env_dir: Path, install: list[str], spare: list[str], constr
                      pip: Callable[..., subprocess.CompletedProcess[str]]
                      ) -> tuple[subprocess.CompletedProcess[str], dict[str, str]]:
     """The installs failed together: what the code needs, then each spare one on its own (a guessed name the
-    index does not have, a pin no module imports at module level); {requirement: pip's last line} for those
+    index does not have, a pin the code imports only on a path); {requirement: pip's last line} for those
     left out. The first result is that of the needed ones (a failure there fails the env as before)."""
     needed = [r for r in install if r not in spare]
     done = pip(env_python(env_dir), needed, constraints, timeout_s) if needed else \
