@@ -45,9 +45,14 @@ class Settings(BaseSettings):
     home: Path | None = None
     """The npuport home: op-support matrices, caches, the Chroma store, checkpoints, workspaces (default ~/.npuport)."""
     wheel_cache: Path | None = None
-    """Where downloaded torch_npu wheels are kept (default <home>/wheels)."""
+    """Where downloaded torch_npu wheels are kept (default <home>/wheels), and the transformers wheels whose API
+    indexes choose a model's release (with the indexes, transformers-api/)."""
     env_cache: Path | None = None
     """Where the models' layered environments are built (default <home>/envs)."""
+    transformers_releases: str = ""
+    """The transformers releases a model's environment may choose among, comma-separated (a mirror or an offline
+    site with a few wheels); default: the newest release of each minor line the package index offers, from the
+    oldest installable here to the host's, and the host's own."""
     native_cache: Path | None = None
     """Where ascend-sim's native C++ engine is built (default ~/.cache/npuport/ascend-sim-native)."""
     isolation: str = "auto"

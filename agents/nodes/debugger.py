@@ -29,16 +29,20 @@ def debugger_node(state: dict[str, Any]) -> dict[str, Any]:
     policy = get_policy(request_of(state).policy, context=policy_context(state))
     history = [Diagnosis(**d) for d in state.get("diagnoses") or []]
     last = RunRecord(**(state.get("runs") or [])[-1])
+    retry = None
     numerics = state.get("numerics") or {}
     if last.ok and numerics.get("verdict") == "mismatch":
         diag = Diagnosis(id=f"diag-{len(history) + 1}", run_id=last.id, signature="numerics-mismatch",
                          kind="numerics-mismatch", summary=f"the port runs but its outputs differ: {numerics.get('detail')}")
     elif last.exception is not None:
+        from agents.environment.release_retry import release_retry
         from agents.fixing.learned import learned_diagnosis
 
+        # a name the run's transformers release lacks: the next candidate release, its environment built
+        retry = release_retry(state, last.id, last.exception, history) if budget_left(state)[0] else None
         # a fix an earlier port learned for this failure (port memory) comes before asking the policy's LLM
-        diag = (learned_diagnosis(state, last.id, last.exception, history)
-                or policy.diagnose(last.id, last.exception, history))
+        diag = retry.diagnosis if retry else (learned_diagnosis(state, last.id, last.exception, history)
+                                              or policy.diagnose(last.id, last.exception, history))
     else:
         diag = Diagnosis(id=f"diag-{len(history) + 1}", run_id=last.id, signature=f"status:{last.status}",
                          kind=last.status, summary=f"the run ended with status {last.status}")
@@ -55,6 +59,8 @@ def debugger_node(state: dict[str, Any]) -> dict[str, Any]:
 
         diag, notes = escalate(state, diag, last.exception, policy.name, llm_diagnose)
     update: dict[str, Any] = {"diagnoses": [diag.model_dump(mode="json")]}
+    if retry is not None:
+        update["environment"] = retry.environment
     # the traceback's line is one of the patched tree: say it as the user's line where it is one
     where = f" ({port_site(f'{diag.file}:{diag.line}', state.get('workdir'), request_of(state).model_path)})" if diag.file else ""
     trace = [step("debugger", n) for n in notes]

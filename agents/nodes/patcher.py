@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from agents.environment.release_retry import RELEASE_FIX
 from agents.fixing.commits import apply_fix, apply_revert
 from agents.fixing.diagnosis import REVERT_FIX
 from agents.models import Diagnosis, Finding
@@ -20,6 +21,10 @@ def patcher_node(state: dict[str, Any]) -> dict[str, Any]:
     policy = get_policy(request_of(state).policy, context=policy_context(state))
     done = len(state.get("patches") or [])
     pending = state.get("pending_diagnosis")
+    if pending and pending.get("fix") == RELEASE_FIX:
+        # the debugger chose another transformers release and built its environment: nothing to commit, run again
+        return {"static_fixes_done": True, "pending_diagnosis": None,
+                "trace": [step("patcher", f"no patch: the next run uses transformers {pending['params']['release']}")]}
     if pending and pending.get("fix") == REVERT_FIX:
         # Undo npuport's own change where the port failed (the debugger found no recipe for the failure).
         patch, notes = apply_revert(ws, Diagnosis(**pending), done + 1)

@@ -37,7 +37,10 @@ def _isolation_text(runs: list[dict[str, Any]]) -> str:
 def _environment_text(env: dict[str, Any]) -> str:
     res = env.get("resolution") or {}
     where = f"layered venv `{env['python']}`" if env.get("python") else "npuport's own interpreter (no layer needed)"
-    return f"{res.get('summary') or 'not resolved'}; ran in {where}"
+    from agents.environment.release_choice import choice_text
+
+    chosen = choice_text(res)  # the release the code's reads chose over config.json's, and why
+    return f"{res.get('summary') or 'not resolved'}; ran in {where}" + (f"; {chosen}" if chosen else "")
 
 
 def _fallback_text(op: str, info: Any) -> str:
