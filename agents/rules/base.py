@@ -37,6 +37,11 @@ class Signature:
     details: Mapping[str, Any] = field(default_factory=dict, compare=False)
 
 
+def at_where(where: str) -> str:
+    """"at file:line", or "outside the model's files" (an error pattern's ``where`` when no frame is the model's)."""
+    return f"at {where}" if ":" in where else "outside the model's files"
+
+
 @dataclass(frozen=True)
 class Fix:
     """A codemod that fixes some of a rule's findings (``rules``, the finding rule ids) before the first

@@ -25,7 +25,7 @@ from typing import Any
 import libcst as cst
 
 from agents.models import Frame, StructuredException
-from agents.rules.base import BLOCKS, HIGH, MEDIUM, ErrorPattern, Fix, HazardRule, Signature
+from agents.rules.base import BLOCKS, HIGH, MEDIUM, ErrorPattern, Fix, HazardRule, Signature, at_where
 from agents.rules.context import ModuleContext
 from agents.rules.kit import CodemodResult, insert_after_imports
 
@@ -216,24 +216,25 @@ def _missing_name(exc: StructuredException, frame: Frame | None, where: str) -> 
     else:
         return None
     key = f"missing-name:{name}@{where}"
-    what = f"`{name}` is not defined" if from_module is None else f"{from_module} has no `{name}`"
+    said = exc.message.strip().splitlines()[0][:200] if exc.message.strip() else f"`{name}` is missing"
     release = str(hints.get("release") or "")
+    last_in_model = bool(exc.frames) and exc.frames[-1].in_model
     statement = choose_provider({**hints, "name": name}, frame.file if frame else None) \
-        if hints.get("name") == name else None
-    if frame is None:
-        return Signature("missing-name", key, f"{what} (raised outside the model's files)", frame,
-                         {"no_fix": "the missing-name class fixes imports in the model's own files; this one is "
-                                    "raised outside them"})
+        if hints.get("name") == name and last_in_model else None
+    if frame is None or not last_in_model:
+        return Signature("missing-name", key, f"{said} (raised outside the model's files)", frame,
+                         {"no_fix": "the missing-name class adds imports to the model's own files; this name is "
+                                    "missing in a library's"})
     if statement is None:
         why = (f"transformers {release} has no `{name}` anywhere: another transformers release may provide it "
                "(the environment's choice of release, not a patch)" if (from_module or "").startswith("transformers")
-               else f"nothing where the model runs provides `{name}` (not typing, not the model's files, not "
-                    f"transformers {release or ''}, not a standard-library module)")
-        return Signature("missing-name", key, f"{what} at {where}", frame, {"no_fix": why})
+               else f"nothing where the model runs provides `{name}` (not a star import of the file, not the "
+                    f"model's files, not typing, not transformers {release}, not a standard-library module)")
+        return Signature("missing-name", key, f"{said} {at_where(where)}", frame, {"no_fix": why})
     params: dict[str, Any] = {"statement": statement, "name": name}
     if from_module is not None and exc.type == "ImportError":
         params["from_module"] = from_module
-    return Signature("missing-name", key, f"{what} at {where}; `{statement}` provides it here", frame,
+    return Signature("missing-name", key, f"{said} {at_where(where)}; `{statement}` provides it here", frame,
                      {"params": params})
 
 

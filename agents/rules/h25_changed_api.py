@@ -21,7 +21,7 @@ from typing import Any
 import libcst as cst
 
 from agents.models import Frame, StructuredException
-from agents.rules.base import ErrorPattern, Fix, HazardRule, Signature
+from agents.rules.base import ErrorPattern, Fix, HazardRule, Signature, at_where
 from agents.rules.kit import CodemodResult, Rewriter, run_codemod
 
 HAZARD = "H25"
@@ -127,9 +127,9 @@ def _attribute(exc: StructuredException, frame: Frame | None, where: str) -> Sig
     cls, attr = m.group(1), m.group(2)
     hints = exc.hints or {}
     key = f"changed-api:{cls}.{attr}@{where}"
-    summary = f"`{cls}` has no attribute `{attr}` at {where}"
+    summary = f"`{cls}` has no attribute `{attr}` {at_where(where)}"
     if cls == "NoneType":
-        return Signature("changed-api", key, f"a None where the code reads `.{attr}` at {where}", frame,
+        return Signature("changed-api", key, f"a None where the code reads `.{attr}` {at_where(where)}", frame,
                          {"no_fix": "the running release passes None where the code expects an object (a value the "
                                     "release it was written for set, e.g. a cache at the first step); the "
                                     "environment of the model's era decides, not a patch"})
@@ -152,7 +152,7 @@ def _keyword(exc: StructuredException, frame: Frame | None, where: str) -> Signa
     callee, keyword = m.group(1), m.group(2)
     hints = exc.hints or {}
     key = f"changed-api:{callee}({keyword}=)@{where}"
-    summary = f"`{callee}()` takes no keyword `{keyword}` (at {where})"
+    summary = f"`{callee}()` takes no keyword `{keyword}` ({at_where(where)})"
     caller_in_model = _in_model(exc)
     callee_file = str(hints.get("callee_file") or "")
     if not caller_in_model and callee_file and _QUALNAME.match(callee) and hints.get("keyword") == keyword:
@@ -184,7 +184,7 @@ def _other(exc: StructuredException, frame: Frame | None, where: str) -> Signatu
     if exc.type not in ("AttributeError", "TypeError") or (frame is None and not _OTHER_TYPE.search(exc.message)):
         return None
     first = exc.message.strip().splitlines()[0][:160] if exc.message.strip() else exc.type
-    return Signature("changed-api", f"changed-api:{exc.type}@{where}", f"{exc.type} at {where}: {first}", frame,
+    return Signature("changed-api", f"changed-api:{exc.type}@{where}", f"{exc.type} {at_where(where)}: {first}", frame,
                      {"no_fix": "a call or value the running release shapes differently from the one the code was "
                                 "written for, with no respelling to make; the environment of the model's era decides"})
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 import re
 
 from agents.models import Frame, StructuredException
-from agents.rules.base import ErrorPattern, HazardRule, Signature
+from agents.rules.base import ErrorPattern, HazardRule, Signature, at_where
 
 HAZARD = "H26"
 INPUTS_FIX = "rebuild-inputs"  # a fix of the run's inputs (the manifest), not of the code
@@ -49,14 +49,14 @@ def _generate_inputs(exc: StructuredException, frame: Frame | None, where: str) 
             return None
         needs = [n for n in re.findall(r"'(\w+)'", m.group(2)) if _IDENT.match(n)]
         return _signature(f"{callee}({','.join(needs)})", f"`{callee}()` needs {', '.join(needs)}, which the made-up "
-                          f"inputs lack (at {where})", frame, needs,
+                          f"inputs lack ({at_where(where)})", frame, needs,
                           f"{callee} requires {', '.join(needs)}: inputs the model's own code builds")
     if exc.type == "ValueError" and (m := _NOT_IN_LIST.match(exc.message.strip())) and frame is not None:
         keys = [k for k in hints.get("config_keys") or [] if isinstance(k, str) and _IDENT.match(k)]
         token = m.group(1)
         named = f" (config {', '.join(keys)})" if keys else ""
         return _signature(f"token-{token}@{where}", f"the model looks for token {token}{named} in a prompt that "
-                          f"has none (at {where})", frame, [],
+                          f"has none ({at_where(where)})", frame, [],
                           f"the prompt must hold token {token}{named}, which the model's own input code inserts",
                           int(token))
     if exc.type == "PreprocessingFailed" and exc.message.startswith(REBUILD_FAILED):
@@ -64,7 +64,7 @@ def _generate_inputs(exc: StructuredException, frame: Frame | None, where: str) 
                          {"no_fix": "the run's inputs were rebuilt with the model's own code and still lack what the "
                                     "generate path needs: " + exc.message.removeprefix(REBUILD_FAILED)[:300]})
     if exc.type == "AssertionError" and frame is not None and on_generate_path(exc):
-        return _signature(f"assert@{where}", f"the model's own input check fails at {where} on the made-up inputs",
+        return _signature(f"assert@{where}", f"the model's own input check fails {at_where(where)} on the made-up inputs",
                           frame, [], "the model's own input check rejects inputs npuport made up")
     return None
 

@@ -12,7 +12,7 @@ What the math allows is rewritten into real arithmetic (``complex-to-real``):
 An FFT path is kept on the NPU when the op matrix of the target's torch_npu lists complex input dtypes for
 the inverse/complex FFT kernels it needs (``_fft_c2r``, ``_fft_c2c``); otherwise the function holding it runs
 as an explained CPU island (``complex-cpu-island``): its tensor arguments go to the CPU and its results come
-back, one host sync per call, and the patch says why. One hazard class, one module (see docs/rules.md)."""
+back, a host sync per tensor argument each call, and the patch says why. One hazard class, one module (see docs/rules.md)."""
 
 from __future__ import annotations
 
@@ -93,8 +93,7 @@ def fft_verdict(fft_names: list[str], target: dict[str, Any] | None = None) -> t
             continue
         ok, why = complex_kernel(matrix, op)
         if not ok:
-            reasons.append(f"torch.fft.{name} needs {op} on a complex input, and {why.removeprefix(op + ' ')}"
-                           if why.startswith(op) else f"torch.fft.{name}: {why}")
+            reasons.append(f"torch.fft.{name} needs {op} on a complex input: {why}")
     if reasons:
         return False, "; ".join(reasons)
     return True, "its FFT kernels take complex inputs on the NPU per the op matrix"
@@ -225,7 +224,7 @@ def _fft_call(ctx: ModuleContext, call: cst.Call, q: str) -> None:
     obstacle = "it is not inside a function" if fn is None else island_obstacle(fn)
     where = f"`{fn.name.value}`" if fn is not None else "it"
     msg = (f"`{q}`: an FFT path the NPU lacks ({why}); {where} runs as a CPU island (inputs to the host and the "
-           "results back, one host sync per call)") if obstacle is None else \
+           "results back: a host sync per tensor argument, each call)") if obstacle is None else \
         (f"`{q}`: an FFT path the NPU lacks ({why}); not made a CPU island because {obstacle}")
     ctx.add(HAZARD, "complex-fft", call, msg, BLOCKS, HIGH, fixable=obstacle is None)
 
@@ -278,7 +277,7 @@ class ComplexToReal(Rewriter):
             self.skip(original, f"the complex op at line {self.line} has no real rewrite and {why}")
             return updated
         self.note(original, f"`{original.name.value}` runs as a CPU island: {self.reason}; its tensor inputs go "
-                            "to the host and its results come back (one host sync per call)")
+                            "to the host and its results come back (a host sync per tensor argument, each call)")
         return island(updated, self.reason)
 
     def leave_Call(self, original: cst.Call, updated: cst.Call) -> cst.BaseExpression:
@@ -341,7 +340,7 @@ class FftIsland(Rewriter):
             self.skip(original, f"an FFT path the NPU lacks ({why}), but {obstacle}")
             return updated
         self.note(original, f"`{original.name.value}` runs as a CPU island: {why}; its tensor inputs go to the host "
-                            "and its results come back (one host sync per call)")
+                            "and its results come back (a host sync per tensor argument, each call)")
         return island(updated, why)
 
 

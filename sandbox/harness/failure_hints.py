@@ -227,7 +227,7 @@ def call_hints(msg: str, model_dir: Path) -> dict[str, Any]:
         fn = _find_callable(m.group(1), model_dir)
         params = _parameters(fn)
         return {"callee": m.group(1), "keyword": m.group(2), "callee_module": getattr(fn, "__module__", ""),
-                "parameters": params[:40],
+                "callee_file": _relative_file(fn, model_dir), "parameters": params[:40],
                 "candidates": difflib.get_close_matches(m.group(2), params, n=3, cutoff=0.75)}
     if m := _MISSING_ARGS.search(msg):
         names = re.findall(r"'(\w+)'", m.group(2))
