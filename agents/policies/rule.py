@@ -21,6 +21,10 @@ def fix_file(path: object) -> str | None:
     return path if all(p and p not in (".", "..") for p in parts) else None
 
 
+def _line(value: object) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+
+
 class RulePolicy:
     name = "rule"
 
@@ -69,7 +73,7 @@ class RulePolicy:
             kind=sig.kind,
             summary=summary,
             file=fix_file(sig.details.get("file")) or (frame.file if frame else None),
-            line=frame.line if frame else None,
+            line=_line(sig.details.get("line")) if fix_file(sig.details.get("file")) else frame.line if frame else None,
             fix=fix,
             params=params,
             citations=citations,

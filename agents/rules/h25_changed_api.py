@@ -160,7 +160,7 @@ def _keyword(exc: StructuredException, frame: Frame | None, where: str) -> Signa
         return Signature("changed-api", key, f"{summary}: the running release passes `{keyword}=` to the model's "
                                              f"own `{callee}`", frame,
                          {"params": {"function": callee, "keyword": keyword}, "fix": "accept-new-keyword",
-                          "file": callee_file})
+                          "file": callee_file, "line": hints.get("callee_line")})
     new = respelling(keyword, hints.get("candidates") or hints.get("parameters")) \
         if hints.get("keyword") == keyword else None
     if new and frame is not None and caller_in_model:

@@ -227,7 +227,7 @@ def call_hints(msg: str, model_dir: Path) -> dict[str, Any]:
         fn = _find_callable(m.group(1), model_dir)
         params = _parameters(fn)
         return {"callee": m.group(1), "keyword": m.group(2), "callee_module": getattr(fn, "__module__", ""),
-                "callee_file": _relative_file(fn, model_dir), "parameters": params[:40],
+                "callee_file": _relative_file(fn, model_dir), "callee_line": _first_line(fn), "parameters": params[:40],
                 "candidates": difflib.get_close_matches(m.group(2), params, n=3, cutoff=0.75)}
     if m := _MISSING_ARGS.search(msg):
         names = re.findall(r"'(\w+)'", m.group(2))
@@ -260,6 +260,13 @@ def _parameters(fn: Any) -> list[str]:
         return [p for p in inspect.signature(fn).parameters if p != "self"]
     except (TypeError, ValueError):
         return []
+
+
+def _first_line(fn: Any) -> int:
+    try:
+        return int(inspect.getsourcelines(fn)[1])
+    except (OSError, TypeError):
+        return 0
 
 
 def _relative_file(fn: Any, model_dir: Path) -> str:
