@@ -313,3 +313,53 @@ def test_a_vlm_whose_generate_needs_token_types_gets_its_own_built_inputs(tmp_pa
     assert port_run["inputs"]["source"] == "model-built"
     assert "build_conversation_input_ids" in port_run["inputs"]["notes"][0]
     assert "inputs fix (not a code patch)" in port_run["inputs"]["notes"][0]
+
+
+# --- the inputs fix and the reference's replay, in process -------------------------------------------------------
+
+def test_the_models_own_builder_gives_the_inputs_the_generate_path_needs(tmp_path: Path) -> None:
+    import torch
+
+    from sandbox.inputs.inputs_base import PreprocessingFailed
+    from sandbox.inputs.own_inputs import input_builders, own_built_inputs
+
+    root = write_token_type_vlm(tmp_path / "vlm")
+    sys.path.insert(0, str(tmp_path))
+    (root / "__init__.py").write_text("")
+    try:
+        modeling = importlib.import_module("vlm.modeling_toy")
+        config = importlib.import_module("vlm.configuration_toy").ToyConfig(**json.loads(
+            (root / "config.json").read_text()))
+        model = modeling.ToyVisionForCausalLM(config)
+        assert [n for n, _ in input_builders(model, ["token_type_ids"])] == ["build_conversation_input_ids"]
+        inputs, kwargs, notes = own_built_inputs(model, root, config.to_dict(), 0, ["token_type_ids"])
+        assert inputs["input_ids"].shape == inputs["token_type_ids"].shape and inputs["input_ids"].dim() == 2
+        assert int(inputs["token_type_ids"][0, :4].sum()) == 4  # the image's tokens, made by the model's code
+        assert isinstance(inputs["images"], list) and isinstance(inputs["images"][0][0], torch.Tensor)
+        assert "ToyVisionForCausalLM.build_conversation_input_ids()" in notes[0]
+        out = model.generate(**inputs, max_new_tokens=2, do_sample=False)
+        assert out.shape[1] == inputs["input_ids"].shape[1] + 2
+        with pytest.raises(PreprocessingFailed, match="no input-building code of the model gives pixel_mask"):
+            own_built_inputs(model, root, config.to_dict(), 0, ["pixel_mask"])
+    finally:
+        sys.path.remove(str(tmp_path))
+        for name in [m for m in sys.modules if m == "vlm" or m.startswith("vlm.")]:
+            del sys.modules[name]
+
+
+def test_the_reference_copy_replays_the_ports_environment_fixes_only(tmp_path: Path) -> None:
+    from agents.validation.reference import adjust_tree, environment_replay
+
+    patches = [{"id": "patch-1", "codemod": "import-missing-name", "files": ["m.py"], "diagnosis_id": "diag-1"},
+               {"id": "patch-2", "codemod": "complex-to-real", "files": ["m.py"], "diagnosis_id": None},
+               {"id": "patch-3", "codemod": "import-missing-name", "files": ["../outside.py"], "diagnosis_id": None}]
+    diagnoses = [{"id": "diag-1", "params": {"statement": "from typing import List", "name": "List"}}]
+    replay = environment_replay(patches, diagnoses)
+    assert [r["codemod"] for r in replay] == ["import-missing-name", "import-missing-name"]
+    root = tmp_path / "original"
+    root.mkdir()
+    (root / "m.py").write_text("def f(x: List[int]):\n    return x\n")
+    (tmp_path / "outside.py").write_text("def g(x: List[int]):\n    return x\n")
+    notes = adjust_tree(root, replay)
+    assert "from typing import List" in (root / "m.py").read_text() and notes
+    assert "from typing" not in (tmp_path / "outside.py").read_text()  # never outside the reference copy

@@ -65,6 +65,9 @@ class RulePolicy:
         unfixed = None if fix else no_fix_reason(sig)
         if unfixed:
             params = {**params, "unfixed": unfixed}  # the give-up reason names the class (debugger node)
+        if isinstance(sig.details.get("transformers_name"), dict):
+            # a transformers name missing here: the environment's retry of another release reads it
+            params = {**params, "transformers_name": dict(sig.details["transformers_name"])}
         think("debugger", "rules", f"{sig.kind}: {summary}; fix: {fix or unfixed or 'none (no recipe covers it)'}")
         return Diagnosis(
             id=f"diag-{len(history) + 1}",

@@ -225,17 +225,20 @@ def _missing_name(exc: StructuredException, frame: Frame | None, where: str) -> 
         return Signature("missing-name", key, f"{said} (raised outside the model's files)", frame,
                          {"no_fix": "the missing-name class adds imports to the model's own files; this name is "
                                     "missing in a library's"})
+    # where the environment's retry of another transformers release looks (it comes first when one provides it)
+    seam = {"transformers_name": {"module": from_module, "name": name, "release": release}} \
+        if (from_module or "").startswith("transformers") else {}
     if statement is None:
         why = (f"transformers {release} has no `{name}` anywhere: another transformers release may provide it "
                "(the environment's choice of release, not a patch)" if (from_module or "").startswith("transformers")
                else f"nothing where the model runs provides `{name}` (not a star import of the file, not the "
                     f"model's files, not typing, not transformers {release}, not a standard-library module)")
-        return Signature("missing-name", key, f"{said} {at_where(where)}", frame, {"no_fix": why})
+        return Signature("missing-name", key, f"{said} {at_where(where)}", frame, {"no_fix": why, **seam})
     params: dict[str, Any] = {"statement": statement, "name": name}
     if from_module is not None and exc.type == "ImportError":
         params["from_module"] = from_module
     return Signature("missing-name", key, f"{said} {at_where(where)}; `{statement}` provides it here", frame,
-                     {"params": params})
+                     {"params": params, **seam})
 
 
 RULE = HazardRule(
