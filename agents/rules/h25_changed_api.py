@@ -15,13 +15,15 @@ object's attributes, the callee's signature), never a model's name:
 
 from __future__ import annotations
 
+import ast
 import re
 from typing import Any
 
 import libcst as cst
 
 from agents.models import Frame, StructuredException
-from agents.rules.base import ErrorPattern, Fix, HazardRule, Signature, at_where
+from agents.rules.base import BLOCKS, MEDIUM, ErrorPattern, Fix, HazardRule, Signature, at_where
+from agents.rules.context import ModuleContext
 from agents.rules.kit import CodemodResult, Rewriter, run_codemod
 
 HAZARD = "H25"
@@ -44,6 +46,52 @@ def respelling(name: str, candidates: Any) -> str | None:
     """The one candidate of the running release that is ``name`` respelled, else None."""
     twins = [c for c in candidates or [] if isinstance(c, str) and _IDENT.match(c) and same_word(name, c)]
     return twins[0] if len(twins) == 1 else None
+
+
+# --- detector: a forward a newer generate calls with keywords it does not take --------------------------
+
+def generative_forwards(source: str) -> list[tuple[str, int]]:
+    """("Class.forward", line) of classes that generate through transformers' own
+    ``prepare_inputs_for_generation`` (GenerationMixin in their lineage in this file, no
+    ``prepare_inputs_for_generation`` of their own there) and whose ``forward`` takes no ``**kwargs``: a newer
+    generate passes keywords (``cache_position``, ``use_cache``, ...) that such a forward does not take."""
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return []
+    classes = {c.name: c for c in ast.walk(tree) if isinstance(c, ast.ClassDef)}
+
+    def lineage(name: str, seen: frozenset[str] = frozenset()) -> list[ast.ClassDef | str]:
+        c = classes.get(name)
+        if c is None or name in seen:
+            return [name]
+        bases = [b.attr if isinstance(b, ast.Attribute) else b.id if isinstance(b, ast.Name) else "" for b in c.bases]
+        return [c, *(x for b in bases for x in lineage(b, seen | {name}))]
+
+    out = []
+    for c in classes.values():
+        line = lineage(c.name)
+        names = {x.name if isinstance(x, ast.ClassDef) else x for x in line}
+        own = {f.name for x in line if isinstance(x, ast.ClassDef) for f in x.body if isinstance(f, ast.FunctionDef)}
+        fwd = next((f for f in c.body if isinstance(f, ast.FunctionDef) and f.name == "forward"), None)
+        if "GenerationMixin" in names and "prepare_inputs_for_generation" not in own and fwd is not None \
+                and fwd.args.kwarg is None:
+            out.append((f"{c.name}.forward", fwd.lineno))
+    return out
+
+
+def _h25_changed_api(ctx: ModuleContext) -> None:
+    if "GenerationMixin" not in ctx.source:
+        return
+    lines = dict(generative_forwards(ctx.source))
+    for fn in ctx.ix.functions:
+        for qual, line in lines.items():
+            if fn.name.value == "forward" and ctx.pos(fn)[0] <= line <= ctx.pos(fn.body)[0]:
+                ctx.add(HAZARD, "forward-without-kwargs", fn,
+                        f"`{qual}` takes no **kwargs and generates through transformers' prepare_inputs_for_generation: "
+                        "a newer generate passes it keywords it does not take (cache_position, use_cache, ...); it "
+                        "takes and ignores them, as with the release it was written for, which never passed them",
+                        BLOCKS, MEDIUM)
 
 
 # --- fixes -------------------------------------------------------------------------------------
@@ -101,17 +149,27 @@ class _AcceptKeyword(Rewriter):
         taken = {p.name.value for p in (*original.params.params, *original.params.kwonly_params,
                                         *original.params.posonly_params)}
         name = "kwargs" if "kwargs" not in taken else "_npuport_kwargs"
-        self.note(original, f"`{'.'.join(self.path)}` takes **{name}: the running release passes "
-                            f"`{self.keyword}=`, which this function does not use (the release it was written for "
-                            "never passed it)")
+        said = (f"the running release passes `{self.keyword}=`" if _IDENT.match(self.keyword) else
+                "a newer generate passes keywords (cache_position, use_cache, ...)")
+        self.note(original, f"`{'.'.join(self.path)}` takes **{name}: {said}, which this function does not use (the "
+                            "release it was written for never passed them)")
         return updated.with_changes(params=updated.params.with_changes(star_kwarg=cst.Param(cst.Name(name))))
 
 
-def accept_new_keyword(source: str, *, function: str, keyword: str, **_: Any) -> CodemodResult:
-    """The model's function ``function`` (``Class.method`` or ``name``) takes keywords it does not use."""
-    if not (_QUALNAME.match(function) and _IDENT.match(keyword)):
+def accept_new_keyword(source: str, *, function: str | None = None, keyword: str | None = None,
+                       **_: Any) -> CodemodResult:
+    """The model's function ``function`` (``Class.method`` or ``name``) takes keywords it does not use. Without
+    parameters (the static plan): every forward ``generative_forwards`` names."""
+    if function is None:
+        result = CodemodResult(source, False)
+        for qual, _line in generative_forwards(source):
+            step = run_codemod(result.source, lambda _m, q=qual: _AcceptKeyword(q, "*"))
+            if step.changed:
+                result = CodemodResult(step.source, True, result.edits + step.edits, result.spans + step.spans)
+        return result
+    if not (_QUALNAME.match(function) and _IDENT.match(keyword or "")):
         return CodemodResult(source, False)
-    return run_codemod(source, lambda _m: _AcceptKeyword(function, keyword))
+    return run_codemod(source, lambda _m: _AcceptKeyword(function, str(keyword)))
 
 
 # --- the run-time errors it explains -------------------------------------------------------------
@@ -196,10 +254,11 @@ def _fix_named(kind: str) -> Any:
 RULE = HazardRule(
     hazard=HAZARD,
     title="attributes and keywords that changed between releases",
+    detect=_h25_changed_api,
     fixes=(Fix("rename-changed-api", rename_changed_api, "use the running release's spelling of an attribute or "
                "keyword"),
            Fix("accept-new-keyword", accept_new_keyword, "let the model's function take a keyword a newer release "
-               "passes and it does not use")),
+               "passes and it does not use", frozenset({"forward-without-kwargs"}), order=60)),
     explains=(
         ErrorPattern("changed-api", _attribute, "attributes that changed between releases", fix="rename-changed-api",
                      fix_if=_fix_named("rename-changed-api"), params=lambda sig: dict(sig.details["params"]), order=30),

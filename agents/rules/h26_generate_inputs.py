@@ -16,7 +16,8 @@ from __future__ import annotations
 import re
 
 from agents.models import Frame, StructuredException
-from agents.rules.base import ErrorPattern, HazardRule, Signature, at_where
+from agents.rules.base import BLOCKS, LOW, ErrorPattern, HazardRule, Signature, at_where
+from agents.rules.context import ModuleContext
 
 HAZARD = "H26"
 INPUTS_FIX = "rebuild-inputs"  # a fix of the run's inputs (the manifest), not of the code
@@ -69,9 +70,27 @@ def _generate_inputs(exc: StructuredException, frame: Frame | None, where: str) 
     return None
 
 
+def _h26_generate_inputs(ctx: ModuleContext) -> None:
+    """``prepare_inputs_for_generation`` with required parameters beyond the ids: generate needs inputs the
+    model's own code builds (made-up token ids fail)."""
+    for fn in ctx.ix.functions:
+        if fn.name.value != "prepare_inputs_for_generation":
+            continue
+        params = [p for p in fn.params.params if p.default is None][1:]  # self
+        needs = [p.name.value for p in params[1:]]  # beyond the ids
+        if needs:
+            ctx.add(HAZARD, "generate-needs-inputs", fn,
+                    f"generate needs {', '.join(needs)} beside the ids (prepare_inputs_for_generation requires them): "
+                    "the inputs come from the model's own input-building code, which npuport's runs use once a run "
+                    "on made-up ids shows it (rebuild-inputs)", BLOCKS, LOW)
+
+
 RULE = HazardRule(
     hazard=HAZARD,
     title="generate-path inputs the model's own code builds",
+    detect=_h26_generate_inputs,
+    manual={"generate-needs-inputs": "an inputs fix, not a code patch: the runs build these inputs with the model's "
+                                     "own input-building code (the debugger's rebuild-inputs)"},
     explains=(ErrorPattern("generate-inputs", _generate_inputs, "inputs the model's own code builds",
                            needs_frame=False, order=25),),
     kb_topic=f"recipe:{HAZARD}",
