@@ -21,12 +21,14 @@ import difflib
 import inspect
 import re
 import sys
+import time
 import typing
 from pathlib import Path
 from types import ModuleType, TracebackType
 from typing import Any
 
 MAX_CANDIDATES = 6
+SCAN_BUDGET_S = 15.0  # reading the installed transformers for a moved name: a failing run waits this long at most
 _IDENT = re.compile(r"^[A-Za-z_]\w*$")
 _CANNOT_IMPORT = re.compile(r"cannot import name '(\w+)' from '([\w.]+)'")
 _UNEXPECTED_KW = re.compile(r"([\w.<>]+)\(\) got an unexpected keyword argument '(\w+)'")
@@ -93,7 +95,8 @@ def name_providers(name: str, module: ModuleType | None, model_dir: Path) -> lis
     if hasattr(typing, name):
         out.append({"kind": "typing", "module": "typing", "statement": f"from typing import {name}"})
     out += _model_definitions(name, model_dir)
-    out += _transformers_definitions(name)
+    if not out:  # reading the installed library costs seconds: only when nothing closer provides the name
+        out += _transformers_definitions(name)
     if name in getattr(sys, "stdlib_module_names", ()):
         out.append({"kind": "stdlib", "module": name, "statement": f"import {name}"})
     seen: set[str] = set()
@@ -198,7 +201,11 @@ def _transformers_definitions(name: str) -> list[dict[str, Any]]:
     root = Path(transformers.__file__).parent
     pattern = re.compile(rf"^(?:def|class) {re.escape(name)}\b|^{re.escape(name)}\s*[:=]", re.M)
     found: list[tuple[int, str]] = []
-    for path in root.rglob("*.py"):
+    deadline = time.monotonic() + SCAN_BUDGET_S
+    # the library's top-level modules first (where helpers move to), then its models
+    for path in sorted(root.rglob("*.py"), key=lambda p: (len(p.relative_to(root).parts), str(p))):
+        if time.monotonic() > deadline:
+            break
         try:
             text = path.read_text(encoding="utf-8")
         except (OSError, UnicodeDecodeError):
