@@ -180,6 +180,11 @@ def test_a_generate_path_input_the_model_builds_is_an_inputs_fix() -> None:
                                                  "the model gives token_type_ids (it has no builder or processor)",
                                                  in_model=False), [])
     assert failed.kind == "generate-inputs" and failed.fix is None and "no input-building code" in failed.params["unfixed"]
+    check = _exc("AssertionError", "image tokens and features do not match", funcs=("generate", "forward"),
+                 hints={"inputs_source": "synthesised"})
+    assert RulePolicy().diagnose("run-1", check, []).fix == "rebuild-inputs"
+    own = check.model_copy(update={"hints": {"inputs_source": "preprocess"}})  # the model's own inputs already
+    assert RulePolicy().diagnose("run-1", own, []).kind == "exception"
 
 
 @pytest.mark.parametrize(("type_", "message", "in_model", "funcs"), [
