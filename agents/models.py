@@ -79,6 +79,10 @@ class StructuredException(BaseModel):
     message: str
     frames: list[Frame] = Field(default_factory=list)
     traceback_path: str | None = None
+    # What the failing process could tell beyond the message (sandbox/harness/failure_hints.py): where a
+    # missing name is provided, close spellings of an attribute or keyword, the inputs a call still needs.
+    # The model process's claim: the debugger's classes validate every name before a codemod uses it.
+    hints: dict[str, Any] = Field(default_factory=dict)
 
 
 class RunRecord(BaseModel):

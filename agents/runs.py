@@ -92,8 +92,10 @@ def _exception(result: dict[str, Any], run_dir: Path) -> StructuredException | N
     message = exc.get("message", "")
     if why := explain_write_failure(message, run_dir):  # torch.save on a full disk says "unexpected pos"
         message = f"{message} [npuport: {why}]"
+    hints = exc.get("hints")
     return StructuredException(type=exc.get("type", "Exception"), message=message,
-                               frames=[Frame(**f) for f in exc.get("frames") or []])
+                               frames=[Frame(**f) for f in exc.get("frames") or []],
+                               hints=hints if isinstance(hints, dict) else {})
 
 
 def record_of(run: HarnessRun, run_id: str, purpose: str, target: str) -> RunRecord:

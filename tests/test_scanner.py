@@ -109,8 +109,11 @@ POSITIVE: list[tuple[str, str, str, list[int]]] = [
     ("H5", "float64", "import numpy as np\nimport torch\nt = torch.from_numpy(np.arange(3, dtype=np.float64))\n",
      [3]),
     ("H5", "float64", "import torch\nt = torch.tensor([1.0], dtype=float)\n", [2]),
-    ("H5", "complex-dtype", "import torch\ndef f(x):\n    return torch.view_as_complex(x)\n", [3]),
-    ("H5", "complex-dtype", "import torch\nz = torch.zeros(2, dtype=torch.complex64)\n", [2]),
+    ("H27", "complex-dtype", "import torch\ndef f(x):\n    return torch.view_as_complex(x)\n", [3]),
+    ("H27", "complex-dtype", "import torch\nz = torch.zeros(2, dtype=torch.complex64)\n", [2]),
+    ("H27", "complex-dtype", "import torch\nt = torch.polar(torch.ones_like(a), a)\n", [2]),
+    ("H27", "complex-fft", "import torch\ndef f(x):\n    return torch.fft.irfft(torch.fft.rfft(x))\n", [3]),
+    ("H24", "unbound-name", "def f(x: List[int]):\n    return x\n", [1]),
     ("H5", "bf16-on-310p", "import torch\nm = torch.zeros(2, dtype=torch.bfloat16)\n", [2]),
     # H6
     ("H6", "item-sync", "import torch\nclass M(torch.nn.Module):\n    def forward(self, x):\n"
@@ -191,7 +194,9 @@ NEGATIVE: list[tuple[str, str, str]] = [
     ("H4", "rotary-opportunity", "def apply(q, cos, sin):\n    return q * cos\n"),
     ("H5", "float64", "import torch\nx = torch.zeros(3, dtype=torch.float32)\n"),
     ("H5", "float64", "import numpy as np\na = np.zeros(3, dtype=np.float64)\n"),  # never reaches torch
-    ("H5", "complex-dtype", "import torch\nz = torch.zeros(2, dtype=torch.float16)\n"),
+    ("H27", "complex-dtype", "import torch\nz = torch.zeros(2, dtype=torch.float16)\n"),
+    ("H24", "unbound-name", "from typing import List\ndef f(x: List[int]):\n    return x\n"),
+    ("H24", "unbound-name", "from x import *\ndef f(x: List[int]):\n    return x\n"),
     ("H5", "bf16-on-310p", "import torch\nz = torch.zeros(2, dtype=torch.float16)\n"),
     ("H6", "item-sync", "d = {'a': 1}\nfor k, v in d.items():\n    pass\n"),
     ("H6", "elementwise-loop", "def f(xs):\n    out = []\n    for i in range(len(xs)):\n        out.append(xs[i])\n    return out\n"),
@@ -234,8 +239,8 @@ def test_rule_stays_quiet(hazard: str, rule: str, src: str) -> None:
 
 
 def test_every_hazard_family_has_a_positive_case() -> None:
-    # H7's cases need the op matrix (tests/test_cast_world_fallback.py)
-    assert {h for h, *_ in POSITIVE} == {f"H{i}" for i in range(1, 12)} - {"H7"}
+    # H7's cases need the op matrix (tests/test_cast_world_fallback.py); H24 and H27 have theirs here too
+    assert {h for h, *_ in POSITIVE} == ({f"H{i}" for i in range(1, 12)} - {"H7"}) | {"H24", "H27"}
 
 
 def test_finding_record_fields() -> None:

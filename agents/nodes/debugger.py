@@ -74,7 +74,7 @@ def debugger_node(state: dict[str, Any]) -> dict[str, Any]:
             because = f"{diag.summary}; {why}"
         elif not diag.fix:
             because = f"{diag.summary}; " + (timeout_hint(request_of(state).run_timeout_s) if diag.kind == "timeout"
-                                             else f"no recipe covers {diag.kind}")
+                                             else diag.params.get("unfixed") or f"no recipe covers {diag.kind}")
         tried = tried_so_far(state, diag)
         update["status"] = "failed"
         update["reason"] = f"could not port because {because}" + (f". Tried: {tried}" if tried else "")

@@ -9,6 +9,7 @@ from typing import Any
 from agents.environment.release_retry import RELEASE_FIX
 from agents.fixing.commits import apply_fix, apply_revert
 from agents.fixing.diagnosis import REVERT_FIX
+from agents.fixing.inputs_fix import INPUTS_FIX, apply_inputs_fix
 from agents.models import Diagnosis, Finding
 from agents.policies import get_policy, policy_context
 from agents.request import request_of
@@ -36,6 +37,8 @@ def patcher_node(state: dict[str, Any]) -> dict[str, Any]:
             out["status"] = "failed"
             out["reason"] = f"could not port because {pending.get('summary')}, and {'; '.join(notes)}"
         return out
+    if pending and pending.get("fix") == INPUTS_FIX:
+        return apply_inputs_fix(state, Diagnosis(**pending))  # the run's inputs, not the code (hazard H26)
     if pending:
         if (pending.get("params") or {}).get("by") == "llm" and policy.name == "rule":
             # the debugger asked the LLM policy when no recipe covered the failure: its fix is the LLM's

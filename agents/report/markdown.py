@@ -195,7 +195,8 @@ def _findings(report: dict[str, Any]) -> list[str]:
 
 def _how_run(report: dict[str, Any]) -> list[str]:
     assumptions = (report.get("entry") or {}).get("assumptions") or []
-    inputs: dict[str, Any] = next((r["inputs"] for r in report.get("runs") or [] if r.get("inputs")), {})
+    # the inputs of the last run that had them: a debugger's inputs fix (hazard H26) changes them between runs
+    inputs: dict[str, Any] = next((r["inputs"] for r in reversed(report.get("runs") or []) if r.get("inputs")), {})
     offline: list[str] = next((r["built_offline"] for r in report.get("runs") or [] if r.get("built_offline")), [])
     if not (assumptions or inputs or offline):
         return []

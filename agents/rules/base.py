@@ -32,6 +32,14 @@ class Signature:
     key: str  # the signature string: kind plus what identifies this failure
     summary: str
     frame: Frame | None
+    # What the class read from the exception for its fix (``params``: the codemod's parameters; ``no_fix``: why
+    # the class fits but cannot fix this one; ``action``: a fix that is not a codemod, e.g. "rebuild-inputs")
+    details: Mapping[str, Any] = field(default_factory=dict, compare=False)
+
+
+def at_where(where: str) -> str:
+    """"at file:line", or "outside the model's files" (an error pattern's ``where`` when no frame is the model's)."""
+    return f"at {where}" if ":" in where else "outside the model's files"
 
 
 @dataclass(frozen=True)

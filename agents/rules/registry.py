@@ -27,6 +27,10 @@ from agents.rules import (
     h21_kv_cat_growth,
     h22_int64_routing,
     h23_checkpoint_config,
+    h24_missing_names,
+    h25_changed_api,
+    h26_generate_inputs,
+    h27_complex,
 )
 from agents.rules.base import HazardRule, Registry
 from agents.rules.h4 import attention as h4_attention
@@ -55,6 +59,10 @@ RULES: tuple[HazardRule, ...] = (
     h21_kv_cat_growth.RULE,
     h22_int64_routing.RULE,
     h23_checkpoint_config.RULE,
+    h24_missing_names.RULE,
+    h25_changed_api.RULE,
+    h26_generate_inputs.RULE,
+    h27_complex.RULE,
 )
 DEFAULT = Registry(RULES)
 

@@ -100,14 +100,21 @@ def reference_run(state: dict[str, Any], name: str = "reference") -> tuple[RunRe
     that took. An original that cannot be built on a host without CUDA (a constructor's kernel assert, a
     hard-wired kernel flag) is run again with the port's switch-only fix applied to the reference copy, and
     the record says so (``reference_adjusted``, agents/validation/reference.py)."""
-    from agents.validation.reference import adjust_reference, adjustments, failure_text, reference_dir
+    from agents.validation.reference import (
+        adjust_reference,
+        adjustments,
+        environment_replay,
+        failure_text,
+        reference_dir,
+    )
 
     ws = Workspace(Path(state["workdir"]))
     spec = run_spec(state, target=reference_target()).as_reference(reference_dir(ws))
     notes = adjustments(ws)
     rec = record_of(spec.harness(ws.runs_dir / name), name, "reference", "cpu (cuda->cpu redirect)")
     runs = 1
-    if not rec.ok and not notes and (notes := adjust_reference(ws, failure_text(rec.exception))):
+    replay = environment_replay(state.get("patches") or [], state.get("diagnoses") or [])
+    if not rec.ok and not notes and (notes := adjust_reference(ws, failure_text(rec.exception), replay)):
         rec = record_of(spec.harness(ws.runs_dir / f"{name}-adjusted"), name, "reference", "cpu (cuda->cpu redirect)")
         runs += 1
     return rec.model_copy(update={"reference_adjusted": notes or None}), runs

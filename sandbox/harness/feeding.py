@@ -41,6 +41,8 @@ def model_inputs_for(model: Any, manifest: dict[str, Any], model_dir: Path, conf
     if manifest.get("inputs"):
         return _load_attr(manifest["inputs"], model_dir)(config, seed), {}, \
             {"source": "hook", "notes": [f"inputs from {manifest['inputs']}(config, seed)"]}
+    if isinstance(run_cfg.get("rebuild_inputs"), dict):
+        return _rebuilt(model, run_cfg["rebuild_inputs"], model_dir, config, seed)
     notes: list[str] = []
     if run_cfg.get("preprocess"):
         try:
@@ -53,6 +55,28 @@ def model_inputs_for(model: Any, manifest: dict[str, Any], model_dir: Path, conf
             notes = [f"the model's preprocessing path could not be driven ({exc}); inputs synthesised instead"]
     inputs, source = _synthesised(model, run_cfg.get("method", "generate"), config, seed, notes)
     return inputs, {}, source
+
+
+# The message a failed rebuild raises with (hazard H26 reads it: agents/rules/h26_generate_inputs.py)
+REBUILD_FAILED = "rebuild-inputs: "
+
+
+def _rebuilt(model: Any, fix: dict[str, Any], model_dir: Path, config: dict[str, Any],
+             seed: int) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
+    """The debugger's inputs fix (hazard H26): the inputs rebuilt with the model's own input-building code;
+    when that code cannot give what the generate path needs, the run fails saying so (never made-up inputs)."""
+    from sandbox.inputs.inputs_base import PreprocessingFailed
+    from sandbox.inputs.own_inputs import own_built_inputs
+
+    needs = [str(n) for n in fix.get("needs") or []]
+    token = fix.get("token") if isinstance(fix.get("token"), int) else None
+    try:
+        inputs, kwargs, notes = own_built_inputs(model, model_dir, config, seed, needs, token)
+    except PreprocessingFailed as exc:
+        raise PreprocessingFailed(f"{REBUILD_FAILED}{exc}") from exc
+    why = str(fix.get("why") or "the generate path needs inputs the model's own code builds")
+    return inputs, kwargs, {"source": "model-built",
+                            "notes": [f"inputs fix (not a code patch): {why}; {notes[0]}", *notes[1:]]}
 
 
 def _synthesised(model: Any, method: str, config: dict[str, Any], seed: int,

@@ -80,9 +80,12 @@ def _forget_model_modules() -> None:
 
 
 def exception_record(exc: BaseException, model_dir: Path) -> dict[str, Any]:
-    """A failure as the result reports it: type, message, frames (which are the model's) and traceback."""
+    """A failure as the result reports it: type, message, frames (which are the model's), traceback, and what
+    the live process can tell about it (sandbox/harness/failure_hints.py: the debugger's classes read it)."""
+    from sandbox.harness.failure_hints import failure_hints
+
     return {"type": type(exc).__name__, "message": str(exc), "frames": frames(exc, model_dir),
-            "traceback": "".join(traceback.format_exception(exc))}
+            "traceback": "".join(traceback.format_exception(exc)), "hints": failure_hints(exc, model_dir)}
 
 
 def frames(exc: BaseException, model_dir: Path) -> list[dict[str, Any]]:

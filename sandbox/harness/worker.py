@@ -235,6 +235,8 @@ def run(spec: HarnessSpec) -> dict[str, Any]:
             result["ok"] = True
         except BaseException as exc:  # the harness reports every failure as data
             result["exception"] = exception_record(exc, Path(spec.model_dir).resolve())
+            # where the run's inputs came from (synthesised, the model's own path): the debugger's inputs class reads it
+            result["exception"]["hints"]["inputs_source"] = str((result.get("inputs") or {}).get("source") or "")
         finally:
             _finish(result, offline, bootstrap, counts, t0)
     return result
