@@ -313,5 +313,13 @@ def _config_json(model_dir: Path) -> dict[str, Any]:
 
 
 def _transformers_version() -> str:
+    """The transformers release of this process: the imported module's, else the installed distribution's."""
     mod = sys.modules.get("transformers")
-    return str(getattr(mod, "__version__", "")) if mod is not None else ""
+    if mod is not None:
+        return str(getattr(mod, "__version__", ""))
+    from importlib import metadata
+
+    try:
+        return metadata.version("transformers")
+    except metadata.PackageNotFoundError:
+        return ""

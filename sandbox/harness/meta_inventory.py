@@ -86,7 +86,7 @@ def with_stubs(fn: Any, stubbed: list[str]) -> Any:
     forward, so a library the model uses only there (einops, a kernel package) need not be installed. Each
     stub is listed in the result; a call into one raises."""
     from sandbox.cuda_redirect import redirect as rd
-    from sandbox.harness.worker import _forget_model_modules, _missing_module
+    from sandbox.harness.loading import _forget_model_modules, _missing_module
 
     for _ in range(MAX_STUBS):
         try:
@@ -127,11 +127,11 @@ def _build(cls_ref: str, config: dict[str, Any], model_dir: Path, stubbed: list[
 def run(spec: dict[str, Any]) -> dict[str, Any]:
     from sandbox.cuda_redirect import redirect
     from sandbox.cuda_redirect.cuda_only import kernel_flags_off
-    from sandbox.harness import worker
+    from sandbox.harness.loading import remember_model_dir
     from sandbox.harness.model_build import _hub_offline
 
     model_dir = Path(spec["model_dir"]).resolve()
-    worker._model_dir_str = str(model_dir)  # the model's modules it forgets between stub retries
+    remember_model_dir(model_dir)  # the model's modules it forgets between stub retries
     manifest = spec["manifest"]
     redirect.install("cpu")  # model code that asks torch.cuda at construction gets answers, as the reference does
     sys.path.insert(0, str(model_dir))
@@ -139,7 +139,7 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
     notes = kernel_flags_off(config)
     config.update(manifest.get("config_overrides") or {})
     stubbed: list[str] = []
-    offline = _hub_offline(model_dir, manifest, {"shrink": False})
+    offline = _hub_offline(model_dir, manifest, False)
     model, how = _build(manifest["entry"]["class"], config, model_dir, stubbed)
     entries: list[dict[str, Any]] = []
     lists: list[dict[str, Any]] = []
@@ -197,12 +197,9 @@ def meta_inventory(model_dir: Path, manifest: dict[str, Any], run_dir: Path, *, 
 
 
 def main(argv: list[str] | None = None) -> int:
-    import os
+    from sandbox.harness.loading import go_offline
 
-    from sandbox.harness.worker import OFFLINE_ENV
-
-    for var in OFFLINE_ENV:  # no network in a run: a Hub id fails at once and hub_offline builds it
-        os.environ.setdefault(var, "1")
+    go_offline()  # no network in a run: a Hub id fails at once and hub_offline builds it
     return child_main(run, _error, argv)
 
 
