@@ -169,20 +169,71 @@ def _goal_target(goal: str, model: Path) -> str:
 
 @app.command()
 def resume(
-    thread: Annotated[str, typer.Argument(help="the thread id an interrupted (or failed) port printed")],
+    thread: Annotated[str | None, typer.Argument(help="the thread id an interrupted (or failed) port printed; "
+                                                      "without one, the threads a resume would continue")] = None,
 ) -> None:
     """Continue an interrupted port from its last checkpoint (the agent that was stopped runs again);
-    exit codes as for `port`, 130 when interrupted again."""
+    exit codes as for `port`, 130 when interrupted again. Without THREAD: list the resumable threads."""
     from graph.jobs_support import checkpoint_db, thread_snapshot
+    from graph.runner import FINISHED, resumable, thread_infos
 
+    if thread is None:
+        infos = thread_infos()
+        if not infos:
+            console.print(f"no port to resume in {checkpoint_db()} (is NPUPORT_HOME the same?)", soft_wrap=True)
+            raise typer.Exit(EXIT_OK)
+        table = Table(show_header=True, box=None, pad_edge=False)
+        for col in ("thread", "model", "stopped in", "last checkpoint"):
+            table.add_column(col, no_wrap=col == "thread")
+        for info in infos:
+            table.add_row(info.thread_id, info.model, info.stopped_in, info.updated)
+        console.print(table)
+        console.print("resume one with: npuport resume THREAD", soft_wrap=True)
+        raise typer.Exit(EXIT_OK)
     snap = thread_snapshot(thread) if checkpoint_db().is_file() else None
     if snap is None:
         raise fail(f"no checkpoint of thread {thread!r} in {checkpoint_db()} (is NPUPORT_HOME the same?)")
-    if not snap.next:
-        status, bundle = snap.values.get("status"), (snap.values.get("bundle") or {}).get("dir", "-")
-        console.print(f"thread {thread} already finished ({status}); its bundle: {bundle}")
+    status = snap.values.get("status")
+    if not resumable(snap):
+        bundle = (snap.values.get("bundle") or {}).get("dir", "-")
+        if status not in FINISHED:  # nothing left to run and no verdict: say so, never "finished (running)"
+            raise fail(f"thread {thread} stopped with nothing left to run and no verdict (status {status}); port "
+                       "the model again", EXIT_NOT_VALIDATED)
+        console.print(f"thread {thread} already finished ({status}); its bundle: {bundle}", soft_wrap=True)
         raise typer.Exit(EXIT_OK if status == "validated" else EXIT_NOT_VALIDATED)
     raise typer.Exit(run_port_cli(dict(snap.values.get("request") or {}), thread_id=thread))
+
+
+@app.command()
+def deploy(
+    bundle: Annotated[Path, typer.Argument(help="a validated bundle written by `npuport port`")],
+    bench: Annotated[bool, typer.Option("--bench", help="the full side-by-side throughput comparison (every "
+                                        "concurrency, Transformers batched) instead of the budgeted probe")] = False,
+) -> None:
+    """Run (or rerun) the deployment check on a bundle: vLLM serves the port with the bundle's serve.sh, its
+    tokens are checked against Transformers and its throughput probed; deployment.json and the report's
+    Deployment section are written into the bundle. Exit 0 served, 1 not served."""
+    raise typer.Exit(_deploy_cli(bundle, bench))
+
+
+@app.command(name="bench")
+def bench_cmd(
+    bundle: Annotated[Path, typer.Argument(help="a validated bundle written by `npuport port`")],
+) -> None:
+    """The deployment check with the full side-by-side throughput comparison: vLLM at concurrency 1, 8 and 32
+    against Transformers one request at a time and batched (`npuport deploy BUNDLE --bench`)."""
+    raise typer.Exit(_deploy_cli(bundle, True))
+
+
+def _deploy_cli(bundle: Path, bench: bool) -> int:
+    from api.cli_port import run_deploy_cli
+
+    if not (bundle / "report.json").is_file():
+        raise fail(f"{bundle} is not a bundle (no report.json)")
+    report = json.loads((bundle / "report.json").read_text())
+    if report.get("status") != "validated":
+        raise fail(f"{bundle} holds a port that did not validate ({report.get('status')}): there is nothing to serve")
+    return run_deploy_cli(bundle, report, bench)
 
 
 def click_context() -> Any:

@@ -67,16 +67,27 @@ def debugger_node(state: dict[str, Any]) -> dict[str, Any]:
         if not ok and not diag.fix:
             because = f"{diag.summary}; {why}"
         elif not diag.fix:
-            because = f"{diag.summary}; " + (timeout_hint(request_of(state).run_timeout_s) if diag.kind == "timeout"
-                                             else f"no recipe covers {diag.kind}")
+            because = (_timeout_because(state) if diag.kind == "timeout"
+                       else f"{diag.summary}; no recipe covers {diag.kind}")
         tried = tried_so_far(state, diag)
         update["status"] = "failed"
-        update["reason"] = f"could not port because {because}" + (f". Tried: {tried}" if tried else "")
+        # a run stopped at its time limit is said as the timeout it is, not as "could not port"
+        opening = "" if diag.kind == "timeout" and not diag.fix else "could not port because "
+        update["reason"] = f"{opening}{because}" + (f". Tried: {tried}" if tried else "")
         trace.append(step("debugger", f"give up: {update['reason']}", signature=diag.signature,
                           citations=[c.source for c in diag.citations]))
     # What the LLM debugger did, or why the rules decided instead (the report's LLM section lists these).
     update["trace"] = [step("debugger", n, llm=True) for n in policy.notes] + trace
     return update
+
+
+def _timeout_because(state: dict[str, Any]) -> str:
+    """The port's run stopped at its wall limit: the limit and the flag that raises it (agents/validation/compare.py)."""
+    from agents.runs import run_spec
+    from agents.validation.compare import timeout_detail
+
+    limit = run_spec({**state, "runs": (state.get("runs") or [])[:-1]}).limits.wall_s  # the limit it ran under
+    return timeout_detail("the port's run", limit, state) + "; " + timeout_hint(limit)
 
 
 def timeout_hint(limit_s: float) -> str:

@@ -265,11 +265,29 @@ def _validation(report: dict[str, Any]) -> list[str]:
                      f"(CPU float32 via device redirect) within the {metrics.get('dtype', 'float32')} tolerance: cosine >= "
                      f"{tol.get('min_cosine')}, at most {float(tol.get('max_share_over_1e3') or 0):.0%} of elements off "
                      "by more than 1e-3 relative (per tensor: report.json `numerics.metrics.outputs`)")
-    else:
-        lines += [f"- reference tokens (original, CPU float32 via device redirect): {token_summary(n.get('reference_tokens'))}",
-                  f"- port tokens (on the target): {token_summary(n.get('port_tokens'))} (every id: report.json `numerics`)"]
+    else:  # the runs' own tokens when the comparison did not get as far as holding them (a reference that failed)
+        ref = n.get("reference_tokens") or _last_tokens(report, "reference")
+        port = n.get("port_tokens") or _last_tokens(report, "port")
+        lines += [f"- reference tokens (original, CPU float32 via device redirect): {_tokens_or_why(ref, report, 'reference')}",
+                  f"- port tokens (on the target): {_tokens_or_why(port, report, 'port')} (every id: report.json "
+                  "`numerics` and `runs`)"]
     lines += [f"- {_md_escape(a)}" for a in reference_adjustments(report)]
     return lines + [""]
+
+
+def _last_tokens(report: dict[str, Any], purpose: str) -> list[list[int]] | None:
+    return next((r["tokens"] for r in reversed(report.get("runs") or [])
+                 if r.get("purpose") == purpose and r.get("tokens") is not None), None)
+
+
+def _tokens_or_why(tokens: list[list[int]] | None, report: dict[str, Any], purpose: str) -> str:
+    """The tokens, or why a run of that purpose has none (never a bare None)."""
+    if tokens is not None:
+        return token_summary(tokens)
+    last = next((r for r in reversed(report.get("runs") or []) if r.get("purpose") == purpose), None)
+    if last is None:
+        return "none (no such run)"
+    return f"none (run {last['id']} ended {last.get('status')} after {float(last.get('wall_s') or 0):.0f} s)"
 
 
 def _op_inventory(report: dict[str, Any]) -> list[str]:
