@@ -66,8 +66,11 @@ def summary(state: dict[str, Any]) -> str:
         lines.append(f"{len(patches)} patches: " + "; ".join(str(p.get("summary", "")) for p in patches[:8]))
     tuned = (state.get("tuning") or {}).get("tuned") or {}
     if tuned.get("speedup"):
-        slower = " (SLOWER than the original)" if tuned["speedup"] < 1 else ""
-        lines.append(f"tuned: {tuned['tokens_per_s']:.1f} tokens/s, {tuned['speedup']:.2f}x the original{slower}")
+        vs = tuned.get("vs_original")
+        said = {"slower": " (SLOWER than the original)",
+                "not comparable": f" (not comparable on this host: spread {float(tuned.get('spread') or 0):.0%})"}
+        lines.append(f"tuned: {tuned['tokens_per_s']:.1f} tokens/s, {tuned['speedup']:.2f}x the original"
+                     f"{said.get(str(vs), '')}")
     bundle = (state.get("bundle") or {}).get("dir")
     deployment = state.get("deployment") or {}
     if deployment.get("summary"):

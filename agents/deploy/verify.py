@@ -17,7 +17,7 @@ from agents.deploy.token_gate import prefix_len
 from agents.request import request_of
 from agents.runs import RunSpec, token_summary
 from agents.tuning.measure import TUNE_CONCURRENCY, headline_spec, points_of
-from agents.tuning.port import UNTUNED_CONFIG
+from agents.tuning.port import MAX_RESOLVABLE_SPREAD, UNTUNED_CONFIG
 from agents.workspace import Workspace
 from knowledge.errors import TargetError, WorkspaceError
 from sandbox.isolation.process import Limits
@@ -208,6 +208,10 @@ def _throughput_claim(report: dict[str, Any], ws: Workspace, target: Target, ref
     detail = (f"{observed:.1f} tokens/s now (median of {len(point.get('tokens_per_s_runs') or [])} runs, "
               f"spread {float(point.get('spread') or 0):.0%}) vs {claimed:.1f} reported at concurrency {conc}"
               + (f"; the steadiest of {tries} benchmarks, the first spread {first_spread:.0%}" if tries > 1 else ""))
+    if noise > MAX_RESOLVABLE_SPREAD:  # the runs move more than any comparison could resolve: neither agree nor not
+        return Claim(name="throughput", verdict="unchecked", claimed=round(claimed, 2), observed=round(observed, 2),
+                     detail=f"{detail}: not comparable on this host (spread {noise:.0%}); the figure is neither "
+                            "confirmed nor refuted")
     ok, why = within(observed, claimed, tol, tolerance)
     untuned_claimed = (tuned.get("untuned") or {}).get("tokens_per_s")
     if not ok and untuned_claimed and tuned.get("chosen") != "untuned":

@@ -30,6 +30,21 @@ def debugger_node(state: dict[str, Any]) -> dict[str, Any]:
     history = [Diagnosis(**d) for d in state.get("diagnoses") or []]
     last = RunRecord(**(state.get("runs") or [])[-1])
     numerics = state.get("numerics") or {}
+    if last.exception is not None and not any(r.get("purpose") == "reference" for r in state.get("runs") or []):
+        # Before npuport blames (and reverts) its own changes: does the original, as written, fail the same way?
+        from agents.validation.original_failure import model_fails_by_itself
+
+        made, fails = model_fails_by_itself(state, last, lambda where: port_site(
+            where, state.get("workdir"), request_of(state).model_path))
+        counters = dict(state.get("counters") or {})
+        counters["reference_runs"] = counters.get("reference_runs", 0) + len(made)
+        if fails is not None:
+            return {"runs": made, "counters": counters, "numerics": fails.model_dump(mode="json"), "status": "failed",
+                    "reason": fails.detail, "trace": [step("debugger", fails.detail)]}
+        state = {**state, "runs": [*(state.get("runs") or []), *made], "counters": counters}
+        extra_update: dict[str, Any] = {"runs": made, "counters": counters}
+    else:
+        extra_update = {}
     if last.ok and numerics.get("verdict") == "mismatch":
         diag = Diagnosis(id=f"diag-{len(history) + 1}", run_id=last.id, signature="numerics-mismatch",
                          kind="numerics-mismatch", summary=f"the port runs but its outputs differ: {numerics.get('detail')}")
@@ -54,7 +69,7 @@ def debugger_node(state: dict[str, Any]) -> dict[str, Any]:
             return get_policy("llm", context=policy_context(state)).diagnose(run_id, exc, history)
 
         diag, notes = escalate(state, diag, last.exception, policy.name, llm_diagnose)
-    update: dict[str, Any] = {"diagnoses": [diag.model_dump(mode="json")]}
+    update: dict[str, Any] = {"diagnoses": [diag.model_dump(mode="json")], **extra_update}
     # the traceback's line is one of the patched tree: say it as the user's line where it is one
     where = f" ({port_site(f'{diag.file}:{diag.line}', state.get('workdir'), request_of(state).model_path)})" if diag.file else ""
     trace = [step("debugger", n) for n in notes]
