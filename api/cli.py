@@ -47,7 +47,7 @@ from api.cli_options import (
     fail,
     one_of,
 )
-from api.cli_port import EXIT_INTERRUPTED, EXIT_MEANINGS, run_port_cli
+from api.cli_port import EXIT_INTERRUPTED, EXIT_MEANINGS, print_table, run_port_cli
 from api.cli_scan import ops, scan
 from sandbox.targets import DEFAULT_CHIP, DEFAULT_TARGET, DEFAULT_TORCH_NPU, EMULATED_TARGET
 
@@ -57,6 +57,11 @@ _EXIT_DETAIL = {EXIT_OK: " (or the command succeeded)", EXIT_NOT_VALIDATED: " (o
                 EXIT_INTERRUPTED: ", the checkpoint kept: `npuport resume THREAD` continues"}
 EXIT_TABLE = "Exit codes: " + "; ".join(f"{code} {text}{_EXIT_DETAIL[code]}" for code, text in EXIT_MEANINGS.items()) + "."
 
+
+if not os.isatty(1) and "COLUMNS" not in os.environ:  # piped help: whole option texts, as every other line
+    import typer.rich_utils
+
+    typer.rich_utils.MAX_WIDTH = typer.rich_utils.MAX_WIDTH or 200
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help=f"Port PyTorch models to Huawei Ascend NPUs.\n\n{EXIT_TABLE}",
@@ -92,7 +97,7 @@ def settings() -> None:
         table.add_column(col, overflow="fold")
     for var, default, doc in env_table():
         table.add_row(var, default or "-", doc)
-    console.print(table)
+    print_table(table)
 
 EXAMPLES_DIR = Path(__file__).resolve().parents[1] / "examples"
 
@@ -122,10 +127,16 @@ def port(
     max_wall: Annotated[float, typer.Option(help="budget: wall time in seconds")] = 1800.0,
     tune: Annotated[bool, typer.Option(help="benchmark and tune the validated port (minutes on a small host)")] = False,
     tune_trials: Annotated[int, typer.Option(help="budget: tuning trials")] = 12,
-    serve: Annotated[bool | None, typer.Option("--serve/--no-serve", help="exercise the deployment: vLLM serves the "
-                                               "validated port with serve.sh, tokens and throughput checked "
-                                               "(default: NPUPORT_SERVE, on)")] = None,
-    run_timeout: Annotated[float, typer.Option(help="wall-clock limit of one sandbox run, seconds")] = 300.0,
+    serve: Annotated[bool | None, typer.Option("--serve/--no-serve", help="exercise the deployment after the bundle "
+                                               "is written: vLLM serves the validated port with serve.sh, tokens "
+                                               "checked, throughput probed, about 3 minutes after the server's start "
+                                               "(default: NPUPORT_SERVE, on; `npuport deploy BUNDLE` runs it later)")] = None,
+    bench: Annotated[bool, typer.Option("--bench", help="the deployment's full side-by-side throughput comparison "
+                                        "(vLLM at concurrency 1, 8, 32 against Transformers one at a time and batched) "
+                                        "instead of the probe")] = False,
+    run_timeout: Annotated[float, typer.Option(help="wall-clock limit of one sandbox run, seconds; raised to 3x the "
+                                               "longest run that finished (a slow host's reference gets the time its "
+                                               "port took)")] = 300.0,
     isolation: Annotated[str, typer.Option(metavar="[auto|bwrap|process]", help="auto | bwrap | process (process: the model's code runs "
                                                 "UNISOLATED; auto falls back to it with a warning)")] = "auto",
 ) -> None:
@@ -146,7 +157,7 @@ def port(
     request = {"model_path": str(path), "target": target, "chip": chip, "out_dir": str(out_dir),
                "torch_npu": torch_npu, "strict": strict, "max_runs": max_runs, "max_wall_s": max_wall,
                "run_timeout_s": run_timeout, "tune": tune, "tune_trials": tune_trials, "policy": policy,
-               "shrink": shrink, "strict_perf": strict_perf, "serve": serve}
+               "shrink": shrink, "strict_perf": strict_perf, "serve": serve, "bench": bench}
     # the goal text fills only what no flag set explicitly (typer gives defaults, so the goal may
     # pick the chip, target and tuning only when their flags were left at their defaults)
     ctx = click_context()
@@ -187,7 +198,7 @@ def resume(
             table.add_column(col, no_wrap=col == "thread")
         for info in infos:
             table.add_row(info.thread_id, info.model, info.stopped_in, info.updated)
-        console.print(table)
+        print_table(table)
         console.print("resume one with: npuport resume THREAD", soft_wrap=True)
         raise typer.Exit(EXIT_OK)
     snap = thread_snapshot(thread) if checkpoint_db().is_file() else None
@@ -350,7 +361,7 @@ def doctor(as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
         table = Table(title="LLM endpoint (NPUPORT_LLM_*)", show_header=False)
         for k, v in res.settings.items():
             table.add_row(k, str(v))
-        console.print(table)
+        print_table(table)
         if not res.configured:
             console.print("no LLM is configured (set NPUPORT_LLM_BASE_URL and NPUPORT_LLM_MODEL): "
                           "every agent uses the offline rules")

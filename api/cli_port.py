@@ -152,7 +152,23 @@ def print_summary(state: dict[str, Any]) -> None:
 
         table.add_row("deployment", deployment_summary(record).replace("BUNDLE", str(bundle.get("dir"))))
     table.add_row("bundle", str(bundle.get("dir", "-")))
-    console.print(table)
+    print_table(table)
+
+
+def print_table(table: Table) -> None:
+    """A table on a terminal; on a pipe or in a log its rows as whole lines (docs/cli.md: a cell is never cut
+    or wrapped there), the cells of a row separated by two spaces after a padded first column."""
+    if console.is_terminal:
+        console.print(table)
+        return
+    cells = [[c.plain if isinstance(c, Text) else str(c) for c in col.cells] for col in table.columns]
+    first = max((len(c) for c in cells[0]), default=0) if cells else 0
+    for row in zip(*cells, strict=True):
+        head, *rest = row
+        lines = "  ".join(rest).splitlines() or [""]
+        console.print(f"{head:<{first}}  {lines[0]}", markup=False, highlight=False, soft_wrap=True)
+        for more in lines[1:]:
+            console.print(f"{'':<{first}}  {more}", markup=False, highlight=False, soft_wrap=True)
 
 
 def isolation_fallback() -> None:

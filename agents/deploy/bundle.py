@@ -138,7 +138,7 @@ def mark_serve_sh(out_dir: Path, record: dict[str, Any]) -> None:
     if rest.startswith("# Started by npuport") or rest.startswith("# Checked (not started) by npuport"):
         rest = rest.partition("\n")[2]  # a rerun replaces the earlier note
     verb = "Started" if record.get("status") == "served" or record.get("throughput") else "Checked (not started)"
-    note = f"# {verb} by npuport on this host ({record.get('host')}): {serve_report.deployment_summary(record)}"
+    note = f"# {verb} by npuport on this host ({record.get('host')}): {serve_report.deployment_summary(record, 300)}"
     if record.get("status") == "no vLLM path" and "exit 3\n" not in rest:
         rest = no_path_guard(rest, str(record.get("error") or ""))
     _write(serve_sh, f"{head}\n{note[:400].replace(chr(10), ' ')} (deployment.json)\n{rest}", True)

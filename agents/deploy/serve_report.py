@@ -25,13 +25,14 @@ def serving_requested(source: dict[str, Any]) -> bool:
     return settings().serve if value is None else bool(value)
 
 
-def deployment_summary(rec: dict[str, Any]) -> str:
-    """One line: served (by what), tokens, the best throughput; or why not."""
+def deployment_summary(rec: dict[str, Any], cut: int | None = None) -> str:
+    """One line: served (by what), tokens, the best throughput; or why not (its reason's first line, whole
+    unless ``cut`` says how many characters of it to keep)."""
     if rec.get("status") == PENDING:
         return ("not run yet: the bundle is written first and the deployment check follows; if the port was "
                 "stopped before it ended, `npuport deploy BUNDLE` runs it")
     if rec.get("status") != "served":
-        why = str(rec.get("error") or "").strip().splitlines()[0][:160] if rec.get("error") else ""
+        why = str(rec.get("error") or "").strip().splitlines()[0][:cut] if rec.get("error") else ""
         status = str(rec.get("status"))
         return why if why.startswith(status) else f"{status}: {why}"  # the error may already say it
     rows = (rec.get("throughput") or {}).get("rows") or []

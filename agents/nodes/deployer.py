@@ -11,6 +11,7 @@ from typing import Any
 
 from agents.progress import emit
 from agents.report.deployment import deployment_brief, run_deployment
+from agents.request import request_of
 from agents.trace import step
 
 
@@ -18,7 +19,8 @@ def deployer_node(state: dict[str, Any]) -> dict[str, Any]:
     bundle = Path(str((state.get("bundle") or {}).get("dir") or ""))
     if not (bundle / "report.json").is_file():
         return {"trace": [step("deployer", "no bundle to deploy")]}
-    record = run_deployment(state, bundle, on_phase=lambda text: emit("phase", text=text, node="deployer"))
+    record = run_deployment(state, bundle, bench=request_of(state).bench,
+                            on_phase=lambda text: emit("phase", text=text, node="deployer"))
     brief = deployment_brief(record, bundle)
     return {"deployment": brief, "trace": [step("deployer", f"deployment: {brief['summary']}",
                                                  deployment_status=brief["status"])]}
