@@ -374,11 +374,14 @@ def doctor(as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
 def serve(
     host: Annotated[str, typer.Option(help="address to listen on (loopback by default)")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="TCP port")] = 8000,
+    model_root: Annotated[list[Path] | None, typer.Option("--model-root", help="a folder whose model folders the chat "
+                                                          "and the API may port by path (repeatable; default "
+                                                          "NPUPORT_ALLOWED_ROOTS)")] = None,
 ) -> None:
     """Serve the HTTP API (ports, events, chat completions) and the web page."""
     from api.serve import serve as _serve
 
-    _serve(host, port)
+    _serve(host, port, roots=model_root)
 
 
 def main() -> None:
