@@ -157,7 +157,7 @@ def _outputs_claim(report: dict[str, Any], ref: Any, port: Any) -> Claim:
 def _perf_claim(report: dict[str, Any], ws: Workspace) -> Claim:
     """Re-check the decode profile: the verify runs of _tokens_claim profile themselves, and the
     pathologies found in them (kind, module, code line) must be the report's."""
-    from agents.validation.perf_evidence import analyse, profile_of
+    from agents.validation.perf_evidence import analyse, profile_of, shown_where
 
     claimed_perf = report.get("perf") or {}
     if not claimed_perf.get("profiled"):
@@ -166,9 +166,13 @@ def _perf_claim(report: dict[str, Any], ws: Workspace) -> Claim:
     if port is None:
         return Claim(name="decode profile", verdict="disagree", detail="the verify run of the port has no profile")
     observed = analyse(port, profile_of(ws.runs_dir / "verify-reference" / "result.json"))
+    from agents.sites import port_site
+
+    for p in observed.get("pathologies") or []:  # printed as the report prints them: the user's file:line
+        p["user_where"] = port_site(p.get("where"), ws.root, request_of(report).model_path)
 
     def keys(perf: dict[str, Any]) -> list[str]:
-        return sorted(f"{p['kind']}{'(' + p['module'] + ')' if p.get('module') else ''} at {p.get('where')}"
+        return sorted(f"{p['kind']}{'(' + p['module'] + ')' if p.get('module') else ''} at {shown_where(p)}"
                       for p in perf.get("pathologies") or [])
 
     claimed, now = keys(claimed_perf), keys(observed)

@@ -16,8 +16,8 @@ from typing import Any
 
 from agents.fixing.diagnosis import budget_left, escalate, tried_so_far
 from agents.models import Diagnosis, RunRecord, StructuredException
-from agents.report.sites import port_site
 from agents.request import request_of
+from agents.sites import port_site
 from agents.trace import step
 
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 from typing import Any
 
 from agents.models import Numerics, RunRecord
-from agents.report.sites import port_site
 from agents.request import request_of
+from agents.sites import port_site
 from agents.trace import step
 from agents.validation.compare import (
     compare_outputs,

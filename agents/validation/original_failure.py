@@ -12,7 +12,7 @@ from typing import Any
 from agents.models import Numerics, RunRecord, StructuredException
 
 Site = Callable[[str | None], str | None]
-"""Maps a file:line of the patched tree to the user's file (agents/report/sites.py port_site, bound to the port)."""
+"""Maps a file:line of the patched tree to the user's file (agents/sites.py port_site, bound to the port)."""
 
 
 def _innermost(exc: StructuredException | None) -> str | None:
