@@ -52,6 +52,7 @@ def interrupt_path(thread_id: str, again: str | None = None) -> Iterator[None]:
     flag for work in other threads), second press, or a run that does not stop within STOP_GRACE_S,
     ends the process at once with 130. The previous handler is restored afterwards."""
     presses = 0
+    timers: list[threading.Timer] = []
 
     def hard_exit(why: str) -> None:
         err.print(f"{why}; " + (again or f"the checkpoint is kept. Resume with: {resume_command(thread_id)}"))
@@ -69,6 +70,7 @@ def interrupt_path(thread_id: str, again: str | None = None) -> Iterator[None]:
         timer = threading.Timer(STOP_GRACE_S, hard_exit, args=(f"the port did not stop within {STOP_GRACE_S:.0f}s",))
         timer.daemon = True
         timer.start()
+        timers.append(timer)
         raise PortInterrupted("interrupted by the user")
 
     if threading.current_thread() is not threading.main_thread():  # signals reach the main thread only
@@ -80,6 +82,8 @@ def interrupt_path(thread_id: str, again: str | None = None) -> Iterator[None]:
         yield
     finally:
         signal.signal(signal.SIGINT, previous)
+        for timer in timers:  # the port stopped: the grace timer must not end the process later
+            timer.cancel()
 
 
 HEARTBEAT_S = 30.0
@@ -117,7 +121,7 @@ class Heartbeat:
         self.printed()
 
     def _loop(self) -> None:
-        while not self.done.wait(1.0):
+        while not self.done.wait(min(1.0, HEARTBEAT_S / 3)):
             if time.monotonic() - self.last >= HEARTBEAT_S:
                 console.print(self.status.line())
                 self.printed()
