@@ -215,8 +215,8 @@ def test_a_timed_out_reference_is_a_timeout_not_a_porting_or_cuda_failure() -> N
 
 
 def test_a_difference_within_the_runs_spread_is_not_comparable() -> None:
-    from agents.tuning.port import NOT_COMPARABLE, compare, host_spread, performance_sentence
     from agents.models import TrialRecord
+    from agents.tuning.port import NOT_COMPARABLE, compare, host_spread, performance_sentence
 
     assert compare(2.7, 75.6, 0.0) == "slower"
     assert compare(2.7, 75.6, 8.9) == NOT_COMPARABLE  # 87.1 tok/s in its trial, 8.8 in the final benchmark
@@ -320,3 +320,64 @@ def test_port_help_keeps_option_texts_whole() -> None:
     flat = " ".join(r.stdout.replace("│", " ").split())
     assert "(process: the model's code runs UNISOLATED; auto falls back to it with a warning)" in flat
     assert "[auto|bwrap|process]" in r.stdout
+
+
+# -- Ctrl-C then resume, at every node ------------------------------------------------------------------
+
+# node -> (a function of ours the node calls, the model's twist that makes the run reach the node)
+NODE_SKILLS: dict[str, tuple[str, str]] = {
+    "planner": ("agents.nodes.planner.plan_steps", "pass"),
+    "environment": ("agents.nodes.environment.resolve_target", "pass"),
+    "code_reader": ("agents.nodes.code_reader.scan_tree", "pass"),
+    "patcher": ("agents.nodes.patcher.get_policy", "pass"),
+    "executor": ("agents.nodes.executor.run_spec", "pass"),
+    "validator": ("agents.nodes.validator.reference_run", "pass"),
+    # the port fails where the original does not (it runs from the workspace's original/ tree)
+    "debugger": ("agents.nodes.debugger.budget_left", 'assert "/original/" in __file__, "port only"'),
+    "tuner": ("agents.nodes.tuner.skeleton_tuning", "pass"),
+    "reporter": ("agents.nodes.reporter.write_bundle", "pass"),
+    "deployer": ("agents.nodes.deployer.run_deployment", "pass"),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("node", list(NODE_SKILLS))
+def test_ctrl_c_in_any_node_then_the_printed_resume_finishes_the_port(
+        node: str, tmp_path: Path, npuport_home: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A real SIGINT, delivered while the node runs one of its skills (the node runs in the CLI's main thread,
+    where the first Ctrl-C acts at once), then `npuport resume THREAD` as printed."""
+    import os
+    import signal
+
+    target, twist = NODE_SKILLS[node]
+    module, attr = target.rsplit(".", 1)
+    real = getattr(__import__(module, fromlist=[attr]), attr)
+    fired: list[float] = []
+
+    def ctrl_c_once(*a: Any, **k: Any) -> Any:
+        if not fired:
+            fired.append(time.monotonic())
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(5)  # the handler raises here, in the node, at once
+        return real(*a, **k)
+
+    monkeypatch.setattr(target, ctrl_c_once)
+    monkeypatch.setattr("agents.deploy.serving.ensure_vllm_env", _no_index)  # the deployment ends quickly
+    model = write_tiny_model(tmp_path / "m", twist=twist)
+    out = tmp_path / "out"
+    r = CliRunner().invoke(app, ["port", str(model), "--target", "cpu", "--out", str(out), "--max-runs", "2",
+                                 "--serve"])
+    assert r.exit_code == 130, r.output
+    assert fired and f"in {node}" in r.output, r.output
+    thread = r.output.split("npuport resume ", 1)[1].split()[0]
+    listed = CliRunner().invoke(app, ["resume"])
+    assert thread in listed.output and node in listed.output, listed.output  # listed as resumable, stopped there
+    again = CliRunner().invoke(app, ["resume", thread])
+    assert again.exit_code in (0, 1), again.output  # a verdict: finished, not refused, not interrupted
+    assert "already finished" not in again.output
+    report = json.loads((out / "report.json").read_text())
+    assert report["status"] == ("failed" if node == "debugger" else "validated"), report["reason"]
+    if node != "debugger":
+        assert again.exit_code == 0 and json.loads((out / "deployment.json").read_text())["status"] == "failed"
+    done = CliRunner().invoke(app, ["resume", thread])
+    assert "already finished" in done.output and thread not in CliRunner().invoke(app, ["resume"]).output
