@@ -8,6 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from agents.fixing.helper_module import HELPER_FILE
 from agents.request import request_of
 from agents.runs import token_summary
 from sandbox.targets import CHIP_REGISTRY
@@ -124,6 +125,7 @@ def _summary(report: dict[str, Any]) -> list[str]:
     files = sorted({f for p in patches for f in p.get("files") or []})
     left = [f for f in report.get("findings") or [] if str(res.get(f["id"], "")).startswith(_LEFT)]
     blockers = [f for f in left if f["category"] != "slows down"]
+    files = [f for f in files if not f.endswith(HELPER_FILE)] + [f for f in files if f.endswith(HELPER_FILE)]
     lines = [f"# npuport report: {Path(req.model_path or '?').name}", "",
              f"**{report.get('verdict') or report['status']}**{' (partial bundle)' if report.get('failure') else ''}"
              f" — {_md_escape(str(report['reason']))}", "",
@@ -143,6 +145,8 @@ def _summary(report: dict[str, Any]) -> list[str]:
     tuning = report.get("tuning") or {}
     if tuning.get("status") not in (None, "skipped"):
         lines.append(f"- **Throughput:** {_md_escape(str(tuning.get('detail') or tuning.get('status')))}")
+    if report.get("status") == "validated":
+        lines.append(f"- **Deployment:** {_md_escape(_deployment_text(report))}")
     target = report.get("target") or {}
     counters = report.get("counters") or {}
     lines += [f"- **Target:** {target.get('name', '?')}, chip {_chip_text(req.chip)}, torch_npu "
@@ -154,6 +158,17 @@ def _summary(report: dict[str, Any]) -> list[str]:
                 else []),
               "- Every detail (token ids, each edit, each trial) is in `report.json`.", ""]
     return lines
+
+
+def _deployment_text(report: dict[str, Any]) -> str:
+    """The deployment in one line (agents/report/deployment.py), or why it did not run."""
+    from agents.deploy.serve_report import deployment_summary, serving_requested
+
+    record = report.get("deployment")
+    if record:
+        return deployment_summary(record) + ("; see Deployment" if record.get("status") != "pending" else "")
+    return ("not exercised: serving was off (`npuport deploy BUNDLE` runs it)" if not serving_requested(report)
+            else "not exercised")
 
 
 def _slow_text(report: dict[str, Any]) -> str:
