@@ -35,7 +35,9 @@ def sandboxed(module: str, python: str, spec: dict[str, Any], run_dir: Path, ro:
     running step again every HEARTBEAT_S)."""
     name = SPEC_NAMES.get(module, module.rsplit(".", 1)[-1])
     progress = run_dir / f"{name}.progress"
-    spec = {**spec, "progress_path": str(progress.resolve())} if watch is not None else spec
+    if watch is not None:
+        write_own(progress, "")  # afresh: an earlier check's last step is not this one's
+        spec = {**spec, "progress_path": str(progress.resolve())}
     write_own(run_dir / f"{name}.spec.json", json.dumps(spec, indent=1))  # the run folder is the runs' too
     argv = [python, "-I", "-B", "-u", "-m", module, str(run_dir / f"{name}.spec.json")]
     # vLLM maps its KV cache, shared memory and many threads: a larger address space than a harness run.

@@ -30,7 +30,8 @@ def debugger_node(state: dict[str, Any]) -> dict[str, Any]:
     history = [Diagnosis(**d) for d in state.get("diagnoses") or []]
     last = RunRecord(**(state.get("runs") or [])[-1])
     numerics = state.get("numerics") or {}
-    if last.exception is not None and not any(r.get("purpose") == "reference" for r in state.get("runs") or []):
+    if last.exception is not None and last.status != "timeout" and \
+            not any(r.get("purpose") == "reference" for r in state.get("runs") or []):
         # Before npuport blames (and reverts) its own changes: does the original, as written, fail the same way?
         from agents.validation.original_failure import model_fails_by_itself
 
@@ -98,10 +99,10 @@ def debugger_node(state: dict[str, Any]) -> dict[str, Any]:
 
 def _timeout_because(state: dict[str, Any]) -> str:
     """The port's run stopped at its wall limit: the limit and the flag that raises it (agents/validation/compare.py)."""
-    from agents.runs import run_spec
+    from agents.runs import scaled_limits
     from agents.validation.compare import timeout_detail
 
-    limit = run_spec({**state, "runs": (state.get("runs") or [])[:-1]}).limits.wall_s  # the limit it ran under
+    limit = scaled_limits(request_of(state), (state.get("runs") or [])[:-1]).wall_s  # the limit it ran under
     return timeout_detail("the port's run", limit, state) + "; " + timeout_hint(limit)
 
 

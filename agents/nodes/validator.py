@@ -34,9 +34,9 @@ def validator_node(state: dict[str, Any]) -> dict[str, Any]:
     else:
         ref = RunRecord(**ref_dict)
     if not ref.ok and ref.status == "timeout":
-        from agents.runs import run_spec
+        from agents.runs import scaled_limits
 
-        limit = run_spec(state).limits.wall_s  # the limit the reference ran under (the runs before it set it)
+        limit = scaled_limits(request_of(state), runs).wall_s  # the limit the reference ran under (the runs before it)
         numerics = Numerics(verdict="not-run", detail=timeout_detail(
             "the reference run (the original, on the CPU in float32)", limit, {"runs": runs}))
     elif not ref.ok:
