@@ -258,8 +258,16 @@ def _diagnoses(report: dict[str, Any]) -> list[str]:
     diagnoses = report.get("diagnoses") or []
     if not diagnoses:
         return []
-    return ["## Diagnoses", ""] + [f"- {d['id']} `{d['signature']}`: {d['summary']} — fix: {d.get('fix') or 'none'}"
-                                    for d in diagnoses] + [""]
+    from agents.sites import port_site
+
+    def where(d: dict[str, Any]) -> str:  # the traceback's line is one of the patched tree: the user's line
+        if not d.get("file") or not d.get("line"):
+            return ""
+        site = port_site(f"{d['file']}:{d['line']}", report.get("workdir"), request_of(report).model_path)
+        return f" at {site}"
+
+    return ["## Diagnoses", ""] + [f"- {d['id']} `{d['signature']}`{where(d)}: {d['summary']} — fix: "
+                                   f"{d.get('fix') or 'none'}" for d in diagnoses] + [""]
 
 
 def reference_adjustments(report: dict[str, Any]) -> list[str]:
