@@ -6,6 +6,7 @@ not a failed port. Interrupted, the bundle stands and a resume (or `npuport depl
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -22,5 +23,7 @@ def deployer_node(state: dict[str, Any]) -> dict[str, Any]:
     record = run_deployment(state, bundle, bench=request_of(state).bench,
                             on_phase=lambda text: emit("phase", text=text, node="deployer"))
     brief = deployment_brief(record, bundle)
-    return {"deployment": brief, "trace": [step("deployer", f"deployment: {brief['summary']}",
-                                                 deployment_status=brief["status"])]}
+    item = step("deployer", f"deployment: {brief['summary']}", deployment_status=brief["status"])
+    with (bundle / "trace.jsonl").open("a") as fh:  # the bundle's trace ends with its deployment too
+        fh.write(json.dumps(item, default=str) + "\n")
+    return {"deployment": brief, "trace": [item]}
