@@ -133,7 +133,7 @@ class Diagnosis(BaseModel):
 class Numerics(BaseModel):
     """Validator verdict."""
 
-    verdict: Literal["match", "mismatch", "not-run", "nondeterministic-reference"]
+    verdict: Literal["match", "mismatch", "not-run", "nondeterministic-reference", "model-fails"]
     # What was compared: the greedy tokens of generate, or (a model without generate) the forward's outputs
     # within the port dtype's tolerance (metrics["outputs"] per tensor).
     compared: Literal["tokens", "outputs"] = "tokens"

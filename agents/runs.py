@@ -78,11 +78,27 @@ class RunSpec:
 
 def run_spec(state: Mapping[str, Any], target: Target | None = None) -> RunSpec:
     """The spec of a port's runs, from the graph state: the workspace's patched model on the resolved
-    target, with the request's limits and shrink and the environment node's interpreter."""
+    target, with limits that scale with the host (:func:`scaled_limits`), the request's shrink and the
+    environment node's interpreter."""
     workdir = Path(state["workdir"])
+    req = request_of(state)
     return RunSpec.of(workdir=workdir, model_dir=workdir / "model", manifest=state.get("entry") or {},
-                      target=target or target_from_dict(state["target"]), request=request_of(state),
-                      python=(state.get("environment") or {}).get("python"))
+                      target=target or target_from_dict(state["target"]), request=req,
+                      python=(state.get("environment") or {}).get("python"),
+                      limits=scaled_limits(req, state.get("runs") or []))
+
+
+SCALE_MEASURED = 3.0
+"""A run may take this many times the longest finished run of the same model on this host (plus a minute)."""
+
+
+def scaled_limits(req: PortRequest | Mapping[str, Any], runs: list[dict[str, Any]]) -> Limits:
+    """The wall limit of a port's next run: the request's ``run_timeout_s``, raised to SCALE_MEASURED x the longest
+    run of the port or its reference that finished on this host (a loaded host runs the reference as slowly as the
+    port: the port at 299.7 s of a 300 s limit left its reference no chance), and the other way round."""
+    base = float(request_of(req).run_timeout_s)
+    done = [float(r.get("wall_s") or 0) for r in runs if r.get("ok") and r.get("purpose") in ("port", "reference")]
+    return Limits(wall_s=max(base, SCALE_MEASURED * max(done) + 60) if done else base)
 
 
 def _exception(result: dict[str, Any], run_dir: Path) -> StructuredException | None:

@@ -164,7 +164,14 @@ class Workspace:
         return self.git("rev-parse", "HEAD").strip()
 
     def diff_from_original(self) -> str:
-        return self.git("diff", "--no-ext-diff", "--no-textconv", "original", "HEAD")
+        return self.ordered_diff("original", "HEAD")
+
+    def ordered_diff(self, a: str, b: str) -> str:
+        """``git diff a b`` with npuport's helper modules last (agents/fixing/helper_module.py): a reviewer reads
+        the changes to the model's code first."""
+        helpers = ":(glob)**/_npuport_helpers.py"
+        body = self.git("diff", "--no-ext-diff", "--no-textconv", a, b, "--", ".", ":(exclude,glob)**/_npuport_helpers.py")
+        return body + self.git("diff", "--no-ext-diff", "--no-textconv", a, b, "--", helpers)
 
     def changed_files(self, commit: str) -> list[str]:
         out = self.git("show", "--no-ext-diff", "--no-textconv", "--name-only", "--pretty=format:", commit)

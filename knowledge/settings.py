@@ -93,8 +93,9 @@ class Settings(BaseSettings):
     tune_time_s: float | None = Field(default=None, gt=0)
     """Default tuning wall time when the request names none (else half the port's wall budget)."""
     serve: bool = True
-    """Exercise the deployment of a validated port (vLLM serves it with serve.sh; tokens and throughput checked;
-    about two minutes on a small host) when the request does not say (0: write serve.sh only)."""
+    """Exercise the deployment of a validated port after its bundle is written (vLLM serves it with serve.sh; tokens
+    checked, throughput probed; about 3 minutes after the server's start on a small host) when the request does not
+    say (0: write serve.sh only; `npuport deploy BUNDLE` runs it later)."""
     engine_tune_trials: int = Field(default=8, ge=1)
     """Server starts the engine tuner may spend (a tuned port that is served: each trial starts serve.sh with one
     configuration of vLLM's knobs and runs a short load; about a minute each on a small host)."""

@@ -82,6 +82,33 @@ def write_deploy_bundle(state: dict[str, Any], out_dir: Path) -> dict[str, str]:
             small, _ = shrink_config(json.loads(config_file.read_text()), manifest.get("shrink") or {}, model_dir)
         if small is not None:
             files["run_config"] = _write(out_dir / "run_config.json", json.dumps(small, indent=1))
+    write_serve = serve_writer(state, out_dir, files)
+    write_serve()
+    if model_dir is not None:
+        python = (state.get("environment") or {}).get("python")  # the layered env the runs used, if any
+        req_txt, con_txt = requirements.render(model_dir, python if python and Path(python).exists() else None)
+        files["requirements"] = _write(out_dir / "requirements.txt", req_txt)
+        files["constraints"] = _write(out_dir / "constraints.txt", con_txt)
+    files.update(plots.write_plots(tuning, out_dir / "plots", name))
+    if serve_report.serving_requested(state) and state.get("workdir") and manifest.get("run", {}).get("method") not in (
+            None, "generate"):
+        files["deployment_json"] = _write(out_dir / "deployment.json", json.dumps(
+            {"status": "not served", "error": "the model has no generate (validated on its forward outputs): vLLM's "
+                                              "generation serving and its token check do not apply; serve.sh is "
+                                              "written, not exercised"}, indent=1))
+    # Serving it (the deployment phase, agents/report/deployment.py) comes after the bundle is written.
+    return files
+
+
+def serve_writer(state: dict[str, Any], out_dir: Path, files: dict[str, str] | None = None) -> Any:
+    """A function that (re)writes serve.sh, set_env.sh and deploy.json, with an engine configuration measured on
+    this host when given one (the engine tuner's); ``files`` records what it wrote."""
+    files = files if files is not None else {}
+    req = request_of(state)
+    name = Path(req.model_path or "model").name
+    tuning = state.get("tuning") or {}
+    target = target_spec_of(state.get("target")).name
+    model_dir = _model_dir(state, out_dir)
     src = req.model_path
     from agents.environment.compat import load_compat
 
@@ -102,33 +129,21 @@ def write_deploy_bundle(state: dict[str, Any], out_dir: Path) -> dict[str, str]:
              "target": target, "model_class": docs.model.model_dump(), "serving_docs": docs.docs,
              "serving_note": docs.note, "serving_stack": chosen_stack, "engine": engine}, indent=1))
 
-    write_serve()
-    if model_dir is not None:
-        python = (state.get("environment") or {}).get("python")  # the layered env the runs used, if any
-        req_txt, con_txt = requirements.render(model_dir, python if python and Path(python).exists() else None)
-        files["requirements"] = _write(out_dir / "requirements.txt", req_txt)
-        files["constraints"] = _write(out_dir / "constraints.txt", con_txt)
-    files.update(plots.write_plots(tuning, out_dir / "plots", name))
-    if serve_report.serving_requested(state) and state.get("workdir") and manifest.get("run", {}).get("method") not in (
-            None, "generate"):
-        files["deployment_json"] = _write(out_dir / "deployment.json", json.dumps(
-            {"status": "not served", "error": "the model has no generate (validated on its forward outputs): vLLM's "
-                                              "generation serving and its token check do not apply; serve.sh is "
-                                              "written, not exercised"}, indent=1))
-    elif serve_report.serving_requested(state) and state.get("workdir"):
-        from agents.deploy.serving import exercise
-        from agents.workspace import Workspace
+    return write_serve
 
-        record = exercise(state, out_dir, Workspace(Path(state["workdir"])).runs_dir, write_serve=write_serve)
-        files["deployment_json"] = _write(out_dir / "deployment.json", json.dumps(record, indent=1, default=str))
-        # serve.sh says itself whether it was started and what came of it (never an untested script unmarked).
-        head, _, rest = Path(files["serve_sh"]).read_text().partition("\n")
-        verb = "Started" if record.get("status") == "served" or record.get("throughput") else "Checked (not started)"
-        note = f"# {verb} by npuport on this host ({record.get('host')}): {serve_report.deployment_summary(record)}"
-        if record.get("status") == "no vLLM path":
-            rest = no_path_guard(rest, str(record.get("error") or ""))
-        _write(Path(files["serve_sh"]), f"{head}\n{note[:400].replace(chr(10), ' ')} (deployment.json)\n{rest}", True)
-    return files
+
+def mark_serve_sh(out_dir: Path, record: dict[str, Any]) -> None:
+    """serve.sh says itself whether it was started and what came of it (never an untested script unmarked); a
+    model with no vLLM path gets the guard that stops it with the reason."""
+    serve_sh = out_dir / "serve.sh"
+    head, _, rest = serve_sh.read_text().partition("\n")
+    if rest.startswith("# Started by npuport") or rest.startswith("# Checked (not started) by npuport"):
+        rest = rest.partition("\n")[2]  # a rerun replaces the earlier note
+    verb = "Started" if record.get("status") == "served" or record.get("throughput") else "Checked (not started)"
+    note = f"# {verb} by npuport on this host ({record.get('host')}): {serve_report.deployment_summary(record, 300)}"
+    if record.get("status") == "no vLLM path" and "exit 3\n" not in rest:
+        rest = no_path_guard(rest, str(record.get("error") or ""))
+    _write(serve_sh, f"{head}\n{note[:400].replace(chr(10), ' ')} (deployment.json)\n{rest}", True)
 
 
 def no_path_guard(script: str, reason: str) -> str:
@@ -184,7 +199,8 @@ def deploy_markdown(state: dict[str, Any], out_dir: Path) -> str:
     """A report section: benchmark numbers and the serve settings, each with reason and citation."""
     tuning = state.get("tuning") or {}
     deployed = out_dir / "deployment.json"
-    lines = serve_report.deployment_lines(json.loads(deployed.read_text()) if deployed.is_file() else None)
+    lines = serve_report.deployment_lines(json.loads(deployed.read_text()) if deployed.is_file()
+                                          else state.get("deployment"))
     lines += ["## Benchmark", ""] + benchmark_lines(tuning)
     if tuning.get("tuned") and (out_dir / "plots").is_dir():
         lines += [f"![{p.stem}](plots/{p.name})" for p in sorted((out_dir / "plots").glob("*.png"))] + [""]

@@ -125,7 +125,7 @@ def engine_settings(best: dict[str, Any], facts: dict[str, Any] | None = None) -
 
 
 WriteServe = Callable[[dict[str, Any] | None], None]  # re-renders serve.sh with an engine block (None: without)
-Sandboxed = Callable[..., dict[str, Any]]  # serving._sandboxed(module, python, spec, run_dir, ro, wall_s, env=...)
+Sandboxed = Callable[..., dict[str, Any]]  # serving.sandboxed(module, python, spec, run_dir, ro, wall_s, env=...)
 
 
 def strip_args(args: list[str], host: list[str]) -> list[str]:

@@ -15,16 +15,24 @@ IMPLEMENTATION = {
 }
 
 
+PENDING = "pending"
+"""The deployment's status in a bundle written before its deployment phase ran (or finished)."""
+
+
 def serving_requested(source: dict[str, Any]) -> bool:
     """The request's ``serve`` (of a state, a report or a request), else NPUPORT_SERVE."""
     value = request_of(source).serve
     return settings().serve if value is None else bool(value)
 
 
-def deployment_summary(rec: dict[str, Any]) -> str:
-    """One line: served (by what), tokens, the best throughput; or why not."""
+def deployment_summary(rec: dict[str, Any], cut: int | None = None) -> str:
+    """One line: served (by what), tokens, the best throughput; or why not (its reason's first line, whole
+    unless ``cut`` says how many characters of it to keep)."""
+    if rec.get("status") == PENDING:
+        return ("not run yet: the bundle is written first and the deployment check follows; if the port was "
+                "stopped before it ended, `npuport deploy BUNDLE` runs it")
     if rec.get("status") != "served":
-        why = str(rec.get("error") or "").strip().splitlines()[0][:160] if rec.get("error") else ""
+        why = str(rec.get("error") or "").strip().splitlines()[0][:cut] if rec.get("error") else ""
         status = str(rec.get("status"))
         return why if why.startswith(status) else f"{status}: {why}"  # the error may already say it
     rows = (rec.get("throughput") or {}).get("rows") or []
@@ -32,8 +40,9 @@ def deployment_summary(rec: dict[str, Any]) -> str:
     eng = rec.get("engine_tuning") or {}
     tuned = (f"; engine tuned on this host: {eng.get('deployed')} serve.sh deployed ({eng.get('tuned_vs_untuned')}x "
              "the untuned)" if eng.get("deployed") else "")
+    probe = " (probe)" if (rec.get("budget") or {}).get("plan") == "probe" else ""
     return (f"served by vLLM ({rec.get('implementation')}); tokens {'PASS' if rec['tokens']['ok'] else 'FAIL'}"
-            + (f"; {top['output_tokens_per_s']} tok/s at concurrency {top['concurrency']} "
+            + (f"; {top['output_tokens_per_s']} tok/s at concurrency {top['concurrency']}{probe} "
                f"({top.get('vs_one_at_a_time')}x Transformers one at a time)" if top else "") + tuned)
 
 
@@ -48,11 +57,37 @@ def _ms(v: Any) -> str:
     return "-" if v is None else f"{v:g}"
 
 
+def _budget_lines(rec: dict[str, Any]) -> list[str]:
+    """What the check's budget allowed, and what it cut (agents/deploy/check_plan.py)."""
+    budget = rec.get("budget") or {}
+    if not budget:
+        return []
+    lines = [f"- budget: the server's start up to {_ms(budget.get('start_timeout_s'))} s, then tokens and throughput "
+             f"up to {_ms(budget.get('after_start_s'))} s"]
+    if budget.get("cut"):
+        lines.append(f"- cut by the budget: {budget['cut']}")
+    if budget.get("cut_now"):
+        lines.append(f"- cut on this run: {budget['cut_now']}")
+    if budget.get("timed_out"):
+        lines.append(f"- ran past its limit: {budget['timed_out']} (`npuport deploy BUNDLE` runs the check again)")
+    return lines
+
+
+def _without_status(error: str, status: str) -> str:
+    """The error without a leading repeat of the status ("no vLLM path: no vLLM path ...")."""
+    text = error.strip()
+    return text[len(status):].lstrip(" :;") if text.lower().startswith(status.lower()) else text
+
+
 def deployment_lines(rec: dict[str, Any] | None) -> list[str]:
     if not rec:
-        return ["## Deployment", "", "Not exercised (serving was off: `--serve` or NPUPORT_SERVE=1 runs it): serve.sh "
-                "was written and never started on this host.", ""]
+        return ["## Deployment", "", "Not exercised (serving was off: `--serve` or NPUPORT_SERVE=1 runs it; "
+                "`npuport deploy BUNDLE` runs it on this bundle): serve.sh was written and never started on this host.", ""]
     status = rec.get("status")
+    if status == PENDING:
+        return ["## Deployment: NOT RUN YET", "", "The bundle is written first; the deployment check (vLLM serving the "
+                "port with serve.sh) follows it and adds deployment.json and this section. If the port was stopped "
+                "before it ended, `npuport deploy BUNDLE` runs it.", ""]
     lines = ["## Deployment (exercised: vLLM served the port)" if status == "served"
              else f"## Deployment: {str(status).upper()}", ""]
     lines.append(f"- engine: {rec.get('host')}; served with the bundle's own serve.sh, in the sandbox "
@@ -67,7 +102,7 @@ def deployment_lines(rec: dict[str, Any] | None) -> list[str]:
                      f"failed the model, so vLLM's Transformers backend was tried: {str(first['error'])[:600]}")
     if rec.get("backend_retry"):
         lines.append(f"- after that failure, vLLM's Transformers backend over the patched code: {rec['backend_retry']}")
-    if rec.get("config_note"):
+    if rec.get("config_note") and (status == "served" or rec.get("tokens")):  # only about a model vLLM ran
         lines.append(f"- {rec['config_note']}")
     if (rec.get("servable") or {}).get("quantization"):
         lines.append(f"- {rec['servable']['quantization']}")
@@ -77,12 +112,13 @@ def deployment_lines(rec: dict[str, Any] | None) -> list[str]:
                      " (eager: graph compilation takes minutes on a small CPU host)")
     if rec.get("start_s") is not None:
         lines.append(f"- server ready after {rec['start_s']} s")
+    lines += _budget_lines(rec)
     if rec.get("exercised"):
         lines.append(f"- serve.sh settings exercised here: {', '.join(rec['exercised'])}")
     if rec.get("not_exercised"):
         lines.append(f"- not exercised on this host (Ascend only): {'; '.join(rec['not_exercised'])}")
     if rec.get("error") and status == "no vLLM path":
-        lines += ["", f"No vLLM path: {rec['error']}. Nothing was served, and serve.sh stops with this reason "
+        lines += ["", f"No vLLM path: {_without_status(str(rec['error']), 'no vLLM path')}. Nothing was served, and serve.sh stops with this reason "
                   "instead of starting vLLM."]
     elif rec.get("error"):
         lines += ["", "The deployment failed; the server's own words:", "", "```", str(rec["error"])[-2500:], "```"]
@@ -117,7 +153,9 @@ def deployment_lines(rec: dict[str, Any] | None) -> list[str]:
     tp = rec.get("throughput")
     if tp and tp.get("rows"):
         one = tp.get("transformers_one_at_a_time_tok_s")
-        lines += ["", "### Throughput (one run, same requests: mixed prompt and output lengths)", "",
+        probe = (rec.get("budget") or {}).get("plan") == "probe"
+        lines += ["", "### Throughput " + ("probe (the check's budget: `npuport bench BUNDLE` runs the full comparison)"
+                                            if probe else "(one run, same requests: mixed prompt and output lengths)"), "",
                   f"Transformers `generate`, one request at a time: {_ms(one)} output tok/s"
                   + _measured_on(tp.get("transformers_requests") or {}) + ".", "",
                   "| concurrency | vLLM output tok/s | median TTFT (ms) | median TPOT (ms) | Transformers batched "

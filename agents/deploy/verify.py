@@ -17,7 +17,7 @@ from agents.deploy.token_gate import prefix_len
 from agents.request import request_of
 from agents.runs import RunSpec, token_summary
 from agents.tuning.measure import TUNE_CONCURRENCY, headline_spec, points_of
-from agents.tuning.port import UNTUNED_CONFIG
+from agents.tuning.port import MAX_RESOLVABLE_SPREAD, UNTUNED_CONFIG
 from agents.workspace import Workspace
 from knowledge.errors import TargetError, WorkspaceError
 from sandbox.isolation.process import Limits
@@ -157,7 +157,7 @@ def _outputs_claim(report: dict[str, Any], ref: Any, port: Any) -> Claim:
 def _perf_claim(report: dict[str, Any], ws: Workspace) -> Claim:
     """Re-check the decode profile: the verify runs of _tokens_claim profile themselves, and the
     pathologies found in them (kind, module, code line) must be the report's."""
-    from agents.validation.perf_evidence import analyse, profile_of
+    from agents.validation.perf_evidence import analyse, profile_of, shown_where
 
     claimed_perf = report.get("perf") or {}
     if not claimed_perf.get("profiled"):
@@ -166,9 +166,13 @@ def _perf_claim(report: dict[str, Any], ws: Workspace) -> Claim:
     if port is None:
         return Claim(name="decode profile", verdict="disagree", detail="the verify run of the port has no profile")
     observed = analyse(port, profile_of(ws.runs_dir / "verify-reference" / "result.json"))
+    from agents.sites import port_site
+
+    for p in observed.get("pathologies") or []:  # printed as the report prints them: the user's file:line
+        p["user_where"] = port_site(p.get("where"), ws.root, request_of(report).model_path)
 
     def keys(perf: dict[str, Any]) -> list[str]:
-        return sorted(f"{p['kind']}{'(' + p['module'] + ')' if p.get('module') else ''} at {p.get('where')}"
+        return sorted(f"{p['kind']}{'(' + p['module'] + ')' if p.get('module') else ''} at {shown_where(p)}"
                       for p in perf.get("pathologies") or [])
 
     claimed, now = keys(claimed_perf), keys(observed)
@@ -208,6 +212,10 @@ def _throughput_claim(report: dict[str, Any], ws: Workspace, target: Target, ref
     detail = (f"{observed:.1f} tokens/s now (median of {len(point.get('tokens_per_s_runs') or [])} runs, "
               f"spread {float(point.get('spread') or 0):.0%}) vs {claimed:.1f} reported at concurrency {conc}"
               + (f"; the steadiest of {tries} benchmarks, the first spread {first_spread:.0%}" if tries > 1 else ""))
+    if noise > MAX_RESOLVABLE_SPREAD:  # the runs move more than any comparison could resolve: neither agree nor not
+        return Claim(name="throughput", verdict="unchecked", claimed=round(claimed, 2), observed=round(observed, 2),
+                     detail=f"{detail}: not comparable on this host (spread {noise:.0%}); the figure is neither "
+                            "confirmed nor refuted")
     ok, why = within(observed, claimed, tol, tolerance)
     untuned_claimed = (tuned.get("untuned") or {}).get("tokens_per_s")
     if not ok and untuned_claimed and tuned.get("chosen") != "untuned":

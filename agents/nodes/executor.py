@@ -5,9 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from agents.report.sites import port_site
 from agents.request import request_of
 from agents.runs import STEP_CAPTURE, record_of, run_spec, token_summary
+from agents.sites import port_site
 from agents.trace import step
 from agents.workspace import Workspace
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 from typing import Any
 
 from agents.models import Numerics, RunRecord
-from agents.report.sites import port_site
 from agents.request import request_of
+from agents.sites import port_site
 from agents.trace import step
 from agents.validation.compare import (
     compare_outputs,
@@ -15,6 +15,7 @@ from agents.validation.compare import (
     compared_outputs,
     reference_run,
     self_disagreement,
+    timeout_detail,
     with_metrics,
 )
 from agents.validation.perf_evidence import analyse, profile_of, verdict
@@ -32,7 +33,13 @@ def validator_node(state: dict[str, Any]) -> dict[str, Any]:
         counters["reference_runs"] = counters.get("reference_runs", 0) + made
     else:
         ref = RunRecord(**ref_dict)
-    if not ref.ok:
+    if not ref.ok and ref.status == "timeout":
+        from agents.runs import scaled_limits
+
+        limit = scaled_limits(request_of(state), runs).wall_s  # the limit the reference ran under (the runs before it)
+        numerics = Numerics(verdict="not-run", detail=timeout_detail(
+            "the reference run (the original, on the CPU in float32)", limit, {"runs": runs}))
+    elif not ref.ok:
         exc = ref.exception
         # npuport's own note (a full disk: agents/runs.py) is kept past the cut
         said, _, note = exc.message.partition(" [npuport: ") if exc else ("", "", "")

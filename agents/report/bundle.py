@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from agents.deploy.serve_report import PENDING, serving_requested
 from agents.report.markdown import _md_escape, failure_markdown, render_markdown
 from agents.request import request_of
 from agents.validation.perf_evidence import perf_markdown, shown_where, strict_failure, verdict
@@ -33,6 +34,29 @@ def final_status(state: dict[str, Any]) -> tuple[str, str]:
             reason += "; decode profile: " + "; ".join(f"{p['title']} at {shown_where(p)}" for p in found)
         return "validated", reason
     return "failed", state.get("reason") or numerics.get("detail") or f"validation verdict {numerics.get('verdict', 'not-run')}"
+
+
+TIMED_OUT = "timed out"
+MODEL_FAILS = "the model fails by itself"
+NOT_VALIDATED = "not validated"
+NOT_PORTED = "not ported"
+
+
+def outcome_label(state: dict[str, Any]) -> str:
+    """How the CLI and the reports name a port that did not validate: a run stopped at its time limit is a
+    timeout (with the limit and the flag that raises it in the reason), an original that fails the same way by
+    itself is the model's own failure, a port that ran but whose reference could not is not validated; "not
+    ported" only when the port itself failed."""
+    reason = str(state.get("reason") or "")
+    if (state.get("numerics") or {}).get("verdict") == "model-fails":
+        return MODEL_FAILS
+    if "was stopped at its time limit" in reason or "time limit" in str((state.get("numerics") or {}).get("detail")):
+        return TIMED_OUT
+    runs = state.get("runs") or []
+    port_ran = any(r.get("purpose") == "port" and r.get("ok") for r in runs)
+    if port_ran and (state.get("numerics") or {}).get("verdict") in ("not-run", "nondeterministic-reference"):
+        return NOT_VALIDATED
+    return NOT_PORTED
 
 
 def _left_as_written(hazard: str, finding_rule: str = "") -> str:
@@ -148,7 +172,7 @@ def write_bundle(state: dict[str, Any], out_dir: Path, status: str, reason: str)
             from agents.deploy import write_deploy_bundle
 
             files.update(write_deploy_bundle(state, out_dir))
-            if files.get("deployment_json"):  # the exercised deployment (agents/deploy/serving.py)
+            if files.get("deployment_json"):  # a model whose deployment does not apply (no generate)
                 report["deployment"] = json.loads(Path(files["deployment_json"]).read_text())
     from agents.projection.projector import report_projection  # "Projected on <chip>" (issue 44)
 
@@ -170,21 +194,32 @@ def write_bundle(state: dict[str, Any], out_dir: Path, status: str, reason: str)
     plot = _decode_profile_plot(report, out_dir)
     if plot:
         files["plot_decode_profile"] = str(out_dir / plot)
+    if status == "validated" and serving_requested(state) and not report.get("deployment"):
+        report["deployment"] = {"status": PENDING}  # the deployment phase follows (agents/report/deployment.py)
     (out_dir / "report.json").write_text(json.dumps(report, indent=1, default=str))
+    _write_report_and_trace(out_dir, bundle_markdown(report, out_dir), state.get("trace") or [], files)
+    return {"dir": str(out_dir), "files": files}
+
+
+def bundle_markdown(report: dict[str, Any], out_dir: Path) -> str:
+    """report.md from report.json and the bundle's files alone, so the deployment phase (or `npuport deploy`)
+    renders it again once deployment.json is in."""
+    plot_file = out_dir / "plots" / "profile" / "decode_profile.png"
+    plot = str(plot_file.relative_to(out_dir)) if plot_file.is_file() else None
     profiled = (report["perf"] or {}).get("profiled")  # only measured sections: no profile, no section
-    markdown = render_markdown(report) + ("\n".join(perf_markdown(report["perf"], status, plot)) if profiled else "")
+    markdown = render_markdown(report) + ("\n".join(perf_markdown(report["perf"], report["status"], plot))
+                                          if profiled else "")
     if report.get("llm"):
         llm = report["llm"]
         markdown += (f"\n\n## LLM\n\n{llm['exchanges']} exchange(s), {llm['tokens']} of {llm['limit']} tokens; "
                      "every prompt and response (secrets scrubbed) is in `llm/`, and each LLM fix's commit names "
                      "its prompt.\n")
         markdown += "".join(f"\n- {_md_escape(n)}" for n in llm.get("decisions") or []) + "\n"
-    if status == "validated":
+    if report["status"] == "validated":
         from agents.deploy import deploy_markdown
 
-        markdown += "\n" + deploy_markdown(state, out_dir)
-    _write_report_and_trace(out_dir, markdown, state.get("trace") or [], files)
-    return {"dir": str(out_dir), "files": files}
+        markdown += "\n" + deploy_markdown(report, out_dir)
+    return markdown
 
 
 def _write_report_and_trace(out_dir: Path, markdown: str, trace: list[Any], files: dict[str, str]) -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from agents.fixing.helper_module import HELPER_FILE
 from agents.projection.render import report_section  # "Projected on <chip>" (issue 44)
 from agents.request import request_of
 from agents.runs import token_summary
@@ -128,6 +129,7 @@ def _summary(report: dict[str, Any]) -> list[str]:
     files = sorted({f for p in patches for f in p.get("files") or []})
     left = [f for f in report.get("findings") or [] if str(res.get(f["id"], "")).startswith(_LEFT)]
     blockers = [f for f in left if f["category"] != "slows down"]
+    files = [f for f in files if not f.endswith(HELPER_FILE)] + [f for f in files if f.endswith(HELPER_FILE)]
     lines = [f"# npuport report: {Path(req.model_path or '?').name}", "",
              f"**{report.get('verdict') or report['status']}**{' (partial bundle)' if report.get('failure') else ''}"
              f" — {_md_escape(str(report['reason']))}", "",
@@ -147,6 +149,8 @@ def _summary(report: dict[str, Any]) -> list[str]:
     tuning = report.get("tuning") or {}
     if tuning.get("status") not in (None, "skipped"):
         lines.append(f"- **Throughput:** {_md_escape(str(tuning.get('detail') or tuning.get('status')))}")
+    if report.get("status") == "validated":
+        lines.append(f"- **Deployment:** {_md_escape(_deployment_text(report))}")
     target = report.get("target") or {}
     counters = report.get("counters") or {}
     lines += [f"- **Target:** {target.get('name', '?')}, chip {_chip_text(req.chip)}, torch_npu "
@@ -158,6 +162,17 @@ def _summary(report: dict[str, Any]) -> list[str]:
                 else []),
               "- Every detail (token ids, each edit, each trial) is in `report.json`.", ""]
     return lines
+
+
+def _deployment_text(report: dict[str, Any]) -> str:
+    """The deployment in one line (agents/report/deployment.py), or why it did not run."""
+    from agents.deploy.serve_report import deployment_summary, serving_requested
+
+    record = report.get("deployment")
+    if record:
+        return deployment_summary(record) + ("; see Deployment" if record.get("status") != "pending" else "")
+    return ("not exercised: serving was off (`npuport deploy BUNDLE` runs it)" if not serving_requested(report)
+            else "not exercised")
 
 
 def _slow_text(report: dict[str, Any]) -> str:
@@ -248,8 +263,16 @@ def _diagnoses(report: dict[str, Any]) -> list[str]:
     diagnoses = report.get("diagnoses") or []
     if not diagnoses:
         return []
-    return ["## Diagnoses", ""] + [f"- {d['id']} `{d['signature']}`: {d['summary']} — fix: {d.get('fix') or 'none'}"
-                                    for d in diagnoses] + [""]
+    from agents.sites import port_site
+
+    def where(d: dict[str, Any]) -> str:  # the traceback's line is one of the patched tree: the user's line
+        if not d.get("file") or not d.get("line"):
+            return ""
+        site = port_site(f"{d['file']}:{d['line']}", report.get("workdir"), request_of(report).model_path)
+        return f" at {site}"
+
+    return ["## Diagnoses", ""] + [f"- {d['id']} `{d['signature']}`{where(d)}: {d['summary']} — fix: "
+                                   f"{d.get('fix') or 'none'}" for d in diagnoses] + [""]
 
 
 def reference_adjustments(report: dict[str, Any]) -> list[str]:
@@ -270,11 +293,29 @@ def _validation(report: dict[str, Any]) -> list[str]:
                      f"(CPU float32 via device redirect) within the {metrics.get('dtype', 'float32')} tolerance: cosine >= "
                      f"{tol.get('min_cosine')}, at most {float(tol.get('max_share_over_1e3') or 0):.0%} of elements off "
                      "by more than 1e-3 relative (per tensor: report.json `numerics.metrics.outputs`)")
-    else:
-        lines += [f"- reference tokens (original, CPU float32 via device redirect): {token_summary(n.get('reference_tokens'))}",
-                  f"- port tokens (on the target): {token_summary(n.get('port_tokens'))} (every id: report.json `numerics`)"]
+    else:  # the runs' own tokens when the comparison did not get as far as holding them (a reference that failed)
+        ref = n.get("reference_tokens") or _last_tokens(report, "reference")
+        port = n.get("port_tokens") or _last_tokens(report, "port")
+        lines += [f"- reference tokens (original, CPU float32 via device redirect): {_tokens_or_why(ref, report, 'reference')}",
+                  f"- port tokens (on the target): {_tokens_or_why(port, report, 'port')} (every id: report.json "
+                  "`numerics` and `runs`)"]
     lines += [f"- {_md_escape(a)}" for a in reference_adjustments(report)]
     return lines + [""]
+
+
+def _last_tokens(report: dict[str, Any], purpose: str) -> list[list[int]] | None:
+    return next((r["tokens"] for r in reversed(report.get("runs") or [])
+                 if r.get("purpose") == purpose and r.get("tokens") is not None), None)
+
+
+def _tokens_or_why(tokens: list[list[int]] | None, report: dict[str, Any], purpose: str) -> str:
+    """The tokens, or why a run of that purpose has none (never a bare None)."""
+    if tokens is not None:
+        return token_summary(tokens)
+    last = next((r for r in reversed(report.get("runs") or []) if r.get("purpose") == purpose), None)
+    if last is None:
+        return "none (no such run)"
+    return f"none (run {last['id']} ended {last.get('status')} after {float(last.get('wall_s') or 0):.0f} s)"
 
 
 def _op_inventory(report: dict[str, Any]) -> list[str]:

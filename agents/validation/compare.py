@@ -114,10 +114,21 @@ def reference_run(state: dict[str, Any], name: str = "reference") -> tuple[RunRe
     rec = record_of(spec.harness(ws.runs_dir / name), name, "reference", "cpu (cuda->cpu redirect)")
     runs = 1
     replay = environment_replay(state.get("patches") or [], state.get("diagnoses") or [])
-    if not rec.ok and not notes and (notes := adjust_reference(ws, failure_text(rec.exception), replay)):
+    # A run stopped at its time limit says nothing about CUDA: no switch-only fix is called for
+    if not rec.ok and rec.status != "timeout" and not notes and \
+            (notes := adjust_reference(ws, failure_text(rec.exception), replay)):
         rec = record_of(spec.harness(ws.runs_dir / f"{name}-adjusted"), name, "reference", "cpu (cuda->cpu redirect)")
         runs += 1
     return rec.model_copy(update={"reference_adjusted": notes or None}), runs
+
+
+def timeout_detail(what: str, limit_s: float, state: dict[str, Any]) -> str:
+    """A run stopped at its wall limit, said as such: the limit, how long the port's own runs took, and the flag
+    that raises it (never a porting failure, never a CUDA build failure)."""
+    port = [float(r.get("wall_s") or 0) for r in state.get("runs") or [] if r.get("purpose") == "port" and r.get("ok")]
+    took = f"; the port's own run took {max(port):.0f} s" if port else ""
+    return (f"{what} was stopped at its time limit of {limit_s:.0f} s on this host{took}: a timeout, not a porting "
+            f"failure; `--run-timeout {int(max(limit_s * 2, 600))}` raises the limit")
 
 
 def self_disagreement(first: RunRecord, second: RunRecord) -> Numerics | None:

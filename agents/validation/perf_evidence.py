@@ -32,7 +32,7 @@ class PerfFinding(BaseModel):
     where: str | None = None
     """'file:line' in the model, from the profiler's stack (a line of the patched tree)."""
     user_where: str | None = None
-    """``where`` in the user's own file (agents/report/sites.py), set by the validator from the workspace."""
+    """``where`` in the user's own file (agents/sites.py), set by the validator from the workspace."""
     evidence: str
     numbers: dict[str, Any] = Field(default_factory=dict)
     cause: str = ""

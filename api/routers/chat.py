@@ -38,7 +38,7 @@ from api.auth import Principal, require
 from api.chat_answers import answer, question_of
 from api.jobs import TERMINAL, Job, JobManager
 from api.routers.ports import manager_of
-from api.submit import submit_job
+from api.submit import ROOTS_HINT, submit_job
 from knowledge.errors import JobError, SubmitError
 
 router = APIRouter(prefix="/v1", tags=["chat"])
@@ -134,6 +134,8 @@ async def chat_completions(body: ChatRequest, request: Request,
             follow = job = new_job
         except (SubmitError, JobError) as exc:
             reply = f"I could not start that port: {exc}"
+            if not mgr.settings.allowed_roots:  # a chat client cannot upload: say how a folder becomes portable
+                reply += f". To port a model folder by its path, {ROOTS_HINT}."
     elif job is None:
         reply = HELP
     elif intent == "cancel":
@@ -201,6 +203,10 @@ def _event_line(kind: str, data: dict[str, Any]) -> str | None:
     if kind == "progress" and data.get("kind") == "reasoning":  # an agent thinking aloud (agents/reasoning.py)
         who = "LLM" if data.get("source") == "llm" else "rules"
         return f"  > _{data.get('agent')} ({who})_: {data.get('text')}\n"
+    if kind == "progress" and data.get("kind") == "phase" and data.get("node") == "deployer":
+        return f"  - _{data.get('text')}_\n"  # the deployment's named phases: env, start, tokens, throughput
+    if kind == "progress" and data.get("kind") == "task" and data.get("node") == "deployer":
+        return "- **deployment**: the bundle is written; vLLM now serves the port with serve.sh\n"
     if kind != "status":  # other live progress (node starts, trials) is for the page; chat gets the steps
         return None
     status = data.get("status")
@@ -265,4 +271,18 @@ def _meta(kind: str, data: dict[str, Any]) -> dict[str, Any] | None:
 
 def _final_line(job: Job) -> str:
     bundle = f" Bundle: /v1/ports/{job.id}/bundle; ask for the report." if job.bundle_dir else ""
-    return f"\njob `{job.id}` ended: **{job.status}** — {job.reason}.{bundle}\n"
+    return f"\njob `{job.id}` ended: **{job.status}** — {job.reason}.{bundle}\n" + _deployment_line(job)
+
+
+def _deployment_line(job: Job) -> str:
+    """The deployment's outcome from the job's bundle (report.json), said in the last message."""
+    from agents.deploy.serve_report import deployment_summary
+
+    report = Path(job.bundle_dir) / "report.json" if job.bundle_dir else None
+    try:
+        record = json.loads(report.read_text()).get("deployment") if report and report.is_file() else None
+    except (OSError, ValueError):
+        record = None
+    if not record:
+        return ""
+    return f"Deployment: {deployment_summary(record).replace('BUNDLE', f'the bundle ({job.bundle_dir})')}\n"
