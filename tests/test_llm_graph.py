@@ -158,8 +158,22 @@ def test_chat_port_streams_every_agents_reasoning_and_survives_each_llm_failure(
             job_id = text.split("job `")[1].split("`")[0]
             events = sse_events(base, job_id, "tok")
     assert "ended: **validated**" in text, text
+    _check_reasoning_in_the_chat(chunks)
+    _check_reasoning_in_the_events(events)
+    # ---- the stub saw the retries: each agent asked as scripted, the debugger twice (timeout, retry)
+    assert stub.agents.count("planner") == 2 and stub.agents.count("code_reader") == 2
+    assert stub.agents.count("patcher") == 2 and stub.agents.count("debugger") == 2 and stub.agents.count("tuner") == 2
+    bundle = npuport_home / "jobs" / job_id / "bundle"
+    report = json.loads((bundle / "report.json").read_text())
+    _check_bundle(report, bundle)
+    _check_tuning(report)
+    # secrets never reach the bundle; the user's folder is never written
+    assert "stub-key-0123456789" not in "".join(p.read_text() for p in (bundle / "llm").glob("*.json"))
+    assert (model / "modeling_planted.py").read_text() == original
 
-    # ---- the chat stream: reasoning chunks in OpenAI's chunk format, marked as such
+
+def _check_reasoning_in_the_chat(chunks: list[Any]) -> None:
+    """The chat stream: reasoning chunks in OpenAI's chunk format, marked as such."""
     reasoning = [(c.model_extra or {}).get("npuport") for c in chunks]
     thoughts = [(r["agent"], r["source"], c.choices[0].delta.content or "")
                 for r, c in zip(reasoning, chunks, strict=True) if r and r.get("event") == "reasoning"]
@@ -175,19 +189,18 @@ def test_chat_port_streams_every_agents_reasoning_and_survives_each_llm_failure(
     assert re.search(r"_debugger \(rules\)_: .*the rules decided: device-agnostic.*; fix: device-agnostic", said), said
     assert "_tuner (LLM)_: npuport rejected the answer: trial 1: batch=64 is not one of" in said
     assert "1 inside the constraint space, 1 rejected (pruned by constraints)" in said
-    # ---- the job's SSE stream carries the same reasoning as progress events
+
+
+def _check_reasoning_in_the_events(events: list[tuple[str, dict[str, Any]]]) -> None:
+    """The job's SSE stream carries the same reasoning as progress events."""
     progress = [d for e, d in events if e == "progress" and d["data"].get("kind") == "reasoning"]
     assert {d["data"]["agent"] for d in progress} >= {"planner", "code_reader", "patcher", "debugger", "tuner"}
     assert any(d["data"]["source"] == "rules" and d["data"]["agent"] == "debugger" for d in progress)
     assert events[-1][0] == "end" and events[-1][1]["status"] == "validated"
 
-    # ---- the stub saw the retries: each agent asked as scripted, the debugger twice (timeout, retry)
-    assert stub.agents.count("planner") == 2 and stub.agents.count("code_reader") == 2
-    assert stub.agents.count("patcher") == 2 and stub.agents.count("debugger") == 2 and stub.agents.count("tuner") == 2
 
-    # ---- the bundle
-    bundle = npuport_home / "jobs" / job_id / "bundle"
-    report = json.loads((bundle / "report.json").read_text())
+def _check_bundle(report: dict[str, Any], bundle: Path) -> None:
+    """The bundle: the LLM's plan and patch with its prompt record, the debugger's fall-back to the rules."""
     assert report["plan"]["source"] == "llm" and report["request"]["objective"] == "latency"
     assert report["request"]["target"] == "cpu" and report["request"]["tune"] is True
     codemods = [p["codemod"] for p in report["patches"]]
@@ -204,7 +217,10 @@ def test_chat_port_streams_every_agents_reasoning_and_survives_each_llm_failure(
     assert "## LLM" in md
     assert re.search(r"did not answer in time: \w*TimeoutError\); the rules decided: device-agnostic", md), md
     assert report["counters"]["port_runs"] == 2  # the .cuda() failure, then the fixed run
-    # the tuner: the in-space proposal was measured as its own trial; the optimiser picked the best
+
+
+def _check_tuning(report: dict[str, Any]) -> None:
+    """The tuner: the in-space proposal was measured as its own trial; the optimiser picked the best."""
     trials = report["tuning"]["trials"]
     assert report["tuning"]["status"] == "done", report["tuning"]
     proposed = [t for t in trials if t["detail"].startswith("LLM proposal")]
@@ -216,9 +232,6 @@ def test_chat_port_streams_every_agents_reasoning_and_survives_each_llm_failure(
         (report["tuning"]["best"], chosen)
     assert "1 inside the constraint space, 1 rejected" in report["tuning"]["detail"]
     assert any(d.startswith("tuner: ") and "LLM proposed 2 trial(s)" in d for d in report["llm"]["decisions"])
-    # secrets never reach the bundle; the user's folder is never written
-    assert "stub-key-0123456789" not in "".join(p.read_text() for p in (bundle / "llm").glob("*.json"))
-    assert (model / "modeling_planted.py").read_text() == original
 
 
 # ---------------------------------------------------------------------- a spent budget, through the graph
