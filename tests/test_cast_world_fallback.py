@@ -173,7 +173,7 @@ def test_reference_world_and_record_stream_under_the_cuda_redirect(tmp_path: Pat
             return out.tolist()
     ''')
     (tmp_path / "ref_mod.py").write_text(src)
-    code = (f"import sys\nsys.path.insert(0, {str(tmp_path)!r})\nfrom sandbox import redirect\nredirect.install('cpu')\n"
+    code = (f"import sys\nsys.path.insert(0, {str(tmp_path)!r})\nfrom sandbox.cuda_redirect import redirect\nredirect.install('cpu')\n"
             "import ref_mod\nprint(repr(ref_mod.run()))\n")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert r.returncode == 0 and r.stdout.strip() == "[1.0, 1.0]", r.stderr[-1500:]

@@ -338,3 +338,21 @@ def test_the_module_builds_without_the_kernel_and_the_torch_path_computes_the_sa
     x = torch.randn(1, 4, 8)
     q, k, v = attn.qkv(x).chunk(3, -1)
     assert torch.equal(attn(x), torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True))
+
+
+def test_the_reference_run_and_the_patched_code_share_one_sdpa_definition() -> None:
+    """The helper the codemod inserts is the function the reference run's flash-attn / xformers stand-ins
+    call (sandbox/cuda_redirect/sdpa.py), not a second copy."""
+    import ast
+    import inspect
+
+    from sandbox.cuda_redirect import redirect, sdpa
+
+    def helper_def(text: str) -> str:
+        tree = ast.parse(text)
+        return next(ast.dump(n) for n in ast.walk(tree)
+                    if isinstance(n, ast.FunctionDef) and n.name == "_npuport_sdpa_bshd")
+
+    inserted = attention_to_sdpa(ATTN_CASES[0][0]).source
+    assert helper_def(inserted) == helper_def(inspect.getsource(sdpa))
+    assert redirect._npuport_sdpa_bshd is sdpa._npuport_sdpa_bshd
