@@ -17,7 +17,6 @@ Exit codes (one table for every command; also in ``npuport --help`` and the READ
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -49,6 +48,7 @@ from api.cli_options import (
 )
 from api.cli_port import EXIT_INTERRUPTED, EXIT_MEANINGS, run_port_cli
 from api.cli_scan import ops, scan
+from knowledge.settings import set_environment
 from sandbox.targets import DEFAULT_CHIP, DEFAULT_TARGET, DEFAULT_TORCH_NPU, EMULATED_TARGET
 
 __all__ = ["EXIT_INTERRUPTED", "LiveStatus", "app", "fmt_params", "run_port_cli"]
@@ -139,7 +139,7 @@ def port(
     if isolation not in ("auto", "bwrap", "process"):
         raise fail(f"--isolation must be auto, bwrap or process, not {isolation!r}")
     if isolation != "auto":
-        os.environ["NPUPORT_ISOLATION"] = isolation
+        set_environment({"NPUPORT_ISOLATION": isolation})
     if problem := model_folder_problem(path) or (goal_problem(goal) if goal else None) or sources_problem(path):
         raise fail(problem)
     out_dir = _checked_out_dir(out, path, force)

@@ -27,6 +27,7 @@ from rich.text import Text
 from api.cli_live import LiveStatus, console, err, fmt_params
 from knowledge.errors import exit_code, first_line
 from knowledge.interrupt import PortInterrupted, clear_stop, request_stop
+from knowledge.settings import set_environment
 
 EXIT_OK, EXIT_NOT_VALIDATED, EXIT_BAD_INPUT, EXIT_INTERNAL, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
 EXIT_MEANINGS: dict[int, str] = {
@@ -129,7 +130,7 @@ def isolation_fallback() -> None:
         err.print("[bold yellow]warning:[/] bubblewrap (bwrap) is not available: the model's code runs UNISOLATED "
                   "(it can read and write what you can). Install bubblewrap, or pass NPUPORT_ISOLATION=process "
                   "to silence this.")
-        os.environ["NPUPORT_ALLOW_UNISOLATED"] = "1"
+        set_environment({"NPUPORT_ALLOW_UNISOLATED": "1"})
 
 
 def disk_warning() -> None:

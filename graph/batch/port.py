@@ -21,12 +21,12 @@ from graph.batch.sources import stage
 from graph.batch.store import BatchStore
 from knowledge.bundles import is_npuport_bundle
 from knowledge.errors import SourceError, error_record
+from knowledge.settings import set_environment
 
 
 def _limit_threads(n: int) -> None:
     # the sandbox passes OMP_NUM_THREADS / MKL_NUM_THREADS on to the port's runs (sandbox/isolation/process.py)
-    for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
-        os.environ[var] = str(n)
+    set_environment({var: str(n) for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")})
 
 
 def summarize(state: dict[str, Any], spec: PortSpec, wall_s: float, note: str) -> dict[str, Any]:
@@ -69,7 +69,7 @@ def execute_port(job: dict[str, Any]) -> dict[str, Any]:
     (``{"skipped": ...}`` when the claim was no longer current)."""
     from graph.jobs_support import run_thread, thread_snapshot
 
-    os.environ["NPUPORT_HOME"] = job["home"]
+    set_environment({"NPUPORT_HOME": job["home"]})
     spec = PortSpec.model_validate(job["spec"])
     _limit_threads(spec.settings.threads)
     store = BatchStore(Path(job["home"]) / "batches.sqlite")
