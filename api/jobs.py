@@ -17,7 +17,6 @@ import json
 import sqlite3
 import threading
 import time
-import uuid
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -329,9 +328,6 @@ class JobManager:
         return self._must(job_id)
 
     # events -------------------------------------------------------------------------------------
-    def attach_loop(self, loop: asyncio.AbstractEventLoop) -> None:
-        self._loop = loop
-
     def listen(self, job_id: str) -> asyncio.Event:
         ev = asyncio.Event()
         self._listeners.setdefault(job_id, set()).add(ev)
@@ -447,7 +443,3 @@ def make_job(*, goal: str, request: dict[str, Any], owner: str, require_approval
     return Job(id=jid, created=now, updated=now, status="queued", goal=goal, request=req,
                require_approval=require_approval, owner=owner, conversation=conversation, reason="",
                bundle_dir=None, upload_dir=upload_dir, started=False, idem_digest=digest)
-
-
-def short_id() -> str:
-    return uuid.uuid4().hex[:12]

@@ -30,10 +30,6 @@ TraceSink = Callable[[list[dict[str, Any]]], None]
 GraphBuilder = Callable[[], StateGraph[Any]]
 
 
-class StopRequested(Exception):
-    """Raised inside the run loop when the job is cancelled or the service shuts down."""
-
-
 @dataclass
 class ThreadResult:
     values: dict[str, Any]

@@ -178,10 +178,6 @@ class WheelDownloadError(WheelError):
         self.unreachable = unreachable
 
 
-class NodeFailed(NpuportError, RuntimeError):
-    """A graph node raised: carries the failure record the guard wrote into the state."""
-
-
 # -- the sandbox, the batch and the service ----------------------------------------------------------
 
 

@@ -96,10 +96,6 @@ class OpMatrix:
         e = self.entry(op)
         return bool(e and e.get("fallback"))
 
-    def is_composite(self, op: str) -> bool:
-        e = self.entry(op)
-        return bool(e and e.get("composite"))
-
     def dtypes(self, op: str) -> list[str] | None:
         e = self.entry(op)
         return e.get("dtypes") if e else None

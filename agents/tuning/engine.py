@@ -158,15 +158,6 @@ def _get(p: dict[str, Any], name: str, default: Any) -> Any:
     return default if v is None else v
 
 
-def engine_point(p: dict[str, Any], facts: EngineFacts) -> EngineConfig:
-    """The point with the engine's defaults filled in (a landscape fixes some knobs)."""
-    return EngineConfig(max_num_seqs=_get(p, "max_num_seqs", 128), max_num_batched_tokens=_get(p, "max_num_batched_tokens", 2048),
-                        enable_chunked_prefill=_get(p, "enable_chunked_prefill", True), block_size=_get(p, "block_size", 128),
-                        kv_cache_gib=_get(p, "kv_cache_gib", 4), threads=_get(p, "threads", max(1, facts.cores - 1)),
-                        bind=_get(p, "bind", "cores"), stream_interval=_get(p, "stream_interval", 1),
-                        enforce_eager=_get(p, "enforce_eager", True))
-
-
 def _threads(p: dict[str, Any], f: Any) -> str | None:
     t = p.get("threads")
     if t and t > f.cores:

@@ -59,13 +59,6 @@ class JobOut(BaseModel):
     bundle_url: str | None
 
 
-class EventOut(BaseModel):
-    seq: int
-    kind: str
-    t: float
-    data: dict[str, Any]
-
-
 async def manager_of(request: Request) -> JobManager:
     mgr: JobManager = request.app.state.manager
     mgr.start(asyncio.get_running_loop())

@@ -102,11 +102,6 @@ def special_tokens(model_dir: Path, config: dict[str, Any] | None = None) -> tup
     return ids, roles
 
 
-def _special_tokens(model_dir: Path) -> tuple[dict[str, int], dict[str, str]]:
-    """special_tokens() without the config's ids (kept for callers that have no config)."""
-    return special_tokens(model_dir)
-
-
 def _own_tokenizer_class(model_dir: Path) -> Any:
     """The tokenizer class the model's own code defines (tokenizer_config.json ``auto_map['AutoTokenizer']``),
     imported without building it (its vocabulary file may be missing); None when there is none."""
