@@ -1,6 +1,6 @@
-"""What the emulator adds to each chip of the registry (sandbox/targets/chips.py): the names a real host
-reports (device name, SoC version), its graph modes, and the two facts the emulator acts on (memory per
-device, bfloat16 kernels).
+"""What the emulator adds to each chip of the registry (sandbox/targets/chips.py): what a real host
+reports (device name, SoC version, cube cores), its graph modes, and the two facts the emulator acts on
+(memory per device, bfloat16 kernels).
 
 One record and one alias table per chip: a chip is a ``Chip`` record in the registry, which alone resolves
 names and aliases ("A2", "910B1", "Ascend 910B3") to a key (``sandbox.targets.get_chip``). Every way into
@@ -20,6 +20,7 @@ class ChipProfile:
     key: str  # the registry's chip key
     device_name: str  # what torch.npu.get_device_name() returns on such a host
     soc_version: str
+    ai_cores: int  # cube cores, as get_device_properties() reports them (approximate)
     memory_gib: int  # device memory per visible device (the chip record's memory_gib)
     bf16: bool  # False: no bfloat16 kernels (aclnn dtype allow-lists omit DT_BFLOAT16); the chip record's dtypes
     graph_modes: tuple[str, ...]
@@ -31,6 +32,7 @@ PROFILES: dict[str, ChipProfile] = {
         key="910b",
         device_name="Ascend910B3",
         soc_version="Ascend910B3",
+        ai_cores=20,
         memory_gib=64,
         bf16=True,
         graph_modes=("aclgraph", "torchair"),
@@ -40,6 +42,7 @@ PROFILES: dict[str, ChipProfile] = {
         key="a3",
         device_name="Ascend910_9392",
         soc_version="Ascend910_9392",
+        ai_cores=24,
         memory_gib=64,
         bf16=True,
         graph_modes=("aclgraph", "torchair"),
@@ -49,6 +52,7 @@ PROFILES: dict[str, ChipProfile] = {
         key="310p",
         device_name="Ascend310P3",
         soc_version="Ascend310P3",
+        ai_cores=8,
         memory_gib=24,
         bf16=False,
         graph_modes=("torchair",),
