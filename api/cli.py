@@ -55,7 +55,8 @@ __all__ = ["EXIT_INTERRUPTED", "LiveStatus", "app", "fmt_params", "run_port_cli"
 _EXIT_DETAIL = {EXIT_OK: " (or the command succeeded)", EXIT_NOT_VALIDATED: " (or a check the command ran failed)",
                 EXIT_BAD_INPUT: " (nothing run, no bundle written)", EXIT_INTERNAL: " (the checkpoint is kept)",
                 EXIT_INTERRUPTED: ", the checkpoint kept: `npuport resume THREAD` continues"}
-EXIT_TABLE = "Exit codes: " + "; ".join(f"{code} {text}{_EXIT_DETAIL[code]}" for code, text in EXIT_MEANINGS.items()) + "."
+EXIT_TABLE = "Exit codes: " + "; ".join(f"{code} {text}{_EXIT_DETAIL[code]}"
+                                         for code, text in EXIT_MEANINGS.items()) + "."
 
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
@@ -109,11 +110,14 @@ def port(
     target: TargetOpt = DEFAULT_TARGET,
     chip: ChipOpt = DEFAULT_CHIP,
     goal: Annotated[str, typer.Option(help="goal text, e.g. 'to Ascend 910B, maximise throughput' (flags win)")] = "",
-    out: Annotated[Path | None, typer.Option("--out", "-o", help="bundle folder (default ./npuport-out/<model>)")] = None,
+    out: Annotated[Path | None, typer.Option("--out", "-o",
+                                             help="bundle folder (default ./npuport-out/<model>)")] = None,
     force: Annotated[bool, typer.Option("--force", help="replace an earlier npuport bundle in --out (a folder of "
                                         "other files is refused, never emptied)")] = False,
     policy: PolicyOpt = "rule",
-    shrink: Annotated[bool, typer.Option("--shrink", help="quick runs on a small config derived from config.json (random weights; the manifest's `shrink:` overrides win)")] = False,
+    shrink: Annotated[bool, typer.Option("--shrink", help="quick runs on a small config derived from config.json "
+                                                          "(random weights; the manifest's `shrink:` overrides "
+                                                          "win)")] = False,
     torch_npu: Annotated[str, typer.Option("--torch-npu", help="torch_npu version to emulate")] = DEFAULT_TORCH_NPU,
     strict: Annotated[bool, typer.Option(help="fail on CPU fallbacks (TORCH_NPU_FALLBACK_CPU_DISABLE=1)")] = False,
     strict_perf: Annotated[bool, typer.Option("--strict-perf", help="fail the port on performance pathologies "
@@ -126,7 +130,8 @@ def port(
                                                "validated port with serve.sh, tokens and throughput checked "
                                                "(default: NPUPORT_SERVE, on)")] = None,
     run_timeout: Annotated[float, typer.Option(help="wall-clock limit of one sandbox run, seconds")] = 300.0,
-    isolation: Annotated[str, typer.Option(metavar="[auto|bwrap|process]", help="auto | bwrap | process (process: the model's code runs "
+    isolation: Annotated[str, typer.Option(metavar="[auto|bwrap|process]",
+                                           help="auto | bwrap | process (process: the model's code runs "
                                                 "UNISOLATED; auto falls back to it with a warning)")] = "auto",
 ) -> None:
     """Port the model in PATH to the target and write a bundle.
@@ -208,7 +213,8 @@ def demo(
     out_dir = _checked_out_dir(out, model, force)
     if force:
         clear_out_dir(out_dir)
-    request = {"model_path": str(model), "target": target, "chip": DEFAULT_CHIP, "tune": True, "tune_trials": tune_trials,
+    request = {"model_path": str(model), "target": target, "chip": DEFAULT_CHIP, "tune": True,
+               "tune_trials": tune_trials,
                "out_dir": str(out_dir)}
     code = run_port_cli(request, goal="")
     if code == EXIT_OK and verify_after:
@@ -265,10 +271,12 @@ def batch(
                                           metavar="[ray|local]",
                                           callback=one_of(lambda: ("ray", "local"), "executor"))] = "ray",
     ray_address: Annotated[str | None, typer.Option("--ray-address", envvar="RAY_ADDRESS",
-                                                    help="an existing Ray cluster (default: embedded local Ray)")] = None,
+                                                    help="an existing Ray cluster (default: embedded local "
+                                                         "Ray)")] = None,
     workers: Annotated[int | None, typer.Option(min=1, help="ports at once (default: the CPUs Ray sees)")] = None,
     retry_failed: Annotated[bool, typer.Option(help="run failed ports of this batch again")] = False,
-    out: Annotated[Path | None, typer.Option("--out", "-o", help="results folder (default ./npuport-out/<batch>)")] = None,
+    out: Annotated[Path | None, typer.Option("--out", "-o",
+                                             help="results folder (default ./npuport-out/<batch>)")] = None,
     target: Annotated[str | None, typer.Option("--target", "-t", help="override every model's target")] = None,
     chip: Annotated[str | None, typer.Option("--chip", help="override every model's chip")] = None,
 ) -> None:

@@ -96,7 +96,8 @@ def print_summary(state: dict[str, Any]) -> None:
     tuning = state.get("tuning") or {}
     table.add_row("findings", str(len(state.get("findings") or [])))
     table.add_row("patches", str(len(state.get("patches") or [])))
-    table.add_row("sandbox runs", f"{counters.get('port_runs', 0)} port + {counters.get('reference_runs', 0)} reference")
+    table.add_row("sandbox runs",
+                  f"{counters.get('port_runs', 0)} port + {counters.get('reference_runs', 0)} reference")
     table.add_row("validation", str(numerics.get("verdict", "not-run")))
     if tuning.get("best"):
         table.add_row("tuned", fmt_params(tuning["best"]))

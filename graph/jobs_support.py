@@ -143,7 +143,8 @@ def run_thread(
                 break
         snap = app.get_state(config)
         values = dict(snap.values)
-        return ThreadResult(values=values, next=tuple(snap.next), stopped=stopped, trace=list(values.get("trace") or []))
+        return ThreadResult(values=values, next=tuple(snap.next), stopped=stopped,
+                            trace=list(values.get("trace") or []))
     finally:
         conn.close()
 

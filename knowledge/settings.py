@@ -210,7 +210,8 @@ class ServiceSettings(BaseSettings):
     tokens: Annotated[dict[str, list[str]], NoDecode] = Field(default_factory=dict)
     """Bearer token -> scopes, as JSON or tokenA=read+write,tokenB=read. With none, protected routes answer 401."""
     allowed_roots: Annotated[list[Path], NoDecode] = Field(default_factory=list)
-    """Model folders must resolve (symlinks followed) inside one of these (os.pathsep-separated or a JSON list); uploads are always allowed."""
+    """Model folders must resolve (symlinks followed) inside one of these (os.pathsep-separated or a JSON list);
+    uploads are always allowed."""
     max_upload_bytes: int = Field(default=64 * 1024 * 1024, gt=0)
     """Cap of one uploaded archive."""
     max_extracted_bytes: int = Field(default=512 * 1024 * 1024, gt=0)

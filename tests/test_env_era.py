@@ -62,7 +62,8 @@ def test_a_composite_config_that_cannot_be_built_bare_caps_the_era() -> None:
     assert "catches only ValueError" in found[0].reason and "an assert" in found[0].reason
     # a composite config that raises ValueError is what transformers expects: no coupling
     assert not couplings(COMPOSITE.replace('assert "encoder" in kwargs and "decoder" in kwargs, "needs encoder and '
-                                           'decoder"', 'if "encoder" not in kwargs:\n            raise ValueError("x")'))
+                                           'decoder"',
+                                           'if "encoder" not in kwargs:\n            raise ValueError("x")'))
     # not declared composite: every 4.x release builds it bare in to_diff_dict, nothing newer breaks it
     assert not couplings(COMPOSITE.replace("    is_composition = True\n", ""))
 
@@ -194,7 +195,8 @@ def test_names_the_eras_sources_lack_are_found_without_an_import(tmp_path: Path)
     (env / "bin" / "python").write_text("not an interpreter\n")
     tf = env / "lib" / "python3.11" / "site-packages" / "transformers"
     tf.mkdir(parents=True)
-    (tf / "__init__.py").write_text('__version__ = "4.24.0"\n_import_structure = {"generation_utils": ["GenerationMixin"]}\n')
+    (tf / "__init__.py").write_text('__version__ = "4.24.0"\n_import_structure = {"generation_utils": '
+                                    '["GenerationMixin"]}\n')
     (tf / "generation_utils.py").write_text("class GenerationMixin: ...\n")
     model = tmp_path / "m"
     model.mkdir()
@@ -213,7 +215,8 @@ def _tf_wheel(folder: Path, version: str, files: dict[str, str]) -> None:
     info = f"transformers-{version}.dist-info"
     members = {**{f"transformers/{p}": c for p, c in files.items()},
                f"{info}/METADATA": f"Metadata-Version: 2.1\nName: transformers\nVersion: {version}\n",
-               f"{info}/WHEEL": "Wheel-Version: 1.0\nGenerator: npuport-test\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
+               f"{info}/WHEEL": "Wheel-Version: 1.0\nGenerator: npuport-test\nRoot-Is-Purelib: true\nTag: "
+                                "py3-none-any\n",
                f"{info}/RECORD": ""}
     with zipfile.ZipFile(folder / f"transformers-{version}-py3-none-any.whl", "w") as z:
         for path, content in members.items():
@@ -236,7 +239,8 @@ def test_an_era_older_than_its_code_is_lifted_to_the_nearest_line_that_has_its_n
                                  "generation/utils.py": "class GenerationMixin: ...\n"})
     new = {"generation/__init__.py": "", "utils/__init__.py": "from . import logging\n", "utils/logging.py": "",
            "modeling_utils.py": "class PreTrainedModel: ...\n",
-           "generation/utils.py": "class GenerationMixin:\n    def _extract_past(self): ...\nclass LogitsProcessorList: ...\n"}
+           "generation/utils.py": "class GenerationMixin:\n    def _extract_past(self): ...\nclass "
+                                  "LogitsProcessorList: ...\n"}
     once = {**new, "utils/logging.py": "def warning_once(self, *args): ...\n"}
     _tf_wheel(wheels, "4.26.0", {"__init__.py": '__version__ = "4.26.0"\n', **new})
     _tf_wheel(wheels, "4.26.1", {"__init__.py": '__version__ = "4.26.1"\n', **new})
@@ -283,8 +287,8 @@ def test_an_era_older_than_its_code_is_lifted_to_the_nearest_line_that_has_its_n
     assert nearest_line(model, "transformers~=4.27.0", "transformers<4.29", cache)[0] is None
 
 
-def test_a_reconciled_package_that_does_not_import_steps_down_to_a_release_that_does(tmp_path: Path,
-                                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_reconciled_package_that_does_not_import_steps_down_to_a_release_that_does(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """pip's choice fits the declared requirements, but its code imports a name the env's dependency lacks
     (accelerate 0.32 beside huggingface-hub 0.17): the newest release of each lower line is tried until one
     imports (real venv, real pip, a local index)."""

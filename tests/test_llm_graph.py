@@ -63,7 +63,8 @@ def serve(settings: Any, builder: Any = None) -> Iterator[str]:
     from api.app import create_app
 
     port = free_port()
-    server = uvicorn.Server(uvicorn.Config(create_app(settings, graph_builder=builder), host="127.0.0.1", port=port, log_level="warning"))
+    server = uvicorn.Server(uvicorn.Config(create_app(settings, graph_builder=builder), host="127.0.0.1", port=port,
+                                           log_level="warning"))
     t = threading.Thread(target=server.run, daemon=True)
     t.start()
     try:
@@ -103,10 +104,12 @@ def _chat_script(model: Path) -> dict[str, list[Any]]:
 
     def review_after_rejection(body: dict[str, Any]) -> dict[str, Any]:
         last = body["messages"][-1]
-        assert last["role"] == "tool" and "rejected: the arguments of ReviewAnswer are not valid JSON" in last["content"]
+        assert last["role"] == "tool"
+        assert "rejected: the arguments of ReviewAnswer are not valid JSON" in last["content"]
         return tool_call_reply("ReviewAnswer", review, call_id="call_r2")
 
-    stale = "--- a/modeling_planted.py\n+++ b/modeling_planted.py\n@@ -1,2 +1,2 @@\n-    if layout == 'v1':\n+    if True:\n"
+    stale = ("--- a/modeling_planted.py\n+++ b/modeling_planted.py\n@@ -1,2 +1,2 @@\n-    if layout == 'v1':\n"
+             "+    if True:\n")
 
     def plan_after_rejection(body: dict[str, Any]) -> dict[str, Any]:
         last = body["messages"][-1]
@@ -122,7 +125,8 @@ def _chat_script(model: Path) -> dict[str, list[Any]]:
     return {
         "planner": [http_error(429, "slow down", retry_after="0"), tool_call_reply("GoalAnswer", plan)],
         "code_reader": [malformed_tool_call("ReviewAnswer", '{"findings": [{"hazard": "H1", '), review_after_rejection],
-        "patcher": [tool_call_reply("FixPlan", {"fixes": [{"finding_ids": [], "summary": "stale diff", "diff": stale}]}),
+        "patcher": [tool_call_reply("FixPlan",
+                                    {"fixes": [{"finding_ids": [], "summary": "stale diff", "diff": stale}]}),
                     plan_after_rejection],
         # Slower than the client's timeout, twice (the client retries once).
         "debugger": [delayed(never, 8.0), delayed(never, 8.0)],
@@ -246,7 +250,8 @@ def test_malformed_answers_spend_the_budget_and_the_rules_finish_the_port(
     from graph.runner import run_port
 
     model = write_model(tmp_path / "cuda_only", PLANTED_CUDA.replace(
-        '        if layout != "packed":\n            raise RuntimeError("npuport-planted: unsupported layout " + layout)\n', ""))
+        '        if layout != "packed":\n            raise RuntimeError("npuport-planted: unsupported layout " + '
+        'layout)\n', ""))
     out = tmp_path / "bundle"
     llm_env.setenv("NPUPORT_LLM_MAX_RETRIES", "0")
     llm_env.setenv("NPUPORT_LLM_TOKEN_BUDGET", "700")  # the stub reports 240 tokens an exchange

@@ -80,7 +80,8 @@ def resolve(model_dir: Path, target: str, torch_npu: str | None) -> Resolution:
                      "env serves them all).")
     _imported_dependencies(model_dir, pins, dropped, install, notes, compat, stack, companions)
     optional = _guarded_dependencies(model_dir, pins, dropped, notes, compat)
-    tf_exact = exact_version(SpecifierSet(str(Requirement(pins["transformers"]).specifier))) if "transformers" in pins else None
+    tf_exact = (exact_version(SpecifierSet(str(Requirement(pins["transformers"]).specifier)))
+                if "transformers" in pins else None)
     # an era's range (transformers~=4.36.0) is shown as it is: pip picks its newest patch when the env is built
     stack["transformers"] = tf_exact or (str(Requirement(era).specifier) if era else host_tf)
 
@@ -177,7 +178,8 @@ def _era_note(model_dir: Path, era: str, saved: str | None, host_tf: str | None,
            if saved and era.startswith("transformers~=") else
            f"config.json names no transformers release and the code is coupled to 4.x ({coupled[0]})")
     if coupled and saved and era.startswith("transformers~="):
-        why += f"; the code is coupled to it ({coupled[0]}{f' and {len(coupled) - 1} more' if len(coupled) > 1 else ''})"
+        more = f" and {len(coupled) - 1} more" if len(coupled) > 1 else ""
+        why += f"; the code is coupled to it ({coupled[0]}{more})"
     lacks = host_lacks(model_dir)
     shown = "; the host's release also lacks " + ", ".join(
         f"{mod}.{name} ({where})" for mod, name, where in lacks[:4]) if lacks else ""
@@ -199,7 +201,8 @@ def _guarded_dependencies(model_dir: Path, pins: dict[str, str], dropped: dict[s
             continue
         cuda = cuda_only_reason(dist, compat)
         if cuda:
-            dropped[dist] = f"CUDA-only ({cuda}); a guarded import the code demands: the port removes or replaces its uses (H3)"
+            dropped[dist] = (f"CUDA-only ({cuda}); a guarded import the code demands: the port removes or replaces "
+                             "its uses (H3)")
             continue
         if host_version(dist) is not None:
             pins[dist] = dist
@@ -230,7 +233,8 @@ def _imported_dependencies(model_dir: Path, pins: dict[str, str], dropped: dict[
                            companions: list[str]) -> None:
     """Third-party packages the model's code imports unconditionally that no file pins: the host's
     version when it has one, else installed into the layered environment. torchvision / torchaudio are
-    companions of torch: the pair is chosen and proven when the environment is built (agents/environment/torch_pair.py)."""
+    companions of torch: the pair is chosen and proven when the environment is built
+    (agents/environment/torch_pair.py)."""
     from packaging.utils import canonicalize_name
 
     for module, where in sorted(unconditional_imports(model_dir).items()):

@@ -32,7 +32,8 @@ def debugger_node(state: dict[str, Any]) -> dict[str, Any]:
     numerics = state.get("numerics") or {}
     if last.ok and numerics.get("verdict") == "mismatch":
         diag = Diagnosis(id=f"diag-{len(history) + 1}", run_id=last.id, signature="numerics-mismatch",
-                         kind="numerics-mismatch", summary=f"the port runs but its outputs differ: {numerics.get('detail')}")
+                         kind="numerics-mismatch",
+                         summary=f"the port runs but its outputs differ: {numerics.get('detail')}")
     elif last.exception is not None:
         from agents.fixing.learned import learned_diagnosis
 
@@ -56,7 +57,9 @@ def debugger_node(state: dict[str, Any]) -> dict[str, Any]:
         diag, notes = escalate(state, diag, last.exception, policy.name, llm_diagnose)
     update: dict[str, Any] = {"diagnoses": [diag.model_dump(mode="json")]}
     # the traceback's line is one of the patched tree: say it as the user's line where it is one
-    where = f" ({port_site(f'{diag.file}:{diag.line}', state.get('workdir'), request_of(state).model_path)})" if diag.file else ""
+    where = ""
+    if diag.file:
+        where = f" ({port_site(f'{diag.file}:{diag.line}', state.get('workdir'), request_of(state).model_path)})"
     trace = [step("debugger", n) for n in notes]
     if diag.fix and ok:
         update["pending_diagnosis"] = diag.model_dump(mode="json")

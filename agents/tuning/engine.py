@@ -118,7 +118,8 @@ def engine_space(facts: EngineFacts, *, name: str = "vllm-cpu-engine") -> Search
     # compilation last (its start costs the most).
     dims = [
         Dim(name="stream_interval", values=[1, 4, 16], ordered=True, prior=1),
-        Dim(name="threads", values=threads, ordered=True, prior=max(v for v in threads if v <= max(1, facts.cores - 1))),
+        Dim(name="threads", values=threads, ordered=True,
+            prior=max(v for v in threads if v <= max(1, facts.cores - 1))),
         Dim(name="bind", values=["cores", "nobind"], prior="cores"),
         Dim(name="max_num_batched_tokens", values=tokens, ordered=True, prior=_pow2_at_least(step, tokens)),
         Dim(name="max_num_seqs", values=seqs, ordered=True, prior=_pow2_at_least(facts.concurrency, seqs)),

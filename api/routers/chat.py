@@ -163,7 +163,8 @@ async def chat_completions(body: ChatRequest, request: Request,
     extra = {"job_id": job.id if job else None, "conversation": conversation}
     if not body.stream:
         return JSONResponse(_completion(cid, reply, extra))
-    return StreamingResponse(_stream(request, mgr, cid, reply, follow, extra, follow_after), media_type="text/event-stream",
+    return StreamingResponse(_stream(request, mgr, cid, reply, follow, extra, follow_after),
+                             media_type="text/event-stream",
                              headers={"Cache-Control": "no-cache"})
 
 

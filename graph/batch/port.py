@@ -51,7 +51,8 @@ def summarize(state: dict[str, Any], spec: PortSpec, wall_s: float, note: str) -
                    | {s for d in state.get("diagnoses") or [] for s in d.get("citations") or [] if isinstance(s, str)})
     status = state.get("status") if state.get("status") in ("validated", "failed") else "failed"
     return {
-        "model": spec.key, "source": spec.source, "target": (state.get("target") or {}).get("name") or spec.settings.target,
+        "model": spec.key, "source": spec.source,
+        "target": (state.get("target") or {}).get("name") or spec.settings.target,
         "verdict": status, "validation": (state.get("numerics") or {}).get("verdict", "not-run"),
         "sandbox_runs": int(counters.get("port_runs", 0)) + int(counters.get("reference_runs", 0)),
         "port_runs": int(counters.get("port_runs", 0)), "reference_runs": int(counters.get("reference_runs", 0)),
@@ -79,7 +80,8 @@ def execute_port(job: dict[str, Any]) -> dict[str, Any]:
         store.add_event(job["batch_id"], "port", {"model": spec.key, "status": "running", "resumed": job["resumed"]})
         t0 = time.time()
         try:
-            model, note = stage(Path(spec.source), spec.kind, spec.settings.shrink, Path(job["batch_dir"]) / "staging" / spec.key)
+            model, note = stage(Path(spec.source), spec.kind, spec.settings.shrink,
+                                Path(job["batch_dir"]) / "staging" / spec.key)
         except SourceError as exc:
             return _record(store, job, spec, "failed", str(exc), {"model": spec.key, "source": spec.source,
                            "target": spec.settings.target, "verdict": "failed", "reason": str(exc), "time_s": 0.0})

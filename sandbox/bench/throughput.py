@@ -97,7 +97,8 @@ def _percentile(values: list[float], q: float) -> float:
     return ordered[min(rank, len(ordered)) - 1]
 
 
-def _concat_requests(inputs_fn: Any, config: dict[str, Any], seed: int, n: int, device: str, dtype: Any) -> dict[str, Any]:
+def _concat_requests(inputs_fn: Any, config: dict[str, Any], seed: int, n: int, device: str,
+                     dtype: Any) -> dict[str, Any]:
     """A batch of n requests (seeds seed..seed+n-1) as one kwargs dict; copies of the first when the
     per-seed inputs do not stack (different prompt lengths)."""
     import torch
@@ -173,7 +174,8 @@ def _build_model(cls: Any, config: dict[str, Any], cfg: dict[str, Any], seed: in
 
 def _measure_point(call: Any, inputs_fn: Any, config: dict[str, Any], seed: int, concurrency: int, batch: int,
                    device: str, dtype: Any, warmup: int, repeats: int,
-                   effects: dict[str, Any] | None = None, config_id: str = "") -> tuple[dict[str, Any], list[list[int]]]:
+                   effects: dict[str, Any] | None = None,
+                   config_id: str = "") -> tuple[dict[str, Any], list[list[int]]]:
     waves = []
     for start in range(0, concurrency, batch):
         n = min(batch, concurrency - start)

@@ -203,7 +203,8 @@ class CudaRedirectMode(TorchFunctionMode):
     def _map(self, device: Any) -> Any:
         return self.device if _is_cuda(device) else device
 
-    def __torch_function__(self, func: Callable[..., Any], types: Any, args: tuple[Any, ...] = (), kwargs: Any = None) -> Any:
+    def __torch_function__(self, func: Callable[..., Any], types: Any, args: tuple[Any, ...] = (),
+                           kwargs: Any = None) -> Any:
         kwargs = dict(kwargs or {})
         if "device" in kwargs:
             kwargs["device"] = self._map(kwargs["device"])

@@ -123,7 +123,8 @@ def _own_tokenizer_class(model_dir: Path) -> Any:
             OWN_CLASS_ERRORS[str(model_dir)] = f"TypeError: {exc}"
             continue
         except Exception as exc:  # noqa: BLE001  (tried from the folder itself below)
-            OWN_CLASS_ERRORS[str(model_dir)] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:160] if str(exc) else ''}"
+            first = str(exc).splitlines()[0][:160] if str(exc) else ""
+            OWN_CLASS_ERRORS[str(model_dir)] = f"{type(exc).__name__}: {first}"
             break
     return _own_class_from_file(model_dir, module, name)
 

@@ -57,5 +57,6 @@ def resolve(*, chip: str, torch_npu: str, strict: bool = False, matrix_path: str
 
 SPEC = TargetSpec(name="ascend-sim", summary="an emulated Ascend host on any CPU", npu_like=True, resolve=resolve,
                   uses_matrix=True, emulated=True,
-                  script=ScriptSetup(device="npu", bootstrap="sandbox.ascend_sim:install", options=("chip", "torch_npu"),
+                  script=ScriptSetup(device="npu", bootstrap="sandbox.ascend_sim:install",
+                                     options=("chip", "torch_npu"),
                                      needs_npuport=True))

@@ -332,7 +332,8 @@ def _vectorise_row_loop(loop: cst.For, before: Sequence[cst.BaseStatement],
         raise _Unsupported  # different values: the order of overlapping writes would matter
     lines = [_fill_pairs_line(w, tensor, rows, slot, pos, loop_names, local_defs) for w in writes]
     return _statements_with_comment(
-        lines, loop, f"# npuport (H6): `for {slot}, {pos} in enumerate({rows})` row-by-row fill of {tensor}, vectorised")
+        lines, loop,
+        f"# npuport (H6): `for {slot}, {pos} in enumerate({rows})` row-by-row fill of {tensor}, vectorised")
 
 
 class _MaskLoops(PerfRewriter):
@@ -417,7 +418,8 @@ def vectorise_mask_loops(source: str, **_: Any) -> CodemodResult:
     return run_codemod(source, lambda _m: _MaskLoops(), [(FILL_HELPERS, FILL_MARKER)])
 
 
-def _local_defs_and_made_here(before: Sequence[cst.BaseStatement], tensor: str) -> tuple[dict[str, cst.BaseExpression], bool]:
+def _local_defs_and_made_here(before: Sequence[cst.BaseStatement],
+                              tensor: str) -> tuple[dict[str, cst.BaseExpression], bool]:
     """The single-name assignments before a loop, and whether ``tensor`` was last made there by a torch
     factory (so the loop's writes are the only ones the vectorised fill must reproduce)."""
     local_defs: dict[str, cst.BaseExpression] = {}
@@ -427,6 +429,7 @@ def _local_defs_and_made_here(before: Sequence[cst.BaseStatement], tensor: str) 
         if d is not None:
             local_defs[d[0]] = d[1]
         if tensor in assigned_names(st):
-            made_here = d is not None and d[0] == tensor and isinstance(d[1], cst.Call) and \
-                dotted_name(d[1].func).startswith("torch.") and dotted_name(d[1].func).split(".")[-1] in _TENSOR_CREATORS
+            made_here = (d is not None and d[0] == tensor and isinstance(d[1], cst.Call)
+                         and dotted_name(d[1].func).startswith("torch.")
+                         and dotted_name(d[1].func).split(".")[-1] in _TENSOR_CREATORS)
     return local_defs, made_here
