@@ -50,13 +50,15 @@ from api.cli_options import (
 from api.cli_port import EXIT_INTERRUPTED, EXIT_MEANINGS, print_table, run_port_cli
 from api.cli_project import project
 from api.cli_scan import ops, scan
+from knowledge.settings import set_environment
 from sandbox.targets import DEFAULT_CHIP, DEFAULT_TARGET, DEFAULT_TORCH_NPU, EMULATED_TARGET
 
 __all__ = ["EXIT_INTERRUPTED", "LiveStatus", "app", "fmt_params", "run_port_cli"]
 _EXIT_DETAIL = {EXIT_OK: " (or the command succeeded)", EXIT_NOT_VALIDATED: " (or a check the command ran failed)",
                 EXIT_BAD_INPUT: " (nothing run, no bundle written)", EXIT_INTERNAL: " (the checkpoint is kept)",
                 EXIT_INTERRUPTED: ", the checkpoint kept: `npuport resume THREAD` continues"}
-EXIT_TABLE = "Exit codes: " + "; ".join(f"{code} {text}{_EXIT_DETAIL[code]}" for code, text in EXIT_MEANINGS.items()) + "."
+EXIT_TABLE = "Exit codes: " + "; ".join(f"{code} {text}{_EXIT_DETAIL[code]}"
+                                         for code, text in EXIT_MEANINGS.items()) + "."
 
 
 if not os.isatty(1) and "COLUMNS" not in os.environ:  # piped help: whole option texts, as every other line
@@ -115,11 +117,14 @@ def port(
     target: TargetOpt = DEFAULT_TARGET,
     chip: ChipOpt = DEFAULT_CHIP,
     goal: Annotated[str, typer.Option(help="goal text, e.g. 'to Ascend 910B, maximise throughput' (flags win)")] = "",
-    out: Annotated[Path | None, typer.Option("--out", "-o", help="bundle folder (default ./npuport-out/<model>)")] = None,
+    out: Annotated[Path | None, typer.Option("--out", "-o",
+                                             help="bundle folder (default ./npuport-out/<model>)")] = None,
     force: Annotated[bool, typer.Option("--force", help="replace an earlier npuport bundle in --out (a folder of "
                                         "other files is refused, never emptied)")] = False,
     policy: PolicyOpt = "rule",
-    shrink: Annotated[bool, typer.Option("--shrink", help="quick runs on a small config derived from config.json (random weights; the manifest's `shrink:` overrides win)")] = False,
+    shrink: Annotated[bool, typer.Option("--shrink", help="quick runs on a small config derived from config.json "
+                                                          "(random weights; the manifest's `shrink:` overrides "
+                                                          "win)")] = False,
     torch_npu: Annotated[str, typer.Option("--torch-npu", help="torch_npu version to emulate")] = DEFAULT_TORCH_NPU,
     strict: Annotated[bool, typer.Option(help="fail on CPU fallbacks (TORCH_NPU_FALLBACK_CPU_DISABLE=1)")] = False,
     strict_perf: Annotated[bool, typer.Option("--strict-perf", help="fail the port on performance pathologies "
@@ -131,14 +136,16 @@ def port(
     serve: Annotated[bool | None, typer.Option("--serve/--no-serve", help="exercise the deployment after the bundle "
                                                "is written: vLLM serves the validated port with serve.sh, tokens "
                                                "checked, throughput probed, about 3 minutes after the server's start "
-                                               "(default: NPUPORT_SERVE, on; `npuport deploy BUNDLE` runs it later)")] = None,
+                                               "(default: NPUPORT_SERVE, on; `npuport deploy BUNDLE` runs it "
+                                               "later)")] = None,
     bench: Annotated[bool, typer.Option("--bench", help="the deployment's full side-by-side throughput comparison "
                                         "(vLLM at concurrency 1, 8, 32 against Transformers one at a time and batched) "
                                         "instead of the probe")] = False,
     run_timeout: Annotated[float, typer.Option(help="wall-clock limit of one sandbox run, seconds; raised to 3x the "
                                                "longest run that finished (a slow host's reference gets the time its "
                                                "port took)")] = 300.0,
-    isolation: Annotated[str, typer.Option(metavar="[auto|bwrap|process]", help="auto | bwrap | process (process: the model's code runs "
+    isolation: Annotated[str, typer.Option(metavar="[auto|bwrap|process]",
+                                           help="auto | bwrap | process (process: the model's code runs "
                                                 "UNISOLATED; auto falls back to it with a warning)")] = "auto",
 ) -> None:
     """Port the model in PATH to the target and write a bundle.
@@ -151,7 +158,7 @@ def port(
     if isolation not in ("auto", "bwrap", "process"):
         raise fail(f"--isolation must be auto, bwrap or process, not {isolation!r}")
     if isolation != "auto":
-        os.environ["NPUPORT_ISOLATION"] = isolation
+        set_environment({"NPUPORT_ISOLATION": isolation})
     if problem := model_folder_problem(path) or (goal_problem(goal) if goal else None) or sources_problem(path):
         raise fail(problem)
     out_dir = _checked_out_dir(out, path, force)
@@ -271,7 +278,8 @@ def demo(
     out_dir = _checked_out_dir(out, model, force)
     if force:
         clear_out_dir(out_dir)
-    request = {"model_path": str(model), "target": target, "chip": DEFAULT_CHIP, "tune": True, "tune_trials": tune_trials,
+    request = {"model_path": str(model), "target": target, "chip": DEFAULT_CHIP, "tune": True,
+               "tune_trials": tune_trials,
                "out_dir": str(out_dir)}
     code = run_port_cli(request, goal="")
     if code == EXIT_OK and verify_after:
@@ -329,10 +337,12 @@ def batch(
                                           metavar="[ray|local]",
                                           callback=one_of(lambda: ("ray", "local"), "executor"))] = "ray",
     ray_address: Annotated[str | None, typer.Option("--ray-address", envvar="RAY_ADDRESS",
-                                                    help="an existing Ray cluster (default: embedded local Ray)")] = None,
+                                                    help="an existing Ray cluster (default: embedded local "
+                                                         "Ray)")] = None,
     workers: Annotated[int | None, typer.Option(min=1, help="ports at once (default: the CPUs Ray sees)")] = None,
     retry_failed: Annotated[bool, typer.Option(help="run failed ports of this batch again")] = False,
-    out: Annotated[Path | None, typer.Option("--out", "-o", help="results folder (default ./npuport-out/<batch>)")] = None,
+    out: Annotated[Path | None, typer.Option("--out", "-o",
+                                             help="results folder (default ./npuport-out/<batch>)")] = None,
     target: Annotated[str | None, typer.Option("--target", "-t", help="override every model's target")] = None,
     chip: Annotated[str | None, typer.Option("--chip", help="override every model's chip")] = None,
 ) -> None:

@@ -27,6 +27,7 @@ from rich.text import Text
 from api.cli_live import LiveStatus, console, err, fmt_params
 from knowledge.errors import exit_code, first_line
 from knowledge.interrupt import PortInterrupted, clear_stop, request_stop
+from knowledge.settings import set_environment
 
 EXIT_OK, EXIT_NOT_VALIDATED, EXIT_BAD_INPUT, EXIT_INTERNAL, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
 EXIT_MEANINGS: dict[int, str] = {
@@ -117,7 +118,8 @@ class Heartbeat:
         self.last = time.monotonic()
 
     def phase(self, node: str, text: str) -> None:
-        console.print(Text.assemble((f"{self.status.elapsed():6.1f}s ", "dim"), (f"{node:<12}", "bold cyan"), " ", text))
+        console.print(Text.assemble((f"{self.status.elapsed():6.1f}s ", "dim"), (f"{node:<12}", "bold cyan"), " ",
+                                    text))
         self.printed()
 
     def _loop(self) -> None:
@@ -135,7 +137,8 @@ def print_summary(state: dict[str, Any]) -> None:
     tuning = state.get("tuning") or {}
     table.add_row("findings", str(len(state.get("findings") or [])))
     table.add_row("patches", str(len(state.get("patches") or [])))
-    table.add_row("sandbox runs", f"{counters.get('port_runs', 0)} port + {counters.get('reference_runs', 0)} reference")
+    table.add_row("sandbox runs",
+                  f"{counters.get('port_runs', 0)} port + {counters.get('reference_runs', 0)} reference")
     table.add_row("validation", str(numerics.get("verdict", "not-run")))
     if tuning.get("best"):
         table.add_row("tuned", fmt_params(tuning["best"]))
@@ -186,7 +189,7 @@ def isolation_fallback() -> None:
         err.print("[bold yellow]warning:[/] bubblewrap (bwrap) is not available: the model's code runs UNISOLATED "
                   "(it can read and write what you can). Install bubblewrap, or pass NPUPORT_ISOLATION=process "
                   "to silence this.")
-        os.environ["NPUPORT_ALLOW_UNISOLATED"] = "1"
+        set_environment({"NPUPORT_ALLOW_UNISOLATED": "1"})
 
 
 def disk_warning() -> None:

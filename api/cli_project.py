@@ -31,10 +31,12 @@ def _concurrency(value: str) -> tuple[int, ...]:
 def project(
     path: Annotated[Path, typer.Argument(help="a port's bundle (its report.json) or a model folder")],
     chip: Annotated[str | None, typer.Option("--chip", metavar=choices_metavar(chip_names), callback=check_chip,
-                                             help="the Ascend chip (default: the bundle's, else the default chip)")] = None,
+                                             help="the Ascend chip (default: the bundle's, else the default "
+                                                  "chip)")] = None,
     cards: Annotated[int | None, typer.Option("--cards", min=1, help="tensor-parallel size (default: the fewest "
                                               "cards that hold the model)")] = None,
-    concurrency: Annotated[str, typer.Option("--concurrency", help="concurrent requests, comma-separated")] = "1,8,32,100",
+    concurrency: Annotated[str, typer.Option("--concurrency",
+                                             help="concurrent requests, comma-separated")] = "1,8,32,100",
     input_len: Annotated[int | None, typer.Option("--input-len", min=1, help="prompt tokens per request (default "
                                                   "1024, within the model's length)")] = None,
     output_len: Annotated[int | None, typer.Option("--output-len", min=1, help="output tokens per request "

@@ -54,8 +54,8 @@ def published_part() -> tuple[float, float, list[dict[str, Any]]]:
         got = projected(fig, eff)
         ratio = got / fig.published
         rows.append({"id": fig.id, "metric": fig.metric, "published": fig.published, "projected": got, "ratio": ratio})
-        print(f"{fig.id:<28} {fig.metric:<13} {fig.published:>10.2f} {got:>10.2f} {ratio:>6.2f}  {fig.chip} x{fig.cards}"
-              f" {fig.dtype}{'/' + fig.expert_dtype if fig.expert_dtype else ''} c={fig.concurrency} "
+        print(f"{fig.id:<28} {fig.metric:<13} {fig.published:>10.2f} {got:>10.2f} {ratio:>6.2f}  {fig.chip} "
+              f"x{fig.cards} {fig.dtype}{'/' + fig.expert_dtype if fig.expert_dtype else ''} c={fig.concurrency} "
               f"{fig.input_len}/{fig.output_len}")
     within = sum(1 for r in rows if abs(r["ratio"] - 1) <= BAND) / len(rows)
     median = statistics.median(abs(r["ratio"] - 1) for r in rows)
@@ -91,7 +91,8 @@ def cpu_profile(threads: int = 1) -> tuple[Any, float, str]:
     big = torch.empty(256 * 2**20 // 4, dtype=torch.float32)
     out = torch.empty_like(big)
     gbps = 2 * big.numel() * 4 / _best_s(lambda: out.copy_(big), 3) / 1e9  # read + write
-    layer = torch.nn.ModuleList([torch.nn.Linear(64, 64) for _ in range(7)] + [torch.nn.LayerNorm(64) for _ in range(2)])
+    layer = torch.nn.ModuleList([torch.nn.Linear(64, 64) for _ in range(7)]
+                                + [torch.nn.LayerNorm(64) for _ in range(2)])
     x = torch.randn(1, 64)
 
     def one_layer() -> None:
@@ -152,7 +153,9 @@ def cpu_part(bundle: Path) -> tuple[list[float], str]:
 
     deployment = json.loads((bundle / "deployment.json").read_text())
     rows = (deployment.get("throughput") or {}).get("rows") or []
-    config_file = bundle / "run_config.json" if (bundle / "run_config.json").is_file() else bundle / "patched" / "config.json"
+    config_file = bundle / "run_config.json"
+    if not config_file.is_file():
+        config_file = bundle / "patched" / "config.json"
     if not rows or not config_file.is_file():
         return [], f"{bundle} has no measured vLLM throughput or no config it served"
     served = json.loads(config_file.read_text())

@@ -2,7 +2,8 @@
 
 START -> planner -> environment -> code_reader -> patcher -> executor --ok--> validator --match--> tuner -> reporter
                                                     ^            |fail            |mismatch                  |
-                                                    +- debugger <+----------------+        deployer <-(validated, serving on)
+                                                    +- debugger <+----------------+        deployer <-(validated,
+                                                    serving on)
 """
 
 from __future__ import annotations

@@ -30,10 +30,6 @@ TraceSink = Callable[[list[dict[str, Any]]], None]
 GraphBuilder = Callable[[], StateGraph[Any]]
 
 
-class StopRequested(Exception):
-    """Raised inside the run loop when the job is cancelled or the service shuts down."""
-
-
 @dataclass
 class ThreadResult:
     values: dict[str, Any]
@@ -151,7 +147,8 @@ def run_thread(
                 break
         snap = app.get_state(config)
         values = dict(snap.values)
-        return ThreadResult(values=values, next=tuple(snap.next), stopped=stopped, trace=list(values.get("trace") or []))
+        return ThreadResult(values=values, next=tuple(snap.next), stopped=stopped,
+                            trace=list(values.get("trace") or []))
     finally:
         conn.close()
 

@@ -2,8 +2,8 @@
 
 Why here: knowledge/ is the lowest layer (it imports no other npuport package), so every layer
 (sandbox, agents, graph, api) may import these without a layering violation; every importer
-imports them from here (no module re-exports them). Every class keeps its historical built-in base (``RuntimeError``, ``ValueError``)
-so callers catching those still catch them; ``NpuportError`` is the root of every error a user can
+imports them from here (no module re-exports them). Every class keeps its historical built-in base (``RuntimeError``,
+``ValueError``) so callers catching those still catch them; ``NpuportError`` is the root of every error a user can
 meet (tests/test_error_family.py fails on one outside it).
 
 Each class says what kind of failure it is (``kind``): ``user`` (bad input or usage: nothing was run),
@@ -176,10 +176,6 @@ class WheelDownloadError(WheelError):
     def __init__(self, message: str, *, unreachable: bool) -> None:
         super().__init__(message, unreachable=unreachable)
         self.unreachable = unreachable
-
-
-class NodeFailed(NpuportError, RuntimeError):
-    """A graph node raised: carries the failure record the guard wrote into the state."""
 
 
 # -- the sandbox, the batch and the service ----------------------------------------------------------

@@ -12,8 +12,10 @@ Modules call ``settings()`` (or ``LLMSettings()`` / ``ServiceSettings()``) when 
 at import: tests and the service change the environment at run time. ``env_table()`` lists every
 variable with its default and meaning for ``npuport --help`` and the README's Configuration table.
 
-Two readers stay on ``os.environ`` on purpose: sandbox/ascend_sim (it runs inside the sandboxed
-harness process, which should not import pydantic) and the tests' own variables (tests/conftest.py).
+This module is also the one writer of the process's environment (``set_environment``): settings are
+read from the environment at every call, so a write anywhere else would change them unseen
+(tests/test_settings.py holds both: no ``NPUPORT_*`` read and no ``os.environ`` write outside this module,
+besides the sandboxed processes it lists, which run without pydantic).
 """
 
 from __future__ import annotations
@@ -110,6 +112,12 @@ class Settings(BaseSettings):
     def kb_off(self) -> bool:
         return self.kb.lower() == "off"
 
+    @property
+    def isolation_choice(self) -> str:
+        """NPUPORT_ISOLATION when it is set, else its older name NPUPORT_SANDBOX, else auto."""
+        chosen = self.isolation if "isolation" in self.model_fields_set else (self.sandbox or self.isolation)
+        return (chosen or "auto").strip().lower()
+
     def resolved_home(self) -> Path:
         """The home, created on first use."""
         home = (self.home or Path.home() / ".npuport").expanduser()
@@ -121,6 +129,22 @@ def settings() -> Settings:
     """The current settings, read from the environment now (cheap; never cached: tests and the
     service set NPUPORT_HOME at run time)."""
     return Settings()
+
+
+def set_environment(values: dict[str, str], *, keep_set: bool = False) -> None:
+    """Set variables in this process's environment, which its children inherit: a flag of the CLI that is a
+    setting (NPUPORT_ISOLATION), the service's or a batch worker's home, and the few variables of other
+    libraries npuport sets for itself (thread counts, offline Hugging Face). ``keep_set``: a variable
+    already set keeps its value. An ``NPUPORT_*`` name must be a declared one."""
+    declared = {var for var, _, _ in env_table()}
+    unknown = sorted(k for k in values if k.startswith("NPUPORT_") and k not in declared)
+    if unknown:
+        raise ValueError(f"not npuport settings: {', '.join(unknown)}")
+    for name, value in values.items():
+        if keep_set:
+            os.environ.setdefault(name, value)
+        else:
+            os.environ[name] = value
 
 
 class LLMSettings(BaseSettings):
@@ -192,7 +216,8 @@ class ServiceSettings(BaseSettings):
     tokens: Annotated[dict[str, list[str]], NoDecode] = Field(default_factory=dict)
     """Bearer token -> scopes, as JSON or tokenA=read+write,tokenB=read. With none, protected routes answer 401."""
     allowed_roots: Annotated[list[Path], NoDecode] = Field(default_factory=list)
-    """Model folders must resolve (symlinks followed) inside one of these (os.pathsep-separated or a JSON list); uploads are always allowed."""
+    """Model folders must resolve (symlinks followed) inside one of these (os.pathsep-separated or a JSON list);
+    uploads are always allowed."""
     max_upload_bytes: int = Field(default=64 * 1024 * 1024, gt=0)
     """Cap of one uploaded archive."""
     max_extracted_bytes: int = Field(default=512 * 1024 * 1024, gt=0)

@@ -89,7 +89,8 @@ def test_user_field_and_history_identify_the_conversation(fake_server: str, monk
     job_id = reply.split("`")[1]
     deadline = time.time() + 30
     while time.time() < deadline:
-        st = client.chat.completions.create(model="npuport", user="alice", messages=[{"role": "user", "content": "status"}])
+        st = client.chat.completions.create(model="npuport", user="alice",
+                                            messages=[{"role": "user", "content": "status"}])
         if "validated" in (st.choices[0].message.content or ""):
             break
         time.sleep(0.2)
@@ -118,7 +119,8 @@ def test_cancel_through_chat(npuport_home: Path, tmp_path: Path, monkeypatch: py
     for base in serve_in_thread(settings, fake_builder):
         client = OpenAI(base_url=f"{base}/v1", api_key="tok")
         first = client.chat.completions.create(model="npuport", user="bob",
-                                               messages=[{"role": "user", "content": "port the model in m1 on the cpu"}])
+                                               messages=[{"role": "user",
+                                                          "content": "port the model in m1 on the cpu"}])
         job_id = (first.choices[0].message.content or "").split("`")[1]
         time.sleep(0.8)
         cancel = client.chat.completions.create(model="npuport", user="bob",

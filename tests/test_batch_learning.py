@@ -75,7 +75,8 @@ def test_second_port_reuses_what_the_first_learned_without_the_llm(tmp_path: Pat
     assert len(learned) == 1 and learned[0]["model"] == "alpha", records
     rid = learned[0]["id"]
     assert learned[0]["failure_key"] == f"RuntimeError: {FAILURE}"
-    assert learned[0]["fix"]["params"]["edits"] == [{"file": "modeling_planted.py", "search": SEARCH, "replace": REPLACE}]
+    assert learned[0]["fix"]["params"]["edits"] == [{"file": "modeling_planted.py", "search": SEARCH,
+                                                     "replace": REPLACE}]
     assert alpha["learned"] == [rid] and alpha["reused"] == []
     assert beta["reused"] == [f"{rid} (from alpha)"] and beta["learned"] == []
     # beta's bundle: the learned edit, moved onto beta's own file, as a commit that cites the record

@@ -84,7 +84,8 @@ def test_complex_rotary_rewritten_into_real_pairs_gives_the_same_rotations() -> 
     import torch
 
     out = complex_to_real(ROTARY)
-    assert out.changed and "_npuport_unit_phase(freqs)" in out.source and "_npuport_mul_as_real(xq_, freqs_cis)" in out.source
+    assert out.changed and "_npuport_unit_phase(freqs)" in out.source
+    assert "_npuport_mul_as_real(xq_, freqs_cis)" in out.source
     old, new = _module(ROTARY, "rope_old"), _module(out.source, "rope_new")
     table_old, table_new = old.precompute_freqs_cis(16, 32), new.precompute_freqs_cis(16, 32)
     assert table_new.dtype == torch.complex64 and table_new.shape == table_old.shape
@@ -132,7 +133,8 @@ def test_a_unit_phase_table_means_its_complex_value_under_every_op() -> None:
 def test_a_product_with_a_real_or_complex_operand_reads_as_the_original_pairs() -> None:
     import torch
 
-    src = "import torch\ndef f(a, b):\n    return torch.view_as_real(a * b)\ndef g(a, b):\n    return torch.view_as_real(torch.mul(a, b))\n"
+    src = ("import torch\ndef f(a, b):\n    return torch.view_as_real(a * b)\n"
+           "def g(a, b):\n    return torch.view_as_real(torch.mul(a, b))\n")
     out = complex_to_real(src)
     assert out.source.count("_npuport_mul_as_real(") == 3  # two sites and the helper
     old, new = _module(src, "prod_old"), _module(out.source, "prod_new")

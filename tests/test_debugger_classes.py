@@ -62,7 +62,8 @@ def test_a_name_an_old_star_import_provided_is_found_where_the_model_runs(tmp_pa
     root = _package(tmp_path, "toypkg_star", {
         "toy_utils.py": TOY_UTILS,
         "other.py": "import torch.nn.functional as F\nfrom typing import List\n",
-        "modeling.py": "from .toy_utils import *\n\ndef mix(x):\n    return rotate_half(x)\n\ndef acts(x):\n    return F.relu(x)\n"})
+        "modeling.py": "from .toy_utils import *\n\ndef mix(x):\n    return rotate_half(x)\n\ndef acts(x):\n    return "
+                       "F.relu(x)\n"})
     sys.path.insert(0, str(tmp_path))
     try:
         mod = importlib.import_module("toypkg_star.modeling")
@@ -132,7 +133,8 @@ def test_a_name_missing_at_run_time_is_imported_from_its_most_faithful_provider(
     # transformers' own name this release has nowhere: the environment's choice, named as the class
     gone = RulePolicy().diagnose("run-1", _exc("ImportError", "cannot import name 'GenerationMixin2' from "
                                                "'transformers' (/venv/x.py)",
-                                               hints={"name": "GenerationMixin2", "providers": [], "release": "5.25.0"}),
+                                               hints={"name": "GenerationMixin2", "providers": [],
+                                                      "release": "5.25.0"}),
                                  [])
     assert gone.kind == "missing-name" and gone.fix is None
     assert "another transformers release may provide it" in gone.params["unfixed"]
@@ -159,7 +161,8 @@ def test_an_attribute_or_keyword_takes_the_running_releases_spelling_only_when_i
         "TypeError", "ToyForCausalLM.forward() got an unexpected keyword argument 'cache_position'", in_model=False,
         hints={"keyword": "cache_position", "callee_file": "modeling_toy.py"}, funcs=("generate", "_call_impl")), [])
     assert (new_kw.fix, new_kw.file, new_kw.params) == ("accept-new-keyword", "modeling_toy.py",
-                                                        {"function": "ToyForCausalLM.forward", "keyword": "cache_position"})
+                                                        {"function": "ToyForCausalLM.forward",
+                                                         "keyword": "cache_position"})
     outside = RulePolicy().diagnose("run-1", _exc(
         "TypeError", "f() got an unexpected keyword argument 'z'", in_model=False,
         hints={"keyword": "z", "callee_file": "../../etc/passwd.py"}, funcs=("generate", "f")), [])
@@ -179,7 +182,8 @@ def test_a_generate_path_input_the_model_builds_is_an_inputs_fix() -> None:
     failed = RulePolicy().diagnose("run-2", _exc("PreprocessingFailed", "rebuild-inputs: no input-building code of "
                                                  "the model gives token_type_ids (it has no builder or processor)",
                                                  in_model=False), [])
-    assert failed.kind == "generate-inputs" and failed.fix is None and "no input-building code" in failed.params["unfixed"]
+    assert failed.kind == "generate-inputs" and failed.fix is None
+    assert "no input-building code" in failed.params["unfixed"]
     check = _exc("AssertionError", "image tokens and features do not match", funcs=("generate", "forward"),
                  hints={"inputs_source": "synthesised"})
     assert RulePolicy().diagnose("run-1", check, []).fix == "rebuild-inputs"
@@ -196,7 +200,8 @@ def test_a_generate_path_input_the_model_builds_is_an_inputs_fix() -> None:
     ("TypeError", "forward() takes 2 positional arguments but 3 were given", True, ("forward",)),
     ("TypeError", "unsupported operand type(s) for +: 'NoneType' and 'int'", True, ("forward",)),
     ("TypeError", "'NoneType' object is not subscriptable", False, ("generate", "_sample")),
-    ("AttributeError", "'GenerationConfig' object has no attribute '_eos_token_tensor'", False, ("generate", "_sample")),
+    ("AttributeError", "'GenerationConfig' object has no attribute '_eos_token_tensor'", False,
+     ("generate", "_sample")),
 ])
 def test_no_python_failure_in_model_code_or_on_the_generate_path_ends_as_no_recipe_covers(
         type_: str, message: str, in_model: bool, funcs: tuple[str, ...]) -> None:
@@ -263,12 +268,14 @@ def test_a_respelled_attribute_or_keyword_reads_what_the_old_spelling_read() -> 
     new_cfg = types.SimpleNamespace(_attn_implementation="sdpa")
     assert old_ns["read"](old_cfg, lambda x, past_key_value: (x, past_key_value), 1) == \
         new_ns["read"](new_cfg, lambda x, past_key_values: (x, past_key_values), 1)
-    assert not rename_changed_api(src, line=2, old="attn_implementation", new="implementation", what="attribute").changed
+    assert not rename_changed_api(src, line=2, old="attn_implementation", new="implementation",
+                                  what="attribute").changed
 
 
 @pytest.mark.meaning("accept-new-keyword")
 def test_a_function_that_takes_a_newer_keyword_computes_what_it_did_without_it() -> None:
-    src = "class M:\n    def forward(self, input_ids, attention_mask=None):\n        return [i * 2 for i in input_ids]\n"
+    src = ("class M:\n    def forward(self, input_ids, attention_mask=None):\n"
+           "        return [i * 2 for i in input_ids]\n")
     out = accept_new_keyword(src, function="M.forward", keyword="cache_position")
     assert out.changed and "def forward(self, input_ids, attention_mask=None, **kwargs):" in out.source
     old_ns: dict[str, Any] = {}
@@ -278,7 +285,8 @@ def test_a_function_that_takes_a_newer_keyword_computes_what_it_did_without_it()
     assert new_ns["M"]().forward([1, 2], cache_position=[0, 1]) == old_ns["M"]().forward([1, 2])
     assert not accept_new_keyword(out.source, function="M.forward", keyword="x").changed  # already takes them
     # the static plan: a forward of a class that generates through transformers' own prepare_inputs_for_generation
-    static = "class Lm(PreTrainedModel, GenerationMixin):\n    def forward(self, input_ids):\n        return input_ids\n"
+    static = ("class Lm(PreTrainedModel, GenerationMixin):\n    def forward(self, input_ids):\n"
+              "        return input_ids\n")
     assert "def forward(self, input_ids, **kwargs):" in accept_new_keyword(static).source
     own = static + "\n    def prepare_inputs_for_generation(self, input_ids, **kw):\n        return {}\n"
     assert not accept_new_keyword(own).changed

@@ -62,7 +62,8 @@ def test_a_composite_config_that_cannot_be_built_bare_caps_the_era() -> None:
     assert "catches only ValueError" in found[0].reason and "an assert" in found[0].reason
     # a composite config that raises ValueError is what transformers expects: no coupling
     assert not couplings(COMPOSITE.replace('assert "encoder" in kwargs and "decoder" in kwargs, "needs encoder and '
-                                           'decoder"', 'if "encoder" not in kwargs:\n            raise ValueError("x")'))
+                                           'decoder"',
+                                           'if "encoder" not in kwargs:\n            raise ValueError("x")'))
     # not declared composite: every 4.x release builds it bare in to_diff_dict, nothing newer breaks it
     assert not couplings(COMPOSITE.replace("    is_composition = True\n", ""))
 
@@ -183,8 +184,8 @@ def test_models_of_one_era_share_its_base_env_and_layer_only_their_own_pins(
     assert not any((py_a.parent.parent / "lib").rglob("npuport_era_lib"))
 
 
-def test_a_reconciled_package_that_does_not_import_steps_down_to_a_release_that_does(tmp_path: Path,
-                                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_reconciled_package_that_does_not_import_steps_down_to_a_release_that_does(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """pip's choice fits the declared requirements, but its code imports a name the env's dependency lacks
     (accelerate 0.32 beside huggingface-hub 0.17): the newest release of each lower line is tried until one
     imports (real venv, real pip, a local index)."""

@@ -176,7 +176,8 @@ def test_the_choice_finds_the_nearest_line_that_has_every_read(local_index: Path
            "utils/logging.py": "import logging\ndef get_logger(name): ...\n"}
     new = {**old, "generation/__init__.py": "from .utils import GenerationMixin\n",
            "generation/utils.py": old["generation_utils.py"] + "class LogitsProcessorList: ...\n",
-           "modeling_utils.py": "from .generation import GenerationMixin\nclass PreTrainedModel(GenerationMixin): ...\n"}
+           "modeling_utils.py": ("from .generation import GenerationMixin\n"
+                                 "class PreTrainedModel(GenerationMixin): ...\n")}
     once = {**new, "utils/logging.py": old["utils/logging.py"] + "def warning_once(self, *a): ...\n"
                                                                  "logging.Logger.warning_once = warning_once\n"}
     gone = {**once, "generation/utils.py": "class GenerationMixin: ...\nclass LogitsProcessorList: ...\n"}
@@ -263,8 +264,8 @@ def test_a_run_failing_on_a_name_its_release_lacks_moves_to_the_next_candidate(l
     assert res.era == "transformers~=4.36.0"
     python = ensure_env(res)
     state = {"request": {"model_path": str(model), "target": "cpu", "max_runs": 8}, "started_at": time.time(),
-             "counters": {"port_runs": 1}, "runs": [_failed_run("AttributeError", "module "
-                                                               "'transformers.cache_utils' has no attribute 'SinkCache'")],
+             "counters": {"port_runs": 1},
+             "runs": [_failed_run("AttributeError", "module 'transformers.cache_utils' has no attribute 'SinkCache'")],
              "environment": {"resolution": res.as_dict(), "python": str(python)}, "diagnoses": []}
     update = debugger_node(state)
     diag = update["diagnoses"][0]

@@ -164,7 +164,8 @@ def test_a_pipe_gets_a_line_at_least_every_heartbeat(monkeypatch: pytest.MonkeyP
     assert len(lines) >= 2 and all("starting vLLM" in ln for ln in lines), lines
 
 
-def test_a_sandboxed_side_s_progress_reaches_the_phase_callback(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_sandboxed_side_s_progress_reaches_the_phase_callback(tmp_path: Path,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
     from agents.deploy import sandboxed
 
     monkeypatch.setattr(sandboxed, "HEARTBEAT_S", 0.5)

@@ -393,7 +393,8 @@ def test_helpers_are_inserted_only_where_used_and_added_when_a_later_rewrite_nee
     assert "_NpuportCpuBackend" not in first.source and "_NpuportCpuStream" not in first.source
     assert len(first.source.splitlines()) - len(src.splitlines()) < 20
     # a second rewrite in the same file that needs the backend stand-ins gets them (and only them), once
-    more = first.source + "\n\ndef g():\n    torch.cuda.synchronize()\n    return torch.cuda.Event(enable_timing=True)\n"
+    more = first.source + ("\n\ndef g():\n    torch.cuda.synchronize()\n"
+                           "    return torch.cuda.Event(enable_timing=True)\n")
     second = CODEMODS["device-agnostic"][0](more)
     assert second.changed
     out = second.source

@@ -96,8 +96,8 @@ def test_error_patterns_name_their_rule_fix_and_citation() -> None:
 
 
 def test_one_cuda_only_table() -> None:
-    """The scanner, the import guard, the debugger and the reference run's stubs read sandbox/cuda_redirect/cuda_only.py;
-    no other module spells the list out again."""
+    """The scanner, the import guard, the debugger and the reference run's stubs read
+    sandbox/cuda_redirect/cuda_only.py; no other module spells the list out again."""
     import sandbox.cuda_redirect.redirect
     from agents.rules.h3_cuda_libraries import GuardCudaOnlyImports
     from sandbox.cuda_redirect.cuda_only import CUDA_ONLY_ROOTS, STUB_ROOTS

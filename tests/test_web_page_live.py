@@ -31,8 +31,9 @@ LAUNCH_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", 
                "--disable-component-update", "--disable-sync", "--disable-dev-shm-usage"]
 pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (apt-get install chromium)")
 WIDE_TABLE = ("\n## Findings\n\n| hazard | where | what | resolution |\n|---|---|---|---|\n"
-              + "".join(f"| H{i} blocks running, high | very/deep/folder/structure/of/the/model/modeling_{'x' * 40}.py:{i} "
-                        f"| `torch.cuda.{'synchronize' * 6}()` | {'NOT changed: ' * 4}{'y' * 80} |\n" for i in range(6))
+              + "".join(f"| H{i} blocks running, high | "
+                        f"very/deep/folder/structure/of/the/model/modeling_{'x' * 40}.py:{i} | "
+                        f"`torch.cuda.{'synchronize' * 6}()` | {'NOT changed: ' * 4}{'y' * 80} |\n" for i in range(6))
               + f"\nA long path: /srv/models/{'z' * 160}/modeling.py\n")
 
 

@@ -39,8 +39,8 @@ class CheckPlan:
             return ""
         return (f"a throughput probe only (vLLM at concurrency {', '.join(map(str, self.concurrencies))} on "
                 f"{self.requests} requests, Transformers one request at a time on {self.hf_single}); the full "
-                f"side-by-side comparison (concurrency {', '.join(map(str, FULL.concurrencies))}, Transformers batched) "
-                "runs with `--bench` or `npuport bench BUNDLE`")
+                f"side-by-side comparison (concurrency {', '.join(map(str, FULL.concurrencies))}, Transformers "
+                "batched) runs with `--bench` or `npuport bench BUNDLE`")
 
 
 # A port's check: <= 3 minutes beyond the server's start on a 2-core host for a shrunk model.

@@ -78,9 +78,9 @@ def size_for_chip(settings: list[ServeSetting], state: Mapping[str, Any], model_
     dep = dep.model_copy(update={"cards": cards})
     mem = memory_of(cost, hw, eff, dep, wl)
     _set(out, "tensor-parallel-size", cards,
-         f"on {hw.name}: {count_text(cost.params)} parameters in {dep.dtype} are {mem.weights_gib_per_card:.1f} GiB per "
-         f"card at {cards} card(s), beside the runtime's {eff.reserve_gib:.1f} GiB: the fewest cards (a power of two) "
-         f"whose {util:g} x {hw.hbm_gib:g} GiB holds them and a request")
+         f"on {hw.name}: {count_text(cost.params)} parameters in {dep.dtype} are {mem.weights_gib_per_card:.1f} "
+         f"GiB per card at {cards} card(s), beside the runtime's {eff.reserve_gib:.1f} GiB: the fewest cards (a power "
+         f"of two) whose {util:g} x {hw.hbm_gib:g} GiB holds them and a request")
     sized = project(cost, hw, eff, dep, wl, source.host)
     _size_seqs(out, sized, mem.max_concurrency, hw.name)
     _size_len(out, cost, hw, eff, dep, wl)

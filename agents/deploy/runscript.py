@@ -245,11 +245,6 @@ BUNDLED_MODULES = ("model_inputs", "inputs_base", "stand_in_tokenizer", "process
                    "run_outputs")
 
 
-def model_inputs_source() -> str:
-    """The text of model_inputs.py for the bundle: npuport's own module, which imports nothing of npuport."""
-    return model_inputs_sources()["model_inputs.py"]
-
-
 def model_inputs_sources() -> dict[str, str]:
     """file name -> text of every module run.py imports from beside it (model_inputs.py and its siblings)."""
     import sandbox.inputs

@@ -54,10 +54,12 @@ def sandboxed(module: str, python: str, spec: dict[str, Any], run_dir: Path, ro:
     if not out:
         tail = "\n".join(scrub(res.stderr).strip().splitlines()[-12:])
         if res.status == "timeout":
-            out = {"ok": False, "timed_out": True, "error": f"{module} ran past its time limit ({wall_s:.0f} s) and was "
+            out = {"ok": False, "timed_out": True,
+                   "error": f"{module} ran past its time limit ({wall_s:.0f} s) and was "
                                                               f"stopped: {tail}"}
         else:
-            out = {"ok": False, "error": f"{module} ended ({res.status}, code {res.returncode}) without a result: {tail}"}
+            out = {"ok": False,
+                   "error": f"{module} ended ({res.status}, code {res.returncode}) without a result: {tail}"}
     out["isolation"] = res.isolation
     return dict(out)
 

@@ -116,7 +116,8 @@ def _spec(report: dict[str, Any], ws: Workspace, target: Target, limits: Limits)
                       request=request_of(report), python=report_python(report), limits=limits)
 
 
-def _tokens_claim(report: dict[str, Any], ws: Workspace, target: Target, limits: Limits) -> tuple[Claim, list[list[int]] | None]:
+def _tokens_claim(report: dict[str, Any], ws: Workspace, target: Target,
+                  limits: Limits) -> tuple[Claim, list[list[int]] | None]:
     from agents.validation.reference import reference_copy
 
     claimed = (report.get("numerics") or {}).get("port_tokens")
@@ -316,7 +317,8 @@ def _served_throughput(claimed: dict[str, Any], now: dict[str, Any]) -> tuple[bo
     """The report's served tok/s against the rerun's, at the highest concurrency both measured, within
     SERVED_TOLERANCE either way (a whole engine on a shared host varies more than one harness run)."""
     def rows(rec: dict[str, Any]) -> dict[int, float]:
-        return {int(r["concurrency"]): float(r["output_tokens_per_s"]) for r in (rec.get("throughput") or {}).get("rows")
+        return {int(r["concurrency"]): float(r["output_tokens_per_s"])
+                for r in (rec.get("throughput") or {}).get("rows")
                 or [] if r.get("output_tokens_per_s")}
 
     before, after = rows(claimed), rows(now)
@@ -349,7 +351,8 @@ def verify_bundle(bundle_dir: Path, original: Path | None = None, *, tolerance: 
     claim, ws = _apply_patch(original, bundle_dir, root / "ws")
     result.claims.append(claim)
     if ws is None or claim.verdict == "disagree":
-        result.claims.append(Claim(name="tokens match", verdict="unchecked", detail="the patch did not reproduce the port"))
+        result.claims.append(Claim(name="tokens match", verdict="unchecked",
+                                   detail="the patch did not reproduce the port"))
         return result
     target = _target(report)
     if target is not None and report_python(report):

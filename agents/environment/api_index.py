@@ -134,7 +134,8 @@ def _lazy_structure(node: ast.stmt, package: str, api: ModuleAPI, structures: se
     target, value = None, None
     if isinstance(node, ast.Assign) and len(node.targets) == 1:
         target, value = node.targets[0], node.value
-    elif isinstance(node, ast.Expr) and isinstance(node.value, ast.Call) and isinstance(node.value.func, ast.Attribute) \
+    elif isinstance(node, ast.Expr) and isinstance(node.value, ast.Call) and isinstance(node.value.func,
+                                                                                        ast.Attribute) \
             and node.value.func.attr in ("extend", "append") and node.value.args:
         target, value = node.value.func.value, node.value.args[0]
     if isinstance(target, ast.Subscript) and isinstance(target.value, ast.Name) and target.value.id in structures \

@@ -174,7 +174,8 @@ def _read(model_dir: Path) -> _Code:
     for f in files:
         for node in ast.walk(f.tree):
             if isinstance(node, ast.ClassDef):
-                code.methods[node.name] = {n.name for n in node.body if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef)}
+                code.methods[node.name] = {n.name for n in node.body
+                                           if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef)}
                 code.bases[node.name] = [b for b in (_base_path(f, e) for e in node.bases) if b]
     return code
 

@@ -118,9 +118,10 @@ def own_installs(resolution: Resolution) -> list[str]:
 def run_pip(python: Path, install: list[str], constraints: Path, timeout_s: float,
             layers: tuple[Path, ...] = ()) -> subprocess.CompletedProcess[str]:
     # Wheels only (no setup.py), and in the sandbox: the env's interpreter runs the .pth files of the wheels
-    # installed before; only the env folder is writable, the network reaches only the index (sandbox/isolation/installs.py).
-    # ``layers``, the envs this one sits on, are bound read-only: NPUPORT_HOME is masked in the sandbox, and a pip
-    # that cannot see the torch pair's base env installs torch (5 GB with its CUDA wheels) into every layer.
+    # installed before; only the env folder is writable, the network reaches only the index
+    # (sandbox/isolation/installs.py). ``layers``, the envs this one sits on, are bound read-only: NPUPORT_HOME is
+    # masked in the sandbox, and a pip that cannot see the torch pair's base env installs torch (5 GB with its CUDA
+    # wheels) into every layer.
     from sandbox.isolation.installs import run_pip as confined_pip
 
     argv = [str(python), "-m", "pip", "install", "--no-input", "--disable-pip-version-check", "--only-binary=:all:",

@@ -39,7 +39,9 @@ class Verdict:
         if self.why:
             return f"{self.release} failed at run time ({self.why})"
         more = f" and {len(self.lacks) - 2} more" if len(self.lacks) > 2 else ""
-        return f"{self.release} lacks {', '.join(self.lacks[:2])}{more}" if self.lacks else f"{self.release} has them all"
+        if not self.lacks:
+            return f"{self.release} has them all"
+        return f"{self.release} lacks {', '.join(self.lacks[:2])}{more}"
 
 
 @dataclass
@@ -84,7 +86,8 @@ class _Search:
                 api.save()
             self.seen[line] = found
             if found is not None or line in self.rejected:
-                self.tried.append(Verdict(self.lines[line], [n.shown for n in found or []], self.rejected.get(line, "")))
+                self.tried.append(Verdict(self.lines[line], [n.shown for n in found or []],
+                                          self.rejected.get(line, "")))
         found = self.seen[line]
         if found is None:
             return None
@@ -124,7 +127,8 @@ class _Search:
 
 
 def choose_release(needs: list[Need], hint: Line, lines: dict[Line, str],
-                   api_of: Callable[[str], ReleaseAPI | None], rejected: dict[Line, str] | None = None) -> ReleaseChoice:
+                   api_of: Callable[[str], ReleaseAPI | None],
+                   rejected: dict[Line, str] | None = None) -> ReleaseChoice:
     """The release nearest ``hint`` that provides every read in ``needs``, among ``lines`` (line -> its newest
     release), except the ``rejected`` lines (line -> why: a run failed there)."""
     rejected = rejected or {}
@@ -271,7 +275,8 @@ def era_for_code(model_dir: Path, era: str | None, last: str, host_tf: str, floo
                 "a run that fails on one tries the next candidate): " + ", ".join(choice.ignored[:3])
                 ) if choice.ignored else None
         return era, choice, note
-    chosen = None if choice.chosen_line == host_line else f"transformers~={choice.chosen_line[0]}.{choice.chosen_line[1]}.0"
+    major, minor = choice.chosen_line[0], choice.chosen_line[1]
+    chosen = None if choice.chosen_line == host_line else f"transformers~={major}.{minor}.0"
     told = (f"config.json's transformers {saved} (a hint; its era: {era})" if saved and era else
             f"the era {era}" if era else f"the host's transformers {host_tf}")
     why = "; ".join(v.shown() for v in choice.rejected()) or f"{choice.hint} is the nearest candidate to the hint"

@@ -51,7 +51,8 @@ class Resolution:
     # the release chosen, every release examined and what it lacked
     release_choice: dict[str, Any] | None = None
     # installs the model's layer may go without when the index cannot install them (requirement -> why: a
-    # distribution guessed from an import, a pin the code imports only in a function or under a guard); each is then a note
+    # distribution guessed from an import, a pin the code imports only in a function or under a guard); each is then a
+    # note
     spare: dict[str, str] = field(default_factory=dict)
     # releases a run of this port failed on with a missing name ("4.36" -> the error; release_retry.py)
     release_rejected: dict[str, str] = field(default_factory=dict)

@@ -80,7 +80,8 @@ def resolve(model_dir: Path, target: str, torch_npu: str | None, runs: RunReject
     guessed = _imported_dependencies(model_dir, pins, dropped, install, notes, compat, stack, companions)
     optional = _guarded_dependencies(model_dir, pins, dropped, notes, compat)
     spare = {**_spare_pins(model_dir, install, found), **guessed}
-    tf_exact = exact_version(SpecifierSet(str(Requirement(pins["transformers"]).specifier))) if "transformers" in pins else None
+    tf_exact = (exact_version(SpecifierSet(str(Requirement(pins["transformers"]).specifier)))
+                if "transformers" in pins else None)
     # an era's range (transformers~=4.36.0) is shown as it is: pip picks its newest patch when the env is built
     stack["transformers"] = tf_exact or (str(Requirement(era).specifier) if era else host_tf)
 
@@ -194,7 +195,8 @@ def _era_note(era: str, saved: str | None, host_tf: str | None, coupled: list[st
     else:
         why = f"config.json names no transformers release and the code is coupled to 4.x ({coupled[0]})"
     if coupled and saved and era.startswith("transformers~=") and not chose:
-        why += f"; the code is coupled to it ({coupled[0]}{f' and {len(coupled) - 1} more' if len(coupled) > 1 else ''})"
+        more = f" and {len(coupled) - 1} more" if len(coupled) > 1 else ""
+        why += f"; the code is coupled to it ({coupled[0]}{more})"
     return (f"{why}: the original and the port run in the environment of the model's era, {era}, built "
             f"once from the package index and shared by every port of that era.")
 
@@ -213,7 +215,8 @@ def _guarded_dependencies(model_dir: Path, pins: dict[str, str], dropped: dict[s
             continue
         cuda = cuda_only_reason(dist, compat)
         if cuda:
-            dropped[dist] = f"CUDA-only ({cuda}); a guarded import the code demands: the port removes or replaces its uses (H3)"
+            dropped[dist] = (f"CUDA-only ({cuda}); a guarded import the code demands: the port removes or replaces "
+                             "its uses (H3)")
             continue
         if host_version(dist) is not None:
             pins[dist] = dist

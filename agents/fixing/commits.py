@@ -106,7 +106,8 @@ def _to_original_lines(ws: Workspace, rel: str, current: str) -> Callable[[int],
         return lambda n: n
     if original == current:
         return lambda n: n
-    blocks = difflib.SequenceMatcher(a=current.splitlines(), b=original.splitlines(), autojunk=False).get_matching_blocks()
+    blocks = difflib.SequenceMatcher(a=current.splitlines(), b=original.splitlines(),
+                                     autojunk=False).get_matching_blocks()
 
     def to_orig(line: int) -> int:
         i = line - 1

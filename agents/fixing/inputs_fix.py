@@ -35,6 +35,7 @@ def apply_inputs_fix(state: dict[str, Any], diagnosis: Diagnosis) -> dict[str, A
     entry["run"] = run
     needs = ", ".join(fix["needs"]) or (f"token {fix['token']}" if fix["token"] is not None else "its inputs")
     out["entry"] = entry
-    out["trace"] = [step("patcher", f"{INPUTS_FIX} (an inputs fix, not a code patch): later runs build {needs} with the "
+    out["trace"] = [step("patcher",
+                         f"{INPUTS_FIX} (an inputs fix, not a code patch): later runs build {needs} with the "
                                     f"model's own input-building code ({fix['why']})")]
     return out

@@ -66,7 +66,8 @@ def patcher_node(state: dict[str, Any]) -> dict[str, Any]:
     if pending and not patches:
         # Re-running unchanged code would only repeat the failure: stop with the reason instead.
         update["status"] = "failed"
-        update["reason"] = f"could not port because the fix for {pending.get('kind')} changed nothing ({pending.get('summary')})"
+        update["reason"] = (f"could not port because the fix for {pending.get('kind')} changed nothing "
+                            f"({pending.get('summary')})")
     return update
 
 

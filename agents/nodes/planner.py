@@ -65,7 +65,8 @@ def planner_node(state: dict[str, Any]) -> dict[str, Any]:
                 "trace": [step("planner", f"untrusted source refused: {problem}")]}
     req = req.model_copy(update={"model_path": str(path.resolve())})
     steps = plan_steps(req)
-    plan: dict[str, Any] = {"steps": steps, "policy": req.policy, "source": source, "target": req.target, "chip": req.chip,
+    plan: dict[str, Any] = {"steps": steps, "policy": req.policy, "source": source, "target": req.target,
+                            "chip": req.chip,
             "objective": req.objective, "constraints": constraints,
             "budget": {"max_runs": req.max_runs, "max_wall_s": req.max_wall_s, "tune_trials": req.tune_trials}}
     if records:  # no workspace yet: the code-reader saves them under llm/ with the others

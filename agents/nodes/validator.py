@@ -68,5 +68,6 @@ def validator_node(state: dict[str, Any]) -> dict[str, Any]:
     perf_note = f"; {verdict('validated', perf)}" if numerics.verdict == "match" else ""
     return {"numerics": numerics.model_dump(mode="json"), "runs": new_runs, "counters": counters, "perf": perf,
             "trace": [step("validator", f"{numerics.verdict}: {numerics.detail}"
-                                        + (f" (reference {ref.tokens}, port {port.tokens})" if numerics.compared == "tokens"
+                                        + (f" (reference {ref.tokens}, port {port.tokens})"
+                                           if numerics.compared == "tokens"
                                            else "") + perf_note)]}

@@ -20,10 +20,12 @@ def _attention(c: LmConfig) -> LayerKind:
         qk = (c.nope_dim or c.head_dim) + c.rope_dim
         v = c.v_head_dim or c.head_dim
         q = h * c.q_lora_rank + c.q_lora_rank * heads * qk if c.q_lora_rank else h * heads * qk
-        per = q + h * (c.kv_lora_rank + c.rope_dim) + c.kv_lora_rank * heads * ((c.nope_dim or c.head_dim) + v) + heads * v * h
+        per = (q + h * (c.kv_lora_rank + c.rope_dim) + c.kv_lora_rank * heads * ((c.nope_dim or c.head_dim) + v)
+               + heads * v * h)
         return LayerKind(kind="attention:mla", count=layers, params=per * layers, active_params=per * layers,
                          kv_elems_per_token=(c.kv_lora_rank + c.rope_dim) * layers, kv_shardable=False,
-                         attn_flops_per_ctx=(2 * heads * (c.kv_lora_rank + c.rope_dim) + 2 * heads * c.kv_lora_rank) * layers,
+                         attn_flops_per_ctx=(2 * heads * (c.kv_lora_rank + c.rope_dim)
+                                             + 2 * heads * c.kv_lora_rank) * layers,
                          kv_heads=1, detail=f"latent KV cache: {c.note('kv_lora_rank')} + {c.note('rope_dim')}")
     kv, d = c.kv_heads or heads, c.head_dim
     per = h * heads * d + 2 * h * kv * d + heads * d * h
@@ -42,7 +44,8 @@ def _mlps(c: LmConfig, gated: bool) -> list[LayerKind]:
         ffn = c.ffn or 4 * h
         out.append(LayerKind(kind="mlp", count=dense_layers, params=mats * h * ffn * dense_layers,
                              active_params=mats * h * ffn * dense_layers,
-                             detail=f"{'gated' if gated else 'two-matrix'} MLP of {c.note('ffn') if c.ffn else '4 x hidden'}"))
+                             detail=f"{'gated' if gated else 'two-matrix'} MLP of "
+                                    f"{c.note('ffn') if c.ffn else '4 x hidden'}"))
     moe_layers = c.layers - dense_layers if c.experts else 0
     if moe_layers:
         width = c.moe_ffn or c.ffn or 4 * h
@@ -54,8 +57,9 @@ def _mlps(c: LmConfig, gated: bool) -> list[LayerKind]:
                              params=(c.experts * expert + shared + router) * moe_layers,
                              active_params=(top_k * expert + shared + router) * moe_layers,
                              expert_params=c.experts * expert * moe_layers,
-                             detail=f"{c.note('experts')}, {c.note('top_k') if c.top_k else 'top_k 1 (not in config.json)'}"
-                                    f", {c.shared_experts} shared, expert width {width}"))
+                             detail=f"{c.note('experts')}, "
+                                    f"{c.note('top_k') if c.top_k else 'top_k 1 (not in config.json)'}, "
+                                    f"{c.shared_experts} shared, expert width {width}"))
     return out
 
 
@@ -86,7 +90,8 @@ def config_cost(config: dict[str, Any], why: str) -> ModelCost:
         return ModelCost(source=f"config arithmetic ({why}); config.json lacks {', '.join(missing)}", kinds=[],
                          notes=["nothing can be projected: the language model's sizes are not in config.json"])
     act = str(language_level(config).get("hidden_act") or language_level(config).get("activation_function") or "")
-    gated = act.lower() in GATED_ACTS or any(k in language_level(config) for k in ("intermediate_size", "ffn_hidden_size"))
+    gated = act.lower() in GATED_ACTS or any(k in language_level(config)
+                                             for k in ("intermediate_size", "ffn_hidden_size"))
     kinds = [_attention(c), *_mlps(c, gated)]
     embed = c.vocab * c.hidden
     kinds.append(LayerKind(kind="embedding", count=1, params=embed, active_params=0, detail=c.note("vocab")))

@@ -209,7 +209,8 @@ def model_cost(source: ModelSource, *, build_env: bool = True, timeout_s: float 
     """The model's cost at full size: the meta build in its environment, config arithmetic where it fails."""
     python, env_note = model_environment(source, build_env)
     digest = hashlib.sha256(json.dumps(source.config, sort_keys=True, default=str).encode()).hexdigest()
-    cost = _cost(str(source.model_dir.resolve()), json.dumps(source.manifest, sort_keys=True), digest, python, timeout_s)
+    cost = _cost(str(source.model_dir.resolve()), json.dumps(source.manifest, sort_keys=True), digest, python,
+                 timeout_s)
     return cost.model_copy(update={"notes": [*cost.notes, f"built with {env_note}"]})
 
 

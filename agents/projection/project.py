@@ -201,9 +201,9 @@ def memory_of(cost: ModelCost, hw: Hardware, eff: Efficiency, dep: Deployment, w
     fits = budget > per_request > 0 or (budget > 0 and per_request == 0)
     most = int(budget // per_request) if per_request > 0 and budget > 0 else (10**6 if budget > 0 else 0)
     needed = cards_for(cost, hw, eff, dep, seq)
-    note = "" if fits else (f"the weights ({weights / 2**30:.1f} GiB per card) and the runtime's {eff.reserve_gib:.1f} GiB "
-                            f"leave no room for one request's KV cache in {dep.gpu_memory_utilization:g} x "
-                            f"{hw.hbm_gib:g} GiB: {needed} card(s) would")
+    note = "" if fits else (f"the weights ({weights / 2**30:.1f} GiB per card) and the runtime's "
+                            f"{eff.reserve_gib:.1f} GiB leave no room for one request's KV cache in "
+                            f"{dep.gpu_memory_utilization:g} x {hw.hbm_gib:g} GiB: {needed} card(s) would")
     return Memory(weights_gib_per_card=round(weights / 2**30, 3), reserve_gib_per_card=round(eff.reserve_gib, 2),
                   kv_budget_gib_per_card=round(max(budget, 0.0) / 2**30, 3),
                   kv_bytes_per_token_per_card=round(kv_token, 1), kv_per_request_mib=round(per_request / 2**20, 3),

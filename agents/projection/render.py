@@ -26,8 +26,8 @@ def cost_lines(cost: ModelCost) -> list[str]:
                      f"active{extra}{kv} ({k.detail})")
     if cost.encoder:
         e = cost.encoder
-        lines.append(f"  - encoder: {count_text(e.params)} parameters, {e.flops_per_image / 1e12:.2f} TFLOPs per image, "
-                     f"{e.output_tokens} tokens to the language model per image ({e.detail})")
+        lines.append(f"  - encoder: {count_text(e.params)} parameters, {e.flops_per_image / 1e12:.2f} TFLOPs "
+                     f"per image, {e.output_tokens} tokens to the language model per image ({e.detail})")
     return lines + [f"  note: {n}" for n in cost.notes]
 
 
@@ -70,7 +70,8 @@ def markdown(p: Projection, cost: ModelCost) -> list[str]:
              f"{p.output_len} output tokens per request{f', {p.images} image(s)' if p.images else ''}; the full-size "
              "config (never the shrunk one). A projection, not a measurement: docs/deploy.md says how it is made "
              "and where it is known to be wrong.", "",
-             "| concurrency | running | output tok/s | per card | TTFT ms | TPOT ms | bound |", "|---|---|---|---|---|---|---|"]
+             "| concurrency | running | output tok/s | per card | TTFT ms | TPOT ms | bound |",
+             "|---|---|---|---|---|---|---|"]
     for r in p.rows:
         lines.append(f"| {r.concurrency} | {r.running} | {r.output_tok_s:.1f} | {r.output_tok_s_per_card:.1f} | "
                      f"{r.ttft_ms:.1f} | {r.tpot_ms:.2f} | {r.bound} |")

@@ -172,7 +172,8 @@ def _block_kinds(block: Block, c: LmConfig, hidden: int, inventory: dict[str, An
         kind, kv, flops, how, shard = _kv_of(att, c, hidden)
         p = sum(e.size * e.count for e in att)
         out.append(LayerKind(kind=kind, count=layers, params=p, active_params=p, kv_elems_per_token=kv * layers,
-                             attn_flops_per_ctx=flops * layers, kv_shardable=shard, kv_heads=kv // max(2 * c.head_dim, 1),
+                             attn_flops_per_ctx=flops * layers, kv_shardable=shard,
+                             kv_heads=kv // max(2 * c.head_dim, 1),
                              detail=f"{types.get(att[0].parent, att[0].parent)}: {how}"))
     experts = roles.get("expert", [])
     if experts:
@@ -184,8 +185,9 @@ def _block_kinds(block: Block, c: LmConfig, hidden: int, inventory: dict[str, An
         top_k = c.top_k or 1
         out.append(LayerKind(kind="moe", count=layers, experts=n, top_k=top_k, params=expert_p + always,
                              active_params=int(expert_p * top_k / max(n, 1)) + always, expert_params=expert_p,
-                             detail=f"{n} routed experts ({experts[0].type}), {c.note('top_k') if c.top_k else 'top_k 1 (config.json does not say)'}"
-                                    f" per token, router {'found' if router else 'not found'}, "
+                             detail=f"{n} routed experts ({experts[0].type}), "
+                                    f"{c.note('top_k') if c.top_k else 'top_k 1 (config.json does not say)'} per "
+                                    f"token, router {'found' if router else 'not found'}, "
                                     f"{sum(e.size * e.count for e in rest if e not in router)} shared parameters"))
     else:
         roles.setdefault("mlp", []).extend(roles.pop("moe", []))
@@ -276,7 +278,8 @@ def structure_cost(inventory: dict[str, Any], config: dict[str, Any]) -> ModelCo
     encoder = _encoder([e for e in rest if e not in small], c.image_size or _any_image_size(config))
     if small:
         kinds.append(LayerKind(kind="other", count=1, params=sum(e.size * e.count for e in small),
-                               active_params=sum(e.size * e.count for e in small), detail="final norm and small weights"))
+                               active_params=sum(e.size * e.count for e in small),
+                               detail="final norm and small weights"))
         kinds = _merge(kinds)
     layers = sum(b.layers for b in blocks)
     notes = [f"{inventory.get('class')} built on the {inventory.get('built')}"]

@@ -48,7 +48,8 @@ def classify(exc: StructuredException, registry: Registry | None = None) -> Sign
     if exc.type == "ProcessDied":
         return Signature("crash", "crash", exc.message, frame)
     if exc.type in ("RuntimeError", "ValueError") and re.search(r"size|shape|dimension", msg):
-        return Signature("shape-mismatch", f"shape-mismatch@{where}", f"a shape mismatch at {where}: {msg[:160]}", frame)
+        return Signature("shape-mismatch", f"shape-mismatch@{where}", f"a shape mismatch at {where}: {msg[:160]}",
+                         frame)
     closest, why = closest_class(exc, frame)
     return Signature("exception", f"exception:{exc.type}@{where}", f"{exc.type} at {where}: {msg[:200]}", frame,
                      {"closest": closest, "why_not": why})

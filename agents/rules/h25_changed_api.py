@@ -88,9 +88,10 @@ def _h25_changed_api(ctx: ModuleContext) -> None:
         for qual, line in lines.items():
             if fn.name.value == "forward" and ctx.pos(fn)[0] <= line <= ctx.pos(fn.body)[0]:
                 ctx.add(HAZARD, "forward-without-kwargs", fn,
-                        f"`{qual}` takes no **kwargs and generates through transformers' prepare_inputs_for_generation: "
-                        "a newer generate passes it keywords it does not take (cache_position, use_cache, ...); it "
-                        "takes and ignores them, as with the release it was written for, which never passed them",
+                        f"`{qual}` takes no **kwargs and generates through transformers' "
+                        "prepare_inputs_for_generation: a newer generate passes it keywords it does not take "
+                        "(cache_position, use_cache, ...); it takes and ignores them, as with the release it was "
+                        "written for, which never passed them",
                         BLOCKS, MEDIUM)
 
 

@@ -66,7 +66,8 @@ def _generate_inputs(exc: StructuredException, frame: Frame | None, where: str) 
                                     "generate path needs: " + exc.message.removeprefix(REBUILD_FAILED)[:300]})
     made_up = hints.get("inputs_source") in ("synthesised", None)  # None: a record without the source
     if exc.type == "AssertionError" and frame is not None and on_generate_path(exc) and made_up:
-        return _signature(f"assert@{where}", f"the model's own input check fails {at_where(where)} on the made-up inputs",
+        return _signature(f"assert@{where}",
+                          f"the model's own input check fails {at_where(where)} on the made-up inputs",
                           frame, [], "the model's own input check rejects inputs npuport made up")
     return None
 

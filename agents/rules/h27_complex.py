@@ -12,7 +12,8 @@ What the math allows is rewritten into real arithmetic (``complex-to-real``):
 An FFT path is kept on the NPU when the op matrix of the target's torch_npu lists complex input dtypes for
 the inverse/complex FFT kernels it needs (``_fft_c2r``, ``_fft_c2c``); otherwise the function holding it runs
 as an explained CPU island (``complex-cpu-island``): its tensor arguments go to the CPU and its results come
-back, a host sync per tensor argument each call, and the patch says why. One hazard class, one module (see docs/rules.md)."""
+back, a host sync per tensor argument each call, and the patch says why. One hazard class, one module (see
+docs/rules.md)."""
 
 from __future__ import annotations
 

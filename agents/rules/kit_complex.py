@@ -117,8 +117,8 @@ def _npuport_moved(value, device):
 
 def _npuport_cpu_island(reason):
     """npuport: run the function on the CPU and bring its results back to its inputs' device, because
-    {{reason}}. Copying the inputs to the host waits for the device: a host sync per tensor argument, each call, which the run's
-    profile counts at this function."""
+    {{reason}}. Copying the inputs to the host waits for the device: a host sync per tensor argument, each call,
+    which the run's profile counts at this function."""
     def wrap(fn):
         @_npuport_functools.wraps(fn)
         def on_cpu(*args, **kwargs):

@@ -75,7 +75,8 @@ def outcome_of(run: BenchRun) -> Outcome:
         return Outcome(None, c["status"], c.get("detail", ""))
     pt = c["points"][0]
     return Outcome(pt["tokens_per_s"], "ok", spread=pt.get("spread", 0.0),
-                   extras={"effects": c.get("effects"), "runs": pt.get("tokens_per_s_runs"), "latency_p50_s": pt.get("latency_p50_s"),
+                   extras={"effects": c.get("effects"), "runs": pt.get("tokens_per_s_runs"),
+                           "latency_p50_s": pt.get("latency_p50_s"),
                            "latency_p99_s": pt.get("latency_p99_s"), "compile_s": c.get("compile_s"),
                            "run_dir": str(run.run_dir)})
 

@@ -114,7 +114,8 @@ def llm_proposals(state: dict[str, Any], space: SearchSpace, facts: HostFacts) -
     proposed, note = propose_trials(Path(state["workdir"]) if state.get("workdir") else None, values, [], req.objective)
     kept = [p for p in proposed if space.key({**start, **p}) in keys]
     if proposed:
-        note += f"; {len(kept)} inside the constraint space, {len(proposed) - len(kept)} rejected (pruned by constraints)"
+        note += (f"; {len(kept)} inside the constraint space, {len(proposed) - len(kept)} rejected (pruned by "
+                 "constraints)")
         from agents.reasoning import think
 
         think("tuner", "llm", note + "; the optimiser measures them and judges")
@@ -148,7 +149,8 @@ def _reporting(evaluate: Evaluate, n: int) -> Evaluate:
         k += 1
         progress.emit("trial_start", k=k, n=n, params=params)
         outcome = evaluate(params)
-        why = outcome.detail.split(":", 1)[0] if outcome.status == "unsupported" else ""  # "dtype X not supported by ..."
+        # "dtype X not supported by ..."
+        why = outcome.detail.split(":", 1)[0] if outcome.status == "unsupported" else ""
         progress.emit("trial_done", k=k, n=n, params=params, value=outcome.value, outcome=outcome.status,
                       **({"reason": why} if why else {}))
         return outcome
@@ -199,7 +201,8 @@ def tune_port(state: dict[str, Any], space: SearchSpace | None = None) -> Tuning
     searched = dict(tuning.best)
     tuned_head = points_of(bench.headline({"id": "tuned", **searched}, "bench-tuned"))
     same = {k: v for k, v in searched.items() if v is not None} == UNTUNED_CONFIG
-    untuned_head = tuned_head if same else points_of(bench.headline({"id": "untuned", **UNTUNED_CONFIG}, "bench-untuned"))
+    untuned_head = tuned_head if same else points_of(bench.headline({"id": "untuned", **UNTUNED_CONFIG},
+                                                                    "bench-untuned"))
     deployed, _ = settle(searched, tuned_head, untuned_head, None)
     # The curve over concurrency (plot, table) of the deployed configuration; the headline point stays its own.
     curve_run = bench.port([{"id": "deployed", **deployed}], [c for c in REPORT_CONCURRENCIES if c != TUNE_CONCURRENCY],
@@ -214,7 +217,8 @@ def tune_port(state: dict[str, Any], space: SearchSpace | None = None) -> Tuning
         base_how = f"batch 1 (it did not run at batch {batch}: {why[:160]})"
         batch = 1
     base_pts = points_of(base_run)
-    host = {"machine": platform.machine(), "cores": facts.cores, "processor": platform.processor() or platform.machine()}
+    host = {"machine": platform.machine(), "cores": facts.cores,
+            "processor": platform.processor() or platform.machine()}
     tuning.baseline = {"what": f"original as written, eager, {base_how}, cuda->cpu redirect, CPU float32",
                        "config": {"batch": batch}, "target": "cpu (cuda->cpu redirect)", "points": base_pts,
                        "tokens_per_s": at(base_pts, TUNE_CONCURRENCY),

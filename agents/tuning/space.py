@@ -226,7 +226,8 @@ def torch_space(facts: HostFacts, *, batches: list[int] | None = None, compile_m
         Dim(name="threads", values=sorted({1, *range(2, facts.cores + 1, 2), facts.cores}), ordered=True,
             prior=facts.cores),
         Dim(name="dtype", values=["float32", "bfloat16", "float16"], prior="float32"),
-        Dim(name="attn", values=list(facts.model.attn_impls) or [None], prior="sdpa" if facts.model.attn_impls else None),
+        Dim(name="attn", values=list(facts.model.attn_impls) or [None],
+            prior="sdpa" if facts.model.attn_impls else None),
         Dim(name="compile", values=compile_modes or ["none", "default", "reduce-overhead"], prior="none"),
     ]
     if facts.on_device:

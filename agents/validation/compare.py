@@ -48,8 +48,8 @@ def _shape(meta: Any) -> str:
 def compare_outputs(port: RunRecord, ref: RunRecord, dtype: str = "float32") -> Numerics:
     """A model without generate (an encoder) is validated on what its forward returns: every named floating
     output of the original (hidden states, pooled output, logits, embeddings) against the port's, each
-    within the tolerance of the port's dtype (agents/validation/numerics.py): cosine similarity and the share of elements
-    off by more than 1e-3 relative."""
+    within the tolerance of the port's dtype (agents/validation/numerics.py): cosine similarity and the share of
+    elements off by more than 1e-3 relative."""
     import torch
 
     from agents.validation.numerics import MAX_CAPTURE_BYTES, TOLERANCES, tensor_metrics, within
@@ -65,7 +65,8 @@ def compare_outputs(port: RunRecord, ref: RunRecord, dtype: str = "float32") -> 
             loaded.append(torch.load(outputs_file(run), weights_only=True))
         got, want = loaded
     except Exception as exc:  # a run that saved no outputs: nothing to compare
-        return Numerics(verdict="not-run", compared="outputs", detail=f"no forward outputs to compare ({type(exc).__name__}: "
+        return Numerics(verdict="not-run", compared="outputs",
+                        detail=f"no forward outputs to compare ({type(exc).__name__}: "
                                                                       f"{str(exc)[:120]})")
     if not isinstance(got, dict) or not isinstance(want, dict) or not want:
         return Numerics(verdict="not-run", compared="outputs", detail="no forward outputs to compare")

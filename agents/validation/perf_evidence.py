@@ -136,7 +136,8 @@ def _loop_events(profile: dict[str, Any], key: Literal["syncs", "fallbacks"]) ->
     med = statistics.median(per)
     site_text = ", ".join(f"{k} x{v}" for k, v in list(sites.items())[:3]) or "sites not recorded"
     if key == "syncs":
-        counted = "host reads (.item(), .tolist(), ...)" if profile.get("counters") == "cpu-host-reads" else "host syncs"
+        counted = ("host reads (.item(), .tolist(), ...)" if profile.get("counters") == "cpu-host-reads"
+                   else "host syncs")
         return PerfFinding(
             kind="step-loop-syncs", where=where, title="host syncs inside the decode loop",
             evidence=f"{counted} in {sum(1 for n in per if n)} of {len(dec)} decode steps, median {med:g} per step "
@@ -162,7 +163,8 @@ def _trend(xs: list[float]) -> float:
 def _whole_output_decode(profile: dict[str, Any]) -> PerfFinding | None:
     dec = _decode_steps(profile)
     calls = [c for c in profile.get("decode_calls") or [] if c.get("len") is not None]
-    if len(calls) * 2 >= len(dec) + 1 and calls[-1]["len"] > calls[0]["len"] and _trend([c["len"] for c in calls]) > 0.9:
+    if (len(calls) * 2 >= len(dec) + 1 and calls[-1]["len"] > calls[0]["len"]
+            and _trend([c["len"] for c in calls]) > 0.9):
         lens = [c["len"] for c in calls]
         return PerfFinding(
             kind="whole-output-decode", where=calls[-1].get("site"), title="the whole output is decoded every step",
@@ -180,8 +182,8 @@ def _whole_output_decode(profile: dict[str, Any]) -> PerfFinding | None:
             return PerfFinding(
                 kind="whole-output-decode", where=profile.get("step_site"),
                 title="loop time outside the model grows with the position",
-                evidence=f"time between decode steps grows from {early:.2f} ms to {late:.2f} ms (per step {gaps}) while "
-                         "the steps themselves do not explain it",
+                evidence=f"time between decode steps grows from {early:.2f} ms to {late:.2f} ms (per step "
+                         f"{gaps}) while the steps themselves do not explain it",
                 numbers={"gap_ms": gaps}, cause="work over the whole output each step (decoding, n-gram filters)")
     return None
 

@@ -105,6 +105,37 @@ HELP = ("I port PyTorch models to Huawei Ascend NPUs. Tell me what to port, e.g.
         "examples/ocr_mini to Ascend 910B on the cpu\". Then ask for status, the report, or say cancel / approve.")
 
 
+async def _start_port(mgr: JobManager, body: ChatRequest, text: str, conversation: str | None,
+                      principal: Principal) -> tuple[str, Job | None]:
+    """A goal in the chat: the port it starts (the reply, the job to follow), or why it could not start."""
+    try:
+        fields = {"policy": policy} if (policy := (body.metadata or {}).get("policy")) else {}
+        new_job, _ = await asyncio.to_thread(submit_job, mgr, owner=principal.name, goal=text, fields=fields,
+                                             conversation=conversation)
+        return (f"Started job `{new_job.id}`: port {Path(new_job.request['model_path']).name} "
+                f"to {new_job.request['target']}.\n"), new_job
+    except (SubmitError, JobError) as exc:
+        reply = f"I could not start that port: {exc}"
+        if not mgr.settings.allowed_roots:  # a chat client cannot upload: say how a folder becomes portable
+            reply += f". To port a model folder by its path, {ROOTS_HINT}."
+        return reply, None
+
+
+def _act_on(mgr: JobManager, job: Job, intent: str) -> tuple[str, Job, Job | None, int]:
+    """Cancel or approve the conversation's job: (the reply, the job, the job to follow, the event seq the
+    reply streams after: an approval streams only what comes next)."""
+    try:
+        if intent == "cancel":
+            job = mgr.cancel(job.id)
+            return f"Cancel requested for job `{job.id}` (now {job.status}).", job, None, 0
+        last_events = mgr.store.events(job.id, after=0, limit=100_000)
+        follow_after = last_events[-1].seq if last_events else 0
+        job = mgr.approve(job.id)
+        return f"Approved job `{job.id}`; it continues.\n", job, job, follow_after
+    except JobError as exc:
+        return f"job `{job.id}`: {exc}", job, None, 0
+
+
 @router.post("/chat/completions", responses={400: {"description": "no user message"},
                                              403: {"description": "the token lacks a scope the message needs"}})
 async def chat_completions(body: ChatRequest, request: Request,
@@ -123,36 +154,13 @@ async def chat_completions(body: ChatRequest, request: Request,
         raise HTTPException(status_code=403, detail=f"this token lacks the 'write' scope needed to {intent}")
     follow: Job | None = None
     follow_after = 0  # the first event seq the reply streams after (approve: only what comes next)
-    reply: str
     if intent == "goal":
-        try:
-            fields = {"policy": policy} if (policy := (body.metadata or {}).get("policy")) else {}
-            new_job, _ = await asyncio.to_thread(submit_job, mgr, owner=principal.name, goal=text, fields=fields,
-                                                 conversation=conversation)
-            reply = (f"Started job `{new_job.id}`: port {Path(new_job.request['model_path']).name} "
-                     f"to {new_job.request['target']}.\n")
-            follow = job = new_job
-        except (SubmitError, JobError) as exc:
-            reply = f"I could not start that port: {exc}"
-            if not mgr.settings.allowed_roots:  # a chat client cannot upload: say how a folder becomes portable
-                reply += f". To port a model folder by its path, {ROOTS_HINT}."
+        reply, follow = await _start_port(mgr, body, text, conversation, principal)
+        job = follow or job
     elif job is None:
         reply = HELP
-    elif intent == "cancel":
-        try:
-            job = mgr.cancel(job.id)
-            reply = f"Cancel requested for job `{job.id}` (now {job.status})."
-        except JobError as exc:
-            reply = f"job `{job.id}`: {exc}"
-    elif intent == "approve":
-        try:
-            last_events = mgr.store.events(job.id, after=0, limit=100_000)
-            follow_after = last_events[-1].seq if last_events else 0
-            job = mgr.approve(job.id)
-            reply = f"Approved job `{job.id}`; it continues.\n"
-            follow = job
-        except JobError as exc:
-            reply = f"job `{job.id}`: {exc}"
+    elif intent in ("cancel", "approve"):
+        reply, job, follow, follow_after = _act_on(mgr, job, intent)
     elif intent == "report":
         reply = _report_text(job)
     elif intent == "question":
@@ -165,7 +173,8 @@ async def chat_completions(body: ChatRequest, request: Request,
     extra = {"job_id": job.id if job else None, "conversation": conversation}
     if not body.stream:
         return JSONResponse(_completion(cid, reply, extra))
-    return StreamingResponse(_stream(request, mgr, cid, reply, follow, extra, follow_after), media_type="text/event-stream",
+    return StreamingResponse(_stream(request, mgr, cid, reply, follow, extra, follow_after),
+                             media_type="text/event-stream",
                              headers={"Cache-Control": "no-cache"})
 
 

@@ -97,7 +97,8 @@ def _percentile(values: list[float], q: float) -> float:
     return ordered[min(rank, len(ordered)) - 1]
 
 
-def _concat_requests(inputs_fn: Any, config: dict[str, Any], seed: int, n: int, device: str, dtype: Any) -> dict[str, Any]:
+def _concat_requests(inputs_fn: Any, config: dict[str, Any], seed: int, n: int, device: str,
+                     dtype: Any) -> dict[str, Any]:
     """A batch of n requests (seeds seed..seed+n-1) as one kwargs dict; copies of the first when the
     per-seed inputs do not stack (different prompt lengths)."""
     import torch
@@ -173,7 +174,8 @@ def _build_model(cls: Any, config: dict[str, Any], cfg: dict[str, Any], seed: in
 
 def _measure_point(call: Any, inputs_fn: Any, config: dict[str, Any], seed: int, concurrency: int, batch: int,
                    device: str, dtype: Any, warmup: int, repeats: int,
-                   effects: dict[str, Any] | None = None, config_id: str = "") -> tuple[dict[str, Any], list[list[int]]]:
+                   effects: dict[str, Any] | None = None,
+                   config_id: str = "") -> tuple[dict[str, Any], list[list[int]]]:
     waves = []
     for start in range(0, concurrency, batch):
         n = min(batch, concurrency - start)
@@ -218,70 +220,96 @@ def _measure_point(call: Any, inputs_fn: Any, config: dict[str, Any], seed: int,
     return point, first_tokens
 
 
-def _run_config(cls: Any, base_config: dict[str, Any], manifest: dict[str, Any], model_dir: Path, cfg: dict[str, Any],
-                spec: BenchSpec, device: str) -> dict[str, Any]:
+def _effects_of(model: Any, cfg: dict[str, Any]) -> dict[str, Any]:
+    """What the configuration's knobs did to the built model (threads, rows per call, dtype, attention)."""
     import torch
 
-    out: dict[str, Any] = {"id": cfg.get("id", ""), "config": cfg, "status": "ok", "detail": "", "points": []}
-    seed = spec.seed
+    effects: dict[str, Any] = {"threads": torch.get_num_threads(), "rows_per_call": int(cfg.get("batch") or 1)}
+    param = next((p for p in model.parameters() if p.is_floating_point()), None)
+    effects["param_dtype"] = str(param.dtype).removeprefix("torch.") if param is not None else None
+    model_config = getattr(model, "config", None)
+    effects["attn"] = getattr(model_config, "_attn_implementation", None) if model_config is not None else None
+    return effects
+
+
+def _model_call(model: Any, manifest: dict[str, Any], model_dir: Path, base_config: dict[str, Any],
+                spec: BenchSpec) -> tuple[Any, Any]:
+    """(inputs_fn(config, seed), call(inputs)): the inputs the harness's runs got (hook, the model's
+    preprocessing path, or synthesised), and the generate they go to (a submodule's, when the model
+    generates through its language model)."""
+    import torch
+
+    run_cfg = manifest.get("run") or {}
+    kwargs = dict(run_cfg.get("kwargs") or {})
+    kwargs.update(spec.run_kwargs)
+    _, source_kwargs, source = model_inputs_for(model, manifest, model_dir, base_config, spec.seed, kwargs)
+    method = method_at(model, source.get("method") or run_cfg.get("method", "generate"))
+    kwargs = {**source_kwargs, **kwargs}
+
+    def inputs_fn(config: dict[str, Any], seed: int) -> dict[str, Any]:
+        return model_inputs_for(model, manifest, model_dir, config, seed, kwargs)[0]
+
+    def call(inputs: dict[str, Any]) -> Any:
+        with torch.no_grad():
+            return method(**inputs, **kwargs)
+
+    return inputs_fn, call
+
+
+def _first_compile(call: Any, inputs: dict[str, Any], mode: str, config_id: str) -> float:
+    """The first call compiles; a failure here (graph break storms, guard failures, missing compiler)
+    makes the configuration infeasible on this host, not the model broken. Returns its seconds."""
+    t1 = time.perf_counter()
     try:
-        if cfg.get("threads"):
-            torch.set_num_threads(int(cfg["threads"]))
-        out["threads_used"] = torch.get_num_threads()
-        t0 = time.perf_counter()
-        model, dtype = _build_model(cls, base_config, cfg, seed, device, model_dir)
-        out["load_s"] = time.perf_counter() - t0
-        effects: dict[str, Any] = {"threads": torch.get_num_threads(), "rows_per_call": int(cfg.get("batch") or 1)}
-        param = next((p for p in model.parameters() if p.is_floating_point()), None)
-        effects["param_dtype"] = str(param.dtype).removeprefix("torch.") if param is not None else None
-        model_config = getattr(model, "config", None)
-        effects["attn"] = getattr(model_config, "_attn_implementation", None) if model_config is not None else None
-        out["effects"] = effects
-        mode = cfg.get("compile") or "none"
-        if mode not in COMPILE_MODES:
-            raise Infeasible(f"unknown torch.compile mode {mode!r}")
-        if mode != "none":
-            out["compiled_modules"] = effects["compiled_modules"] = _compile_children(model, mode)
-            effects["ops"] = None  # a dispatch mode would trace into the compiled graphs
-        run_cfg = manifest.get("run") or {}
-        kwargs = dict(run_cfg.get("kwargs") or {})
-        kwargs.update(spec.run_kwargs)
-        # the inputs the harness's runs got (hook, the model's preprocessing path, or synthesised), and the
-        # generate they go to (a submodule's, when the model generates through its language model)
-        _, source_kwargs, source = model_inputs_for(model, manifest, model_dir, base_config, seed, kwargs)
-        method = method_at(model, source.get("method") or run_cfg.get("method", "generate"))
-        kwargs = {**source_kwargs, **kwargs}
+        with worker_channel.timed(section_label(config_id, 0, 0, 0, "compile")):
+            call(inputs)
+    except Exception as exc:
+        raise Infeasible(f"torch.compile(mode={mode!r}) failed: {type(exc).__name__}: {str(exc)[:300]}") from exc
+    return time.perf_counter() - t1
 
-        def inputs_fn(config: dict[str, Any], seed: int) -> dict[str, Any]:
-            return model_inputs_for(model, manifest, model_dir, config, seed, kwargs)[0]
 
-        def call(inputs: dict[str, Any]) -> Any:
-            with torch.no_grad():
-                return method(**inputs, **kwargs)
+def _measure_config(out: dict[str, Any], cls: Any, base_config: dict[str, Any], manifest: dict[str, Any],
+                    model_dir: Path, cfg: dict[str, Any], spec: BenchSpec, device: str) -> None:
+    """Build the model for ``cfg`` and measure each concurrency into ``out`` (raises on a failure)."""
+    import torch
 
-        if mode != "none":
-            # The first call compiles; a failure here (graph break storms, guard failures, missing
-            # compiler) makes the configuration infeasible on this host, not the model broken.
-            t1 = time.perf_counter()
-            try:
-                with worker_channel.timed(section_label(str(out["id"]), 0, 0, 0, "compile")):
-                    call(_concat_requests(inputs_fn, base_config, seed, 1, device, dtype))
-            except Exception as exc:
-                raise Infeasible(f"torch.compile(mode={mode!r}) failed: {type(exc).__name__}: {str(exc)[:300]}") from exc
-            out["compile_s"] = time.perf_counter() - t1
-        batch = max(1, int(cfg.get("batch") or 1))
-        ref = spec.reference_tokens
-        for c in cfg.get("concurrencies") or spec.concurrencies or [1]:
-            point, first = _measure_point(call, inputs_fn, base_config, seed, int(c), batch, device, dtype,
-                                          spec.warmup, spec.repeats, effects,
-                                          config_id=str(out["id"]))
-            out["points"].append(point)
-            out.setdefault("tokens", first)
-        if ref is not None:
-            out["tokens_match"] = out.get("tokens") == ref[:1]
-            if not out["tokens_match"]:
-                out["status"] = "mismatch"
-                out["detail"] = f"first request's tokens {out.get('tokens')} differ from the reference {ref[:1]}"
+    seed = spec.seed
+    if cfg.get("threads"):
+        torch.set_num_threads(int(cfg["threads"]))
+    out["threads_used"] = torch.get_num_threads()
+    t0 = time.perf_counter()
+    model, dtype = _build_model(cls, base_config, cfg, seed, device, model_dir)
+    out["load_s"] = time.perf_counter() - t0
+    out["effects"] = effects = _effects_of(model, cfg)
+    mode = cfg.get("compile") or "none"
+    if mode not in COMPILE_MODES:
+        raise Infeasible(f"unknown torch.compile mode {mode!r}")
+    if mode != "none":
+        out["compiled_modules"] = effects["compiled_modules"] = _compile_children(model, mode)
+        effects["ops"] = None  # a dispatch mode would trace into the compiled graphs
+    inputs_fn, call = _model_call(model, manifest, model_dir, base_config, spec)
+    if mode != "none":
+        first = _concat_requests(inputs_fn, base_config, seed, 1, device, dtype)
+        out["compile_s"] = _first_compile(call, first, mode, str(out["id"]))
+    batch = max(1, int(cfg.get("batch") or 1))
+    for c in cfg.get("concurrencies") or spec.concurrencies or [1]:
+        point, first_tokens = _measure_point(call, inputs_fn, base_config, seed, int(c), batch, device, dtype,
+                                             spec.warmup, spec.repeats, effects, config_id=str(out["id"]))
+        out["points"].append(point)
+        out.setdefault("tokens", first_tokens)
+    ref = spec.reference_tokens
+    if ref is not None:
+        out["tokens_match"] = out.get("tokens") == ref[:1]
+        if not out["tokens_match"]:
+            out["status"] = "mismatch"
+            out["detail"] = f"first request's tokens {out.get('tokens')} differ from the reference {ref[:1]}"
+
+
+def _run_config(cls: Any, base_config: dict[str, Any], manifest: dict[str, Any], model_dir: Path, cfg: dict[str, Any],
+                spec: BenchSpec, device: str) -> dict[str, Any]:
+    out: dict[str, Any] = {"id": cfg.get("id", ""), "config": cfg, "status": "ok", "detail": "", "points": []}
+    try:
+        _measure_config(out, cls, base_config, manifest, model_dir, cfg, spec, device)
     except Infeasible as exc:
         out.update(status="infeasible", detail=str(exc))
     except Exception as exc:  # one configuration failing must not lose the others

@@ -57,7 +57,8 @@ def load_config(model_dir: Path, manifest: dict[str, Any], *, shrink: bool, over
 
     config: dict[str, Any] = json.loads((model_dir / manifest.get("config", "config.json")).read_text())
     flags = kernel_flags_off(config)  # "flash_attn": true names a kernel neither the CPU nor Ascend has
-    # The manifest's config_overrides hold for every run (a quantization switch turned off: agents/reading/quant_path.py)
+    # The manifest's config_overrides hold for every run (a quantization switch turned off:
+    # agents/reading/quant_path.py)
     extra = {**(manifest.get("config_overrides") or {}), **(overrides or {})}
     changes: list[str] = []
     if shrink and build is not None:

@@ -35,7 +35,8 @@ _LAYER_KEYS = re.compile(r"^(num_hidden_layers|n_layers?|num_layers|layers|num_d
                          r"encoder_layers|decoder_layers)$")
 _EXPERT_KEYS = re.compile(r"^(n_routed_experts|num_experts|num_local_experts|moe_num_experts|n_experts)$")
 _TOPK_KEYS = re.compile(r"^(num_experts_per_tok|moe_top_k|top_k|experts_per_token)$")
-_HEAD_KEYS = re.compile(r"^(num_attention_heads|n_heads?|num_heads|heads|encoder_attention_heads|decoder_attention_heads)$")
+_HEAD_KEYS = re.compile(r"^(num_attention_heads|n_heads?|num_heads|heads|encoder_attention_heads"
+                        r"|decoder_attention_heads)$")
 # Key/value head counts (GQA / MQA) under any of their spellings: num_key_value_heads, n_head_kv, kv_heads,
 # num_kv_heads, multi_query_group_num, num_query_groups (a KV group per query group).
 _KV_KEYS = re.compile(r"^(num_key_value_heads|(n|num)_?(kv|key_value)_?heads?|(n|num)_heads?_kv|kv_(n_)?heads|"
@@ -150,7 +151,8 @@ def _is_config_class(node: ast.ClassDef) -> bool:
 
 
 def shrink_config(config: dict[str, Any], overrides: dict[str, Any] | None = None,
-                  model_dir: Path | None = None, keep: frozenset[str] = frozenset()) -> tuple[dict[str, Any], list[str]]:
+                  model_dir: Path | None = None,
+                  keep: frozenset[str] = frozenset()) -> tuple[dict[str, Any], list[str]]:
     """A small copy of ``config`` and the list of changes ("path: old -> new"), overrides last. With
     ``model_dir``, widths the code hard-codes are kept and reported (override: the manifest's
     ``shrink:``). ``keep``: level prefixes ("" for the top, "vision_config." ...) whose widths and head
@@ -424,8 +426,9 @@ def estimate_params(config: dict[str, Any]) -> int:
         experts = _find(config, _EXPERT_KEYS) or 0
         moe_ffn = _find(config, re.compile(r"^moe_intermediate_size$")) or ffn
         dense = min(layers, _find(config, re.compile(r"^first_k_dense_replace$")) or 0) if experts else layers
-        total += layers * 4 * hidden * hidden + dense * 3 * hidden * ffn + \
-            (layers - dense) * (experts + (_find(config, re.compile(r"^n_shared_experts$")) or 0)) * 3 * hidden * moe_ffn
+        shared = _find(config, re.compile(r"^n_shared_experts$")) or 0
+        total += (layers * 4 * hidden * hidden + dense * 3 * hidden * ffn
+                  + (layers - dense) * (experts + shared) * 3 * hidden * moe_ffn)
         vocab = _find(config, re.compile(r"^vocab_size$"))
         if vocab:
             total += 2 * vocab * hidden

@@ -2,8 +2,8 @@
 reads back, for a harness run (``HarnessSpec``) and for the tuner's benchmark (``BenchSpec``, the same fields
 and its points). Unknown keys are refused on both sides, so a field is added here once and nowhere else.
 
-The standard library and knowledge.errors only: the worker reads it under a layered environment's interpreter, where npuport's own
-dependencies (pydantic among them) may be other releases or absent."""
+The standard library and knowledge.errors only: the worker reads it under a layered environment's interpreter, where
+npuport's own dependencies (pydantic among them) may be other releases or absent."""
 
 from __future__ import annotations
 

@@ -1,10 +1,10 @@
 """The in-sandbox harness: loads a model through its manifest entry, runs fixed inputs, and writes
 a result JSON (outputs, timings it measured itself, warnings, op statistics, structured exception).
 
-Run under the run's supervisor (sandbox/isolation/supervisor.py, which starts it through sandbox/isolation/worker_channel.py's
-boot), or by hand as ``python -I -m sandbox.harness.worker SPEC.json``. The spec is a ``HarnessSpec``
-(sandbox/harness/spec.py). The model's code runs in this process, so nothing here is trusted with the
-result: the supervisor holds the result pipe and the clock (each timed call below is bracketed for it);
+Run under the run's supervisor (sandbox/isolation/supervisor.py, which starts it through
+sandbox/isolation/worker_channel.py's boot), or by hand as ``python -I -m sandbox.harness.worker SPEC.json``. The spec
+is a ``HarnessSpec`` (sandbox/harness/spec.py). The model's code runs in this process, so nothing here is trusted with
+the result: the supervisor holds the result pipe and the clock (each timed call below is bracketed for it);
 what this process reports is the model process's claim. Contract: docs/architecture.md ("Harness contract").
 """
 

@@ -91,7 +91,8 @@ class marked_uninitialised:  # noqa: N801 - used as a context manager, like torc
     def __enter__(self) -> None:
         import torch
 
-        self._det = (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled())
+        self._det = (torch.are_deterministic_algorithms_enabled(),
+                     torch.is_deterministic_algorithms_warn_only_enabled())
         torch.use_deterministic_algorithms(True, warn_only=True)  # warn-only: no op may refuse to run
 
     def __exit__(self, *exc: Any) -> None:
@@ -225,7 +226,8 @@ def _generates_from_ids(module: Any) -> bool:
         params = list(inspect.signature(prepare).parameters.values())
     except (TypeError, ValueError):
         return True
-    required = [p for p in params[1:] if p.default is p.empty and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    required = [p for p in params[1:]
+                if p.default is p.empty and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
     return not required
 
 

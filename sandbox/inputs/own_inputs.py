@@ -152,8 +152,9 @@ def own_built_inputs(model: Any, model_dir: Path, config: dict[str, Any], seed: 
             continue
         dtype = model_float_dtype(model)
         inputs = {k: cast_floats(v, dtype) for k, v in inputs.items()}
+        image = " and image" if any(_IMAGE_PARAM.match(p) for p in inspect.signature(fn).parameters) else ""
         return inputs, {}, [f"inputs rebuilt by the model's own {type(model).__name__}.{name}() with {how} and a test "
-                            f"prompt{' and image' if any(_IMAGE_PARAM.match(p) for p in inspect.signature(fn).parameters) else ''}: "
+                            f"prompt{image}: "
                             + ", ".join(f"{k} {shape_text(v)}" for k, v in inputs.items())]
     try:
         inputs, kwargs, notes = processor_inputs(model, model_dir, config, seed)

@@ -1,4 +1,5 @@
-"""H4: attention implementation and NPU fused-op opportunities (flash_attention_2, SDPA, RMSNorm, rotary, softmax(QK^T)V).
+"""H4: attention implementation and NPU fused-op opportunities (flash_attention_2, SDPA, RMSNorm, rotary,
+softmax(QK^T)V).
 
 One hazard class, one module: detector, fix (codemod or the reason it is manual), the run-time
 errors it explains and its knowledge-base topic (see docs/rules.md)."""
@@ -147,7 +148,8 @@ class _ImplToSdpa(Rewriter):
         if isinstance(node, cst.SimpleString) and node.evaluated_value in FLASH_IMPLS:
             q = node.prefix + node.quote
             shown = "SDPA" if self.impl == "sdpa" else self.impl
-            self.note(node, f"{where}={node.value} -> \"{self.impl}\" (flash-attn needs CUDA; {shown} runs on Ascend and CPU)")
+            self.note(node, f"{where}={node.value} -> \"{self.impl}\" (flash-attn needs CUDA; {shown} runs on "
+                            "Ascend and CPU)")
             return node.with_changes(value=f"{q}{self.impl}{node.quote}")
         return None
 
@@ -254,7 +256,8 @@ RULE = HazardRule(
         "flash-attention-2-branch": "a branch for another attention implementation: dead on Ascend, nothing to fix",
         "sdpa-missing": "adding an SDPA path is a model change",
         "sdpa-used": "SDPA runs on Ascend; the op report says whether the fused kernel was taken",
-        "layer-norm-formula": "a LayerNorm over a non-last dim: F.layer_norm needs that dim moved last, a layout change",
+        "layer-norm-formula": "a LayerNorm over a non-last dim: F.layer_norm needs that dim moved last, a layout "
+                              "change",
     },
     kb_topic="recipe:H4",
     left_as_written="a performance opportunity; not needed for a correct port",

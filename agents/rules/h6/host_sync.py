@@ -1,4 +1,5 @@
-"""H6: host syncs and Python loops in the hot path (.item(), .tolist(), dynamic shapes, per-expert and element-wise loops).
+"""H6: host syncs and Python loops in the hot path (.item(), .tolist(), dynamic shapes, per-expert and element-wise
+loops).
 
 One hazard class, one module: detector, fix (codemod or the reason it is manual), the run-time
 errors it explains and its knowledge-base topic (see docs/rules.md)."""
@@ -204,7 +205,8 @@ RULE = HazardRule(
             frozenset({"per-expert-loop", "numpy-sync", "item-sync"}), order=70),
     ),
     manual={
-        "tolist-sync": "copying to the host is usually the point of .tolist(); moving it out of the loop is a design change",
+        "tolist-sync": "copying to the host is usually the point of .tolist(); moving it out of the loop is a "
+                       "design change",
         "dynamic-shape-sync": "a data-dependent output size needs a static-shape rewrite of the algorithm",
         "moe-dispatch-cost": "information: which MoE dispatch runs is decided when the code runs, from the expert "
                              "count and top-k (NPUPORT_MOE_DENSE_MAX_RATIO); nothing in the config changes",
