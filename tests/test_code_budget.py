@@ -14,15 +14,8 @@ MAX_FUNCTION_LINES = 100
 # cut after merge: other helpers are rewriting these modules; the lead cuts them after merging and
 # removes them from here (and from pyproject.toml's per-file-ignores).
 CUT_AFTER_MERGE = {
-    "agents/deploy/serving.py": "exercise is 205 lines",
-    "sandbox/serving/reference.py": "run is 125 lines",
     "sandbox/isolation/process.py": "_run is 136 lines (472 lines in all)",
-    "agents/deploy/bundle.py": "within this budget today (over ruff's statement limit)",
-    "agents/deploy/serve.py": "within this budget today (over ruff's statement limit)",
     "graph/batch/runner.py": "within this budget today (over ruff's statement limit)",
-    "agents/report/bundle.py": "within this budget today",
-    "agents/report/markdown.py": "within this budget today",
-    "agents/report/sites.py": "within this budget today",
 }
 
 

@@ -121,7 +121,8 @@ def serve_writer(state: dict[str, Any], out_dir: Path, files: dict[str, str] | N
         script = vllm.render_serve_sh(settings, name, str(Path(src).resolve()) if src else None)
         if chosen_stack.get("chosen"):
             head, _, rest = script.partition("\n")
-            script = f"{head}\n# Serving stack (one tuple, agents/deploy/stack.py): {chosen_stack['note'][:300]}\n{rest}"
+            note = chosen_stack["note"][:300]
+            script = f"{head}\n# Serving stack (one tuple, agents/deploy/stack.py): {note}\n{rest}"
         files["serve_sh"] = _write(out_dir / "serve.sh", script, True)
         files["set_env_sh"] = _write(out_dir / "set_env.sh", vllm.render_set_env_sh(settings), True)
         files["deploy_json"] = _write(out_dir / "deploy.json", json.dumps(
@@ -209,7 +210,8 @@ def deploy_markdown(state: dict[str, Any], out_dir: Path) -> str:
         data = json.loads(deploy.read_text())
         mc = data.get("model_class") or {}
         lines += ["## Serving on vllm-ascend (serve.sh, set_env.sh)", "",
-                  "- model class: " + (", ".join(f"{k.replace('_', ' ')} ({v})" for k, v in (mc.get("why") or {}).items())
+                  "- model class: "
+                  + (", ".join(f"{k.replace('_', ' ')} ({v})" for k, v in (mc.get("why") or {}).items())
                                        or "text-only, no remote code"),
                   f"- {data.get('serving_note') or 'no serving docs consulted'}",
                   "- serve.sh serves an overlay folder: the original model's files (weights, tokenizer) linked, the "

@@ -278,7 +278,8 @@ def _reference(c: _Check) -> bool:
     c.record.update(isolation=ref.get("isolation"), reference_phases_s=ref.get("phases"))
     if not ref.get("ok"):
         failure = ref.get("exception") or {}
-        c.record["error"] = ref.get("error") or f"the reference side failed: {failure.get('type')}: {failure.get('message')}"
+        c.record["error"] = ref.get("error") or \
+            f"the reference side failed: {failure.get('type')}: {failure.get('message')}"
         if ref.get("timed_out"):
             c.record["budget"]["timed_out"] = f"the Transformers side ({plan.reference_s:.0f} s)"
         return False
@@ -348,7 +349,8 @@ def _host_args(c: _Check, servable_info: dict[str, Any]) -> list[str]:
     return extra
 
 
-def _serve_on(c: _Check, servable_info: dict[str, Any], servable_dir: Path, retry: bool = False) -> dict[str, Any] | None:
+def _serve_on(c: _Check, servable_info: dict[str, Any], servable_dir: Path,
+              retry: bool = False) -> dict[str, Any] | None:
     """Start serve.sh on one servable folder and check its tokens; the client's result, or None with the
     failure in the record (``retry``: the backend after a vLLM class failed the model)."""
     assert c.ref is not None
@@ -370,11 +372,13 @@ def _serve_on(c: _Check, servable_info: dict[str, Any], servable_dir: Path, retr
     record.update(servable=servable_info, implementation=servable_info["implementation"])
     if client.get("no_path"):
         record.update(status="no vLLM path", implementation="none", error=client["no_path"] + (
-            "" if retry else "; the weights have no layout of a vLLM class either") + plugin_note(c.config or {}, c.facts or {}))
+            "" if retry else "; the weights have no layout of a vLLM class either")
+            + plugin_note(c.config or {}, c.facts or {}))
         return None
     record.update(host_args=extra, host_env={} if c.on_npu else HOST_ENV, start_s=client.get("start_s"))
     if client.get("timed_out"):
-        record["budget"]["timed_out"] = f"the server's start and check ({plan.start_timeout_s + plan.after_start_s:.0f} s)"
+        limit = plan.start_timeout_s + plan.after_start_s
+        record["budget"]["timed_out"] = f"the server's start and check ({limit:.0f} s)"
     if client.get("cut"):
         record["budget"]["cut_now"] = client["cut"]
     if not client.get("started"):
@@ -456,7 +460,8 @@ def _served(c: _Check, client: dict[str, Any]) -> None:
     ref = c.ref
     c.record["throughput"] = throughput_table(client.get("bench") or [], ref.get("transformers") or [],
                                               ref.get("transformers_batched") or [])
-    c.record.update(transformers=ref.get("transformers") or [], transformers_batched=ref.get("transformers_batched") or [],
+    c.record.update(transformers=ref.get("transformers") or [],
+                    transformers_batched=ref.get("transformers_batched") or [],
                     threads=THREADS, status="served")
 
 def throughput_table(vllm_rows: list[dict[str, Any]], single: list[dict[str, Any]],

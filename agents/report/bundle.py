@@ -1,4 +1,5 @@
-"""The bundle and report of a port (port.patch, patched tree, report.md, report.json, trace.jsonl), written for failed ports too: it says what is left."""
+"""The bundle and report of a port (port.patch, patched tree, report.md, report.json, trace.jsonl), written for failed
+ports too: it says what is left."""
 
 from __future__ import annotations
 
@@ -33,7 +34,8 @@ def final_status(state: dict[str, Any]) -> tuple[str, str]:
         if found := (state.get("perf") or {}).get("pathologies"):
             reason += "; decode profile: " + "; ".join(f"{p['title']} at {shown_where(p)}" for p in found)
         return "validated", reason
-    return "failed", state.get("reason") or numerics.get("detail") or f"validation verdict {numerics.get('verdict', 'not-run')}"
+    return "failed", state.get("reason") or numerics.get("detail") or \
+        f"validation verdict {numerics.get('verdict', 'not-run')}"
 
 
 TIMED_OUT = "timed out"
@@ -188,7 +190,8 @@ def write_bundle(state: dict[str, Any], out_dir: Path, status: str, reason: str)
         usage_file = Path(state["workdir"]) / "llm_usage.json"
         usage = json.loads(usage_file.read_text()) if usage_file.is_file() else {}
         # What each agent did with the LLM, or why the rules decided instead (a timeout, a spent budget).
-        notes = [f"{t['agent']}: {t['summary']}" for t in state.get("trace") or [] if (t.get("detail") or {}).get("llm")]
+        notes = [f"{t['agent']}: {t['summary']}"
+                 for t in state.get("trace") or [] if (t.get("detail") or {}).get("llm")]
         report["llm"] = {"exchanges": len(list(llm_dir.glob("*.json"))), "tokens": usage.get("tokens"),
                          "limit": usage.get("limit"), "records": "llm/", "decisions": notes}
     plot = _decode_profile_plot(report, out_dir)
@@ -287,7 +290,8 @@ def default_out_dir(state: dict[str, Any]) -> Path:
 def home_bundle_dir(state: dict[str, Any]) -> Path:
     from knowledge.home import npuport_home
 
-    key = Path(state["workdir"]).name if state.get("workdir") else f"{Path(request_of(state).model_path or 'model').name}-{int(time.time())}"
+    model = Path(request_of(state).model_path or "model").name
+    key = Path(state["workdir"]).name if state.get("workdir") else f"{model}-{int(time.time())}"
     return npuport_home() / "jobs" / key / "bundle"
 
 

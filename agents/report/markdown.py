@@ -144,7 +144,8 @@ def _summary(report: dict[str, Any]) -> list[str]:
         lines.append(f"- **Left:** {len(left)} finding(s) not changed ({len(blockers)} that block running or "
                      "change numbers); see Findings")
     else:
-        lines.append("- **Left:** nothing: every finding was fixed" if report.get("findings") else "- **Left:** nothing found")
+        lines.append("- **Left:** nothing: every finding was fixed" if report.get("findings")
+                     else "- **Left:** nothing found")
     lines.append(f"- **Slow on the NPU:** {_slow_text(report)}")
     tuning = report.get("tuning") or {}
     if tuning.get("status") not in (None, "skipped"):
@@ -158,7 +159,8 @@ def _summary(report: dict[str, Any]) -> list[str]:
               f"reference run(s) in {report['wall_s']:.0f} s; isolation {_isolation_text(report.get('runs') or [])}",
               f"- **Environment (every run):** {_md_escape(_environment_text(report.get('environment') or {}))}",
               *([f"- **Reference adjusted:** {len(adj)} switch-only edit(s) to the reference copy, without which the "
-                 "original cannot be built on a host without CUDA; see Validation"] if (adj := reference_adjustments(report))
+                 "original cannot be built on a host without CUDA; see Validation"]
+                 if (adj := reference_adjustments(report))
                 else []),
               "- Every detail (token ids, each edit, each trial) is in `report.json`.", ""]
     return lines
@@ -178,7 +180,8 @@ def _deployment_text(report: dict[str, Any]) -> str:
 def _slow_text(report: dict[str, Any]) -> str:
     perf = report.get("perf") or {}
     found = perf.get("pathologies") or []
-    parts = [f"{p['title']} at {p.get('user_where') or user_site(p.get('where'), report)}" + (f" ({p['cause']})" if p.get("cause") else "")
+    parts = [f"{p['title']} at {p.get('user_where') or user_site(p.get('where'), report)}"
+             + (f" ({p['cause']})" if p.get("cause") else "")
              for p in found]
     op = _last_op_stats(report)
     if op and op.get("fallbacks"):
@@ -198,7 +201,8 @@ def _findings(report: dict[str, Any]) -> list[str]:
     if not findings:
         return ["## Findings", "", "No hazards found.", ""]
     res = report.get("resolutions") or {}
-    lines = ["## Findings (the model's blockers first)", "", "| hazard | where | what | resolution |", "|---|---|---|---|"]
+    lines = ["## Findings (the model's blockers first)", "", "| hazard | where | what | resolution |",
+             "|---|---|---|---|"]
     for f in findings[:MAX_FINDING_ROWS]:
         site = user_site(f"{f['file']}:{f['line']}", report)
         lines.append(f"| {f['hazard']} {f['category']}, {f['severity']} | {site} | "
@@ -285,18 +289,20 @@ def _validation(report: dict[str, Any]) -> list[str]:
     n = report.get("numerics") or {}
     if not n:
         return []
-    lines = ["## Validation", "", f"- verdict: **{n.get('verdict', 'not-run')}** — {_md_escape(str(n.get('detail', '')))}"]
+    lines = ["## Validation", "",
+             f"- verdict: **{n.get('verdict', 'not-run')}** — {_md_escape(str(n.get('detail', '')))}"]
     if n.get("compared") == "outputs":
         metrics = n.get("metrics") or {}
         tol = metrics.get("tolerance") or {}
         lines.append(f"- compared: the forward outputs (the model has no generate), each tensor against the original's "
-                     f"(CPU float32 via device redirect) within the {metrics.get('dtype', 'float32')} tolerance: cosine >= "
-                     f"{tol.get('min_cosine')}, at most {float(tol.get('max_share_over_1e3') or 0):.0%} of elements off "
-                     "by more than 1e-3 relative (per tensor: report.json `numerics.metrics.outputs`)")
+                     f"(CPU float32 via device redirect) within the {metrics.get('dtype', 'float32')} tolerance: "
+                     f"cosine >= {tol.get('min_cosine')}, at most {float(tol.get('max_share_over_1e3') or 0):.0%} of "
+                     "elements off by more than 1e-3 relative (per tensor: report.json `numerics.metrics.outputs`)")
     else:  # the runs' own tokens when the comparison did not get as far as holding them (a reference that failed)
         ref = n.get("reference_tokens") or _last_tokens(report, "reference")
         port = n.get("port_tokens") or _last_tokens(report, "port")
-        lines += [f"- reference tokens (original, CPU float32 via device redirect): {_tokens_or_why(ref, report, 'reference')}",
+        lines += ["- reference tokens (original, CPU float32 via device redirect): "
+                  f"{_tokens_or_why(ref, report, 'reference')}",
                   f"- port tokens (on the target): {_tokens_or_why(port, report, 'port')} (every id: report.json "
                   "`numerics` and `runs`)"]
     lines += [f"- {_md_escape(a)}" for a in reference_adjustments(report)]

@@ -233,8 +233,11 @@ def _fft_call(ctx: ModuleContext, call: cst.Call, q: str) -> None:
 # --- fixes -------------------------------------------------------------------------------------
 
 def _target_computes_complex(target: dict[str, Any] | None) -> bool:
-    """The port's target is the CPU, whose kernels take complex dtypes: nothing to rewrite there."""
-    return bool(target) and (target or {}).get("device") == "cpu"
+    """The port's target is not an Ascend device (the CPU, whose kernels take complex dtypes): nothing to
+    rewrite there."""
+    from sandbox.targets import target_spec_of
+
+    return bool(target) and not target_spec_of(target).npu_like
 
 
 class ComplexToReal(Rewriter):

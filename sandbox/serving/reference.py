@@ -98,7 +98,8 @@ def _logits_of(model: Any, ids: list[int]) -> Any:
     return logits[0].float()
 
 
-def teacher_forced_logprobs(model: Any, prompt: list[int], tokens: list[int], k: int = TOP_K) -> list[dict[str, Any]] | None:
+def teacher_forced_logprobs(model: Any, prompt: list[int], tokens: list[int],
+                            k: int = TOP_K) -> list[dict[str, Any]] | None:
     """Per generated position of ``tokens`` (decoded after ``prompt``): the top-k log-probabilities
     ({token id: logprob}) and the logprob of the token itself, from one forward pass over prompt +
     tokens (teacher forcing: every position sees the reference's own context)."""
@@ -159,7 +160,8 @@ class _Side:
         self.model_dir = Path(spec["model_dir"]).resolve()
         self.manifest = spec["manifest"]
         self.seed = int(spec.get("seed", 0))
-        self.stubbed: list[str] = []  # CUDA-only modules the original imports (flash_attn, ...), stubbed as in the reference run
+        # CUDA-only modules the original imports (flash_attn, ...), stubbed as in the reference run
+        self.stubbed: list[str] = []
         self.config, _ = load_config(self.model_dir, self.manifest, shrink=bool(spec.get("shrink")),
                                      overrides=spec.get("config_overrides"))
         self.cls = import_with_stubs(lambda: _load_attr(self.manifest["entry"]["class"], self.model_dir), True,
@@ -213,7 +215,8 @@ def _export(side: _Side, model: Any, image: dict[str, Any] | None, out: dict[str
     out["servable"] = export(model, side.config, side.model_dir, Path(spec["code_dir"]), Path(spec["servable_dir"]),
                              set(spec.get("vllm_archs") or []), set(spec.get("vllm_model_types") or []),
                              backend_only=bool(spec.get("backend_only")))
-    if image is not None and image["stand_in"] and out["servable"]["implementation"] != "none" and not out.get("not_driven"):
+    if image is not None and image["stand_in"] and out["servable"]["implementation"] != "none" \
+            and not out.get("not_driven"):
         # vLLM's image processor needs a tokenizer: the reference's stand-in, as a tokenizer.json
         tok, _ = load_tokenizer(side.model_dir, side.config)
         write_stand_in(tok, int(nested(side.config, "vocab_size") or 0), side.model_dir, Path(spec["servable_dir"]),
@@ -232,7 +235,8 @@ def _references(side: _Side, models: dict[str, Any], inputs: dict[str, Any], pro
         call = getattr(m, side.name)
         refs[dtype] = ([_new_tokens(generate_with(call, inputs, side.max_new, side.kwargs), prompts[0])]
                        if image is not None
-                       else [_new_tokens(_generate(call, [p], side.max_new, side.pad, side.kwargs), p) for p in prompts])
+                       else [_new_tokens(_generate(call, [p], side.max_new, side.pad, side.kwargs), p)
+                             for p in prompts])
     try:
         if image is not None:
             raise ValueError("teacher forcing along an image prompt is not driven (the model's forward takes the "
