@@ -8,6 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from agents.report.coverage_section import coverage_markdown
 from agents.request import request_of
 from agents.runs import token_summary
 from sandbox.targets import CHIP_REGISTRY
@@ -302,7 +303,7 @@ def _citations(report: dict[str, Any]) -> list[str]:
     return ["## Citations", ""] + [f"- {c}" for c in cites] + [""] if cites else []
 
 
-SECTIONS = (_summary, _findings, _patches, _validation, _tuning, _op_inventory, _diagnoses, _how_run, _shrunk,
+SECTIONS = (_summary, _findings, _patches, _validation, coverage_markdown, _tuning, _op_inventory, _diagnoses, _how_run, _shrunk,
             _runs, _citations)
 
 
