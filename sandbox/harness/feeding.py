@@ -57,7 +57,12 @@ def model_inputs_for(model: Any, manifest: dict[str, Any], model_dir: Path, conf
 
 def _synthesised(model: Any, method: str, config: dict[str, Any], seed: int,
                  notes: list[str]) -> tuple[dict[str, Any], dict[str, Any]]:
-    from sandbox.inputs.model_inputs import pixel_grid_names, synthesise_inputs, text_wrapper_language_model
+    from sandbox.inputs.model_inputs import (
+        pixel_grid_names,
+        synthesise_inputs,
+        synthesised_tower_notes,
+        text_wrapper_language_model,
+    )
 
     lm = text_wrapper_language_model(model, method)
     if lm:
@@ -70,6 +75,7 @@ def _synthesised(model: Any, method: str, config: dict[str, Any], seed: int,
         return inputs, {"source": "synthesised", "notes": notes, "method": f"{lm}.generate"}
     inputs = synthesise_inputs(model, method, config, seed)
     notes.append("inputs synthesised from the run method's signature: " + ", ".join(sorted(inputs)))
+    notes += synthesised_tower_notes(model, method, config)
     grids = pixel_grid_names(model, method)
     if grids:
         notes.append(f"the pixels are left out: {method} takes them with {', '.join(grids)} (packed patches and each "
