@@ -137,8 +137,30 @@ class AudioLM(nn.Module):
         return self.language_model(embeds)[:, -input_ids.shape[1]:]
 
     @torch.no_grad()
-    def generate(self, input_ids, input_features=None, max_new_tokens=4):
+    def generate(self, input_ids, input_features=None, attention_mask=None, max_new_tokens=4):
         return greedy(lambda ids: self.forward(ids, input_features), input_ids, max_new_tokens)
+'''
+
+# A processor whose audio part is named, not shipped (no preprocessor_config.json): transformers' Whisper feature
+# extractor, and a tokenizer the folder does not hold either.
+AUDIO_PROCESSOR = '''import torch
+from transformers import BatchFeature, ProcessorMixin
+
+
+class ToyAudioProcessor(ProcessorMixin):
+    attributes = ["feature_extractor", "tokenizer"]
+    feature_extractor_class = "WhisperFeatureExtractor"
+    tokenizer_class = "AutoTokenizer"
+    audio_token = "<audio>"
+
+    def __init__(self, feature_extractor=None, tokenizer=None, **kwargs):
+        super().__init__(feature_extractor, tokenizer, **kwargs)
+
+    def __call__(self, text=None, audio=None, sampling_rate=None, return_tensors=None, **kwargs):
+        features = self.feature_extractor(audio, sampling_rate=sampling_rate, padding="longest",
+                                          return_tensors="pt").input_features
+        ids = self.tokenizer(text, return_tensors="pt")
+        return BatchFeature({"input_ids": ids.input_ids, "input_features": features})
 '''
 
 VLM = COMMON + '''
@@ -200,11 +222,20 @@ def write_hybrid(root: Path) -> Path:
                   {**TEXT_CONFIG, "num_hidden_layers": len(LAYER_TYPES), "layer_types": LAYER_TYPES})
 
 
-def write_audio_lm(root: Path) -> Path:
-    return _write(root, "modeling_audio_lm", "AudioLM", AUDIO, {
+def write_audio_lm(root: Path, processor: bool = False) -> Path:
+    """An audio-language model whose projection (the top level's ``hidden_size``) feeds the text model; with
+    ``processor``, a processor_config.json naming its processor, whose feature extractor the folder lacks."""
+    _write(root, "modeling_audio_lm", "AudioLM", AUDIO, {
         "hidden_size": TEXT_CONFIG["hidden_size"], "text_config": TEXT_CONFIG, "vocab_size": TEXT_CONFIG["vocab_size"],
-        "audio_config": {"num_mel_bins": 16, "d_model": 384, "encoder_layers": 3, "encoder_attention_heads": 6,
-                         "encoder_ffn_dim": 768, "max_source_positions": 24, "sampling_rate": 16000}})
+        "eos_token_id": 1, "audio_config": {"num_mel_bins": 16, "d_model": 384, "encoder_layers": 3,
+                                            "encoder_attention_heads": 6, "encoder_ffn_dim": 768,
+                                            "max_source_positions": 64, "sampling_rate": 16000}})
+    if processor:
+        (root / "processing_audio_lm.py").write_text(AUDIO_PROCESSOR)
+        (root / "processor_config.json").write_text(json.dumps(
+            {"auto_map": {"AutoProcessor": "processing_audio_lm.ToyAudioProcessor"},
+             "processor_class": "ToyAudioProcessor"}))
+    return root
 
 
 def write_vlm(root: Path, pixels: str = "image_tensor") -> Path:

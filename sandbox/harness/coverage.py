@@ -148,7 +148,7 @@ class CoverageRecorder:
         """{kinds: [{kind, role, ran, modules}], ran: [...], not_run: [...]}."""
         self.close()
         kinds = [*self._layer_kinds(), *self._config_kinds(),
-                 *({"kind": f"{key} ({type(self.model.get_submodule(name)).__name__})", "role": "tower",
+                 *({"kind": f"{name} ({type(self.model.get_submodule(name)).__name__}, from {key})", "role": "tower",
                     "ran": self.did_run(name), "modules": [name]} for name, key in self.towers.items()),
                  *({"kind": f"{name} ({type(m).__name__})", "role": "part", "ran": self.did_run(name),
                     "modules": [name]} for name, m in self.parts.items()

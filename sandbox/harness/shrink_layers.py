@@ -5,7 +5,8 @@ A config says which kind each layer is in a few shapes, read here by shape, neve
 - a per-layer list, as long as the layer count (``layer_types: ["linear_attention", "full_attention", ...]``,
   ``layers_block_type``, ``block_types``, ``mixer_types``, ``no_rope_layers: [1, 1, 1, 0, ...]``, a per-layer
   ``num_experts`` with 0 for the dense layers): each distinct value is a kind (numbers only when they take at
-  most ``MAX_NUMERIC_KINDS`` values: a per-layer width that grows layer by layer is a size, not a kind);
+  most ``MAX_NUMERIC_KINDS`` values and do not grow layer by layer: such a list is a schedule of sizes, cut to
+  the kept layers without choosing them);
 - a pattern string as long as the layer count (``hybrid_override_pattern: "M-M*-"``): each character a kind;
 - an index list below the layer count (``attn_layer_indices``, ``mlp_only_layers``, ``cross_attention_layers``):
   in the list or not;
@@ -57,6 +58,8 @@ class LayerRules:
 
     count: int
     per_layer: list[str] = field(default_factory=list)
+    schedules: list[str] = field(default_factory=list)
+    """per-layer lists of sizes (not kinds): cut to the kept layers like the others"""
     patterns: list[str] = field(default_factory=list)
     indices: list[str] = field(default_factory=list)
     boundaries: list[str] = field(default_factory=list)
@@ -70,10 +73,15 @@ def _describes_layers(key: str) -> bool:
 
 
 def _categorical(values: list[Any]) -> bool:
-    """A per-layer list whose values are kinds: words, flags, or few distinct numbers."""
+    """A per-layer list whose values are kinds: words, flags, or few distinct numbers that do not grow or shrink
+    layer by layer (``[4, 4, 6, 6, 8, 8]`` heads per layer is a schedule of sizes)."""
     distinct = {json.dumps(v, sort_keys=True) for v in values}
     if all(v is None or isinstance(v, str | bool) for v in values):
         return True
+    numbers = [v for v in values if isinstance(v, int | float) and not isinstance(v, bool)]
+    if len(numbers) == len(values) and len(distinct) > 2 and (numbers == sorted(numbers)
+                                                               or numbers == sorted(numbers, reverse=True)):
+        return False
     return len(distinct) <= MAX_NUMERIC_KINDS
 
 
@@ -81,8 +89,8 @@ def rules_for(level: dict[str, Any], count: int) -> LayerRules:
     """The keys of ``level`` that describe its ``count`` layers."""
     rules = LayerRules(count)
     for key, v in level.items():
-        if isinstance(v, list) and len(v) == count and _describes_layers(key) and _categorical(v):
-            rules.per_layer.append(key)
+        if isinstance(v, list) and len(v) == count and _describes_layers(key):
+            (rules.per_layer if _categorical(v) else rules.schedules).append(key)
         elif isinstance(v, list) and v and len(v) < count and _INDEX_WORDS.search(key) \
                 and not _NOT_LAYER_WORDS.search(key) and all(_int(i) and 0 <= i < count for i in v) \
                 and len(set(v)) == len(v):
@@ -129,7 +137,7 @@ def kept_layers(level: dict[str, Any], count: int) -> Kept:
 def remap(out: dict[str, Any], original: dict[str, Any], rules: LayerRules, kept: list[int],
           prefix: str, changes: list[str]) -> None:
     """Each of the level's layer-kind keys rewritten onto the kept layers (``out`` in place)."""
-    for key in rules.per_layer:
+    for key in [*rules.per_layer, *rules.schedules]:
         out[key] = [original[key][i] for i in kept]
     for key in rules.patterns:
         out[key] = "".join(original[key][i] for i in kept)
@@ -138,7 +146,7 @@ def remap(out: dict[str, Any], original: dict[str, Any], rules: LayerRules, kept
         out[key] = [j for j, i in enumerate(kept) if i in members]
     for key in rules.boundaries:
         out[key] = sum(1 for i in kept if i < original[key])
-    for key in rules.all():
+    for key in [*rules.all(), *rules.schedules]:
         if out[key] != original[key]:
             changes.append(f"{prefix}{key}: {_short(original[key])} -> {_short(out[key])} (onto the kept layers)")
 

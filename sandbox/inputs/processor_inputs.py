@@ -38,6 +38,7 @@ if __package__:
     from .tower_inputs import (
         audio_argument,
         audio_placeholder,
+        processor_attributes,
         processor_part,
         processor_settings,
         test_audio,
@@ -59,6 +60,7 @@ else:  # beside a bundle's run.py
     from tower_inputs import (  # type: ignore[no-redef]
         audio_argument,
         audio_placeholder,
+        processor_attributes,
         processor_part,
         processor_settings,
         test_audio,
@@ -105,7 +107,7 @@ def _with_stand_in_tokenizer(model_dir: Path, config: dict[str, Any]) -> tuple[A
     tokenizer, how = load_tokenizer(model_dir, config)
     parts: dict[str, Any] = {}
     built: list[str] = []
-    for attr in getattr(cls, "attributes", ["image_processor", "tokenizer"]):
+    for attr in processor_attributes(cls, ["image_processor", "tokenizer"]):
         if attr == "tokenizer":
             parts[attr] = tokenizer
         elif attr == "image_processor":
@@ -211,7 +213,7 @@ def processor_inputs(model: Any, model_dir: Path, config: dict[str, Any], seed: 
 def takes_audio(proc: Any) -> bool:
     """The processor holds an audio part (an audio processor, a feature extractor)."""
     return any(("audio" in a or "feature_extractor" in a) and getattr(proc, a, None) is not None
-               for a in getattr(proc, "attributes", []))
+               for a in processor_attributes(type(proc)))
 
 
 def _prompt(proc: Any, images: bool, audio: bool) -> tuple[str, str]:

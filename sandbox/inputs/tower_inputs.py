@@ -155,15 +155,27 @@ def _transformers_class(names: Any) -> Any:
     return None
 
 
-def feature_extractor(cls: Any, config: dict[str, Any]) -> Any:
-    """``cls`` (a transformers feature extractor) with the config's mel bins and sample rate."""
+def feature_extractor(cls: Any, config: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
+    """``cls`` (a transformers feature extractor) with the config's mel bins and sample rate, and those values."""
     params = inspect.signature(cls.__init__).parameters
     kwargs: dict[str, Any] = {}
     for param, keys in _EXTRACTOR_ALIASES.items():
         value, _ = _first(config, keys)
         if param in params and isinstance(value, int) and value > 0:
             kwargs[param] = value
-    return cls(**kwargs)
+    return cls(**kwargs), kwargs
+
+
+def processor_attributes(cls: Any, default: list[str] | None = None) -> list[str]:
+    """A processor class's parts: ``get_attributes()`` (transformers 5: from its constructor's parameters), else
+    its ``attributes`` list (older releases)."""
+    get = getattr(cls, "get_attributes", None)
+    if callable(get):
+        try:
+            return list(get())
+        except Exception:  # noqa: S110  (an older release's class: its list below)
+            pass
+    return list(getattr(cls, "attributes", None) or default or [])
 
 
 def processor_part(owner: Any, attr: str, model_dir: Path, config: dict[str, Any], tokenizer: Any) -> tuple[Any, str]:
@@ -185,10 +197,12 @@ def processor_part(owner: Any, attr: str, model_dir: Path, config: dict[str, Any
     from transformers import ProcessorMixin
 
     if isinstance(cls, type) and issubclass(cls, ProcessorMixin):
-        parts = {a: processor_part(cls, a, model_dir, config, tokenizer)[0] for a in getattr(cls, "attributes", [])}
+        parts = {a: processor_part(cls, a, model_dir, config, tokenizer)[0] for a in processor_attributes(cls)}
         relaxed = type(cls.__name__, (cls,), {"tokenizer_class": "PreTrainedTokenizerBase"})
         return relaxed(**parts), f"transformers' {cls.__name__} built from its parts"
-    return feature_extractor(cls, config), f"transformers' {cls.__name__} with the config's sizes"
+    extractor, sizes = feature_extractor(cls, config)
+    given = ", ".join(f"{k} {v}" for k, v in sizes.items()) or "its defaults"
+    return extractor, f"transformers' {cls.__name__} ({given} from the config)"
 
 
 def processor_settings(cls: Any, model_dir: Path) -> dict[str, Any]:
@@ -198,7 +212,7 @@ def processor_settings(cls: Any, model_dir: Path) -> dict[str, Any]:
         params = inspect.signature(cls.__init__).parameters
     except (OSError, ValueError, TypeError):
         return {}
-    return {k: v for k, v in saved.items() if k in params and k not in getattr(cls, "attributes", [])} \
+    return {k: v for k, v in saved.items() if k in params and k not in processor_attributes(cls)} \
         if isinstance(saved, dict) else {}
 
 
