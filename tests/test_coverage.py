@@ -85,6 +85,11 @@ def test_every_shape_of_a_layer_kind_rule_is_remapped_onto_the_kept_layers() -> 
     assert schedule["num_hidden_layers"] == 2 and schedule["num_query_heads"] == [4, 4]
 
 
+def test_a_per_layer_top_k_is_no_larger_than_the_shrunk_experts() -> None:
+    small, _ = shrink_config({"num_hidden_layers": 32, "num_experts": 64, "moe_topk": [8] * 32})
+    assert small["num_experts"] == 4 and small["moe_topk"] == [2, 2]  # torch.topk(k=8) of 4 experts would raise
+
+
 def test_a_projection_width_follows_the_level_it_feeds() -> None:
     config = {"hidden_size": 512, "text_config": dict(TEXT_CONFIG),
               "audio_config": {"d_model": 384, "encoder_attention_heads": 6}}

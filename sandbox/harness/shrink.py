@@ -35,7 +35,7 @@ TOP_K = 2
 _LAYER_KEYS = re.compile(r"^(num_hidden_layers|n_layers?|num_layers|layers|num_decoder_layers|num_encoder_layers|depth|"
                          r"encoder_layers|decoder_layers)$")
 _EXPERT_KEYS = re.compile(r"^(n_routed_experts|num_experts|num_local_experts|moe_num_experts|n_experts)$")
-_TOPK_KEYS = re.compile(r"^(num_experts_per_tok|moe_top_k|top_k|experts_per_token)$")
+_TOPK_KEYS = re.compile(r"^(num_experts_per_tok|moe_top_?k|top_k|experts_per_token)$")
 _HEAD_KEYS = re.compile(r"^(num_attention_heads|n_heads?|num_heads|heads|encoder_attention_heads|decoder_attention_heads)$")
 # Key/value head counts (GQA / MQA) under any of their spellings: num_key_value_heads, n_head_kv, kv_heads,
 # num_kv_heads, multi_query_group_num, num_query_groups (a KV group per query group).
@@ -231,6 +231,14 @@ class _Level:
                 # experts picked per token; a level without experts has a sampling top_k (generation), not this
                 experts = next(out[k] for k in out if _EXPERT_KEYS.match(k) and _int(out[k]))
                 self.set_(key, min(TOP_K, experts))
+            elif _TOPK_KEYS.match(key) and isinstance(v, list) and all(_int(x) for x in v) \
+                    and any(_EXPERT_KEYS.match(k) and _int(out[k]) for k in out):
+                # one top-k per layer (``moe_topk: [8, 8, ...]``): each no larger than the shrunk experts
+                experts = next(out[k] for k in out if _EXPERT_KEYS.match(k) and _int(out[k]))
+                out[key] = [min(x, TOP_K, experts) for x in v]
+                if out[key] != v:
+                    self.changes.append(f"{self.prefix}{key}: {v[:4]}{'...' if len(v) > 4 else ''} -> {out[key]} (no more "
+                                        f"than the {experts} experts)")
             elif key in _TO_ONE and _int(v) and v > 1:
                 self.set_(key, 1)
 
