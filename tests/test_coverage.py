@@ -131,6 +131,29 @@ def test_an_audio_processor_the_folder_only_names_is_built_and_feeds_the_encoder
     assert _kinds(result)["audio_tower (AudioEncoder)"] is True
 
 
+class _MessagesProcessor:
+    """A processor whose call takes chat messages, the image a dict holding its path (a Flamingo-style release)."""
+
+    image_processor = object()
+
+    def __call__(self, prompts: list[dict[str, Any]]) -> dict[str, Any]:
+        import torch
+        from PIL import Image
+
+        pieces = prompts[0]["content"]
+        side = Image.open(next(p["image"] for p in pieces if isinstance(p, dict))).size[0]
+        text = "".join(p for p in pieces if isinstance(p, str))
+        return {"input_ids": torch.tensor([[ord(c) % 50 for c in text]]), "batch_images": torch.zeros(1, 1, 1, 3, side, side)}
+
+
+def test_a_processor_that_takes_chat_messages_gets_the_image_inside_them() -> None:
+    from sandbox.inputs.processor_inputs import _call_processor
+
+    out, how, _, fed = _call_processor(_MessagesProcessor(), {"vision_config": {"image_size": 40}}, 0)
+    assert how == "chat messages (an image dict and a text string)" and fed == ["image"]
+    assert tuple(out["batch_images"].shape) == (1, 1, 1, 3, 40, 40) and out["input_ids"].shape[1] > 0
+
+
 def test_a_vlm_without_a_processor_feeds_its_vision_tower_synthesised_pixels(tmp_path: Path) -> None:
     result = _harness(write_vlm(tmp_path / "vlm"), "modeling_vlm:PrefixVLM", tmp_path)
     assert "image_tensor: synthesised pixels (1, 3, 48, 48), the image size from img_size" in result["inputs"]["notes"]
@@ -206,3 +229,35 @@ def test_a_port_whose_tower_is_not_fed_says_partial_everywhere(tmp_path: Path, s
     md = (tmp_path / "bundle" / "report.md").read_text()
     assert "**validated (partial: " in md.split("\n\n")[1]  # the summary's verdict line
     assert "## Coverage" in md and "**did not run**" in md
+
+
+def test_a_layer_list_with_empty_slots_and_a_tower_called_through_forward_are_read() -> None:
+    import torch
+    from torch import nn
+
+    from sandbox.harness.coverage import CoverageRecorder
+
+    class Block(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.attn = nn.Sequential(nn.Linear(4, 4))
+
+        def forward(self, x: Any) -> Any:
+            return self.attn(x)
+
+    class Model(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.tower = nn.Sequential(Block(), Block())
+            self.cross = nn.ModuleList([None, Block()])  # a cross-attention every other layer
+            self.layers = nn.ModuleList([Block(), Block()])
+
+        def forward(self, x: Any) -> Any:
+            x = self.tower.forward(x)  # .forward(...) bypasses the tower's own hooks, not its layers'
+            return self.layers[1](self.cross[1](x))
+
+    model = Model()
+    recorder = CoverageRecorder(model, {}, None)
+    model(torch.zeros(1, 4))
+    kinds = {k["kind"]: k["ran"] for k in recorder.report()["kinds"]}
+    assert kinds["tower: Block"] is True and kinds["cross: Block"] is True and kinds["layers: Block"] is True

@@ -68,7 +68,8 @@ def layer_stacks(model: Any) -> dict[str, tuple[int, dict[int, Any]]]:
     for name, module in model.named_modules():
         if any(name.startswith(f"{s}.") for s in stacks) or not name or not _is_list(module):
             continue
-        layers = {i: m for i, m in enumerate(module) if _is_layer(m)}
+        # a list may hold None where a layer has no such part (a cross-attention every other layer)
+        layers = {i: m for i, m in enumerate(module) if m is not None and _is_layer(m)}
         if layers:
             stacks[name] = (len(module), layers)
     return stacks

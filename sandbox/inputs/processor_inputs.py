@@ -233,6 +233,41 @@ def _prompt(proc: Any, images: bool, audio: bool) -> tuple[str, str]:
     return "\n".join([*marks, TEST_PROMPT]), "no chat template"
 
 
+MESSAGE_PARAMS = ("prompts", "messages", "conversation", "conversations", "chat", "dialog", "dialogs")
+
+
+def messages_param(call: Any) -> str | None:
+    """The parameter under which a processor's call takes chat messages instead of ``text`` (``prompts``,
+    ``messages``): its first one, when it takes no ``text``."""
+    try:
+        params = [n for n in inspect.signature(call).parameters if n != "self"]
+    except (TypeError, ValueError):
+        return None
+    return params[0] if params and params[0] in MESSAGE_PARAMS and "text" not in params else None
+
+
+def _message_shapes(image: str | None) -> list[tuple[str, list[Any]]]:
+    """The user turn in the shapes processors read (an image as a dict holding its path, the text as a string
+    or a dict), most common first."""
+    if image is None:
+        return [("text content", [TEST_PROMPT]), ("typed text", [{"type": "text", "text": TEST_PROMPT}])]
+    return [("an image dict and a text string", [{"image": image}, TEST_PROMPT]),
+            ("typed image and text", [{"type": "image", "image": image}, {"type": "text", "text": TEST_PROMPT}]),
+            ("image and text dicts", [{"image": image}, {"text": TEST_PROMPT}])]
+
+
+def _call_with_messages(call: Any, param: str, image: str | None) -> tuple[dict[str, Any], str]:
+    """The processor on one user turn holding the test image and prompt, in the first shape it accepts."""
+    errors = []
+    for shape, content in _message_shapes(image):
+        try:
+            return dict(call(**{param: [{"role": "user", "content": content}]})), shape
+        except Exception as exc:  # noqa: BLE001  (another shape may be the one its code reads)
+            errors.append(f"{shape}: {_first_line(exc)}")
+    raise PreprocessingFailed("the processor takes chat messages and refused each shape tried ("
+                              + "; ".join(errors) + ")")
+
+
 def _call_processor(proc: Any, config: dict[str, Any], seed: int) -> tuple[dict[str, Any], str, bool, list[str]]:
     """The processor called on the test prompt, a test image when it processes images and a test waveform when it
     processes audio: (its output, how the prompt was made, whether it took one example, what data it got). A
@@ -246,6 +281,10 @@ def _call_processor(proc: Any, config: dict[str, Any], seed: int) -> tuple[dict[
     text, how = _prompt(proc, images, audio_arg is not None)
     fed = [what for what, on in (("image", images), ("waveform", audio_arg is not None)) if on]
     with tempfile.TemporaryDirectory(prefix="npuport-preprocess-") as tmp:
+        if (param := messages_param(call)) is not None:  # it takes chat messages, images inside them
+            image = str(test_image(config, seed, Path(tmp) / "test.png")) if images else None
+            out, shape = _call_with_messages(call, param, image)
+            return out, f"chat messages ({shape})", False, fed
         data: dict[str, Any] = {}
         if images:
             data["images"] = Image.open(test_image(config, seed, Path(tmp) / "test.png")).convert("RGB")

@@ -35,7 +35,7 @@ _WAVE_WORDS = re.compile(r"^input_values$|wave|raw_(audio|speech)", re.I)
 _AUDIO_WORDS = re.compile(r"audio|speech|^input_features$|(^|_)mels?($|_)|sound|fbank", re.I)
 # Parameters about the data rather than the data: sizes, masks, ids, counts, grids, positions, embeddings
 _NOT_DATA = re.compile(r"size|shape|mask|token|(^|_)ids?$|idx|index|num|count|len|lens|grid|position|pos($|_)|flag|"
-                       r"embed|_start|_end|config|processor|path|file|url|kwargs|seq|attention|batch|hidden|output|"
+                       r"embed|_start|_end|config|processor|path|file|url|kwargs|seq|attention|hidden|output|"
                        r"feature_extractor|sampling|rate|is_|use_|return", re.I)
 
 IMAGE_SIZE_KEYS = ("image_size", "img_size", "input_resolution", "image_resolution", "vit_input_resolution",
