@@ -175,6 +175,7 @@ def _record(result: dict[str, Any], purpose: str, tmp_path: Path) -> RunRecord:
 def test_a_tower_the_inputs_cannot_reach_makes_the_verdict_partial(tmp_path: Path) -> None:
     # the pixels go in under a name that says nothing of an image: the text runs alone
     result = _harness(write_vlm(tmp_path / "vlm", pixels="glyphs"), "modeling_vlm:PrefixVLM", tmp_path)
+    assert any(n.startswith("generate also takes glyphs, left out") for n in result["inputs"]["notes"])
     coverage = merged_coverage(_record(result, "port", tmp_path), _record(result, "reference", tmp_path))
     assert "visual (VisionTower)" in coverage["not_covered"] and "visual.layers: Block" in coverage["not_covered"]
     assert "language_model (TextModel)" not in coverage["not_covered"]

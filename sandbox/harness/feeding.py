@@ -62,6 +62,7 @@ def _synthesised(model: Any, method: str, config: dict[str, Any], seed: int,
         synthesise_inputs,
         synthesised_tower_notes,
         text_wrapper_language_model,
+        unfed_parameters,
     )
 
     lm = text_wrapper_language_model(model, method)
@@ -76,6 +77,10 @@ def _synthesised(model: Any, method: str, config: dict[str, Any], seed: int,
     inputs = synthesise_inputs(model, method, config, seed)
     notes.append("inputs synthesised from the run method's signature: " + ", ".join(sorted(inputs)))
     notes += synthesised_tower_notes(model, method, config)
+    if left := unfed_parameters(model, method, set(inputs)):
+        notes.append(f"{method} also takes {', '.join(left)}, left out: npuport builds token ids and the data of a tower "
+                     "it can tell from a parameter's name (pixels, audio); an npuport_inputs.py gives the rest, and "
+                     "the Coverage section says what did not run")
     grids = pixel_grid_names(model, method)
     if grids:
         notes.append(f"the pixels are left out: {method} takes them with {', '.join(grids)} (packed patches and each "

@@ -288,6 +288,25 @@ def synthesised_tower_data(names: set[str], config: dict[str, Any], generator: A
     return synthesised_towers(names, config, generator, skip)[0]
 
 
+# Parameters a run method takes that steer the call rather than carry the input
+_NOT_INPUTS = frozenset({"self", "attention_mask", "position_ids", "past_key_values", "use_cache", "labels",
+                         "return_dict", "output_attentions", "output_hidden_states", "cache_position", "inputs_embeds",
+                         "token_type_ids", "head_mask", "logits_to_keep", "num_logits_to_keep", "inputs",
+                         "prefix_allowed_tokens_fn", "negative_prompt_ids", "negative_prompt_attention_mask",
+                         "use_model_defaults", "custom_generate", "tokenizer", "return_loss"})
+
+
+def unfed_parameters(model: Any, method_name: str, fed: set[str]) -> list[str]:
+    """The run method's own parameters that synthesised inputs leave out (``glyphs``: a name that says nothing
+    npuport reads as ids or a tower's data): what a run on them does not exercise."""
+    try:
+        params = inspect.signature(getattr(model, method_name)).parameters.values()
+    except (AttributeError, TypeError, ValueError):
+        return []
+    return [p.name for p in params if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD) and p.name not in fed
+            and p.name not in _NOT_INPUTS and p.name not in DECODING_CONTROLS]
+
+
 def synthesised_tower_notes(model: Any, method_name: str, config: dict[str, Any]) -> list[str]:
     """What synthesise_inputs fed each tower, for the report (the same sizes, no tensors made)."""
     import torch
