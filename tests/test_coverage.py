@@ -90,6 +90,15 @@ def test_a_per_layer_top_k_is_no_larger_than_the_shrunk_experts() -> None:
     assert small["num_experts"] == 4 and small["moe_topk"] == [2, 2]  # torch.topk(k=8) of 4 experts would raise
 
 
+def test_per_layer_size_lists_the_shrink_keeps_are_read_by_the_deployment_facts() -> None:
+    from agents.tuning.space import model_facts
+
+    small, _ = shrink_config({"num_hidden_layers": 32, "num_experts": 64, "hidden_size": 4096,
+                              "num_attention_heads": 32, "moe_intermediate_size": [3072] * 32})
+    assert small["moe_intermediate_size"] == [3072, 3072]
+    assert model_facts(small).intermediate_size == 3072  # int() of the list raised in the reporter
+
+
 def test_a_projection_width_follows_the_level_it_feeds() -> None:
     config = {"hidden_size": 512, "text_config": dict(TEXT_CONFIG),
               "audio_config": {"d_model": 384, "encoder_attention_heads": 6}}
