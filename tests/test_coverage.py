@@ -271,3 +271,15 @@ def test_a_layer_list_with_empty_slots_and_a_tower_called_through_forward_are_re
     model(torch.zeros(1, 4))
     kinds = {k["kind"]: k["ran"] for k in recorder.report()["kinds"]}
     assert kinds["tower: Block"] is True and kinds["cross: Block"] is True and kinds["layers: Block"] is True
+
+
+def test_a_list_as_long_as_the_shrunk_layer_count_is_not_a_layer_type_unless_the_full_config_says_so() -> None:
+    import torch
+
+    from sandbox.harness.coverage import CoverageRecorder
+
+    full = {"num_hidden_layers": 32, "dense_list": [4096, 0], "layer_types": ["a", "b"] * 16}
+    run, _ = shrink_config(full)
+    assert run["num_hidden_layers"] == 2 and run["dense_list"] == [4096, 0]  # two items, two layers: by chance
+    kinds = [k["kind"] for k in CoverageRecorder(torch.nn.Linear(2, 2), run, full).report()["kinds"]]
+    assert kinds == ["layer_types=a", "layer_types=b"]

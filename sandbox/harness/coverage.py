@@ -116,6 +116,7 @@ class CoverageRecorder:
                       if name and name.count(".") < PART_DEPTH and not name.startswith(in_stack)
                       and name not in self.stacks and not _holds_only(m) and _has_params(m)}
         self.run_kinds = layer_kinds(run_config, _LAYER_KEYS)
+        self.has_full = full_config is not None
         self.full_kinds = layer_kinds(full_config, _LAYER_KEYS) if full_config else []
         # every module that holds parameters of its own: a module counts as run when it or one inside it ran
         # (code that calls ``self.audio_tower.forward(...)`` bypasses the tower's own hooks, not its layers')
@@ -169,17 +170,20 @@ class CoverageRecorder:
         return list(out.values())
 
     def _config_kinds(self) -> list[dict[str, Any]]:
-        """The layer types the config names, placed on the stack of that many layers."""
+        """The layer types the config names, placed on the stack of that many layers. A key names layer types
+        when the full config says so: a 2-item list of the run's config is not per-layer because the layer count
+        became 2 (``dense_list: [4096, 0]`` beside 32 layers)."""
         out: list[dict[str, Any]] = []
-        kept = {(lv.prefix, k) for lv in self.run_kinds for k in lv.kinds}
+        rules = {(lv.prefix, key) for lv in self.full_kinds for key in lv.by_key} if self.has_full else None
+        kept = {(lv.prefix, k) for lv in self.run_kinds for k in lv.kinds(rules)}
         for lv in self.full_kinds:
-            for kind in lv.kinds:
+            for kind in lv.kinds():
                 if (lv.prefix, kind) not in kept:
                     out.append({"kind": f"{lv.prefix}{kind}", "role": "layer type", "ran": False, "modules": [],
                                 "why": "the run's config has no layer of this kind"})
         for lv in self.run_kinds:
             stacks = [s for s, (length, _) in self.stacks.items() if length == lv.count]
-            for kind, indices in lv.kinds.items():
+            for kind, indices in lv.kinds(rules).items():
                 entry: dict[str, Any] = {"kind": f"{lv.prefix}{kind}", "role": "layer type",
                                          "modules": [f"{s}.{i}" for s in stacks for i in indices]}
                 if not stacks:

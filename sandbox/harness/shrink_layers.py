@@ -208,38 +208,43 @@ class LevelKinds:
 
     prefix: str
     count: int
-    kinds: dict[str, list[int]]
-    """kind label ("layer_types=linear_attention", "in mlp_only_layers", "below first_k_dense_replace") ->
-    the layer indices of that kind"""
+    by_key: dict[str, dict[str, list[int]]]
+    """config key -> {kind label ("layer_types=linear_attention", "in mlp_only_layers", "below
+    first_k_dense_replace") -> the layer indices of that kind}"""
+
+    def kinds(self, keys: set[tuple[str, str]] | None = None) -> dict[str, list[int]]:
+        """label -> indices, of every key or of the (prefix, key) pairs in ``keys``."""
+        return {label: idx for key, labels in self.by_key.items() if keys is None or (self.prefix, key) in keys
+                for label, idx in labels.items()}
+
+
+def _kinds_of(config: dict[str, Any], rules: LayerRules, count: int) -> dict[str, dict[str, list[int]]]:
+    by_key: dict[str, dict[str, list[int]]] = {}
+    for key in rules.per_layer:
+        if len({json.dumps(v, sort_keys=True) for v in config[key]}) > 1:  # one value for all: a setting
+            for i, v in enumerate(config[key]):
+                by_key.setdefault(key, {}).setdefault(f"{key}={v}", []).append(i)
+    for key in rules.patterns:
+        if len(set(config[key])) > 1:
+            for i, ch in enumerate(config[key]):
+                by_key.setdefault(key, {}).setdefault(f"{key}={ch!r}", []).append(i)
+    for key in rules.indices:
+        by_key[key] = {f"in {key}": sorted(config[key]),
+                       f"not in {key}": [i for i in range(count) if i not in config[key]]}
+    for key in rules.boundaries:
+        by_key[key] = {f"below {key}": list(range(config[key])), f"from {key}": list(range(config[key], count))}
+    return {key: {label: idx for label, idx in labels.items() if idx} for key, labels in by_key.items()}
 
 
 def layer_kinds(config: dict[str, Any], layer_key: re.Pattern[str], prefix: str = "") -> list[LevelKinds]:
     """Every level's layer kinds, by the rules above, with the indices that hold each: one entry per level
-    whose config names more than one kind."""
+    and layer count whose config names kinds."""
     found: list[LevelKinds] = []
     counts = sorted({v for k, v in config.items() if layer_key.match(k) and _int(v) and v > 0})
     for count in counts:
-        rules = rules_for(config, count)
-        if not rules.all():
-            continue
-        kinds: dict[str, list[int]] = {}
-        for key in rules.per_layer:
-            if len({json.dumps(v, sort_keys=True) for v in config[key]}) < 2:
-                continue  # one value for every layer: a setting, not kinds
-            for i, v in enumerate(config[key]):
-                kinds.setdefault(f"{key}={v}", []).append(i)
-        for key in rules.patterns:
-            if len(set(config[key])) < 2:
-                continue
-            for i, ch in enumerate(config[key]):
-                kinds.setdefault(f"{key}={ch!r}", []).append(i)
-        for key in rules.indices:
-            kinds[f"in {key}"] = sorted(config[key])
-            kinds[f"not in {key}"] = [i for i in range(count) if i not in config[key]]
-        for key in rules.boundaries:
-            kinds[f"below {key}"] = list(range(config[key]))
-            kinds[f"from {key}"] = list(range(config[key], count))
-        found.append(LevelKinds(prefix, count, {k: v for k, v in kinds.items() if v}))
+        by_key = _kinds_of(config, rules_for(config, count), count)
+        if by_key:
+            found.append(LevelKinds(prefix, count, by_key))
     for key, v in config.items():
         if isinstance(v, dict):
             found += layer_kinds(v, layer_key, f"{prefix}{key}.")
