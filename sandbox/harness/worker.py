@@ -31,7 +31,7 @@ from sandbox.harness.loading import (
     go_offline,
     load_class,
 )
-from sandbox.harness.model_build import _hub_offline, _load_attr, build_model, load_config
+from sandbox.harness.model_build import _hub_offline, _load_attr, build_model, config_object, load_config
 from sandbox.harness.spec import HarnessSpec
 from sandbox.inputs.model_inputs import (  # one seeding for the harness, the bench and run.py
     marked_uninitialised,
@@ -108,7 +108,8 @@ def _build(spec: HarnessSpec, loaded: LoadedClass, result: dict[str, Any], count
 
     cls, model_dir = loaded.cls, loaded.model_dir
     config, shrunk = load_config(model_dir, spec.manifest, shrink=spec.shrink, overrides=spec.config_overrides,
-                                 build=lambda c: loaded.call(lambda: build_model(cls, c, model_dir)))
+                                 build=lambda c: loaded.call(lambda: build_model(cls, c, model_dir)),
+                                 configure=lambda c: loaded.call(lambda: config_object(cls, c, model_dir)))
     result["config_changes"] = shrunk
     if spec.shrink:
         result["shrunk"] = shrunk

@@ -186,6 +186,8 @@ def processor_inputs(model: Any, model_dir: Path, config: dict[str, Any], seed: 
     config = with_embedding_rows(model, config)  # ids past config.json's vocab_size the model embeds
     try:
         proc, tok_how = load_processor(model_dir, config)
+        proc, paired = with_image_processor(model, proc, model_dir)
+        tok_how += paired
         out, how, single, fed = _call_processor(proc, config, seed)
     except PreprocessingFailed:
         raise
@@ -231,6 +233,60 @@ def _prompt(proc: Any, images: bool, audio: bool) -> tuple[str, str]:
     marks = [m for m in (getattr(proc, "image_token", None) if images else None,
                          audio_placeholder(proc) if audio else None) if isinstance(m, str) and m]
     return "\n".join([*marks, TEST_PROMPT]), "no chat template"
+
+
+class TokenizerWithImages:
+    """A tokenizer and an image processor the folder holds without a processor class joining them: called like a
+    processor, the text through the tokenizer and the images through the image processor."""
+
+    def __init__(self, tokenizer: Any, image_processor: Any, image_token: str | None) -> None:
+        self.tokenizer, self.image_processor, self.image_token = tokenizer, image_processor, image_token
+        self.chat_template = None
+
+    def __call__(self, text: Any, images: Any = None, return_tensors: str = "pt") -> dict[str, Any]:
+        out = dict(self.tokenizer(text, return_tensors=return_tensors))
+        if images is not None:
+            out.update(dict(self.image_processor(images, return_tensors=return_tensors)))
+        return out
+
+
+def _prepared_by_the_model(model: Any, tokenizer: Any) -> tuple[Any, str]:
+    """The tokenizer after the model's own method that prepares one (``update_special_tokens(tokenizer)``: it adds
+    the image tokens its code looks for and records their ids), when the model has such a method."""
+    for cls in type(model).__mro__:
+        if _library(cls.__module__):
+            continue
+        for name, fn in cls.__dict__.items():
+            if not callable(fn) or "token" not in name or name.startswith("_"):
+                continue
+            try:
+                params = [p for p in inspect.signature(fn).parameters if p != "self"]
+            except (TypeError, ValueError):
+                continue
+            if params == ["tokenizer"]:
+                got = getattr(model, name)(tokenizer)
+                return (got if callable(got) else tokenizer), f"{type(model).__name__}.{name}(tokenizer)"
+    return tokenizer, ""
+
+
+def with_image_processor(model: Any, proc: Any, model_dir: Path) -> tuple[Any, str]:
+    """``proc`` itself, or, when the folder's processor is a bare tokenizer and the folder holds an image
+    processor (preprocessor_config.json), the two joined (TokenizerWithImages), the tokenizer first prepared by
+    the model's own method when it has one; the image placeholder is an added token naming an image."""
+    if getattr(proc, "image_processor", None) is not None or not callable(getattr(proc, "convert_tokens_to_ids", None)):
+        return proc, ""
+    try:
+        from transformers import AutoImageProcessor
+
+        images = AutoImageProcessor.from_pretrained(str(model_dir), trust_remote_code=True)
+    except Exception:  # noqa: BLE001  (no image processor here: the tokenizer alone)
+        return proc, ""
+    tokenizer, prepared = _prepared_by_the_model(model, proc)
+    added = [t for t in getattr(tokenizer, "additional_special_tokens", None) or [] if "image" in t.lower()]
+    mark = min(added, key=len) if added else None
+    return TokenizerWithImages(tokenizer, images, mark), (
+        f"; with the folder's image processor {type(images).__name__}" + (f", the tokenizer prepared by {prepared}"
+                                                                         if prepared else ""))
 
 
 MESSAGE_PARAMS = ("prompts", "messages", "conversation", "conversations", "chat", "dialog", "dialogs")
