@@ -197,8 +197,14 @@ class PrefixVLM(nn.Module):
         return self.language_model(embeds)[:, -input_ids.shape[1]:]
 
     @torch.no_grad()
-    def generate(self, input_ids, {PIXELS}=None, max_new_tokens=4):
+    def generate(self, input_ids, {PIXELS}=None, attention_mask=None, max_new_tokens=4):
         return greedy(lambda ids: self.forward(ids, {PIXELS}), input_ids, max_new_tokens)
+
+    def update_special_tokens(self, tokenizer):
+        """The image token this model's prompts carry, added to the tokenizer (the authors' usage)."""
+        tokenizer.add_special_tokens({"additional_special_tokens": ["<image>"]})
+        self.image_token_id = tokenizer.convert_tokens_to_ids("<image>")
+        return tokenizer
 '''
 
 TEXT_CONFIG = {"vocab_size": 96, "hidden_size": 512, "num_attention_heads": 8, "intermediate_size": 1024,
@@ -244,3 +250,15 @@ def write_vlm(root: Path, pixels: str = "image_tensor") -> Path:
         "text_config": TEXT_CONFIG, "vocab_size": TEXT_CONFIG["vocab_size"],
         "vision_config": {"img_size": 48, "patch_size": 16, "num_channels": 3, "hidden_size": 256,
                           "num_attention_heads": 4, "intermediate_size": 512, "num_hidden_layers": 3}})
+
+
+def write_tokenizer_and_image_processor(root: Path, side: int) -> None:
+    """A tokenizer.json (characters) and a transformers image processor, with no processor class joining them."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import CLIPImageProcessor, PreTrainedTokenizerFast
+
+    chars = ["[UNK]", "[PAD]", *"abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ .\n"]
+    tok = Tokenizer(models.WordLevel({c: i for i, c in enumerate(chars)}, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.Split("", "isolated")
+    PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="[UNK]", pad_token="[PAD]").save_pretrained(root)
+    CLIPImageProcessor(size={"shortest_edge": side}, crop_size={"height": side, "width": side}).save_pretrained(root)

@@ -21,7 +21,14 @@ from agents.validation.coverage import merged_coverage
 from agents.validation.perf_evidence import verdict
 from sandbox.harness.shrink import shrink_config
 from tests.conftest import REPO_ROOT
-from tests.coverage_models import LAYER_TYPES, TEXT_CONFIG, write_audio_lm, write_hybrid, write_vlm
+from tests.coverage_models import (
+    LAYER_TYPES,
+    TEXT_CONFIG,
+    write_audio_lm,
+    write_hybrid,
+    write_tokenizer_and_image_processor,
+    write_vlm,
+)
 
 BOOT = f"import sys; sys.path.insert(0, {str(REPO_ROOT)!r}); from sandbox.harness.worker import main; sys.exit(main(sys.argv[1:]))"
 
@@ -169,6 +176,37 @@ def test_a_vlm_without_a_processor_feeds_its_vision_tower_synthesised_pixels(tmp
     kinds = _kinds(result)
     assert kinds["visual (VisionTower)"] is True and kinds["visual.layers: Block"] is True
     assert "mm_projector" in result["coverage"]["ran"]
+
+
+def test_a_tokenizer_beside_an_image_processor_feeds_the_tower_the_image_processors_pixels(tmp_path: Path) -> None:
+    model = write_vlm(tmp_path / "vlm", pixels="pixel_values")
+    write_tokenizer_and_image_processor(model, side=48)
+    result = _harness(model, "modeling_vlm:PrefixVLM", tmp_path, preprocess="AutoProcessor")
+    note = result["inputs"]["notes"][0]
+    assert "with the folder's image processor CLIPImageProcessor" in note
+    assert "the tokenizer prepared by PrefixVLM.update_special_tokens(tokenizer)" in note
+    assert "pixel_values (1, 3, 48, 48)" in note
+    assert _kinds(result)["visual (VisionTower)"] is True
+
+
+def test_sizes_a_config_class_fills_in_by_default_at_a_nested_level_are_shrunk() -> None:
+    from transformers import LlamaConfig, PretrainedConfig
+
+    from sandbox.harness.shrink_fit import sized_by_class_defaults
+
+    class Wrapper(PretrainedConfig):
+        model_type = "npuport_toy_wrapper"
+
+        def __init__(self, text_config: dict[str, Any] | None = None, **kwargs: Any) -> None:
+            self.text_config = LlamaConfig(**(text_config or {}))
+            super().__init__(**kwargs)
+
+    written = {"text_config": {"model_type": "llama"}}  # a nested level written as its diff from the defaults
+    full, notes = sized_by_class_defaults(written, lambda c: Wrapper(**c))
+    assert full["text_config"]["num_hidden_layers"] == 32 and full["text_config"]["hidden_size"] == 4096
+    assert notes and notes[0].startswith("text_config: ") and "from its config class's defaults" in notes[0]
+    small, _ = shrink_config(full)
+    assert (small["text_config"]["num_hidden_layers"], small["text_config"]["hidden_size"]) == (2, 512)
 
 
 # ----------------------------------------------------------------------------------------------
