@@ -142,7 +142,8 @@ _SIZE_KEYS = (_LAYER_KEYS, _HIDDEN_KEYS, _HEAD_KEYS, _KV_KEYS, _FFN_KEYS, _EXPER
 
 def sized_by_class_defaults(config: dict[str, Any], configure: Callable[[dict[str, Any]], Any] | None
                             ) -> tuple[dict[str, Any], list[str]]:
-    """config.json with the sizes its config class fills in by default at its nested levels, and a note per level.
+    """config.json with the sizes its config class fills in by default at a nested level that does not write its
+    layer count, and a note per level.
     transformers writes a nested sub-config as its difference from that class's defaults, so a release may give
     its language model only a model type (``text_config: {"model_type": "phi3"}``): the model is built at the
     class's default sizes (32 layers of 3072), which the shrink reduces only when it sees them. The top level
@@ -167,7 +168,9 @@ def _filled(level: dict[str, Any], effective: dict[str, Any], prefix: str, notes
            if isinstance(v, dict) and isinstance(effective.get(key), dict) else v for key, v in level.items()}
     added = {k: v for k, v in effective.items() if k not in level and isinstance(v, int) and not isinstance(v, bool)
              and v > 0 and any(r.match(k) for r in _SIZE_KEYS)}
-    if added:
+    # only a level whose layer count was dropped as a default: a module config with no layers of its own (a
+    # pooling head's widths) is left as written
+    if added and any(_LAYER_KEYS.match(k) for k in added):
         out.update(added)
         notes.append(f"{prefix.rstrip('.')}: {', '.join(f'{k} {v}' for k, v in added.items())} from its config "
                      "class's defaults (config.json does not write them), so the shrink reduces them too")
