@@ -253,7 +253,8 @@ def run_port_cli(request: dict[str, Any], goal: str = "", thread_id: str | None 
     if state.get("status") == "validated":
         from agents.validation.perf_evidence import verdict
 
-        console.print(f"[bold green]{verdict('validated', state.get('perf'))}[/]: {state.get('reason')}")
+        words = verdict('validated', state.get('perf'), (state.get('numerics') or {}).get('coverage'))
+        console.print(f"[bold {'yellow' if 'partial' in words else 'green'}]{words}[/]: {state.get('reason')}")
         return EXIT_OK
     from agents.report.bundle import NOT_PORTED, outcome_label
 

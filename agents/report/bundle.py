@@ -13,6 +13,7 @@ from typing import Any
 from agents.deploy.serve_report import PENDING, serving_requested
 from agents.report.markdown import _md_escape, failure_markdown, render_markdown
 from agents.request import request_of
+from agents.validation.coverage import coverage_reason
 from agents.validation.perf_evidence import perf_markdown, shown_where, strict_failure, verdict
 from agents.workspace import Workspace
 from knowledge.bundles import MARKER as MARKER_NAME
@@ -31,6 +32,8 @@ def final_status(state: dict[str, Any]) -> tuple[str, str]:
             dtype = (numerics.get("metrics") or {}).get("dtype") or "float32"
             reason = (f"the port runs on the target and its forward outputs match the original's within the {dtype} "
                       "tolerance (the model has no generate: it was validated on its outputs, not greedy tokens)")
+        if partial := coverage_reason(numerics.get("coverage")):
+            reason += f"; {partial}"
         if found := (state.get("perf") or {}).get("pathologies"):
             reason += "; decode profile: " + "; ".join(f"{p['title']} at {shown_where(p)}" for p in found)
         return "validated", reason
@@ -151,7 +154,9 @@ def write_bundle(state: dict[str, Any], out_dir: Path, status: str, reason: str)
         "findings": state.get("findings") or [], "patches": state.get("patches") or [], "runs": state.get("runs") or [],
         "diagnoses": state.get("diagnoses") or [], "numerics": state.get("numerics") or {},
         "tuning": state.get("tuning") or {}, "counters": state.get("counters") or {},
-        "perf": state.get("perf") or {}, "verdict": verdict(status, state.get("perf")),
+        "perf": state.get("perf") or {},
+        "verdict": verdict(status, state.get("perf"), (state.get("numerics") or {}).get("coverage")),
+        "coverage": (state.get("numerics") or {}).get("coverage") or {},
         "original_digest": state.get("original_digest"), "workdir": state.get("workdir"),
         "wall_s": time.time() - (state.get("started_at") or time.time()),
         "failure": state.get("failure"), "environment": state.get("environment") or {},
