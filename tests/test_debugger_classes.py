@@ -8,6 +8,7 @@ AttributeError or TypeError in model code or on the generate path ends as "no re
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import json
 import os
 import subprocess
@@ -90,8 +91,14 @@ def test_close_spellings_and_signatures_come_from_the_live_objects(tmp_path: Pat
     attr = failure_hints(_raised(lambda: Cache().past_key_value), tmp_path)
     assert attr["class"] == "test_close_spellings_and_signatures_come_from_the_live_objects.<locals>.Cache" \
         and "past_key_values" in attr["candidates"]
-    mod = types.ModuleType("toy_callee")
-    exec("def attention(hidden, past_key_values=None, layer_idx=0):\n    return hidden\n", mod.__dict__)  # noqa: S102
+    # a module of the model's files, as the harness imports them (the callee is looked up there first: a library
+    # imported earlier, e.g. torch.onnx.ops once transformers' models are, may define a function of the same name)
+    (tmp_path / "toy_callee.py").write_text("def attention(hidden, past_key_values=None, layer_idx=0):\n"
+                                            "    return hidden\n")
+    spec = importlib.util.spec_from_file_location("toy_callee", tmp_path / "toy_callee.py")
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
     sys.modules["toy_callee"] = mod
     try:
         kw = failure_hints(_raised(lambda: mod.attention(1, past_key_value=None)), tmp_path)

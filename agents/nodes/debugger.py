@@ -31,9 +31,7 @@ def debugger_node(state: dict[str, Any]) -> dict[str, Any]:
     last = RunRecord(**(state.get("runs") or [])[-1])
     retry = None
     numerics = state.get("numerics") or {}
-    fails, state, extra_update = _original_check(state, last)
-    if fails is not None:
-        return fails
+    extra_update: dict[str, Any] = {}
     if last.ok and numerics.get("verdict") == "mismatch":
         diag = Diagnosis(id=f"diag-{len(history) + 1}", run_id=last.id, signature="numerics-mismatch",
                          kind="numerics-mismatch",
@@ -41,12 +39,20 @@ def debugger_node(state: dict[str, Any]) -> dict[str, Any]:
     elif last.exception is not None:
         from agents.environment.release_retry import release_retry
         from agents.fixing.learned import learned_diagnosis
+        from agents.policies.rule import recipe_covers
 
         # a name the run's transformers release lacks: the next candidate release, its environment built
         retry = release_retry(state, last.id, last.exception, history) if budget_left(state)[0] else None
         # a fix an earlier port learned for this failure (port memory) comes before asking the policy's LLM
-        diag = retry.diagnosis if retry else (learned_diagnosis(state, last.id, last.exception, history)
-                                              or policy.diagnose(last.id, last.exception, history))
+        learned = None if retry else learned_diagnosis(state, last.id, last.exception, history)
+        if retry is None and learned is None and not recipe_covers(last.exception, history):
+            # No class fixes it: before npuport blames (and reverts) its own changes or asks an LLM, does the
+            # original, as written, fail the same way? A failure a class fixes is fixed even when the original
+            # fails so here too (an old release's star import, generate inputs npuport made up).
+            fails, state, extra_update = _original_check(state, last, history)
+            if fails is not None:
+                return fails
+        diag = retry.diagnosis if retry else learned or policy.diagnose(last.id, last.exception, history)
     else:
         diag = Diagnosis(id=f"diag-{len(history) + 1}", run_id=last.id, signature=f"status:{last.status}",
                          kind=last.status, summary=f"the run ended with status {last.status}")
@@ -84,13 +90,15 @@ def debugger_node(state: dict[str, Any]) -> dict[str, Any]:
     return update
 
 
-def _original_check(state: dict[str, Any],
-                    last: RunRecord) -> tuple[dict[str, Any] | None, dict[str, Any], dict[str, Any]]:
+def _original_check(state: dict[str, Any], last: RunRecord, history: list[Diagnosis],
+                    ) -> tuple[dict[str, Any] | None, dict[str, Any], dict[str, Any]]:
     """Before npuport blames (and reverts) its own changes: does the original, as written, fail the same way?
-    (the update that ends the port when it does, or None; the state with the original's runs; their update)."""
-    if last.exception is None or last.status == "timeout" or \
-            any(r.get("purpose") == "reference" for r in state.get("runs") or []):
+    (the update that ends the port when it does, with the rules' reading of the failure; the state with the
+    original's runs; their update)."""
+    assert last.exception is not None
+    if last.status == "timeout" or any(r.get("purpose") == "reference" for r in state.get("runs") or []):
         return None, state, {}
+    from agents.policies.rule import RulePolicy
     from agents.validation.original_failure import model_fails_by_itself
 
     made, fails = model_fails_by_itself(state, last, lambda where: port_site(
@@ -98,8 +106,10 @@ def _original_check(state: dict[str, Any],
     counters = dict(state.get("counters") or {})
     counters["reference_runs"] = counters.get("reference_runs", 0) + len(made)
     if fails is not None:
+        reading = RulePolicy().diagnose(last.id, last.exception, history)  # what was read: no class fixes it
         return ({"runs": made, "counters": counters, "numerics": fails.model_dump(mode="json"), "status": "failed",
-                 "reason": fails.detail, "trace": [step("debugger", fails.detail)]}, state, {})
+                 "reason": fails.detail, "diagnoses": [reading.model_dump(mode="json")],
+                 "trace": [step("debugger", fails.detail, signature=reading.signature)]}, state, {})
     return None, {**state, "runs": [*(state.get("runs") or []), *made], "counters": counters}, \
         {"runs": made, "counters": counters}
 
@@ -125,14 +135,14 @@ def _timeout_because(state: dict[str, Any]) -> str:
     from agents.validation.compare import timeout_detail
 
     limit = scaled_limits(request_of(state), (state.get("runs") or [])[:-1]).wall_s  # the limit it ran under
-    return timeout_detail("the port's run", limit, state) + "; " + timeout_hint(limit)
+    return timeout_detail("the port's run", limit, state) + "; " + timeout_hint()
 
 
-def timeout_hint(limit_s: float) -> str:
+def timeout_hint() -> str:
     """What a run killed at its wall-clock limit asks of the user: a model kept wide (hard-coded sizes, a
-    fixed vision tower) is slow on a few CPU cores rather than hung, and the limit is theirs to raise."""
+    fixed vision tower) is slow on a few CPU cores rather than hung, and the limit is theirs to raise (the flag
+    and its value are timeout_detail's: said once)."""
     import os
 
-    return (f"a large model on {os.cpu_count() or 1} CPU core(s) can be slow rather than hung: give each sandbox "
-            f"run more time (`npuport port --run-timeout {int(limit_s * 2)}`, the batch manifest's "
-            "budget.run_timeout_s)")
+    return (f"a large model on {os.cpu_count() or 1} CPU core(s) can be slow rather than hung (in a batch, the "
+            "manifest's budget.run_timeout_s sets the limit)")

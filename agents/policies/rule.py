@@ -25,6 +25,13 @@ def _line(value: object) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
 
 
+def recipe_covers(exception: StructuredException, history: list[Diagnosis]) -> bool:
+    """Whether a class of the rules has a fix for this failure that was not tried on it already: the fix
+    ``RulePolicy.diagnose`` names, read without its reasoning line (the debugger asks before it diagnoses)."""
+    sig = classify(exception)
+    return explain(sig)[0] is not None and not any(d.signature == sig.key for d in history)
+
+
 class RulePolicy:
     name = "rule"
 

@@ -1,8 +1,10 @@
-"""The original's own failures: when the port fails, the original runs once on the CPU (the reference run:
-the original as written under the cuda -> cpu redirect, agents/validation/compare.py). When it fails the same
-way (the same error type at the same line of the user's file), the model fails by itself: the verdict says so
-at the user's file:line, and nothing npuport changed is blamed or reverted. When it runs, the run is the
-reference the validator compares with later (it is not made twice)."""
+"""The original's own failures: when the port fails and no class of the debugger fixes the failure (a class's fix
+comes first: what the original also fails on here, the environment or made-up inputs, is fixed), the original
+runs once on the CPU (the reference run: the original as written under the cuda -> cpu redirect,
+agents/validation/compare.py). When it fails the same way (the same error type at the same line of the user's
+file), the model fails by itself: the verdict says so at the user's file:line, and nothing npuport changed is
+blamed or reverted. When it runs, the run is the reference the validator compares with later (it is not made
+twice)."""
 
 from __future__ import annotations
 
