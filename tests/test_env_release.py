@@ -116,6 +116,32 @@ def test_what_the_code_reads_from_transformers(tmp_path: Path) -> None:
     }, found
 
 
+def test_a_logger_read_is_found_after_transformers_patched_the_logger_class(tmp_path: Path) -> None:
+    """Importing transformers' logging (any test or module of this process may have) sets warning_once on the
+    standard library's Logger class: the code's read of it is still a read of transformers, and a method the
+    standard Logger defines (warning) is still none."""
+    import importlib
+    import logging
+
+    importlib.import_module("transformers.utils.logging")
+    assert hasattr(logging.Logger, "warning_once")  # what the reading must see past
+    model = tmp_path / "m"
+    model.mkdir()
+    (model / "modeling_m.py").write_text(textwrap.dedent("""\
+        from transformers.utils import logging
+
+        logger = logging.get_logger(__name__)
+
+
+        def f():
+            logger.warning("x")
+            logger.warning_once("y")
+        """))
+    found = {(n.how, n.paths, n.where) for n in code_needs(model)}
+    assert ("logger", ("logging.Logger.warning_once",), "modeling_m.py:8") in found
+    assert not any(how == "logger" and paths != ("logging.Logger.warning_once",) for how, paths, _ in found), found
+
+
 def test_the_api_index_of_real_releases(monkeypatch: pytest.MonkeyPatch) -> None:
     """Two real releases' wheels (downloaded once into NPUPORT_WHEEL_CACHE, read as files): 4.33 has no
     transformers.cache_utils, 4.36 has it; names, re-exports, inherited members and what the release sets on
