@@ -12,13 +12,16 @@ is spent, the port stops with a report of what was tried and the passages that w
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from agents.fixing.diagnosis import budget_left, escalate, tried_so_far
 from agents.models import Diagnosis, RunRecord, StructuredException
 from agents.request import request_of
 from agents.sites import port_site
 from agents.trace import step
+
+if TYPE_CHECKING:
+    from agents.environment.release_retry import ReleaseRetry
 
 
 def debugger_node(state: dict[str, Any]) -> dict[str, Any]:
@@ -29,24 +32,26 @@ def debugger_node(state: dict[str, Any]) -> dict[str, Any]:
     policy = get_policy(request_of(state).policy, context=policy_context(state))
     history = [Diagnosis(**d) for d in state.get("diagnoses") or []]
     last = RunRecord(**(state.get("runs") or [])[-1])
-    retry = None
     numerics = state.get("numerics") or {}
-    fails, state, extra_update = _original_check(state, last)
+    # a name the run's transformers release lacks is the environment's failure, not the code's: the next
+    # candidate release answers before the original is run (it would run on the same release and fail the
+    # same way, and "the model fails by itself" would end a port the next release fixes)
+    retry = _release_retry(state, last, history)
+    fails, state, extra_update = (None, state, {}) if retry else _original_check(state, last)
     if fails is not None:
         return fails
     if last.ok and numerics.get("verdict") == "mismatch":
         diag = Diagnosis(id=f"diag-{len(history) + 1}", run_id=last.id, signature="numerics-mismatch",
                          kind="numerics-mismatch",
                          summary=f"the port runs but its outputs differ: {numerics.get('detail')}")
+    elif retry is not None:
+        diag = retry.diagnosis
     elif last.exception is not None:
-        from agents.environment.release_retry import release_retry
         from agents.fixing.learned import learned_diagnosis
 
-        # a name the run's transformers release lacks: the next candidate release, its environment built
-        retry = release_retry(state, last.id, last.exception, history) if budget_left(state)[0] else None
         # a fix an earlier port learned for this failure (port memory) comes before asking the policy's LLM
-        diag = retry.diagnosis if retry else (learned_diagnosis(state, last.id, last.exception, history)
-                                              or policy.diagnose(last.id, last.exception, history))
+        diag = (learned_diagnosis(state, last.id, last.exception, history)
+                or policy.diagnose(last.id, last.exception, history))
     else:
         diag = Diagnosis(id=f"diag-{len(history) + 1}", run_id=last.id, signature=f"status:{last.status}",
                          kind=last.status, summary=f"the run ended with status {last.status}")
@@ -82,6 +87,16 @@ def debugger_node(state: dict[str, Any]) -> dict[str, Any]:
     # What the LLM debugger did, or why the rules decided instead (the report's LLM section lists these).
     update["trace"] = [step("debugger", n, llm=True) for n in policy.notes] + trace
     return update
+
+
+def _release_retry(state: dict[str, Any], last: RunRecord, history: list[Diagnosis]) -> ReleaseRetry | None:
+    """The next candidate transformers release, its environment built, when the run failed on a name its
+    release lacks and the budget allows another run (agents/environment/release_retry.py); else None."""
+    if last.exception is None or not budget_left(state)[0]:
+        return None
+    from agents.environment.release_retry import release_retry
+
+    return release_retry(state, last.id, last.exception, history)
 
 
 def _original_check(state: dict[str, Any],
