@@ -116,6 +116,32 @@ def test_what_the_code_reads_from_transformers(tmp_path: Path) -> None:
     }, found
 
 
+def test_a_logger_read_is_found_after_transformers_patched_the_logger_class(tmp_path: Path) -> None:
+    """Importing transformers' logging (any test or module of this process may have) sets warning_once on the
+    standard library's Logger class: the code's read of it is still a read of transformers, and a method the
+    standard Logger defines (warning) is still none."""
+    import importlib
+    import logging
+
+    importlib.import_module("transformers.utils.logging")
+    assert hasattr(logging.Logger, "warning_once")  # what the reading must see past
+    model = tmp_path / "m"
+    model.mkdir()
+    (model / "modeling_m.py").write_text(textwrap.dedent("""\
+        from transformers.utils import logging
+
+        logger = logging.get_logger(__name__)
+
+
+        def f():
+            logger.warning("x")
+            logger.warning_once("y")
+        """))
+    found = {(n.how, n.paths, n.where) for n in code_needs(model)}
+    assert ("logger", ("logging.Logger.warning_once",), "modeling_m.py:8") in found
+    assert not any(how == "logger" and paths != ("logging.Logger.warning_once",) for how, paths, _ in found), found
+
+
 def test_the_api_index_of_real_releases(monkeypatch: pytest.MonkeyPatch) -> None:
     """Two real releases' wheels (downloaded once into NPUPORT_WHEEL_CACHE, read as files): 4.33 has no
     transformers.cache_utils, 4.36 has it; names, re-exports, inherited members and what the release sets on
@@ -270,6 +296,9 @@ def test_a_run_failing_on_a_name_its_release_lacks_moves_to_the_next_candidate(l
     update = debugger_node(state)
     diag = update["diagnoses"][0]
     assert diag["fix"] == RELEASE_FIX and diag["params"]["release"] == "4.37.0", diag
+    # the environment's failure, not the code's: the original is not run on the release it failed on (it would
+    # fail the same way, and "the model fails by itself" would end the port), the next release answers first
+    assert "runs" not in update and "reference_runs" not in update.get("counters", {}) and "status" not in update
     assert "4.36: AttributeError" in diag["summary"] and "transformers.cache_utils.SinkCache" in diag["summary"]
     env = update["environment"]
     assert env["resolution"]["release_rejected"] == {"4.36": "AttributeError: module 'transformers.cache_utils' "
@@ -279,9 +308,12 @@ def test_a_run_failing_on_a_name_its_release_lacks_moves_to_the_next_candidate(l
     passed = patcher_node({**state, **update, "workdir": str(tmp_path / "work"),
                            "pending_diagnosis": update["pending_diagnosis"]})
     assert passed["pending_diagnosis"] is None and "patches" not in passed and "status" not in passed
-    # 4.37 fails too: no release left that provides every read, so the debugger goes on as before
-    again = {**state, **update, "runs": [_failed_run("ImportError", "cannot import name 'QuantCache' from "
-                                                     "'transformers.cache_utils' (/x/cache_utils.py)")],
+    # 4.37 fails too: no release left that provides every read, so the debugger goes on as before (the original
+    # ran already, on 4.37, and ran: its check is not made again)
+    reference = {"id": "reference", "purpose": "reference", "target": "cpu", "ok": True, "status": "ok",
+                 "wall_s": 1.0, "result_path": ""}
+    again = {**state, **update, "runs": [reference, _failed_run("ImportError", "cannot import name 'QuantCache' "
+                                                                "from 'transformers.cache_utils' (/x/cache_utils.py)")],
              "diagnoses": update["diagnoses"]}
     assert debugger_node(again)["diagnoses"][0]["fix"] != RELEASE_FIX
 

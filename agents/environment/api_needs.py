@@ -50,9 +50,18 @@ class Need:
 
 
 @functools.lru_cache(maxsize=1)
+def _logger_own() -> frozenset[str]:
+    """The members the standard library's ``Logger`` defines itself. Not ``dir(logging.Logger)``: importing
+    ``transformers.utils.logging`` (which anything in this process may have done) sets ``warning_once`` and
+    others on the class, and a read of those is a read of transformers whatever this process imported."""
+    return frozenset(name for cls in logging.Logger.__mro__ for name, value in vars(cls).items()
+                     if getattr(value, "__module__", logging.__name__) in (logging.__name__, "builtins"))
+
+
+@functools.lru_cache(maxsize=1)
 def _given() -> frozenset[str]:
     """Members the model's classes have without transformers: torch's Module (and object's), Logger's own."""
-    names = set(dir(object)) | {n for n in dir(logging.Logger) if not n.startswith("__")}
+    names = set(dir(object)) | {n for n in _logger_own() if not n.startswith("__")}
     try:
         import torch.nn
 
@@ -218,7 +227,7 @@ def _inherited_needs(code: _Code, f: _File, given: frozenset[str], calls: set[in
             continue
         where = f"{f.rel}:{node.lineno}"
         value = node.value
-        if isinstance(value, ast.Name) and value.id in f.loggers and node.attr not in dir(logging.Logger):
+        if isinstance(value, ast.Name) and value.id in f.loggers and node.attr not in _logger_own():
             yield Need((f"logging.Logger.{node.attr}",), where, "logger")
             continue
         bases = code.transformers_bases(cls) if cls else []

@@ -285,6 +285,21 @@ def era_for_code(model_dir: Path, era: str | None, last: str, host_tf: str, floo
     return chosen, choice, note
 
 
+def host_lacks(model_dir: Path, log: Callable[[str], None] | None = None) -> list[str]:
+    """The code's reads of transformers (shown: path and file:line) that the host's own release lacks, asked of
+    its index (read from its installed folder, never imported); [] without a host release or its index."""
+    from agents.environment.api_needs import code_needs
+    from agents.environment.api_release import host_install, release_api
+
+    host = host_install()
+    api = release_api(host[0], log or (lambda _: None), installed=host[1]) if host else None
+    if api is None:
+        return []
+    lacking = [n.shown for n in code_needs(model_dir) if not any(api.provides(p) for p in n.paths)]
+    api.save()
+    return lacking
+
+
 def choice_text(resolution: dict[str, Any]) -> str | None:
     """One sentence for the report: the release the code's reads chose when it is not config.json's, the
     releases examined and why each was rejected (by the index, or by a run); None when the hint's stood."""

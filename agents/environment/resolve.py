@@ -34,7 +34,7 @@ from agents.environment.pins import (
     saved_transformers_version,
     unconditional_imports,
 )
-from agents.environment.release_choice import ReleaseChoice, RunRejections, era_for_code
+from agents.environment.release_choice import ReleaseChoice, RunRejections, era_for_code, host_lacks
 from agents.environment.resolution import Resolution, bundle_files
 from agents.environment.stack import framework_conflict, merge_pins, resolve_vllm, stack_for_target
 from agents.environment.torch_pair import COMPANIONS
@@ -173,7 +173,7 @@ def _era(model_dir: Path, pins: dict[str, str], host_tf: str | None, compat: dic
             notes.append(chose)
         chose = chose if era != before else None
     if era:
-        notes.append(_era_note(era, saved, host_tf, coupled, chose))
+        notes.append(_era_note(era, saved, host_tf, coupled, chose, host_lacks(model_dir, _stderr_log)))
     elif saved and host_tf and not chose:
         notes.append(f"config.json was saved with transformers {saved} and the host has {host_tf} (same major "
                      "release): the host's transformers is kept.")
@@ -184,7 +184,8 @@ def _stderr_log(msg: str) -> None:
     print(f"npuport: {msg}", file=sys.stderr, flush=True)
 
 
-def _era_note(era: str, saved: str | None, host_tf: str | None, coupled: list[str], chose: str | None) -> str:
+def _era_note(era: str, saved: str | None, host_tf: str | None, coupled: list[str], chose: str | None,
+              lacks: list[str]) -> str:
     # The release the authors ran: code written for 4.x runs under 5.x as long as every name it
     # imports exists, then breaks at run time (no inherited generate, config attributes moved to the
     # generation config, removed helpers). Both the reference and the port run in the era's env.
@@ -197,8 +198,11 @@ def _era_note(era: str, saved: str | None, host_tf: str | None, coupled: list[st
     if coupled and saved and era.startswith("transformers~=") and not chose:
         more = f" and {len(coupled) - 1} more" if len(coupled) > 1 else ""
         why += f"; the code is coupled to it ({coupled[0]}{more})"
+    # what the host's own release lacks of the code's reads (its API index): why the host's would not do
+    more = f" and {len(lacks) - 4} more" if len(lacks) > 4 else ""
+    shown = f"; the host's release also lacks {', '.join(lacks[:4])}{more}" if lacks else ""
     return (f"{why}: the original and the port run in the environment of the model's era, {era}, built "
-            f"once from the package index and shared by every port of that era.")
+            f"once from the package index and shared by every port of that era{shown}.")
 
 
 def _guarded_dependencies(model_dir: Path, pins: dict[str, str], dropped: dict[str, str], notes: list[str],
