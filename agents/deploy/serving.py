@@ -166,6 +166,7 @@ def exercise(state: dict[str, Any], bundle: Path, run_root: Path, *, requests: i
     a callable ``tune`` is handed the engine context instead (bench/record_engine_landscapes.py). An image
     model's load is its first ``image_requests`` requests at the concurrencies up to that (None: the whole
     workload at every concurrency, as a text model's: bench/serve_speedup.py)."""
+    from knowledge.untrusted import read_model_config
     from sandbox.harness.shrink import shrink_config
 
     req = request_of(state)
@@ -189,7 +190,7 @@ def exercise(state: dict[str, Any], bundle: Path, run_root: Path, *, requests: i
     except NpuportError as exc:
         record["error"] = f"the vLLM environment could not be built: {exc}"
         return record
-    config = json.loads((model_dir / str(manifest.get("config") or "config.json")).read_text())
+    config = read_model_config(model_dir, manifest)  # knowledge/untrusted.py: inside the model's folder only
     if req.shrink:
         config, _ = shrink_config(config, manifest.get("shrink") or {}, model_dir)
     overrides, note = head_overrides(config, facts["head_sizes"])
