@@ -29,11 +29,13 @@ from knowledge.errors import exit_code, first_line
 from knowledge.interrupt import PortInterrupted, clear_stop, request_stop
 
 EXIT_OK, EXIT_NOT_VALIDATED, EXIT_BAD_INPUT, EXIT_INTERNAL, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
+EXIT_NOT_VERIFIED = 4
 EXIT_MEANINGS: dict[int, str] = {
     EXIT_OK: "the port validated",
     EXIT_NOT_VALIDATED: "the port ran but did not validate",
     EXIT_BAD_INPUT: "bad input or usage",
     EXIT_INTERNAL: "internal error",
+    EXIT_NOT_VERIFIED: "not verified",
     EXIT_INTERRUPTED: "interrupted (Ctrl-C)",
 }
 """Every exit code of every command, with the words that open its row in `--help`, the README's table

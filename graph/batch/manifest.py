@@ -32,7 +32,15 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from agents.request import MAX_RUN_TIMEOUT_S, MAX_WALL_S, POLICIES, ChipName, PolicyName, TargetName
+from agents.request import (
+    MAX_RUN_TIMEOUT_S,
+    MAX_WALL_S,
+    POLICIES,
+    ChipName,
+    PolicyName,
+    TargetName,
+    TorchNpuVersion,
+)
 from knowledge.errors import BatchManifestError, first_line
 from sandbox.targets import DEFAULT_CHIP, DEFAULT_TARGET, DEFAULT_TORCH_NPU
 
@@ -58,7 +66,7 @@ class PortSettings(BaseModel):
     target: TargetName = DEFAULT_TARGET
     chip: ChipName = DEFAULT_CHIP
     objective: Literal["throughput", "latency", "correctness"] = "throughput"
-    torch_npu: str = DEFAULT_TORCH_NPU
+    torch_npu: TorchNpuVersion = DEFAULT_TORCH_NPU
     policy: PolicyName = POLICIES[0]
     strict: bool = False
     shrink: bool | dict[str, Any] = False
@@ -80,7 +88,7 @@ class ModelEntry(BaseModel):
     target: TargetName | None = None
     chip: ChipName | None = None
     objective: Literal["throughput", "latency", "correctness"] | None = None
-    torch_npu: str | None = None
+    torch_npu: TorchNpuVersion | None = None
     policy: PolicyName | None = None
     strict: bool | None = None
     shrink: bool | dict[str, Any] | None = None

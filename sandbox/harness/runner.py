@@ -86,10 +86,23 @@ def _clean(result: dict[str, Any]) -> dict[str, Any]:
     return result
 
 
+def _option_roots() -> list[Path]:
+    """npuport's own folders a target option may name (the op matrices, the native engine's builds): an option
+    path anywhere else (one a report wrote) is never bound into a run."""
+    from knowledge.home import cache_dir
+    from sandbox.ascend_sim.native_build import cache_root
+
+    return [cache_dir("matrices").resolve(), cache_root().resolve()]
+
+
 def _mounts(workdir: Path, model_dir: Path, run_dir: Path, target: Target, python: str | None = None) -> Mounts:
+    from knowledge.untrusted import is_inside
+
     ro = [model_dir.resolve()]
+    roots = _option_roots()
     for value in (target.options or {}).values():
-        if isinstance(value, str) and value.startswith("/") and Path(value).exists():
+        if isinstance(value, str) and value.startswith("/") and Path(value).exists() \
+                and any(is_inside(root, Path(value)) for root in roots):
             ro.append(Path(value).resolve())  # the emulator's op matrix and native engine
     return Mounts(hide=(workdir.resolve(),), ro=tuple(ro), rw=(run_dir.resolve(),),
                   interpreters=(python,) if python else ())
