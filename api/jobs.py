@@ -401,13 +401,14 @@ class JobManager:
             return  # cancelled (or taken by another worker) since it was read
         self._event(job_id, "status", {"status": "running", "reason": "resumed" if snap else ""})
         inputs = None if snap is not None else {"goal": job.goal, "request": job.request}
+        from agents.doors import serving
         from knowledge.port_memory import memory_owner
         from sandbox.isolation.process import stop_runs_when
 
         stop = lambda: job_id in self._cancel or self._shutdown.is_set()  # noqa: E731
         try:
             # a cancel kills the sandbox run in flight, not only the next step; what the port learns is its owner's
-            with stop_runs_when(stop), memory_owner(job.owner):
+            with stop_runs_when(stop), memory_owner(job.owner), serving():
                 result = run_thread(
                     inputs, job_id,
                     on_trace=lambda trace: self._publish_trace(job_id, trace),
