@@ -19,7 +19,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 SERVICE_ENV = "NPUPORT_SERVICE_PROCESS"
-_serving: contextvars.ContextVar[bool] = contextvars.ContextVar("npuport_serving", default=False)
+_serving: contextvars.ContextVar[tuple[tuple[Path, ...], Path] | None] = contextvars.ContextVar(
+    "npuport_serving", default=None)
 STAGED = ("uploads", "batches")
 """Folders of the home where the service itself puts models it was sent (uploads, a batch's staged copies)."""
 
@@ -31,10 +32,10 @@ def mark_service() -> None:
 
 
 @contextlib.contextmanager
-def serving() -> Iterator[None]:
-    """A job of the service runs in here (api/jobs.py): its ports are confined even in a process that does
-    other things too (a test runner that builds the app in-process)."""
-    token = _serving.set(True)
+def serving(roots: list[Path] | tuple[Path, ...], home: Path) -> Iterator[None]:
+    """A job of the service runs in here (api/jobs.py), under that service's roots and home: its ports are
+    confined even in a process that does other things too (a test runner that builds the app in-process)."""
+    token = _serving.set((tuple(Path(r).expanduser().resolve() for r in roots), Path(home).resolve()))
     try:
         yield
     finally:
@@ -42,10 +43,16 @@ def serving() -> Iterator[None]:
 
 
 def is_service() -> bool:
-    return os.environ.get(SERVICE_ENV) == "1" or _serving.get()
+    return os.environ.get(SERVICE_ENV) == "1" or _serving.get() is not None
 
 
-def _roots() -> tuple[list[Path], Path]:
+def _policy() -> tuple[list[Path], Path] | None:
+    """(the model roots, the home) this port is confined to, or None (the CLI: the user's own folders)."""
+    job = _serving.get()
+    if job is not None:
+        return list(job[0]), job[1]
+    if os.environ.get(SERVICE_ENV) != "1":
+        return None
     from knowledge.settings import ServiceSettings
 
     conf = ServiceSettings()
@@ -59,9 +66,10 @@ def _inside(path: Path, roots: list[Path]) -> bool:
 
 def path_problem(model_path: str, out_dir: str | None) -> str | None:
     """Why a port of ``model_path`` writing to ``out_dir`` may not run in this process, or None."""
-    if not is_service():
+    policy = _policy()
+    if policy is None:
         return None
-    roots, home = _roots()
+    roots, home = policy
     staged = [home / name for name in STAGED]
     if "\x00" in model_path or not _inside(Path(model_path), roots + staged):
         where = ", ".join(map(str, roots)) or "none are configured (NPUPORT_ALLOWED_ROOTS): upload the model"

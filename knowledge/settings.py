@@ -201,6 +201,18 @@ class ServiceSettings(BaseSettings):
     """Ports the service runs at once."""
     max_queued: int = Field(default=100, ge=1)
     """Jobs waiting beyond this are refused (429)."""
+    max_queued_per_owner: int = Field(default=20, ge=1)
+    """Jobs one token may have waiting; beyond, its submissions are refused (429): one owner cannot fill the queue."""
+    max_running_per_owner: int = Field(default=0, ge=0, le=64)
+    """Jobs of one token running at once (0: half the workers, at least one); its others wait their turn."""
+    owner_upload_mb: int = Field(default=1024, ge=1)
+    """Disk one token's uploads may hold at once (unpacked); an upload is removed when its job ends."""
+    batch_workers: int = Field(default=0, ge=0, le=64)
+    """Ports of every batch running at once in the service's worker pool (0: the workers); a request's `workers` may
+    only lower it."""
+    allow_uncapped_memory: bool = False
+    """Run ports although a run's memory cannot be capped as a whole here (no writable memory cgroup); the service
+    refuses them otherwise."""
 
     @field_validator("tokens", mode="before")
     @classmethod

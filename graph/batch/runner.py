@@ -12,14 +12,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from graph.batch.executors import Executor, LocalExecutor, RayExecutor, kill_tree, worker_alive
+from graph.batch.executors import Executor, LocalExecutor, PoolExecutor, RayExecutor, kill_tree, worker_alive
 from graph.batch.manifest import PortSpec, ResolvedBatch
 from graph.batch.results import memory_records, write_results
 from graph.batch.store import FINISHED, BatchStore, PortRow
 from knowledge.errors import BatchBusy, ExecutorError, first_line
 from knowledge.home import npuport_home
 
-ExecutorName = Literal["ray", "local"]
+ExecutorName = Literal["ray", "local", "pool"]
 
 
 @dataclass
@@ -32,6 +32,10 @@ class BatchOptions:
     owner: str = "local"
     poll_s: float = 0.5
     on_update: Callable[[BatchView], None] | None = None
+    pool_submit: Callable[..., Any] | None = None
+    """``pool``: hands a callable to the service's worker pool, returns its future (api/jobs.py)."""
+    should_stop: Callable[[], bool] | None = None
+    """The batch was cancelled: no port starts any more, those running are stopped, the queued ones fail."""
 
 
 @dataclass
@@ -103,6 +107,10 @@ def register(resolved: ResolvedBatch, owner: str, out_dir: Path | None, store: B
 
 
 def make_executor(opts: BatchOptions, cpus_per_port: float, jobs_dir: Path) -> Executor:
+    if opts.executor == "pool":
+        if opts.pool_submit is None:
+            raise ExecutorError("the pool executor runs in the service only (its worker pool)")
+        return PoolExecutor(opts.pool_submit, opts.workers or 1)
     if opts.executor == "local":
         return LocalExecutor(opts.workers, jobs_dir)
     return RayExecutor(opts.ray_address, opts.workers, cpus_per_port)
@@ -139,7 +147,11 @@ def _drive(store: BatchStore, bid: str, out: Path, home: Path, opts: BatchOption
         if executor is not None:
             _adopt(executor, store, bid, todo, inflight)
             queue = [p for p in todo if p.key not in inflight]
+            cancelled = False
             while queue or inflight:
+                if not cancelled and opts.should_stop is not None and opts.should_stop():
+                    _cancel(executor, store, bid, queue, inflight)
+                    queue, cancelled = [], True
                 while queue and len(inflight) < executor.capacity:
                     p = queue.pop(0)
                     _start(executor, store, bid, p, out, bdir, home, inflight)
@@ -176,6 +188,8 @@ def _drive(store: BatchStore, bid: str, out: Path, home: Path, opts: BatchOption
     assert batch is not None
     files = write_results(batch, ports, home, out)
     status = "done" if all(p.status in FINISHED for p in ports) else "interrupted"
+    if opts.should_stop is not None and opts.should_stop():
+        status = "cancelled"
     store.set_batch(bid, status)
     store.add_event(bid, "batch", {"status": status, "validated": sum(p.status == "validated" for p in ports),
                                    "failed": sum(p.status == "failed" for p in ports), "results": str(files["json"])})
@@ -183,6 +197,19 @@ def _drive(store: BatchStore, bid: str, out: Path, home: Path, opts: BatchOption
         opts.on_update(BatchView(bid, ports, t0, executor.capacity if executor else 1,
                                  executor.name if executor else "-"))
     return BatchResult(bid, out, ports, files, executor.name if executor else "-", skipped)
+
+
+def _cancel(executor: Executor, store: BatchStore, bid: str, queue: list[PortRow],
+            inflight: dict[str, tuple[Any, float, str]]) -> None:
+    """The batch was cancelled: the ports not started fail with the reason; those running are stopped (their
+    sandbox runs killed) and record their own end."""
+    reason = "cancelled (the batch was cancelled)"
+    for p in queue:
+        if store.cancel_queued(bid, p.key, reason):
+            store.add_event(bid, "port", {"model": p.key, "status": "failed", "reason": reason})
+    for h, _, _ in inflight.values():
+        executor.cancel(h)
+    store.add_event(bid, "batch", {"status": "cancelling"})
 
 
 def _adopt(executor: Executor, store: BatchStore, bid: str, todo: list[PortRow],

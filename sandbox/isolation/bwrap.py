@@ -198,28 +198,32 @@ def bwrap_command(bwrap: str, argv: list[str], *, cwd: Path, mounts: Mounts, lim
     home = _npuport_home()
     if home is not None and home.is_dir() and home != Path("/"):
         args += tmpfs(home, 1)  # other owners' uploads, workspaces and job databases, wherever it lives
-    masks = [Path("/tmp"), *_homes(), *([home] if home is not None else [])]
-    for p in _host_paths(argv, mounts.interpreters):
-        args += ["--ro-bind", str(p), str(p)]
+    masks = {Path("/tmp"): limits.tmpfs_mb, **{h: min(MASK_MB, limits.tmpfs_mb) for h in _homes()},
+             **({home: 1} if home is not None else {})}
+    binds = [("--ro-bind", p) for p in _host_paths(argv, mounts.interpreters)]
+    binds += [("--ro-bind", _not_the_root(p)) for p in mounts.ro] + [("--bind", _not_the_root(p)) for p in mounts.rw]
     for p in mounts.hide:
         args += tmpfs(p, 1)
-    for p in mounts.ro:
-        args += ["--ro-bind", str(_not_over_a_mask(p, masks)), str(p)]
-    for p in mounts.rw:
-        args += ["--bind", str(_not_over_a_mask(p, masks)), str(p)]
-    # masks after binds: a bind of (part of) /etc cannot bring the root-only files back
-    for private in _private_etc_files():
+    args += [a for kind, p in binds for a in (kind, str(p), str(p))]
+    # Masks after binds: a bind of a folder that holds a masked one (a test's tmp folder holding NPUPORT_HOME, a
+    # path that came from data) does not lift the mask; binds inside the mask are made again on top of it.
+    for mask, mb in masks.items():
+        if any(_holds(p, mask) for _, p in binds):
+            args += tmpfs(mask, mb)
+            args += [a for kind, p in binds if _holds(mask, p) and p != mask for a in (kind, str(p), str(p))]
+    for private in _private_etc_files():  # a bind of (part of) /etc cannot bring the root-only files back
         args += ["--ro-bind", "/dev/null", str(private)]
     return [*args, "--chdir", str(cwd), *argv]
 
 
-def _not_over_a_mask(path: Path, masks: list[Path]) -> Path:
-    """``path``, unless binding it would undo a mask: a folder that holds /tmp, a home or NPUPORT_HOME (``/``,
-    ``/root``, the home's parent) is refused. A path a caller binds may come from data (a target option, an
-    env's marker): no such path may lift the walls."""
-    real = Path(path).resolve()
-    for mask in masks:
-        m = mask.resolve()
-        if real == m or real in m.parents:
-            raise ValueError(f"refusing to bind {path} into a sandbox: it would undo the mask over {mask}")
+def _holds(folder: Path, path: Path) -> bool:
+    """Whether ``path`` is ``folder`` or inside it (both resolved)."""
+    f, p = Path(folder).resolve(), Path(path).resolve()
+    return p == f or f in p.parents
+
+
+def _not_the_root(path: Path) -> Path:
+    """A caller's bind, never the host's root (which would bring back every folder the allow-list leaves out)."""
+    if Path(path).resolve() == Path("/"):
+        raise ValueError("refusing to bind / into a sandbox: its root is an allow-list")
     return path

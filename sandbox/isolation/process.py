@@ -13,7 +13,7 @@ Two sandboxes share one runner (``_run``):
   when asked for explicitly (``NPUPORT_ISOLATION=process`` / ``--isolation process``) and every result
   says ``isolation: process``.
 
-Both put the run in a cgroup with a ``pids.max`` when the host lets us (the only process cap that holds
+Both put the run in cgroups (sandbox/isolation/cgroups.py) when the host lets us: ``pids.max`` (the only process cap that holds
 for root, which ignores RLIMIT_NPROC; without one, processes that left the session are found by a mark
 in their environment: sandbox/isolation/reaper.py), read stdout/stderr incrementally with a size cap, enforce the
 wall time on the whole tree, and stop when the job that started the run is cancelled (``stop_runs_when``).
@@ -41,10 +41,10 @@ from knowledge.errors import IsolationUnavailable
 from knowledge.interrupt import PortInterrupted, raise_if_stopped, stop_requested
 from sandbox.isolation.bwrap import _interpreter_paths as _interpreter_paths
 from sandbox.isolation.bwrap import bwrap_command
+from sandbox.isolation.cgroups import RunCgroup
 from sandbox.isolation.confine import seccomp_fd
 from sandbox.isolation.reaper import (
     RUN_MARK_ENV,
-    _Cgroup,
     _kill_group,
     _register,
     kill_marked,
@@ -72,8 +72,9 @@ class Limits:
     max_procs: int = 512
     file_size_mb: int = 1024
     max_output_bytes: int = MAX_OUTPUT_BYTES
-    tmpfs_mb: int = 2048  # size of the run's /tmp (bwrap); tmpfs is host RAM, which RLIMIT_AS does not count
+    tmpfs_mb: int = 2048  # size of the run's /tmp (bwrap); its pages are charged to the run's memory cgroup
     folder_quota_mb: int = 4096  # the run folder (cwd) as a whole; 0: unchecked. RLIMIT_FSIZE caps one file
+    memory_mb: int = 16 * 1024  # the whole run (every process, its /tmp, swap): the memory cgroup's cap; 0: none
 
 
 @dataclass(frozen=True)
@@ -196,16 +197,16 @@ def _die_with_parent() -> None:
         ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL, 0, 0, 0)
 
 
-def _preexec(limits: Limits, cgroup: Path | None):  # type: ignore[no-untyped-def]
+def _preexec(limits: Limits, cgroups: list[Path]):  # type: ignore[no-untyped-def]
     # RLIMIT_NPROC counts every task of the user, not the run's: the run gets max_procs beyond what the
     # user already runs (a server or a test runner with its own threads would otherwise leave it none).
     nproc = uid_tasks() + limits.max_procs  # counted here, in the parent, not between fork and exec
 
     def apply() -> None:
         _die_with_parent()
-        if cgroup is not None:
-            # join before exec, so every descendant is counted and found
-            with open(cgroup / "cgroup.procs", "w") as fh:
+        for procs in cgroups:
+            # join before exec, so every descendant is counted, capped and found
+            with open(procs, "w") as fh:
                 fh.write("0")
         os.setsid()  # own process group: the timeout kills everything it started
         mb = 1024 * 1024
@@ -263,10 +264,8 @@ def _run(argv: list[str], *, cwd: Path, env: dict[str, str], limits: Limits, iso
     """Run ``argv``; read stdout/stderr (and the result channel, an fd number the child inherits) with caps."""
     raise_if_stopped("starting a sandbox")  # Ctrl-C: no new work starts (knowledge/interrupt.py)
     start = time.monotonic()
-    cgroup = _Cgroup(limits.max_procs)
-    notes: list[str] = []
-    if cgroup.path is None and os.geteuid() == 0:
-        notes.append("process limit not enforced: running as root and no writable pids cgroup")
+    cgroup = RunCgroup(limits.max_procs, limits.memory_mb)
+    notes: list[str] = cgroup.missing()
     mark = secrets.token_hex(8)
     env = {**env, RUN_MARK_ENV: mark}
     chan_r: int | None = None
@@ -283,7 +282,7 @@ def _run(argv: list[str], *, cwd: Path, env: dict[str, str], limits: Limits, iso
         proc = subprocess.Popen(
             argv, cwd=str(cwd), env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
             pass_fds=pass_fds,
-            preexec_fn=_preexec(limits, cgroup.path),  # noqa: PLW1509 - rlimits must be set in the child
+            preexec_fn=_preexec(limits, cgroup.procs_files()),  # noqa: PLW1509 - rlimits must be set in the child
         )
     except BaseException:
         if chan_r is not None:
@@ -367,7 +366,7 @@ def _run(argv: list[str], *, cwd: Path, env: dict[str, str], limits: Limits, iso
         sel.close()
         # Children the command left behind die with it: group, session-leaving daemons (cgroup).
         _kill_group(proc.pid)
-        cgroup.kill_all()
+        notes += cgroup.end()  # every process killed, the cgroups removed; whether the memory cap was reached
         if cgroup.path is None:  # no cgroup (a normal user): what left the session is found by its mark
             kill_marked(mark)
         with contextlib.suppress(subprocess.TimeoutExpired):
