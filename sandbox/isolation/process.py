@@ -49,6 +49,7 @@ from sandbox.isolation.reaper import (
     _register,
     kill_marked,
 )
+from sandbox.isolation.rundir import over_quota
 
 # Environment variables that may carry secrets never reach patched code.
 _SECRET_PATTERN = re.compile(r"(KEY|TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL|AUTH|COOKIE|SESSION)", re.I)
@@ -75,6 +76,7 @@ class Limits:
     tmpfs_mb: int = 2048  # size of the run's /tmp (bwrap); its pages are charged to the run's memory cgroup
     folder_quota_mb: int = 4096  # the run folder (cwd) as a whole; 0: unchecked. RLIMIT_FSIZE caps one file
     memory_mb: int = 16 * 1024  # the whole run (every process, its /tmp, swap): the memory cgroup's cap; 0: none
+    workspace_quota_mb: int = 8192  # the port's workspace (every run folder, the model's copies): no run starts beyond
 
 
 @dataclass(frozen=True)
@@ -223,26 +225,6 @@ def _preexec(limits: Limits, cgroups: list[Path]):  # type: ignore[no-untyped-de
 
 
 QUOTA_CHECK_S = 1.0
-MAX_FOLDER_ENTRIES = 100_000
-
-
-def _over_quota(folder: Path, quota: int) -> str:
-    """Why ``folder`` is over ``quota`` bytes of disk (or holds too many entries to count), or ""."""
-    used, entries, stack = 0, 0, [folder]
-    while stack:
-        with contextlib.suppress(OSError), os.scandir(stack.pop()) as it:
-            for e in it:
-                entries += 1
-                if entries > MAX_FOLDER_ENTRIES:
-                    return f"more than {MAX_FOLDER_ENTRIES} files and folders"
-                with contextlib.suppress(OSError):
-                    st = e.stat(follow_symlinks=False)
-                    used += st.st_blocks * 512  # disk actually used: a sparse file is not a full one
-                    if e.is_dir(follow_symlinks=False):
-                        stack.append(Path(e.path))
-        if used > quota:
-            return f"{used // 2**20} MiB used, the quota is {quota // 2**20} MiB"
-    return ""
 
 
 class ProcessSandbox:
@@ -321,7 +303,7 @@ def _run(argv: list[str], *, cwd: Path, env: dict[str, str], limits: Limits, iso
                 break
             if quota and now >= next_quota_check:
                 next_quota_check = now + QUOTA_CHECK_S
-                if over := _over_quota(cwd, quota):
+                if over := over_quota(cwd, quota):
                     status = "killed"
                     notes.append(f"run folder over its quota ({over}); the run was killed")
                     break
