@@ -58,7 +58,7 @@ CLASSES = {
     "git_escape": "git", "sandbox_escape": "escape/secrets",
     # issue #42: untrusted files are data, every front door under one policy
     "verify_bundle": "42 verify bundle", "script_injection": "42 scripts", "manifest_paths": "42 manifest paths",
-    "langgraph_dev": "42 langgraph dev", "shares": "42 shares/memory",
+    "langgraph_dev": "42 langgraph dev", "shares": "42 shares/memory", "untrusted_fields": "42 untrusted fields",
 }
 
 
