@@ -57,6 +57,8 @@ class Settings(BaseSettings):
     """The older name of NPUPORT_ISOLATION (used when that is unset)."""
     allow_unisolated: bool = False
     """1: where bwrap is unusable, run model code in a plain process sandbox instead of refusing."""
+    cgroup_parent: str = ""
+    """A cgroup folder (under each controller's mount) delegated to npuport's user, where each run gets its pids and memory cgroup."""
     sim_engine: str = "auto"
     """ascend-sim's engine: native (C++, built on first use), python (slower), auto (native when it builds)."""
     kb: str = ""
@@ -210,6 +212,8 @@ class ServiceSettings(BaseSettings):
     batch_workers: int = Field(default=0, ge=0, le=64)
     """Ports of every batch running at once in the service's worker pool (0: the workers); a request's `workers` may
     only lower it."""
+    service_process: bool = False
+    """1: this process serves others (npuport serve and langgraph dev set it): every port is confined to the model roots."""
     allow_uncapped_memory: bool = False
     """Run ports although a run's memory cannot be capped as a whole here (no writable memory cgroup); the service
     refuses them otherwise."""
