@@ -224,8 +224,8 @@ def demo(
         res = verify_bundle(out_dir, model)
         for line in res.lines():
             console.print(line, soft_wrap=True, markup=False)
-        if not res.agree:
-            err.print("[bold red]verify disagrees with the demo's report[/] (see the lines above)")
+        if not res.agree:  # a disagreement, or a claim that could not be checked here: the demo did not hold
+            err.print(f"[bold red]verify: {res.outcome}[/] (the demo's report; see the lines above)")
             code = EXIT_NOT_VALIDATED
     if code == EXIT_OK:
         console.print("\n[bold]next:[/]")

@@ -207,7 +207,7 @@ def test_demo_ends_with_the_next_commands(tmp_path: Path, monkeypatch: pytest.Mo
     assert f"npuport verify {out}" in output and "npuport serve" in output and "report.md" in output
     verdicts["throughput"] = "disagree"  # the demo's numbers must survive that check, or it fails
     code, output = run("demo", "--out", str(tmp_path / "demo-2"))
-    assert code == 1 and "verify disagrees" in output and "next:" not in output
+    assert code == 1 and "verify: disagree" in output and "next:" not in output
     out.mkdir()
     (out / "report.md").write_text("old")
     assert run("demo", "--out", str(out))[0] == 2  # an earlier demo's bundle is not overwritten silently
