@@ -95,13 +95,13 @@ def tree_digest(root: Path) -> str:
 
 
 def bundle_problem(bundle: Path) -> str | None:
-    """Why verify refuses to read the bundle: a link that leads out of it, a FIFO or a device (every file
-    verify and the deployment check read of a bundle is a regular file inside it), else None."""
+    """Why verify refuses to read the bundle (or a tree the patch made): a link that leads out of it, a FIFO or a
+    device (every file verify and the deployment check read of a bundle is a regular file inside it), else None."""
     root = bundle.resolve()
     for p in [root, *root.rglob("*")]:
         st = p.lstat()
         if stat.S_ISLNK(st.st_mode) and not is_inside(root, p):
-            return f"{p.relative_to(root)} is a link out of the bundle"
+            return f"{p.relative_to(root)} is a link out of its folder"
         if not (stat.S_ISLNK(st.st_mode) or stat.S_ISREG(st.st_mode) or stat.S_ISDIR(st.st_mode)):
             return f"{p.relative_to(root)} is not a regular file"
     return None
@@ -118,6 +118,8 @@ def _apply_patch(original: Path, bundle: Path, root: Path) -> tuple[Claim, Works
         except WorkspaceError as exc:
             return Claim(name="patch applies", verdict="disagree", detail=f"git apply failed: {str(exc)[:300]}"), None
         ws.commit("port.patch from the bundle")
+        if problem := bundle_problem(ws.model_dir):  # a patch may add a link: never one that leads out
+            return Claim(name="patch applies", verdict="disagree", detail=f"the patch makes {problem}"), None
     rebuilt = root / "rebuilt"
     ws.export_tree(rebuilt)
     patched = bundle / "patched"
