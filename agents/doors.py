@@ -3,10 +3,10 @@ request came through (docs/security.md, "Front doors").
 
 A process that serves others (``npuport serve``, ``langgraph dev`` with npuport's langgraph.json) marks
 itself with :func:`mark_service` (an environment variable, so the workers it starts inherit it), and every
-job of the service runs in :func:`serving`. There a port's model folder must resolve (symlinks followed) inside a model root of
-``NPUPORT_ALLOWED_ROOTS`` or one of npuport's own folders that hold what the service staged (uploads, a
-batch's staged copies), and its output folder inside the home or a root: neither a request field nor the
-goal text (read by rules or by an LLM) can name another folder of the host. The CLI, run by the user on
+job of the service runs in :func:`serving`. There a port's model folder must resolve (symlinks followed)
+inside a model root of ``NPUPORT_ALLOWED_ROOTS`` or one of npuport's own folders that hold what the service
+staged (uploads, a batch's staged copies), and its output folder inside the home or a root: neither a request
+field nor the goal text (read by rules or by an LLM) can name another folder of the host. The CLI, run by the user on
 their own folders, is not confined.
 """
 
@@ -14,9 +14,10 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-import os
 from collections.abc import Iterator
 from pathlib import Path
+
+from knowledge.settings import ServiceSettings, set_environment
 
 SERVICE_ENV = "NPUPORT_SERVICE_PROCESS"
 _serving: contextvars.ContextVar[tuple[tuple[Path, ...], Path] | None] = contextvars.ContextVar(
@@ -28,7 +29,7 @@ STAGED = ("uploads", "batches")
 def mark_service() -> None:
     """This process (and what it starts) serves requests of others: the planner confines their paths.
     Called by the processes that only serve (``npuport serve``, ``langgraph dev``'s graph and app modules)."""
-    os.environ[SERVICE_ENV] = "1"
+    set_environment({SERVICE_ENV: "1"})
 
 
 @contextlib.contextmanager
@@ -43,7 +44,7 @@ def serving(roots: list[Path] | tuple[Path, ...], home: Path) -> Iterator[None]:
 
 
 def is_service() -> bool:
-    return os.environ.get(SERVICE_ENV) == "1" or _serving.get() is not None
+    return ServiceSettings().service_process or _serving.get() is not None
 
 
 def _policy() -> tuple[list[Path], Path] | None:
@@ -51,11 +52,9 @@ def _policy() -> tuple[list[Path], Path] | None:
     job = _serving.get()
     if job is not None:
         return list(job[0]), job[1]
-    if os.environ.get(SERVICE_ENV) != "1":
-        return None
-    from knowledge.settings import ServiceSettings
-
     conf = ServiceSettings()
+    if not conf.service_process:
+        return None
     return [r.expanduser().resolve() for r in conf.allowed_roots], conf.resolved_home()
 
 

@@ -79,6 +79,10 @@ class StructuredException(BaseModel):
     message: str
     frames: list[Frame] = Field(default_factory=list)
     traceback_path: str | None = None
+    # What the failing process could tell beyond the message (sandbox/harness/failure_hints.py): where a
+    # missing name is provided, close spellings of an attribute or keyword, the inputs a call still needs.
+    # The model process's claim: the debugger's classes validate every name before a codemod uses it.
+    hints: dict[str, Any] = Field(default_factory=dict)
 
 
 class RunRecord(BaseModel):
@@ -109,6 +113,9 @@ class RunRecord(BaseModel):
     # Sub-models the model's code fetches from the Hub by id at construction, built offline (no network in a
     # run): one note each (sandbox/harness/hub_offline.py).
     built_offline: list[str] | None = None
+    # Which layer kinds, towers and parts of the model ran in this run (sandbox/harness/coverage.py): {kinds:
+    # [{kind, role, ran, modules}], ran: [...], not_run: [...]}; agents/validation/coverage.py reads it.
+    coverage: dict[str, Any] | None = None
 
 
 class Diagnosis(BaseModel):
@@ -129,7 +136,7 @@ class Diagnosis(BaseModel):
 class Numerics(BaseModel):
     """Validator verdict."""
 
-    verdict: Literal["match", "mismatch", "not-run", "nondeterministic-reference"]
+    verdict: Literal["match", "mismatch", "not-run", "nondeterministic-reference", "model-fails"]
     # What was compared: the greedy tokens of generate, or (a model without generate) the forward's outputs
     # within the port dtype's tolerance (metrics["outputs"] per tensor).
     compared: Literal["tokens", "outputs"] = "tokens"
@@ -139,6 +146,9 @@ class Numerics(BaseModel):
     metrics: dict[str, Any] = Field(default_factory=dict)
     first_diverging_module: str | None = None
     detail: str = ""
+    # The module kinds the compared runs covered (agents/validation/coverage.py): a kind that did not run in the
+    # port or the reference makes the verdict "validated (partial: ...)".
+    coverage: dict[str, Any] = Field(default_factory=dict)
 
 
 class TrialRecord(BaseModel):

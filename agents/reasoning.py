@@ -52,7 +52,8 @@ def _gist(args: dict[str, Any]) -> str:
     for key in ("fixes", "findings", "trials"):
         items = args.get(key)
         if isinstance(items, list):
-            shown = [str(i.get("summary") or i.get("message") or i) if isinstance(i, dict) else str(i) for i in items[:4]]
+            shown = [str(i.get("summary") or i.get("message") or i) if isinstance(i, dict) else str(i)
+                     for i in items[:4]]
             texts.append(f"{len(items)} {key}" + (": " + " | ".join(shown) if shown else ""))
     if not texts:
         texts.append(", ".join(f"{k}={v!r}" for k, v in args.items() if v not in (None, [], "")))

@@ -42,7 +42,8 @@ def _known_chip(v: str) -> str:
 def _torch_npu_releases() -> frozenset[str]:
     """The torch_npu rows of agents/data/compat.yaml (read here, not through agents.environment, which reads
     requests)."""
-    return frozenset(yaml.safe_load((Path(__file__).resolve().parent / "data" / "compat.yaml").read_text())["torch_npu"])
+    compat = yaml.safe_load((Path(__file__).resolve().parent / "data" / "compat.yaml").read_text())
+    return frozenset(compat["torch_npu"])
 
 
 def known_torch_npu(v: str) -> str:
@@ -97,6 +98,7 @@ class PortRequest(BaseModel):
     """Performance pathologies in the decode profile fail the port (agents/validation/perf_evidence.py)."""
     tune: bool = False
     serve: bool | None = None  # exercise the deployment (vLLM serves the port); None: NPUPORT_SERVE decides
+    bench: bool = False  # the deployment's full side-by-side throughput comparison, not the budgeted probe
     tune_trials: int | None = Field(default=None, ge=1, le=200)
     # Every number a client sends has a ceiling: the service runs what they ask for (1e12 s is forever).
     tune_time_s: float | None = Field(default=None, gt=0, le=MAX_TUNE_TIME_S)

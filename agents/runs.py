@@ -13,7 +13,7 @@ from agents.models import Frame, RunRecord, StructuredException
 from agents.request import PortRequest, request_of
 from agents.target_state import target_from_dict
 from knowledge.disk import explain_write_failure
-from sandbox.bench.throughput import BenchRun, run_bench
+from sandbox.bench.runner import BenchRun, run_bench
 from sandbox.harness.runner import HarnessRun, run_harness
 from sandbox.isolation.process import Limits
 from sandbox.targets import Target, reference_target
@@ -78,11 +78,27 @@ class RunSpec:
 
 def run_spec(state: Mapping[str, Any], target: Target | None = None) -> RunSpec:
     """The spec of a port's runs, from the graph state: the workspace's patched model on the resolved
-    target, with the request's limits and shrink and the environment node's interpreter."""
+    target, with limits that scale with the host (:func:`scaled_limits`), the request's shrink and the
+    environment node's interpreter."""
     workdir = Path(state["workdir"])
+    req = request_of(state)
     return RunSpec.of(workdir=workdir, model_dir=workdir / "model", manifest=state.get("entry") or {},
-                      target=target or target_from_dict(state["target"]), request=request_of(state),
-                      python=(state.get("environment") or {}).get("python"))
+                      target=target or target_from_dict(state["target"]), request=req,
+                      python=(state.get("environment") or {}).get("python"),
+                      limits=scaled_limits(req, state.get("runs") or []))
+
+
+SCALE_MEASURED = 3.0
+"""A run may take this many times the longest finished run of the same model on this host (plus a minute)."""
+
+
+def scaled_limits(req: PortRequest | Mapping[str, Any], runs: list[dict[str, Any]]) -> Limits:
+    """The wall limit of a port's next run: the request's ``run_timeout_s``, raised to SCALE_MEASURED x the longest
+    run of the port or its reference that finished on this host (a loaded host runs the reference as slowly as the
+    port: the port at 299.7 s of a 300 s limit left its reference no chance), and the other way round."""
+    base = float(request_of(req).run_timeout_s)
+    done = [float(r.get("wall_s") or 0) for r in runs if r.get("ok") and r.get("purpose") in ("port", "reference")]
+    return Limits(wall_s=max(base, SCALE_MEASURED * max(done) + 60) if done else base)
 
 
 def _exception(result: dict[str, Any], run_dir: Path) -> StructuredException | None:
@@ -92,8 +108,10 @@ def _exception(result: dict[str, Any], run_dir: Path) -> StructuredException | N
     message = exc.get("message", "")
     if why := explain_write_failure(message, run_dir):  # torch.save on a full disk says "unexpected pos"
         message = f"{message} [npuport: {why}]"
+    hints = exc.get("hints")
     return StructuredException(type=exc.get("type", "Exception"), message=message,
-                               frames=[Frame(**f) for f in exc.get("frames") or []])
+                               frames=[Frame(**f) for f in exc.get("frames") or []],
+                               hints=hints if isinstance(hints, dict) else {})
 
 
 def record_of(run: HarnessRun, run_id: str, purpose: str, target: str) -> RunRecord:
@@ -109,6 +127,7 @@ def record_of(run: HarnessRun, run_id: str, purpose: str, target: str) -> RunRec
         isolation=run.exec_result.isolation, shrunk=res.get("shrunk"), inputs=res.get("inputs"),
         output_tensors=outputs.get("tensors") if isinstance(outputs.get("tensors"), dict) else None,
         built_offline=[str(n) for n in res["built_offline"]] if isinstance(res.get("built_offline"), list) else None,
+        coverage=res["coverage"] if isinstance(res.get("coverage"), dict) else None,
     )
 
 

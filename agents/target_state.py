@@ -1,4 +1,5 @@
-"""Targets in the state: the resolved sandbox target as a JSON-able dict and back, and the op-support matrix it needs."""
+"""Targets in the state: the resolved sandbox target as a JSON-able dict and back, and the op-support matrix it
+needs."""
 
 from __future__ import annotations
 
@@ -31,7 +32,8 @@ def matrix_for(version: str) -> tuple[str | None, str]:
 
 
 def target_from_dict(d: dict[str, Any]) -> Target:
-    return Target(d["name"], d["device"], d.get("bootstrap"), d.get("options") or {}, d.get("env") or {}, d.get("reason", ""))
+    return Target(d["name"], d["device"], d.get("bootstrap"), d.get("options") or {}, d.get("env") or {},
+                  d.get("reason", ""))
 
 
 def target_to_dict(t: Target) -> dict[str, Any]:

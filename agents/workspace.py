@@ -100,8 +100,8 @@ def _checked_size(original: Path) -> int:
                 continue
             real = p.resolve()
             if not real.is_relative_to(original) or not real.is_file():
-                raise WorkspaceError(f"{p.relative_to(original)} is a symlink to "
-                                     f"{'a folder or nothing' if real.is_relative_to(original) else 'outside the model folder'}; "
+                to = "a folder or nothing" if real.is_relative_to(original) else "outside the model folder"
+                raise WorkspaceError(f"{p.relative_to(original)} is a symlink to {to}; "
                                      "npuport copies only regular files inside the model folder")
         for name in filenames:
             if name not in ignored:
@@ -164,7 +164,15 @@ class Workspace:
         return self.git("rev-parse", "HEAD").strip()
 
     def diff_from_original(self) -> str:
-        return self.git("diff", "--no-ext-diff", "--no-textconv", "original", "HEAD")
+        return self.ordered_diff("original", "HEAD")
+
+    def ordered_diff(self, a: str, b: str) -> str:
+        """``git diff a b`` with npuport's helper modules last (agents/fixing/helper_module.py): a reviewer reads
+        the changes to the model's code first."""
+        helpers = ":(glob)**/_npuport_helpers.py"
+        body = self.git("diff", "--no-ext-diff", "--no-textconv", a, b, "--", ".",
+                        ":(exclude,glob)**/_npuport_helpers.py")
+        return body + self.git("diff", "--no-ext-diff", "--no-textconv", a, b, "--", helpers)
 
     def changed_files(self, commit: str) -> list[str]:
         out = self.git("show", "--no-ext-diff", "--no-textconv", "--name-only", "--pretty=format:", commit)

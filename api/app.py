@@ -7,7 +7,6 @@ is what ``uvicorn api.app:app`` and ``langgraph dev`` (langgraph.json ``http.app
 from __future__ import annotations
 
 import asyncio
-import os
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -19,6 +18,7 @@ from api.jobs import JobManager, JobStore
 from api.limits import BodyLimitMiddleware
 from api.routers import batches, catalog, chat, health, ports, review, web
 from knowledge.settings import ServiceSettings as Settings
+from knowledge.settings import set_environment
 
 DESCRIPTION = """Port PyTorch models to Huawei Ascend NPUs as jobs.
 
@@ -42,7 +42,7 @@ def create_app(settings: Settings | None = None, *, graph_builder: Any = None) -
     settings = settings or Settings()
     home = settings.resolved_home()
     # the graph (checkpoints, workspaces, matrices) reads the home from the environment
-    os.environ["NPUPORT_HOME"] = str(home)
+    set_environment({"NPUPORT_HOME": str(home)})
     store = JobStore(home / "service.sqlite")
     manager = JobManager(settings, store, builder=graph_builder)
 

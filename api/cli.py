@@ -49,8 +49,10 @@ from api.cli_options import (
     fail,
     one_of,
 )
-from api.cli_port import EXIT_INTERRUPTED, EXIT_MEANINGS, EXIT_NOT_VERIFIED, run_port_cli
+from api.cli_port import EXIT_INTERRUPTED, EXIT_MEANINGS, EXIT_NOT_VERIFIED, print_table, run_port_cli
+from api.cli_project import project
 from api.cli_scan import ops, scan
+from knowledge.settings import set_environment
 from sandbox.targets import DEFAULT_CHIP, DEFAULT_TARGET, DEFAULT_TORCH_NPU, EMULATED_TARGET
 
 __all__ = ["EXIT_INTERRUPTED", "LiveStatus", "app", "fmt_params", "run_port_cli"]
@@ -58,8 +60,14 @@ _EXIT_DETAIL = {EXIT_OK: " (or the command succeeded)", EXIT_NOT_VALIDATED: " (o
                 EXIT_BAD_INPUT: " (nothing run, no bundle written)", EXIT_INTERNAL: " (the checkpoint is kept)",
                 EXIT_NOT_VERIFIED: " (`verify`: a claim of the bundle could not be checked here)",
                 EXIT_INTERRUPTED: ", the checkpoint kept: `npuport resume THREAD` continues"}
-EXIT_TABLE = "Exit codes: " + "; ".join(f"{code} {text}{_EXIT_DETAIL[code]}" for code, text in EXIT_MEANINGS.items()) + "."
+EXIT_TABLE = "Exit codes: " + "; ".join(f"{code} {text}{_EXIT_DETAIL[code]}"
+                                         for code, text in EXIT_MEANINGS.items()) + "."
 
+
+if not os.isatty(1) and "COLUMNS" not in os.environ:  # piped help: whole option texts, as every other line
+    import typer.rich_utils
+
+    typer.rich_utils.MAX_WIDTH = typer.rich_utils.MAX_WIDTH or 200
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help=f"Port PyTorch models to Huawei Ascend NPUs.\n\n{EXIT_TABLE}",
@@ -95,7 +103,7 @@ def settings() -> None:
         table.add_column(col, overflow="fold")
     for var, default, doc in env_table():
         table.add_row(var, default or "-", doc)
-    console.print(table)
+    print_table(table)
 
 EXAMPLES_DIR = Path(__file__).resolve().parents[1] / "examples"
 
@@ -112,11 +120,14 @@ def port(
     target: TargetOpt = DEFAULT_TARGET,
     chip: ChipOpt = DEFAULT_CHIP,
     goal: Annotated[str, typer.Option(help="goal text, e.g. 'to Ascend 910B, maximise throughput' (flags win)")] = "",
-    out: Annotated[Path | None, typer.Option("--out", "-o", help="bundle folder (default ./npuport-out/<model>)")] = None,
+    out: Annotated[Path | None, typer.Option("--out", "-o",
+                                             help="bundle folder (default ./npuport-out/<model>)")] = None,
     force: Annotated[bool, typer.Option("--force", help="replace an earlier npuport bundle in --out (a folder of "
                                         "other files is refused, never emptied)")] = False,
     policy: PolicyOpt = "rule",
-    shrink: Annotated[bool, typer.Option("--shrink", help="quick runs on a small config derived from config.json (random weights; the manifest's `shrink:` overrides win)")] = False,
+    shrink: Annotated[bool, typer.Option("--shrink", help="quick runs on a small config derived from config.json "
+                                                          "(random weights; the manifest's `shrink:` overrides "
+                                                          "win)")] = False,
     torch_npu: Annotated[str, typer.Option("--torch-npu", help="torch_npu version to emulate")] = DEFAULT_TORCH_NPU,
     strict: Annotated[bool, typer.Option(help="fail on CPU fallbacks (TORCH_NPU_FALLBACK_CPU_DISABLE=1)")] = False,
     strict_perf: Annotated[bool, typer.Option("--strict-perf", help="fail the port on performance pathologies "
@@ -125,11 +136,19 @@ def port(
     max_wall: Annotated[float, typer.Option(help="budget: wall time in seconds")] = 1800.0,
     tune: Annotated[bool, typer.Option(help="benchmark and tune the validated port (minutes on a small host)")] = False,
     tune_trials: Annotated[int, typer.Option(help="budget: tuning trials")] = 12,
-    serve: Annotated[bool | None, typer.Option("--serve/--no-serve", help="exercise the deployment: vLLM serves the "
-                                               "validated port with serve.sh, tokens and throughput checked "
-                                               "(default: NPUPORT_SERVE, on)")] = None,
-    run_timeout: Annotated[float, typer.Option(help="wall-clock limit of one sandbox run, seconds")] = 300.0,
-    isolation: Annotated[str, typer.Option(metavar="[auto|bwrap|process]", help="auto | bwrap | process (process: the model's code runs "
+    serve: Annotated[bool | None, typer.Option("--serve/--no-serve", help="exercise the deployment after the bundle "
+                                               "is written: vLLM serves the validated port with serve.sh, tokens "
+                                               "checked, throughput probed, about 3 minutes after the server's start "
+                                               "(default: NPUPORT_SERVE, on; `npuport deploy BUNDLE` runs it "
+                                               "later)")] = None,
+    bench: Annotated[bool, typer.Option("--bench", help="the deployment's full side-by-side throughput comparison "
+                                        "(vLLM at concurrency 1, 8, 32 against Transformers one at a time and batched) "
+                                        "instead of the probe")] = False,
+    run_timeout: Annotated[float, typer.Option(help="wall-clock limit of one sandbox run, seconds; raised to 3x the "
+                                               "longest run that finished (a slow host's reference gets the time its "
+                                               "port took)")] = 300.0,
+    isolation: Annotated[str, typer.Option(metavar="[auto|bwrap|process]",
+                                           help="auto | bwrap | process (process: the model's code runs "
                                                 "UNISOLATED; auto falls back to it with a warning)")] = "auto",
 ) -> None:
     """Port the model in PATH to the target and write a bundle.
@@ -142,14 +161,14 @@ def port(
     if isolation not in ("auto", "bwrap", "process"):
         raise fail(f"--isolation must be auto, bwrap or process, not {isolation!r}")
     if isolation != "auto":
-        os.environ["NPUPORT_ISOLATION"] = isolation
+        set_environment({"NPUPORT_ISOLATION": isolation})
     if problem := model_folder_problem(path) or (goal_problem(goal) if goal else None) or sources_problem(path):
         raise fail(problem)
     out_dir = _checked_out_dir(out, path, force)
     request = {"model_path": str(path), "target": target, "chip": chip, "out_dir": str(out_dir),
                "torch_npu": torch_npu, "strict": strict, "max_runs": max_runs, "max_wall_s": max_wall,
                "run_timeout_s": run_timeout, "tune": tune, "tune_trials": tune_trials, "policy": policy,
-               "shrink": shrink, "strict_perf": strict_perf, "serve": serve}
+               "shrink": shrink, "strict_perf": strict_perf, "serve": serve, "bench": bench}
     # the goal text fills only what no flag set explicitly (typer gives defaults, so the goal may
     # pick the chip, target and tuning only when their flags were left at their defaults)
     ctx = click_context()
@@ -172,20 +191,71 @@ def _goal_target(goal: str, model: Path) -> str:
 
 @app.command()
 def resume(
-    thread: Annotated[str, typer.Argument(help="the thread id an interrupted (or failed) port printed")],
+    thread: Annotated[str | None, typer.Argument(help="the thread id an interrupted (or failed) port printed; "
+                                                      "without one, the threads a resume would continue")] = None,
 ) -> None:
     """Continue an interrupted port from its last checkpoint (the agent that was stopped runs again);
-    exit codes as for `port`, 130 when interrupted again."""
+    exit codes as for `port`, 130 when interrupted again. Without THREAD: list the resumable threads."""
     from graph.jobs_support import checkpoint_db, thread_snapshot
+    from graph.runner import FINISHED, resumable, thread_infos
 
+    if thread is None:
+        infos = thread_infos()
+        if not infos:
+            console.print(f"no port to resume in {checkpoint_db()} (is NPUPORT_HOME the same?)", soft_wrap=True)
+            raise typer.Exit(EXIT_OK)
+        table = Table(show_header=True, box=None, pad_edge=False)
+        for col in ("thread", "model", "stopped in", "last checkpoint"):
+            table.add_column(col, no_wrap=col == "thread")
+        for info in infos:
+            table.add_row(info.thread_id, info.model, info.stopped_in, info.updated)
+        print_table(table)
+        console.print("resume one with: npuport resume THREAD", soft_wrap=True)
+        raise typer.Exit(EXIT_OK)
     snap = thread_snapshot(thread) if checkpoint_db().is_file() else None
     if snap is None:
         raise fail(f"no checkpoint of thread {thread!r} in {checkpoint_db()} (is NPUPORT_HOME the same?)")
-    if not snap.next:
-        status, bundle = snap.values.get("status"), (snap.values.get("bundle") or {}).get("dir", "-")
-        console.print(f"thread {thread} already finished ({status}); its bundle: {bundle}")
+    status = snap.values.get("status")
+    if not resumable(snap):
+        bundle = (snap.values.get("bundle") or {}).get("dir", "-")
+        if status not in FINISHED:  # nothing left to run and no verdict: say so, never "finished (running)"
+            raise fail(f"thread {thread} stopped with nothing left to run and no verdict (status {status}); port "
+                       "the model again", EXIT_NOT_VALIDATED)
+        console.print(f"thread {thread} already finished ({status}); its bundle: {bundle}", soft_wrap=True)
         raise typer.Exit(EXIT_OK if status == "validated" else EXIT_NOT_VALIDATED)
     raise typer.Exit(run_port_cli(dict(snap.values.get("request") or {}), thread_id=thread))
+
+
+@app.command()
+def deploy(
+    bundle: Annotated[Path, typer.Argument(help="a validated bundle written by `npuport port`")],
+    bench: Annotated[bool, typer.Option("--bench", help="the full side-by-side throughput comparison (every "
+                                        "concurrency, Transformers batched) instead of the budgeted probe")] = False,
+) -> None:
+    """Run (or rerun) the deployment check on a bundle: vLLM serves the port with the bundle's serve.sh, its
+    tokens are checked against Transformers and its throughput probed; deployment.json and the report's
+    Deployment section are written into the bundle. Exit 0 served, 1 not served."""
+    raise typer.Exit(_deploy_cli(bundle, bench))
+
+
+@app.command(name="bench")
+def bench_cmd(
+    bundle: Annotated[Path, typer.Argument(help="a validated bundle written by `npuport port`")],
+) -> None:
+    """The deployment check with the full side-by-side throughput comparison: vLLM at concurrency 1, 8 and 32
+    against Transformers one request at a time and batched (`npuport deploy BUNDLE --bench`)."""
+    raise typer.Exit(_deploy_cli(bundle, True))
+
+
+def _deploy_cli(bundle: Path, bench: bool) -> int:
+    from api.cli_port import run_deploy_cli
+
+    if not (bundle / "report.json").is_file():
+        raise fail(f"{bundle} is not a bundle (no report.json)")
+    report = json.loads((bundle / "report.json").read_text())
+    if report.get("status") != "validated":
+        raise fail(f"{bundle} holds a port that did not validate ({report.get('status')}): there is nothing to serve")
+    return run_deploy_cli(bundle, report, bench)
 
 
 def click_context() -> Any:
@@ -211,7 +281,8 @@ def demo(
     out_dir = _checked_out_dir(out, model, force)
     if force:
         clear_out_dir(out_dir)
-    request = {"model_path": str(model), "target": target, "chip": DEFAULT_CHIP, "tune": True, "tune_trials": tune_trials,
+    request = {"model_path": str(model), "target": target, "chip": DEFAULT_CHIP, "tune": True,
+               "tune_trials": tune_trials,
                "out_dir": str(out_dir)}
     code = run_port_cli(request, goal="")
     if code == EXIT_OK and verify_after:
@@ -242,6 +313,7 @@ def demo(
 
 app.command()(scan)
 app.command()(ops)
+app.command()(project)
 app.add_typer(kb_app, name="kb")
 
 
@@ -275,10 +347,12 @@ def batch(
                                           metavar="[ray|local]",
                                           callback=one_of(lambda: ("ray", "local"), "executor"))] = "ray",
     ray_address: Annotated[str | None, typer.Option("--ray-address", envvar="RAY_ADDRESS",
-                                                    help="an existing Ray cluster (default: embedded local Ray)")] = None,
+                                                    help="an existing Ray cluster (default: embedded local "
+                                                         "Ray)")] = None,
     workers: Annotated[int | None, typer.Option(min=1, help="ports at once (default: the CPUs Ray sees)")] = None,
     retry_failed: Annotated[bool, typer.Option(help="run failed ports of this batch again")] = False,
-    out: Annotated[Path | None, typer.Option("--out", "-o", help="results folder (default ./npuport-out/<batch>)")] = None,
+    out: Annotated[Path | None, typer.Option("--out", "-o",
+                                             help="results folder (default ./npuport-out/<batch>)")] = None,
     target: Annotated[str | None, typer.Option("--target", "-t", help="override every model's target")] = None,
     chip: Annotated[str | None, typer.Option("--chip", help="override every model's chip")] = None,
 ) -> None:
@@ -309,7 +383,7 @@ def doctor(as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
         table = Table(title="LLM endpoint (NPUPORT_LLM_*)", show_header=False)
         for k, v in res.settings.items():
             table.add_row(k, str(v))
-        console.print(table)
+        print_table(table)
         if not res.configured:
             console.print("no LLM is configured (set NPUPORT_LLM_BASE_URL and NPUPORT_LLM_MODEL): "
                           "every agent uses the offline rules")
@@ -322,11 +396,14 @@ def doctor(as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
 def serve(
     host: Annotated[str, typer.Option(help="address to listen on (loopback by default)")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="TCP port")] = 8000,
+    model_root: Annotated[list[Path] | None, typer.Option("--model-root", help="a folder whose model folders the chat "
+                                                          "and the API may port by path (repeatable; default "
+                                                          "NPUPORT_ALLOWED_ROOTS)")] = None,
 ) -> None:
     """Serve the HTTP API (ports, events, chat completions) and the web page."""
     from api.serve import serve as _serve
 
-    _serve(host, port)
+    _serve(host, port, roots=model_root)
 
 
 def main() -> None:

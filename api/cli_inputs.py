@@ -60,7 +60,8 @@ def sources_problem(path: Path) -> str | None:
     problems = check_sources(path)
     if not problems:
         return None
-    shown = "; ".join(str(p) for p in problems[:10]) + (f"; and {len(problems) - 10} more" if len(problems) > 10 else "")
+    shown = "; ".join(str(p) for p in problems[:10]) + (f"; and {len(problems) - 10} more" if len(problems) > 10
+                                                        else "")
     return f"{len(problems)} Python file(s) in {path} cannot be read or parsed, nothing was run: {shown}"
 
 

@@ -22,7 +22,8 @@ def _kb_errors() -> tuple[type[BaseException], ...]:
 
 @kb_app.command("build")
 def kb_build_cmd(
-    source: Annotated[list[str] | None, typer.Option("--source", "-s", help="a docs folder, wheel:VERSION, matrix:PATH ...")] = None,
+    source: Annotated[list[str] | None, typer.Option("--source", "-s", help="a docs folder, wheel:VERSION, "
+                                                                            "matrix:PATH ...")] = None,
     rebuild: Annotated[bool, typer.Option(help="drop the store and build it anew")] = False,
     as_json: Annotated[bool, typer.Option("--json")] = False,
 ) -> None:

@@ -27,6 +27,7 @@ from rich.text import Text
 from api.cli_live import LiveStatus, console, err, fmt_params
 from knowledge.errors import exit_code, first_line
 from knowledge.interrupt import PortInterrupted, clear_stop, request_stop
+from knowledge.settings import set_environment
 
 EXIT_OK, EXIT_NOT_VALIDATED, EXIT_BAD_INPUT, EXIT_INTERNAL, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
 EXIT_NOT_VERIFIED = 4
@@ -49,14 +50,15 @@ def resume_command(thread_id: str) -> str:
 
 
 @contextmanager
-def interrupt_path(thread_id: str) -> Iterator[None]:
+def interrupt_path(thread_id: str, again: str | None = None) -> Iterator[None]:
     """SIGINT during a port: first press stops the run (PortInterrupted in the main thread, the stop
     flag for work in other threads), second press, or a run that does not stop within STOP_GRACE_S,
     ends the process at once with 130. The previous handler is restored afterwards."""
     presses = 0
+    timers: list[threading.Timer] = []
 
     def hard_exit(why: str) -> None:
-        err.print(f"{why}; the checkpoint is kept. Resume with: {resume_command(thread_id)}")
+        err.print(f"{why}; " + (again or f"the checkpoint is kept. Resume with: {resume_command(thread_id)}"))
         sys.stderr.flush()
         os._exit(EXIT_INTERRUPTED)  # noqa: SLF001 - the user asked to leave now: no cleanup waits
 
@@ -71,6 +73,7 @@ def interrupt_path(thread_id: str) -> Iterator[None]:
         timer = threading.Timer(STOP_GRACE_S, hard_exit, args=(f"the port did not stop within {STOP_GRACE_S:.0f}s",))
         timer.daemon = True
         timer.start()
+        timers.append(timer)
         raise PortInterrupted("interrupted by the user")
 
     if threading.current_thread() is not threading.main_thread():  # signals reach the main thread only
@@ -82,11 +85,50 @@ def interrupt_path(thread_id: str) -> Iterator[None]:
         yield
     finally:
         signal.signal(signal.SIGINT, previous)
+        for timer in timers:  # the port stopped: the grace timer must not end the process later
+            timer.cancel()
+
+
+HEARTBEAT_S = 30.0
+"""On a pipe (no live line) a line says what the port is doing at least this often."""
 
 
 def print_step(event: dict[str, Any], t0: float) -> None:
     console.print(Text.assemble((f"{time.time() - t0:6.1f}s ", "dim"), (f"{event['agent']:<12}", "bold cyan"),
                                 " ", str(event["summary"])))
+
+
+class Heartbeat:
+    """Lines for a pipe or a log, where rich draws no live line: a named phase when it starts (the deployment's
+    env, start, tokens, throughput), and what the port is doing whenever HEARTBEAT_S passed without a line."""
+
+    def __init__(self, status: LiveStatus) -> None:
+        self.status = status
+        self.last = time.monotonic()
+        self.done = threading.Event()
+        self.thread = threading.Thread(target=self._loop, daemon=True)
+
+    def __enter__(self) -> Heartbeat:
+        if not console.is_terminal:
+            self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.done.set()
+
+    def printed(self) -> None:
+        self.last = time.monotonic()
+
+    def phase(self, node: str, text: str) -> None:
+        console.print(Text.assemble((f"{self.status.elapsed():6.1f}s ", "dim"), (f"{node:<12}", "bold cyan"), " ",
+                                    text))
+        self.printed()
+
+    def _loop(self) -> None:
+        while not self.done.wait(min(1.0, HEARTBEAT_S / 3)):
+            if time.monotonic() - self.last >= HEARTBEAT_S:
+                console.print(self.status.line())
+                self.printed()
 
 
 def print_summary(state: dict[str, Any]) -> None:
@@ -97,7 +139,8 @@ def print_summary(state: dict[str, Any]) -> None:
     tuning = state.get("tuning") or {}
     table.add_row("findings", str(len(state.get("findings") or [])))
     table.add_row("patches", str(len(state.get("patches") or [])))
-    table.add_row("sandbox runs", f"{counters.get('port_runs', 0)} port + {counters.get('reference_runs', 0)} reference")
+    table.add_row("sandbox runs",
+                  f"{counters.get('port_runs', 0)} port + {counters.get('reference_runs', 0)} reference")
     table.add_row("validation", str(numerics.get("verdict", "not-run")))
     if tuning.get("best"):
         table.add_row("tuned", fmt_params(tuning["best"]))
@@ -111,13 +154,30 @@ def print_summary(state: dict[str, Any]) -> None:
         found = perf.get("pathologies") or []
         table.add_row("performance", ("1 pathology" if len(found) == 1 else f"{len(found)} pathologies") + "".join(
             f"\n  {p['title']} at {shown_where(p)}" for p in found))
-    deployed = Path(str(bundle.get("dir") or "")) / "deployment.json" if bundle.get("dir") else None
-    if deployed is not None and deployed.is_file():  # the exercised deployment (agents/deploy/serving.py)
+    report = Path(str(bundle.get("dir") or "")) / "report.json" if bundle.get("dir") else None
+    record = json.loads(report.read_text()).get("deployment") if report is not None and report.is_file() else None
+    if record:  # the exercised deployment (agents/report/deployment.py), or why it has not run
         from agents.deploy.serve_report import deployment_summary
 
-        table.add_row("deployment", deployment_summary(json.loads(deployed.read_text())))
+        table.add_row("deployment", deployment_summary(record).replace("BUNDLE", str(bundle.get("dir"))))
     table.add_row("bundle", str(bundle.get("dir", "-")))
-    console.print(table)
+    print_table(table)
+
+
+def print_table(table: Table) -> None:
+    """A table on a terminal; on a pipe or in a log its rows as whole lines (docs/cli.md: a cell is never cut
+    or wrapped there), the cells of a row separated by two spaces after a padded first column."""
+    if console.is_terminal:
+        console.print(table)
+        return
+    cells = [[c.plain if isinstance(c, Text) else str(c) for c in col.cells] for col in table.columns]
+    first = max((len(c) for c in cells[0]), default=0) if cells else 0
+    for row in zip(*cells, strict=True):
+        head, *rest = row
+        lines = "  ".join(rest).splitlines() or [""]
+        console.print(f"{head:<{first}}  {lines[0]}", markup=False, highlight=False, soft_wrap=True)
+        for more in lines[1:]:
+            console.print(f"{'':<{first}}  {more}", markup=False, highlight=False, soft_wrap=True)
 
 
 def isolation_fallback() -> None:
@@ -131,7 +191,7 @@ def isolation_fallback() -> None:
         err.print("[bold yellow]warning:[/] bubblewrap (bwrap) is not available: the model's code runs UNISOLATED "
                   "(it can read and write what you can). Install bubblewrap, or pass NPUPORT_ISOLATION=process "
                   "to silence this.")
-        os.environ["NPUPORT_ALLOW_UNISOLATED"] = "1"
+        set_environment({"NPUPORT_ALLOW_UNISOLATED": "1"})
 
 
 def disk_warning() -> None:
@@ -161,9 +221,14 @@ def run_port_cli(request: dict[str, Any], goal: str = "", thread_id: str | None 
     console.print(f"[bold]npuport[/] {'resume' if resuming else 'port'} {req.model_path} -> {where} (thread {thread})")
     status = LiveStatus(req.max_runs, req.tune_trials if req.tune else None)
 
+    beat = Heartbeat(status)
+
     def on_event(kind: str, data: dict[str, Any]) -> None:
         status.on_event(kind, data)
-        if kind == "trial_done":  # one line per trial survives the live line (and shows in logs)
+        if kind == "phase" and data.get("node") == "deployer":  # a named phase: a line on a terminal too
+            beat.phase("deployer", str(data.get("text") or ""))
+        if kind == "trial_done":
+            beat.printed()  # one line per trial survives the live line (and shows in logs)
             value = data.get("value")
             console.print(Text.assemble((f"{status.elapsed():6.1f}s ", "dim"), ("tuner       ", "bold cyan"),
                                         f" trial {data.get('k')}/{data.get('n')} {fmt_params(data.get('params'))}: ",
@@ -172,9 +237,10 @@ def run_port_cli(request: dict[str, Any], goal: str = "", thread_id: str | None 
 
     inputs = None if resuming else {"goal": goal, "request": request}
     try:
-        with interrupt_path(thread), Live(status, console=console, refresh_per_second=4, transient=True):
+        with interrupt_path(thread), Live(status, console=console, refresh_per_second=4, transient=True), beat:
             # transient: the live line disappears at the end; on a non-terminal rich prints nothing for it
-            state = run_port(inputs, thread, on_step=lambda e: print_step(e, status.t0), on_event=on_event)
+            state = run_port(inputs, thread, on_step=lambda e: (print_step(e, status.t0), beat.printed()),
+                             on_event=on_event)
     except KeyboardInterrupt:
         err.print(f"interrupted: stopped after {status.elapsed():.1f}s in {status.agent}; the checkpoint of "
                   f"thread {thread} is kept in $NPUPORT_HOME/checkpoints.sqlite")
@@ -189,8 +255,35 @@ def run_port_cli(request: dict[str, Any], goal: str = "", thread_id: str | None 
     if state.get("status") == "validated":
         from agents.validation.perf_evidence import verdict
 
-        console.print(f"[bold green]{verdict('validated', state.get('perf'))}[/]: {state.get('reason')}")
+        words = verdict('validated', state.get('perf'), (state.get('numerics') or {}).get('coverage'))
+        console.print(f"[bold {'yellow' if 'partial' in words else 'green'}]{words}[/]: {state.get('reason')}")
         return EXIT_OK
-    err.print(f"[bold red]not ported:[/] {state.get('reason', 'unknown reason')}")
+    from agents.report.bundle import NOT_PORTED, outcome_label
+
+    label = outcome_label(state)
+    err.print(f"[bold {'red' if label == NOT_PORTED else 'yellow'}]{label}:[/] {state.get('reason', 'unknown reason')}")
     failure = state.get("failure") or {}
     return exit_code(failure["kind"]) if failure.get("kind") else EXIT_NOT_VALIDATED
+
+
+def run_deploy_cli(bundle: Path, report: dict[str, Any], bench: bool) -> int:
+    """`npuport deploy BUNDLE` / `npuport bench BUNDLE`: the deployment phase on a bundle, its phases as lines;
+    0 when vLLM served the port and its tokens passed, 1 otherwise, 130 interrupted (the bundle stands)."""
+    from agents.deploy.serve_report import deployment_summary
+    from agents.report.deployment import run_deployment
+
+    status = LiveStatus(0, None)
+    status.agent = "deployer"
+    beat = Heartbeat(status)
+    console.print(f"[bold]npuport[/] {'bench' if bench else 'deploy'} {bundle}", soft_wrap=True)
+    try:
+        with interrupt_path(str(bundle), f"the bundle stands: `npuport deploy {bundle}` runs the check again"), beat:
+            record = run_deployment({}, bundle, bench=bench, on_phase=lambda text: (
+                status.on_event("phase", {"text": text}), beat.phase("deployer", text)))
+    except KeyboardInterrupt:
+        err.print(f"interrupted: the bundle {bundle} stands; run `npuport deploy {bundle}` again to check its "
+                  "deployment", soft_wrap=True)
+        return EXIT_INTERRUPTED
+    console.print(f"deployment: {deployment_summary(record)}", soft_wrap=True)
+    console.print(f"bundle: {bundle} (deployment.json, report.md)", soft_wrap=True)
+    return EXIT_OK if record.get("status") == "served" else EXIT_NOT_VALIDATED

@@ -106,7 +106,8 @@ def ops(
     torch_npu: Annotated[str, typer.Option("--torch-npu", help="torch_npu version")] = DEFAULT_TORCH_NPU,
     strict: Annotated[bool, typer.Option(help="raise on CPU fallbacks (TORCH_NPU_FALLBACK_CPU_DISABLE=1)")] = False,
     wheel: Annotated[Path | None, typer.Option(help="matrix: a local torch_npu .whl instead of downloading")] = None,
-    yaml: Annotated[list[Path] | None, typer.Option("--yaml", help="matrix: op-plugin op_plugin_functions yaml")] = None,
+    yaml: Annotated[list[Path] | None,
+                    typer.Option("--yaml", help="matrix: op-plugin op_plugin_functions yaml")] = None,
     rebuild: Annotated[bool, typer.Option(help="matrix: rebuild even if a stored matrix exists")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="machine-readable output")] = False,
 ) -> None:
@@ -152,7 +153,8 @@ def _print_inventory(inv: dict[str, Any]) -> None:
         table.add_row(op, str(info.get("count", "")), sites)
     console.print(table if fb else "CPU fallbacks: none")
     for ev in st.get("dtype_events") or []:
-        console.print(f"dtype: {ev.get('kind')} {ev.get('op')} {ev.get('dtype')} at {ev.get('site')} x{ev.get('count', 1)}")
+        console.print(f"dtype: {ev.get('kind')} {ev.get('op')} {ev.get('dtype')} at {ev.get('site')} "
+                      f"x{ev.get('count', 1)}")
     syncs = st.get("host_syncs") or {}
     console.print(f"host syncs: {syncs.get('total', 0)} in all")
     for site, n in sorted((syncs.get("sites") or {}).items(), key=lambda kv: -kv[1]):

@@ -17,7 +17,6 @@ import json
 import sqlite3
 import threading
 import time
-import uuid
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -121,14 +120,16 @@ class JobStore:
         """Insert ``job``; with an idempotency key already used by this owner, return that job instead."""
         with self._lock:
             if idem_key:
-                row = self._conn.execute("SELECT * FROM jobs WHERE owner=? AND idem_key=?", (job.owner, idem_key)).fetchone()
+                row = self._conn.execute("SELECT * FROM jobs WHERE owner=? AND idem_key=?",
+                                         (job.owner, idem_key)).fetchone()
                 if row is not None:
                     return self._job(row), False
             self._conn.execute(
                 "INSERT INTO jobs (id, created, updated, status, goal, request, require_approval, owner, idem_key,"
                 " idem_digest, conversation, reason, bundle_dir, upload_dir, started)"
                 " VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
-                (job.id, job.created, job.updated, job.status, job.goal, json.dumps(job.request), int(job.require_approval),
+                (job.id, job.created, job.updated, job.status, job.goal, json.dumps(job.request),
+                 int(job.require_approval),
                  job.owner, idem_key, job.idem_digest, job.conversation, job.reason, job.bundle_dir, job.upload_dir,
                  int(job.started)))
         return job, True
@@ -158,7 +159,8 @@ class JobStore:
     def with_status(self, statuses: tuple[str, ...]) -> list[Job]:
         marks = ",".join("?" * len(statuses))
         with self._lock:
-            rows = self._conn.execute(f"SELECT * FROM jobs WHERE status IN ({marks}) ORDER BY created", statuses).fetchall()
+            rows = self._conn.execute(f"SELECT * FROM jobs WHERE status IN ({marks}) ORDER BY created",
+                                      statuses).fetchall()
         return [self._job(r) for r in rows]
 
     def count(self, statuses: tuple[str, ...], owner: str | None = None) -> int:
@@ -200,7 +202,8 @@ class JobStore:
 
     def events(self, job_id: str, after: int = 0, limit: int = 1000) -> list[Event]:
         with self._lock:
-            rows = self._conn.execute("SELECT seq, kind, data, t FROM events WHERE job_id=? AND seq>? ORDER BY seq LIMIT ?",
+            rows = self._conn.execute("SELECT seq, kind, data, t FROM events WHERE job_id=? AND seq>? ORDER BY "
+                                      "seq LIMIT ?",
                                       (job_id, after, limit)).fetchall()
         return [Event(seq=r["seq"], kind=r["kind"], data=json.loads(r["data"]), t=r["t"]) for r in rows]
 
@@ -211,8 +214,9 @@ class JobStore:
 
     def bind_conversation(self, conversation: str, job_id: str) -> None:
         with self._lock:
-            self._conn.execute("INSERT INTO conversations (id, job_id, updated) VALUES (?,?,?) ON CONFLICT(id) DO UPDATE"
-                               " SET job_id=excluded.job_id, updated=excluded.updated", (conversation, job_id, time.time()))
+            self._conn.execute("INSERT INTO conversations (id, job_id, updated) VALUES (?,?,?) ON CONFLICT(id) "
+                               "DO UPDATE SET job_id=excluded.job_id, updated=excluded.updated",
+                               (conversation, job_id, time.time()))
 
     def conversation_job(self, conversation: str) -> str | None:
         with self._lock:
@@ -345,9 +349,6 @@ class JobManager:
         return self._must(job_id)
 
     # events -------------------------------------------------------------------------------------
-    def attach_loop(self, loop: asyncio.AbstractEventLoop) -> None:
-        self._loop = loop
-
     def listen(self, job_id: str) -> asyncio.Event:
         ev = asyncio.Event()
         self._listeners.setdefault(job_id, set()).add(ev)
@@ -416,7 +417,8 @@ class JobManager:
             # paused at the approval gate when the service went down: ask again, never skip it
             self._publish_trace(job_id, snap.trace)
             self.store.update(job_id, status="awaiting_approval", reason="waiting for approval of the next patch round")
-            self._event(job_id, "status", {"status": "awaiting_approval", "reason": "approve to apply the next patches"})
+            self._event(job_id, "status",
+                        {"status": "awaiting_approval", "reason": "approve to apply the next patches"})
             return
         with self._share_lock:  # the owner's running share, checked and taken at once
             if not shares.may_start(self.store, self.settings, job.owner):
@@ -484,7 +486,3 @@ def make_job(*, goal: str, request: dict[str, Any], owner: str, require_approval
     return Job(id=jid, created=now, updated=now, status="queued", goal=goal, request=req,
                require_approval=require_approval, owner=owner, conversation=conversation, reason="",
                bundle_dir=None, upload_dir=upload_dir, started=False, idem_digest=digest)
-
-
-def short_id() -> str:
-    return uuid.uuid4().hex[:12]

@@ -8,6 +8,7 @@ import secrets
 import sys
 from pathlib import Path
 
+from api.submit import ROOTS_HINT
 from knowledge.settings import ServiceSettings as Settings
 
 TOKEN_FILE = "serve-token"
@@ -27,7 +28,7 @@ def home_token(home: Path) -> tuple[str, Path, bool]:
 
 
 def serve(host: str = "127.0.0.1", port: int = 8000, *, settings: Settings | None = None,
-          log_level: str = "info") -> None:
+          log_level: str = "info", roots: list[Path] | None = None) -> None:
     """Serve the API on host:port. With no token configured, one read+write token is made once, kept
     in the home and printed, so a fresh install is usable, never open, and the same after a restart."""
     import uvicorn
@@ -37,6 +38,14 @@ def serve(host: str = "127.0.0.1", port: int = 8000, *, settings: Settings | Non
 
     mark_service()  # this process serves: the planner confines every port to the roots (agents/doors.py)
     settings = settings or Settings()
+    if roots:
+        settings = settings.model_copy(update={"allowed_roots": [r.expanduser().resolve() for r in roots]})
+    if settings.allowed_roots:
+        print(f"npuport: model folders under {', '.join(map(str, settings.allowed_roots))} can be ported by path "
+              "(the chat, POST /v1/ports)", file=sys.stderr, flush=True)
+    else:
+        print(f"npuport: no model roots: models come as uploaded archives; to port folders by path, {ROOTS_HINT}",
+              file=sys.stderr, flush=True)
     shown = "localhost" if host in ("127.0.0.1", "0.0.0.0", "::") else host
     url = f"http://{shown}:{port}/"
     if not settings.tokens:

@@ -16,6 +16,10 @@ from api.uploads import confine_model_path, extract_archive
 from knowledge.errors import SubmitError, UploadError
 from knowledge.settings import ServiceSettings as Settings
 
+ROOTS_HINT = ("start `npuport serve --model-root /path/to/models` (or set NPUPORT_ALLOWED_ROOTS=/path/a:/path/b) "
+              "and name a folder under it, or upload the model as an archive (the page, or POST /v1/ports)")
+"""How a model folder on the server's disk becomes portable: said when none can be (no model roots)."""
+
 
 def build_request(settings: Settings, goal: str, fields: dict[str, Any], uploaded_model: Path | None) -> dict[str, Any]:
     """A validated PortRequest dict whose model folder is an upload or lies under an allowed root."""

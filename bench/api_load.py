@@ -138,8 +138,8 @@ def main() -> None:
     p = (lambda q: lat[min(len(lat) - 1, int(q * len(lat)))] * 1000) if lat else (lambda q: float("nan"))
     print(f"sessions {args.sessions}, workers {args.workers}, {'fake' if args.fake else 'real'} graph, "
           f"wall {wall:.1f} s, jobs validated {jobs_ok}/{args.sessions}")
-    print(f"live events {len(lat)}; latency ms p50 {p(0.5):.1f}  p95 {p(0.95):.1f}  max {p(1.0) if lat else float('nan'):.1f}"
-          f"  mean {statistics.fmean(lat) * 1000 if lat else float('nan'):.1f}")
+    print(f"live events {len(lat)}; latency ms p50 {p(0.5):.1f}  p95 {p(0.95):.1f}  max "
+          f"{p(1.0) if lat else float('nan'):.1f}  mean {statistics.fmean(lat) * 1000 if lat else float('nan'):.1f}")
     print(f"lost events: {lost}")
 
 

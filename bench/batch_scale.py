@@ -16,9 +16,9 @@ Fairness:
   (results written). Everything a port costs, its worker process start, imports, knowledge-base / port
   memory reads and serialized writes, sandbox runs, is inside the clock for both configurations, and
   so is the driver's dispatch latency between ports. (The measured homes have no Chroma store; with one,
-  each port's process opens it itself, in parallel, and only the port-memory write is serialized.) The table also shows the executor start-up that was
-  left out, the mean time of one port (a port slower with 2 workers means the two compete for something)
-  and how many ports really ran at once.
+  each port's process opens it itself, in parallel, and only the port-memory write is serialized.) The table also shows
+  the executor start-up that was left out, the mean time of one port (a port slower with 2 workers means the two
+  compete for something) and how many ports really ran at once.
 Goal: >= 1.6x ports per minute with 2 workers on a 2-core machine. Prints the load average (a shared
 machine makes the figure noisy), the figure last; exits 1 when the goal is missed.
 Usage: python bench/batch_scale.py [--models 6] [--executor ray|local] [--rounds 1]
@@ -64,7 +64,8 @@ def run(manifest: Path, workers: int, executor: str, home: Path) -> dict[str, fl
     store = BatchStore(home / "batches.sqlite")
     try:
         ev = [e for e in store.events(result.batch_id) if e["kind"] == "batch"]
-        spans = [(a["started"], a["finished"]) for a in store.attempts(result.batch_id) if a["started"] and a["finished"]]
+        spans = [(a["started"], a["finished"])
+                 for a in store.attempts(result.batch_id) if a["started"] and a["finished"]]
     finally:
         store.close()
     start = next(e["t"] for e in ev if e["data"].get("status") == "running")

@@ -53,7 +53,8 @@ def port_once(model: Path, target: str) -> dict[str, object]:
     unpredicted = len(unpredicted_failures(diagnoses))
     runs = (report.get("counters") or {}).get("port_runs", 0)
     return {"model": model.name, "target": target, "exit": r.returncode, "status": report.get("status"),
-            "wall_s": round(wall, 1), "port_runs": runs, "reference_runs": (report.get("counters") or {}).get("reference_runs", 0),
+            "wall_s": round(wall, 1), "port_runs": runs,
+            "reference_runs": (report.get("counters") or {}).get("reference_runs", 0),
             "failures_no_recipe_predicted": unpredicted, "diagnoses": len(diagnoses),
             "runs_goal_met": r.returncode == 0 and runs <= 1 + unpredicted,
             "time_goal_met": r.returncode == 0 and wall < WALL_GOAL_S}
@@ -72,11 +73,13 @@ def main() -> int:
         rows.append(row)
         print(f"{row['model']:<12} {row['target']:<11} {row['status']!s:<10} {row['wall_s']:>7} "
               f"{'yes' if row['time_goal_met'] else 'no':>5} {row['port_runs']:>9} {row['reference_runs']:>8} "
-              f"{row['diagnoses']:>9} {row['failures_no_recipe_predicted']:>9} {'yes' if row['runs_goal_met'] else 'no':>7}")
+              f"{row['diagnoses']:>9} {row['failures_no_recipe_predicted']:>9} "
+              f"{'yes' if row['runs_goal_met'] else 'no':>7}")
     ok = bool(rows) and all(r["time_goal_met"] and r["runs_goal_met"] for r in rows)
     worst = max((float(str(r["wall_s"])) for r in rows), default=0.0)
     print(f"port_time (load {os.getloadavg()[0]:.1f}): slowest port {worst:.1f} s (goal < {WALL_GOAL_S:.0f} s); "
-          f"run-count goal met by {sum(1 for r in rows if r['runs_goal_met'])}/{len(rows)} -> {'PASS' if ok else 'FAIL'}")
+          f"run-count goal met by {sum(1 for r in rows if r['runs_goal_met'])}/{len(rows)} -> "
+          f"{'PASS' if ok else 'FAIL'}")
     return 0 if ok else 1
 
 

@@ -84,9 +84,9 @@ def main() -> int:
     g_ratio = min(gen[True]) / min(gen[False])
     print(f"{model.name}: generate in the harness (original, cpu), {len(gen[True])} timed calls each in "
           f"{2 * args.repeats} processes each: fastest {min(gen[False]) * 1e3:.1f} ms without, "
-          f"{min(gen[True]) * 1e3:.1f} ms with the profile ({g_ratio:.3f}x; medians {statistics.median(gen[False]) * 1e3:.1f} "
-          f"/ {statistics.median(gen[True]) * 1e3:.1f} ms); the profiler's own time inside generate: "
-          f"median {statistics.median(SELF):.1%} of it")
+          f"{min(gen[True]) * 1e3:.1f} ms with the profile ({g_ratio:.3f}x; medians "
+          f"{statistics.median(gen[False]) * 1e3:.1f} / {statistics.median(gen[True]) * 1e3:.1f} ms); the profiler's "
+          f"own time inside generate: median {statistics.median(SELF):.1%} of it")
     with tempfile.TemporaryDirectory() as tmp:
         home = Path(tmp) / "home"
         port_once(model, args.target, home, True)  # warm-up: first-use caches, not timed

@@ -76,7 +76,8 @@ def record_grid(ctx: Any, name: str, model: str, repeats: int) -> dict[str, Any]
     facts = facts_of(ctx)
     space = restrict(engine_space(facts), SPACES[name], name=name)
     feasible, pruned = prune(space, facts)
-    bench = EngineBench(run_client=ctx.run_client, facts=facts, base_spec={**ctx.base_spec, "requests": trial_load(ctx)},
+    bench = EngineBench(run_client=ctx.run_client, facts=facts,
+                        base_spec={**ctx.base_spec, "requests": trial_load(ctx)},
                         base_args=ctx.base_args, runs_dir=ctx.runs_dir / name, concurrency=ctx.concurrency,
                         check=ctx.check, slo=slo_of(), repeats=repeats)
     points = []
@@ -91,8 +92,8 @@ def record_grid(ctx: Any, name: str, model: str, repeats: int) -> dict[str, Any]
         print(f"{name} {i + 1}/{len(feasible)} {points[-1]['params']}: {out.status} {out.value and round(out.value)} "
               f"tok/s ({time.time() - t0:.0f} s, load {os.getloadavg()[0]:.1f})", flush=True)
     return {"schema": 1, "kind": "vllm-engine", "name": name, "model": model, "target": "vllm-cpu",
-            "objective": f"output tok/s at concurrency {ctx.concurrency} ({len(trial_load(ctx))} mixed-length requests, "
-                         f"median of {repeats} loads per server start)",
+            "objective": f"output tok/s at concurrency {ctx.concurrency} ({len(trial_load(ctx))} mixed-length "
+                         f"requests, median of {repeats} loads per server start)",
             "dims": SPACES[name], "ordered": [d.name for d in space.dims if d.ordered],
             "priors": {d.name: d.start() for d in space.dims}, "pruned": [[p, why] for p, why in pruned],
             "facts": {"cores": facts.cores, "concurrency": facts.concurrency, "request_tokens": facts.request_tokens,

@@ -31,7 +31,7 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from sandbox.bench.throughput import run_bench  # noqa: E402
+from sandbox.bench.runner import run_bench  # noqa: E402
 from sandbox.isolation.process import Limits  # noqa: E402
 
 EXAMPLE = ROOT / "examples" / "ocr_mini"
@@ -129,7 +129,8 @@ def make_port(model_dir: Path, work: Path, target: str) -> tuple[Path, str | Non
     for the model (None: this venv's)."""
     from graph.runner import run_port
 
-    state = run_port({"request": {"model_path": str(model_dir), "target": target, "out_dir": str(work / f"bundle-{target}")}},
+    state = run_port({"request": {"model_path": str(model_dir), "target": target,
+                                  "out_dir": str(work / f"bundle-{target}")}},
                      f"landscape-{target}-{int(time.time())}")
     if state.get("status") != "validated":
         raise SystemExit(f"the port did not validate: {state.get('reason')}")

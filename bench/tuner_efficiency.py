@@ -39,6 +39,7 @@ import random
 import statistics
 import sys
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -142,6 +143,55 @@ def cell(space: SearchSpace, table: Table, feasible: list[dict[str, Any]], metho
     return counts, misses
 
 
+@dataclass
+class Tally:
+    """What the replays found, per (mode, method) column: each landscape's mean and every run's count."""
+
+    cols: list[tuple[str, str]]
+    per_landscape: dict[tuple[str, str], list[float]] = field(default_factory=dict)
+    pooled: dict[tuple[str, str], list[int]] = field(default_factory=dict)
+    models: set[str] = field(default_factory=set)
+    wrong_hits: int = 0
+    engine: list[int] = field(default_factory=list)  # indices of the landscapes recorded on the real engine
+
+    def __post_init__(self) -> None:
+        self.per_landscape = {c: [] for c in self.cols}
+        self.pooled = {c: [] for c in self.cols}
+
+
+def replay_landscape(f: Path, tally: Tally, args: argparse.Namespace) -> None:
+    """Replay one landscape under every (mode, method) column and print its row."""
+    model, space, table, feasible = load(f)
+    tally.models.add(model)
+    if space.kind == "vllm-engine":
+        tally.engine.append(len(tally.per_landscape[tally.cols[0]]))
+    optimum = max(p["value"] for p in table.values() if p["value"])
+    wrong_value = table[space.key(prior_point(wrong_space(space), feasible))]["value"] or 0.0
+    tally.wrong_hits += wrong_value >= (1 - args.within) * optimum
+    cells = []
+    for mode, name in tally.cols:
+        counts, misses = cell(space, table, feasible, name, mode, args.seeds, args.max_trials, args.within)
+        mean = statistics.fmean(counts)
+        tally.per_landscape[(mode, name)].append(mean)
+        tally.pooled[(mode, name)].extend(counts)
+        cells.append(f"{mean:.1f}" + (f"!{misses}" if misses else ""))
+    ran = sum(1 for p in table.values() if p["value"])
+    label = f"{model}/{space.name}"
+    print(f"{label[:42]:42} {ran:>3}/{len(table):<2} " + " ".join(f"{c:>10}" for c in cells))
+
+
+def engine_summary(tally: Tally) -> str:
+    """The real-engine landscapes' own row, and the verdict's clause about them ("" when there are none)."""
+    if not tally.engine:
+        return ""
+    cols = tally.cols
+    e_avg = {c: statistics.fmean(v[i] for i in tally.engine) for c, v in tally.per_landscape.items()}
+    print(f"{'mean over the real-engine landscapes':42} {'':6} " + " ".join(f"{e_avg[c]:>10.2f}" for c in cols))
+    e_base = min(e_avg[("same prior", "random")], e_avg[("same prior", "tpe")])
+    return (f"; on the {len(tally.engine)} real-engine landscapes npuport {e_avg[('same prior', 'npuport')]:.2f}, "
+            f"best baseline {e_base:.2f} (ratio {e_avg[('same prior', 'npuport')] / e_base:.2f})")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--seeds", type=int, default=20)
@@ -157,47 +207,22 @@ def main() -> int:
     print(f"mean trials to reach {pct} of the grid optimum, over {args.seeds} seeds (max {args.max_trials}); "
           "same / wrong / no prior")
     print(f"{'landscape':42} {'points':>6} " + " ".join(f"{m[:4] + ' ' + mode.split()[0]:>10}" for mode, m in cols))
-    per_landscape: dict[tuple[str, str], list[float]] = {c: [] for c in cols}
-    pooled: dict[tuple[str, str], list[int]] = {c: [] for c in cols}
-    models: set[str] = set()
-    wrong_hits = 0
-    engine: list[int] = []  # indices of the landscapes recorded on the real engine
+    tally = Tally(cols)
     for f in files:
-        model, space, table, feasible = load(f)
-        models.add(model)
-        if space.kind == "vllm-engine":
-            engine.append(len(per_landscape[cols[0]]))
-        optimum = max(p["value"] for p in table.values() if p["value"])
-        wrong_value = table[space.key(prior_point(wrong_space(space), feasible))]["value"] or 0.0
-        wrong_hits += wrong_value >= (1 - args.within) * optimum
-        cells = []
-        for mode, name in cols:
-            counts, misses = cell(space, table, feasible, name, mode, args.seeds, args.max_trials, args.within)
-            mean = statistics.fmean(counts)
-            per_landscape[(mode, name)].append(mean)
-            pooled[(mode, name)].extend(counts)
-            cells.append(f"{mean:.1f}" + (f"!{misses}" if misses else ""))
-        ran = sum(1 for p in table.values() if p["value"])
-        label = f"{model}/{space.name}"
-        print(f"{label[:42]:42} {ran:>3}/{len(table):<2} " + " ".join(f"{c:>10}" for c in cells))
-    avg = {c: statistics.fmean(v) for c, v in per_landscape.items()}
+        replay_landscape(f, tally, args)
+    models = tally.models
+    avg = {c: statistics.fmean(v) for c, v in tally.per_landscape.items()}
     print(f"{'mean over landscapes':42} {'':6} " + " ".join(f"{avg[c]:>10.2f}" for c in cols))
-    med = {c: statistics.median(v) for c, v in pooled.items()}
+    med = {c: statistics.median(v) for c, v in tally.pooled.items()}
     print(f"{'median over all runs (not judged)':42} {'':6} " + " ".join(f"{med[c]:>10g}" for c in cols))
-    print("'!k' = k seeds never got there within the trial cap (counted as cap + 1). "
-          f"The wrong prior point is itself within {pct} of the optimum on {wrong_hits}/{len(files)} landscapes.")
+    print("'!k' = k seeds never got there within the trial cap (counted as cap + 1). The wrong prior point is "
+          f"itself within {pct} of the optimum on {tally.wrong_hits}/{len(files)} landscapes.")
     print(f"landscapes: {len(files)} from {len(models)} model(s) ({', '.join(sorted(models))}); goal >= {MIN_MODELS}")
-    eng = ""
-    if engine:
-        e_avg = {c: statistics.fmean(v[i] for i in engine) for c, v in per_landscape.items()}
-        print(f"{'mean over the real-engine landscapes':42} {'':6} " + " ".join(f"{e_avg[c]:>10.2f}" for c in cols))
-        e_base = min(e_avg[("same prior", "random")], e_avg[("same prior", "tpe")])
-        eng = (f"; on the {len(engine)} real-engine landscapes npuport {e_avg[('same prior', 'npuport')]:.2f}, best "
-               f"baseline {e_base:.2f} (ratio {e_avg[('same prior', 'npuport')] / e_base:.2f})")
+    eng = engine_summary(tally)
     ours = avg[("same prior", "npuport")]
     base_name = min(("random", "tpe"), key=lambda m: avg[("same prior", m)])
     best_base = avg[("same prior", base_name)]
-    ok = (len(models) >= MIN_MODELS and bool(engine) and ours <= RATIO_GOAL * best_base
+    ok = (len(models) >= MIN_MODELS and bool(tally.engine) and ours <= RATIO_GOAL * best_base
           and ours <= MAX_TRIALS_GOAL)
     print(f"tuner_efficiency: with the same prior npuport needs {ours:.2f} trials (mean over {len(files)} landscapes "
           f"of {len(models)} models; goal <= {RATIO_GOAL:g} x best baseline and <= {MAX_TRIALS_GOAL}), best baseline "

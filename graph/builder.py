@@ -1,8 +1,9 @@
 """Builds the port state machine (DESIGN §3) and exports ``graph`` for LangGraph Studio.
 
 START -> planner -> environment -> code_reader -> patcher -> executor --ok--> validator --match--> tuner -> reporter
-                                                    ^            |fail            |mismatch
-                                                    +- debugger <+----------------+
+                                                    ^            |fail            |mismatch                  |
+                                                    +- debugger <+----------------+        deployer <-(validated,
+                                                    serving on)
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from langgraph.graph import END, START, StateGraph
 
 from agents.nodes.code_reader import code_reader_node
 from agents.nodes.debugger import debugger_node
+from agents.nodes.deployer import deployer_node
 from agents.nodes.environment import environment_node
 from agents.nodes.executor import executor_node
 from agents.nodes.patcher import patcher_node
@@ -26,7 +28,8 @@ from graph.conversation import PlannerInput, with_input, with_reply
 from graph.guard import guard
 from graph.state import PortInput, PortOutput, PortState
 
-NODES = ("planner", "environment", "code_reader", "patcher", "executor", "validator", "debugger", "tuner", "reporter")
+NODES = ("planner", "environment", "code_reader", "patcher", "executor", "validator", "debugger", "tuner", "reporter",
+         "deployer")
 
 
 def build_graph() -> Any:
@@ -50,8 +53,11 @@ def build_graph() -> Any:
     g.add_conditional_edges("executor", routing.after_executor)
     g.add_conditional_edges("validator", routing.after_validator)
     g.add_conditional_edges("debugger", routing.after_debugger)
+    # The deployment phase runs after the bundle is written: the bundle stands whatever happens to it.
+    g.add_node("deployer", guard("deployer", with_reply(deployer_node)))
     g.add_edge("tuner", "reporter")
-    g.add_edge("reporter", END)
+    g.add_conditional_edges("reporter", routing.after_reporter, {"deployer": "deployer", "__end__": END})
+    g.add_edge("deployer", END)
     return g
 
 

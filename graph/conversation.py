@@ -66,14 +66,39 @@ def summary(state: dict[str, Any]) -> str:
         lines.append(f"{len(patches)} patches: " + "; ".join(str(p.get("summary", "")) for p in patches[:8]))
     tuned = (state.get("tuning") or {}).get("tuned") or {}
     if tuned.get("speedup"):
-        slower = " (SLOWER than the original)" if tuned["speedup"] < 1 else ""
-        lines.append(f"tuned: {tuned['tokens_per_s']:.1f} tokens/s, {tuned['speedup']:.2f}x the original{slower}")
+        vs = tuned.get("vs_original")
+        said = {"slower": " (SLOWER than the original)",
+                "not comparable": f" (not comparable on this host: spread {float(tuned.get('spread') or 0):.0%})"}
+        lines.append(f"tuned: {tuned['tokens_per_s']:.1f} tokens/s, {tuned['speedup']:.2f}x the original"
+                     f"{said.get(str(vs), '')}")
     bundle = (state.get("bundle") or {}).get("dir")
+    deployment = state.get("deployment") or {}
+    if deployment.get("summary"):
+        lines.append(f"deployment: {deployment['summary']}")
+    elif bundle and (pending := _pending_deployment(bundle)):
+        lines.append(f"deployment: {pending}")
     if bundle:
         lines.append(f"bundle: {bundle} (report.md, port.patch)")
     if note := (state.get("bundle") or {}).get("note"):
         lines.append(f"note: {note}")
     return "\n".join(lines)
+
+
+def _pending_deployment(bundle: str) -> str | None:
+    """The bundle's deployment line while its deployment phase has not run (the reporter's reply)."""
+    import json
+    from pathlib import Path
+
+    from agents.deploy.serve_report import PENDING, deployment_summary
+
+    report = Path(bundle) / "report.json"
+    try:
+        record = json.loads(report.read_text()).get("deployment") or {}
+    except (OSError, ValueError):
+        return None
+    if record.get("status") == PENDING:
+        return "the deployment check (vLLM serving the port) follows now"
+    return deployment_summary(record) if record else None
 
 
 def with_reply(reporter: Node) -> Node:

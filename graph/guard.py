@@ -93,7 +93,8 @@ def guard(node: str, fn: Node, fallback: Fallback | None = None) -> Node:
                 try:
                     out.update(fallback(state, failure))
                 except Exception as again:  # the last resort failed too: the failure record still stands
-                    out["reason"] = f"{reason}; the emergency report failed too: {type(again).__name__}: {first_line(again)}"
+                    out["reason"] = (f"{reason}; the emergency report failed too: {type(again).__name__}: "
+                                     f"{first_line(again)}")
             out["messages"] = [AIMessage(content=f"{node} failed: {out['reason']}", name=node)]
             return out
         if not isinstance(update, dict):

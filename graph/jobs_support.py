@@ -30,10 +30,6 @@ TraceSink = Callable[[list[dict[str, Any]]], None]
 GraphBuilder = Callable[[], StateGraph[Any]]
 
 
-class StopRequested(Exception):
-    """Raised inside the run loop when the job is cancelled or the service shuts down."""
-
-
 @dataclass
 class ThreadResult:
     values: dict[str, Any]
@@ -41,6 +37,10 @@ class ThreadResult:
     """Nodes still to run: non-empty when the run paused (approval) or was stopped."""
     stopped: bool = False
     trace: list[dict[str, Any]] = field(default_factory=list)
+    pending_writes: bool = False
+    """The last checkpoint holds writes of a step that ran but was never followed by the next checkpoint (the
+    run stopped in between): ``next`` may then read empty, yet a resume applies them and goes on."""
+    created_at: str | None = None
 
 
 def checkpoint_db() -> Path:
@@ -147,7 +147,8 @@ def run_thread(
                 break
         snap = app.get_state(config)
         values = dict(snap.values)
-        return ThreadResult(values=values, next=tuple(snap.next), stopped=stopped, trace=list(values.get("trace") or []))
+        return ThreadResult(values=values, next=tuple(snap.next), stopped=stopped,
+                            trace=list(values.get("trace") or []))
     finally:
         conn.close()
 
@@ -157,11 +158,15 @@ def thread_snapshot(thread_id: str, builder: GraphBuilder | None = None,
     """The last checkpoint of a thread, or None when the thread never checkpointed."""
     conn = _connect(db_path)
     try:
-        app = (builder or _default_builder)().compile(checkpointer=AtomicSqliteSaver(conn))
-        snap = app.get_state({"configurable": {"thread_id": thread_id}})
+        saver = AtomicSqliteSaver(conn)
+        app = (builder or _default_builder)().compile(checkpointer=saver)
+        config: RunnableConfig = {"configurable": {"thread_id": thread_id}}
+        snap = app.get_state(config)
         if not snap.values and not snap.next:
             return None
         values = dict(snap.values)
-        return ThreadResult(values=values, next=tuple(snap.next), trace=list(values.get("trace") or []))
+        tup = saver.get_tuple(config)
+        return ThreadResult(values=values, next=tuple(snap.next), trace=list(values.get("trace") or []),
+                            pending_writes=bool(tup and tup.pending_writes), created_at=snap.created_at)
     finally:
         conn.close()

@@ -28,7 +28,7 @@ def pending_patches(thread_id: str, db_path: Path | None = None, builder: GraphB
     if ws is None or not ws.has_repo():
         return {"applied": "", "pending": [], "pending_diff": "", "note": "no workspace yet"}
     # npuport's git (outside the model tree, hardened: agents/workspace.py), never git run in the model folder
-    applied = ws.git("diff", "original", "HEAD")
+    applied = ws.ordered_diff("original", "HEAD")  # the model's changes first, npuport's helper module last
     if "patcher" not in snap.next:
         return {"applied": applied, "pending": [], "pending_diff": "", "note": "not waiting before a patch round"}
     with tempfile.TemporaryDirectory(prefix="npuport-preview-") as tmp:
@@ -38,7 +38,7 @@ def pending_patches(thread_id: str, db_path: Path | None = None, builder: GraphB
         preview = Workspace(Path(tmp))
         before = preview.head()
         out = patcher_node({**values, "workdir": tmp})
-        diff = preview.git("diff", before, "HEAD")
+        diff = preview.ordered_diff(before, "HEAD")
     policy = (values.get("request") or {}).get("policy", "rule")
     note = "" if policy == "rule" else f"previewed with the {policy} policy; the real round may differ"
     return {"applied": applied, "pending": out.get("patches") or [], "pending_diff": diff, "note": note}

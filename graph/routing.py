@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any, Literal
 
 
@@ -50,3 +52,13 @@ def after_debugger(state: dict[str, Any]) -> Literal["patcher", "reporter"]:
 
 def after_patcher(state: dict[str, Any]) -> Literal["executor", "reporter"]:
     return "reporter" if _failed(state) or _crashed(state) else "executor"
+
+
+def after_reporter(state: dict[str, Any]) -> Literal["deployer", "__end__"]:
+    """The deployment phase follows a validated bundle whose deployment is due (serving on, a generating model)."""
+    if _crashed(state) or state.get("status") != "validated":
+        return "__end__"
+    from agents.report.deployment import deployment_due
+
+    report = Path(str((state.get("bundle") or {}).get("dir") or "")) / "report.json"
+    return "deployer" if report.is_file() and deployment_due(json.loads(report.read_text())) else "__end__"

@@ -4,10 +4,60 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from graph.builder import compile_graph
+
+FINISHED = ("validated", "failed")
+
+
+@dataclass(frozen=True)
+class ThreadInfo:
+    """A port thread in the checkpoint database, as `npuport resume` lists it."""
+
+    thread_id: str
+    model: str
+    status: str
+    next: tuple[str, ...]
+    stopped_in: str
+    updated: str
+
+
+def resumable(snap: Any) -> bool:
+    """A thread a resume would continue: a node is still to run, or a step's writes wait to be applied."""
+    return bool(snap.next) or bool(snap.pending_writes and snap.values.get("status") not in FINISHED)
+
+
+def thread_infos(limit: int = 20) -> list[ThreadInfo]:
+    """The most recent port threads that a resume would continue, newest first."""
+    from graph.jobs_support import _connect, checkpoint_db, thread_snapshot
+
+    if not checkpoint_db().is_file():
+        return []
+    conn = _connect(None)
+    try:
+        rows = conn.execute("SELECT thread_id, MAX(checkpoint_id) AS last FROM checkpoints WHERE checkpoint_ns = '' "
+                            "GROUP BY thread_id ORDER BY last DESC LIMIT ?", (limit * 5,)).fetchall()
+    except Exception:  # an empty database has no table yet
+        rows = []
+    finally:
+        conn.close()
+    out: list[ThreadInfo] = []
+    for thread_id, _ in rows:
+        snap = thread_snapshot(str(thread_id))
+        if snap is None or not resumable(snap):
+            continue
+        trace = snap.trace
+        out.append(ThreadInfo(thread_id=str(thread_id),
+                              model=str((snap.values.get("request") or {}).get("model_path") or "?"),
+                              status=str(snap.values.get("status") or "running"), next=snap.next,
+                              stopped_in=(snap.next[0] if snap.next else (trace[-1].get("agent") if trace else "?")),
+                              updated=str(snap.created_at or "")[:19].replace("T", " ")))
+        if len(out) >= limit:
+            break
+    return out
 
 
 @contextmanager
@@ -34,24 +84,27 @@ def run_port(
 
     ``on_step`` gets each agent step (trace item) as its node finishes; ``on_event`` gets what happens
     in between: ``("task", {"node"})`` when a node starts, ``("counters", {...})`` after a sandbox run,
-    and the agents' own progress (``trial_start`` / ``trial_done`` from the tuner, agents/progress.py)."""
+    and the agents' own progress (``trial_start`` / ``trial_done`` from the tuner, ``phase`` lines of the
+    deployment: agents/progress.py). Progress comes through a listener, not LangGraph's ``custom`` stream:
+    with that stream LangGraph runs each node in a worker thread, where Ctrl-C never reaches it (the main
+    thread's interrupt then waited for the node to end: a patcher took over 15 s to stop)."""
+    from agents.progress import listening
+
     config = {"configurable": {"thread_id": thread_id}, "recursion_limit": recursion_limit}
-    with sqlite_checkpointer() as saver:
+    listener = (lambda kind, data: on_event(kind, data)) if on_event else (lambda kind, data: None)
+    with sqlite_checkpointer() as saver, listening(listener):
         app = compile_graph(checkpointer=saver)
-        for mode, chunk in app.stream(inputs, config, stream_mode=["updates", "custom", "tasks"]):
+        for mode, chunk in app.stream(inputs, config, stream_mode=["updates", "tasks"]):
             if mode == "tasks":
                 if on_event and isinstance(chunk, dict) and "input" in chunk:  # a start, not a result
                     on_event("task", {"node": chunk.get("name")})
-            elif mode == "custom":
-                if on_event and isinstance(chunk, dict) and chunk.get("kind"):
-                    on_event(str(chunk["kind"]), chunk)
-            else:
-                for node, delta in chunk.items():
-                    if not isinstance(delta, dict):
-                        continue
-                    if on_event and delta.get("counters"):
-                        on_event("counters", dict(delta["counters"]))
-                    for item in delta.get("trace") or []:
-                        if on_step:
-                            on_step({"node": node, **item})
+                continue
+            for node, delta in chunk.items():
+                if not isinstance(delta, dict):
+                    continue
+                if on_event and delta.get("counters"):
+                    on_event("counters", dict(delta["counters"]))
+                for item in delta.get("trace") or []:
+                    if on_step:
+                        on_step({"node": node, **item})
         return dict(app.get_state(config).values)

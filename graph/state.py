@@ -50,6 +50,9 @@ class PortState(TypedDict, total=False):
     """agents.models.Tuning: the tuner's trials, best configuration and measured speed-up."""
     bundle: dict[str, Any]
     """The reporter's output: folder, files written (report, patch, patched tree, deploy files), note."""
+    deployment: dict[str, Any]
+    """The deployment phase's outcome (agents/report/deployment.py deployment_brief): status, one-line summary and
+    the bundle's deployment.json that holds the record."""
     counters: dict[str, int]
     """port_runs, reference_runs."""
     started_at: float
@@ -99,6 +102,8 @@ class PortOutput(TypedDict, total=False):
     numerics: dict[str, Any]
     tuning: dict[str, Any]
     bundle: dict[str, Any]
+    deployment: dict[str, Any]
+    """The deployment phase's status and summary line, when it ran."""
     counters: dict[str, int]
     failure: dict[str, Any] | None
     """The node that failed and why, when one did (graph/guard.py)."""

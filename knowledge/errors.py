@@ -2,8 +2,8 @@
 
 Why here: knowledge/ is the lowest layer (it imports no other npuport package), so every layer
 (sandbox, agents, graph, api) may import these without a layering violation; every importer
-imports them from here (no module re-exports them). Every class keeps its historical built-in base (``RuntimeError``, ``ValueError``)
-so callers catching those still catch them; ``NpuportError`` is the root of every error a user can
+imports them from here (no module re-exports them). Every class keeps its historical built-in base (``RuntimeError``,
+``ValueError``) so callers catching those still catch them; ``NpuportError`` is the root of every error a user can
 meet (tests/test_error_family.py fails on one outside it).
 
 Each class says what kind of failure it is (``kind``): ``user`` (bad input or usage: nothing was run),
@@ -178,10 +178,6 @@ class WheelDownloadError(WheelError):
         self.unreachable = unreachable
 
 
-class NodeFailed(NpuportError, RuntimeError):
-    """A graph node raised: carries the failure record the guard wrote into the state."""
-
-
 # -- the sandbox, the batch and the service ----------------------------------------------------------
 
 
@@ -191,6 +187,13 @@ class IsolationUnavailable(HostError, RuntimeError):
 
 class NativeUnavailable(HostError, RuntimeError):
     """The emulator's C++ engine cannot be built or loaded here (the Python engine is used instead)."""
+
+
+class SpecError(NpuportError, ValueError):
+    """A harness spec that is not a spec of its kind (unknown or missing fields): npuport's own bug, since
+    only npuport writes specs (sandbox/harness/spec.py)."""
+
+    kind: ClassVar[ErrorKind] = "internal"
 
 
 class StubCalled(NpuportError, RuntimeError):

@@ -50,6 +50,7 @@ from knowledge.matrix_yaml import codegen_ops
 from knowledge.wheel import (
     CODEGEN_YAML_MEMBER,
     DOCS_MEMBER,
+    WheelReader,
     file_sha256,
     locate_wheel,
     read_text,
@@ -94,10 +95,6 @@ class OpMatrix:
         """True when the wheel says this op's kernel runs on the CPU."""
         e = self.entry(op)
         return bool(e and e.get("fallback"))
-
-    def is_composite(self, op: str) -> bool:
-        e = self.entry(op)
-        return bool(e and e.get("composite"))
 
     def dtypes(self, op: str) -> list[str] | None:
         e = self.entry(op)
@@ -215,6 +212,12 @@ class _Build:
 
     reg: AtenRegistry
     ops: dict[str, dict[str, Any]] = field(default_factory=dict)
+    sources: list[dict[str, Any]] = field(default_factory=list)
+    custom_via: dict[str, set[str]] = field(default_factory=dict)
+    unresolved: list[str] = field(default_factory=list)
+    fallback_messages: dict[str, str] = field(default_factory=dict)
+    counts: dict[str, Any] = field(default_factory=dict)
+    timings: dict[str, float] = field(default_factory=dict)
 
     def entry(self, key: str) -> dict[str, Any]:
         e = self.ops.get(key)
@@ -235,6 +238,68 @@ class _Build:
         return e
 
 
+def _read_yaml(b: _Build, yaml_paths: list[Path], torch_ver: str) -> tuple[list[my.YamlOp], dict[str, str]]:
+    """op-plugin's yaml: the ops declared for ``torch_ver`` and every name it declares for any version."""
+    yaml_ops: list[my.YamlOp] = []
+    yaml_any: dict[str, str] = {}
+    t = time.perf_counter()
+    for p in yaml_paths:
+        data = my.load_yaml(p)
+        yaml_ops += my.ops_for_version(data, torch_ver)
+        for k, sec in my.all_named(data).items():
+            yaml_any.setdefault(k, sec)
+        b.sources.append({"kind": "yaml", "path": str(p), "sha256": file_sha256(Path(p))})
+    b.timings["yaml_s"] = time.perf_counter() - t
+    b.counts["yaml_ops_for_version"] = len(yaml_ops)
+    return yaml_ops, yaml_any
+
+
+def _read_wheel(b: _Build, reader: WheelReader, version: str, yaml_ops: list[my.YamlOp]) -> None:
+    """The wheel's kernels, codegen list, documented custom ops and fallback messages (closes ``reader``)."""
+    t = time.perf_counter()
+    found = wheel_version(reader)
+    if found is not None and my.parse_version(found) != my.parse_version(version):
+        raise MatrixError(f"{reader.origin} is torch_npu {found}, not {version}")
+    b.sources.append({"kind": "wheel", "path": reader.origin, "sha256": reader.sha256(), "version": found})
+    codegen = codegen_ops(read_text(reader, CODEGEN_YAML_MEMBER))
+    documented = documented_custom_ops(read_text(reader, DOCS_MEMBER))
+    b.timings["wheel_text_s"] = time.perf_counter() - t
+    t = time.perf_counter()
+    scan = scan_library(reader)
+    b.timings["wheel_scan_s"] = time.perf_counter() - t
+    _apply_wheel(b, scan.wrappers, yaml_ops, codegen, b.custom_via, b.unresolved)
+    _apply_direct(b, scan.direct, yaml_ops)
+    for raw, msg in scan.fallback_messages.items():
+        key = normalise_fallback_name(raw, set(b.reg.ops))
+        b.fallback_messages[key] = msg
+    for name in documented:
+        b.custom_via.setdefault(name.split(".")[0], set()).add("docs")
+    reader.close()
+    b.counts |= {
+        "wheel_wrappers": len(scan.wrappers),
+        "wheel_documented_custom": len(documented),
+        "wheel_codegen_ops": len(codegen),
+    }
+
+
+def _read_docs(b: _Build, docs_dir: Path) -> None:
+    """The API docs' dtypes and products of each op they document."""
+    t = time.perf_counter()
+    docs = parse_docs_dir(Path(docs_dir))
+    by_name = docs_by_aten_name(docs, b.reg.names)
+    for key, e in b.ops.items():
+        d = by_name.get(b.reg.ops[key].name) if key in b.reg.ops else None
+        if d is not None:
+            e["dtypes"] = d.dtypes
+            e["products"] = d.products
+            if "docs" not in e["via"]:
+                e["via"].append("docs")
+    b.sources.append(
+        {"kind": "docs", "path": str(docs_dir), "sha256": _dir_digest(Path(docs_dir)), "apis": len(docs)}
+    )
+    b.timings["docs_s"] = time.perf_counter() - t
+
+
 def build_matrix(
     version: str,
     *,
@@ -249,94 +314,38 @@ def build_matrix(
     ``pip download`` is used (``use_wheel=False`` builds from the yaml alone).
     """
     t0 = time.perf_counter()
-    timings: dict[str, float] = {}
     torch_ver = torch_version_for(version)
     # Open the wheel before importing torch, so a bad path fails at once.
     reader = locate_wheel(version, wheel) if use_wheel else None
     reg = aten_registry()
-    timings["registry_s"] = time.perf_counter() - t0
     b = _Build(reg)
-    sources: list[dict[str, Any]] = []
-    custom_via: dict[str, set[str]] = {}
-    unresolved: list[str] = []
-    fallback_messages: dict[str, str] = {}
-    counts: dict[str, Any] = {}
-
+    b.timings["registry_s"] = time.perf_counter() - t0
     # yaml first: its names help split wrapper symbols.
-    yaml_ops: list[my.YamlOp] = []
-    yaml_any: dict[str, str] = {}
-    t = time.perf_counter()
-    for p in yaml_paths or []:
-        data = my.load_yaml(p)
-        yaml_ops += my.ops_for_version(data, torch_ver)
-        for k, sec in my.all_named(data).items():
-            yaml_any.setdefault(k, sec)
-        sources.append({"kind": "yaml", "path": str(p), "sha256": file_sha256(Path(p))})
-    timings["yaml_s"] = time.perf_counter() - t
-    counts["yaml_ops_for_version"] = len(yaml_ops)
-
-    have_wheel = reader is not None
+    yaml_ops, yaml_any = _read_yaml(b, yaml_paths or [], torch_ver)
     if reader is not None:
-        t = time.perf_counter()
-        found = wheel_version(reader)
-        if found is not None and my.parse_version(found) != my.parse_version(version):
-            raise MatrixError(f"{reader.origin} is torch_npu {found}, not {version}")
-        sources.append({"kind": "wheel", "path": reader.origin, "sha256": reader.sha256(), "version": found})
-        codegen = codegen_ops(read_text(reader, CODEGEN_YAML_MEMBER))
-        documented = documented_custom_ops(read_text(reader, DOCS_MEMBER))
-        timings["wheel_text_s"] = time.perf_counter() - t
-        t = time.perf_counter()
-        scan = scan_library(reader)
-        timings["wheel_scan_s"] = time.perf_counter() - t
-        _apply_wheel(b, scan.wrappers, yaml_ops, codegen, custom_via, unresolved)
-        _apply_direct(b, scan.direct, yaml_ops)
-        for raw, msg in scan.fallback_messages.items():
-            key = normalise_fallback_name(raw, set(reg.ops))
-            fallback_messages[key] = msg
-        for name in documented:
-            custom_via.setdefault(name.split(".")[0], set()).add("docs")
-        reader.close()
-        counts |= {
-            "wheel_wrappers": len(scan.wrappers),
-            "wheel_documented_custom": len(documented),
-            "wheel_codegen_ops": len(codegen),
-        }
-
-    _apply_yaml(b, yaml_ops, custom_via, decides=not have_wheel)
-    _apply_fallbacks(b, fallback_messages)
+        _read_wheel(b, reader, version, yaml_ops)
+    _apply_yaml(b, yaml_ops, b.custom_via, decides=reader is None)
+    _apply_fallbacks(b, b.fallback_messages)
     _apply_composites(b)
     for key, e in b.ops.items():
         if key in yaml_any:
             e["yaml_named"] = True  # the yaml names it for some torch version: op-plugin's scope
     if docs_dir is not None:
-        t = time.perf_counter()
-        docs = parse_docs_dir(Path(docs_dir))
-        by_name = docs_by_aten_name(docs, reg.names)
-        for key, e in b.ops.items():
-            d = by_name.get(reg.ops[key].name) if key in reg.ops else None
-            if d is not None:
-                e["dtypes"] = d.dtypes
-                e["products"] = d.products
-                if "docs" not in e["via"]:
-                    e["via"].append("docs")
-        sources.append(
-            {"kind": "docs", "path": str(docs_dir), "sha256": _dir_digest(Path(docs_dir)), "apis": len(docs)}
-        )
-        timings["docs_s"] = time.perf_counter() - t
-
-    timings["total_s"] = time.perf_counter() - t0
+        _read_docs(b, docs_dir)
+    b.timings["total_s"] = time.perf_counter() - t0
+    fallback_messages, custom_via = b.fallback_messages, b.custom_via
     return OpMatrix(
         torch_npu_version=version,
         torch_version=torch_ver,
-        sources=sources,
+        sources=b.sources,
         ops=dict(sorted(b.ops.items())),
         fallback_ops=sorted(fallback_messages),
         custom_ops=sorted(custom_via),
         fallback_messages=dict(sorted(fallback_messages.items())),
         custom_op_via={k: sorted(v) for k, v in sorted(custom_via.items())},
-        unresolved_wrappers=sorted(unresolved),
+        unresolved_wrappers=sorted(b.unresolved),
         registry_torch_version=reg.torch_version,
-        build={"counts": counts, "timings": {k: round(v, 3) for k, v in timings.items()}},
+        build={"counts": b.counts, "timings": {k: round(v, 3) for k, v in b.timings.items()}},
     )
 
 

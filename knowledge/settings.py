@@ -12,8 +12,10 @@ Modules call ``settings()`` (or ``LLMSettings()`` / ``ServiceSettings()``) when 
 at import: tests and the service change the environment at run time. ``env_table()`` lists every
 variable with its default and meaning for ``npuport --help`` and the README's Configuration table.
 
-Two readers stay on ``os.environ`` on purpose: sandbox/ascend_sim (it runs inside the sandboxed
-harness process, which should not import pydantic) and the tests' own variables (tests/conftest.py).
+This module is also the one writer of the process's environment (``set_environment``): settings are
+read from the environment at every call, so a write anywhere else would change them unseen
+(tests/test_settings.py holds both: no ``NPUPORT_*`` read and no ``os.environ`` write outside this module,
+besides the sandboxed processes it lists, which run without pydantic).
 """
 
 from __future__ import annotations
@@ -45,9 +47,14 @@ class Settings(BaseSettings):
     home: Path | None = None
     """The npuport home: op-support matrices, caches, the Chroma store, checkpoints, workspaces (default ~/.npuport)."""
     wheel_cache: Path | None = None
-    """Where downloaded torch_npu wheels are kept (default <home>/wheels)."""
+    """Where downloaded torch_npu wheels are kept (default <home>/wheels), and the transformers wheels whose API
+    indexes choose a model's release (with the indexes, transformers-api/)."""
     env_cache: Path | None = None
     """Where the models' layered environments are built (default <home>/envs)."""
+    transformers_releases: str = ""
+    """The transformers releases a model's environment may choose among, comma-separated (a mirror or an offline
+    site with a few wheels); default: the newest release of each minor line the package index offers, from the
+    oldest installable here to the host's, and the host's own."""
     native_cache: Path | None = None
     """Where ascend-sim's native C++ engine is built (default ~/.cache/npuport/ascend-sim-native)."""
     isolation: str = "auto"
@@ -58,7 +65,8 @@ class Settings(BaseSettings):
     allow_unisolated: bool = False
     """1: where bwrap is unusable, run model code in a plain process sandbox instead of refusing."""
     cgroup_parent: str = ""
-    """A cgroup folder (under each controller's mount) delegated to npuport's user, where each run gets its pids and memory cgroup."""
+    """A cgroup folder (under each controller's mount) delegated to npuport's user, where each run gets its pids
+    and memory cgroup."""
     sim_engine: str = "auto"
     """ascend-sim's engine: native (C++, built on first use), python (slower), auto (native when it builds)."""
     kb: str = ""
@@ -90,8 +98,9 @@ class Settings(BaseSettings):
     tune_time_s: float | None = Field(default=None, gt=0)
     """Default tuning wall time when the request names none (else half the port's wall budget)."""
     serve: bool = True
-    """Exercise the deployment of a validated port (vLLM serves it with serve.sh; tokens and throughput checked;
-    about two minutes on a small host) when the request does not say (0: write serve.sh only)."""
+    """Exercise the deployment of a validated port after its bundle is written (vLLM serves it with serve.sh; tokens
+    checked, throughput probed; about 3 minutes after the server's start on a small host) when the request does not
+    say (0: write serve.sh only; `npuport deploy BUNDLE` runs it later)."""
     engine_tune_trials: int = Field(default=8, ge=1)
     """Server starts the engine tuner may spend (a tuned port that is served: each trial starts serve.sh with one
     configuration of vLLM's knobs and runs a short load; about a minute each on a small host)."""
@@ -106,6 +115,12 @@ class Settings(BaseSettings):
     def kb_off(self) -> bool:
         return self.kb.lower() == "off"
 
+    @property
+    def isolation_choice(self) -> str:
+        """NPUPORT_ISOLATION when it is set, else its older name NPUPORT_SANDBOX, else auto."""
+        chosen = self.isolation if "isolation" in self.model_fields_set else (self.sandbox or self.isolation)
+        return (chosen or "auto").strip().lower()
+
     def resolved_home(self) -> Path:
         """The home, created on first use."""
         home = (self.home or Path.home() / ".npuport").expanduser()
@@ -117,6 +132,22 @@ def settings() -> Settings:
     """The current settings, read from the environment now (cheap; never cached: tests and the
     service set NPUPORT_HOME at run time)."""
     return Settings()
+
+
+def set_environment(values: dict[str, str], *, keep_set: bool = False) -> None:
+    """Set variables in this process's environment, which its children inherit: a flag of the CLI that is a
+    setting (NPUPORT_ISOLATION), the service's or a batch worker's home, and the few variables of other
+    libraries npuport sets for itself (thread counts, offline Hugging Face). ``keep_set``: a variable
+    already set keeps its value. An ``NPUPORT_*`` name must be a declared one."""
+    declared = {var for var, _, _ in env_table()}
+    unknown = sorted(k for k in values if k.startswith("NPUPORT_") and k not in declared)
+    if unknown:
+        raise ValueError(f"not npuport settings: {', '.join(unknown)}")
+    for name, value in values.items():
+        if keep_set:
+            os.environ.setdefault(name, value)
+        else:
+            os.environ[name] = value
 
 
 class LLMSettings(BaseSettings):
@@ -188,7 +219,8 @@ class ServiceSettings(BaseSettings):
     tokens: Annotated[dict[str, list[str]], NoDecode] = Field(default_factory=dict)
     """Bearer token -> scopes, as JSON or tokenA=read+write,tokenB=read. With none, protected routes answer 401."""
     allowed_roots: Annotated[list[Path], NoDecode] = Field(default_factory=list)
-    """Model folders must resolve (symlinks followed) inside one of these (os.pathsep-separated or a JSON list); uploads are always allowed."""
+    """Model folders must resolve (symlinks followed) inside one of these (os.pathsep-separated or a JSON list);
+    uploads are always allowed."""
     max_upload_bytes: int = Field(default=64 * 1024 * 1024, gt=0)
     """Cap of one uploaded archive."""
     max_extracted_bytes: int = Field(default=512 * 1024 * 1024, gt=0)
@@ -213,7 +245,8 @@ class ServiceSettings(BaseSettings):
     """Ports of every batch running at once in the service's worker pool (0: the workers); a request's `workers` may
     only lower it."""
     service_process: bool = False
-    """1: this process serves others (npuport serve and langgraph dev set it): every port is confined to the model roots."""
+    """1: this process serves others (npuport serve and langgraph dev set it): every port is confined to the model
+    roots."""
     allow_uncapped_memory: bool = False
     """Run ports although a run's memory cannot be capped as a whole here (no writable memory cgroup); the service
     refuses them otherwise."""

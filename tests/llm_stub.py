@@ -140,7 +140,8 @@ class StubLLMServer:
             def do_GET(self) -> None:  # noqa: N802 - http.server's naming
                 stub.paths.append(self.path)
                 if self.path.endswith("/models"):
-                    return self._send(200, {"object": "list", "data": [{"id": m, "object": "model"} for m in stub.models]})
+                    return self._send(200,
+                                      {"object": "list", "data": [{"id": m, "object": "model"} for m in stub.models]})
                 return self._send(404, {"error": {"message": f"no route {self.path}"}})
 
             def do_POST(self) -> None:  # noqa: N802 - http.server's naming

@@ -166,7 +166,8 @@ def test_bundle_zip_and_report(client: TestClient) -> None:
     assert rep["json"]["status"] == "validated" and rep["markdown"].startswith("# npuport report")
 
 
-def test_live_stream_sees_steps_before_the_end(npuport_home: Path, roots: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_live_stream_sees_steps_before_the_end(npuport_home: Path, roots: Path,
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("NPUPORT_FAKE_STEP_S", "0.3")
     with TestClient(create_app(make_settings(npuport_home, roots), graph_builder=fake_builder)) as c:
         job = submit(c)
@@ -328,7 +329,8 @@ def test_slow_client_gets_408_and_the_server_keeps_serving(npuport_home: Path, r
         assert time.time() - t0 < 8
 
 
-def test_event_stream_outlives_the_body_timeout(npuport_home: Path, roots: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_event_stream_outlives_the_body_timeout(npuport_home: Path, roots: Path,
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
     """An SSE stream (a GET with no body) stays open far longer than the body-stall timeout: the
     timeout is for bodies, not for responses that stream (regression: streams were cut at 1 s)."""
     import httpx
@@ -386,7 +388,8 @@ def test_upload_zip_and_tar_gz(client: TestClient, npuport_home: Path) -> None:
     (b"this is not an archive", 400, "not a zip or tar"),
 ], ids=["zip-parent", "zip-absolute", "zip-inner-parent", "zip-symlink-escapes", "zip-symlink-absolute",
         "tar-symlink-escapes", "tar-hardlink-absolute", "tar-parent", "zip-bomb", "not-an-archive"])
-def test_bad_archives_rejected(client: TestClient, npuport_home: Path, archive: bytes, status: int, needle: str) -> None:
+def test_bad_archives_rejected(client: TestClient, npuport_home: Path, archive: bytes, status: int,
+                               needle: str) -> None:
     r = upload(client, archive)
     assert r.status_code == status, r.text
     assert needle in r.json()["detail"]

@@ -89,7 +89,8 @@ def test_user_field_and_history_identify_the_conversation(fake_server: str, monk
     job_id = reply.split("`")[1]
     deadline = time.time() + 30
     while time.time() < deadline:
-        st = client.chat.completions.create(model="npuport", user="alice", messages=[{"role": "user", "content": "status"}])
+        st = client.chat.completions.create(model="npuport", user="alice",
+                                            messages=[{"role": "user", "content": "status"}])
         if "validated" in (st.choices[0].message.content or ""):
             break
         time.sleep(0.2)
@@ -118,7 +119,8 @@ def test_cancel_through_chat(npuport_home: Path, tmp_path: Path, monkeypatch: py
     for base in serve_in_thread(settings, fake_builder):
         client = OpenAI(base_url=f"{base}/v1", api_key="tok")
         first = client.chat.completions.create(model="npuport", user="bob",
-                                               messages=[{"role": "user", "content": "port the model in m1 on the cpu"}])
+                                               messages=[{"role": "user",
+                                                          "content": "port the model in m1 on the cpu"}])
         job_id = (first.choices[0].message.content or "").split("`")[1]
         time.sleep(0.8)
         cancel = client.chat.completions.create(model="npuport", user="bob",
@@ -168,3 +170,32 @@ def test_real_port_streams_through_openai_client(npuport_home: Path) -> None:
             answer = client.chat.completions.create(model="npuport", user="carol",
                                                     messages=[{"role": "user", "content": question}])
             assert needle in (answer.choices[0].message.content or ""), (question, answer)
+
+
+def test_the_chat_stream_names_the_deployment_phase_and_its_last_message_the_deployment(
+        npuport_home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from test_api_helpers import DEPLOY_PHASES, fake_builder_with_deployment
+
+    monkeypatch.setenv("NPUPORT_FAKE_STEP_S", "0.3")
+    root = tmp_path / "models"
+    (root / "m1").mkdir(parents=True)
+    settings = Settings(home=npuport_home, tokens={"tok": ["read", "write"]}, allowed_roots=[root])
+    for base in serve_in_thread(settings, fake_builder_with_deployment):
+        client = OpenAI(base_url=f"{base}/v1", api_key="tok")
+        text, parts = collect(client.chat.completions.create(
+            model="npuport", stream=True, messages=[{"role": "user", "content": "port the model in m1 on the cpu"}]))
+        for phase in DEPLOY_PHASES:  # env, start, tokens, throughput: each its own line, as it happens
+            assert phase in text, text
+        assert "**deployment**" in text and "**deployer**" in text
+        last = text.rsplit("ended:", 1)[1]
+        assert "Deployment: served by vLLM (vllm-native); tokens PASS" in last, last
+
+
+def test_a_goal_without_model_roots_says_how_to_set_them(npuport_home: Path) -> None:
+    settings = Settings(home=npuport_home, tokens={"tok": ["read", "write"]})  # as a default `npuport serve`
+    for base in serve_in_thread(settings, fake_builder):
+        client = OpenAI(base_url=f"{base}/v1", api_key="tok")
+        reply = client.chat.completions.create(
+            model="npuport", messages=[{"role": "user", "content": "port the model in m1 on the cpu"}])
+        text = reply.choices[0].message.content or ""
+        assert "--model-root" in text and "NPUPORT_ALLOWED_ROOTS" in text, text

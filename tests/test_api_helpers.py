@@ -174,3 +174,39 @@ def _serve() -> None:
 
 if __name__ == "__main__":
     _serve()
+
+
+DEPLOY_PHASES = ("deployment: the vLLM environment (built once, then cached)",
+                 "deployment: starting vLLM with serve.sh (vllm-native; up to 900 s), then tokens and throughput",
+                 "deployment: vLLM answered after 3.0 s; tokens through the server",
+                 "deployment: throughput probe at concurrency 8")
+DEPLOY_SUMMARY = "served by vLLM (vllm-native); tokens PASS; 400.0 tok/s at concurrency 8 (probe)"
+
+
+def fake_deployer(state: dict[str, Any]) -> dict[str, Any]:
+    """The deployment phase as the graph runs it (after the reporter), its phases as the real one announces them
+    (agents/progress.py); the record it adds to the bundle is a stand-in: no vLLM is started."""
+    from agents.progress import emit
+
+    delay = float(os.environ.get("NPUPORT_FAKE_STEP_S", "0.05"))
+    for text in DEPLOY_PHASES:
+        emit("phase", text=text, node="deployer")
+        time.sleep(delay)
+    bundle = Path(state["bundle"]["dir"])
+    record = {"status": "served", "implementation": "vllm-native", "tokens": {"ok": True},
+              "throughput": {"rows": [{"concurrency": 8, "output_tokens_per_s": 400.0, "vs_one_at_a_time": 4.0}]},
+              "budget": {"plan": "probe"}}
+    report = json.loads((bundle / "report.json").read_text())
+    (bundle / "report.json").write_text(json.dumps({**report, "deployment": record}))
+    return {"deployment": {"status": "served", "summary": DEPLOY_SUMMARY},
+            "trace": [step("deployer", f"deployment: {DEPLOY_SUMMARY}")]}
+
+
+def fake_builder_with_deployment() -> StateGraph[Any]:
+    """The stand-in graph with the deployment phase after its reporter."""
+    g = fake_builder()
+    g.add_node("deployer", fake_deployer)
+    g.edges.discard((FAKE_NODES[-1], END))
+    g.add_edge(FAKE_NODES[-1], "deployer")
+    g.add_edge("deployer", END)
+    return g

@@ -239,7 +239,8 @@ def test_matrix_dtype_list_is_enforced(tmp_path: Path) -> None:
 
 BF16_BODY = """
 x = torch.ones(2, 3).npu()
-for name, fn in [("cast", lambda: x.to(torch.bfloat16)), ("add", lambda: torch.ones(2, dtype=torch.bfloat16).npu() + 1)]:
+for name, fn in [("cast", lambda: x.to(torch.bfloat16)),
+                 ("add", lambda: torch.ones(2, dtype=torch.bfloat16).npu() + 1)]:
     try:
         OUT[name] = str(fn().dtype)
     except RuntimeError as e:

@@ -26,7 +26,8 @@ def test_manifest_defaults_overrides_and_stable_id(tmp_path: Path) -> None:
     assert [p.key for p in a.ports] == ["alpha", "beta", "gamma"]
     assert [p.kind for p in a.ports] == ["folder", "archive", "folder"]
     beta = a.ports[1].settings
-    assert beta.target == "cpu" and beta.shrink is True and beta.budget.max_runs == 2 and beta.budget.run_timeout_s == 180
+    assert beta.target == "cpu" and beta.shrink is True
+    assert beta.budget.max_runs == 2 and beta.budget.run_timeout_s == 180
     assert a.ports[0].settings.shrink is False
     assert load_manifest(manifest).batch_id == a.batch_id  # same content, same batch: re-running resumes it
     assert load_manifest(manifest, {"chip": "a3"}).batch_id != a.batch_id

@@ -85,7 +85,8 @@ def test_second_port_reuses_what_the_first_learned_without_the_llm(tmp_path: Pat
     assert alpha_state["request"]["policy"] == beta_report["request"]["policy"] == "hybrid"
     # what alpha learned is one port-memory record with the edit and the location-free failure
     assert learned[0]["failure_key"] == f"RuntimeError: {FAILURE}"
-    assert learned[0]["fix"]["params"]["edits"] == [{"file": "modeling_planted.py", "search": SEARCH, "replace": REPLACE}]
+    assert learned[0]["fix"]["params"]["edits"] == [{"file": "modeling_planted.py", "search": SEARCH,
+                                                     "replace": REPLACE}]
     assert alpha["learned"] == [rid] and alpha["reused"] == []
     assert beta["reused"] == [f"{rid} (from earlier)"] and beta["learned"] == []  # learned by an earlier batch
     # beta's bundle: the learned edit, moved onto beta's own file, as a commit that cites the record

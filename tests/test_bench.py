@@ -9,7 +9,8 @@ from typing import Any
 import pytest
 import yaml
 
-from sandbox.bench.throughput import _percentile, run_bench
+from sandbox.bench.runner import run_bench
+from sandbox.bench.throughput import _percentile
 from sandbox.isolation.process import Limits
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "ocr_mini"

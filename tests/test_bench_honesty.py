@@ -15,7 +15,8 @@ from agents.deploy.bundle import benchmark_lines
 from agents.tuning.port import facts_of, knob_effects, performance_sentence, settle
 from agents.tuning.search import Outcome, Trial, TuneResult
 from agents.tuning.space import HostFacts, ModelFacts, torch_space
-from sandbox.bench.throughput import new_token_counts, run_bench
+from sandbox.bench.runner import run_bench
+from sandbox.bench.throughput import new_token_counts
 from sandbox.isolation.process import Limits
 
 # A transformers-style toy: generate returns prompt + continuation, the config object carries

@@ -44,7 +44,8 @@ def test_a_chip_without_float16_compute_gets_bfloat16_else_float32(monkeypatch: 
 def test_cpu_policy_names_the_cpu_facts_it_read() -> None:
     dtype, why = cast_policy({"name": "cpu", "device": "cpu"})
     assert "CPU float16 units:" in why and "float16 kernels" in why
-    assert (dtype == "float16") == ("float16 units: none" not in why and "kernels (matmul, softmax, layer_norm) run" in why)
+    assert (dtype == "float16") == ("float16 units: none" not in why
+                                    and "kernels (matmul, softmax, layer_norm) run" in why)
 
 
 def test_keeping_float16_changes_nothing_and_says_why() -> None:
@@ -103,8 +104,9 @@ def run():
 
 def _run_world(tmp: Path, source: str) -> str:
     (tmp / "dist_mod.py").write_text(source)
-    code = (f"import sys\nsys.path.insert(0, {str(tmp)!r})\nfrom sandbox.cuda_redirect.redirect import install_single_process_world\n"
-            "install_single_process_world()\nimport dist_mod\nprint(repr(dist_mod.run()))\n")
+    code = (f"import sys\nsys.path.insert(0, {str(tmp)!r})\nfrom sandbox.cuda_redirect.redirect import "
+            "install_single_process_world\ninstall_single_process_world()\nimport "
+            "dist_mod\nprint(repr(dist_mod.run()))\n")
     env = {"PATH": "/usr/bin:/bin"}  # no MASTER_ADDR / WORLD_SIZE: a validation run
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, env=env, timeout=120)
     assert r.returncode == 0, r.stderr[-2000:]
@@ -124,8 +126,8 @@ def test_nccl_to_hccl_runs_the_same_collectives_on_a_world_of_one(tmp_path: Path
 
 
 def test_a_multi_process_launch_is_left_alone(monkeypatch: pytest.MonkeyPatch) -> None:
-    code = ("import torch.distributed as dist\nfrom sandbox.cuda_redirect.redirect import install_single_process_world\n"
-            "print(install_single_process_world(), dist.init_process_group.__module__)\n")
+    code = ("import torch.distributed as dist\nfrom sandbox.cuda_redirect.redirect import "
+            "install_single_process_world\nprint(install_single_process_world(), dist.init_process_group.__module__)\n")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT,
                        env={"PATH": "/usr/bin:/bin", "WORLD_SIZE": "2"}, timeout=120)
     assert r.stdout.split() == ["False", "torch.distributed.distributed_c10d"], r.stderr[-1000:]
@@ -173,8 +175,8 @@ def test_reference_world_and_record_stream_under_the_cuda_redirect(tmp_path: Pat
             return out.tolist()
     ''')
     (tmp_path / "ref_mod.py").write_text(src)
-    code = (f"import sys\nsys.path.insert(0, {str(tmp_path)!r})\nfrom sandbox import redirect\nredirect.install('cpu')\n"
-            "import ref_mod\nprint(repr(ref_mod.run()))\n")
+    code = (f"import sys\nsys.path.insert(0, {str(tmp_path)!r})\nfrom sandbox.cuda_redirect import "
+            "redirect\nredirect.install('cpu')\nimport ref_mod\nprint(repr(ref_mod.run()))\n")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert r.returncode == 0 and r.stdout.strip() == "[1.0, 1.0]", r.stderr[-1500:]
 

@@ -144,7 +144,8 @@ def test_help_readme_and_docs_list_the_exit_codes_of_the_code() -> None:
     code, output = run("port", "--help")
     assert code == 0 and "130 interrupted" in " ".join(output.split()), output
     root = Path(__file__).resolve().parents[1]
-    for doc, header in ((root / "README.md", "| exit code | meaning |"), (root / "docs" / "cli.md", "| code | meaning |")):
+    for doc, header in ((root / "README.md", "| exit code | meaning |"),
+                        (root / "docs" / "cli.md", "| code | meaning |")):
         rows = _exit_table(doc, header)
         assert [n for n, _ in rows] == list(EXIT_MEANINGS), (doc, rows)
         for n, meaning in rows:
@@ -167,7 +168,8 @@ def test_live_status_line_counts_runs_and_trials() -> None:
 
 
 @pytest.mark.slow
-def test_force_replaces_a_stale_bundle_and_shrink_reaches_the_harness(model: Path, tmp_path: Path, npuport_home: Path) -> None:
+def test_force_replaces_a_stale_bundle_and_shrink_reaches_the_harness(model: Path, tmp_path: Path,
+                                                                      npuport_home: Path) -> None:
     from knowledge.bundles import mark_bundle
 
     out = tmp_path / "out"

@@ -48,7 +48,8 @@ def llm_env(monkeypatch: pytest.MonkeyPatch) -> None:
 
 @pytest.mark.slow
 def test_rule_policy_asks_the_llm_when_no_recipe_covers_the_failure(tmp_path: Path, npuport_home: Path,
-                                                                   llm_env: None, monkeypatch: pytest.MonkeyPatch) -> None:
+                                                                   llm_env: None,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     from graph.runner import run_port
 
     model = write_planted_model(tmp_path / "planted")

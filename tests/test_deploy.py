@@ -36,7 +36,8 @@ def test_serve_settings_follow_the_model_facts() -> None:
     assert by["gpu-memory-utilization"].citation.startswith("documented default")
     assert by["dtype"].value == "bfloat16"
     for s in moe:
-        assert s.reason and s.citation and s.measured == (vllm.NPU_ONLY if vllm.ascend_only(s) else "not measured on this host")
+        assert s.reason and s.citation and s.measured == (vllm.NPU_ONLY if vllm.ascend_only(s)
+                                                          else "not measured on this host")
         assert s.source in ("derived", "documented default")
 
     dense = dict(ocr_config(), n_routed_experts=0)
@@ -78,8 +79,10 @@ def test_requirements_pin_torch_and_what_the_model_imports() -> None:
 
 
 def _fake_tuning() -> dict[str, Any]:
-    pts = [{"concurrency": c, "tokens_per_s": 50.0 * c, "latency_p50_s": 0.1, "latency_p99_s": 0.2} for c in (1, 2, 4, 8)]
-    base = [{"concurrency": c, "tokens_per_s": 5.0, "latency_p50_s": 1.0 * c, "latency_p99_s": 1.5 * c} for c in (1, 2, 4, 8)]
+    pts = [{"concurrency": c, "tokens_per_s": 50.0 * c, "latency_p50_s": 0.1, "latency_p99_s": 0.2}
+           for c in (1, 2, 4, 8)]
+    base = [{"concurrency": c, "tokens_per_s": 5.0, "latency_p50_s": 1.0 * c, "latency_p99_s": 1.5 * c}
+            for c in (1, 2, 4, 8)]
     trials = [{"id": f"trial-{i}", "params": {"batch": i}, "value": (None if i == 2 else 40.0 * i), "status": "ok"}
               for i in range(1, 6)]
     return {"status": "done", "best": {"batch": 8, "threads": 2}, "trials": trials,
@@ -102,7 +105,8 @@ def test_write_deploy_bundle_without_tuning(tmp_path: Path) -> None:
     state = {"request": {"model_path": str(EXAMPLE), "chip": "910b"}, "target": {"name": "cpu"},
              "entry": {"config": "config.json"}, "tuning": {"status": "skipped"}}
     files = write_deploy_bundle(state, tmp_path / "bundle")
-    assert {"run_py", "model_inputs_py", "serve_sh", "set_env_sh", "requirements", "constraints", "deploy_json"} <= set(files)
+    assert {"run_py", "model_inputs_py", "serve_sh", "set_env_sh", "requirements", "constraints",
+            "deploy_json"} <= set(files)
     deploy = json.loads(Path(files["deploy_json"]).read_text())
     assert any(s["name"] == "VLLM_WORKER_MULTIPROC_METHOD" for s in deploy["serve_settings"])
     compile(Path(files["run_py"]).read_text(), "run.py", "exec")

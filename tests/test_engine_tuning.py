@@ -79,7 +79,8 @@ def _client(rows: list[float], ttft: float = 50.0, tokens: list[list[int]] | Non
 
 def test_a_trial_is_judged_on_tokens_slo_and_its_repeats(tmp_path: Path) -> None:
     bench = EngineBench(run_client=lambda spec, d: {}, facts=_facts(), base_spec={}, base_args=[], runs_dir=tmp_path,
-                        concurrency=8, check=lambda served: (served == [[1, 2]], "exact" if served == [[1, 2]] else "no"),
+                        concurrency=8,
+                        check=lambda served: (served == [[1, 2]], "exact" if served == [[1, 2]] else "no"),
                         slo=Slo(ttft_ms=100.0))
     ok = bench.outcome(_client([90.0, 110.0]))
     assert ok.status == "ok" and ok.value == 100.0 and ok.spread == pytest.approx(0.2)
@@ -126,7 +127,8 @@ def test_serve_sh_applies_the_measured_engine_block_on_a_cpu_host(tmp_path: Path
     fake.write_text('#!/usr/bin/env bash\necho "KV=$VLLM_CPU_KVCACHE_SPACE BIND=$VLLM_CPU_OMP_THREADS_BIND" "$@"\n')
     fake.chmod(0o755)
     out = subprocess.run(["bash", str(b / "serve.sh"), str(servable), "--", "--port", "9"], capture_output=True,
-                         text=True, env={**os.environ, "PATH": f"{fake.parent}:{os.environ['PATH']}"}, check=True).stdout
+                         text=True, env={**os.environ, "PATH": f"{fake.parent}:{os.environ['PATH']}"},
+                         check=True).stdout
     words = out.split()
     assert words[:2] == ["KV=2", "BIND=0"]
     tail = words[words.index("--max-num-seqs"):]
@@ -175,7 +177,8 @@ def test_the_engine_is_tuned_on_the_real_engine_and_serve_sh_carries_it(tmp_path
     assert tok["ok"] and len(tok["served"]) == 2 and all(len(row) == 8 for row in tok["served"])
     assert tok["match_rate_served_vs_fp32"] >= tok["match_rate_ref_dtype_vs_fp32"]
     # top-k logprobs came back through the server (no tokenizer: keyed by token id) and were compared
-    assert tok["logprobs"] and tok["logprobs"]["compared"] >= 16 and tok["decided_by"] in ("exact tokens", "top-k logprobs")
+    assert tok["logprobs"] and tok["logprobs"]["compared"] >= 16 and tok["decided_by"] in ("exact tokens",
+                                                                                           "top-k logprobs")
     assert [r["concurrency"] for r in rec["throughput"]["rows"]] == [1, 4]
     assert all(r["output_tokens_per_s"] > 0 for r in rec["throughput"]["rows"])
     assert any("TASK_QUEUE_ENABLE" in n for n in rec["not_exercised"]) and "dtype" in rec["exercised"]

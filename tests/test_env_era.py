@@ -62,7 +62,8 @@ def test_a_composite_config_that_cannot_be_built_bare_caps_the_era() -> None:
     assert "catches only ValueError" in found[0].reason and "an assert" in found[0].reason
     # a composite config that raises ValueError is what transformers expects: no coupling
     assert not couplings(COMPOSITE.replace('assert "encoder" in kwargs and "decoder" in kwargs, "needs encoder and '
-                                           'decoder"', 'if "encoder" not in kwargs:\n            raise ValueError("x")'))
+                                           'decoder"',
+                                           'if "encoder" not in kwargs:\n            raise ValueError("x")'))
     # not declared composite: every 4.x release builds it bare in to_diff_dict, nothing newer breaks it
     assert not couplings(COMPOSITE.replace("    is_composition = True\n", ""))
 
@@ -183,108 +184,8 @@ def test_models_of_one_era_share_its_base_env_and_layer_only_their_own_pins(
     assert not any((py_a.parent.parent / "lib").rglob("npuport_era_lib"))
 
 
-def test_names_the_eras_sources_lack_are_found_without_an_import(tmp_path: Path) -> None:
-    """config.json saved with 4.24 by code that imports GenerationConfig and transformers.generation (4.26+):
-    the era's sources settle it (no interpreter runs: this env's python is not even executable), so a
-    probe timing out on a loaded host cannot hide it and the era is lifted (agents/environment/layered.py)."""
-    from agents.environment.resolve import missing_transformers_names
-
-    env = tmp_path / "era-env"
-    (env / "bin").mkdir(parents=True)
-    (env / "bin" / "python").write_text("not an interpreter\n")
-    tf = env / "lib" / "python3.11" / "site-packages" / "transformers"
-    tf.mkdir(parents=True)
-    (tf / "__init__.py").write_text('__version__ = "4.24.0"\n_import_structure = {"generation_utils": ["GenerationMixin"]}\n')
-    (tf / "generation_utils.py").write_text("class GenerationMixin: ...\n")
-    model = tmp_path / "m"
-    model.mkdir()
-    (model / "modeling_m.py").write_text(
-        "from transformers import GenerationConfig, GenerationMixin\n"
-        "from transformers.generation.logits_process import LogitsProcessor\n"
-        "from transformers.generation_utils import GenerationMixin as G\n")
-    missing = missing_transformers_names(model, python=str(env / "bin" / "python"))
-    assert sorted((mod, name) for mod, name, _ in missing) == [
-        ("transformers", "GenerationConfig"), ("transformers.generation.logits_process", "LogitsProcessor")]
-    assert all(where.startswith("modeling_m.py:") for _, _, where in missing), missing
-
-
-def _tf_wheel(folder: Path, version: str, files: dict[str, str]) -> None:
-    """A stand-in transformers release: only its sources matter (read, never imported)."""
-    info = f"transformers-{version}.dist-info"
-    members = {**{f"transformers/{p}": c for p, c in files.items()},
-               f"{info}/METADATA": f"Metadata-Version: 2.1\nName: transformers\nVersion: {version}\n",
-               f"{info}/WHEEL": "Wheel-Version: 1.0\nGenerator: npuport-test\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
-               f"{info}/RECORD": ""}
-    with zipfile.ZipFile(folder / f"transformers-{version}-py3-none-any.whl", "w") as z:
-        for path, content in members.items():
-            z.writestr(path, content)
-
-
-def test_an_era_older_than_its_code_is_lifted_to_the_nearest_line_that_has_its_names(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Saved with 4.23 by code importing transformers.generation (4.26+) and calling logger.warning_once (4.27+):
-    the lift stops at 4.27, read from the wheels of 4.24..4.27 (real pip download from a local index), not at
-    the last 4.x, which removed a helper the same code calls."""
-    from agents.environment.era_lift import nearest_line
-
-    wheels = tmp_path / "wheels"
-    wheels.mkdir()
-    old_init = '__version__ = "{v}"\n_import_structure = {{"generation_utils": ["GenerationMixin"]}}\n'
-    _tf_wheel(wheels, "4.24.0", {"__init__.py": old_init.format(v="4.24.0"), "generation_utils.py": ""})
-    _tf_wheel(wheels, "4.25.1", {"__init__.py": old_init.format(v="4.25.1"), "generation/__init__.py": "",
-                                 "generation/utils.py": "class GenerationMixin: ...\n"})
-    new = {"generation/__init__.py": "", "utils/__init__.py": "from . import logging\n", "utils/logging.py": "",
-           "modeling_utils.py": "class PreTrainedModel: ...\n",
-           "generation/utils.py": "class GenerationMixin:\n    def _extract_past(self): ...\nclass LogitsProcessorList: ...\n"}
-    once = {**new, "utils/logging.py": "def warning_once(self, *args): ...\n"}
-    _tf_wheel(wheels, "4.26.0", {"__init__.py": '__version__ = "4.26.0"\n', **new})
-    _tf_wheel(wheels, "4.26.1", {"__init__.py": '__version__ = "4.26.1"\n', **new})
-    _tf_wheel(wheels, "4.27.0", {"__init__.py": '__version__ = "4.27.0"\n', **once})
-    gone = {**once, "generation/utils.py": "class GenerationMixin: ...\nclass LogitsProcessorList: ...\n"}
-    _tf_wheel(wheels, "4.28.0", {"__init__.py": '__version__ = "4.28.0"\n', **gone})
-    monkeypatch.setenv("PIP_NO_INDEX", "1")
-    monkeypatch.setenv("PIP_FIND_LINKS", str(wheels))
-    model = tmp_path / "m"
-    model.mkdir()
-    (model / "modeling_m.py").write_text(textwrap.dedent("""\
-        from transformers.generation.utils import LogitsProcessorList
-        from transformers.modeling_utils import PreTrainedModel
-        from transformers.utils import logging
-
-        logger = logging.get_logger(__name__)
-
-
-        class M(PreTrainedModel):
-            def forward(self, x):
-                logger.warning_once("inherited from transformers 4.27's logging")
-                return self._extract_past(x), self.own(x), self.register_buffer("b", x)
-
-            def own(self, x):
-                return x
-
-
-        class Helper:
-            def run(self):
-                return self.not_a_transformers_method()  # not a transformers class: its self is not asked
-        """))
-    cache = tmp_path / "sources"
-    import transformers.utils.logging  # noqa: F401  (it adds warning_once to logging.Logger: still asked of the line)
-
-    line, passed = nearest_line(model, "transformers~=4.23.0", "transformers<4.50", cache)
-    assert line == "transformers~=4.27.0"
-    assert [p.split(" ")[0] for p in passed] == ["4.24", "4.25", "4.26"]
-    assert "warning_once (modeling_m.py:10)" in passed[-1]
-    assert (cache / "4.26" / ".complete").read_text() == "transformers-4.26.1-py3-none-any.whl"  # the line's newest
-    assert not list(cache.rglob("*.whl"))  # sources kept, wheels not
-    # the ceiling holds: below 4.27 nothing has the names, so the caller keeps its own last line
-    assert nearest_line(model, "transformers~=4.23.0", "transformers<4.27", cache)[0] is None
-    # a line after 4.27 removed the helper the code calls: lifting from 4.27 on finds no line below 4.29
-    assert nearest_line(model, "transformers~=4.27.0", "transformers<4.29", cache)[0] is None
-
-
-def test_a_reconciled_package_that_does_not_import_steps_down_to_a_release_that_does(tmp_path: Path,
-                                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_reconciled_package_that_does_not_import_steps_down_to_a_release_that_does(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """pip's choice fits the declared requirements, but its code imports a name the env's dependency lacks
     (accelerate 0.32 beside huggingface-hub 0.17): the newest release of each lower line is tried until one
     imports (real venv, real pip, a local index)."""

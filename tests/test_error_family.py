@@ -20,11 +20,11 @@ PACKAGES = ("agents", "api", "bench", "graph", "knowledge", "sandbox")
 # Signals caught by the code that raises them; none is ever shown to a user.
 SIGNALS = {
     "sandbox.inputs.generate_capture._GenerateCalled": "stops a preprocessing call at generate() to capture its inputs",
-    "agents.rules.h6_mask_parts._Unsupported": "a codemod declines a site; the rewrite skips it",
-    "graph.jobs_support.StopRequested": "a cancel request unwinds the graph thread",
+    "agents.rules.h6.mask_parts._Unsupported": "a codemod declines a site; the rewrite skips it",
     "api.limits.BodyLimitExceeded": "an HTTPException (413): FastAPI's own family",
     # stdlib only: it lives in the model's worker before site runs, where npuport's packages are not imported
-    "sandbox.isolation.worker_channel.ChannelClosed": "the worker's channel to its supervisor ended; the supervisor reports the run",
+    "sandbox.isolation.worker_channel.ChannelClosed": "the worker's channel to its supervisor ended; the supervisor "
+                                                      "reports the run",
 }
 BUILTIN_BASES = {"Exception", "BaseException", "RuntimeError", "ValueError", "KeyError", "LookupError",
                  "TypeError", "OSError", "IOError", "HTTPException"}

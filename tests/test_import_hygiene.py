@@ -15,7 +15,8 @@ HEAVY = ("torch", "chromadb", "sentence_transformers", "transformers", "torch_np
 @pytest.mark.parametrize("module", ["graph", "graph.builder", "graph.runner", "api", "api.cli", "agents.policies",
                                     "knowledge.kb"])
 def test_import_does_not_load_heavy_modules(module: str) -> None:
-    code = f"import json, sys, {module}; print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] in {HEAVY!r})))"
+    code = (f"import json, sys, {module}; "
+            f"print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] in {HEAVY!r})))")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout.strip().splitlines()[-1]) == []
@@ -31,6 +32,7 @@ def test_sandbox_and_knowledge_never_import_agents_or_graph() -> None:
             text = f.read_text()
             for line in text.splitlines():
                 s = line.strip()
-                if s.startswith(("from agents", "import agents", "from graph", "import graph", "from api", "import api")):
+                if s.startswith(("from agents", "import agents", "from graph", "import graph", "from api",
+                                 "import api")):
                     offenders.append(f"{f.relative_to(root)}: {s}")
     assert offenders == []

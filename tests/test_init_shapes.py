@@ -1,4 +1,5 @@
-"""The random-weight build as a checkpoint load would leave it (sandbox/harness/init_shapes.py, sandbox/harness/worker.py):
+"""The random-weight build as a checkpoint load would leave it (sandbox/harness/init_shapes.py,
+sandbox/harness/worker.py):
 a model's ``_init_weights`` that reshapes a parameter (it runs only for weights a checkpoint lacks) is
 undone in layout, and a config class that pops its sub-config dicts is built from a copy each time (the
 constructor fit builds it several times). Harness runs go through real subprocesses, shrunk."""

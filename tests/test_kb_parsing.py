@@ -175,15 +175,13 @@ def test_matrix_records_are_short_facts() -> None:
 
 
 def test_bad_sources_are_skipped_with_reasons(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import knowledge.kb.sources as sources
-
     (tmp_path / "empty").mkdir()
     docs = tmp_path / "docs"
     docs.mkdir()
     (docs / "bin.md").write_bytes(b"\x00\x01binary")
     (docs / "big.md").write_text("x" * 5000)
     (docs / "ok.md").write_text("# ok\n\ntext " * 10)
-    monkeypatch.setattr(sources, "MAX_FILE_BYTES", 4000)
+    monkeypatch.setenv("NPUPORT_KB_MAX_FILE_BYTES", "4000")  # read when the sources are resolved
     res = resolve([str(tmp_path / "empty"), str(docs), str(tmp_path / "missing")])
     reasons = {Path(s.path).name: s.reason for s in res.skipped}
     assert reasons["bin.md"] == "binary content"

@@ -23,7 +23,8 @@ from knowledge.kb.identifiers import extract_keys
 from knowledge.kb.lexical import BM25Index, Doc
 from knowledge.kb.recipes import recipe_keys_for
 
-OPS = ("math/add/docs/aclnnAdd&aclnnInplaceAdd.md", "math/cast/docs/aclnnCast.md", "math/log/docs/aclnnLog&aclnnInplaceLog.md")
+OPS = ("math/add/docs/aclnnAdd&aclnnInplaceAdd.md", "math/cast/docs/aclnnCast.md",
+       "math/log/docs/aclnnLog&aclnnInplaceLog.md")
 
 
 @pytest.fixture(scope="module")
@@ -110,7 +111,8 @@ def _first(kb: KnowledgeBase, q: str) -> str:
 
 
 def test_aclnn_inplace_dtype_error_finds_the_operator_page(store: KnowledgeBase) -> None:
-    q = "call aclnnInplaceAdd failed, detail:EZ1001: self not implemented for DT_UINT64, should be in dtype support list"
+    q = ("call aclnnInplaceAdd failed, detail:EZ1001: self not implemented for DT_UINT64, should be in dtype "
+         "support list")
     hits = store.search(q, k=5)
     assert hits[0].kind == "aclnn" and "aclnn:aclnninplaceadd" in hits[0].primary
     assert "op:add_" in hits[0].primary and "op:add" in hits[0].primary  # aten names via op-plugin

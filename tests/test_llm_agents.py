@@ -78,7 +78,8 @@ def _planner_state(model: Path, policy: str = "hybrid") -> dict[str, Any]:
 
 
 @pytest.mark.slow  # starts the stub LLM server
-def test_planner_turns_a_free_form_goal_into_a_typed_plan_through_the_llm(tmp_path: Path, llm_env: pytest.MonkeyPatch) -> None:
+def test_planner_turns_a_free_form_goal_into_a_typed_plan_through_the_llm(tmp_path: Path,
+                                                                          llm_env: pytest.MonkeyPatch) -> None:
     from agents.nodes.planner import planner_node
 
     model = write_planted_model(tmp_path / "m")
@@ -246,7 +247,8 @@ def test_patcher_asks_the_llm_for_findings_no_codemod_covers_and_rejects_an_edit
         return tool_call_reply("FixPlan", {"fixes": [{"finding_ids": [fid], "summary": "use the Python rope",
                                                       "edits": [{"file": "fused.py",
                                                                  "search": "        return fused_rope_cuda.apply(x)\n",
-                                                                 "replace": "        return x  # no CUDA extension\n"}]}]},
+                                                                 "replace": "        return x  # no CUDA "
+                                                                            "extension\n"}]}]},
                                call_id="call_2")
 
     with StubLLMServer({"code_reader": [_review_answer], "patcher": [tool_call_reply("FixPlan", bad), good]}) as stub:
@@ -280,7 +282,8 @@ def test_tuner_llm_proposals_stay_inside_the_constraint_space_and_the_optimiser_
     answer = {"trials": [{"batch": 2, "dtype": "bfloat16"},  # feasible
                          {"batch": 4, "compile": "reduce-overhead"}]}  # pruned on the CPU by a constraint
     state = {"request": {"policy": "llm", "objective": "latency"}, "workdir": str(tmp_path)}
-    with StubLLMServer({"tuner": [tool_call_reply("TrialsAnswer", outside), tool_call_reply("TrialsAnswer", answer)]}) as stub:
+    with StubLLMServer({"tuner": [tool_call_reply("TrialsAnswer", outside),
+                                  tool_call_reply("TrialsAnswer", answer)]}) as stub:
         llm_env.setenv("NPUPORT_LLM_BASE_URL", stub.base_url)
         kept, note = llm_proposals(state, space, facts)
     assert "batch=64 is not one of" in json.dumps(stub.requests[1]["messages"])

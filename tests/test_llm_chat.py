@@ -23,7 +23,8 @@ def _rule_debugger(state: dict[str, Any]) -> dict[str, Any]:
     from agents.trace import step
 
     exc = StructuredException(type="AssertionError", message="Torch not compiled with CUDA enabled",
-                              frames=[Frame(file="modeling_x.py", line=7, func="generate", code="x.cuda()", in_model=True)])
+                              frames=[Frame(file="modeling_x.py", line=7, func="generate", code="x.cuda()",
+                                            in_model=True)])
     diag = get_policy(state["request"].get("policy", "rule")).diagnose("run-1", exc, [])
     return {"status": "running", "trace": [step("debugger", f"{diag.kind}: fix {diag.fix}")]}
 
@@ -84,7 +85,8 @@ def test_a_client_without_metadata_gets_the_rule_policy(offline_server: str) -> 
     import httpx
 
     r = httpx.post(f"{offline_server}/v1/chat/completions", headers={"Authorization": "Bearer tok"}, timeout=30,
-                   json={"model": "npuport", "messages": [{"role": "user", "content": "port the model in m1 on the cpu"}]})
+                   json={"model": "npuport",
+                         "messages": [{"role": "user", "content": "port the model in m1 on the cpu"}]})
     job_id = r.json()["npuport"]["job_id"]
     job = httpx.get(f"{offline_server}/v1/ports/{job_id}", headers={"Authorization": "Bearer tok"}, timeout=30).json()
     assert job["request"]["policy"] == "rule"

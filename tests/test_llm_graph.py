@@ -63,7 +63,8 @@ def serve(settings: Any, builder: Any = None) -> Iterator[str]:
     from api.app import create_app
 
     port = free_port()
-    server = uvicorn.Server(uvicorn.Config(create_app(settings, graph_builder=builder), host="127.0.0.1", port=port, log_level="warning"))
+    server = uvicorn.Server(uvicorn.Config(create_app(settings, graph_builder=builder), host="127.0.0.1", port=port,
+                                           log_level="warning"))
     t = threading.Thread(target=server.run, daemon=True)
     t.start()
     try:
@@ -103,10 +104,12 @@ def _chat_script(model: Path) -> dict[str, list[Any]]:
 
     def review_after_rejection(body: dict[str, Any]) -> dict[str, Any]:
         last = body["messages"][-1]
-        assert last["role"] == "tool" and "rejected: the arguments of ReviewAnswer are not valid JSON" in last["content"]
+        assert last["role"] == "tool"
+        assert "rejected: the arguments of ReviewAnswer are not valid JSON" in last["content"]
         return tool_call_reply("ReviewAnswer", review, call_id="call_r2")
 
-    stale = "--- a/modeling_planted.py\n+++ b/modeling_planted.py\n@@ -1,2 +1,2 @@\n-    if layout == 'v1':\n+    if True:\n"
+    stale = ("--- a/modeling_planted.py\n+++ b/modeling_planted.py\n@@ -1,2 +1,2 @@\n-    if layout == 'v1':\n"
+             "+    if True:\n")
 
     def plan_after_rejection(body: dict[str, Any]) -> dict[str, Any]:
         last = body["messages"][-1]
@@ -122,7 +125,8 @@ def _chat_script(model: Path) -> dict[str, list[Any]]:
     return {
         "planner": [http_error(429, "slow down", retry_after="0"), tool_call_reply("GoalAnswer", plan)],
         "code_reader": [malformed_tool_call("ReviewAnswer", '{"findings": [{"hazard": "H1", '), review_after_rejection],
-        "patcher": [tool_call_reply("FixPlan", {"fixes": [{"finding_ids": [], "summary": "stale diff", "diff": stale}]}),
+        "patcher": [tool_call_reply("FixPlan",
+                                    {"fixes": [{"finding_ids": [], "summary": "stale diff", "diff": stale}]}),
                     plan_after_rejection],
         # Slower than the client's timeout, twice (the client retries once).
         "debugger": [delayed(never, 8.0), delayed(never, 8.0)],
@@ -158,8 +162,22 @@ def test_chat_port_streams_every_agents_reasoning_and_survives_each_llm_failure(
             job_id = text.split("job `")[1].split("`")[0]
             events = sse_events(base, job_id, "tok")
     assert "ended: **validated**" in text, text
+    _check_reasoning_in_the_chat(chunks)
+    _check_reasoning_in_the_events(events)
+    # ---- the stub saw the retries: each agent asked as scripted, the debugger twice (timeout, retry)
+    assert stub.agents.count("planner") == 2 and stub.agents.count("code_reader") == 2
+    assert stub.agents.count("patcher") == 2 and stub.agents.count("debugger") == 2 and stub.agents.count("tuner") == 2
+    bundle = npuport_home / "jobs" / job_id / "bundle"
+    report = json.loads((bundle / "report.json").read_text())
+    _check_bundle(report, bundle)
+    _check_tuning(report)
+    # secrets never reach the bundle; the user's folder is never written
+    assert "stub-key-0123456789" not in "".join(p.read_text() for p in (bundle / "llm").glob("*.json"))
+    assert (model / "modeling_planted.py").read_text() == original
 
-    # ---- the chat stream: reasoning chunks in OpenAI's chunk format, marked as such
+
+def _check_reasoning_in_the_chat(chunks: list[Any]) -> None:
+    """The chat stream: reasoning chunks in OpenAI's chunk format, marked as such."""
     reasoning = [(c.model_extra or {}).get("npuport") for c in chunks]
     thoughts = [(r["agent"], r["source"], c.choices[0].delta.content or "")
                 for r, c in zip(reasoning, chunks, strict=True) if r and r.get("event") == "reasoning"]
@@ -175,19 +193,18 @@ def test_chat_port_streams_every_agents_reasoning_and_survives_each_llm_failure(
     assert re.search(r"_debugger \(rules\)_: .*the rules decided: device-agnostic.*; fix: device-agnostic", said), said
     assert "_tuner (LLM)_: npuport rejected the answer: trial 1: batch=64 is not one of" in said
     assert "1 inside the constraint space, 1 rejected (pruned by constraints)" in said
-    # ---- the job's SSE stream carries the same reasoning as progress events
+
+
+def _check_reasoning_in_the_events(events: list[tuple[str, dict[str, Any]]]) -> None:
+    """The job's SSE stream carries the same reasoning as progress events."""
     progress = [d for e, d in events if e == "progress" and d["data"].get("kind") == "reasoning"]
     assert {d["data"]["agent"] for d in progress} >= {"planner", "code_reader", "patcher", "debugger", "tuner"}
     assert any(d["data"]["source"] == "rules" and d["data"]["agent"] == "debugger" for d in progress)
     assert events[-1][0] == "end" and events[-1][1]["status"] == "validated"
 
-    # ---- the stub saw the retries: each agent asked as scripted, the debugger twice (timeout, retry)
-    assert stub.agents.count("planner") == 2 and stub.agents.count("code_reader") == 2
-    assert stub.agents.count("patcher") == 2 and stub.agents.count("debugger") == 2 and stub.agents.count("tuner") == 2
 
-    # ---- the bundle
-    bundle = npuport_home / "jobs" / job_id / "bundle"
-    report = json.loads((bundle / "report.json").read_text())
+def _check_bundle(report: dict[str, Any], bundle: Path) -> None:
+    """The bundle: the LLM's plan and patch with its prompt record, the debugger's fall-back to the rules."""
     assert report["plan"]["source"] == "llm" and report["request"]["objective"] == "latency"
     assert report["request"]["target"] == "cpu" and report["request"]["tune"] is True
     codemods = [p["codemod"] for p in report["patches"]]
@@ -204,7 +221,10 @@ def test_chat_port_streams_every_agents_reasoning_and_survives_each_llm_failure(
     assert "## LLM" in md
     assert re.search(r"did not answer in time: \w*TimeoutError\); the rules decided: device-agnostic", md), md
     assert report["counters"]["port_runs"] == 2  # the .cuda() failure, then the fixed run
-    # the tuner: the in-space proposal was measured as its own trial; the optimiser picked the best
+
+
+def _check_tuning(report: dict[str, Any]) -> None:
+    """The tuner: the in-space proposal was measured as its own trial; the optimiser picked the best."""
     trials = report["tuning"]["trials"]
     assert report["tuning"]["status"] == "done", report["tuning"]
     proposed = [t for t in trials if t["detail"].startswith("LLM proposal")]
@@ -216,9 +236,6 @@ def test_chat_port_streams_every_agents_reasoning_and_survives_each_llm_failure(
         (report["tuning"]["best"], chosen)
     assert "1 inside the constraint space, 1 rejected" in report["tuning"]["detail"]
     assert any(d.startswith("tuner: ") and "LLM proposed 2 trial(s)" in d for d in report["llm"]["decisions"])
-    # secrets never reach the bundle; the user's folder is never written
-    assert "stub-key-0123456789" not in "".join(p.read_text() for p in (bundle / "llm").glob("*.json"))
-    assert (model / "modeling_planted.py").read_text() == original
 
 
 # ---------------------------------------------------------------------- a spent budget, through the graph
@@ -233,7 +250,8 @@ def test_malformed_answers_spend_the_budget_and_the_rules_finish_the_port(
     from graph.runner import run_port
 
     model = write_model(tmp_path / "cuda_only", PLANTED_CUDA.replace(
-        '        if layout != "packed":\n            raise RuntimeError("npuport-planted: unsupported layout " + layout)\n', ""))
+        '        if layout != "packed":\n            raise RuntimeError("npuport-planted: unsupported layout " + '
+        'layout)\n', ""))
     out = tmp_path / "bundle"
     llm_env.setenv("NPUPORT_LLM_MAX_RETRIES", "0")
     llm_env.setenv("NPUPORT_LLM_TOKEN_BUDGET", "700")  # the stub reports 240 tokens an exchange

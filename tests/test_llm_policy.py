@@ -253,7 +253,8 @@ def test_same_signature_after_llm_fixes_stops_without_calling_the_model(ws: Work
 def test_earlier_attempts_are_shown_to_the_model(ws: Workspace) -> None:
     earlier = Diagnosis(id="diag-1", run_id="run-1", signature="exception:RuntimeError@mod.py:7", kind="k",
                         summary="first try", fix=LLM_EDIT, params={"by": "llm", "edits": [{"file": "mod.py",
-                                                                                          "search": "a", "replace": "b"}]})
+                                                                                          "search": "a",
+                                                                                          "replace": "b"}]})
     policy, chat = policy_for(ws, [edit_answer()])
     policy.diagnose("run-2", exc_in_mod(), [earlier])
     question = str(chat.seen[0][1].content)
@@ -423,7 +424,8 @@ def test_read_file_is_numbered_bounded_and_stays_in_the_model(ws: Workspace) -> 
 def test_grep_and_search_kb(ws: Workspace) -> None:
     box = ToolBox(model_dir=ws.model_dir, kb_search=lambda q, k: [{"cite": "recipe:H5", "title": "float64",
                                                                    "text": "no   float64 kernels " * 3}][:k])
-    assert box.run("grep", {"pattern": r"raise \w+"}) == 'mod.py:7: raise RuntimeError("planted: unsupported mode " + mode)'
+    assert box.run("grep", {"pattern": r"raise \w+"}) == \
+        'mod.py:7: raise RuntimeError("planted: unsupported mode " + mode)'
     assert box.run("grep", {"pattern": "MODE", "ignore_case": True}).count("mod.py:") == 3
     assert box.run("grep", {"pattern": "("}).startswith("error:")
     assert box.run("search_kb", {"query": "DT_DOUBLE"}).startswith("[recipe:H5] float64\nno float64 kernels")
@@ -444,7 +446,8 @@ def test_search_kb_default_uses_our_recipes_when_no_index_is_built(npuport_home:
     assert "[recipe:H1]" in out
 
 
-def test_run_in_sandbox_runs_a_snippet_and_undoes_workspace_writes(ws: Workspace, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_run_in_sandbox_runs_a_snippet_and_undoes_workspace_writes(ws: Workspace,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("NPUPORT_SANDBOX", "process")
     monkeypatch.setenv("NPUPORT_LLM_API_KEY", "secret-value")
     refused = ToolBox(model_dir=ws.model_dir).run("run_in_sandbox", {"code": "print(1)"})
@@ -507,7 +510,8 @@ def test_malformed_answers_count_against_the_retries(ws: Workspace) -> None:
 
     def bad(i: int) -> AIMessage:
         return AIMessage(content="", invalid_tool_calls=[{"name": "ReviewAnswer", "args": '{"findings": [',
-                                                          "id": f"c{i}", "error": "bad json", "type": "invalid_tool_call"}])
+                                                          "id": f"c{i}", "error": "bad json",
+                                                          "type": "invalid_tool_call"}])
 
     policy, chat = policy_for(ws, [bad(i) for i in range(3)], max_answer_retries=2)
     with pytest.raises(AnswerRejected, match="not valid JSON"):
@@ -538,7 +542,8 @@ def test_reasoning_events_reach_a_graph_stream(ws: Workspace) -> None:
     g.add_edge("n", END)
     events = [c for mode, c in g.compile().stream({}, stream_mode=["custom"]) if mode == "custom"]
     said = [(e["agent"], e["source"], e["text"]) for e in events if e["kind"] == "reasoning"]
-    assert said[0][:2] == ("debugger", "llm") and said[0][2].startswith("answers DiagnosisAnswer: scale rejects its own")
+    assert said[0][:2] == ("debugger", "llm")
+    assert said[0][2].startswith("answers DiagnosisAnswer: scale rejects its own")
     assert said[1][:2] == ("debugger", "llm") and said[1][2].startswith("npuport rejected the answer: ")
     assert said[2][:2] == ("debugger", "llm") and said[2][2].startswith("answers DiagnosisAnswer")
     assert said[3][:2] == ("debugger", "rules") and said[3][2].endswith("fix: device-agnostic")

@@ -57,7 +57,8 @@ def make_inputs(config, seed):
     return {"input_ids": torch.randint(0, config["vocab"], (1, 5), generator=g)}
 '''
 
-SEARCH = '        if layout != "packed":\n            raise RuntimeError("npuport-planted: unsupported layout " + layout)\n'
+SEARCH = ('        if layout != "packed":\n'
+          '            raise RuntimeError("npuport-planted: unsupported layout " + layout)\n')
 REPLACE = ('        if layout not in ("packed", "strided"):  # both layouts compute the same thing\n'
            '            raise RuntimeError("npuport-planted: unsupported layout " + layout)\n')
 
@@ -125,7 +126,8 @@ def _assert_stub_conversation(stub: StubLLMServer) -> None:
 
 @pytest.mark.slow
 def test_hybrid_policy_ports_a_planted_failure_through_the_graph(tmp_path: Path, npuport_home: Path,
-                                                                 llm_env: None, monkeypatch: pytest.MonkeyPatch) -> None:
+                                                                 llm_env: None,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
     from graph.runner import run_port
 
     model = write_planted_model(tmp_path / "planted")
@@ -240,8 +242,8 @@ def test_hybrid_policy_fixes_a_planted_failure_through_policy_patcher_and_sandbo
     assert json.loads((ws.root / "llm_usage.json").read_text())["tokens"] == 2 * 240
 
 
-def test_stub_server_answers_only_on_loopback_and_fails_loudly_when_the_script_ends(llm_env: None,
-                                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+def test_stub_server_answers_only_on_loopback_and_fails_loudly_when_the_script_ends(
+        llm_env: None, monkeypatch: pytest.MonkeyPatch) -> None:
     """The real ChatOpenAI client against the stub, streaming included; an extra call is an error."""
     from langchain_openai import ChatOpenAI
 

@@ -150,8 +150,8 @@ ATTN_CASES = [
      "attn_bias=xops.LowerTriangularMask(), scale=0.3)\n", {"causal": True, "scale": 0.3}),
     ("from flash_attn import flash_attn_func\ndef f(q, k, v):\n    return flash_attn_func(q, k, v, 0.0, None, True)\n",
      {"causal": True}),
-    ("from flash_attn import flash_attn_func\ndef f(q, k, v):\n    return flash_attn_func(q, k, v, softmax_scale=0.2)\n",
-     {"scale": 0.2}),
+    ("from flash_attn import flash_attn_func\ndef f(q, k, v):\n"
+     "    return flash_attn_func(q, k, v, softmax_scale=0.2)\n", {"scale": 0.2}),
 ]
 
 
@@ -164,7 +164,8 @@ def test_attention_calls_to_sdpa_compute_the_documented_attention(src: str, mean
     assert len(found) == 1 and found[0][3] is True
     out = attention_to_sdpa(src)
     assert out.changed and "_npuport_sdpa_bshd(q, k, v" in out.source
-    body = "\n".join(ln for ln in out.source.splitlines() if "import xformers" not in ln and "import flash_attn" not in ln)
+    body = "\n".join(ln for ln in out.source.splitlines()
+                     if "import xformers" not in ln and "import flash_attn" not in ln)
     ns: dict[str, Any] = {}
     exec(compile(body, "m.py", "exec"), ns)
     g = torch.Generator().manual_seed(0)
@@ -240,7 +241,8 @@ class Block(nn.Module):
 
 def test_a_hard_wired_flash_path_is_a_fixable_blocker_and_the_config_flag_is_not() -> None:
     (found,) = [f for f in scan_source(_HARD_WIRED, "m.py") if f.hazard == "H13"]
-    assert (found.rule, found.line, found.fixable, found.severity) == ("hard-wired-kernel-path", 25, True, Severity.HIGH)
+    assert (found.rule, found.line, found.fixable, found.severity) == ("hard-wired-kernel-path", 25, True,
+                                                                       Severity.HIGH)
     # set from the config or an argument: the user's switch, left as a note
     configured = _HARD_WIRED.replace("self.use_flash_attention = True", "self.use_flash_attention = dim > 0")
     assert [f.rule for f in scan_source(configured, "m.py") if f.hazard == "H13"] == []
@@ -316,8 +318,8 @@ def test_a_constructor_assert_on_a_cuda_only_kernel_is_a_fixable_blocker() -> No
 @pytest.mark.meaning("defer-kernel-assert")
 def test_the_module_builds_without_the_kernel_and_the_torch_path_computes_the_same() -> None:
     """Without flash_attn (here, on Ascend) the original cannot be built at all; the port builds, and with the
-    config's kernel flag off (what the harness sets, sandbox/cuda_redirect/cuda_only.py) it computes the original's torch
-    branch exactly."""
+    config's kernel flag off (what the harness sets, sandbox/cuda_redirect/cuda_only.py) it computes the original's
+    torch branch exactly."""
     from agents.rules.h13_kernel_flags import defer_kernel_asserts
     from sandbox.cuda_redirect.cuda_only import kernel_flags_off
 
@@ -338,3 +340,21 @@ def test_the_module_builds_without_the_kernel_and_the_torch_path_computes_the_sa
     x = torch.randn(1, 4, 8)
     q, k, v = attn.qkv(x).chunk(3, -1)
     assert torch.equal(attn(x), torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True))
+
+
+def test_the_reference_run_and_the_patched_code_share_one_sdpa_definition() -> None:
+    """The helper the codemod inserts is the function the reference run's flash-attn / xformers stand-ins
+    call (sandbox/cuda_redirect/sdpa.py), not a second copy."""
+    import ast
+    import inspect
+
+    from sandbox.cuda_redirect import redirect, sdpa
+
+    def helper_def(text: str) -> str:
+        tree = ast.parse(text)
+        return next(ast.dump(n) for n in ast.walk(tree)
+                    if isinstance(n, ast.FunctionDef) and n.name == "_npuport_sdpa_bshd")
+
+    inserted = attention_to_sdpa(ATTN_CASES[0][0]).source
+    assert helper_def(inserted) == helper_def(inspect.getsource(sdpa))
+    assert redirect._npuport_sdpa_bshd is sdpa._npuport_sdpa_bshd

@@ -74,7 +74,8 @@ def _offences(path: Path) -> list[str]:
                 bad(node, "compares a target name")
         elif isinstance(node, ast.Call):
             fn = ast.unparse(node.func)
-            if fn.split(".")[-1] in ("Target", "resolve_target") and node.args and _strings(node.args[0]) & TARGET_WORDS:
+            if (fn.split(".")[-1] in ("Target", "resolve_target") and node.args
+                    and _strings(node.args[0]) & TARGET_WORDS):
                 bad(node, "builds a target by name")
         elif (isinstance(node, ast.BoolOp) and isinstance(node.op, ast.Or)  # `t.get("name") or "cpu"`
               and any(_strings(v) & AMBIGUOUS for v in node.values) and TARGETISH.search(ast.unparse(node))):

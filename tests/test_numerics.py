@@ -34,7 +34,8 @@ def test_zeros_in_both_count_as_exact_and_shape_mismatch_fails() -> None:
 
 
 def test_first_diverging_module_follows_execution_order(tmp_path: Path) -> None:
-    ref = {"embed": torch.ones(4), "layers.0": torch.arange(4.0), "layers.1": torch.arange(4.0) * 2, "__step__": torch.ones(2)}
+    ref = {"embed": torch.ones(4), "layers.0": torch.arange(4.0), "layers.1": torch.arange(4.0) * 2,
+           "__step__": torch.ones(2)}
     port = {k: v.clone() for k, v in ref.items()}
     port["layers.0"][1] += 0.5  # diverges first
     port["layers.1"][2] += 0.5

@@ -16,10 +16,10 @@ import torch
 from agents.fixing.codemods import CODEMODS
 from agents.models import Finding, HazardCategory, Severity
 from agents.policies.rule import RulePolicy
-from agents.rules.h4_fused import NPU_PRELUDE, fused_rms_norm, fused_rotary_mul
-from agents.rules.h4_fused_attention import fused_attention
-from agents.rules.h6_codemods import vectorise_mask_loops
-from agents.rules.h6_moe import moe_dense_dispatch
+from agents.rules.h4.fused import NPU_PRELUDE, fused_rms_norm, fused_rotary_mul
+from agents.rules.h4.fused_attention import fused_attention
+from agents.rules.h6.codemods import vectorise_mask_loops
+from agents.rules.h6.moe import moe_dense_dispatch
 from sandbox.ascend_sim import fused_ops
 
 
@@ -147,15 +147,17 @@ def build(n):
     # the tensor came from outside: its shape, dtype and aliasing are unknown here
     "import torch\ndef f(mask, n):\n    for i in range(n):\n        mask[i, :i] = 0\n    return mask\n",
     # the loop variable is read after the loop
-    "import torch\ndef f(n):\n    m = torch.zeros(n, n)\n    for i in range(n):\n        m[i, :i] = 1\n    return m, i\n",
+    "import torch\ndef f(n):\n    m = torch.zeros(n, n)\n    for i in range(n):\n        m[i, :i] = 1\n    "
+    "return m, i\n",
     # a random condition (like a sample-image generator): not a pure function of the positions
-    "import torch\ndef f(n, g):\n    m = torch.zeros(n, n)\n    for i in range(n):\n        if torch.rand((), generator=g) < 0.5:\n"
-    "            m[i, :2] = 1\n    return m\n",
+    "import torch\ndef f(n, g):\n    m = torch.zeros(n, n)\n    for i in range(n):\n        if torch.rand((), "
+    "generator=g) < 0.5:\n            m[i, :2] = 1\n    return m\n",
     # a loop that does something else too
     "import torch\ndef f(n):\n    m = torch.zeros(n, n)\n    c = 0\n    for i in range(n):\n        m[i, :i] = 1\n"
     "        c += 1\n    return m\n",
     # a start that may be negative (negative indices wrap)
-    "import torch\ndef f(n, s):\n    m = torch.zeros(n, n)\n    for i in range(s, n):\n        m[i, :i] = 1\n    return m\n",
+    "import torch\ndef f(n, s):\n    m = torch.zeros(n, n)\n    for i in range(s, n):\n        m[i, :i] = 1\n    "
+    "return m\n",
 ])
 def test_mask_loop_unsafe_shapes_are_left_alone(src: str) -> None:
     _unchanged(vectorise_mask_loops, src)
@@ -523,12 +525,13 @@ def test_moe_offset_indexed_expert_parallel_loop_is_rewritten_under_a_guard() ->
 
 
 def test_moe_collectives_outside_a_simple_branch_are_left_with_the_reason() -> None:
-    from agents.rules.h6_moe import moe_plan
+    from agents.rules.h6.moe import moe_plan
 
     src = MOE_EP.replace("        if self.world > 1:\n            dist.all_to_all_single(tokens_per_expert.clone(), "
                          "tokens_per_expert)\n",
-                         "        if self.world > 1:\n            pass\n        dist.all_to_all_single(tokens_per_expert.clone(), "
-                         "tokens_per_expert)\n        if self.world > 1:\n")
+                         "        if self.world > 1:\n            pass\n        "
+                         "dist.all_to_all_single(tokens_per_expert.clone(), tokens_per_expert)\n        if "
+                         "self.world > 1:\n")
     _unchanged(moe_dense_dispatch, src)
     fn = next(n for n in __import__("libcst").parse_module(src).body[3].body.body
               if getattr(n, "name", None) is not None and n.name.value == "moe_infer")
@@ -589,9 +592,12 @@ def test_rms_norm_fallback_exact_and_fused_close(shape: str) -> None:
 
 
 def test_rms_norm_other_statistics_left_alone() -> None:
-    _unchanged(fused_rms_norm, "import torch\ndef f(x, y):\n    return x * torch.rsqrt(y.pow(2).mean(-1, keepdim=True) + 1e-6)\n")
-    _unchanged(fused_rms_norm, "import torch\ndef f(x):\n    return x * torch.rsqrt(x.pow(2).mean(0, keepdim=True) + 1e-6)\n")
-    _unchanged(fused_rms_norm, "import torch\ndef f(x):\n    return x * torch.rsqrt(x.pow(3).mean(-1, keepdim=True) + 1e-6)\n")
+    _unchanged(fused_rms_norm,
+               "import torch\ndef f(x, y):\n    return x * torch.rsqrt(y.pow(2).mean(-1, keepdim=True) + 1e-6)\n")
+    _unchanged(fused_rms_norm,
+               "import torch\ndef f(x):\n    return x * torch.rsqrt(x.pow(2).mean(0, keepdim=True) + 1e-6)\n")
+    _unchanged(fused_rms_norm,
+               "import torch\ndef f(x):\n    return x * torch.rsqrt(x.pow(3).mean(-1, keepdim=True) + 1e-6)\n")
 
 
 def test_rms_norm_variance_still_read_elsewhere_is_kept() -> None:

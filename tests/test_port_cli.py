@@ -173,7 +173,8 @@ def test_port_ocr_mini_on_ascend_sim_via_auto(tmp_path: Path, sim_home: Path) ->
     out = tmp_path / "bundle"
     r = npuport("port", str(model), "--target", "auto", "--out", str(out), home=sim_home)
     assert r.returncode == 0, r.stdout + r.stderr
-    assert "auto: torch_npu cannot be imported here" in r.stdout or "auto: torch_npu imports but sees no NPU" in r.stdout
+    assert ("auto: torch_npu cannot be imported here" in r.stdout
+            or "auto: torch_npu imports but sees no NPU" in r.stdout)
     report = _report(out)
     assert report["target"]["name"] == "ascend-sim" and report["numerics"]["verdict"] == "match"
     port_run = [x for x in report["runs"] if x["purpose"] == "port"][-1]

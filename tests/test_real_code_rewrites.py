@@ -11,7 +11,7 @@ import torch
 
 from agents.reading.scanner import scan_source
 from agents.report.bundle import finding_resolutions
-from agents.rules.h6_moe import moe_dense_dispatch
+from agents.rules.h6.moe import moe_dense_dispatch
 
 # A routed-experts block of the expert-parallel class: training loop under `if self.training`, inference
 # through a sorted-token function with host-synced counts and an offset expert index; a collective branch.
@@ -289,7 +289,7 @@ SCRIPT = textwrap.dedent('''
 def test_flash_attention_selected_in_a_script_becomes_sdpa_and_runs(tmp_path) -> None:  # type: ignore[no-untyped-def]
     from transformers import AutoModelForCausalLM, LlamaConfig
 
-    from agents.rules.h4_attention import attn_impl_sdpa
+    from agents.rules.h4.attention import attn_impl_sdpa
 
     (finding,) = [f for f in scan_source(SCRIPT, "infer.py") if f.rule == "flash-attention-2-impl"]
     assert finding.fixable
@@ -393,7 +393,8 @@ def test_helpers_are_inserted_only_where_used_and_added_when_a_later_rewrite_nee
     assert "_NpuportCpuBackend" not in first.source and "_NpuportCpuStream" not in first.source
     assert len(first.source.splitlines()) - len(src.splitlines()) < 20
     # a second rewrite in the same file that needs the backend stand-ins gets them (and only them), once
-    more = first.source + "\n\ndef g():\n    torch.cuda.synchronize()\n    return torch.cuda.Event(enable_timing=True)\n"
+    more = first.source + ("\n\ndef g():\n    torch.cuda.synchronize()\n"
+                           "    return torch.cuda.Event(enable_timing=True)\n")
     second = CODEMODS["device-agnostic"][0](more)
     assert second.changed
     out = second.source
@@ -432,7 +433,7 @@ def test_sizes_fixed_in_code_are_reported_for_shrink() -> None:
 
 
 def test_a_mask_loop_the_codemod_declines_is_reported_with_its_reason() -> None:
-    from agents.rules.h6_codemods import vectorise_mask_loops
+    from agents.rules.h6.codemods import vectorise_mask_loops
 
     src = textwrap.dedent('''
         import torch

@@ -117,7 +117,7 @@ def test_harness_imports_the_folder_as_a_package_and_builds_through_auto_config(
 def test_nested_inputs_move_to_the_device() -> None:
     import torch
 
-    from sandbox.harness.worker import _to_device
+    from sandbox.harness.feeding import to_device as _to_device
 
     t = torch.ones(2)
     moved = _to_device({"images": [(t, t)], "meta": {"mask": t}, "n": 3}, "meta")
@@ -242,7 +242,8 @@ def test_the_folders_own_tokenizer_is_used_when_present(tmp_path: Path) -> None:
 
     model_build.register_model_package(folder)
     config = json.loads((folder / "config.json").read_text())
-    model = model_build.build_model(model_build._load_attr("modeling_tiled:TiledOcrForCausalLM", folder), config, folder)
+    model = model_build.build_model(model_build._load_attr("modeling_tiled:TiledOcrForCausalLM", folder), config,
+                                    folder)
     inputs, _, notes = capture_preprocessed_inputs(model, "infer", folder, config, seed=0)
     ids = inputs["input_ids"][0][~inputs["images_seq_mask"][0]].tolist()
     assert ids == [vocab["Read"], vocab["the"], vocab["text"], vocab["in"], vocab["the"], 0], ids  # "image." unknown
@@ -409,7 +410,8 @@ def test_long_token_rows_are_summarised_for_people_and_short_ones_kept() -> None
 
     prompt = [0] + [128815] * 280 + [13, 85]
     text = token_summary([prompt + [7, 7, 7]])
-    assert text.startswith("[[0, 128815, 128815") and "... 274 more ..." in text and text.endswith("85, 7, 7, 7] (286 ids)]")
+    assert text.startswith("[[0, 128815, 128815") and "... 274 more ..." in text and text.endswith("85, 7, 7, 7] "
+                                                                                                   "(286 ids)]")
     assert token_summary([[1, 2, 3]]) == "[[1, 2, 3]]" and token_summary(None) == "None"
 
 
@@ -431,7 +433,8 @@ def _with_processor(dest: Path) -> Path:
     fast.add_special_tokens({"additional_special_tokens": ["<image>"]})
     template = ("{% for m in messages %}USER: {% for c in m['content'] %}{% if c['type'] == 'image' %}<image> "
                 "{% else %}{{ c['text'] }}{% endif %}{% endfor %} ASSISTANT:{% endfor %}")
-    LlavaProcessor(image_processor=CLIPImageProcessor(size={"shortest_edge": 16}, crop_size={"height": 16, "width": 16}),
+    LlavaProcessor(image_processor=CLIPImageProcessor(size={"shortest_edge": 16},
+                                                      crop_size={"height": 16, "width": 16}),
                    tokenizer=fast, patch_size=4, vision_feature_select_strategy="full",
                    chat_template=template).save_pretrained(dest)
     return dest
@@ -446,7 +449,8 @@ def test_a_processor_release_gets_its_inputs_from_its_own_processor(tmp_path: Pa
     assert res["ok"], res["exception"]
     assert res["inputs"]["source"] == "preprocess", res["inputs"]
     note = res["inputs"]["notes"][0]
-    assert "LlavaProcessor, its own tokenizer, its chat template" in note and "pixel_values (1, 3, 16, 16) float32" in note
+    assert "LlavaProcessor, its own tokenizer, its chat template" in note
+    assert "pixel_values (1, 3, 16, 16) float32" in note
     row = res["outputs"]["tokens"][0]
     assert row[:2] == [2, 1] and row.count(1) >= 16  # "USER:" then the placeholder expanded per patch
     assert res["outputs"]["new_tokens"] == 8 and len(row) == 8 + row.index(3) + 1  # prompt ends at "ASSISTANT:"
@@ -471,12 +475,14 @@ def test_a_tokenizer_config_whose_tokenizer_does_not_load_falls_back_to_the_stan
     # a custom tokenizer class through auto_map whose module is not in the folder (a vocabulary or code file
     # the release did not ship)
     (folder / "tokenizer_config.json").write_text(json.dumps(
-        {"tokenizer_class": "TiledTokenizer", "auto_map": {"AutoTokenizer": ["tokenization_tiled.TiledTokenizer", None]},
+        {"tokenizer_class": "TiledTokenizer",
+         "auto_map": {"AutoTokenizer": ["tokenization_tiled.TiledTokenizer", None]},
          "added_tokens_decoder": {"5": {"content": "<|eot|>", "special": True}}, "eos_token": "<|eot|>"}))
     assert any("if AutoTokenizer loads it" in a for a in discover_entry(folder).assumptions)
     model_build.register_model_package(folder)
     config = json.loads((folder / "config.json").read_text())
-    model = model_build.build_model(model_build._load_attr("modeling_tiled:TiledOcrForCausalLM", folder), config, folder)
+    model = model_build.build_model(model_build._load_attr("modeling_tiled:TiledOcrForCausalLM", folder), config,
+                                    folder)
     inputs, _, notes = capture_preprocessed_inputs(model, "infer", folder, config, seed=0)
     assert "a stand-in tokenizer (the folder's tokenizer does not load here (" in notes[0]
     assert int(inputs["images_seq_mask"].sum()) == 16

@@ -172,7 +172,8 @@ def test_stand_in_raises_naming_the_library_when_called_on_tensors(tmp_path: Pat
     src = "import torch\nimport flash_attn\ndef run():\n    return flash_attn.flash_attn_func(torch.ones(2))\n"
     port = guard_cuda_only_imports(src).source
     (tmp_path / "model_mod.py").write_text(port)
-    code = f"import sys\nsys.path.insert(0, {str(tmp_path)!r})\nsys.modules['flash_attn'] = None\nimport model_mod\nmodel_mod.run()\n"
+    code = (f"import sys\nsys.path.insert(0, {str(tmp_path)!r})\nsys.modules['flash_attn'] = None\n"
+            "import model_mod\nmodel_mod.run()\n")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert proc.returncode != 0 and "flash_attn.flash_attn_func belongs to a CUDA-only library" in proc.stderr
 
@@ -244,8 +245,8 @@ def test_cpu_stand_ins_are_real_objects_and_the_assert_holds() -> None:
 def test_the_reference_redirect_runs_the_same_snippet_with_the_same_results(tmp_path: Path) -> None:
     """The original, under the cuda->cpu redirect, and the port agree."""
     (tmp_path / "model_mod.py").write_text(_DEVICE_SNIPPET)
-    code = (f"import sys\nsys.path.insert(0, {str(tmp_path)!r})\nfrom sandbox import redirect\nredirect.install('cpu')\n"
-            "import model_mod\nprint(repr(model_mod.run()))\n")
+    code = (f"import sys\nsys.path.insert(0, {str(tmp_path)!r})\nfrom sandbox.cuda_redirect import "
+            "redirect\nredirect.install('cpu')\nimport model_mod\nprint(repr(model_mod.run()))\n")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr[-2000:]
     reference = proc.stdout.strip().splitlines()[-1]
@@ -348,8 +349,8 @@ def test_graph_capture_and_replay_compute_what_eager_steps_compute(tmp_path: Pat
     """A captured step replayed on new static inputs (CUDA-graph style) gives the eager step's results, in
     the port (CPU graph stand-in) and in the reference (the redirect's graph), and the two agree."""
     (tmp_path / "model_mod.py").write_text(_GRAPH_SNIPPET)
-    code = (f"import sys\nsys.path.insert(0, {str(tmp_path)!r})\nfrom sandbox import redirect\nredirect.install('cpu')\n"
-            "import model_mod\nprint(repr(model_mod.run()))\n")
+    code = (f"import sys\nsys.path.insert(0, {str(tmp_path)!r})\nfrom sandbox.cuda_redirect import "
+            "redirect\nredirect.install('cpu')\nimport model_mod\nprint(repr(model_mod.run()))\n")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr[-2000:]
     ported = _exec(device_agnostic(_GRAPH_SNIPPET).source)["run"]()
@@ -375,7 +376,7 @@ def test_reference_stubs_import_submodules_and_are_inert_at_import_time(tmp_path
     ''')
     (tmp_path / "model_mod.py").write_text(src)
     code = (f"import sys\nsys.path.insert(0, {str(tmp_path)!r})\nsys.modules['triton'] = None\n"
-            "del sys.modules['triton']\nfrom sandbox import redirect\nredirect.install('cpu')\n"
+            "del sys.modules['triton']\nfrom sandbox.cuda_redirect import redirect\nredirect.install('cpu')\n"
             "redirect.stub_module('triton')\nimport model_mod\nprint(repr(model_mod.run()))\n")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr[-2000:]
@@ -400,8 +401,8 @@ def test_reference_run_computes_documented_attention_of_stubbed_libraries(tmp_pa
             return torch.allclose(a, ref), torch.allclose(b, ref)
     ''')
     (tmp_path / "model_mod.py").write_text(src)
-    code = (f"import sys\nsys.path.insert(0, {str(tmp_path)!r})\nfrom sandbox import redirect\nredirect.install('cpu')\n"
-            "redirect.stub_module('xformers')\nredirect.stub_module('flash_attn')\n"
+    code = (f"import sys\nsys.path.insert(0, {str(tmp_path)!r})\nfrom sandbox.cuda_redirect import "
+            "redirect\nredirect.install('cpu')\nredirect.stub_module('xformers')\nredirect.stub_module('flash_attn')\n"
             "import model_mod\nprint(repr(model_mod.run()))\n")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr[-2000:]
@@ -413,8 +414,8 @@ def test_reference_run_runs_graph_compile_modes_eagerly(tmp_path: Path) -> None:
            "@torch.compile(mode='max-autotune')\ndef f(x):\n    return x + 1\n"
            "def run():\n    return type(lin).__name__, f(torch.zeros(1).pin_memory()).tolist()\n")
     (tmp_path / "model_mod.py").write_text(src)
-    code = (f"import sys\nsys.path.insert(0, {str(tmp_path)!r})\nfrom sandbox import redirect\nredirect.install('cpu')\n"
-            "import model_mod\nprint(repr(model_mod.run()))\n")
+    code = (f"import sys\nsys.path.insert(0, {str(tmp_path)!r})\nfrom sandbox.cuda_redirect import "
+            "redirect\nredirect.install('cpu')\nimport model_mod\nprint(repr(model_mod.run()))\n")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.strip().splitlines()[-1] == "('Linear', [1.0])"

@@ -66,7 +66,8 @@ def _exc(type_: str, message: str, line: int = 7) -> StructuredException:
         (_exc("ModuleNotFoundError", "No module named 'flash_attn'"), "missing-cuda-module"),
         (_exc("ModuleNotFoundError", "No module named 'einops'"), "missing-module"),
         (_exc("AssertionError", "Torch not compiled with CUDA enabled"), "cuda-assert"),
-        (_exc("RuntimeError", "Expected all tensors to be on the same device, but found at least two devices, npu:0 and cpu!"),
+        (_exc("RuntimeError",
+              "Expected all tensors to be on the same device, but found at least two devices, npu:0 and cpu!"),
          "device-mismatch"),
         (_exc("RuntimeError", "call aclnnRepeatInterleaveIntWithDim failed, detail:EZ1001: self not implemented for "
               "DT_DOUBLE, should be in dtype support list [DT_FLOAT,]"), "npu-dtype"),

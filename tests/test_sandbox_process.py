@@ -19,7 +19,8 @@ def test_wall_timeout_kills_the_process_group(tmp_path: Path) -> None:
     grandchild = f"import time; time.sleep(3); open({str(marker)!r}, 'w').write('x')"
     code = f"import subprocess, sys, time\nsubprocess.Popen([sys.executable, '-c', {grandchild!r}])\ntime.sleep(60)\n"
     start = time.monotonic()
-    res = ProcessSandbox().execute([sys.executable, "-c", code], cwd=tmp_path, env=scrubbed_env(), limits=Limits(wall_s=1.0))
+    res = ProcessSandbox().execute([sys.executable, "-c", code], cwd=tmp_path, env=scrubbed_env(),
+                                   limits=Limits(wall_s=1.0))
     assert res.status == "timeout"
     assert time.monotonic() - start < 10
     time.sleep(3.5)

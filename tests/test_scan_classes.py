@@ -60,7 +60,8 @@ def test_legacy_tuple_cache_is_found_once_per_layer_and_not_elsewhere() -> None:
 def test_kv_growth_by_cat_is_found_per_concatenation() -> None:
     found = scan(TUPLE_LAYER)
     assert lines(found, "kv-cat-growth") == [7, 8]
-    assert lines(scan("import torch\ndef f(a, b, layer_past):\n    return torch.cat([a, b], -1)\n"), "kv-cat-growth") == []
+    grown = scan("import torch\ndef f(a, b, layer_past):\n    return torch.cat([a, b], -1)\n")
+    assert lines(grown, "kv-cat-growth") == []
     # a mask grown per step is not the KV cache
     assert lines(scan("import torch\ndef f(mask, past_mask):\n    return torch.cat([past_mask, mask], -1)\n"),
                  "kv-cat-growth") == []

@@ -78,7 +78,8 @@ POSITIVE: list[tuple[str, str, str, list[int]]] = [
      "    return q\n", [8]),
     # H4
     ("H4", "flash-attention-2-impl",
-     "from transformers import AutoModel\nm = AutoModel.from_pretrained('x', attn_implementation='flash_attention_2')\n",
+     "from transformers import AutoModel\n"
+     "m = AutoModel.from_pretrained('x', attn_implementation='flash_attention_2')\n",
      [2]),
     ("H4", "flash-attention-2-impl", "def setup(config):\n    config._attn_implementation = 'flash_attention_2'\n",
      [2]),
@@ -96,7 +97,8 @@ POSITIVE: list[tuple[str, str, str, list[int]]] = [
      "import torch\ndef attn(q, k, v, mask):\n    s = q @ k.transpose(-1, -2)\n    s += mask\n"
      "    return torch.bmm(s.softmax(-1), v)\n", [5]),
     ("H4", "rms-norm-opportunity",
-     "import torch\ndef rms(x, eps):\n    var = x.pow(2).mean(-1, keepdim=True)\n    return x * torch.rsqrt(var + eps)\n",
+     "import torch\ndef rms(x, eps):\n    var = x.pow(2).mean(-1, keepdim=True)\n    return x * torch.rsqrt(var "
+     "+ eps)\n",
      [4]),
     ("H4", "rms-norm-opportunity",
      "import torch\ndef rms(x, w):\n    return w * x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6)\n", [3]),
@@ -109,8 +111,11 @@ POSITIVE: list[tuple[str, str, str, list[int]]] = [
     ("H5", "float64", "import numpy as np\nimport torch\nt = torch.from_numpy(np.arange(3, dtype=np.float64))\n",
      [3]),
     ("H5", "float64", "import torch\nt = torch.tensor([1.0], dtype=float)\n", [2]),
-    ("H5", "complex-dtype", "import torch\ndef f(x):\n    return torch.view_as_complex(x)\n", [3]),
-    ("H5", "complex-dtype", "import torch\nz = torch.zeros(2, dtype=torch.complex64)\n", [2]),
+    ("H27", "complex-dtype", "import torch\ndef f(x):\n    return torch.view_as_complex(x)\n", [3]),
+    ("H27", "complex-dtype", "import torch\nz = torch.zeros(2, dtype=torch.complex64)\n", [2]),
+    ("H27", "complex-dtype", "import torch\nt = torch.polar(torch.ones_like(a), a)\n", [2]),
+    ("H27", "complex-fft", "import torch\ndef f(x):\n    return torch.fft.irfft(torch.fft.rfft(x))\n", [3]),
+    ("H24", "unbound-name", "def f(x: List[int]):\n    return x\n", [1]),
     ("H5", "bf16-on-310p", "import torch\nm = torch.zeros(2, dtype=torch.bfloat16)\n", [2]),
     # H6
     ("H6", "item-sync", "import torch\nclass M(torch.nn.Module):\n    def forward(self, x):\n"
@@ -126,7 +131,8 @@ POSITIVE: list[tuple[str, str, str, list[int]]] = [
      "def forward(self, x):\n    for i in range(self.num_experts):\n        x = self.experts[i](x)\n    return x\n",
      [2]),
     ("H6", "per-expert-loop",
-     "def forward(self, x):\n    for i, expert in enumerate(self.experts):\n        x = expert(x)\n    return x\n", [2]),
+     "def forward(self, x):\n    for i, expert in enumerate(self.experts):\n        x = expert(x)\n    return x\n",
+     [2]),
     # H7 reads the op matrix of the torch_npu wheel: tests/test_cast_world_fallback.py
     # H8
     ("H8", "private-framework-import",
@@ -181,7 +187,8 @@ NEGATIVE: list[tuple[str, str, str]] = [
     ("H3", "cuda-only-import", "import torch\nimport numpy as np\nx = np.zeros(2)\n"),
     ("H3", "unused-cuda-only-import", "import torch\nfrom flash_attn_like import thing\n"),
     ("H3", "triton-kernel", "import functools\n\n@functools.lru_cache\ndef k(x):\n    return x\n"),
-    ("H3", "optional-fused-path", "def attn(q, cfg):\n    if cfg.use_flash_attn:\n        return q * 2\n    return q\n"),
+    ("H3", "optional-fused-path",
+     "def attn(q, cfg):\n    if cfg.use_flash_attn:\n        return q * 2\n    return q\n"),
     ("H4", "flash-attention-2-impl", "from transformers import AutoModel\n"
      "m = AutoModel.from_pretrained('x', attn_implementation='sdpa')\n"),
     ("H4", "sdpa-missing", "CLASSES = {'eager': 1, 'sdpa': 2, 'flash_attention_2': 3}\n"),
@@ -191,23 +198,28 @@ NEGATIVE: list[tuple[str, str, str]] = [
     ("H4", "rotary-opportunity", "def apply(q, cos, sin):\n    return q * cos\n"),
     ("H5", "float64", "import torch\nx = torch.zeros(3, dtype=torch.float32)\n"),
     ("H5", "float64", "import numpy as np\na = np.zeros(3, dtype=np.float64)\n"),  # never reaches torch
-    ("H5", "complex-dtype", "import torch\nz = torch.zeros(2, dtype=torch.float16)\n"),
+    ("H27", "complex-dtype", "import torch\nz = torch.zeros(2, dtype=torch.float16)\n"),
+    ("H24", "unbound-name", "from typing import List\ndef f(x: List[int]):\n    return x\n"),
+    ("H24", "unbound-name", "from x import *\ndef f(x: List[int]):\n    return x\n"),
     ("H5", "bf16-on-310p", "import torch\nz = torch.zeros(2, dtype=torch.float16)\n"),
     ("H6", "item-sync", "d = {'a': 1}\nfor k, v in d.items():\n    pass\n"),
-    ("H6", "elementwise-loop", "def f(xs):\n    out = []\n    for i in range(len(xs)):\n        out.append(xs[i])\n    return out\n"),
+    ("H6", "elementwise-loop",
+     "def f(xs):\n    out = []\n    for i in range(len(xs)):\n        out.append(xs[i])\n    return out\n"),
     ("H6", "elementwise-loop", "def f(xs):\n    outs = [None] * len(xs)\n    for i in range(len(xs)):\n"
      "        outs[i] = xs[i] * 2\n    return outs\n"),
     ("H4", "sdpa-missing", "from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS\n"
      "def f(self, q):\n    if self.config._attn_implementation != 'eager':\n"
      "        return ALL_ATTENTION_FUNCTIONS[self.config._attn_implementation](q)\n"),
-    ("H6", "per-expert-loop", "def forward(self, x):\n    for layer in self.layers:\n        x = layer(x)\n    return x\n"),
+    ("H6", "per-expert-loop",
+     "def forward(self, x):\n    for layer in self.layers:\n        x = layer(x)\n    return x\n"),
     ("H6", "dynamic-shape-sync", "import torch\ny = torch.where(torch.ones(2) > 0, 1.0, 0.0)\n"),
     ("H8", "private-framework-import", "from transformers import AutoModel, PreTrainedModel\n"),
     ("H8", "trust-remote-code", "from transformers import AutoModel\n"
      "m = AutoModel.from_pretrained('x', trust_remote_code=False)\n"),
     ("H9", "nccl-backend", "import torch.distributed as dist\ndist.init_process_group(backend='hccl')\n"),
     ("H9", "process-group-init", "import torch.distributed as dist\ndist.init_process_group(backend='gloo')\n"),
-    ("H10", "cuda-graph-mode", "from vllm import LLM\nllm = LLM('m', enforce_eager=True, gpu_memory_utilization=0.9)\n"),
+    ("H10", "cuda-graph-mode",
+     "from vllm import LLM\nllm = LLM('m', enforce_eager=True, gpu_memory_utilization=0.9)\n"),
     ("H10", "cuda-graph-knob", "from vllm import LLM\nllm = LLM('m', gpu_memory_utilization=0.9)\n"),
     ("H10", "vllm-attention-backend", "import os\nos.environ['VLLM_ATTENTION_BACKEND'] = 'ASCEND'\n"),
     ("H10", "fork-start-method", "import multiprocessing as mp\nmp.set_start_method('spawn')\n"),
@@ -215,7 +227,8 @@ NEGATIVE: list[tuple[str, str, str]] = [
     ("H11", "mixed-device-cat", "import torch\ndef f(x, y):\n    z = x + y\n    return torch.cat([x, z])\n"),
     ("H11", "mixed-device-cat", "import torch\ndef f(x, y):\n    return torch.cat([x.cpu(), y.cpu()])\n"),
     ("H11", "inplace-on-expanded-view", "def f(x, y):\n    return x.expand(4, 3).clone().add_(y)\n"),
-    ("H11", "masked-scatter-device", "def f(emb, mask, feats):\n    return emb.masked_scatter(mask.to(emb.device), feats)\n"),
+    ("H11", "masked-scatter-device",
+     "def f(emb, mask, feats):\n    return emb.masked_scatter(mask.to(emb.device), feats)\n"),
 ]
 
 
@@ -234,8 +247,8 @@ def test_rule_stays_quiet(hazard: str, rule: str, src: str) -> None:
 
 
 def test_every_hazard_family_has_a_positive_case() -> None:
-    # H7's cases need the op matrix (tests/test_cast_world_fallback.py)
-    assert {h for h, *_ in POSITIVE} == {f"H{i}" for i in range(1, 12)} - {"H7"}
+    # H7's cases need the op matrix (tests/test_cast_world_fallback.py); H24 and H27 have theirs here too
+    assert {h for h, *_ in POSITIVE} == ({f"H{i}" for i in range(1, 12)} - {"H7"}) | {"H24", "H27"}
 
 
 def test_finding_record_fields() -> None:

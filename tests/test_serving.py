@@ -53,7 +53,8 @@ def test_layout_rules_tell_the_classes_apart_by_norms_and_biases() -> None:
     assert (decoder_layout(_with(LLAMA_NAMES, qkv)) or Layout("", "", "", {})).architecture == "Qwen2ForCausalLM"
     every = decoder_layout(_with(LLAMA_NAMES, [*qkv, "self_attn.o_proj.bias"]))  # biases on q, k, v and o
     assert every is not None and every.architecture == "LlamaForCausalLM" and every.config == {"attention_bias": True}
-    stable = decoder_layout(_with([*LLAMA_NAMES, "norm.bias"], ["input_layernorm.bias", "post_attention_layernorm.bias"]))
+    stable = decoder_layout(_with([*LLAMA_NAMES, "norm.bias"],
+                                  ["input_layernorm.bias", "post_attention_layernorm.bias"]))
     assert stable is not None and stable.architecture == "StableLmForCausalLM" and not stable.config["use_qkv_bias"]
     cfg = layout_config({"hidden_size": 64, "num_heads": 4, "num_hidden_layers": 2, "norm_eps": 1e-5, "rope_pct": 0.25,
                          "vocab_size": 100, "architectures": ["SomethingForCausalLM"], "auto_map": {"x": "y"}},
@@ -132,17 +133,21 @@ def test_each_concurrency_serves_ten_waves_of_the_workload() -> None:
     assert load_at(work[:10], 100) == work[:10]  # never more than the workload
 
 
-CRASHED_LOG = """(APIServer pid=3) WARNING [base.py:380] ValueError: Tokenizer not available when `skip_tokenizer_init=True`
-Fatal Python error: Segmentation fault
-  File "/tmp/vllm/csrc/cpu/cpu_types_x86.hpp", line 151, in vec_op::BF16Vec8::save(void*) const
-  File "/tmp/vllm/csrc/cpu/pos_encoding.cpp", line 54, in operator()
-  File "/tmp/vllm/csrc/cpu/pos_encoding.cpp", line 85, in rotary_embedding_impl<c10::BFloat16>
-  File "/tmp/vllm/csrc/cpu/pos_encoding.cpp", line 347, in rotary_embedding(at::Tensor&)
-(EngineCore pid=27) ERROR [multiproc_executor.py:315] Worker proc VllmWorker-0 died unexpectedly (exit code: -11), shutting down
-(EngineCore pid=27) ERROR [core.py:1512] RuntimeError: cancelled
-(APIServer pid=3) ERROR [async_llm.py:906] vllm.v1.engine.exceptions.EngineDeadError: EngineCore encountered an issue.
-INFO:     127.0.0.1:45402 - "POST /v1/completions HTTP/1.1" 500 Internal Server Error
-"""
+CRASHED_LOG = "\n".join((
+    "(APIServer pid=3) WARNING [base.py:380] ValueError: Tokenizer not available when `skip_tokenizer_init=True`",
+    "Fatal Python error: Segmentation fault",
+    '  File "/tmp/vllm/csrc/cpu/cpu_types_x86.hpp", line 151, in vec_op::BF16Vec8::save(void*) const',
+    '  File "/tmp/vllm/csrc/cpu/pos_encoding.cpp", line 54, in operator()',
+    '  File "/tmp/vllm/csrc/cpu/pos_encoding.cpp", line 85, in rotary_embedding_impl<c10::BFloat16>',
+    '  File "/tmp/vllm/csrc/cpu/pos_encoding.cpp", line 347, in rotary_embedding(at::Tensor&)',
+    "(EngineCore pid=27) ERROR [multiproc_executor.py:315] Worker proc VllmWorker-0 died unexpectedly (exit code: "
+    "-11), shutting down",
+    "(EngineCore pid=27) ERROR [core.py:1512] RuntimeError: cancelled",
+    "(APIServer pid=3) ERROR [async_llm.py:906] vllm.v1.engine.exceptions.EngineDeadError: EngineCore encountered an "
+    "issue.",
+    'INFO:     127.0.0.1:45402 - "POST /v1/completions HTTP/1.1" 500 Internal Server Error',
+    "",
+))
 
 
 def test_a_crashed_server_is_reported_by_its_root_cause_not_its_log_tail() -> None:
@@ -193,7 +198,8 @@ def test_serve_sh_serves_a_servable_folder_as_it_is_and_passes_extra_args(tmp_pa
     fake.write_text('#!/usr/bin/env bash\necho "TQ=$TASK_QUEUE_ENABLE" "$@"\n')
     fake.chmod(0o755)
     out = subprocess.run(["bash", str(b / "serve.sh"), str(servable), str(tmp_path / "unused"), "--", "--port", "9"],
-                         capture_output=True, text=True, env={**os.environ, "PATH": f"{fake.parent}:{os.environ['PATH']}"}, check=True).stdout
+                         capture_output=True, text=True,
+                         env={**os.environ, "PATH": f"{fake.parent}:{os.environ['PATH']}"}, check=True).stdout
     assert out.split() == ["TQ=1", "serve", str(servable), "--served-model-name", "tiny_llm", "--dtype", "bfloat16",
                            "--port", "9"]
     assert not (tmp_path / "unused").exists()  # no overlay is built for a servable folder
@@ -381,7 +387,8 @@ def test_a_class_the_transformers_backend_refuses_has_no_vllm_path(tmp_path: Pat
     b = _bundle(tmp_path, _settings())
     shutil.copytree(model, b / "patched")
     (b / "deploy.json").write_text(json.dumps({"serve_settings": [s.model_dump() for s in _settings()]}))
-    state = {"request": {"model_path": str(model)}, "entry": NO_PATH_MANIFEST, "environment": {"python": sys.executable}}
+    state = {"request": {"model_path": str(model)}, "entry": NO_PATH_MANIFEST,
+             "environment": {"python": sys.executable}}
     rec = serving.exercise(state, b, tmp_path / "runs", requests=4, concurrencies=(1,))
     assert rec["status"] == "no vLLM path", rec.get("error")
     assert "refuses TinyAttnForCausalLM" in rec["error"] and "attention interface" in rec["error"]

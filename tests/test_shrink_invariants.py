@@ -1,5 +1,5 @@
-"""Shrink invariants (issue 25, class 3; sandbox/harness/shrink.py, sandbox/harness/shrink_fit.py): key/value head counts
-under every spelling keep their grouping, a level sized by a per-head size and no head count keeps it,
+"""Shrink invariants (issue 25, class 3; sandbox/harness/shrink.py, sandbox/harness/shrink_fit.py): key/value head
+counts under every spelling keep their grouping, a level sized by a per-head size and no head count keeps it,
 widths the code pairs with the hidden size keep their ratio, and a forward on meta tensors backs the shrink
 off where the derived sizes break an invariant only the forward holds."""
 

@@ -10,7 +10,7 @@ from typing import Any
 
 from agents.nodes.validator import validator_node
 from agents.report.bundle import final_status, write_bundle
-from agents.report.sites import PATCHED_TAG, original_line, port_site
+from agents.sites import PATCHED_TAG, original_line, port_site
 from agents.workspace import Workspace
 
 USER_LINES = 486

@@ -16,7 +16,7 @@ from agents.request import PortRequest
 from agents.tuning.space import DEVICE_MEMORY_GIB, ModelFacts
 from api.cli import app
 from knowledge.errors import TargetError
-from sandbox.ascend_sim.profiles import PROFILES
+from sandbox.ascend_sim.profiles import PROFILES, get_profile
 from sandbox.targets import CHIP_REGISTRY, TARGETS, get_chip, resolve_target
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -48,10 +48,36 @@ def test_request_cli_and_schema_read_the_registry() -> None:
 
 
 def test_chip_facts_agree_with_the_emulator_profiles() -> None:
+    """A profile per chip the emulator emulates (every chip today), keyed as the registry; the facts the
+    emulator keeps a copy of are the chip record's."""
+    assert set(PROFILES) == set(CHIP_REGISTRY)
     for key, chip in CHIP_REGISTRY.items():
         profile = PROFILES[key]
-        assert chip.memory_gib == profile.memory_gib and chip.bf16 == profile.bf16, key
+        assert profile.key == key and chip.memory_gib == profile.memory_gib and chip.bf16 == profile.bf16, key
     assert get_chip("Ascend 910B3").key == "910b" and get_chip("A2").key == "910b" and get_chip("310P3").key == "310p"
+
+
+def test_every_chip_name_the_registry_accepts_runs_the_emulator_as_that_chip(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The registry alone resolves names (the emulator keeps no alias table of its own, which refused 910b1,
+    910b2 and 910b4): each key and alias, through the target and through a request, installs the emulator
+    with that chip's profile."""
+    monkeypatch.setenv("NPUPORT_SIM_ENGINE", "python")  # no native build: the chip is what is checked here
+    names = {name: key for key, chip in CHIP_REGISTRY.items() for name in (key, *chip.aliases, key.upper())}
+    assert {"910b1", "910b2", "910b4"} <= set(names)
+    options = []
+    for name, key in names.items():
+        target = resolve_target("ascend-sim", chip=name)
+        assert PortRequest(model_path="m", chip=name).chip == target.options["chip"] == key, name
+        options.append(target.options)
+    with pytest.raises(ValueError, match="sandbox.targets.get_chip"):
+        get_profile("910b3")  # an alias is the registry's to resolve
+    code = ("import json, sys; from sandbox.ascend_sim import install, op_report\n"
+            "for o in json.loads(sys.argv[1]):\n    install(o); r = op_report(); print(r['chip'], r['device_name'])")
+    run = subprocess.run([sys.executable, "-c", code, json.dumps(options)], cwd=ROOT, capture_output=True, text=True,
+                         timeout=300)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert run.stdout.split("\n")[:-1] == [f"{k} {PROFILES[k].device_name}" for k in names.values()]
 
 
 def test_serve_defaults_and_memory_come_from_the_chip() -> None:

@@ -21,7 +21,7 @@ from agents.tuning.measure import outcome_of, unsupported_reason
 from agents.tuning.port import knob_effects, trial_records, unsupported_values
 from agents.tuning.search import Budget, Outcome, npuport_search, random_search, tpe_search
 from agents.tuning.space import Dim, HostFacts, SearchSpace
-from sandbox.bench.throughput import run_bench
+from sandbox.bench.runner import run_bench
 from sandbox.isolation.process import Limits
 
 # The vision tower returns float32 whatever the weights' dtype; the encoder's LayerNorm then gets a

@@ -262,7 +262,8 @@ def test_a_legacy_tuple_cache_reader_is_capped_below_454_and_a_repacked_checkpoi
     found = [c for c in couplings(legacy) if c.rule == "legacy-cache-default"]
     assert len(found) == 1 and found[0].before == "4.54" and found[0].line == 6
     assert "empty DynamicCache" in found[0].reason
-    assert not [c for c in couplings(legacy.replace("    def forward", "    _supports_cache_class = True\n\n    def forward"))
+    assert not [c for c in couplings(legacy.replace("    def forward",
+                                                    "    _supports_cache_class = True\n\n    def forward"))
                 if c.rule == "legacy-cache-default"]
     model = tmp_path / "m"
     model.mkdir()

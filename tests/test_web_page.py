@@ -89,7 +89,8 @@ def fake_base(npuport_home: Path, tmp_path: Path) -> Iterator[str]:
 
 def test_page_submits_and_renders_events_and_report(fake_base: str, tmp_path: Path) -> None:
     _, dom, shot = run_page(fake_base, tmp_path, "port the model in m1 on the cpu", 60)
-    check_final(dom, shot, ("planner", "code_reader", "patcher", "executor", "reporter"), "<h2>npuport report: fake</h2>")
+    check_final(dom, shot, ("planner", "code_reader", "patcher", "executor", "reporter"),
+                "<h2>npuport report: fake</h2>")
 
 
 def test_page_without_token_shows_the_error(fake_base: str, tmp_path: Path) -> None:

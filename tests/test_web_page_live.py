@@ -31,8 +31,9 @@ LAUNCH_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", 
                "--disable-component-update", "--disable-sync", "--disable-dev-shm-usage"]
 pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (apt-get install chromium)")
 WIDE_TABLE = ("\n## Findings\n\n| hazard | where | what | resolution |\n|---|---|---|---|\n"
-              + "".join(f"| H{i} blocks running, high | very/deep/folder/structure/of/the/model/modeling_{'x' * 40}.py:{i} "
-                        f"| `torch.cuda.{'synchronize' * 6}()` | {'NOT changed: ' * 4}{'y' * 80} |\n" for i in range(6))
+              + "".join(f"| H{i} blocks running, high | "
+                        f"very/deep/folder/structure/of/the/model/modeling_{'x' * 40}.py:{i} | "
+                        f"`torch.cuda.{'synchronize' * 6}()` | {'NOT changed: ' * 4}{'y' * 80} |\n" for i in range(6))
               + f"\nA long path: /srv/models/{'z' * 160}/modeling.py\n")
 
 
@@ -206,3 +207,39 @@ def test_the_goal_placeholder_is_a_goal_the_server_accepts(npuport_home: Path, r
         page.wait_for_function("document.getElementById('goalHint').textContent.includes('upload')")
         shown = page.get_attribute("#goal", "placeholder") or ""
         assert " in " not in shown and "upload" in shown, shown
+
+
+def test_the_deployment_is_a_named_phase_on_the_page(npuport_home: Path, roots: Path, browser: Any,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """After the reporter, the deployment phase's steps (env, start, tokens, throughput) show in the live panel's
+    deployment row as they happen, and its outcome stays there and in the step list."""
+    from test_api_helpers import DEPLOY_PHASES, DEPLOY_SUMMARY, fake_builder_with_deployment
+
+    monkeypatch.setenv("NPUPORT_FAKE_STEP_S", "0.8")
+    settings = Settings(home=npuport_home, tokens={"tok": ["read", "write"]}, allowed_roots=[roots])
+    srv = uvicorn.Server(uvicorn.Config(create_app(settings, graph_builder=fake_builder_with_deployment),
+                                        host="127.0.0.1", port=(port := free_port()), log_level="warning"))
+    t = threading.Thread(target=srv.run, daemon=True)
+    t.start()
+    try:
+        base = f"http://127.0.0.1:{port}"
+        wait_http(f"{base}/healthz")
+        job = submit(base, "tok")
+        page = browser.new_page(viewport={"width": 1300, "height": 900})
+        page.goto(f"{base}/#job={job}&token=tok")
+        seen: list[str] = []
+        deadline = time.time() + 60
+        while DEPLOY_SUMMARY not in (seen[-1] if seen else ""):
+            assert time.time() < deadline, seen
+            text = page.inner_text("#liveDeploy")
+            if not seen or seen[-1] != text:
+                seen.append(text)
+            time.sleep(0.1)
+        for phase in DEPLOY_PHASES:
+            assert phase.removeprefix("deployment: ") in seen, seen
+        assert seen.index(DEPLOY_PHASES[1].removeprefix("deployment: ")) < len(seen) - 1  # live, before the end
+        page.wait_for_function("document.getElementById('status').textContent === 'validated'", timeout=30_000)
+        assert "deployer" in page.inner_text("#events") and DEPLOY_SUMMARY in page.inner_text("#liveDeploy")
+    finally:
+        srv.should_exit = True
+        t.join(15)

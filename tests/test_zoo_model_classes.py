@@ -245,7 +245,8 @@ def _glm_like(tmp_path: Path) -> Path:
     folder.mkdir()
     (folder / "tokenization_glm.py").write_text(OWN_TOKENIZER)
     (folder / "tokenizer_config.json").write_text(json.dumps({
-        "tokenizer_class": "GlmLikeTokenizer", "auto_map": {"AutoTokenizer": ["tokenization_glm.GlmLikeTokenizer", None]},
+        "tokenizer_class": "GlmLikeTokenizer",
+        "auto_map": {"AutoTokenizer": ["tokenization_glm.GlmLikeTokenizer", None]},
         "vocab_file": "ice_text.model", "gmask_token": "[gMASK]", "bos_token": "<sop>", "eos_token": "<eop>",
         "mask_token": "[MASK]"}))
     (folder / "config.json").write_text(json.dumps({"vocab_size": 500, "gmask_token_id": 430, "mask_token_id": 429,
@@ -423,8 +424,9 @@ def test_a_cuda_device_in_config_json_is_a_finding_fixed_with_the_ports_device(t
     folder.mkdir()
     (folder / "config.json").write_text(json.dumps({"hidden_size": 8, "device": "cuda",
                                                     "vision": {"device": "cuda:0", "width": 4}}, indent=2))
-    (folder / "modeling_x.py").write_text("import torch\n\n\nclass M(torch.nn.Module):\n    def __init__(self, config):\n"
-                                          "        super().__init__()\n        self.w = torch.zeros(2).to(config.device)\n")
+    (folder / "modeling_x.py").write_text("import torch\n\n\nclass M(torch.nn.Module):\n    def __init__(self, "
+                                          "config):\n        super().__init__()\n        self.w = "
+                                          "torch.zeros(2).to(config.device)\n")
     found = [f for f in scan_tree(folder).findings if f.rule == "cuda-device-in-config"]
     # Before: no finding, so the only fix tried was the code's (device-agnostic), which changed nothing.
     assert [(f.file, f.line) for f in found] == [("config.json", 3), ("config.json", 5)]
@@ -435,7 +437,8 @@ def test_a_cuda_device_in_config_json_is_a_finding_fixed_with_the_ports_device(t
     assert patch is not None and patch.files == ["config.json"]
     config = json.loads((ws.model_dir / "config.json").read_text())
     assert config["device"] == "npu" and config["vision"] == {"device": "npu", "width": 4}
-    assert patch.edits[0] == 'config.json line 3: device: "cuda" -> "npu" (the port\'s device; the model\'s code reads this value)'
+    assert patch.edits[0] == ('config.json line 3: device: "cuda" -> "npu" (the port\'s device; the model\'s code '
+                              'reads this value)')
     assert json.loads((folder / "config.json").read_text())["device"] == "cuda"  # the user's folder untouched
     # meaning: the rewritten config is the original with only its device values moved to the port's device
     original = json.loads((folder / "config.json").read_text())
@@ -461,7 +464,8 @@ def test_a_cuda_only_import_in_a_module_the_model_treats_as_optional_is_not_guar
     found = {(f.file, f.rule): f for f in scan_tree(folder).findings if f.hazard == "H3"}
     optional = found[("kernels/flash_triton.py", "cuda-only-import")]
     # Before: guarded like any other, so the module imported and the model took the Triton path on Ascend.
-    assert not optional.fixable and "(layers.py:4)" in optional.message and "switch to its torch path" in optional.message
+    assert not optional.fixable and "(layers.py:4)" in optional.message
+    assert "switch to its torch path" in optional.message
     assert found[("other.py", "cuda-only-import")].fixable  # a module nothing guards is still guarded
 
 

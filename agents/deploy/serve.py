@@ -243,18 +243,25 @@ def default_search() -> Search | None:
     return lambda query, k: kb.search(query, k=k, collections=["serving"])
 
 
+def _class_docs(mc: ModelClass, search: Search | None) -> list[DocServe]:
+    """The serving docs the knowledge base returns for the model's class, one per source, in rank order."""
+    docs: list[DocServe] = []
+    if search is None:
+        return docs
+    seen: set[str] = set()
+    for rank, hit in enumerate(search(class_query(mc), 16)):
+        if hit.source in seen:
+            continue
+        seen.add(hit.source)
+        d = _doc_serve(hit, rank)
+        if d is not None:
+            docs.append(d)
+    return docs
+
+
 def plan_from_docs(mc: ModelClass, search: Search | None, chip: str = DEFAULT_CHIP) -> ServePlan:
     """The doc-derived settings for a model of class ``mc``."""
-    docs: list[DocServe] = []
-    if search is not None:
-        seen: set[str] = set()
-        for rank, hit in enumerate(search(class_query(mc), 16)):
-            if hit.source in seen:
-                continue
-            seen.add(hit.source)
-            d = _doc_serve(hit, rank)
-            if d is not None:
-                docs.append(d)
+    docs = _class_docs(mc, search)
     docs.sort(key=lambda d: _agreement(d, mc, chip), reverse=True)
     best = next((d for d in docs if d.multimodal == mc.multimodal), None)
     out: list[DocSetting] = []
@@ -289,7 +296,8 @@ def plan_from_docs(mc: ModelClass, search: Search | None, chip: str = DEFAULT_CH
         note = ("the knowledge base has no vllm-ascend serving docs for a model of this class "
                 f"({cls}): documented defaults are used (build it with `npuport kb build <vllm-ascend docs folder>`)"
                 if search is None or not docs else
-                f"no serving doc in the knowledge base matches this model's class ({cls}): documented defaults are used")
+                f"no serving doc in the knowledge base matches this model's class ({cls}): documented defaults "
+                "are used")
         note += f"; {would_read(mc)}"
     have = {s.name for s in out}
     # A variable the class doc leaves out: the next doc of the same class that sets it, else the KB asked

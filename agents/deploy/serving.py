@@ -4,36 +4,34 @@ checked against Transformers, all inside the sandbox (two runs: sandbox/serving/
 environment, sandbox/serving/client.py in the vLLM environment, where server and client share the sandbox's
 loopback-only network).
 
-:func:`exercise` returns the deployment record (deployment.json in the bundle); the report renders it.
+:func:`exercise` returns the deployment record (deployment.json in the bundle); the report renders it. A port's
+check is budgeted (:data:`PROBE`: server start, the token gate, a short throughput probe); the full side-by-side
+throughput comparison (:data:`FULL`: every concurrency, Transformers batched) runs with ``--bench`` or
+``npuport bench BUNDLE``. Each step is announced through ``on_phase`` (the CLI's lines, the page, the chat).
 """
 
 from __future__ import annotations
 
 import json
 import random
-import socket
 import sys
 import tempfile
+import time
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from agents.deploy.check_plan import FULL, HF_SINGLE, IMAGE_REQUESTS, TOP_K, CheckPlan
+from agents.deploy.sandboxed import Phase, free_port, sandboxed
 from agents.deploy.token_gate import prefix_len, token_check
 from agents.deploy.vllm import ASCEND_ONLY_ENV, ASCEND_ONLY_FLAGS
 from agents.deploy.vllm_env import ensure_vllm_env, vllm_facts
 from agents.deploy.vllm_vision import ensure_vision_overlay
 from agents.request import request_of
 from knowledge.errors import NpuportError
-from sandbox.isolation.process import Limits, Mounts, default_sandbox, scrub, scrubbed_env
 from sandbox.isolation.rundir import write_own
 from sandbox.targets import target_spec_of
 
-CONCURRENCIES = (1, 8, 32)
-TOP_K = 5  # logprobs per position compared through the server
-# Transformers one request at a time is timed on the first HF_SINGLE requests of the workload (the slowest
-# measurement of the check; a rate needs no more), batched on all of them; vLLM serves all at every concurrency.
-HF_SINGLE = 12
-# An image request runs the model's vision encoder on the CPU: its workload is the first IMAGE_REQUESTS requests.
-IMAGE_REQUESTS = 8
 # Settings of serve.sh that only an Ascend host reads (agents/deploy/vllm.py); here present and not exercised.
 # Both sides compute on THREADS CPU threads (vLLM's engine bound to cores 0..THREADS-1): like for like, and on a
 # shared small host more OpenMP threads than free cores slow a small model down many times over.
@@ -43,8 +41,11 @@ THREADS = 1
 VLLM_CLASSES = ("vllm-native", "vllm-native-layout")
 HOST_ENV = {"VLLM_TARGET_DEVICE": "cpu", "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_WORKER_MULTIPROC_METHOD": "spawn",
             "VLLM_CPU_OMP_THREADS_BIND": "0" if THREADS == 1 else f"0-{THREADS - 1}"}
-# Host-only additions: graph compilation takes minutes on a small CPU host, so this host serves eagerly.
+# Host-only additions: graph compilation takes minutes on a small CPU host, so this host serves eagerly. (Its
+# worker stays a process of its own: in the engine core's process, with its threads bound to one core, the
+# engine's own threads starved: tokens and the probe took 3 and 35 times as long, 2026-12-07.)
 HOST_ARGS = ["--enforce-eager"]
+
 
 
 def workload(vocab: int, max_len: int, n: int, seed: int = 0) -> list[dict[str, Any]]:
@@ -82,34 +83,6 @@ def head_overrides(config: dict[str, Any], head_sizes: list[int]) -> tuple[dict[
     return out, (f"head_dim {hd} is not a head size vLLM's CPU attention implements ({head_sizes}): served and "
                  f"checked at head_dim {new} (hidden_size {heads * new}); the reference tokens are recomputed at that "
                  "size")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _sandboxed(module: str, python: str, spec: dict[str, Any], run_dir: Path, ro: list[Path], wall_s: float,
-               env: dict[str, str] | None = None) -> dict[str, Any]:
-    spec_path = run_dir / f"{module.rsplit('.', 1)[-1]}.spec.json"
-    write_own(spec_path, json.dumps(spec, indent=1))  # the run folder is the runs' too: never through their links
-    argv = [python, "-I", "-B", "-u", "-m", module, str(spec_path)]
-    # vLLM maps its KV cache, shared memory and many threads: a larger address space than a harness run.
-    limits = Limits(wall_s=wall_s, address_space_mb=64 * 1024, max_procs=1024)
-    res = default_sandbox().execute(argv, cwd=run_dir, env=scrubbed_env(env), limits=limits,
-                                    mounts=Mounts(ro=tuple(p.resolve() for p in ro), rw=(run_dir.resolve(),)),
-                                    result_channel=True, channel_cap=64 * 2**20)
-    write_own(run_dir / f"{module.rsplit('.', 1)[-1]}.stderr.log", scrub(res.stderr)[-200_000:])
-    try:
-        out = json.loads(res.channel) if res.channel else {}
-    except ValueError:
-        out = {}
-    if not out:
-        tail = "\n".join(scrub(res.stderr).strip().splitlines()[-12:])
-        out = {"ok": False, "error": f"{module} ended ({res.status}, code {res.returncode}) without a result: {tail}"}
-    out["isolation"] = res.isolation
-    return dict(out)
 
 
 def _why(client: dict[str, Any], tail: int) -> str:
@@ -155,213 +128,342 @@ def reference_model_dir(state: dict[str, Any], model_dir: Path) -> Path:
     return reference_copy(Workspace(Path(workdir)), runs).resolve()
 
 
-def exercise(state: dict[str, Any], bundle: Path, run_root: Path, *, requests: int = 48,
-             hf_single: int | None = HF_SINGLE, concurrencies: tuple[int, ...] = CONCURRENCIES,
-             start_timeout_s: float = 900.0, throughput_budget_s: float = 480.0, write_serve: Any = None,
-             tune: Any = None, image_requests: int | None = IMAGE_REQUESTS) -> dict[str, Any]:
-    """Serve the port with the bundle's serve.sh and check it; the deployment record (never raises for a
-    model's failure: a server that does not start is a failed deployment with its own error). With tuning
-    (``tune``, else the request's) and ``write_serve`` (re-renders the bundle's serve.sh with an engine
-    configuration), the engine's knobs are tuned on the real engine afterwards (agents/deploy/engine_tune.py);
-    a callable ``tune`` is handed the engine context instead (bench/record_engine_landscapes.py). An image
-    model's load is its first ``image_requests`` requests at the concurrencies up to that (None: the whole
-    workload at every concurrency, as a text model's: bench/serve_speedup.py)."""
-    from knowledge.untrusted import read_model_config
-    from sandbox.harness.shrink import shrink_config
+@dataclass
+class _Check:
+    """One deployment check as it goes: what it serves, where, and the record it fills."""
 
+    state: dict[str, Any]
+    bundle: Path
+    plan: CheckPlan
+    phase: Phase
+    record: dict[str, Any]
+    model_dir: Path
+    ref_dir: Path
+    port_python: str
+    on_npu: bool
+    run_dir: Path
+    vpython: Path = Path()
+    facts: dict[str, Any] | None = None
+    config: dict[str, Any] | None = None
+    work: list[dict[str, Any]] | None = None
+    dtype: str = "bfloat16"
+    ref_spec: dict[str, Any] | None = None
+    ref: dict[str, Any] | None = None
+    env: dict[str, str] | None = None
+    readable: list[Path] | None = None
+    template: Path | None = None
+
+
+def exercise(state: dict[str, Any], bundle: Path, run_root: Path, *, requests: int | None = None,
+             hf_single: int | None = HF_SINGLE, concurrencies: tuple[int, ...] | None = None,
+             start_timeout_s: float | None = None, throughput_budget_s: float | None = None, write_serve: Any = None,
+             tune: Any = None, image_requests: int | None = IMAGE_REQUESTS, plan: CheckPlan | None = None,
+             on_phase: Phase | None = None) -> dict[str, Any]:
+    """Serve the port with the bundle's serve.sh and check it; the deployment record (never raises for a
+    model's failure: a server that does not start is a failed deployment with its own error). ``plan``: how
+    much (default :data:`FULL`, which the keyword arguments adjust: the benches, verify); a port's check is
+    :data:`PROBE`. With tuning (``tune``, else the request's) and ``write_serve`` (re-renders the bundle's
+    serve.sh with an engine configuration), the engine's knobs are tuned on the real engine afterwards
+    (agents/deploy/engine_tune.py); a callable ``tune`` is handed the engine context instead
+    (bench/record_engine_landscapes.py). An image model's load is its first ``image_requests`` requests at the
+    concurrencies up to that (None: the whole workload at every concurrency, as a text model's)."""
+    base = plan or FULL
+    plan = replace(base, requests=requests or base.requests, concurrencies=concurrencies or base.concurrencies,
+                   start_timeout_s=start_timeout_s or base.start_timeout_s, image_requests=image_requests,
+                   throughput_budget_s=throughput_budget_s or base.throughput_budget_s,
+                   hf_single=base.hf_single if plan is not None else hf_single)
+    check = _start(state, bundle, run_root, plan, on_phase)
+    if not _prepare(check) or not _reference(check):
+        return check.record
+    if not _client_setup(check):
+        return check.record
+    client = _serve_with_fallback(check)
+    if client is None:
+        return check.record
+    _served(check, client)
     req = request_of(state)
-    manifest = state.get("entry") or {}
+    if (req.tune if tune is None else tune) and not check.on_npu and (write_serve is not None or callable(tune)):
+        from agents.deploy.engine_tune import engine_stage
+
+        assert check.ref is not None and check.config is not None and check.work is not None
+        check.phase("deployment: engine tuning (vLLM's knobs, each a server start)")
+        refs, dtype = check.ref["reference_tokens"], check.dtype
+        check.record["engine_tuning"] = engine_stage(
+            check.run_dir, check.record, check.config, check.work, write_serve=write_serve,
+            custom=tune if callable(tune) else None, run=sandboxed, port=free_port, python=str(check.vpython),
+            ref_python=check.port_python, env=check.env or {}, ro=check.readable,
+            check=lambda served: token_check(served, refs, dtype),
+            host_args=[*HOST_ARGS, "--max-num-seqs"], threads=THREADS, table=throughput_table)
+    return check.record
+
+
+def _start(state: dict[str, Any], bundle: Path, run_root: Path, plan: CheckPlan, on_phase: Phase | None) -> _Check:
+    req = request_of(state)
     model_dir = Path(req.model_path).resolve()
     port_python = (state.get("environment") or {}).get("python")
     port_python = port_python if port_python and Path(port_python).exists() else sys.executable
-    record: dict[str, Any] = {"status": "failed", "engine": "vllm-cpu", "host": "CPU (no NPU): vllm-cpu 0.32.0"}
-    print("npuport: exercising the deployment: vLLM serves the port with serve.sh (NPUPORT_SERVE=0 skips it)",
-          file=sys.stderr, flush=True)
-    # On an Ascend host vLLM + vllm-ascend come with the NPU stack (the port's own environment); elsewhere
-    # the cached vllm-cpu env serves. (The NPU branch has not run here: this host has no NPU.)
     on_npu = target_spec_of(state.get("target")).needs_device
+    record: dict[str, Any] = {"status": "failed", "engine": "vllm-cpu", "host": "CPU (no NPU): vllm-cpu 0.32.0",
+                              "budget": {"plan": plan.name, "start_timeout_s": plan.start_timeout_s,
+                                         "after_start_s": plan.after_start_s, "reference_s": plan.reference_s,
+                                         "cut": plan.cut()}}
     if on_npu:
         record.update(engine="vllm-ascend", host="Ascend NPU: the NPU stack's vllm + vllm-ascend")
-    try:
-        vpython = Path(port_python) if on_npu else ensure_vllm_env()
-        facts = vllm_facts(vpython)
-        if on_npu:
-            facts["head_sizes"] = []  # the CPU attention's limits do not apply
-    except NpuportError as exc:
-        record["error"] = f"the vLLM environment could not be built: {exc}"
-        return record
-    config = read_model_config(model_dir, manifest)  # knowledge/untrusted.py: inside the model's folder only
-    if req.shrink:
-        config, _ = shrink_config(config, manifest.get("shrink") or {}, model_dir)
-    overrides, note = head_overrides(config, facts["head_sizes"])
-    config.update(overrides)
-    max_len = int(config.get("max_position_embeddings") or 2048)
-    work = workload(int(config.get("vocab_size") or 32000), max_len, requests)
     run_dir = run_root / "deploy"
     run_dir.mkdir(parents=True, exist_ok=True)
-    servable = run_dir / "servable"
-    dtype = "bfloat16"
-    for s in json.loads((bundle / "deploy.json").read_text()).get("serve_settings") or []:
+
+    def phase(text: str) -> None:
+        record.setdefault("phases", []).append({"t": round(time.time(), 1), "phase": text})
+        if on_phase is not None:
+            on_phase(text)
+        else:
+            print(f"npuport: {text}", file=sys.stderr, flush=True)
+
+    return _Check(state=state, bundle=bundle, plan=plan, phase=phase, record=record, model_dir=model_dir,
+                  ref_dir=reference_model_dir(state, model_dir), port_python=port_python, on_npu=on_npu,
+                  run_dir=run_dir)
+
+
+def _prepare(c: _Check) -> bool:
+    """The vLLM environment, the served config and the workload; False with the failure in the record."""
+    from knowledge.untrusted import read_model_config
+    from sandbox.harness.shrink import shrink_config
+
+    c.phase("deployment: the vLLM environment (built once, then cached)")
+    # On an Ascend host vLLM + vllm-ascend come with the NPU stack (the port's own environment); elsewhere
+    # the cached vllm-cpu env serves. (The NPU branch has not run here: this host has no NPU.)
+    try:
+        c.vpython = Path(c.port_python) if c.on_npu else ensure_vllm_env()
+        c.facts = vllm_facts(c.vpython)
+        if c.on_npu:
+            c.facts["head_sizes"] = []  # the CPU attention's limits do not apply
+    except NpuportError as exc:
+        c.record["error"] = f"the vLLM environment could not be built: {exc}"
+        return False
+    req = request_of(c.state)
+    manifest = c.state.get("entry") or {}
+    config = read_model_config(c.model_dir, manifest)  # knowledge/untrusted.py: inside the model's folder only
+    if req.shrink:
+        config, _ = shrink_config(config, manifest.get("shrink") or {}, c.model_dir)
+    overrides, note = head_overrides(config, c.facts["head_sizes"])
+    config.update(overrides)
+    c.config = config
+    max_len = int(config.get("max_position_embeddings") or 2048)
+    c.work = workload(int(config.get("vocab_size") or 32000), max_len, c.plan.requests)
+    for s in json.loads((c.bundle / "deploy.json").read_text()).get("serve_settings") or []:
         if s["name"] == "dtype":
-            dtype = str(s["value"])
-    ref_dir = reference_model_dir(state, model_dir)
-    ref_spec = {
-        "model_dir": str(ref_dir), "manifest": manifest, "shrink": req.shrink, "seed": 0,
-        "config_overrides": overrides, "code_dir": str((bundle / "patched").resolve()),
-        "servable_dir": str(servable.resolve()), "vllm_archs": facts["archs"], "dtype": dtype,
-        "vllm_model_types": facts.get("model_types") or [],
-        "requests": work[:hf_single or requests], "batches": [1],
-        "threads": THREADS, "batch_requests": work,
-        "batch_sizes": [c for c in concurrencies if c > 1], "throughput_budget_s": throughput_budget_s,
-        "image_requests": image_requests,
+            c.dtype = str(s["value"])
+    # head_dim is widened only for a model that is served: a note on a model vLLM never ran would mislead
+    c.record.update(overrides=overrides, dtype=c.dtype, **({"config_note": note} if note else {}))
+    return True
+
+
+def _reference(c: _Check) -> bool:
+    """The Transformers side: the servable folder, the reference tokens and logprobs, Transformers' throughput."""
+    assert c.work is not None and c.facts is not None
+    plan = c.plan
+    c.ref_spec = {
+        "model_dir": str(c.ref_dir), "manifest": c.state.get("entry") or {}, "shrink": request_of(c.state).shrink,
+        "seed": 0, "config_overrides": c.record["overrides"], "code_dir": str((c.bundle / "patched").resolve()),
+        "servable_dir": str((c.run_dir / "servable").resolve()), "vllm_archs": c.facts["archs"], "dtype": c.dtype,
+        "vllm_model_types": c.facts.get("model_types") or [],
+        "requests": c.work[:plan.hf_single or plan.requests], "batches": [1],
+        "threads": THREADS, "batch_requests": c.work,
+        "batch_sizes": [x for x in plan.concurrencies if x > 1] if plan.batched else [],
+        "throughput_budget_s": plan.throughput_budget_s, "image_requests": plan.image_requests,
     }
-    ref = _sandboxed("sandbox.serving.reference", port_python, ref_spec, run_dir,
-                     list(dict.fromkeys([model_dir, ref_dir, bundle / "patched"])), 900 + throughput_budget_s)
-    record.update(config_note=note, overrides=overrides, dtype=dtype, isolation=ref.get("isolation"),
-                  reference_phases_s=ref.get("phases"))
+    c.phase("deployment: Transformers' reference tokens and the servable folder (the port's environment)")
+    ref = sandboxed("sandbox.serving.reference", c.port_python, c.ref_spec, c.run_dir, _ref_mounts(c),
+                     plan.reference_s, watch=c.phase)
+    c.ref = ref
+    c.record.update(isolation=ref.get("isolation"), reference_phases_s=ref.get("phases"))
     if not ref.get("ok"):
         failure = ref.get("exception") or {}
-        record["error"] = ref.get("error") or f"the reference side failed: {failure.get('type')}: {failure.get('message')}"
-        return record
-    record["servable"] = ref["servable"]
-    record["implementation"] = ref["servable"]["implementation"]
+        c.record["error"] = ref.get("error") or \
+            f"the reference side failed: {failure.get('type')}: {failure.get('message')}"
+        if ref.get("timed_out"):
+            c.record["budget"]["timed_out"] = f"the Transformers side ({plan.reference_s:.0f} s)"
+        return False
+    c.record["servable"] = ref["servable"]
+    c.record["implementation"] = ref["servable"]["implementation"]
     if ref["servable"]["implementation"] == "none":
-        record.update(status="no vLLM path", error=ref["servable"]["detail"] + plugin_note(config, facts))
-        return record
+        c.record.update(status="no vLLM path", error=ref["servable"]["detail"] + plugin_note(c.config or {}, c.facts))
+        return False
     if ref.get("not_driven"):  # vLLM could load it, but the check cannot build the request: nothing claimed
-        record.update(status="not served", error=ref["not_driven"])
-        return record
-    settings = json.loads((bundle / "deploy.json").read_text())["serve_settings"]
-    record["exercised"], record["not_exercised"] = exercised_settings(settings)
-    if on_npu:
-        record["exercised"], record["not_exercised"] = [s["name"] for s in settings], []
-    image = ref.get("image_request")
-    if image is not None and image_requests:
-        work, concurrencies = work[:image_requests], tuple(c for c in concurrencies if c <= image_requests) or (1,)
-    if image is not None:
-        record["image_request"] = {k: image[k] for k in ("text", "placeholder", "tokenizer", "chat_template")}
-        # vLLM profiles its vision encoder on a large dummy image at start-up, and every request runs it: on a
-        # CPU that takes several times a text model's start and requests.
-        start_timeout_s *= 2
-    env = {**({} if on_npu else HOST_ENV), "PATH": f"{vpython.parent}:/usr/local/bin:/usr/bin:/bin"}  # its `vllm`
-    readable = [bundle]
-    if image is not None and not on_npu:  # vLLM's image processors import torchvision (agents/deploy/vllm_vision.py)
+        c.record.update(status="not served", error=ref["not_driven"])
+        return False
+    return True
+
+
+def _ref_mounts(c: _Check) -> list[Path]:
+    return list(dict.fromkeys([c.model_dir, c.ref_dir, c.bundle / "patched"]))
+
+
+def _client_setup(c: _Check) -> bool:
+    """The settings exercised, the image request's load, the client's environment and readable folders."""
+    assert c.ref is not None and c.work is not None
+    settings = json.loads((c.bundle / "deploy.json").read_text())["serve_settings"]
+    c.record["exercised"], c.record["not_exercised"] = exercised_settings(settings)
+    if c.on_npu:
+        c.record["exercised"], c.record["not_exercised"] = [s["name"] for s in settings], []
+    image = c.ref.get("image_request")
+    plan = c.plan
+    if image is not None and plan.image_requests:
+        c.work = c.work[:plan.image_requests]
+        c.plan = replace(plan, concurrencies=tuple(x for x in plan.concurrencies if x <= plan.image_requests) or (1,))
+    c.env = {**({} if c.on_npu else HOST_ENV), "PATH": f"{c.vpython.parent}:/usr/local/bin:/usr/bin:/bin"}  # its vllm
+    c.readable = [c.bundle]
+    if image is None:
+        return True
+    c.record["image_request"] = {k: image[k] for k in ("text", "placeholder", "tokenizer", "chat_template")}
+    # vLLM profiles its vision encoder on a large dummy image at start-up, and every request runs it: on a
+    # CPU that takes several times a text model's start and requests.
+    c.plan = replace(c.plan, start_timeout_s=c.plan.start_timeout_s * 2)
+    if not c.on_npu:  # vLLM's image processors import torchvision (agents/deploy/vllm_vision.py)
+        c.phase("deployment: torchvision for vLLM's image processor")
         try:
-            vision = ensure_vision_overlay(vpython)
+            vision = ensure_vision_overlay(c.vpython)
         except NpuportError as exc:
-            record["error"] = f"no torchvision loads in the vLLM env for its image processor: {exc}"
-            return record
-        record["torchvision"] = vision
-        env["PYTHONPATH"] = vision["path"]
-        readable.append(Path(vision["path"]))
-    if image is not None:
-        # In a folder of its own, which every server start reads (the engine tuner's trials too); made afresh
-        # (mkdtemp: a name no run could have taken) while no sandboxed run is going.
-        template = Path(tempfile.mkdtemp(prefix="chat-template-", dir=run_dir)) / "npuport-chat-template.jinja"
-        write_own(template, image["chat_template"])
-        readable.append(template.parent)
+            c.record["error"] = f"no torchvision loads in the vLLM env for its image processor: {exc}"
+            return False
+        c.record["torchvision"] = vision
+        c.env["PYTHONPATH"] = vision["path"]
+        c.readable.append(Path(vision["path"]))
+    # In a folder of its own, which every server start reads (the engine tuner's trials too); made afresh
+    # (mkdtemp: a name no run could have taken) while no sandboxed run is going.
+    c.template = Path(tempfile.mkdtemp(prefix="chat-template-", dir=c.run_dir)) / "npuport-chat-template.jinja"
+    write_own(c.template, image["chat_template"])
+    c.readable.append(c.template.parent)
+    return True
 
-    def serve_on(servable_info: dict[str, Any], servable_dir: Path, retry: bool = False) -> dict[str, Any] | None:
-        """Start serve.sh on one servable folder and check its tokens; the client's result, or None with
-        the failure in the record (``retry``: the backend after a vLLM class failed the model)."""
-        extra = [] if on_npu else [*HOST_ARGS]
-        if not servable_info.get("tokenizer"):
-            extra.append("--skip-tokenizer-init")  # prompts go in as token ids
-        if servable_info["implementation"] == "transformers-backend":
-            extra += ["--model-impl", "transformers"]
-        extra += ["--max-num-seqs", str(max(concurrencies))]
-        if image is not None:
-            extra += ["--chat-template", str(template.resolve())]
-        client = _sandboxed("sandbox.serving.client", str(vpython), {
-            "serve_sh": str((bundle / "serve.sh").resolve()), "servable_dir": str(servable_dir.resolve()),
-            "serve_dir": str((run_dir / "serve_model").resolve()), "port": _free_port(), "extra_args": extra,
-            "model_name": Path(req.model_path).name, "prompts": ref["prompts"], "max_new_tokens": ref["max_new_tokens"],
-            "logprobs": TOP_K if ref.get("reference_logprobs") else None, "requests": work,
-            "concurrencies": list(concurrencies), "start_timeout_s": start_timeout_s,
-            "log_path": str(run_dir / "server.log"), "image_request": image,
-            "check_backend": servable_info["implementation"] == "transformers-backend",
-        }, run_dir, readable, start_timeout_s + (2400 if image is not None else 900), env=env)
-        record.update(servable=servable_info, implementation=servable_info["implementation"])
-        if client.get("no_path"):
-            record.update(status="no vLLM path", implementation="none", error=client["no_path"] + (
-                "" if retry else "; the weights have no layout of a vLLM class either") + plugin_note(config, facts))
-            return None
-        record.update(host_args=extra, host_env={} if on_npu else HOST_ENV, start_s=client.get("start_s"))
-        if not client.get("started"):
-            record["error"] = "serve.sh did not start: " + _why(client, 2500)
-            return None
-        if not client.get("ok"):
-            record["error"] = "the server started but the check failed: " + _why(client, 2000)
-            return None
-        if image is not None:
-            got, want = client["tokens"][0].get("prompt_ids") or [], ref["prompts"][0]
-            same = got == want
-            record["prompt_check"] = {"same": same, "served_len": len(got), "reference_len": len(want),
-                                      "first_difference": None if same else prefix_len(got, want)}
-            if not same:
-                record["error"] = (f"the server built another prompt from the image request than the reference's: "
-                                   f"{len(got)} ids vs {len(want)}, first difference at {prefix_len(got, want)}; its "
-                                   "tokens are not comparable")
-                return None
-        served = [t["tokens"] for t in client["tokens"]]
-        served_lps = [t.get("top_logprobs") for t in client["tokens"]]
-        record["tokens"] = token_check(served, ref["reference_tokens"], dtype,
-                                       served_lps if all(served_lps) else None, ref.get("reference_logprobs"),
-                                       ref.get("logprobs_note") or (None if all(served_lps) else
-                                                                    "the server returned no top-k logprobs"))
-        if not record["tokens"]["ok"]:
-            record["error"] = f"tokens through the server: {record['tokens']['verdict']}"
-            return None
+
+def _host_args(c: _Check, servable_info: dict[str, Any]) -> list[str]:
+    # serve.sh's tensor-parallel size is sized for the chip's cards (agents/deploy/chip_sizing.py): one device here
+    extra = [] if c.on_npu else [*HOST_ARGS, "--tensor-parallel-size", "1"]
+    if not servable_info.get("tokenizer"):
+        extra.append("--skip-tokenizer-init")  # prompts go in as token ids
+    if servable_info["implementation"] == "transformers-backend":
+        extra += ["--model-impl", "transformers"]
+    extra += ["--max-num-seqs", str(max(c.plan.concurrencies))]
+    if c.template is not None:
+        extra += ["--chat-template", str(c.template.resolve())]
+    return extra
+
+
+def _serve_on(c: _Check, servable_info: dict[str, Any], servable_dir: Path,
+              retry: bool = False) -> dict[str, Any] | None:
+    """Start serve.sh on one servable folder and check its tokens; the client's result, or None with the
+    failure in the record (``retry``: the backend after a vLLM class failed the model)."""
+    assert c.ref is not None
+    ref, record, plan = c.ref, c.record, c.plan
+    image = ref.get("image_request")
+    extra = _host_args(c, servable_info)
+    c.phase(f"deployment: starting vLLM with serve.sh ({servable_info['implementation']}; up to "
+            f"{plan.start_timeout_s:.0f} s), then tokens and throughput (up to {plan.after_start_s:.0f} s)")
+    client = sandboxed("sandbox.serving.client", str(c.vpython), {
+        "serve_sh": str((c.bundle / "serve.sh").resolve()), "servable_dir": str(servable_dir.resolve()),
+        "serve_dir": str((c.run_dir / "serve_model").resolve()), "port": free_port(), "extra_args": extra,
+        "model_name": Path(request_of(c.state).model_path).name, "prompts": ref["prompts"],
+        "max_new_tokens": ref["max_new_tokens"], "logprobs": TOP_K if ref.get("reference_logprobs") else None,
+        "requests": c.work, "concurrencies": list(plan.concurrencies), "start_timeout_s": plan.start_timeout_s,
+        "after_start_s": plan.after_start_s, "probe": not plan.batched,
+        "log_path": str(c.run_dir / "server.log"), "image_request": image,
+        "check_backend": servable_info["implementation"] == "transformers-backend",
+    }, c.run_dir, c.readable or [c.bundle], plan.start_timeout_s + plan.after_start_s + 60, env=c.env, watch=c.phase)
+    record.update(servable=servable_info, implementation=servable_info["implementation"])
+    if client.get("no_path"):
+        record.update(status="no vLLM path", implementation="none", error=client["no_path"] + (
+            "" if retry else "; the weights have no layout of a vLLM class either")
+            + plugin_note(c.config or {}, c.facts or {}))
+        return None
+    record.update(host_args=extra, host_env={} if c.on_npu else HOST_ENV, start_s=client.get("start_s"))
+    if client.get("timed_out"):
+        limit = plan.start_timeout_s + plan.after_start_s
+        record["budget"]["timed_out"] = f"the server's start and check ({limit:.0f} s)"
+    if client.get("cut"):
+        record["budget"]["cut_now"] = client["cut"]
+    if not client.get("started"):
+        record["error"] = "serve.sh did not start: " + _why(client, 2500)
+        return None
+    if not client.get("ok"):
+        record["error"] = "the server started but the check failed: " + _why(client, 2000)
+        return None
+    return client if _tokens_pass(c, client) else None
+
+
+def _tokens_pass(c: _Check, client: dict[str, Any]) -> bool:
+    """The served prompt (an image request) and tokens against the reference's (agents/deploy/token_gate.py)."""
+    assert c.ref is not None
+    ref, record = c.ref, c.record
+    if ref.get("image_request") is not None:
+        got, want = client["tokens"][0].get("prompt_ids") or [], ref["prompts"][0]
+        same = got == want
+        record["prompt_check"] = {"same": same, "served_len": len(got), "reference_len": len(want),
+                                  "first_difference": None if same else prefix_len(got, want)}
+        if not same:
+            record["error"] = (f"the server built another prompt from the image request than the reference's: "
+                               f"{len(got)} ids vs {len(want)}, first difference at {prefix_len(got, want)}; its "
+                               "tokens are not comparable")
+            return False
+    served = [t["tokens"] for t in client["tokens"]]
+    served_lps = [t.get("top_logprobs") for t in client["tokens"]]
+    record["tokens"] = token_check(served, ref["reference_tokens"], c.dtype,
+                                   served_lps if all(served_lps) else None, ref.get("reference_logprobs"),
+                                   ref.get("logprobs_note") or (None if all(served_lps) else
+                                                                "the server returned no top-k logprobs"))
+    if not record["tokens"]["ok"]:
+        record["error"] = f"tokens through the server: {record['tokens']['verdict']}"
+        return False
+    return True
+
+
+def _serve_with_fallback(c: _Check) -> dict[str, Any] | None:
+    """Serve with the implementation export chose; when vLLM's own class crashes or computes other tokens (its
+    CPU kernels have their own limits), vLLM's Transformers backend over the patched code, when it takes the class."""
+    assert c.ref is not None and c.ref_spec is not None
+    servable = c.ref["servable"]
+    client = _serve_on(c, servable, c.run_dir / "servable")
+    record = c.record
+    if client is not None or servable["implementation"] not in VLLM_CLASSES or record.get("status") == "no vLLM path":
         return client
+    first = {"implementation": servable["implementation"], "error": record.pop("error", ""),
+             "tokens": record.pop("tokens", None)}
+    # afresh (mkdtemp) while no run is going: a link a run left under a fixed name would be followed
+    backend_dir = Path(tempfile.mkdtemp(prefix="servable-backend-", dir=c.run_dir))
+    c.phase("deployment: vLLM's own class failed the model; exporting for vLLM's Transformers backend")
+    second = sandboxed("sandbox.serving.reference", c.port_python,
+                        {**c.ref_spec, "servable_dir": str(backend_dir.resolve()), "export_only": True,
+                         "backend_only": True}, c.run_dir, _ref_mounts(c), c.plan.reference_s, watch=c.phase)
+    info = (second.get("servable") or {}) if second.get("ok") else {}
+    if info.get("implementation") != "transformers-backend":
+        record.update(error=first["error"], **({"tokens": first["tokens"]} if first["tokens"] else {}))
+        record["backend_retry"] = info.get("detail") or second.get("error") or "the backend export failed"
+        return None
+    record["first_attempt"] = first
+    client = _serve_on(c, info, backend_dir, retry=True)
+    if client is None and record.get("status") == "no vLLM path":
+        # The backend refuses the class: vLLM's own class stays the path (on an NPU its kernels are
+        # vllm-ascend's), failed here for the first reason; serve.sh is not stopped as if none existed.
+        record.update(status="failed", implementation=first["implementation"], servable=servable,
+                      backend_retry=record["error"], error=first["error"])
+        record.pop("first_attempt")
+        if first["tokens"]:
+            record["tokens"] = first["tokens"]
+    elif client is None:  # both failed: the user reads both causes
+        record["error"] = (f"vLLM's own class ({first['implementation']}): {first['error'][:2000]}\n"
+                           f"then vLLM's Transformers backend: {record.get('error', '')}")
+    return client
 
-    client = serve_on(ref["servable"], servable)
-    if client is None and ref["servable"]["implementation"] in VLLM_CLASSES and record.get("status") != "no vLLM path":
-        # vLLM's class for the model crashed or computed other tokens (its CPU kernels have their own limits): the
-        # Transformers backend runs the patched code instead, when the model is a class it can take.
-        first = {"implementation": ref["servable"]["implementation"], "error": record.pop("error", ""),
-                 "tokens": record.pop("tokens", None)}
-        # afresh (mkdtemp) while no run is going: a link a run left under a fixed name would be followed
-        backend_dir = Path(tempfile.mkdtemp(prefix="servable-backend-", dir=run_dir))
-        second = _sandboxed("sandbox.serving.reference", port_python, {**ref_spec, "servable_dir": str(backend_dir.resolve()),
-                                                              "export_only": True, "backend_only": True},
-                            run_dir, list(dict.fromkeys([model_dir, ref_dir, bundle / "patched"])), 900)
-        info = (second.get("servable") or {}) if second.get("ok") else {}
-        if info.get("implementation") == "transformers-backend":
-            record["first_attempt"] = first
-            print(f"npuport: vLLM's {first['implementation']} class failed the model; trying vLLM's Transformers "
-                  "backend over the patched code", file=sys.stderr, flush=True)
-            client = serve_on(info, backend_dir, retry=True)
-            if client is None and record.get("status") == "no vLLM path":
-                # The backend refuses the class: vLLM's own class stays the path (on an NPU its kernels are
-                # vllm-ascend's), failed here for the first reason; serve.sh is not stopped as if none existed.
-                record.update(status="failed", implementation=first["implementation"], servable=ref["servable"],
-                              backend_retry=record["error"], error=first["error"])
-                record.pop("first_attempt")
-                if first["tokens"]:
-                    record["tokens"] = first["tokens"]
-            elif client is None:  # both failed: the user reads both causes
-                record["error"] = (f"vLLM's own class ({first['implementation']}): {first['error'][:2000]}\n"
-                                   f"then vLLM's Transformers backend: {record.get('error', '')}")
-        else:
-            record.update(error=first["error"], **({"tokens": first["tokens"]} if first["tokens"] else {}))
-            record["backend_retry"] = info.get("detail") or second.get("error") or "the backend export failed"
-    if client is None:
-        return record
-    record["throughput"] = throughput_table(client.get("bench") or [], ref.get("transformers") or [],
-                                            ref.get("transformers_batched") or [])
-    record.update(transformers=ref.get("transformers") or [], transformers_batched=ref.get("transformers_batched") or [],
-                  threads=THREADS)
-    record["status"] = "served"  # serve_on returned a client only when the tokens passed
-    if (req.tune if tune is None else tune) and not on_npu and (write_serve is not None or callable(tune)):
-        from agents.deploy.engine_tune import engine_stage
 
-        record["engine_tuning"] = engine_stage(
-            run_dir, record, config, work, write_serve=write_serve, custom=tune if callable(tune) else None,
-            run=_sandboxed, port=_free_port, python=str(vpython), ref_python=port_python, env=env, ro=readable,
-            check=lambda served: token_check(served, ref["reference_tokens"], dtype),
-            host_args=[*HOST_ARGS, "--max-num-seqs"], threads=THREADS, table=throughput_table)
-    return record
-
+def _served(c: _Check, client: dict[str, Any]) -> None:
+    """The record of a server whose tokens passed: its throughput beside Transformers'."""
+    assert c.ref is not None
+    ref = c.ref
+    c.record["throughput"] = throughput_table(client.get("bench") or [], ref.get("transformers") or [],
+                                              ref.get("transformers_batched") or [])
+    c.record.update(transformers=ref.get("transformers") or [],
+                    transformers_batched=ref.get("transformers_batched") or [],
+                    threads=THREADS, status="served")
 
 def throughput_table(vllm_rows: list[dict[str, Any]], single: list[dict[str, Any]],
                      batched: list[dict[str, Any]]) -> dict[str, Any]:

@@ -93,8 +93,8 @@ def choose_stack(compat: dict[str, Any], search: Search | None, port_torch_npu: 
                  f"{row['torch_npu']}: `npuport ops PATH --torch-npu {row['torch_npu']}` inventories against it")
     return {"chosen": stack, "skipped": skipped, "known_bad_from": source, "op_inventory": inventory,
             "op_inventory_matches": same_npu,
-            "note": (f"vllm-ascend {chosen} as its release pins it: vLLM {row['vllm']}, torch {row['torch']}, torch_npu "
-                     f"{row['torch_npu']}, CANN {row['cann']}, transformers "
+            "note": (f"vllm-ascend {chosen} as its release pins it: vLLM {row['vllm']}, torch {row['torch']}, "
+                     f"torch_npu {row['torch_npu']}, CANN {row['cann']}, transformers "
                      f"{row.get('transformers') or vllm_tf or '(not pinned by the release)'}")
             + ("; known bad, never chosen: " + "; ".join(f"{s['vllm_ascend']}: {s['reason']}" for s in skipped)
                if skipped else "")}

@@ -123,11 +123,12 @@ def token_check(served: list[list[int]], refs: dict[str, list[list[int]]], dtype
     elif rate_served >= rate_ref:
         verdict, ok, decided = f"within the reference's {dtype} drift", True, "token-match rate"
     else:
-        verdict, ok, decided = f"mismatch: the served rate is below Transformers {dtype}'s own", False, "token-match rate"
+        verdict, ok, decided = (f"mismatch: the served rate is below Transformers {dtype}'s own", False,
+                                "token-match rate")
     if lp is not None:
         mode = (f"greedy tokens and top-{_k(served_logprobs)} logprobs (tolerance {lp['tolerance']:.3f} nats = "
-                f"max({LOGPROB_DRIFT_FACTOR:g} x the reference's own float32-vs-{dtype} drift {lp['reference_drift']:.3f}, "
-                f"{LOGPROB_FLOOR:g}))")
+                f"max({LOGPROB_DRIFT_FACTOR:g} x the reference's own float32-vs-{dtype} drift "
+                f"{lp['reference_drift']:.3f}, {LOGPROB_FLOOR:g}))")
     else:
         mode = "exact greedy tokens and the drift-calibrated token-match rate" + (
             f" (no logprobs compared: {logprobs_note})" if logprobs_note else " (no logprobs compared)")

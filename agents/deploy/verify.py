@@ -26,7 +26,7 @@ from agents.deploy.verify_input import BundleClaims, read_claims
 from agents.runs import RunSpec, token_summary
 from agents.target_state import target_to_dict
 from agents.tuning.measure import TUNE_CONCURRENCY, headline_spec, points_of
-from agents.tuning.port import UNTUNED_CONFIG
+from agents.tuning.port import MAX_RESOLVABLE_SPREAD, UNTUNED_CONFIG
 from agents.workspace import Workspace
 from agents.workspace import tree_digest as workspace_digest
 from knowledge.errors import TargetError, WorkspaceError
@@ -224,10 +224,10 @@ def _outputs_claim(dtype: str, ref: Any, port: Any) -> Claim:
                  claimed="match", observed=now.verdict, detail=now.detail)
 
 
-def _perf_claim(claims: BundleClaims, ws: Workspace) -> Claim:
+def _perf_claim(claims: BundleClaims, ws: Workspace, original: Path) -> Claim:
     """Re-check the decode profile: the verify runs of _tokens_claim profile themselves, and the
     pathologies found in them (kind, module, code line) must be the report's."""
-    from agents.validation.perf_evidence import analyse, profile_of
+    from agents.validation.perf_evidence import analyse, profile_of, shown_where
 
     if not claims.perf.profiled:
         return Claim(name="decode profile", verdict="no claim", detail="the report has no decode profile")
@@ -235,9 +235,13 @@ def _perf_claim(claims: BundleClaims, ws: Workspace) -> Claim:
     if port is None:
         return Claim(name="decode profile", verdict="disagree", detail="the verify run of the port has no profile")
     observed = analyse(port, profile_of(ws.runs_dir / "verify-reference" / "result.json"))
+    from agents.sites import port_site
+
+    for p in observed.get("pathologies") or []:  # printed as the report prints them: the user's file:line
+        p["user_where"] = port_site(p.get("where"), ws.root, original)  # the original the user named
 
     def keys(pathologies: list[dict[str, Any]]) -> list[str]:
-        return sorted(f"{p['kind']}{'(' + p['module'] + ')' if p.get('module') else ''} at {p.get('where')}"
+        return sorted(f"{p['kind']}{'(' + p['module'] + ')' if p.get('module') else ''} at {shown_where(p)}"
                       for p in pathologies)
 
     claimed = keys([p.model_dump() for p in claims.perf.pathologies])
@@ -277,6 +281,10 @@ def _throughput_claim(c: _Check, ref_tokens: list[list[int]] | None, tolerance: 
     detail = (f"{observed:.1f} tokens/s now (median of {len(point.get('tokens_per_s_runs') or [])} runs, "
               f"spread {float(point.get('spread') or 0):.0%}) vs {claimed:.1f} reported at concurrency {conc}"
               + (f"; the steadiest of {tries} benchmarks, the first spread {first_spread:.0%}" if tries > 1 else ""))
+    if noise > MAX_RESOLVABLE_SPREAD:  # the runs move more than any comparison could resolve: neither agree nor not
+        return Claim(name="throughput", verdict="unchecked", claimed=round(claimed, 2), observed=round(observed, 2),
+                     detail=f"{detail}: not comparable on this host (spread {noise:.0%}); the figure is neither "
+                            "confirmed nor refuted")
     ok, why = within(observed, claimed, tol, tolerance)
     if not ok and tuned.untuned and tuned.chosen != "untuned":
         # A host that got faster or slower since the report moves every figure by the same factor: the
@@ -379,7 +387,8 @@ def _served_throughput(claimed: dict[str, Any], now: dict[str, Any]) -> tuple[bo
     """The report's served tok/s against the rerun's, at the highest concurrency both measured, within
     SERVED_TOLERANCE either way (a whole engine on a shared host varies more than one harness run)."""
     def rows(rec: dict[str, Any]) -> dict[int, float]:
-        return {int(r["concurrency"]): float(r["output_tokens_per_s"]) for r in (rec.get("throughput") or {}).get("rows")
+        return {int(r["concurrency"]): float(r["output_tokens_per_s"])
+                for r in (rec.get("throughput") or {}).get("rows")
                 or [] if r.get("output_tokens_per_s")}
 
     before, after = rows(claimed), rows(now)
@@ -437,7 +446,7 @@ def verify_bundle(bundle_dir: Path, original: Path | None, *, tolerance: float =
     check = _Check(claims, ws, target, python, Limits(wall_s=run_timeout_s))
     tokens, ref_tokens = _tokens_claim(check)
     result.claims.append(tokens)
-    result.claims.append(_perf_claim(claims, ws))
+    result.claims.append(_perf_claim(claims, ws, original))
     result.claims.append(_throughput_claim(check, ref_tokens, tolerance))
     result.claims.append(_deployment_claim(check, bundle_dir))
     return result

@@ -69,6 +69,7 @@ class Pathology(_Lenient):
     kind: str = Field(max_length=64)
     module: str | None = Field(default=None, max_length=200)
     where: str | None = Field(default=None, max_length=400)
+    user_where: str | None = Field(default=None, max_length=400)  # the user's file:line (agents/sites.py)
 
 
 class Perf(_Lenient):

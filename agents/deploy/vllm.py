@@ -222,6 +222,8 @@ def render_serve_sh(settings: list[ServeSetting], served_name: str, model_src: s
     ]
     for x in flags:
         lines.append(_about(x, f"--{x.name}"))
+    # a choice with no flag of its own (graph mode)
+    lines += [_about(x, f"{x.name}: {x.value}") for x in settings if x.kind == "decision"]
     for k, v in extra.items():
         x = next(s for s in settings if s.name == k)
         lines.append(_about(x, f"additional_config.{k}={json.dumps(v)}"))

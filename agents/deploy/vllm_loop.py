@@ -57,7 +57,8 @@ def serve_argv(model: Path, params: dict[str, Any], port: int) -> list[str]:
     if params.get("enforce_eager"):
         argv.append("--enforce-eager")
     else:
-        argv += ["--compilation-config", json.dumps({"cudagraph_mode": params.get("cudagraph_mode", "FULL_AND_PIECEWISE")})]
+        argv += ["--compilation-config",
+                 json.dumps({"cudagraph_mode": params.get("cudagraph_mode", "FULL_AND_PIECEWISE")})]
     if not params.get("enable_chunked_prefill", True):
         argv.append("--no-enable-chunked-prefill")
     if params.get("additional_config"):
@@ -115,4 +116,5 @@ def tune_serving(model: Path, space: SearchSpace, facts: HostFacts, env: dict[st
     ok, why = npu_available()
     if not ok:
         raise RuntimeError(f"the vllm-ascend tuning loop needs an Ascend NPU: {why}")
-    return npuport_search(space, facts, lambda p: measure(model, p, env), budget or Budget(max_trials=10, max_seconds=7200))
+    return npuport_search(space, facts, lambda p: measure(model, p, env),
+                          budget or Budget(max_trials=10, max_seconds=7200))

@@ -1,6 +1,6 @@
 """The environment of the model's era: which transformers its authors ran (config.json's
-``transformers_version``, or the last 4.x that gives PreTrainedModel generate (4.49) when the config names none and the code is coupled to 4.x,
-hazard H18), and keeping the layered env consistent with the host packages it shadows.
+``transformers_version``, or the last 4.x that gives PreTrainedModel generate (4.49) when the config names none and the
+code is coupled to 4.x, hazard H18), and keeping the layered env consistent with the host packages it shadows.
 
 A layered env installs only the era's transformers (and what pip pulls with it: tokenizers,
 huggingface-hub); host packages that need the host's newer releases (an HF ``kernels`` that imports a

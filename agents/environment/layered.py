@@ -1,7 +1,7 @@
 """The layered sandbox environment: a venv made for a resolution, layered on the host (or on a torch pair's
 base env), installing only what the host does not satisfy; built once, cached by what it holds, locked
-against concurrent builds. ``ensure_env`` also chooses and proves the torch pair, moves an era whose
-release lacks a name the code imports to the last 4.x, and records what pip reconciled."""
+against concurrent builds. ``ensure_env`` also chooses and proves the torch pair and records what pip
+reconciled (the era's release itself is chosen by resolve: agents/environment/release_choice.py)."""
 
 from __future__ import annotations
 
@@ -29,11 +29,9 @@ from agents.environment.compat import (
     load_compat,
     torch_npu_row,
 )
-from agents.environment.era import LAST_4X, own_versions, reconcile
-from agents.environment.era_lift import nearest_line
+from agents.environment.era import own_versions, reconcile
 from agents.environment.owner import env_owner, provenance
 from agents.environment.resolution import Resolution, bundle_files
-from agents.environment.resolve import missing_transformers_names
 from agents.environment.torch_pair import COMPANIONS, TorchPair, choose_pair, probe
 from agents.environment.torch_pair import release_of as _release
 from knowledge.disk import low_disk_note
@@ -120,9 +118,10 @@ def own_installs(resolution: Resolution) -> list[str]:
 def run_pip(python: Path, install: list[str], constraints: Path, timeout_s: float,
             layers: tuple[Path, ...] = ()) -> subprocess.CompletedProcess[str]:
     # Wheels only (no setup.py), and in the sandbox: the env's interpreter runs the .pth files of the wheels
-    # installed before; only the env folder is writable, the network reaches only the index (sandbox/isolation/installs.py).
-    # ``layers``, the envs this one sits on, are bound read-only: NPUPORT_HOME is masked in the sandbox, and a pip
-    # that cannot see the torch pair's base env installs torch (5 GB with its CUDA wheels) into every layer.
+    # installed before; only the env folder is writable, the network reaches only the index
+    # (sandbox/isolation/installs.py). ``layers``, the envs this one sits on, are bound read-only: NPUPORT_HOME is
+    # masked in the sandbox, and a pip that cannot see the torch pair's base env installs torch (5 GB with its CUDA
+    # wheels) into every layer.
     from sandbox.isolation.installs import run_pip as confined_pip
 
     argv = [str(python), "-m", "pip", "install", "--no-input", "--disable-pip-version-check", "--only-binary=:all:",
@@ -193,35 +192,18 @@ def ensure_env(resolution: Resolution, cache_root: Path | None = None, timeout_s
             apply_pair(resolution, choose_pair(resolution.companions, resolution.host_python, host_version("torch"),
                                                load_compat(), root, log))
             python = _ensure_model_env(resolution, root, timeout_s, log)
-    last = resolution.era_last or LAST_4X
-    if resolution.era and resolution.era != last:
-        # asked of the era's base env when there is one: transformers is installed there, not in the model's layer
-        era_env = env_python(Path(resolution.era_base)) if resolution.era_base else python
-        missing = missing_transformers_names(resolution.model_dir, python=str(era_env))
-        if missing:
-            # config.json's release is older than the code: it imports names that came later (a checkpoint
-            # saved with 4.24 by code that imports GenerationConfig, 4.26+). The nearest line that has them
-            # all, read from its wheel; the last 4.x when none below it has (later lines removed helpers the
-            # same code calls).
-            shown = ", ".join(f"{mod}.{name} ({where})" for mod, name, where in missing[:3])
-            nearest, passed = nearest_line(resolution.model_dir, resolution.era, last, root / "era-sources")
-            if passed:
-                resolution.notes.append("lines passed over for the era: " + "; ".join(passed) + ".")
-            last = nearest or last
-            resolution.install = [last if r == resolution.era else r for r in resolution.install]
-            resolution.era_installs = [last if r == resolution.era else r for r in resolution.era_installs]
-            resolution.pins["transformers"] = last
-            resolution.stack["transformers"] = str(Requirement(last).specifier)
-            resolution.notes.append(f"the era's {resolution.era} lacks {shown}, which the code imports: it runs "
-                                    f"with {last} instead.")
-            resolution.era = last
-            python = _ensure_model_env(resolution, root, timeout_s, log)
     era_python = env_python(Path(resolution.era_base)) if resolution.era_base else python
     if resolution.era and (installed := own_versions(era_python).get("transformers")):
         resolution.stack["transformers"] = installed  # the release pip chose for the era's range
     marker = json.loads((era_python.parent.parent / MARKER).read_text())
     for dist, outcome in (marker.get("reconciled") or {}).items():
         resolution.notes.append(f"host package {dist} needs newer releases than the era's: {outcome}.")
+    own = json.loads((python.parent.parent / MARKER).read_text()) if (python.parent.parent / MARKER).is_file() else {}
+    for req, why in (own.get("left_out") or {}).items():
+        resolution.notes.append(f"{req} is left out of the environment: the package index cannot install it ({why}); "
+                                f"it is {resolution.spare.get(req, 'not one the code needs to load')}, so "
+                                "the port goes on without it (a run that needs it fails on its import).")
+        resolution.dropped[str(Requirement(req).name)] = f"left out: the package index cannot install it ({why})"
     return python
 
 
@@ -276,9 +258,13 @@ def _build(env_dir: Path, resolution: Resolution, timeout_s: float) -> None:
     pip = functools.partial(run_pip, layers=tuple(Path(p) for p in _layers(resolution)))
     start = time.monotonic()
     install = own_installs(resolution)
+    left_out: dict[str, str] = {}
     if install:
         try:
             done = pip(env_python(env_dir), install, constraints, timeout_s)
+            spare = [r for r in install if r in resolution.spare] if done.returncode != 0 else []
+            if spare:
+                done, left_out = _install_without(env_dir, install, spare, constraints, timeout_s, pip)
         except subprocess.TimeoutExpired as exc:
             raise EnvBuildError(f"installing {', '.join(install)} into the layered environment took "
                                 f"longer than {timeout_s:g} s and was stopped") from exc
@@ -299,7 +285,8 @@ def _build(env_dir: Path, resolution: Resolution, timeout_s: float) -> None:
         not resolution.era_base else {}
     (env_dir / MARKER).write_text(json.dumps({
         "key": resolution.env_key, "install": install, "optional": resolution.optional,
-        "optional_failed": optional_failed, "reconciled": reconciled, "host_python": resolution.host_python,
+        "optional_failed": optional_failed, "left_out": left_out, "reconciled": reconciled,
+        "host_python": resolution.host_python,
         "host_sites": host_site_dirs(), "npuport_root": str(NPUPORT_ROOT),
         "built_s": round(time.monotonic() - start, 1), "model_dir": str(resolution.model_dir),
         "torch_pair": resolution.torch_pair,
@@ -307,6 +294,26 @@ def _build(env_dir: Path, resolution: Resolution, timeout_s: float) -> None:
         # Folders the env reads besides its own (the sandbox binds them read-only: sandbox/isolation/bwrap.py).
         "layers": _layers(resolution),
     }, indent=1))
+
+
+def _install_without(env_dir: Path, install: list[str], spare: list[str], constraints: Path, timeout_s: float,
+                     pip: Callable[..., subprocess.CompletedProcess[str]]
+                     ) -> tuple[subprocess.CompletedProcess[str], dict[str, str]]:
+    """The installs failed together: what the code needs, then each spare one on its own (a guessed name the
+    index does not have, a pin the code imports only on a path); {requirement: pip's last line} for those
+    left out. The first result is that of the needed ones (a failure there fails the env as before)."""
+    needed = [r for r in install if r not in spare]
+    done = pip(env_python(env_dir), needed, constraints, timeout_s) if needed else \
+        subprocess.CompletedProcess([], 0, "", "")
+    left_out: dict[str, str] = {}
+    if done.returncode != 0:
+        return done, left_out
+    for req in spare:
+        alone = pip(env_python(env_dir), [req], constraints, timeout_s)
+        if alone.returncode != 0:
+            left_out[req] = ((alone.stderr or alone.stdout).strip().splitlines() or ["pip failed"])[-1][:300]
+            _stderr_log(f"{req} left out of the environment (the package index cannot install it): {left_out[req]}")
+    return done, left_out
 
 
 def _install_optional(env_dir: Path, resolution: Resolution, constraints: Path, timeout_s: float,

@@ -47,6 +47,16 @@ class Resolution:
     era_base: str | None = None  # the era's base env the model's env is layered on, once built
     era_last: str | None = None  # the newest 4.x the code runs with (LAST_4X, or below a coupling's release)
     owner: str = ""  # whose env this is ("": shared, npuport's pins only; agents/environment/owner.py)
+    # the transformers release the code's own reads chose (agents/environment/release_choice.py): the hint,
+    # the release chosen, every release examined and what it lacked
+    release_choice: dict[str, Any] | None = None
+    # installs the model's layer may go without when the index cannot install them (requirement -> why: a
+    # distribution guessed from an import, a pin the code imports only in a function or under a guard); each is then a
+    # note
+    spare: dict[str, str] = field(default_factory=dict)
+    # releases a run of this port failed on with a missing name ("4.36" -> the error; release_retry.py)
+    release_rejected: dict[str, str] = field(default_factory=dict)
+    release_extra: list[list[Any]] = field(default_factory=list)  # [paths, where] of the reads those runs named
 
     @property
     def env_key(self) -> str:
@@ -80,6 +90,8 @@ class Resolution:
             "env_key": self.env_key if self.needs_layered_env else None,
             "companions": self.companions, "torch_pair": self.torch_pair, "optional": self.optional,
             "era_base": self.era_base, "owner": self.owner or None, "summary": self.summary(),
+            "era": self.era, "release_choice": self.release_choice, "release_rejected": self.release_rejected,
+            "release_extra": self.release_extra,
         }
 
 

@@ -9,9 +9,8 @@ layered.py builds it).
 
 from __future__ import annotations
 
-import json
-import subprocess
 import sys
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -33,62 +32,116 @@ from agents.environment.pins import (
     find_pins,
     model_py_files,
     saved_transformers_version,
-    transformers_names,
     unconditional_imports,
 )
+from agents.environment.release_choice import ReleaseChoice, RunRejections, era_for_code
 from agents.environment.resolution import Resolution, bundle_files
 from agents.environment.stack import framework_conflict, merge_pins, resolve_vllm, stack_for_target
 from agents.environment.torch_pair import COMPANIONS
 from agents.environment.torch_pair import minor_of as _minor
 
 
-def resolve(model_dir: Path, target: str, torch_npu: str | None) -> Resolution:
+def resolve(model_dir: Path, target: str, torch_npu: str | None, runs: RunRejections | None = None) -> Resolution:
     """Resolve the environment a port of ``model_dir`` runs in for ``target`` (cpu | ascend-sim | npu
-    | auto) on ``torch_npu`` (a torch_npu release such as "2.13.0")."""
+    | auto) on ``torch_npu`` (a torch_npu release such as "2.13.0"); ``runs``: releases earlier runs of
+    the port failed on with a missing name (agents/environment/release_retry.py)."""
     model_dir = Path(model_dir).resolve()
     compat = load_compat()
     conflicts: list[str] = []
     notes: list[str] = []
     stack = stack_for_target(target, torch_npu, compat, conflicts, notes)
-
     found = find_pins(model_dir)
     by_name: dict[str, list[Pin]] = {}
     for pin in found:
         by_name.setdefault(pin.name, []).append(pin)
     merged = {name: merge_pins(name, pins, conflicts) for name, pins in by_name.items()}
-
-    pins: dict[str, str] = {}
-    dropped: dict[str, str] = {}
-    install: list[str] = []
-    companions: list[str] = []
+    chosen = _ModelPins()
     for name, (spec, lead) in sorted(merged.items()):
-        req = Requirement(lead.requirement)
-        extras = f"[{','.join(sorted(req.extras))}]" if req.extras else ""
-        requirement = f"{name}{extras}{spec}"
-        cuda = cuda_only_reason(name, compat)
-        if cuda:
-            dropped[name] = f"CUDA-only ({cuda})"
-            conflicts.append(f"the model needs {lead.requirement} ({lead.source}), which is CUDA-only ({cuda}) and "
-                             "cannot run on Ascend; it is left out and the port removes or replaces its uses (H3).")
-            continue
-        if name in FRAMEWORK:
-            problem = framework_conflict(name, spec, lead, stack, target, compat)
-            if problem:
-                conflicts.append(problem)
-            dropped[name] = "decided by the target (never installed into the sandbox env)"
-            if name in COMPANIONS:
-                dropped[name] = "paired with the torch the port runs on (chosen and proven when the env is built)"
-                companions.append(name)
-            continue
-        pins[name] = requirement
-        have = host_version(name)
-        if have is None or (spec and not spec.contains(have, prereleases=True)):
-            install.append(requirement)
-            host = f"the host has {have}" if have else "the host does not have it"
-            notes.append(f"{requirement} ({lead.source}): {host}; installed into the layered environment.")
+        _take_pin(name, spec, lead, chosen, stack, target, compat, conflicts, notes)
     resolve_vllm(merged, stack, compat, conflicts, notes)
+    pins, dropped, install, companions = chosen.pins, chosen.dropped, chosen.install, chosen.companions
 
     host_tf = host_version("transformers")
+    era, last, choice = _era(model_dir, pins, host_tf, compat, notes, runs)
+    era_installs = [era] if era else []
+    if era:
+        pins["transformers"] = era
+        install.append(era)
+    if era and "einops" not in pins and host_version("einops") is None:
+        # transformers 4.x on an Ascend host (torch_npu importable) imports its NPU flash-attention
+        # integration, which imports einops unconditionally; it comes with the era's base env on every target,
+        # so one base env serves the ports of that era whatever their target
+        pins["einops"] = "einops"
+        install.append("einops")
+        era_installs = [era, "einops"]
+        notes.append(f"{era} imports einops on an Ascend target (transformers.integrations.npu_flash_attention): "
+                     "einops is installed with it into the era's base environment (for every target, so one base "
+                     "env serves them all).")
+    guessed = _imported_dependencies(model_dir, pins, dropped, install, notes, compat, stack, companions)
+    optional = _guarded_dependencies(model_dir, pins, dropped, notes, compat)
+    spare = {**_spare_pins(model_dir, install, found), **guessed}
+    tf_exact = (exact_version(SpecifierSet(str(Requirement(pins["transformers"]).specifier)))
+                if "transformers" in pins else None)
+    # an era's range (transformers~=4.36.0) is shown as it is: pip picks its newest patch when the env is built
+    stack["transformers"] = tf_exact or (str(Requirement(era).specifier) if era else host_tf)
+
+    requirements_txt, constraints_txt = bundle_files(target, stack, pins, compat)
+    return Resolution(
+        model_dir=model_dir, target=target, torch_npu=stack.get("torch_npu"), stack=stack, pins=pins,
+        found=found, conflicts=conflicts, notes=notes, dropped=dropped, install=install,
+        requirements_txt=requirements_txt, constraints_txt=constraints_txt,
+        needs_layered_env=bool(install) or bool(companions) or bool(optional), companions=sorted(set(companions)),
+        optional=optional, era=era, era_installs=era_installs, era_last=last if era else None,
+        release_choice=choice.as_dict() if choice else None, spare=spare,
+        release_rejected={f"{k[0]}.{k[1]}": v for k, v in (runs.rejected if runs else {}).items()},
+        release_extra=[[list(n.paths), n.where] for n in (runs.extra if runs else ())],
+    )
+
+
+@dataclass
+class _ModelPins:
+    """What the model's own pins come to: pinned, left out (and why), installed, torch companions."""
+
+    pins: dict[str, str] = field(default_factory=dict)
+    dropped: dict[str, str] = field(default_factory=dict)
+    install: list[str] = field(default_factory=list)
+    companions: list[str] = field(default_factory=list)
+
+
+def _take_pin(name: str, spec: SpecifierSet, lead: Pin, chosen: _ModelPins, stack: dict[str, Any], target: str,
+              compat: dict[str, Any], conflicts: list[str], notes: list[str]) -> None:
+    """One of the model's pins: left out when CUDA-only or decided by the target, else pinned (and installed
+    into the layered environment when the host's release does not satisfy it)."""
+    req = Requirement(lead.requirement)
+    extras = f"[{','.join(sorted(req.extras))}]" if req.extras else ""
+    requirement = f"{name}{extras}{spec}"
+    cuda = cuda_only_reason(name, compat)
+    if cuda:
+        chosen.dropped[name] = f"CUDA-only ({cuda})"
+        conflicts.append(f"the model needs {lead.requirement} ({lead.source}), which is CUDA-only ({cuda}) and "
+                         "cannot run on Ascend; it is left out and the port removes or replaces its uses (H3).")
+        return
+    if name in FRAMEWORK:
+        problem = framework_conflict(name, spec, lead, stack, target, compat)
+        if problem:
+            conflicts.append(problem)
+        chosen.dropped[name] = "decided by the target (never installed into the sandbox env)"
+        if name in COMPANIONS:
+            chosen.dropped[name] = "paired with the torch the port runs on (chosen and proven when the env is built)"
+            chosen.companions.append(name)
+        return
+    chosen.pins[name] = requirement
+    have = host_version(name)
+    if have is None or (spec and not spec.contains(have, prereleases=True)):
+        chosen.install.append(requirement)
+        host = f"the host has {have}" if have else "the host does not have it"
+        notes.append(f"{requirement} ({lead.source}): {host}; installed into the layered environment.")
+
+
+def _era(model_dir: Path, pins: dict[str, str], host_tf: str | None, compat: dict[str, Any],
+         notes: list[str], runs: RunRejections | None = None) -> tuple[str | None, str, ReleaseChoice | None]:
+    """(the transformers requirement of the model's era, or None to keep the host's; the newest 4.x the code
+    runs with; the release the code's own reads chose), with notes saying why."""
     saved = saved_transformers_version(model_dir)
     floor = python_floor(compat)
     era = era_transformers(saved, host_tf, floor) if "transformers" not in pins else None
@@ -112,50 +165,40 @@ def resolve(model_dir: Path, target: str, torch_npu: str | None) -> Resolution:
         notes.append(f"transformers {saved} (config.json) has no wheels for Python {sys.version_info.major}."
                      f"{sys.version_info.minor} (its tokenizers does not), so the oldest line that has, {floor}, "
                      "stands in for it.")
+    choice, chose = None, None
+    if "transformers" not in pins and host_tf:
+        before = era
+        era, choice, chose = era_for_code(model_dir, era, last, host_tf, floor, runs, log=_stderr_log, saved=saved)
+        if chose:
+            notes.append(chose)
+        chose = chose if era != before else None
     if era:
-        # The release the authors ran: code written for 4.x runs under 5.x as long as every name it
-        # imports exists, then breaks at run time (no inherited generate, config attributes moved to the
-        # generation config, removed helpers). Both the reference and the port run in the era's env.
-        pins["transformers"] = era
-        install.append(era)
-        why = (f"config.json was saved with transformers {saved} and the host has {host_tf} (another major release)"
-               if saved and era.startswith("transformers~=") else
-               f"config.json names no transformers release and the code is coupled to 4.x ({coupled[0]})")
-        if coupled and saved and era.startswith("transformers~="):
-            why += f"; the code is coupled to it ({coupled[0]}{f' and {len(coupled) - 1} more' if len(coupled) > 1 else ''})"
-        lacks = host_lacks(model_dir)
-        shown = "; the host's release also lacks " + ", ".join(
-            f"{mod}.{name} ({where})" for mod, name, where in lacks[:4]) if lacks else ""
-        notes.append(f"{why}: the original and the port run in the environment of the model's era, {era}, built "
-                     f"once from the package index and shared by every port of that era{shown}.")
-    elif saved and host_tf:
+        notes.append(_era_note(era, saved, host_tf, coupled, chose))
+    elif saved and host_tf and not chose:
         notes.append(f"config.json was saved with transformers {saved} and the host has {host_tf} (same major "
                      "release): the host's transformers is kept.")
-    era_installs = [era] if era else []
-    if era and "einops" not in pins and host_version("einops") is None:
-        # transformers 4.x on an Ascend host (torch_npu importable) imports its NPU flash-attention
-        # integration, which imports einops unconditionally; it comes with the era's base env on every target,
-        # so one base env serves the ports of that era whatever their target
-        pins["einops"] = "einops"
-        install.append("einops")
-        era_installs = [era, "einops"]
-        notes.append(f"{era} imports einops on an Ascend target (transformers.integrations.npu_flash_attention): "
-                     "einops is installed with it into the era's base environment (for every target, so one base "
-                     "env serves them all).")
-    _imported_dependencies(model_dir, pins, dropped, install, notes, compat, stack, companions)
-    optional = _guarded_dependencies(model_dir, pins, dropped, notes, compat)
-    tf_exact = exact_version(SpecifierSet(str(Requirement(pins["transformers"]).specifier))) if "transformers" in pins else None
-    # an era's range (transformers~=4.36.0) is shown as it is: pip picks its newest patch when the env is built
-    stack["transformers"] = tf_exact or (str(Requirement(era).specifier) if era else host_tf)
+    return era, last, choice
 
-    requirements_txt, constraints_txt = bundle_files(target, stack, pins, compat)
-    return Resolution(
-        model_dir=model_dir, target=target, torch_npu=stack.get("torch_npu"), stack=stack, pins=pins,
-        found=found, conflicts=conflicts, notes=notes, dropped=dropped, install=install,
-        requirements_txt=requirements_txt, constraints_txt=constraints_txt,
-        needs_layered_env=bool(install) or bool(companions) or bool(optional), companions=sorted(set(companions)),
-        optional=optional, era=era, era_installs=era_installs, era_last=last if era else None,
-    )
+
+def _stderr_log(msg: str) -> None:
+    print(f"npuport: {msg}", file=sys.stderr, flush=True)
+
+
+def _era_note(era: str, saved: str | None, host_tf: str | None, coupled: list[str], chose: str | None) -> str:
+    # The release the authors ran: code written for 4.x runs under 5.x as long as every name it
+    # imports exists, then breaks at run time (no inherited generate, config attributes moved to the
+    # generation config, removed helpers). Both the reference and the port run in the era's env.
+    if chose:
+        why = "the code's own reads of transformers chose it (above)"
+    elif saved and era.startswith("transformers~="):
+        why = f"config.json was saved with transformers {saved} and the host has {host_tf} (another major release)"
+    else:
+        why = f"config.json names no transformers release and the code is coupled to 4.x ({coupled[0]})"
+    if coupled and saved and era.startswith("transformers~=") and not chose:
+        more = f" and {len(coupled) - 1} more" if len(coupled) > 1 else ""
+        why += f"; the code is coupled to it ({coupled[0]}{more})"
+    return (f"{why}: the original and the port run in the environment of the model's era, {era}, built "
+            f"once from the package index and shared by every port of that era.")
 
 
 def _guarded_dependencies(model_dir: Path, pins: dict[str, str], dropped: dict[str, str], notes: list[str],
@@ -172,7 +215,8 @@ def _guarded_dependencies(model_dir: Path, pins: dict[str, str], dropped: dict[s
             continue
         cuda = cuda_only_reason(dist, compat)
         if cuda:
-            dropped[dist] = f"CUDA-only ({cuda}); a guarded import the code demands: the port removes or replaces its uses (H3)"
+            dropped[dist] = (f"CUDA-only ({cuda}); a guarded import the code demands: the port removes or replaces "
+                             "its uses (H3)")
             continue
         if host_version(dist) is not None:
             pins[dist] = dist
@@ -200,12 +244,15 @@ def _guarded_dependencies(model_dir: Path, pins: dict[str, str], dropped: dict[s
 
 def _imported_dependencies(model_dir: Path, pins: dict[str, str], dropped: dict[str, str], install: list[str],
                            notes: list[str], compat: dict[str, Any], stack: dict[str, str | None],
-                           companions: list[str]) -> None:
+                           companions: list[str]) -> dict[str, str]:
     """Third-party packages the model's code imports unconditionally that no file pins: the host's
     version when it has one, else installed into the layered environment. torchvision / torchaudio are
-    companions of torch: the pair is chosen and proven when the environment is built (agents/environment/torch_pair.py)."""
+    companions of torch: the pair is chosen and proven when the environment is built (agents/environment/torch_pair.py).
+    Returns {requirement: why it is a guess} for the distributions named after an import (the index may not
+    have one: a module of the model's own the folder does not ship, a package named after its folder)."""
     from packaging.utils import canonicalize_name
 
+    guessed: dict[str, str] = {}
     for module, where in sorted(unconditional_imports(model_dir).items()):
         dist = str(canonicalize_name(IMPORT_TO_DIST.get(module, module)))
         if dist in COMPANIONS:
@@ -239,8 +286,33 @@ def _imported_dependencies(model_dir: Path, pins: dict[str, str], dropped: dict[
         requirement = dist
         pins[dist] = requirement
         install.append(requirement)
+        guessed[requirement] = f"a distribution named after `import {module}` ({where})"
         notes.append(f"{module} is imported by the model ({where}) and the host does not have it: {requirement} is "
                      "installed into the layered environment.")
+    return guessed
+
+
+def _spare_pins(model_dir: Path, install: list[str], found: list[Pin]) -> dict[str, str]:
+    """{requirement: why} for the model's pins that may be left out when the index cannot install them: the
+    code imports them only in a function's body or under a guard, never unguarded at module level (a streaming
+    helper one method imports). A pin nothing imports stays required: the user asked for it."""
+    from packaging.utils import canonicalize_name
+
+    def dist(module: str) -> str:
+        return str(canonicalize_name(IMPORT_TO_DIST.get(module, module)))
+
+    files = model_py_files(model_dir)
+    module_level = {dist(m) for m in unconditional_imports(model_dir)}
+    on_a_path = {dist(m): where for m, (where, _) in function_imports(model_dir, files).items()}
+    on_a_path.update({dist(m): where for m, where in guarded_imports(model_dir, files).items()})
+    where = {p.name: p.source for p in found}
+    spare = {}
+    for requirement in install:
+        name = str(canonicalize_name(Requirement(requirement).name))
+        if name in where and name in on_a_path and name not in module_level:
+            spare[requirement] = (f"pinned ({where[name]}) and imported only on a path of the code "
+                                  f"({on_a_path[name]}: in a function or under a guard)")
+    return spare
 
 
 def dropped_module(module: str, compat: dict[str, Any]) -> dict[str, str] | None:
@@ -256,107 +328,3 @@ def dropped_module(module: str, compat: dict[str, Any]) -> dict[str, str] | None
     except (ImportError, ValueError):
         found = False
     return None if found else dict(row)
-
-
-def _transformers_dir(python: str | None) -> Path | None:
-    """The transformers package folder ``python`` imports: the env's own when it installed one, else the
-    host's (found, not imported)."""
-    import importlib.util
-
-    if python and Path(python).resolve() != Path(sys.executable).resolve():
-        own = sorted(Path(python).parent.parent.glob("lib/python*/site-packages/transformers"))
-        if own:
-            return own[0]
-    try:
-        spec = importlib.util.find_spec("transformers")
-    except (ImportError, ValueError):
-        return None
-    locations = list(spec.submodule_search_locations or []) if spec else []
-    return Path(locations[0]) if locations else None
-
-
-def _spelled_in(package: Path, module: str, name: str) -> bool:
-    """Whether the import would find ``name``, read from the sources: ``module.name`` is a submodule, or the
-    module exists and its source (or its package's __init__, which lists lazy exports) spells the name.
-    False means: ask the interpreter (a re-export, a lazy alias)."""
-    import re
-
-    rel = Path(*module.split(".")[1:])
-    base = package / rel
-    if (base / name).is_dir() or (base / f"{name}.py").is_file():
-        return True
-    sources = [s for s in (base.with_suffix(".py"), base / "__init__.py") if s.is_file()]
-    if not sources:
-        return False  # the module itself may be gone
-    return any(re.search(rf"\b{re.escape(name)}\b", s.read_text(encoding="utf-8", errors="replace")) for s in sources)
-
-
-def host_lacks(model_dir: Path) -> list[tuple[str, str, str]]:
-    """The (module, name, where) the model imports from a module of the host's transformers whose source
-    does not spell the name (read, not imported: for a note). The top-level package and modules that are
-    gone are left out: their names come lazily or through aliases, which only an import can tell."""
-    package = _transformers_dir(None)
-    if package is None:
-        return []
-    out = []
-    for mod, name, where in transformers_names(model_dir):
-        base = package / Path(*mod.split(".")[1:])
-        if mod != "transformers" and (base.with_suffix(".py").is_file() or (base / "__init__.py").is_file()) \
-                and not _spelled_in(package, mod, name):
-            out.append((mod, name, where))
-    return out
-
-
-def _surely_absent(package: Path, module: str) -> bool:
-    """Whether reading ``package`` (a transformers folder) settles that a name the model imports from
-    ``module`` is missing (``_spelled_in`` already said the source does not spell it)."""
-    import re
-
-    base = package / Path(*module.split(".")[1:])
-    if module != "transformers":
-        return not (base.with_suffix(".py").is_file() or (base / "__init__.py").is_file())
-    init = package / "__init__.py"
-    text = init.read_text(encoding="utf-8", errors="replace") if init.is_file() else ""
-    return re.search(r'^__version__ = "4\.', text, re.M) is not None
-
-
-def missing_transformers_names(model_dir: Path, python: str | None = None) -> list[tuple[str, str, str]]:
-    """The (module, name, where) the model imports from transformers that the installed transformers
-    lacks (a removed or renamed API), checked in a child interpreter (importing transformers is slow
-    and must not happen in npuport's own process)."""
-    wanted = transformers_names(model_dir)
-    if not wanted:
-        return []
-    package = _transformers_dir(python)
-    if package is not None:
-        # Read before importing (importing transformers in a probe takes a minute on a loaded host): a name
-        # the module's source spells is taken as present; only the rest are asked of the interpreter.
-        wanted = [w for w in wanted if not _spelled_in(package, w[0], w[1])]
-        if not wanted:
-            return []
-        # What the sources settle without an import (which a timeout on a loaded host would lose): a module
-        # with no file, or a top-level name a 4.x __init__ does not list (it lists every public name).
-        sure = [w for w in wanted if _surely_absent(package, w[0])]
-        if sure:
-            return sure
-    probe = ("import importlib, json, sys\n"
-             "out = []\n"
-             "for mod, name, where in json.loads(sys.stdin.read()):\n"
-             "    try:\n"
-             "        m = importlib.import_module(mod)\n"
-             "        ok = hasattr(m, name) or importlib.util.find_spec(mod + '.' + name) is not None\n"
-             "    except Exception:\n"
-             "        ok = False\n"
-             "    if not ok:\n"
-             "        out.append([mod, name, where])\n"
-             "print(json.dumps(out))\n")
-    try:
-        from sandbox.isolation.probe import (
-            run_probe,  # the env's .pth files run when it starts: inside the sandbox
-        )
-
-        done = run_probe([python or sys.executable, "-c", probe], input=json.dumps(wanted), timeout=120)
-        return [tuple(x) for x in json.loads(done.stdout.strip().splitlines()[-1])] if done.returncode == 0 else []
-    except (subprocess.TimeoutExpired, json.JSONDecodeError, IndexError):
-        return []
-

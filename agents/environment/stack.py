@@ -56,7 +56,8 @@ def stack_for_target(
     stack["torch_npu"] = torch_npu
     if row is None:
         conflicts.append(f"torch_npu {torch_npu} is not in the compatibility table, so its torch and CANN "
-                         "versions are unknown; pick a listed torch_npu release or add its row to agents/data/compat.yaml.")
+                         "versions are unknown; pick a listed torch_npu release or add its row to "
+                         "agents/data/compat.yaml.")
         return stack
     need_torch = row["torch"]
     stack["torch"] = need_torch
@@ -131,8 +132,8 @@ def resolve_vllm(merged: dict[str, tuple[SpecifierSet, Pin]], stack: dict[str, s
         wanted = f"vLLM {vllm_spec}" if vllm_spec else f"torch_npu {stack.get('torch_npu')}"
         conflicts.append(
             f"no published vllm-ascend release pairs with {wanted} (the newest, v{newest_v}, runs vLLM "
-            f"{newest['vllm']} on torch {newest['torch']} / torch_npu {newest['torch_npu']} and CANN {newest['cann']}); "
-            "serving with vLLM on Ascend needs that stack."
+            f"{newest['vllm']} on torch {newest['torch']} / torch_npu {newest['torch_npu']} and CANN "
+            f"{newest['cann']}); serving with vLLM on Ascend needs that stack."
         )
         return
     version, row = hit

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
-import hashlib
 import json
 import os
 import platform
@@ -300,11 +299,6 @@ def ensure_base_env(torch_v: str, companions: dict[str, str], root: Path, log: L
                                       "built_s": round(time.monotonic() - start, 1)}, indent=1))
         log(f"{what}: ready in {time.monotonic() - start:.0f} s ({proof})")
     return base_python(env_dir), proof
-
-
-def overlay_dir(root: Path, companions: dict[str, str], host_torch: str) -> Path:
-    key = hashlib.sha256(json.dumps([companions, host_torch, sys.version]).encode()).hexdigest()[:12]
-    return root / f"overlay-{key}"
 
 
 def _try_overlay(companions: dict[str, str], host_torch: str, host_python: str, root: Path,

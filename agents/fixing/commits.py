@@ -39,7 +39,7 @@ def apply_fix(ws: Workspace, action: FixAction, patch_no: int,
         to_orig = _to_original_lines(ws, rel, source)
         declined.extend(f"{rel} {_renumber(e, to_orig)}" for e in result.skipped)
         if result.changed:
-            path.write_text(result.source, encoding="utf-8")
+            path.write_text(_helpers_apart(ws, rel, result.source), encoding="utf-8")
             edits.extend(f"{rel} {_renumber(e, to_orig)}" for e in result.edits)
             sites.extend(f"{rel}:{to_orig(a)}-{max(to_orig(a), to_orig(b))}" for a, b in result.spans)
         else:
@@ -58,6 +58,23 @@ def apply_fix(ws: Workspace, action: FixAction, patch_no: int,
                   files=ws.changed_files(sha), codemod=action.codemod, citations=action.citations,
                   edits=edits, sites=sites, declined=declined)
     return patch, notes
+
+
+def _helpers_apart(ws: Workspace, rel: str, source: str) -> str:
+    """The fixed file with the helpers npuport inserted moved to the helper module beside it
+    (agents/fixing/helper_module.py), which is written here."""
+    from agents.fixing.helper_module import HELPER_FILE, move_helpers
+
+    helper_path = (ws.model_dir / rel).parent / HELPER_FILE
+    try:
+        original = ws.git("show", f"original:{rel}")
+    except WorkspaceError:
+        original = ""
+    prior = helper_path.read_text(encoding="utf-8") if helper_path.is_file() else None
+    source, helpers = move_helpers(source, original, prior)
+    if helpers is not None:
+        helper_path.write_text(helpers, encoding="utf-8")
+    return source
 
 
 def apply_revert(ws: Workspace, diagnosis: Diagnosis, patch_no: int) -> tuple[Patch | None, list[str]]:
@@ -89,7 +106,8 @@ def _to_original_lines(ws: Workspace, rel: str, current: str) -> Callable[[int],
         return lambda n: n
     if original == current:
         return lambda n: n
-    blocks = difflib.SequenceMatcher(a=current.splitlines(), b=original.splitlines(), autojunk=False).get_matching_blocks()
+    blocks = difflib.SequenceMatcher(a=current.splitlines(), b=original.splitlines(),
+                                     autojunk=False).get_matching_blocks()
 
     def to_orig(line: int) -> int:
         i = line - 1

@@ -122,7 +122,8 @@ def escalate(state: dict[str, Any], diag: Diagnosis, exc: StructuredException, p
         return reverted, notes
     passages = [c for c in diag.citations if not c.source.startswith("recipe:")]
     if passages:
-        notes.append("knowledge base for " + f"{exc.type}: " + "; ".join(f"[{c.source}] {c.title}" for c in passages[:3]))
+        notes.append("knowledge base for " + f"{exc.type}: "
+                     + "; ".join(f"[{c.source}] {c.title}" for c in passages[:3]))
     if policy_name != "rule":
         return diag, notes
     from knowledge.settings import LLMSettings

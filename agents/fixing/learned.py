@@ -126,6 +126,7 @@ def _codemod_changes(ws: Workspace, codemod: str, file: str, params: dict[str, A
     if codemod not in CODEMODS:
         return False
     try:
-        return bool(CODEMODS[codemod][0]((ws.model_dir / file).read_text(encoding="utf-8"), file=file, **params).changed)
+        return bool(CODEMODS[codemod][0]((ws.model_dir / file).read_text(encoding="utf-8"), file=file,
+                                         **params).changed)
     except Exception:  # noqa: BLE001 - a learned codemod that does not fit this model is simply not reused
         return False

@@ -32,7 +32,8 @@ def plan_goal(goal: str) -> tuple[dict[str, Any] | None, str, list[dict[str, Any
         note = f"the LLM planner failed ({why_failed(exc)}); the rule parser read the goal"
         think("planner", "rules", note)
         return None, note, client.records
-    return fields, f"the LLM read the goal ({client.budget.used} tokens, prompt {client.last_prompt_id})", client.records
+    read = f"the LLM read the goal ({client.budget.used} tokens, prompt {client.last_prompt_id})"
+    return fields, read, client.records
 
 
 def review_code(workdir: Path | None, findings: list[Finding], only_unclassified: bool = False

@@ -171,7 +171,8 @@ class LLMClient:
                         return answer
                     rejected += 1
                     messages.append(ToolMessage(rejection(problems), tool_call_id=call["id"] or ""))
-                    think(agent, "llm", f"npuport rejected the answer: {'; '.join(problems)}", prompt=self.last_prompt_id)
+                    think(agent, "llm", f"npuport rejected the answer: {'; '.join(problems)}",
+                          prompt=self.last_prompt_id)
                 if rejected > self.settings.max_answer_retries:
                     raise AnswerRejected("; ".join(problems))
         return self._structured(schema, messages, check_answer)
@@ -199,7 +200,8 @@ class LLMClient:
             self._think_turn(raw, tokens)
             parsed = out.get("parsed")
             if parsed is not None:
-                answer, problems = parse_answer(schema, parsed.model_dump() if isinstance(parsed, BaseModel) else parsed,
+                answer, problems = parse_answer(schema,
+                                                parsed.model_dump() if isinstance(parsed, BaseModel) else parsed,
                                                 check)
                 if answer is not None:
                     return answer

@@ -64,7 +64,8 @@ def _probe(name: str, call: Callable[[], httpx.Response], answered: Callable[[ht
             return Probe(name=name, ok=True, seconds=time.monotonic() - t0, detail=detail)
         return Probe(name=name, ok=False, seconds=time.monotonic() - t0, detail=f"HTTP {r.status_code}: {r.text[:200]}")
     except (httpx.HTTPError, ValueError) as exc:
-        return Probe(name=name, ok=False, seconds=time.monotonic() - t0, detail=f"{type(exc).__name__}: {str(exc)[:200]}")
+        return Probe(name=name, ok=False, seconds=time.monotonic() - t0,
+                     detail=f"{type(exc).__name__}: {str(exc)[:200]}")
 
 
 def check_llm(settings: LLMSettings | None = None) -> LLMCheck:
@@ -89,6 +90,7 @@ def check_llm(settings: LLMSettings | None = None) -> LLMCheck:
     body = {"model": s.model, "messages": [{"role": "user", "content": "Say OK."}], "max_tokens": 1, "temperature": 0}
     with httpx.Client(timeout=s.timeout_s, headers={"Authorization": f"Bearer {key}"}) as client:
         out.probes.append(_probe("GET /models", lambda: client.get(f"{base}/models"), models))
-        out.probes.append(_probe("chat completion (1 token)", lambda: client.post(f"{base}/chat/completions", json=body),
+        out.probes.append(_probe("chat completion (1 token)",
+                                 lambda: client.post(f"{base}/chat/completions", json=body),
                                  chat))
     return out

@@ -180,7 +180,8 @@ class ToolBox:
         if not hits:
             return "no hits"
         per = max(200, self.max_chars // max(1, len(hits)) - 100)
-        return "\n\n".join(f"[{h.get('cite', '')}] {h.get('title', '')}\n{bounded(' '.join(h.get('text', '').split()), per)}"
+        return "\n\n".join(f"[{h.get('cite', '')}] "
+                           f"{h.get('title', '')}\n{bounded(' '.join(h.get('text', '').split()), per)}"
                            for h in hits)
 
     def _run_in_sandbox(self, a: RunInSandboxArgs) -> str:

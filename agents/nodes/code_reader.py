@@ -53,7 +53,8 @@ def code_reader_node(state: dict[str, Any]) -> dict[str, Any]:
     if llm_enabled(req.policy):
         extra, note = review_code(workdir, [Finding(**f) for f in findings], only_unclassified=req.policy == "hybrid")
         findings += cite_findings([f.model_dump(mode="json") for f in extra])
-        llm_trace.append(step("code_reader", note, llm=True, llm_findings=[f"{f.file}:{f.line} {f.hazard}" for f in extra]))
+        llm_trace.append(step("code_reader", note, llm=True,
+                              llm_findings=[f"{f.file}:{f.line} {f.hazard}" for f in extra]))
     by_hazard: dict[str, int] = {}
     for f in findings:
         by_hazard[f["hazard"]] = by_hazard.get(f["hazard"], 0) + 1

@@ -16,8 +16,8 @@ from typing import Any
 
 from agents.fixing.diagnosis import budget_left, escalate, tried_so_far
 from agents.models import Diagnosis, RunRecord, StructuredException
-from agents.report.sites import port_site
 from agents.request import request_of
+from agents.sites import port_site
 from agents.trace import step
 
 
@@ -29,16 +29,24 @@ def debugger_node(state: dict[str, Any]) -> dict[str, Any]:
     policy = get_policy(request_of(state).policy, context=policy_context(state))
     history = [Diagnosis(**d) for d in state.get("diagnoses") or []]
     last = RunRecord(**(state.get("runs") or [])[-1])
+    retry = None
     numerics = state.get("numerics") or {}
+    fails, state, extra_update = _original_check(state, last)
+    if fails is not None:
+        return fails
     if last.ok and numerics.get("verdict") == "mismatch":
         diag = Diagnosis(id=f"diag-{len(history) + 1}", run_id=last.id, signature="numerics-mismatch",
-                         kind="numerics-mismatch", summary=f"the port runs but its outputs differ: {numerics.get('detail')}")
+                         kind="numerics-mismatch",
+                         summary=f"the port runs but its outputs differ: {numerics.get('detail')}")
     elif last.exception is not None:
+        from agents.environment.release_retry import release_retry
         from agents.fixing.learned import learned_diagnosis
 
+        # a name the run's transformers release lacks: the next candidate release, its environment built
+        retry = release_retry(state, last.id, last.exception, history) if budget_left(state)[0] else None
         # a fix an earlier port learned for this failure (port memory) comes before asking the policy's LLM
-        diag = (learned_diagnosis(state, last.id, last.exception, history)
-                or policy.diagnose(last.id, last.exception, history))
+        diag = retry.diagnosis if retry else (learned_diagnosis(state, last.id, last.exception, history)
+                                              or policy.diagnose(last.id, last.exception, history))
     else:
         diag = Diagnosis(id=f"diag-{len(history) + 1}", run_id=last.id, signature=f"status:{last.status}",
                          kind=last.status, summary=f"the run ended with status {last.status}")
@@ -54,29 +62,70 @@ def debugger_node(state: dict[str, Any]) -> dict[str, Any]:
             return get_policy("llm", context=policy_context(state)).diagnose(run_id, exc, history)
 
         diag, notes = escalate(state, diag, last.exception, policy.name, llm_diagnose)
-    update: dict[str, Any] = {"diagnoses": [diag.model_dump(mode="json")]}
+    update: dict[str, Any] = {"diagnoses": [diag.model_dump(mode="json")], **extra_update}
+    if retry is not None:
+        update["environment"] = retry.environment
     # the traceback's line is one of the patched tree: say it as the user's line where it is one
-    where = f" ({port_site(f'{diag.file}:{diag.line}', state.get('workdir'), request_of(state).model_path)})" if diag.file else ""
+    where = ""
+    if diag.file:
+        where = f" ({port_site(f'{diag.file}:{diag.line}', state.get('workdir'), request_of(state).model_path)})"
     trace = [step("debugger", n) for n in notes]
     if diag.fix and ok:
         update["pending_diagnosis"] = diag.model_dump(mode="json")
         trace.append(step("debugger", f"{diag.kind}{where}: {diag.summary}; fix: {diag.fix}",
                           signature=diag.signature, citations=[c.source for c in diag.citations]))
     else:
-        because = diag.summary if ok or not diag.fix else f"{why} ({diag.summary})"
-        if not ok and not diag.fix:
-            because = f"{diag.summary}; {why}"
-        elif not diag.fix:
-            because = f"{diag.summary}; " + (timeout_hint(request_of(state).run_timeout_s) if diag.kind == "timeout"
-                                             else f"no recipe covers {diag.kind}")
-        tried = tried_so_far(state, diag)
         update["status"] = "failed"
-        update["reason"] = f"could not port because {because}" + (f". Tried: {tried}" if tried else "")
+        update["reason"] = _give_up_reason(state, diag, ok, why)
         trace.append(step("debugger", f"give up: {update['reason']}", signature=diag.signature,
                           citations=[c.source for c in diag.citations]))
     # What the LLM debugger did, or why the rules decided instead (the report's LLM section lists these).
     update["trace"] = [step("debugger", n, llm=True) for n in policy.notes] + trace
     return update
+
+
+def _original_check(state: dict[str, Any],
+                    last: RunRecord) -> tuple[dict[str, Any] | None, dict[str, Any], dict[str, Any]]:
+    """Before npuport blames (and reverts) its own changes: does the original, as written, fail the same way?
+    (the update that ends the port when it does, or None; the state with the original's runs; their update)."""
+    if last.exception is None or last.status == "timeout" or \
+            any(r.get("purpose") == "reference" for r in state.get("runs") or []):
+        return None, state, {}
+    from agents.validation.original_failure import model_fails_by_itself
+
+    made, fails = model_fails_by_itself(state, last, lambda where: port_site(
+        where, state.get("workdir"), request_of(state).model_path))
+    counters = dict(state.get("counters") or {})
+    counters["reference_runs"] = counters.get("reference_runs", 0) + len(made)
+    if fails is not None:
+        return ({"runs": made, "counters": counters, "numerics": fails.model_dump(mode="json"), "status": "failed",
+                 "reason": fails.detail, "trace": [step("debugger", fails.detail)]}, state, {})
+    return None, {**state, "runs": [*(state.get("runs") or []), *made], "counters": counters}, \
+        {"runs": made, "counters": counters}
+
+
+def _give_up_reason(state: dict[str, Any], diag: Diagnosis, ok: bool, why: str) -> str:
+    """Why the port stops: the diagnosis, the budget, or no class that fixes it; what was tried."""
+    because = diag.summary if ok or not diag.fix else f"{why} ({diag.summary})"
+    if not ok and not diag.fix:
+        because = f"{diag.summary}; {why}"
+    elif not diag.fix:
+        because = (_timeout_because(state) if diag.kind == "timeout"
+                   else f"{diag.summary}; " + (diag.params.get("unfixed") or f"no recipe covers {diag.kind}"))
+    tried = tried_so_far(state, diag)
+    # a run stopped at its time limit is said as the timeout it is, not as "could not port"
+    opening = "" if diag.kind == "timeout" and not diag.fix else "could not port because "
+    return f"{opening}{because}" + (f". Tried: {tried}" if tried else "")
+
+
+def _timeout_because(state: dict[str, Any]) -> str:
+    """The port's run stopped at its wall limit: the limit and the flag that raises it
+    (agents/validation/compare.py)."""
+    from agents.runs import scaled_limits
+    from agents.validation.compare import timeout_detail
+
+    limit = scaled_limits(request_of(state), (state.get("runs") or [])[:-1]).wall_s  # the limit it ran under
+    return timeout_detail("the port's run", limit, state) + "; " + timeout_hint(limit)
 
 
 def timeout_hint(limit_s: float) -> str:

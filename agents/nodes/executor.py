@@ -5,9 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from agents.report.sites import port_site
 from agents.request import request_of
 from agents.runs import STEP_CAPTURE, record_of, run_spec, token_summary
+from agents.sites import port_site
 from agents.trace import step
 from agents.workspace import Workspace
 
@@ -31,6 +31,6 @@ def executor_node(state: dict[str, Any]) -> dict[str, Any]:
         exc = rec.exception
         where = next((f"{f.file}:{f.line}" for f in reversed(exc.frames) if f.in_model), "") if exc else ""
         where = port_site(where, state["workdir"], request_of(state).model_path) or ""  # the user's line
-        summary = f"{run_id} on {target.name}: {rec.status}: {exc.type if exc else ''}: {(exc.message if exc else '')[:200]}" + (
-            f" at {where}" if where else "")
+        summary = (f"{run_id} on {target.name}: {rec.status}: {exc.type if exc else ''}: "
+                   f"{(exc.message if exc else '')[:200]}" + (f" at {where}" if where else ""))
     return {"runs": [rec.model_dump(mode="json")], "counters": counters, "trace": [step("executor", summary)]}

@@ -6,8 +6,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from agents.environment.release_retry import RELEASE_FIX
 from agents.fixing.commits import apply_fix, apply_revert
 from agents.fixing.diagnosis import REVERT_FIX
+from agents.fixing.inputs_fix import INPUTS_FIX, apply_inputs_fix
 from agents.models import Diagnosis, Finding
 from agents.policies import get_policy, policy_context
 from agents.request import request_of
@@ -20,6 +22,10 @@ def patcher_node(state: dict[str, Any]) -> dict[str, Any]:
     policy = get_policy(request_of(state).policy, context=policy_context(state))
     done = len(state.get("patches") or [])
     pending = state.get("pending_diagnosis")
+    if pending and pending.get("fix") == RELEASE_FIX:
+        # the debugger chose another transformers release and built its environment: nothing to commit, run again
+        return {"static_fixes_done": True, "pending_diagnosis": None,
+                "trace": [step("patcher", f"no patch: the next run uses transformers {pending['params']['release']}")]}
     if pending and pending.get("fix") == REVERT_FIX:
         # Undo npuport's own change where the port failed (the debugger found no recipe for the failure).
         patch, notes = apply_revert(ws, Diagnosis(**pending), done + 1)
@@ -31,6 +37,8 @@ def patcher_node(state: dict[str, Any]) -> dict[str, Any]:
             out["status"] = "failed"
             out["reason"] = f"could not port because {pending.get('summary')}, and {'; '.join(notes)}"
         return out
+    if pending and pending.get("fix") == INPUTS_FIX:
+        return apply_inputs_fix(state, Diagnosis(**pending))  # the run's inputs, not the code (hazard H26)
     if pending:
         if (pending.get("params") or {}).get("by") == "llm" and policy.name == "rule":
             # the debugger asked the LLM policy when no recipe covered the failure: its fix is the LLM's
@@ -58,7 +66,8 @@ def patcher_node(state: dict[str, Any]) -> dict[str, Any]:
     if pending and not patches:
         # Re-running unchanged code would only repeat the failure: stop with the reason instead.
         update["status"] = "failed"
-        update["reason"] = f"could not port because the fix for {pending.get('kind')} changed nothing ({pending.get('summary')})"
+        update["reason"] = (f"could not port because the fix for {pending.get('kind')} changed nothing "
+                            f"({pending.get('summary')})")
     return update
 
 

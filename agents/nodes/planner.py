@@ -52,7 +52,8 @@ def planner_node(state: dict[str, Any]) -> dict[str, Any]:
     if problem := path_problem(req.model_path, req.out_dir):  # a service's request: its roots, whatever door
         # the failure's bundle goes under the home, never to the output folder that was refused
         return {"request": req.model_copy(update={"out_dir": None}).model_dump(), "status": "failed",
-                "started_at": started, "reason": f"refused: {problem}", "trace": [step("planner", f"refused: {problem}")]}
+                "started_at": started, "reason": f"refused: {problem}",
+                "trace": [step("planner", f"refused: {problem}")]}
     if not path.exists():
         return {"request": req.model_dump(), "status": "failed", "started_at": started,
                 "reason": f"model path {req.model_path} does not exist",
@@ -71,7 +72,8 @@ def planner_node(state: dict[str, Any]) -> dict[str, Any]:
                 "trace": [step("planner", f"untrusted source refused: {problem}")]}
     req = req.model_copy(update={"model_path": str(path.resolve())})
     steps = plan_steps(req)
-    plan: dict[str, Any] = {"steps": steps, "policy": req.policy, "source": source, "target": req.target, "chip": req.chip,
+    plan: dict[str, Any] = {"steps": steps, "policy": req.policy, "source": source, "target": req.target,
+                            "chip": req.chip,
             "objective": req.objective, "constraints": constraints,
             "budget": {"max_runs": req.max_runs, "max_wall_s": req.max_wall_s, "tune_trials": req.tune_trials}}
     if records:  # no workspace yet: the code-reader saves them under llm/ with the others

@@ -6,8 +6,8 @@ from __future__ import annotations
 from typing import Any
 
 from agents.models import Numerics, RunRecord
-from agents.report.sites import port_site
 from agents.request import request_of
+from agents.sites import port_site
 from agents.trace import step
 from agents.validation.compare import (
     compare_outputs,
@@ -15,8 +15,10 @@ from agents.validation.compare import (
     compared_outputs,
     reference_run,
     self_disagreement,
+    timeout_detail,
     with_metrics,
 )
+from agents.validation.coverage import merged_coverage
 from agents.validation.perf_evidence import analyse, profile_of, verdict
 
 
@@ -32,7 +34,13 @@ def validator_node(state: dict[str, Any]) -> dict[str, Any]:
         counters["reference_runs"] = counters.get("reference_runs", 0) + made
     else:
         ref = RunRecord(**ref_dict)
-    if not ref.ok:
+    if not ref.ok and ref.status == "timeout":
+        from agents.runs import scaled_limits
+
+        limit = scaled_limits(request_of(state), runs).wall_s  # the limit the reference ran under (the runs before it)
+        numerics = Numerics(verdict="not-run", detail=timeout_detail(
+            "the reference run (the original, on the CPU in float32)", limit, {"runs": runs}))
+    elif not ref.ok:
         exc = ref.exception
         # npuport's own note (a full disk: agents/runs.py) is kept past the cut
         said, _, note = exc.message.partition(" [npuport: ") if exc else ("", "", "")
@@ -54,12 +62,15 @@ def validator_node(state: dict[str, Any]) -> dict[str, Any]:
             new_runs.append(again.model_dump(mode="json"))
             counters["reference_runs"] = counters.get("reference_runs", 0) + made
             numerics = self_disagreement(ref, again) or numerics
+    # Which module kinds the two runs exercised: a kind neither ran makes a match "validated (partial: ...)"
+    numerics = numerics.model_copy(update={"coverage": merged_coverage(port, ref if ref.ok else None)})
     # Decode profiles of the same two runs (sandbox/harness/profile.py) -> performance pathologies.
     perf = analyse(profile_of(port.result_path), profile_of(ref.result_path) if ref.ok else None)
     for p in perf["pathologies"]:  # the profiled tree is the workspace's now: map its lines to the user's
         p["user_where"] = port_site(p.get("where"), state.get("workdir"), request_of(state).model_path)
-    perf_note = f"; {verdict('validated', perf)}" if numerics.verdict == "match" else ""
+    perf_note = f"; {verdict('validated', perf, numerics.coverage)}" if numerics.verdict == "match" else ""
     return {"numerics": numerics.model_dump(mode="json"), "runs": new_runs, "counters": counters, "perf": perf,
             "trace": [step("validator", f"{numerics.verdict}: {numerics.detail}"
-                                        + (f" (reference {ref.tokens}, port {port.tokens})" if numerics.compared == "tokens"
+                                        + (f" (reference {ref.tokens}, port {port.tokens})"
+                                           if numerics.compared == "tokens"
                                            else "") + perf_note)]}

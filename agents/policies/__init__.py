@@ -1,8 +1,8 @@
 """Policies decide what the agents do: the rule policy (offline, default), the LLM policy, or the
 hybrid (rules first, the LLM when no recipe helps).
 
-``POLICIES`` (declared with PortRequest, agents/request.py) is the one list of their names. Importing this package is cheap: the rule policy (libcst, the hazard rules) and
-the LLM policies (langchain) load when first asked for."""
+``POLICIES`` (declared with PortRequest, agents/request.py) is the one list of their names. Importing this package is
+cheap: the rule policy (libcst, the hazard rules) and the LLM policies (langchain) load when first asked for."""
 
 from __future__ import annotations
 

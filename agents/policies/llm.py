@@ -29,7 +29,8 @@ from knowledge.settings import LLMSettings
 if TYPE_CHECKING:
     from langchain_core.language_models import BaseChatModel
 
-_META_PARAMS = ("by", "llm_tokens", "rationale", "budget_exhausted", "prompt_id")  # diagnosis params that are not codemod params
+# diagnosis params that are not codemod params
+_META_PARAMS = ("by", "llm_tokens", "rationale", "budget_exhausted", "prompt_id")
 
 
 class LLMPolicy:
@@ -98,12 +99,14 @@ class LLMPolicy:
                 files = sorted({f.file for f in hits})
                 actions.append(FixAction(codemod=fx.codemod, files=files, finding_ids=fx.finding_ids,
                                          params=active().plan_params(fx.codemod, findings),
-                                         summary=fx.summary or f"{fx.codemod}: {len(hits)} finding(s)", citations=cites))
+                                         summary=fx.summary or f"{fx.codemod}: {len(hits)} finding(s)",
+                                         citations=cites))
             else:
                 blocks = LLMEdit(edits=fx.edits, diff=fx.diff).blocks()
                 actions.append(FixAction(codemod=LLM_EDIT, files=sorted({b.file for b in blocks}),
                                          params={"edits": [b.model_dump() for b in blocks]}, finding_ids=fx.finding_ids,
-                                         summary=(fx.summary or "LLM edit") + f" [prompt llm/{self.last_prompt_id}.json]",
+                                         summary=(fx.summary or "LLM edit")
+                                         + f" [prompt llm/{self.last_prompt_id}.json]",
                                          citations=cites))
         return actions
 

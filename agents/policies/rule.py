@@ -4,12 +4,25 @@ from __future__ import annotations
 
 from agents.models import Citation, Diagnosis, Finding, FixAction, StructuredException
 from agents.reasoning import think
-from agents.rules.diagnose import classify, explain
+from agents.rules.diagnose import classify, explain, no_fix_reason
 from agents.rules.registry import active
 
 
 def _recipe(hazard: str, title: str) -> Citation:
     return Citation(source=f"recipe:{hazard}", title=title)
+
+
+def fix_file(path: object) -> str | None:
+    """A file a class names for its fix (another file than the failing frame's, e.g. the model's function a
+    newer release calls), when it is a relative path to a Python file inside the model; else None."""
+    if not isinstance(path, str) or not path.endswith(".py") or path.startswith(("/", "\\")):
+        return None
+    parts = path.split("/")
+    return path if all(p and p not in (".", "..") for p in parts) else None
+
+
+def _line(value: object) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
 
 
 class RulePolicy:
@@ -49,15 +62,21 @@ class RulePolicy:
             # The same failure after its fix: the recipe did not help. Stop rather than loop.
             summary = f"{sig.summary}; the same failure came back after its fix, so no recipe makes progress"
             fix = None
-        think("debugger", "rules", f"{sig.kind}: {summary}; fix: {fix or 'none (no recipe covers it)'}")
+        unfixed = None if fix else no_fix_reason(sig)
+        if unfixed:
+            params = {**params, "unfixed": unfixed}  # the give-up reason names the class (debugger node)
+        if isinstance(sig.details.get("transformers_name"), dict):
+            # a transformers name missing here: the environment's retry of another release reads it
+            params = {**params, "transformers_name": dict(sig.details["transformers_name"])}
+        think("debugger", "rules", f"{sig.kind}: {summary}; fix: {fix or unfixed or 'none (no recipe covers it)'}")
         return Diagnosis(
             id=f"diag-{len(history) + 1}",
             run_id=run_id,
             signature=sig.key,
             kind=sig.kind,
             summary=summary,
-            file=frame.file if frame else None,
-            line=frame.line if frame else None,
+            file=fix_file(sig.details.get("file")) or (frame.file if frame else None),
+            line=_line(sig.details.get("line")) if fix_file(sig.details.get("file")) else frame.line if frame else None,
             fix=fix,
             params=params,
             citations=citations,

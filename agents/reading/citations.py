@@ -134,7 +134,9 @@ def _journal_learned(state: dict[str, Any]) -> list[str]:
 def _memory_signature(d: dict[str, Any], runs: dict[str, dict[str, Any]]) -> str:
     """The diagnosis's signature with the failure's first line: searchable text, not only file:line."""
     exc = (runs.get(d["run_id"]) or {}).get("exception")
-    return f"{d['signature']}: {exc.get('type', '')}: {first_line(exc.get('message', ''), 300)}" if exc else d["signature"]
+    if not exc:
+        return d["signature"]
+    return f"{d['signature']}: {exc.get('type', '')}: {first_line(exc.get('message', ''), 300)}"
 
 
 def _record_fixes(kb: Any, state: dict[str, Any]) -> list[str]:

@@ -210,7 +210,8 @@ def _from_auto_map(root: Path, config: dict[str, Any]) -> EntryInfo:
         assumptions.append(f"config built through config.json auto_map['AutoConfig'] -> {auto['AutoConfig']}")
     assumptions.append("the model folder is imported as a package (relative imports resolve, as transformers' "
                        "remote-code loader does)")
-    assumptions.append("--shrink derives a small config from config.json (sandbox/harness/shrink.py); no manifest overrides")
+    assumptions.append("--shrink derives a small config from config.json (sandbox/harness/shrink.py); no manifest "
+                       "overrides")
     kwargs = dict(DEFAULT_RUN_KWARGS) if method == "generate" else {}
     if method == "generate" and any("inherits generate from transformers" in a for a in assumptions):
         kwargs["do_sample"] = False  # greedy whatever the generation config says
@@ -252,7 +253,8 @@ def _generated(root: Path, py_files: list[Path], config: dict[str, Any] | None) 
     inputs, decode = _find_inputs(root, assumptions, synthesise=True)
     preprocess = _preprocessing_method(root, pick.name, _package_classes(root, trees[root / pick.file], pick.file),
                                        assumptions) if inputs is None else None
-    assumptions.append("--shrink derives a small config from config.json (sandbox/harness/shrink.py); no manifest overrides")
+    assumptions.append("--shrink derives a small config from config.json (sandbox/harness/shrink.py); no manifest "
+                       "overrides")
     name = str((config or {}).get("model_type") or root.name)
     return EntryInfo(kind="generated", name=name, module=module, module_file=pick.file, class_name=pick.name,
                      config_path=config_path, inputs_fn=inputs, decode_fn=decode, run_method=method,

@@ -46,8 +46,9 @@ def _run_method(tree: ast.Module, cls: str, assumptions: list[str],
                                          and b.rsplit(".", 1)[-1] not in classes), "")
         if hooks or mixin:
             why = f"defines {hooks[0]} in {name}" if hooks else f"derives from {mixin}"
-            assumptions.append(f"{cls} inherits generate from transformers ({mixin or pretrained or 'GenerationMixin'}; "
-                               f"it {why}); HF generate returns the prompt and the new tokens")
+            assumptions.append(f"{cls} inherits generate from transformers "
+                               f"({mixin or pretrained or 'GenerationMixin'}; it {why}); HF generate returns the "
+                               "prompt and the new tokens")
             return "generate"
     if pretrained and auto_key in GENERATIVE_AUTO_KEYS:
         assumptions.append(f"{cls} inherits generate from transformers ({pretrained}; config.json loads it as "
@@ -120,11 +121,11 @@ def _preprocessing_method(root: Path, cls: str, classes: dict[str, ast.ClassDef]
                            "template when it has one (docs/architecture.md, Inputs when the model has none)")
         return PROCESSOR_PATH
     if have_processor and (root / "tokenizer_config.json").is_file():
-        assumptions.append(f"inputs come from the folder's own processor ({', '.join(have_processor)}) on a test prompt "
-                           f"and a test image; its tokenizer files ({', '.join(TOKENIZER_FILES)}) are not in the "
-                           "folder, so unless AutoProcessor loads it, the processor gets a stand-in tokenizer (character "
-                           "ids, the special tokens of tokenizer_config.json / added_tokens.json with their ids) "
-                           "(docs/architecture.md, Inputs when the model has none)")
+        assumptions.append(f"inputs come from the folder's own processor ({', '.join(have_processor)}) on a "
+                           f"test prompt and a test image; its tokenizer files ({', '.join(TOKENIZER_FILES)}) are "
+                           "not in the folder, so unless AutoProcessor loads it, the processor gets a stand-in "
+                           "tokenizer (character ids, the special tokens of tokenizer_config.json / "
+                           "added_tokens.json with their ids) (docs/architecture.md, Inputs when the model has none)")
         return PROCESSOR_PATH
     if have_processor:
         assumptions.append(f"the folder has a processor config ({', '.join(have_processor)}) but no tokenizer "

@@ -35,8 +35,8 @@ from sandbox.cuda_redirect.cuda_only import LIBRARIES
 # A call that builds quantized layers: quantize(...), quantize_offline(self), make_quant(...),
 # replace_with_bnb_linear(...); never dequantize.
 _QUANT_CALL = re.compile(r"quanti[sz]e|make_quant|replace_with_\w*(bnb|gptq|awq|quant)", re.I)
-# CUDA-only quantization libraries (bitsandbytes, auto_gptq, awq, exllamav2): what sandbox/cuda_redirect/cuda_only.py's table
-# says is quantisation or is replaced by Ascend quantisation.
+# CUDA-only quantization libraries (bitsandbytes, auto_gptq, awq, exllamav2): what sandbox/cuda_redirect/cuda_only.py's
+# table says is quantisation or is replaced by Ascend quantisation.
 _QUANT_LIBS = tuple(lib.module for lib in LIBRARIES if "quantis" in f"{lib.what} {lib.instead}".lower())
 _KERNEL_LIBS = tuple(lib.module for lib in LIBRARIES)
 ASCEND_RECIPE = ("on Ascend the quantized weights run through torch_npu.npu_weight_quant_batchmatmul (int8 / int4 "
@@ -63,15 +63,17 @@ class QuantPath:
                     "without its quantizing constructor")
         elif self.overrides:
             shown = ", ".join(f"{k}={v!r}" for k, v in self.overrides.items())
-            path = f"the float path the code offers: {self.entry_class} built with {shown}, which skips the quantization"
+            path = (f"the float path the code offers: {self.entry_class} built with {shown}, which skips the "
+                    "quantization")
         else:
-            path = f"the float layers {self.entry_class} builds from config.json (the checkpoint's quantization is data)"
+            path = (f"the float layers {self.entry_class} builds from config.json (the checkpoint's quantization "
+                    "is data)")
         return (f"{path}; random weights, the same in the reference and the port. The quantized kernels "
                 f"({self.scheme}) were not run or validated")
 
     def assumption(self) -> str:
-        return (f"quantized checkpoint ({self.scheme}, {', '.join(self.sites[:3])}): the port validates {self.validated}; "
-                f"{ASCEND_RECIPE}")
+        return (f"quantized checkpoint ({self.scheme}, {', '.join(self.sites[:3])}): the port validates "
+                f"{self.validated}; {ASCEND_RECIPE}")
 
     def as_dict(self) -> dict[str, Any]:
         return {"scheme": self.scheme, "sites": self.sites, "entry_class": self.entry_class,
@@ -348,7 +350,8 @@ def quantized_path(root: Path, classes: dict[str, ast.ClassDef], entry_class: st
     overrides, sites, keys = _switch_off(trees, config)
     if overrides:
         shown = ", ".join(f"{k}={config[k]!r}" for k in keys)
-        scheme = f"config.json {shown} turns quantized layers on" + (f"; kernels: {', '.join(kernels)}" if kernels else "")
+        scheme = f"config.json {shown} turns quantized layers on" + (f"; kernels: {', '.join(kernels)}" if kernels
+                                                                     else "")
         return QuantPath(scheme=scheme, sites=sites, entry_class=entry_class, overrides=overrides)
     files = _files_quantization(root, config)
     if files:

@@ -1,4 +1,5 @@
-"""The bundle and report of a port (port.patch, patched tree, report.md, report.json, trace.jsonl), written for failed ports too: it says what is left."""
+"""The bundle and report of a port (port.patch, patched tree, report.md, report.json, trace.jsonl), written for failed
+ports too: it says what is left."""
 
 from __future__ import annotations
 
@@ -9,8 +10,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+from agents.deploy.serve_report import PENDING, serving_requested
 from agents.report.markdown import _md_escape, failure_markdown, render_markdown
 from agents.request import request_of
+from agents.validation.coverage import coverage_reason
 from agents.validation.perf_evidence import perf_markdown, shown_where, strict_failure, verdict
 from agents.workspace import Workspace
 from knowledge.bundles import MARKER as MARKER_NAME
@@ -29,10 +32,36 @@ def final_status(state: dict[str, Any]) -> tuple[str, str]:
             dtype = (numerics.get("metrics") or {}).get("dtype") or "float32"
             reason = (f"the port runs on the target and its forward outputs match the original's within the {dtype} "
                       "tolerance (the model has no generate: it was validated on its outputs, not greedy tokens)")
+        if partial := coverage_reason(numerics.get("coverage")):
+            reason += f"; {partial}"
         if found := (state.get("perf") or {}).get("pathologies"):
             reason += "; decode profile: " + "; ".join(f"{p['title']} at {shown_where(p)}" for p in found)
         return "validated", reason
-    return "failed", state.get("reason") or numerics.get("detail") or f"validation verdict {numerics.get('verdict', 'not-run')}"
+    return "failed", state.get("reason") or numerics.get("detail") or \
+        f"validation verdict {numerics.get('verdict', 'not-run')}"
+
+
+TIMED_OUT = "timed out"
+MODEL_FAILS = "the model fails by itself"
+NOT_VALIDATED = "not validated"
+NOT_PORTED = "not ported"
+
+
+def outcome_label(state: dict[str, Any]) -> str:
+    """How the CLI and the reports name a port that did not validate: a run stopped at its time limit is a
+    timeout (with the limit and the flag that raises it in the reason), an original that fails the same way by
+    itself is the model's own failure, a port that ran but whose reference could not is not validated; "not
+    ported" only when the port itself failed."""
+    reason = str(state.get("reason") or "")
+    if (state.get("numerics") or {}).get("verdict") == "model-fails":
+        return MODEL_FAILS
+    if "was stopped at its time limit" in reason or "time limit" in str((state.get("numerics") or {}).get("detail")):
+        return TIMED_OUT
+    runs = state.get("runs") or []
+    port_ran = any(r.get("purpose") == "port" and r.get("ok") for r in runs)
+    if port_ran and (state.get("numerics") or {}).get("verdict") in ("not-run", "nondeterministic-reference"):
+        return NOT_VALIDATED
+    return NOT_PORTED
 
 
 def _left_as_written(hazard: str, finding_rule: str = "") -> str:
@@ -125,7 +154,9 @@ def write_bundle(state: dict[str, Any], out_dir: Path, status: str, reason: str)
         "findings": state.get("findings") or [], "patches": state.get("patches") or [], "runs": state.get("runs") or [],
         "diagnoses": state.get("diagnoses") or [], "numerics": state.get("numerics") or {},
         "tuning": state.get("tuning") or {}, "counters": state.get("counters") or {},
-        "perf": state.get("perf") or {}, "verdict": verdict(status, state.get("perf")),
+        "perf": state.get("perf") or {},
+        "verdict": verdict(status, state.get("perf"), (state.get("numerics") or {}).get("coverage")),
+        "coverage": (state.get("numerics") or {}).get("coverage") or {},
         "original_digest": state.get("original_digest"), "workdir": state.get("workdir"),
         "wall_s": time.time() - (state.get("started_at") or time.time()),
         "failure": state.get("failure"), "environment": state.get("environment") or {},
@@ -148,8 +179,13 @@ def write_bundle(state: dict[str, Any], out_dir: Path, status: str, reason: str)
             from agents.deploy import write_deploy_bundle
 
             files.update(write_deploy_bundle(state, out_dir))
-            if files.get("deployment_json"):  # the exercised deployment (agents/deploy/serving.py)
+            if files.get("deployment_json"):  # a model whose deployment does not apply (no generate)
                 report["deployment"] = json.loads(Path(files["deployment_json"]).read_text())
+    from agents.projection.projector import report_projection  # "Projected on <chip>" (issue 44)
+
+    report["projection"] = report_projection(state, out_dir / "patched" if (out_dir / "patched").is_dir() else None,
+                                             (report.get("deployment") or {}).get("implementation"),
+                                             meta=status == "validated")
     llm_dir = Path(state["workdir"]) / "llm" if state.get("workdir") else None
     if llm_dir is not None and llm_dir.is_dir():  # every prompt and response of the LLM agents, scrubbed
         if (out_dir / "llm").exists():
@@ -159,27 +195,39 @@ def write_bundle(state: dict[str, Any], out_dir: Path, status: str, reason: str)
         usage_file = Path(state["workdir"]) / "llm_usage.json"
         usage = json.loads(usage_file.read_text()) if usage_file.is_file() else {}
         # What each agent did with the LLM, or why the rules decided instead (a timeout, a spent budget).
-        notes = [f"{t['agent']}: {t['summary']}" for t in state.get("trace") or [] if (t.get("detail") or {}).get("llm")]
+        notes = [f"{t['agent']}: {t['summary']}"
+                 for t in state.get("trace") or [] if (t.get("detail") or {}).get("llm")]
         report["llm"] = {"exchanges": len(list(llm_dir.glob("*.json"))), "tokens": usage.get("tokens"),
                          "limit": usage.get("limit"), "records": "llm/", "decisions": notes}
     plot = _decode_profile_plot(report, out_dir)
     if plot:
         files["plot_decode_profile"] = str(out_dir / plot)
+    if status == "validated" and serving_requested(state) and not report.get("deployment"):
+        report["deployment"] = {"status": PENDING}  # the deployment phase follows (agents/report/deployment.py)
     (out_dir / "report.json").write_text(json.dumps(report, indent=1, default=str))
+    _write_report_and_trace(out_dir, bundle_markdown(report, out_dir), state.get("trace") or [], files)
+    return {"dir": str(out_dir), "files": files}
+
+
+def bundle_markdown(report: dict[str, Any], out_dir: Path) -> str:
+    """report.md from report.json and the bundle's files alone, so the deployment phase (or `npuport deploy`)
+    renders it again once deployment.json is in."""
+    plot_file = out_dir / "plots" / "profile" / "decode_profile.png"
+    plot = str(plot_file.relative_to(out_dir)) if plot_file.is_file() else None
     profiled = (report["perf"] or {}).get("profiled")  # only measured sections: no profile, no section
-    markdown = render_markdown(report) + ("\n".join(perf_markdown(report["perf"], status, plot)) if profiled else "")
+    markdown = render_markdown(report) + ("\n".join(perf_markdown(report["perf"], report["status"], plot))
+                                          if profiled else "")
     if report.get("llm"):
         llm = report["llm"]
         markdown += (f"\n\n## LLM\n\n{llm['exchanges']} exchange(s), {llm['tokens']} of {llm['limit']} tokens; "
                      "every prompt and response (secrets scrubbed) is in `llm/`, and each LLM fix's commit names "
                      "its prompt.\n")
         markdown += "".join(f"\n- {_md_escape(n)}" for n in llm.get("decisions") or []) + "\n"
-    if status == "validated":
+    if report["status"] == "validated":
         from agents.deploy import deploy_markdown
 
-        markdown += "\n" + deploy_markdown(state, out_dir)
-    _write_report_and_trace(out_dir, markdown, state.get("trace") or [], files)
-    return {"dir": str(out_dir), "files": files}
+        markdown += "\n" + deploy_markdown(report, out_dir)
+    return markdown
 
 
 def _write_report_and_trace(out_dir: Path, markdown: str, trace: list[Any], files: dict[str, str]) -> None:
@@ -247,7 +295,8 @@ def default_out_dir(state: dict[str, Any]) -> Path:
 def home_bundle_dir(state: dict[str, Any]) -> Path:
     from knowledge.home import npuport_home
 
-    key = Path(state["workdir"]).name if state.get("workdir") else f"{Path(request_of(state).model_path or 'model').name}-{int(time.time())}"
+    model = Path(request_of(state).model_path or "model").name
+    key = Path(state["workdir"]).name if state.get("workdir") else f"{model}-{int(time.time())}"
     return npuport_home() / "jobs" / key / "bundle"
 
 

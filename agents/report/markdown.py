@@ -8,6 +8,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from agents.fixing.helper_module import HELPER_FILE
+from agents.projection.render import report_section  # "Projected on <chip>" (issue 44)
+from agents.report.coverage_section import coverage_markdown
 from agents.request import request_of
 from agents.runs import token_summary
 from sandbox.targets import CHIP_REGISTRY
@@ -36,7 +39,10 @@ def _isolation_text(runs: list[dict[str, Any]]) -> str:
 def _environment_text(env: dict[str, Any]) -> str:
     res = env.get("resolution") or {}
     where = f"layered venv `{env['python']}`" if env.get("python") else "npuport's own interpreter (no layer needed)"
-    return f"{res.get('summary') or 'not resolved'}; ran in {where}"
+    from agents.environment.release_choice import choice_text
+
+    chosen = choice_text(res)  # the release the code's reads chose over config.json's, and why
+    return f"{res.get('summary') or 'not resolved'}; ran in {where}" + (f"; {chosen}" if chosen else "")
 
 
 def _fallback_text(op: str, info: Any) -> str:
@@ -124,6 +130,7 @@ def _summary(report: dict[str, Any]) -> list[str]:
     files = sorted({f for p in patches for f in p.get("files") or []})
     left = [f for f in report.get("findings") or [] if str(res.get(f["id"], "")).startswith(_LEFT)]
     blockers = [f for f in left if f["category"] != "slows down"]
+    files = [f for f in files if not f.endswith(HELPER_FILE)] + [f for f in files if f.endswith(HELPER_FILE)]
     lines = [f"# npuport report: {Path(req.model_path or '?').name}", "",
              f"**{report.get('verdict') or report['status']}**{' (partial bundle)' if report.get('failure') else ''}"
              f" — {_md_escape(str(report['reason']))}", "",
@@ -138,11 +145,14 @@ def _summary(report: dict[str, Any]) -> list[str]:
         lines.append(f"- **Left:** {len(left)} finding(s) not changed ({len(blockers)} that block running or "
                      "change numbers); see Findings")
     else:
-        lines.append("- **Left:** nothing: every finding was fixed" if report.get("findings") else "- **Left:** nothing found")
+        lines.append("- **Left:** nothing: every finding was fixed" if report.get("findings")
+                     else "- **Left:** nothing found")
     lines.append(f"- **Slow on the NPU:** {_slow_text(report)}")
     tuning = report.get("tuning") or {}
     if tuning.get("status") not in (None, "skipped"):
         lines.append(f"- **Throughput:** {_md_escape(str(tuning.get('detail') or tuning.get('status')))}")
+    if report.get("status") == "validated":
+        lines.append(f"- **Deployment:** {_md_escape(_deployment_text(report))}")
     target = report.get("target") or {}
     counters = report.get("counters") or {}
     lines += [f"- **Target:** {target.get('name', '?')}, chip {_chip_text(req.chip)}, torch_npu "
@@ -150,16 +160,29 @@ def _summary(report: dict[str, Any]) -> list[str]:
               f"reference run(s) in {report['wall_s']:.0f} s; isolation {_isolation_text(report.get('runs') or [])}",
               f"- **Environment (every run):** {_md_escape(_environment_text(report.get('environment') or {}))}",
               *([f"- **Reference adjusted:** {len(adj)} switch-only edit(s) to the reference copy, without which the "
-                 "original cannot be built on a host without CUDA; see Validation"] if (adj := reference_adjustments(report))
+                 "original cannot be built on a host without CUDA; see Validation"]
+                 if (adj := reference_adjustments(report))
                 else []),
               "- Every detail (token ids, each edit, each trial) is in `report.json`.", ""]
     return lines
 
 
+def _deployment_text(report: dict[str, Any]) -> str:
+    """The deployment in one line (agents/report/deployment.py), or why it did not run."""
+    from agents.deploy.serve_report import deployment_summary, serving_requested
+
+    record = report.get("deployment")
+    if record:
+        return deployment_summary(record) + ("; see Deployment" if record.get("status") != "pending" else "")
+    return ("not exercised: serving was off (`npuport deploy BUNDLE` runs it)" if not serving_requested(report)
+            else "not exercised")
+
+
 def _slow_text(report: dict[str, Any]) -> str:
     perf = report.get("perf") or {}
     found = perf.get("pathologies") or []
-    parts = [f"{p['title']} at {p.get('user_where') or user_site(p.get('where'), report)}" + (f" ({p['cause']})" if p.get("cause") else "")
+    parts = [f"{p['title']} at {p.get('user_where') or user_site(p.get('where'), report)}"
+             + (f" ({p['cause']})" if p.get("cause") else "")
              for p in found]
     op = _last_op_stats(report)
     if op and op.get("fallbacks"):
@@ -179,7 +202,8 @@ def _findings(report: dict[str, Any]) -> list[str]:
     if not findings:
         return ["## Findings", "", "No hazards found.", ""]
     res = report.get("resolutions") or {}
-    lines = ["## Findings (the model's blockers first)", "", "| hazard | where | what | resolution |", "|---|---|---|---|"]
+    lines = ["## Findings (the model's blockers first)", "", "| hazard | where | what | resolution |",
+             "|---|---|---|---|"]
     for f in findings[:MAX_FINDING_ROWS]:
         site = user_site(f"{f['file']}:{f['line']}", report)
         lines.append(f"| {f['hazard']} {f['category']}, {f['severity']} | {site} | "
@@ -191,7 +215,8 @@ def _findings(report: dict[str, Any]) -> list[str]:
 
 def _how_run(report: dict[str, Any]) -> list[str]:
     assumptions = (report.get("entry") or {}).get("assumptions") or []
-    inputs: dict[str, Any] = next((r["inputs"] for r in report.get("runs") or [] if r.get("inputs")), {})
+    # the inputs of the last run that had them: a debugger's inputs fix (hazard H26) changes them between runs
+    inputs: dict[str, Any] = next((r["inputs"] for r in reversed(report.get("runs") or []) if r.get("inputs")), {})
     offline: list[str] = next((r["built_offline"] for r in report.get("runs") or [] if r.get("built_offline")), [])
     if not (assumptions or inputs or offline):
         return []
@@ -243,8 +268,16 @@ def _diagnoses(report: dict[str, Any]) -> list[str]:
     diagnoses = report.get("diagnoses") or []
     if not diagnoses:
         return []
-    return ["## Diagnoses", ""] + [f"- {d['id']} `{d['signature']}`: {d['summary']} — fix: {d.get('fix') or 'none'}"
-                                    for d in diagnoses] + [""]
+    from agents.sites import port_site
+
+    def where(d: dict[str, Any]) -> str:  # the traceback's line is one of the patched tree: the user's line
+        if not d.get("file") or not d.get("line"):
+            return ""
+        site = port_site(f"{d['file']}:{d['line']}", report.get("workdir"), request_of(report).model_path)
+        return f" at {site}"
+
+    return ["## Diagnoses", ""] + [f"- {d['id']} `{d['signature']}`{where(d)}: {d['summary']} — fix: "
+                                   f"{d.get('fix') or 'none'}" for d in diagnoses] + [""]
 
 
 def reference_adjustments(report: dict[str, Any]) -> list[str]:
@@ -257,19 +290,39 @@ def _validation(report: dict[str, Any]) -> list[str]:
     n = report.get("numerics") or {}
     if not n:
         return []
-    lines = ["## Validation", "", f"- verdict: **{n.get('verdict', 'not-run')}** — {_md_escape(str(n.get('detail', '')))}"]
+    lines = ["## Validation", "",
+             f"- verdict: **{n.get('verdict', 'not-run')}** — {_md_escape(str(n.get('detail', '')))}"]
     if n.get("compared") == "outputs":
         metrics = n.get("metrics") or {}
         tol = metrics.get("tolerance") or {}
         lines.append(f"- compared: the forward outputs (the model has no generate), each tensor against the original's "
-                     f"(CPU float32 via device redirect) within the {metrics.get('dtype', 'float32')} tolerance: cosine >= "
-                     f"{tol.get('min_cosine')}, at most {float(tol.get('max_share_over_1e3') or 0):.0%} of elements off "
-                     "by more than 1e-3 relative (per tensor: report.json `numerics.metrics.outputs`)")
-    else:
-        lines += [f"- reference tokens (original, CPU float32 via device redirect): {token_summary(n.get('reference_tokens'))}",
-                  f"- port tokens (on the target): {token_summary(n.get('port_tokens'))} (every id: report.json `numerics`)"]
+                     f"(CPU float32 via device redirect) within the {metrics.get('dtype', 'float32')} tolerance: "
+                     f"cosine >= {tol.get('min_cosine')}, at most {float(tol.get('max_share_over_1e3') or 0):.0%} of "
+                     "elements off by more than 1e-3 relative (per tensor: report.json `numerics.metrics.outputs`)")
+    else:  # the runs' own tokens when the comparison did not get as far as holding them (a reference that failed)
+        ref = n.get("reference_tokens") or _last_tokens(report, "reference")
+        port = n.get("port_tokens") or _last_tokens(report, "port")
+        lines += ["- reference tokens (original, CPU float32 via device redirect): "
+                  f"{_tokens_or_why(ref, report, 'reference')}",
+                  f"- port tokens (on the target): {_tokens_or_why(port, report, 'port')} (every id: report.json "
+                  "`numerics` and `runs`)"]
     lines += [f"- {_md_escape(a)}" for a in reference_adjustments(report)]
     return lines + [""]
+
+
+def _last_tokens(report: dict[str, Any], purpose: str) -> list[list[int]] | None:
+    return next((r["tokens"] for r in reversed(report.get("runs") or [])
+                 if r.get("purpose") == purpose and r.get("tokens") is not None), None)
+
+
+def _tokens_or_why(tokens: list[list[int]] | None, report: dict[str, Any], purpose: str) -> str:
+    """The tokens, or why a run of that purpose has none (never a bare None)."""
+    if tokens is not None:
+        return token_summary(tokens)
+    last = next((r for r in reversed(report.get("runs") or []) if r.get("purpose") == purpose), None)
+    if last is None:
+        return "none (no such run)"
+    return f"none (run {last['id']} ended {last.get('status')} after {float(last.get('wall_s') or 0):.0f} s)"
 
 
 def _op_inventory(report: dict[str, Any]) -> list[str]:
@@ -302,8 +355,8 @@ def _citations(report: dict[str, Any]) -> list[str]:
     return ["## Citations", ""] + [f"- {c}" for c in cites] + [""] if cites else []
 
 
-SECTIONS = (_summary, _findings, _patches, _validation, _tuning, _op_inventory, _diagnoses, _how_run, _shrunk,
-            _runs, _citations)
+SECTIONS = (_summary, _findings, _patches, _validation, coverage_markdown, _tuning, report_section, _op_inventory,
+            _diagnoses, _how_run, _shrunk, _runs, _citations)
 
 
 def render_markdown(report: dict[str, Any]) -> str:

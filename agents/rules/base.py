@@ -11,10 +11,13 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from agents.models import Citation, Finding, Frame, HazardCategory, Severity, StructuredException
 from knowledge.errors import UnknownFindingRule
+
+_PROJECT_ROOT = Path(__file__).resolve().parents[2]  # holds knowledge/recipes/
 
 if TYPE_CHECKING:
     from agents.rules.context import ModuleContext, TextFile
@@ -29,6 +32,14 @@ class Signature:
     key: str  # the signature string: kind plus what identifies this failure
     summary: str
     frame: Frame | None
+    # What the class read from the exception for its fix (``params``: the codemod's parameters; ``no_fix``: why
+    # the class fits but cannot fix this one; ``action``: a fix that is not a codemod, e.g. "rebuild-inputs")
+    details: Mapping[str, Any] = field(default_factory=dict, compare=False)
+
+
+def at_where(where: str) -> str:
+    """"at file:line", or "outside the model's files" (an error pattern's ``where`` when no frame is the model's)."""
+    return f"at {where}" if ":" in where else "outside the model's files"
 
 
 @dataclass(frozen=True)
@@ -74,7 +85,6 @@ class HazardRule:
     manual: Mapping[str, str] = field(default_factory=dict)  # finding rule id -> why no codemod
     explains: tuple[ErrorPattern, ...] = ()
     kb_topic: str = ""  # the knowledge-base topic cited by findings, e.g. "recipe:H1"
-    recipe: str = ""  # the recipe file behind kb_topic (knowledge/recipes/H1.md), "" when none
     left_as_written: str = ""  # the report's reason when a finding of this class stays as written
     fixtures: tuple[str, ...] = ()  # tests / fixtures that exercise the rule
     # Findings are information for the person (e.g. sizes fixed in code, for --shrink), never a patch: not
@@ -92,6 +102,13 @@ class HazardRule:
     @property
     def topic(self) -> str:
         return self.kb_topic or f"recipe:{self.hazard}"
+
+    @property
+    def recipe(self) -> str:
+        """The recipe behind the class (``knowledge/recipes/<hazard>.md``, relative to the project root), ""
+        when the class has none (a toy rule)."""
+        rel = f"knowledge/recipes/{self.hazard}.md"
+        return rel if (_PROJECT_ROOT / rel).is_file() else ""
 
     def finding_rules(self) -> frozenset[str]:
         return frozenset().union(*(f.rules for f in self.fixes)) | frozenset(self.manual)

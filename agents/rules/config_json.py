@@ -11,7 +11,6 @@ from typing import Any
 
 from agents.models import Finding, HazardCategory, Severity
 from agents.rules.context import TextFile
-from agents.rules.h6_host_sync import _json_key_line
 from agents.rules.kit import CodemodResult
 
 Hits = Callable[[dict[str, Any]], Iterable[tuple[str, str]]]  # config -> (dotted key, value) pairs
@@ -26,7 +25,7 @@ def value_findings(tf: TextFile, hits: Hits, hazard: str, rule: str, message: Ca
     lines = tf.text.splitlines()
     out = []
     for key, value in hits(config):
-        line = _json_key_line(tf.text, key)
+        line = json_key_line(tf.text, key)
         snippet = lines[line - 1].strip() if 0 < line <= len(lines) else ""
         out.append(tf.finding(hazard, rule, line, 0, snippet, message(key, value), category, severity))
     return out
@@ -43,7 +42,7 @@ def rewrite_values(source: str, hits: Hits, new: str, why: str) -> CodemodResult
     lines = source.splitlines(keepends=True)
     edits, spans = [], []
     for key, value in hits(config):
-        line = _json_key_line(source, key)
+        line = json_key_line(source, key)
         if not 0 < line <= len(lines):
             continue
         leaf = re.escape(json.dumps(key.rsplit(".", 1)[-1]))
@@ -55,3 +54,39 @@ def rewrite_values(source: str, hits: Hits, new: str, why: str) -> CodemodResult
             spans.append((line, line))
     text = "".join(lines)
     return CodemodResult(text, text != source, edits=edits, spans=spans)
+
+
+_JSON_STRING = re.compile(r'"(?:[^"\\\n]|\\.)*"')
+_JSON_COLON = re.compile(r"\s*:")
+
+
+def json_key_line(text: str, path: str) -> int:
+    """The line of the key at dotted path ("language_config.n_routed_experts") in JSON text; 1 if not found."""
+    stack: list[str] = []  # the key path of each open object or array ("" for the top level)
+    last = ""  # the last key read in the innermost open object
+    i, line = 0, 1
+    while i < len(text):
+        c = text[i]
+        if c == '"':
+            m = _JSON_STRING.match(text, i)
+            if m is None:
+                return 1
+            i = m.end()
+            if _JSON_COLON.match(text, i):  # a key
+                last = json.loads(m.group(0))
+                full = f"{stack[-1]}.{last}" if stack and stack[-1] else last
+                if full == path:
+                    return line
+            continue
+        if c == "\n":
+            line += 1
+        elif c in "{[":
+            parent = stack[-1] if stack else ""
+            stack.append((f"{parent}.{last}" if parent else last) if last else parent)
+            last = ""
+        elif c in "}]":
+            if stack:
+                stack.pop()
+            last = ""
+        i += 1
+    return 1

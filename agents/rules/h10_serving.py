@@ -140,7 +140,6 @@ RULE = HazardRule(
             "vllm-fork-workers": _SERVE, "fork-start-method": _SERVE, "vllm-v0-engine": _SERVE,
             "vllm-renamed-option": _SERVE},
     kb_topic="recipe:H10",
-    recipe="knowledge/recipes/H10.md",
     left_as_written="serving settings are written into serve.sh / set_env.sh",
     fixtures=("tests/test_scanner.py", "tests/test_deploy.py"),
 )

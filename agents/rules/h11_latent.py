@@ -158,7 +158,6 @@ RULE = HazardRule(
     explains=(ErrorPattern("device-mismatch", _device_mismatch, "mixed devices", fix="align-devices",
                            params=_line_param, order=30),),
     kb_topic="recipe:H11",
-    recipe="knowledge/recipes/H11.md",
     left_as_written="the device fix puts both sides on the port's device; validated by the run",
     fixtures=("tests/test_scanner.py", "tests/test_codemods.py", "examples/tiny_llm"),
 )

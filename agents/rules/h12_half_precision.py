@@ -162,7 +162,8 @@ class CastPolicy(Rewriter):
             # autocast to float32 is no autocast (and CPU autocast rejects float32): switch it off
             self.note(original, "float16 autocast -> enabled=False (the target computes float32)")
             kept = [a for a in updated.args if a.keyword is None or a.keyword.value not in ("dtype", "enabled")]
-            return updated.with_changes(args=[*kept, cst.Arg(cst.Name("False"), keyword=cst.Name("enabled"), equal=_EQ)])
+            return updated.with_changes(args=[*kept,
+                                              cst.Arg(cst.Name("False"), keyword=cst.Name("enabled"), equal=_EQ)])
         is_to = isinstance(f, cst.Attribute) and f.attr.value == "to"
         is_default = isinstance(f, cst.Attribute) and f.attr.value == "set_default_dtype"
         args = []
@@ -208,7 +209,6 @@ RULE = HazardRule(
     fixes=(Fix("fp16-cast-policy", fp16_cast_policy, "float16 casts follow the target chip's cast policy",
                frozenset({"fp16-weights"}), order=45),),
     kb_topic="recipe:H12",
-    recipe="knowledge/recipes/H12.md",
     left_as_written="float16 kept: the target computes float16",
     fixtures=("tests/test_new_hazards.py", "tests/test_cast_world_fallback.py"),
 )

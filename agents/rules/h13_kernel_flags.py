@@ -214,7 +214,6 @@ RULE = HazardRule(
     manual={"kernel-path-flag": "the flag is the model's configuration; the import guard (H3) sets HAS_* flags "
                                 "False where the library is missing, other flags are the user's choice"},
     kb_topic="recipe:H13",
-    recipe="knowledge/recipes/H13.md",
     left_as_written="the flag stays as configured; where the library is missing the torch path runs",
     fixtures=("tests/test_new_hazards.py", "tests/test_zoo_model_classes.py"),
 )

@@ -31,7 +31,8 @@ def _h14_host_memory(ctx: ModuleContext) -> None:
             if a.keyword is None or not _is_true(a.value):
                 continue
             if a.keyword.value == "pin_memory":
-                ctx.add("H14", "pin-memory-loader", a, "`pin_memory=True` pins host memory for CUDA copies; on the CPU it "
+                ctx.add("H14", "pin-memory-loader", a,
+                        "`pin_memory=True` pins host memory for CUDA copies; on the CPU it "
                         "fails without CUDA, on Ascend it needs torch_npu", SLOWS, LOW)
             elif a.keyword.value == "non_blocking":
                 ctx.add("H14", "non-blocking-copy", a,
@@ -85,7 +86,6 @@ RULE = HazardRule(
         "is-cuda-branch": "which branch the NPU should take (the accelerator or the host path) is a design choice",
     },
     kb_topic="recipe:H14",
-    recipe="knowledge/recipes/H14.md",
     left_as_written="kept: correct on the port's device, possibly slower",
     fixtures=("tests/test_new_hazards.py",),
 )

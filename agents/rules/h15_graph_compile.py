@@ -112,7 +112,6 @@ RULE = HazardRule(
     manual={"cuda-graph": "the device-agnostic rewrite (H1) uses NPUGraph where torch_npu has it, else an eager "
                           "stand-in whose replay cannot rerun the captured code: a person moves it to eager"},
     kb_topic="recipe:H15",
-    recipe="knowledge/recipes/H15.md",
     left_as_written="runs eager: the same numbers without graph capture",
     fixtures=("tests/test_new_hazards.py",),
 )

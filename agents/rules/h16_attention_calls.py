@@ -13,6 +13,7 @@ from agents.rules.base import BLOCKS, HIGH, Fix, HazardRule
 from agents.rules.context import ModuleContext
 from agents.rules.cst_helpers import aliases, dotted, walk_nodes
 from agents.rules.kit import CodemodResult, Rewriter, run_codemod
+from sandbox.cuda_redirect.sdpa import helper_source
 
 # qualified name -> the positional parameters after (q, k, v), mapped to the helper's keywords
 XFORMERS = ("attn_bias", "p", "scale")
@@ -30,23 +31,7 @@ _CAUSAL_BIASES = {"xformers.ops.LowerTriangularMask", "xformers.ops.fmha.attn_bi
 
 _EQ = cst.AssignEqual(whitespace_before=cst.SimpleWhitespace(""), whitespace_after=cst.SimpleWhitespace(""))
 SDPA_HELPER_MARKER = "def _npuport_sdpa_bshd("
-SDPA_HELPER = '''
-
-def _npuport_sdpa_bshd(q, k, v, dropout_p=0.0, scale=None, causal=False):
-    """xformers / flash-attn attention on (batch, seq, heads, dim) tensors through torch's SDPA (hazard H16):
-    the same layout, grouped k/v heads and a causal mask aligned to the bottom right as flash-attn's."""
-    if k.shape[2] != q.shape[2]:
-        k = k.repeat_interleave(q.shape[2] // k.shape[2], dim=2)
-        v = v.repeat_interleave(q.shape[2] // v.shape[2], dim=2)
-    mask = None
-    if causal and q.shape[1] != k.shape[1]:
-        mask = torch.ones(q.shape[1], k.shape[1], dtype=torch.bool, device=q.device).tril(k.shape[1] - q.shape[1])
-        causal = False
-    out = torch.nn.functional.scaled_dot_product_attention(
-        q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_mask=mask, dropout_p=dropout_p,
-        is_causal=causal, scale=scale)
-    return out.transpose(1, 2)
-'''
+SDPA_HELPER = helper_source()  # one definition, shared with the reference run (sandbox/cuda_redirect/sdpa.py)
 
 
 def _helper_args(call: cst.Call, params: tuple[str, ...], qual: Any) -> list[cst.Arg] | None:
@@ -121,7 +106,6 @@ RULE = HazardRule(
     fixes=(Fix("attention-to-sdpa", attention_to_sdpa, "xformers / flash-attn attention -> SDPA",
                frozenset({"xformers-attention-call", "flash-attn-call"}), order=15),),
     kb_topic="recipe:H16",
-    recipe="knowledge/recipes/H16.md",
     left_as_written="an option without an exact SDPA form: the CUDA-only call stays and needs a hand port",
     fixtures=("tests/test_new_hazards.py",),
 )

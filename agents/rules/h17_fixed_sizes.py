@@ -78,7 +78,6 @@ RULE = HazardRule(
     },
     report_only=True,
     kb_topic="recipe:H17",
-    recipe="knowledge/recipes/H17.md",
     left_as_written="sizes in code are the model's architecture; --shrink reduces config.json sizes only",
     fixtures=("tests/test_real_code_rewrites.py",),
 )

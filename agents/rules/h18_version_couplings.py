@@ -6,7 +6,8 @@ config; removed helpers (``get_head_mask``); ``_supports_sdpa`` written as a pro
 
 The fix is not a patch but the environment of the model's era (agents/environment/resolve.py runs the original
 and the port with the transformers of config.json's ``transformers_version``, or the last 4.x that gives
-PreTrainedModel generate (4.49) when the config names none and this scan finds couplings). One hazard class, one module (see docs/rules.md).
+PreTrainedModel generate (4.49) when the config names none and this scan finds couplings). One hazard class, one module
+(see docs/rules.md).
 
 ``couplings(source)`` is plain ``ast`` so the environment resolver asks it without a CST parse."""
 
@@ -171,7 +172,8 @@ def couplings(source: str, config_attrs: frozenset[str] = frozenset()) -> list[C
     leaked_seen: set[str] = set()
     for n in ast.walk(tree):
         if isinstance(n, ast.Attribute) and isinstance(n.ctx, ast.Load):
-            holder = n.value.attr if isinstance(n.value, ast.Attribute) else n.value.id if isinstance(n.value, ast.Name) else ""
+            holder = (n.value.attr if isinstance(n.value, ast.Attribute)
+                      else n.value.id if isinstance(n.value, ast.Name) else "")
             if holder == "config" and n.attr in GENERATION_ATTRS and n.attr not in own:
                 out.append(Coupling("generation-config-attr", n.lineno, n.col_offset,
                                     f"{NEEDS}: reads `config.{n.attr}`, which transformers 5 keeps on the generation "
@@ -227,7 +229,8 @@ def _h18_version_couplings(ctx: ModuleContext) -> None:
 
 
 _ERA = ("not patched: the original and the port run in the environment of the model's era (config.json's "
-        "transformers_version; the last 4.x whose PreTrainedModel inherits generate, 4.49, when it names none), where this code works as written")
+        "transformers_version; the last 4.x whose PreTrainedModel inherits generate, 4.49, when it names none), where "
+        "this code works as written")
 
 RULE = HazardRule(
     hazard="H18",
@@ -237,7 +240,6 @@ RULE = HazardRule(
                                     "tied-weights-list", "rope-scaling-type", "star-import-leak",
                                     "composite-config-init", "legacy-cache-default")},
     kb_topic="recipe:H18",
-    recipe="knowledge/recipes/H18.md",
     left_as_written="the environment of the model's era runs it as written (agents/environment/resolve.py)",
     fixtures=("tests/test_version_couplings.py",),
 )

@@ -229,9 +229,11 @@ class DeviceAgnostic(Rewriter):
                 and len(updated.args) == 1:
             self.note(original, "x.record_stream(s) -> _npuport_record_stream(x, s)")
             return cst.Call(func=cst.Name("_npuport_record_stream"),
-                            args=[cst.Arg(updated.func.value), updated.args[0].with_changes(comma=cst.MaybeSentinel.DEFAULT)])
+                            args=[cst.Arg(updated.func.value),
+                                  updated.args[0].with_changes(comma=cst.MaybeSentinel.DEFAULT)])
         # torch.device("cuda") -> _npuport_device()  (the literal inside was rewritten already)
-        if name == "torch.device" and updated.args and m.matches(updated.args[0].value, m.Call(func=m.Name("_npuport_device"))):
+        if name == "torch.device" and updated.args and m.matches(updated.args[0].value,
+                                                                 m.Call(func=m.Name("_npuport_device"))):
             self.note(original, 'torch.device("cuda") -> _npuport_device()')
             return DEVICE_CALL
         # torch.cuda.X(...) -> _npuport_backend().X(...), under X's NPU name
@@ -263,7 +265,8 @@ class DeviceAgnostic(Rewriter):
         if updated.evaluated_value == "CUDA_VISIBLE_DEVICES":
             # Ascend selects cards with ASCEND_RT_VISIBLE_DEVICES; CUDA's variable means nothing there.
             self.note(original, "CUDA_VISIBLE_DEVICES -> ASCEND_RT_VISIBLE_DEVICES")
-            return updated.with_changes(value=updated.value.replace("CUDA_VISIBLE_DEVICES", "ASCEND_RT_VISIBLE_DEVICES"))
+            return updated.with_changes(value=updated.value.replace("CUDA_VISIBLE_DEVICES",
+                                                                    "ASCEND_RT_VISIBLE_DEVICES"))
         if self._in_autocast == 0 and self._in_comparison == 0 and is_cuda_string(updated):
             self.note(original, '"cuda" -> _npuport_device()')
             return DEVICE_CALL
@@ -312,6 +315,6 @@ RULE = HazardRule(
     },
     explains=(ErrorPattern("cuda-assert", _cuda_assert, "hard-coded CUDA", fix="device-agnostic", order=20),),
     kb_topic="recipe:H1",
-    recipe="knowledge/recipes/H1.md",
-    fixtures=("tests/test_scanner.py", "tests/test_codemods.py", "examples/ocr_mini", "tests/test_zoo_model_classes.py"),
+    fixtures=("tests/test_scanner.py", "tests/test_codemods.py", "examples/ocr_mini",
+              "tests/test_zoo_model_classes.py"),
 )

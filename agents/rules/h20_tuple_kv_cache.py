@@ -68,7 +68,6 @@ RULE = HazardRule(
     },
     report_only=True,
     kb_topic="recipe:H20",
-    recipe="knowledge/recipes/H20.md",
     left_as_written="the cache layout is the model's API with its transformers release; the era's environment runs it",
     fixtures=("tests/test_scan_classes.py",),
 )

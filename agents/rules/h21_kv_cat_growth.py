@@ -55,7 +55,6 @@ RULE = HazardRule(
     },
     report_only=True,
     kb_topic="recipe:H21",
-    recipe="knowledge/recipes/H21.md",
     left_as_written="growing the cache by concatenation is correct, only slow; a static cache is a design change",
     fixtures=("tests/test_scan_classes.py",),
 )

@@ -78,7 +78,6 @@ RULE = HazardRule(
     },
     report_only=True,
     kb_topic="recipe:H22",
-    recipe="knowledge/recipes/H22.md",
     left_as_written="int64 routing computes the same experts; int32 fused routing is a performance rewrite",
     fixtures=("tests/test_scan_classes.py",),
 )

@@ -15,8 +15,8 @@ from typing import Any
 
 from agents.models import Finding
 from agents.rules.base import BLOCKS, HIGH, LOW, NUMBERS, HazardRule
+from agents.rules.config_json import json_key_line
 from agents.rules.context import TextFile
-from agents.rules.h6_host_sync import _json_key_line
 
 # quant_method -> what loading it needs (transformers' quantizers; vLLM-Ascend's quantization guide: W8A8,
 # W4A8, W4A4 from msModelSlim are what Ascend serves).
@@ -62,7 +62,7 @@ def _detect_text(tf: TextFile) -> list[Finding]:
     out: list[Finding] = []
 
     def add(rule: str, key: str, message: str, category: Any, severity: Any) -> None:
-        line = _json_key_line(tf.text, key)
+        line = json_key_line(tf.text, key)
         snippet = lines[line - 1].strip() if 0 < line <= len(lines) else ""
         out.append(tf.finding("H23", rule, line, 0, snippet, message, category, severity))
 
@@ -102,7 +102,6 @@ RULE = HazardRule(
     },
     report_only=True,
     kb_topic="recipe:H23",
-    recipe="knowledge/recipes/H23.md",
     left_as_written="config.json describes the checkpoint; npuport validates with random weights built from it",
     fixtures=("tests/test_scan_classes.py",),
 )

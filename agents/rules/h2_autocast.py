@@ -116,7 +116,8 @@ class CudaAutocast(Rewriter):
             args = list(updated.args)
             cuda = False
             for i, a in enumerate(args):
-                is_device_arg = (a.keyword is None and i == 0) or (a.keyword is not None and a.keyword.value == "device_type")
+                is_device_arg = (a.keyword is None and i == 0) or (a.keyword is not None
+                                                                   and a.keyword.value == "device_type")
                 if is_device_arg and is_cuda_string(a.value):
                     args[i] = a.with_changes(value=DEVICE_TYPE)
                     cuda = True
@@ -147,6 +148,5 @@ RULE = HazardRule(
         "autocast-gpu-state": "reads/sets autocast state: the device to ask about is the caller's choice",
     },
     kb_topic="recipe:H2",
-    recipe="knowledge/recipes/H2.md",
     fixtures=("tests/test_scanner.py", "tests/test_codemods.py", "examples/ocr_mini"),
 )

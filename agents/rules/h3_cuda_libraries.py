@@ -1,4 +1,5 @@
-"""H3: CUDA-only libraries and kernels (flash-attn, xformers, Triton, CUDA extensions; the one list is sandbox/cuda_redirect/cuda_only.py).
+"""H3: CUDA-only libraries and kernels (flash-attn, xformers, Triton, CUDA extensions; the one list is
+sandbox/cuda_redirect/cuda_only.py).
 
 One hazard class, one module: detector, fix (codemod or the reason it is manual), the run-time
 errors it explains and its knowledge-base topic (see docs/rules.md)."""
@@ -141,8 +142,8 @@ def _h3_cuda_libraries(ctx: ModuleContext) -> None:
             unused = [n for n in ci.names if n and not ctx.ix.load_names.get(n, 0)]
             if unused:
                 ctx.add("H3", "unused-cuda-only-import", ci.node,
-                        f"{', '.join(unused)} from `{ci.module}` never used: drop {'it' if len(unused) == 1 else 'them'}"
-                        " from the import", BLOCKS, HIGH, fixable=lib.guarded)
+                        f"{', '.join(unused)} from `{ci.module}` never used: drop "
+                        f"{'it' if len(unused) == 1 else 'them'} from the import", BLOCKS, HIGH, fixable=lib.guarded)
     _h3_optional_paths(ctx, bound)
     for fn in ctx.ix.functions:
         for d in fn.decorators:
@@ -477,8 +478,8 @@ RULE = HazardRule(
     explains=(ErrorPattern("missing-cuda-module", _missing_cuda_module, "CUDA-only libraries",
                            fix="guard-cuda-only-imports", order=10),),
     kb_topic="recipe:H3",
-    recipe="knowledge/recipes/H3.md",
     left_as_written="the CUDA-only path stays off (its import is guarded or gone); the torch path runs",
-    fixtures=("tests/test_scanner.py", "tests/test_codemods.py", "examples/tiny_llm", "tests/test_zoo_model_classes.py"),
+    fixtures=("tests/test_scanner.py", "tests/test_codemods.py", "examples/tiny_llm",
+              "tests/test_zoo_model_classes.py"),
     refine=h3_optional_modules.refine,
 )

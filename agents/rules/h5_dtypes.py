@@ -1,4 +1,4 @@
-"""H5: dtypes Ascend handles differently (float64, complex, bfloat16 on 310P).
+"""H5: dtypes Ascend handles differently (float64, bfloat16 on 310P; complex tensors are H27).
 
 One hazard class, one module: detector, fix (codemod or the reason it is manual), the run-time
 errors it explains and its knowledge-base topic (see docs/rules.md)."""
@@ -13,7 +13,6 @@ import libcst as cst
 from agents.models import Frame, StructuredException
 from agents.rules.base import (
     BLOCKS,
-    HIGH,
     LOW,
     MEDIUM,
     NUMBERS,
@@ -36,8 +35,6 @@ from agents.rules.kit import (
 # H5
 FLOAT64_REFS = {"torch.float64", "torch.double"}
 NP_FLOAT64_REFS = {"numpy.float64", "numpy.double"}
-COMPLEX_REFS = {"torch.complex64", "torch.complex128", "torch.complex32", "torch.cfloat", "torch.cdouble",
-                "torch.chalf", "torch.view_as_complex", "torch.view_as_real", "torch.polar", "torch.complex"}
 
 
 # --- detector ----------------------------------------------------------------------------------
@@ -54,11 +51,6 @@ def _h5_dtypes(ctx: ModuleContext) -> None:
             ctx.add("H5", "float64", ref.node,
                     "numpy float64 flowing into a torch tensor makes it float64, which the NPU does not compute "
                     "(silently float32 or rejected); use float32", NUMBERS, MEDIUM)
-        elif q in COMPLEX_REFS:
-            ctx.add("H5", "complex-dtype", ref.node,
-                    f"`{q}`: complex tensors are unsupported by most Ascend kernels (complex128 runs on AICPU, "
-                    "slowly); rewrite with real cos/sin pairs (e.g. npu_rotary_mul for rotary embeddings)",
-                    BLOCKS, HIGH)
         elif q == "torch.bfloat16":
             ctx.add("H5", "bf16-on-310p", ref.node,
                     "bfloat16 is fine on Atlas A2/A3 (910B/910C) but Atlas 300I (310P) has no bfloat16: use "
@@ -71,11 +63,10 @@ def _h5_dtypes(ctx: ModuleContext) -> None:
                     "`.double()` makes a float64 tensor: the NPU has no float64 compute (silently float32 or "
                     "rejected); use .float()", NUMBERS, MEDIUM)
         dt = kwarg(call, "dtype")
-        if dt is not None and isinstance(dt.value, cst.Name) and dt.value.value in ("float", "complex") \
+        if dt is not None and isinstance(dt.value, cst.Name) and dt.value.value == "float" \
                 and ctx.qual(f).startswith("torch."):
-            ctx.add("H5", "float64" if dt.value.value == "float" else "complex-dtype", dt,
-                    f"dtype={dt.value.value} means {'float64' if dt.value.value == 'float' else 'complex128'} "
-                    "in torch, which Ascend does not compute natively", NUMBERS, MEDIUM)
+            ctx.add("H5", "float64", dt, "dtype=float means float64 in torch, which Ascend does not compute natively",
+                    NUMBERS, MEDIUM)
 
 
 def _feeds_torch(ctx: ModuleContext, node: cst.CSTNode) -> bool:
@@ -122,18 +113,16 @@ def _npu_dtype(exc: StructuredException, frame: Frame | None, where: str) -> Sig
 
 RULE = HazardRule(
     hazard="H5",
-    title="dtypes Ascend handles differently (float64, complex, bf16 on 310P)",
+    title="dtypes Ascend handles differently (float64, bf16 on 310P)",
     detect=_h5_dtypes,
     fixes=(Fix("float64-to-float32", float64_to_float32, "compute in float32 where the code asked for float64",
                frozenset({"float64"}), order=40),),
     manual={
-        "complex-dtype": "complex math needs a rewrite with real cos/sin pairs",
         "bf16-on-310p": "only a problem on chips without bfloat16; the dtype is chosen per chip at deploy time",
     },
     explains=(ErrorPattern("npu-dtype", _npu_dtype, "float64 on the NPU", fix="float64-to-float32",
                            fix_if=lambda sig: "DT_DOUBLE" in sig.key, order=50),),
     kb_topic="recipe:H5",
-    recipe="knowledge/recipes/H5.md",
     left_as_written="only an issue on chips without the dtype (bfloat16 on 310P) or for exact float64 numerics",
     fixtures=("tests/test_scanner.py", "tests/test_codemods.py", "examples/ocr_mini"),
 )

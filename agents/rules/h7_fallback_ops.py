@@ -117,7 +117,6 @@ RULE = HazardRule(
     explains=(ErrorPattern("npu-fallback-disabled", _fallback_disabled, "ops that fall back to the CPU",
                            needs_frame=False, order=40),),
     kb_topic="recipe:H7",
-    recipe="knowledge/recipes/H7.md",
     left_as_written="falls back to the CPU on this torch_npu build; correct but slow",
     fixtures=("tests/test_cast_world_fallback.py", "examples/ocr_mini"),
 )

@@ -180,7 +180,6 @@ RULE = HazardRule(
         "cuda-wheel": _LAYERED,
     },
     kb_topic="recipe:H8",
-    recipe="knowledge/recipes/H8.md",
     left_as_written="the model runs in a layered environment with its own pins",
     fixtures=("tests/test_scanner.py",),
 )

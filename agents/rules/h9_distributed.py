@@ -113,6 +113,5 @@ RULE = HazardRule(
         "process-group-init": "importing torch_npu registers hccl; passing the backend is the caller's choice",
     },
     kb_topic="recipe:H9",
-    recipe="knowledge/recipes/H9.md",
     fixtures=("tests/test_scanner.py", "tests/test_codemods.py", "tests/test_cast_world_fallback.py"),
 )

@@ -96,7 +96,8 @@ def insert_after_imports(module: cst.Module, code: str, marker: str) -> cst.Modu
 
 def ensure_import_torch(module: cst.Module) -> cst.Module:
     for stmt in module.body:
-        if m.matches(stmt, m.SimpleStatementLine(body=[m.Import(names=[m.ImportAlias(name=m.Name("torch"), asname=None)])])):
+        if m.matches(stmt,
+                     m.SimpleStatementLine(body=[m.Import(names=[m.ImportAlias(name=m.Name("torch"), asname=None)])])):
             return module
     return insert_after_imports(module, "import torch\n", "\nimport torch\n")
 
@@ -165,7 +166,8 @@ def insert_used_helpers(module: cst.Module, helpers: Sequence[tuple[str, str]]) 
     return module
 
 
-def run_codemod(source: str, make: Callable[[cst.Module], Rewriter], helpers: Sequence[tuple[str, str]] = ()) -> CodemodResult:
+def run_codemod(source: str, make: Callable[[cst.Module], Rewriter],
+                helpers: Sequence[tuple[str, str]] = ()) -> CodemodResult:
     module = cst.parse_module(source)
     rewriter = make(module)
     # A tree parsed here has no shared nodes, so the wrapper's defensive deep copy (a fifth of a codemod's time)
@@ -179,7 +181,8 @@ def run_codemod(source: str, make: Callable[[cst.Module], Rewriter], helpers: Se
     return CodemodResult(code, code != source, rewriter.edits, rewriter.spans, rewriter.skipped)
 
 
-def rewrite_spans(module: cst.Module, positions: Mapping[cst.CSTNode, CodeRange], rewriter: Rewriter) -> list[tuple[int, int]]:
+def rewrite_spans(module: cst.Module, positions: Mapping[cst.CSTNode, CodeRange],
+                  rewriter: Rewriter) -> list[tuple[int, int]]:
     """The original lines a rewriter would change in an already parsed module, given that module's
     PositionProvider metadata (a detector's question: which sites does the fix cover). No re-parse, no
     second position pass, no code generated: on a large model those cost seconds."""

@@ -10,9 +10,7 @@ from agents.rules import (
     h1_cuda_device,
     h2_autocast,
     h3_cuda_libraries,
-    h4_attention,
     h5_dtypes,
-    h6_host_sync,
     h7_fallback_ops,
     h8_framework,
     h9_distributed,
@@ -29,8 +27,14 @@ from agents.rules import (
     h21_kv_cat_growth,
     h22_int64_routing,
     h23_checkpoint_config,
+    h24_missing_names,
+    h25_changed_api,
+    h26_generate_inputs,
+    h27_complex,
 )
 from agents.rules.base import HazardRule, Registry
+from agents.rules.h4 import attention as h4_attention
+from agents.rules.h6 import host_sync as h6_host_sync
 
 RULES: tuple[HazardRule, ...] = (
     h1_cuda_device.RULE,
@@ -55,6 +59,10 @@ RULES: tuple[HazardRule, ...] = (
     h21_kv_cat_growth.RULE,
     h22_int64_routing.RULE,
     h23_checkpoint_config.RULE,
+    h24_missing_names.RULE,
+    h25_changed_api.RULE,
+    h26_generate_inputs.RULE,
+    h27_complex.RULE,
 )
 DEFAULT = Registry(RULES)
 

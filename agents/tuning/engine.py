@@ -118,7 +118,8 @@ def engine_space(facts: EngineFacts, *, name: str = "vllm-cpu-engine") -> Search
     # compilation last (its start costs the most).
     dims = [
         Dim(name="stream_interval", values=[1, 4, 16], ordered=True, prior=1),
-        Dim(name="threads", values=threads, ordered=True, prior=max(v for v in threads if v <= max(1, facts.cores - 1))),
+        Dim(name="threads", values=threads, ordered=True,
+            prior=max(v for v in threads if v <= max(1, facts.cores - 1))),
         Dim(name="bind", values=["cores", "nobind"], prior="cores"),
         Dim(name="max_num_batched_tokens", values=tokens, ordered=True, prior=_pow2_at_least(step, tokens)),
         Dim(name="max_num_seqs", values=seqs, ordered=True, prior=_pow2_at_least(facts.concurrency, seqs)),
@@ -156,15 +157,6 @@ def restrict(space: SearchSpace, dims: dict[str, list[Any]], fixed: dict[str, An
 def _get(p: dict[str, Any], name: str, default: Any) -> Any:
     v = p.get(name)
     return default if v is None else v
-
-
-def engine_point(p: dict[str, Any], facts: EngineFacts) -> EngineConfig:
-    """The point with the engine's defaults filled in (a landscape fixes some knobs)."""
-    return EngineConfig(max_num_seqs=_get(p, "max_num_seqs", 128), max_num_batched_tokens=_get(p, "max_num_batched_tokens", 2048),
-                        enable_chunked_prefill=_get(p, "enable_chunked_prefill", True), block_size=_get(p, "block_size", 128),
-                        kv_cache_gib=_get(p, "kv_cache_gib", 4), threads=_get(p, "threads", max(1, facts.cores - 1)),
-                        bind=_get(p, "bind", "cores"), stream_interval=_get(p, "stream_interval", 1),
-                        enforce_eager=_get(p, "enforce_eager", True))
 
 
 def _threads(p: dict[str, Any], f: Any) -> str | None:

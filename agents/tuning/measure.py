@@ -10,7 +10,7 @@ from typing import Any
 
 from agents.runs import RunSpec
 from agents.tuning.search import Evaluate, Outcome
-from sandbox.bench.throughput import BenchRun, run_bench
+from sandbox.bench.runner import BenchRun, run_bench
 from sandbox.isolation.process import Limits
 
 TUNE_CONCURRENCY = 8  # the objective: new tokens/s with 8 requests in flight
@@ -75,7 +75,8 @@ def outcome_of(run: BenchRun) -> Outcome:
         return Outcome(None, c["status"], c.get("detail", ""))
     pt = c["points"][0]
     return Outcome(pt["tokens_per_s"], "ok", spread=pt.get("spread", 0.0),
-                   extras={"effects": c.get("effects"), "runs": pt.get("tokens_per_s_runs"), "latency_p50_s": pt.get("latency_p50_s"),
+                   extras={"effects": c.get("effects"), "runs": pt.get("tokens_per_s_runs"),
+                           "latency_p50_s": pt.get("latency_p50_s"),
                            "latency_p99_s": pt.get("latency_p99_s"), "compile_s": c.get("compile_s"),
                            "run_dir": str(run.run_dir)})
 

@@ -114,7 +114,8 @@ def llm_proposals(state: dict[str, Any], space: SearchSpace, facts: HostFacts) -
     proposed, note = propose_trials(Path(state["workdir"]) if state.get("workdir") else None, values, [], req.objective)
     kept = [p for p in proposed if space.key({**start, **p}) in keys]
     if proposed:
-        note += f"; {len(kept)} inside the constraint space, {len(proposed) - len(kept)} rejected (pruned by constraints)"
+        note += (f"; {len(kept)} inside the constraint space, {len(proposed) - len(kept)} rejected (pruned by "
+                 "constraints)")
         from agents.reasoning import think
 
         think("tuner", "llm", note + "; the optimiser measures them and judges")
@@ -148,7 +149,8 @@ def _reporting(evaluate: Evaluate, n: int) -> Evaluate:
         k += 1
         progress.emit("trial_start", k=k, n=n, params=params)
         outcome = evaluate(params)
-        why = outcome.detail.split(":", 1)[0] if outcome.status == "unsupported" else ""  # "dtype X not supported by ..."
+        # "dtype X not supported by ..."
+        why = outcome.detail.split(":", 1)[0] if outcome.status == "unsupported" else ""
         progress.emit("trial_done", k=k, n=n, params=params, value=outcome.value, outcome=outcome.status,
                       **({"reason": why} if why else {}))
         return outcome
@@ -199,7 +201,8 @@ def tune_port(state: dict[str, Any], space: SearchSpace | None = None) -> Tuning
     searched = dict(tuning.best)
     tuned_head = points_of(bench.headline({"id": "tuned", **searched}, "bench-tuned"))
     same = {k: v for k, v in searched.items() if v is not None} == UNTUNED_CONFIG
-    untuned_head = tuned_head if same else points_of(bench.headline({"id": "untuned", **UNTUNED_CONFIG}, "bench-untuned"))
+    untuned_head = tuned_head if same else points_of(bench.headline({"id": "untuned", **UNTUNED_CONFIG},
+                                                                    "bench-untuned"))
     deployed, _ = settle(searched, tuned_head, untuned_head, None)
     # The curve over concurrency (plot, table) of the deployed configuration; the headline point stays its own.
     curve_run = bench.port([{"id": "deployed", **deployed}], [c for c in REPORT_CONCURRENCIES if c != TUNE_CONCURRENCY],
@@ -214,15 +217,18 @@ def tune_port(state: dict[str, Any], space: SearchSpace | None = None) -> Tuning
         base_how = f"batch 1 (it did not run at batch {batch}: {why[:160]})"
         batch = 1
     base_pts = points_of(base_run)
-    host = {"machine": platform.machine(), "cores": facts.cores, "processor": platform.processor() or platform.machine()}
+    host = {"machine": platform.machine(), "cores": facts.cores,
+            "processor": platform.processor() or platform.machine()}
     tuning.baseline = {"what": f"original as written, eager, {base_how}, cuda->cpu redirect, CPU float32",
                        "config": {"batch": batch}, "target": "cpu (cuda->cpu redirect)", "points": base_pts,
                        "tokens_per_s": at(base_pts, TUNE_CONCURRENCY),
                        "error": "" if base_run.ok else base_run.error()}
     chose_tuned = deployed == searched
+    spread = host_spread(tuned_head + untuned_head + base_pts, [t for t in tuning.trials], searched,
+                         at(tuned_head, TUNE_CONCURRENCY))
     tuning.best, tuning.tuned = settle(searched, sorted(tuned_head + (curve if chose_tuned else []), key=_conc),
                                        sorted(untuned_head + ([] if chose_tuned else curve), key=_conc),
-                                       tuning.baseline["tokens_per_s"])
+                                       tuning.baseline["tokens_per_s"], spread)
     tuning.tuned.update({"target": target.name, "knob_effects": knob_effects(result),
                          "space": space.name, "stopped": result.stopped, "feasible_points": result.feasible,
                          "pruned_points": result.pruned, "search_s": round(time.monotonic() - t0, 1), "host": host,
@@ -231,7 +237,7 @@ def tune_port(state: dict[str, Any], space: SearchSpace | None = None) -> Tuning
                                          f"1 warm-up wave, median of {HEADLINE_REPEATS} runs (trials: "
                                          f"{TRIAL_REPEATS}); the original at batch {batch}"),
                          "compared_at": {"batch": batch, "concurrency": TUNE_CONCURRENCY},
-                         "slower_at": slower_at(tuning.tuned["points"], base_pts),
+                         "slower_at": slower_at(tuning.tuned["points"], base_pts, spread),
                          "error": "" if curve_run.ok else curve_run.error()})
     tuning.detail = performance_sentence(tuning.tuned) + (f"; {llm_note}" if llm_note else "")
     if tuning.unsupported:
@@ -243,19 +249,21 @@ def _conc(point: dict[str, Any]) -> int:
     return int(point.get("concurrency") or 0)
 
 
-def slower_at(deployed: list[dict[str, Any]], original: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Every concurrency at which both were measured and the deployed port was slower than the original."""
+def slower_at(deployed: list[dict[str, Any]], original: list[dict[str, Any]],
+              spread: float = 0.0) -> list[dict[str, Any]]:
+    """Every concurrency at which both were measured and the deployed port was slower than the original by more
+    than the host's spread (a difference within it is not a conclusion)."""
     base = {p["concurrency"]: p["tokens_per_s"] for p in original if p.get("tokens_per_s") is not None}
     return [{"concurrency": p["concurrency"], "port": p["tokens_per_s"], "original": base[p["concurrency"]]}
             for p in deployed if p.get("concurrency") in base and p.get("tokens_per_s") is not None
-            and p["tokens_per_s"] < base[p["concurrency"]]]
+            and compare(p["tokens_per_s"], base[p["concurrency"]], spread) == "slower"]
 
 
 UNTUNED_CONFIG: dict[str, Any] = {"batch": 1}  # the port as validated: no knob changed
 
 
 def settle(searched: dict[str, Any], tuned_pts: list[dict[str, Any]], untuned_pts: list[dict[str, Any]],
-           base_tps: float | None) -> tuple[dict[str, Any], dict[str, Any]]:
+           base_tps: float | None, spread: float = 0.0) -> tuple[dict[str, Any], dict[str, Any]]:
     """(the configuration to deploy, the "tuned" record): the search's best and the untuned port compared
     at the tuning concurrency; the faster one is deployed, and the record says which and by how much.
     A value that was not measured stays None."""
@@ -267,21 +275,49 @@ def settle(searched: dict[str, Any], tuned_pts: list[dict[str, Any]], untuned_pt
     pts, value = (tuned_pts, tuned_tps) if chosen == "tuned" else (untuned_pts, untuned_tps)
     return best, {"config": best, "chosen": chosen, "points": pts, "tokens_per_s": value,
                   "concurrency": TUNE_CONCURRENCY, "speedup": ratio(value, base_tps),
-                  "vs_original": compare(value, base_tps),
+                  "vs_original": compare(value, base_tps, spread), "spread": spread,
                   "search_best": {"config": searched, "tokens_per_s": tuned_tps, "points": tuned_pts},
                   "untuned": {"config": dict(UNTUNED_CONFIG), "tokens_per_s": untuned_tps},
-                  "tuned_vs_untuned": compare(tuned_tps, untuned_tps)}
+                  "tuned_vs_untuned": compare(tuned_tps, untuned_tps, spread)}
 
 
 def ratio(a: float | None, b: float | None) -> float | None:
     return a / b if a is not None and b else None
 
 
-def compare(a: float | None, b: float | None) -> str:
-    """"faster" / "slower" / "not measured": a against b, by the medians the benchmark reported."""
+NOT_COMPARABLE = "not comparable"
+MAX_RESOLVABLE_SPREAD = 0.5
+"""Runs of one configuration that spread more than this ((max - min) / median) resolve no faster or slower."""
+
+
+def compare(a: float | None, b: float | None, spread: float = 0.0) -> str:
+    """"faster" / "slower" / "not comparable" / "not measured": a against b, by the medians the benchmark
+    reported. ``spread``: how far measurements of one configuration moved on this host (their runs' spread, a
+    trial against its re-measurement); a difference within it, or a spread past MAX_RESOLVABLE_SPREAD, is not
+    comparable: no faster or slower conclusion is drawn from noise."""
     if a is None or b is None:
         return "not measured"
+    if spread > MAX_RESOLVABLE_SPREAD or abs(a - b) <= spread * max(a, b):
+        return NOT_COMPARABLE
     return "faster" if a > b else "slower" if a < b else "equal"
+
+
+def host_spread(points: list[dict[str, Any]], trials: list[Any] | None = None,
+                config: dict[str, Any] | None = None, value: float | None = None) -> float:
+    """How far measurements moved on this host: the largest spread of the points' runs, and, when ``config`` was
+    also a search trial, its trial figure against its re-measurement ``value`` (87 tok/s in a trial and 9 in the
+    final benchmark is a host too noisy to compare on)."""
+    spread = max((float(p.get("spread") or 0) for p in points), default=0.0)
+    if config is not None and value:
+        want = {k: v for k, v in config.items() if v is not None}
+        seen = [float(t.value) for t in trials or [] if t.value
+                and {k: v for k, v in (t.params or {}).items() if v is not None} == want]
+        spread = max([spread] + [abs(v - value) / min(v, value) for v in seen])
+    return round(spread, 3)
+
+
+def not_comparable_text(spread: float) -> str:
+    return f"not comparable on this host (spread {spread:.0%}): no faster/slower conclusion"
 
 
 def tps(v: float | None) -> str:
@@ -294,7 +330,12 @@ def performance_sentence(tuned: dict[str, Any]) -> str:
     search = tuned.get("search_best") or {}
     untuned = tuned.get("untuned") or {}
     parts = []
-    if tuned.get("chosen") == "untuned":
+    spread = float(tuned.get("spread") or 0)
+    if tuned.get("chosen") == "untuned" and tuned.get("tuned_vs_untuned") == NOT_COMPARABLE:
+        parts.append(f"the tuned configuration ({fmt_params(search.get('config'))}, {tps(search.get('tokens_per_s'))}) "
+                     f"and the untuned port ({tps(untuned.get('tokens_per_s'))}) at concurrency {conc} are "
+                     f"{not_comparable_text(spread)}; the deploy uses the untuned configuration")
+    elif tuned.get("chosen") == "untuned":
         parts.append(f"the tuned configuration ({fmt_params(search.get('config'))}, {tps(search.get('tokens_per_s'))}) "
                      f"was SLOWER than the untuned port ({tps(untuned.get('tokens_per_s'))}) at concurrency {conc}; "
                      "the deploy uses the untuned configuration")
@@ -307,6 +348,8 @@ def performance_sentence(tuned: dict[str, Any]) -> str:
     where = f" at batch {same['batch']}, concurrency {same['concurrency']}" if same else ""
     if vs == "not measured" or speed is None:
         parts.append("the original was not measured: no speed-up is claimed")
+    elif vs == NOT_COMPARABLE:
+        parts.append(f"against the original{where}: {not_comparable_text(spread)} ({speed:.2f}x measured)")
     elif vs == "slower":
         parts.append(f"the port is SLOWER than the original{where} ({speed:.2f}x, {tps(tuned.get('tokens_per_s'))} vs "
                      "the original's), not an improvement")

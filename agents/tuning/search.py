@@ -177,6 +177,100 @@ def probe_once(runner: _Runner, by_key: dict[tuple[Any, ...], dict[str, Any]], k
     return True
 
 
+@dataclass
+class _Walk:
+    """The coordinate walk of npuport's search over the feasible points (``by_key``)."""
+
+    space: SearchSpace
+    runner: _Runner
+    by_key: dict[tuple[Any, ...], dict[str, Any]]
+    rng: random.Random
+    min_gain: float
+
+    def better(self, challenger: tuple[Any, ...], incumbent: tuple[Any, ...]) -> bool:
+        """The challenger beats the incumbent by ``min_gain``; a win within the noise of the two is
+        re-measured once before it counts."""
+        runner = self.runner
+        vc, vi = runner.steady(challenger), runner.steady(incumbent)
+        if vc is None:
+            return False
+        if vi is None:
+            return True
+        margin = max(self.min_gain, 0.5 * max(runner.spread(challenger), runner.spread(incumbent)))
+        if vc <= vi * (1 + self.min_gain):
+            return False
+        if vc <= vi * (1 + margin) and len(runner.seen[challenger]) < 2 and not runner.exhausted():
+            runner.run(challenger, self.by_key[challenger], "repeat: the gain is within the noise")
+            return self.better(challenger, incumbent)
+        return vc > vi * (1 + self.min_gain)
+
+    def probe(self, key: tuple[Any, ...], note: str) -> bool:
+        """Run key unless seen; True when it ran or was known (and is a valid candidate)."""
+        if key not in self.by_key:
+            return False
+        if key not in self.runner.seen:
+            if self.runner.exhausted() or self.runner.rules_out(self.by_key[key]):
+                return False
+            self.runner.run(key, self.by_key[key], note)
+        return True
+
+    def take_proposals(self, cur: tuple[Any, ...], start: dict[str, Any],
+                       proposals: list[dict[str, Any]]) -> tuple[Any, ...]:
+        """Proposals (the LLM tuner's) are measured like any trial and replace the incumbent only when
+        they win by the same margin; points outside the pruned space are never run."""
+        for p in proposals:
+            key = self.space.key({**start, **p})
+            if key in self.by_key and probe_once(self.runner, self.by_key, key):
+                vc, vi = self.runner.value(key), self.runner.value(cur)
+                if vc is not None and (vi is None or vc > vi * (1 + self.min_gain)):
+                    cur = key
+        return cur
+
+    def sweep_ordered(self, cur: tuple[Any, ...], i: int) -> tuple[Any, ...]:
+        """Walk dimension i outwards from the incumbent while each step wins."""
+        dim = self.space.dims[i]
+        pos = dim.values.index(cur[i])
+        best = cur
+        for step in (+1, -1):  # toward larger first (the priors already sit at the large end)
+            j = pos + step
+            while 0 <= j < len(dim.values):
+                key = cur[:i] + (dim.values[j],) + cur[i + 1:]
+                if not self.probe(key, f"sweep {dim.name}"):
+                    break
+                if self.better(key, best):
+                    best = key
+                    j += step
+                else:
+                    break
+            if best != cur:
+                break  # improved going this way: no need to look back
+        return best
+
+    def sweep_categorical(self, cur: tuple[Any, ...], i: int) -> tuple[Any, ...]:
+        """Try dimension i's other values, best-first by the surrogate."""
+        dim = self.space.dims[i]
+        best = cur
+        others = [v for v in dim.values if v != cur[i]]
+        for v in _surrogate_order(self.runner, dim.name, others, self.rng):
+            key = cur[:i] + (v,) + cur[i + 1:]
+            if self.probe(key, f"sweep {dim.name}") and self.better(key, best):
+                best = key
+        return best
+
+    def sweep(self, cur: tuple[Any, ...]) -> tuple[tuple[Any, ...], bool]:
+        """One sweep over every dimension: the new incumbent and whether it moved."""
+        moved = False
+        for i, dim in enumerate(self.space.dims):
+            if len(dim.values) < 2:
+                continue
+            if self.runner.exhausted():
+                break
+            best = self.sweep_ordered(cur, i) if dim.ordered else self.sweep_categorical(cur, i)
+            if best != cur:
+                cur, moved = best, True
+        return cur, moved
+
+
 def npuport_search(space: SearchSpace, facts: HostFacts, evaluate: Evaluate, budget: Budget | None = None,
                    seed: int = 0, constraints: list[Constraint] | None = None, min_gain: float = 0.02,
                    feasible: list[dict[str, Any]] | None = None, restarts: int = 1,
@@ -192,81 +286,16 @@ def npuport_search(space: SearchSpace, facts: HostFacts, evaluate: Evaluate, bud
             raise NoFeasiblePoint(explain_empty(space, pruned))
     by_key = {space.key(p): p for p in feasible}
     runner = _Runner(evaluate, budget)
+    walk = _Walk(space, runner, by_key, rng, min_gain)
     prior = {d.name: d.start() for d in space.dims}
     start = min(feasible, key=lambda p: (_distance(space, p, prior), rng.random()))
     cur = space.key(start)
     runner.run(cur, start, "start at the priors")
-    # Proposals (the LLM tuner's) are measured like any trial and replace the incumbent only when they
-    # win by the same margin; points outside the pruned space are never run.
-    for p in proposals or []:
-        key = space.key({**start, **p})
-        if key in by_key and probe_once(runner, by_key, key):
-            vc, vi = runner.value(key), runner.value(cur)
-            if vc is not None and (vi is None or vc > vi * (1 + min_gain)):
-                cur = key
-
-    def better(challenger: tuple[Any, ...], incumbent: tuple[Any, ...]) -> bool:
-        vc, vi = runner.steady(challenger), runner.steady(incumbent)
-        if vc is None:
-            return False
-        if vi is None:
-            return True
-        margin = max(min_gain, 0.5 * max(runner.spread(challenger), runner.spread(incumbent)))
-        if vc <= vi * (1 + min_gain):
-            return False
-        if vc <= vi * (1 + margin) and len(runner.seen[challenger]) < 2 and not runner.exhausted():
-            runner.run(challenger, by_key[challenger], "repeat: the gain is within the noise")
-            return better(challenger, incumbent)
-        return vc > vi * (1 + min_gain)
-
-    def probe(key: tuple[Any, ...], note: str) -> bool:
-        """Run key unless seen; True when it ran or was known (and is a valid candidate)."""
-        if key not in by_key:
-            return False
-        if key not in runner.seen:
-            if runner.exhausted() or runner.rules_out(by_key[key]):
-                return False
-            runner.run(key, by_key[key], note)
-        return True
-
+    cur = walk.take_proposals(cur, start, proposals or [])
     stopped = ""
     restarts_left = restarts
     while not stopped:
-        moved = False
-        for i, dim in enumerate(space.dims):
-            if len(dim.values) < 2:
-                continue
-            if runner.exhausted():
-                break
-            pos = dim.values.index(cur[i])
-
-            def along(v: Any, i: int = i, base: tuple[Any, ...] = cur) -> tuple[Any, ...]:
-                return base[:i] + (v,) + base[i + 1:]
-
-            if dim.ordered:
-                best = cur
-                for step in (+1, -1):  # toward larger first (the priors already sit at the large end)
-                    j = pos + step
-                    while 0 <= j < len(dim.values):
-                        key = along(dim.values[j])
-                        if not probe(key, f"sweep {dim.name}"):
-                            break
-                        if better(key, best):
-                            best = key
-                            j += step
-                        else:
-                            break
-                    if best != cur:
-                        break  # improved going this way: no need to look back
-            else:
-                best = cur
-                others = [v for v in dim.values if v != cur[i]]
-                for v in _surrogate_order(runner, dim.name, others, rng):
-                    key = along(v)
-                    if probe(key, f"sweep {dim.name}") and better(key, best):
-                        best = key
-            if best != cur:
-                cur, moved = best, True
+        cur, moved = walk.sweep(cur)
         stopped = runner.exhausted() or ""
         if not stopped and not moved:
             fresh = _restart_point(space, runner, by_key, rng) if restarts_left > 0 else None

@@ -15,6 +15,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
+from knowledge.untrusted import dtype_name, int_value
 from sandbox.targets import CHIP_REGISTRY, DEFAULT_CHIP, TARGETS, TargetSpec
 
 
@@ -181,14 +182,19 @@ class HostFacts:
 _MOE_KEYS = ("n_routed_experts", "num_experts", "num_local_experts", "moe_num_experts")
 
 
+def _size(value: Any) -> int:
+    """A size, or the first of a per-layer list of sizes (``moe_intermediate_size: [3072, 3072, ...]``)."""
+    if isinstance(value, list):
+        value = next((v for v in value if int_value(v)), 0)
+    return int_value(value)
+
+
 def model_facts(config: dict[str, Any], has_custom_code: bool = False) -> ModelFacts:
     """Facts from a model's config.json (text_config / language_config nested dicts are merged in)."""
     flat = dict(config)
     for key in ("text_config", "language_config", "llm_config"):
         if isinstance(config.get(key), dict):
             flat = {**config[key], **{k: v for k, v in config.items() if not isinstance(v, dict)}}
-    from knowledge.untrusted import dtype_name, int_value
-
     def number(*keys: str) -> int:  # config.json is the model author's: an integer, or 0
         return next((n for k in keys if (n := int_value(flat.get(k)))), 0)
 
@@ -200,7 +206,7 @@ def model_facts(config: dict[str, Any], has_custom_code: bool = False) -> ModelF
         num_heads=number("num_attention_heads", "n_head"),
         vocab_size=number("vocab_size"),
         max_position=number("max_position_embeddings", "max_seq_len"),
-        intermediate_size=number("moe_intermediate_size", "intermediate_size"),
+        intermediate_size=_size(flat.get("moe_intermediate_size") or flat.get("intermediate_size")),
         dtype=dtype_name(flat.get("torch_dtype") or flat.get("dtype")),  # an allow-list: it reaches serve.sh
         moe=experts > 0,
         num_experts=experts,
@@ -232,7 +238,8 @@ def torch_space(facts: HostFacts, *, batches: list[int] | None = None, compile_m
         Dim(name="threads", values=sorted({1, *range(2, facts.cores + 1, 2), facts.cores}), ordered=True,
             prior=facts.cores),
         Dim(name="dtype", values=["float32", "bfloat16", "float16"], prior="float32"),
-        Dim(name="attn", values=list(facts.model.attn_impls) or [None], prior="sdpa" if facts.model.attn_impls else None),
+        Dim(name="attn", values=list(facts.model.attn_impls) or [None],
+            prior="sdpa" if facts.model.attn_impls else None),
         Dim(name="compile", values=compile_modes or ["none", "default", "reduce-overhead"], prior="none"),
     ]
     if facts.on_device:

@@ -48,8 +48,8 @@ def _shape(meta: Any) -> str:
 def compare_outputs(port: RunRecord, ref: RunRecord, dtype: str = "float32") -> Numerics:
     """A model without generate (an encoder) is validated on what its forward returns: every named floating
     output of the original (hidden states, pooled output, logits, embeddings) against the port's, each
-    within the tolerance of the port's dtype (agents/validation/numerics.py): cosine similarity and the share of elements
-    off by more than 1e-3 relative."""
+    within the tolerance of the port's dtype (agents/validation/numerics.py): cosine similarity and the share of
+    elements off by more than 1e-3 relative."""
     import torch
 
     from agents.validation.numerics import MAX_CAPTURE_BYTES, TOLERANCES, tensor_metrics, within
@@ -65,7 +65,8 @@ def compare_outputs(port: RunRecord, ref: RunRecord, dtype: str = "float32") -> 
             loaded.append(torch.load(outputs_file(run), weights_only=True))
         got, want = loaded
     except Exception as exc:  # a run that saved no outputs: nothing to compare
-        return Numerics(verdict="not-run", compared="outputs", detail=f"no forward outputs to compare ({type(exc).__name__}: "
+        return Numerics(verdict="not-run", compared="outputs",
+                        detail=f"no forward outputs to compare ({type(exc).__name__}: "
                                                                       f"{str(exc)[:120]})")
     if not isinstance(got, dict) or not isinstance(want, dict) or not want:
         return Numerics(verdict="not-run", compared="outputs", detail="no forward outputs to compare")
@@ -100,17 +101,35 @@ def reference_run(state: dict[str, Any], name: str = "reference") -> tuple[RunRe
     that took. An original that cannot be built on a host without CUDA (a constructor's kernel assert, a
     hard-wired kernel flag) is run again with the port's switch-only fix applied to the reference copy, and
     the record says so (``reference_adjusted``, agents/validation/reference.py)."""
-    from agents.validation.reference import adjust_reference, adjustments, failure_text, reference_dir
+    from agents.validation.reference import (
+        adjust_reference,
+        adjustments,
+        environment_replay,
+        failure_text,
+        reference_dir,
+    )
 
     ws = Workspace(Path(state["workdir"]))
     spec = run_spec(state, target=reference_target()).as_reference(reference_dir(ws))
     notes = adjustments(ws)
     rec = record_of(spec.harness(ws.runs_dir / name), name, "reference", "cpu (cuda->cpu redirect)")
     runs = 1
-    if not rec.ok and not notes and (notes := adjust_reference(ws, failure_text(rec.exception))):
+    replay = environment_replay(state.get("patches") or [], state.get("diagnoses") or [])
+    # A run stopped at its time limit says nothing about CUDA: no switch-only fix is called for
+    if not rec.ok and rec.status != "timeout" and not notes and \
+            (notes := adjust_reference(ws, failure_text(rec.exception), replay)):
         rec = record_of(spec.harness(ws.runs_dir / f"{name}-adjusted"), name, "reference", "cpu (cuda->cpu redirect)")
         runs += 1
     return rec.model_copy(update={"reference_adjusted": notes or None}), runs
+
+
+def timeout_detail(what: str, limit_s: float, state: dict[str, Any]) -> str:
+    """A run stopped at its wall limit, said as such: the limit, how long the port's own runs took, and the flag
+    that raises it (never a porting failure, never a CUDA build failure)."""
+    port = [float(r.get("wall_s") or 0) for r in state.get("runs") or [] if r.get("purpose") == "port" and r.get("ok")]
+    took = f"; the port's own run took {max(port):.0f} s" if port else ""
+    return (f"{what} was stopped at its time limit of {limit_s:.0f} s on this host{took}: a timeout, not a porting "
+            f"failure; `--run-timeout {int(max(limit_s * 2, 600))}` raises the limit")
 
 
 def self_disagreement(first: RunRecord, second: RunRecord) -> Numerics | None:

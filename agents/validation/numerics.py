@@ -43,7 +43,8 @@ def tensor_metrics(port: Any, ref: Any) -> dict[str, float]:
     floor = max(float(b.abs().max()) * 1e-6, 1e-12) if b.numel() else 1e-12
     denom = b.abs()
     significant = denom > floor
-    rel = torch.where(significant, diff / denom.clamp_min(floor), torch.where(diff > floor, torch.ones_like(diff), torch.zeros_like(diff)))
+    rel = torch.where(significant, diff / denom.clamp_min(floor),
+                      torch.where(diff > floor, torch.ones_like(diff), torch.zeros_like(diff)))
     na, nb = a.norm(), b.norm()
     cosine = float((a @ b) / (na * nb)) if float(na) > 0 and float(nb) > 0 else float(torch.equal(a, b))
     return {
@@ -55,7 +56,8 @@ def tensor_metrics(port: Any, ref: Any) -> dict[str, float]:
 
 
 def within(m: dict[str, float], tol: Tolerance) -> bool:
-    return not m.get("shape_mismatch") and m["cosine"] >= tol.min_cosine and m["share_over_1e3"] <= tol.max_share_over_1e3
+    return (not m.get("shape_mismatch") and m["cosine"] >= tol.min_cosine
+            and m["share_over_1e3"] <= tol.max_share_over_1e3)
 
 
 MAX_CAPTURE_BYTES = 1 << 30  # a capture file, on disk and inflated

@@ -32,7 +32,7 @@ class PerfFinding(BaseModel):
     where: str | None = None
     """'file:line' in the model, from the profiler's stack (a line of the patched tree)."""
     user_where: str | None = None
-    """``where`` in the user's own file (agents/report/sites.py), set by the validator from the workspace."""
+    """``where`` in the user's own file (agents/sites.py), set by the validator from the workspace."""
     evidence: str
     numbers: dict[str, Any] = Field(default_factory=dict)
     cause: str = ""
@@ -136,7 +136,8 @@ def _loop_events(profile: dict[str, Any], key: Literal["syncs", "fallbacks"]) ->
     med = statistics.median(per)
     site_text = ", ".join(f"{k} x{v}" for k, v in list(sites.items())[:3]) or "sites not recorded"
     if key == "syncs":
-        counted = "host reads (.item(), .tolist(), ...)" if profile.get("counters") == "cpu-host-reads" else "host syncs"
+        counted = ("host reads (.item(), .tolist(), ...)" if profile.get("counters") == "cpu-host-reads"
+                   else "host syncs")
         return PerfFinding(
             kind="step-loop-syncs", where=where, title="host syncs inside the decode loop",
             evidence=f"{counted} in {sum(1 for n in per if n)} of {len(dec)} decode steps, median {med:g} per step "
@@ -162,7 +163,8 @@ def _trend(xs: list[float]) -> float:
 def _whole_output_decode(profile: dict[str, Any]) -> PerfFinding | None:
     dec = _decode_steps(profile)
     calls = [c for c in profile.get("decode_calls") or [] if c.get("len") is not None]
-    if len(calls) * 2 >= len(dec) + 1 and calls[-1]["len"] > calls[0]["len"] and _trend([c["len"] for c in calls]) > 0.9:
+    if (len(calls) * 2 >= len(dec) + 1 and calls[-1]["len"] > calls[0]["len"]
+            and _trend([c["len"] for c in calls]) > 0.9):
         lens = [c["len"] for c in calls]
         return PerfFinding(
             kind="whole-output-decode", where=calls[-1].get("site"), title="the whole output is decoded every step",
@@ -180,8 +182,8 @@ def _whole_output_decode(profile: dict[str, Any]) -> PerfFinding | None:
             return PerfFinding(
                 kind="whole-output-decode", where=profile.get("step_site"),
                 title="loop time outside the model grows with the position",
-                evidence=f"time between decode steps grows from {early:.2f} ms to {late:.2f} ms (per step {gaps}) while "
-                         "the steps themselves do not explain it",
+                evidence=f"time between decode steps grows from {early:.2f} ms to {late:.2f} ms (per step "
+                         f"{gaps}) while the steps themselves do not explain it",
                 numbers={"gap_ms": gaps}, cause="work over the whole output each step (decoding, n-gram filters)")
     return None
 
@@ -237,12 +239,17 @@ def profile_of(result_path: str | Path) -> dict[str, Any] | None:
     return prof if isinstance(prof, dict) else None
 
 
-def verdict(status: str, perf: dict[str, Any] | None) -> str:
-    """"validated" / "validated, with 2 performance pathologies" / the status itself."""
+def verdict(status: str, perf: dict[str, Any] | None, coverage: dict[str, Any] | None = None) -> str:
+    """"validated" / "validated (partial: <kinds not run>)" (agents/validation/coverage.py) / "validated, with 2
+    performance pathologies" / the status itself."""
+    from agents.validation.coverage import partial_words
+
     n = len((perf or {}).get("pathologies") or [])
-    if status != "validated" or not n:
+    if status != "validated":
         return status
-    return f"validated, with {n} performance patholog{'y' if n == 1 else 'ies'}"
+    partial = partial_words(coverage)
+    words = f"validated ({partial})" if partial else "validated"
+    return f"{words}, with {n} performance patholog{'y' if n == 1 else 'ies'}" if n else words
 
 
 def shown_where(pathology: dict[str, Any]) -> str:

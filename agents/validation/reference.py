@@ -26,6 +26,19 @@ SWITCH_ONLY_FIXES: dict[str, dict[str, Any]] = {"defer-kernel-assert": {}, "kern
                                                 "attn-impl-sdpa": {"impl": "eager"}}
 CONFIG_SWITCH_FIXES: dict[str, dict[str, Any]] = {"config-attn-impl": {"impl": "eager"}}  # on config.json
 NOTES_FILE = "reference-adjusted.json"  # in the workdir, beside original/: the adjustments made, once
+# The debugger's fixes of failures the environment causes, not the target (a name an older release's star import
+# provided, a spelling or keyword of another release: hazards H24, H25). The original fails the same way in the
+# same environment, so the reference copy gets the same fix, with the same parameters; they change no computation.
+ENVIRONMENT_FIXES = frozenset({"import-missing-name", "rename-changed-api", "accept-new-keyword"})
+REPLAY_FILE = "reference-replay.json"  # in the workdir: the environment fixes the reference copy replays
+
+
+def environment_replay(patches: list[dict[str, Any]], diagnoses: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The port's environment fixes as [{"codemod", "file", "params"}], in patch order (the static plan's have no
+    parameters; a diagnosis's carry its own)."""
+    params_of = {d.get("id"): d.get("params") or {} for d in diagnoses}
+    return [{"codemod": p["codemod"], "file": f, "params": dict(params_of.get(p.get("diagnosis_id"), {}))}
+            for p in patches if p.get("codemod") in ENVIRONMENT_FIXES for f in p.get("files") or []]
 
 
 def reference_dir(ws: Workspace) -> Path:
@@ -45,11 +58,28 @@ def adjustments(ws: Workspace) -> list[str]:
     return [str(n) for n in data] if isinstance(data, list) else []
 
 
-def adjust_tree(root: Path) -> list[str]:
-    """Apply the switch-only fixes to every Python file under ``root`` (in place); "file line N: what" per
-    edit. Applying them twice changes nothing the second time."""
+def adjust_tree(root: Path, replay: list[dict[str, Any]] | None = None) -> list[str]:
+    """Apply the switch-only fixes to every Python file under ``root`` (in place), then the port's environment
+    fixes (``replay``); "file line N: what" per edit. Applying them twice changes nothing the second time."""
     from agents.fixing.codemods import CODEMODS
 
+    notes = _switch_fixes(root, CODEMODS)
+    for fix in replay or []:
+        path = root / str(fix.get("file") or "")
+        name = str(fix.get("codemod") or "")
+        if name not in ENVIRONMENT_FIXES or not path.is_file() or not path.resolve().is_relative_to(root.resolve()):
+            continue
+        try:
+            result = CODEMODS[name][0](path.read_text(encoding="utf-8"), file=fix["file"], **(fix.get("params") or {}))
+        except Exception:  # noqa: BLE001 - a file libcst cannot parse: left as written
+            continue
+        if result.changed:
+            path.write_text(result.source, encoding="utf-8")
+            notes += [f"{fix['file']} {e}" for e in result.edits]
+    return notes
+
+
+def _switch_fixes(root: Path, codemods: dict[str, Any]) -> list[str]:
     notes: list[str] = []
     files = [(p, SWITCH_ONLY_FIXES) for p in sorted(root.rglob("*.py"))]
     files += [(p, CONFIG_SWITCH_FIXES) for p in sorted(root.rglob("config.json"))]
@@ -60,7 +90,7 @@ def adjust_tree(root: Path) -> list[str]:
         except (OSError, UnicodeDecodeError):
             continue
         for name, params in fixes.items():
-            fn = CODEMODS[name][0]
+            fn = codemods[name][0]
             try:
                 result = fn(source, file=rel, **params)
             except Exception:  # a file libcst cannot parse: left as written
@@ -78,18 +108,32 @@ def reference_copy(ws: Workspace, runs: list[dict[str, Any]]) -> Path:
     report's or the graph state's) show validation needed them (idempotent: a copy extracted afresh gets them)."""
     original = reference_dir(ws)
     if any(r.get("reference_adjusted") for r in runs):
-        adjust_tree(original)
+        adjust_tree(original, _replay(ws))
     return original
 
 
-def adjust_reference(ws: Workspace, failure: str) -> list[str]:
+def _replay(ws: Workspace) -> list[dict[str, Any]]:
+    path = ws.root / REPLAY_FILE
+    try:
+        data = json.loads(path.read_text()) if path.is_file() else []
+    except (OSError, ValueError):
+        return []
+    return [d for d in data if isinstance(d, dict)] if isinstance(data, list) else []
+
+
+def adjust_reference(ws: Workspace, failure: str, replay: list[dict[str, Any]] | None = None) -> list[str]:
     """After the original as written failed (``failure``: what it raised, where): apply the switch-only
-    fixes to the reference copy; the notes for the report (empty when no such fix applies)."""
-    edits = adjust_tree(reference_dir(ws))
-    if not edits:
+    fixes, and the port's environment fixes (``replay``), to the reference copy; the notes for the report
+    (empty when no such fix applies)."""
+    switch = adjust_tree(reference_dir(ws))
+    env = adjust_tree(reference_dir(ws), replay) if replay else []
+    if not switch and not env:
         return []
     notes = [f"reference adjusted: {e} (the original as written cannot be built on a host without CUDA: {failure}; "
-             "the same switch-only fix the port gets, applied to the reference copy only)" for e in edits]
+             "the same switch-only fix the port gets, applied to the reference copy only)" for e in switch]
+    notes += [f"reference adjusted: {e} (the original as written fails in this environment: {failure}; the same "
+              "environment fix the port gets, applied to the reference copy only)" for e in env]
+    (ws.root / REPLAY_FILE).write_text(json.dumps(replay or [], indent=1))
     (ws.root / NOTES_FILE).write_text(json.dumps(notes, indent=1))
     return notes
 

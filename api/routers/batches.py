@@ -91,7 +91,8 @@ def _resolve(body: BatchCreate, principal: Principal, roots: list[Path]) -> Any:
     try:
         manifest = BatchManifest.model_validate(body.manifest)
     except ValidationError as exc:
-        raise HTTPException(status_code=422, detail=json.loads(exc.json(include_url=False, include_input=False))) from exc
+        raise HTTPException(status_code=422,
+                            detail=json.loads(exc.json(include_url=False, include_input=False))) from exc
     for m in manifest.models:
         try:  # the same confinement as /v1/ports: a folder under an allowed root, symlinks resolved
             m.path = str(confine_model_path(m.path, roots))

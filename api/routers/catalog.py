@@ -90,5 +90,6 @@ def options(_: Reader, request: Request) -> Options:
     # fields of the request
     return Options(targets=list(target_names()), chips=list(chip_names()), policies=list(POLICIES),
                    objectives=choices("objective"),
-                   defaults={k: fields[k].default for k in ("target", "chip", "policy", "objective", "tune", "torch_npu")},
+                   defaults={k: fields[k].default
+                             for k in ("target", "chip", "policy", "objective", "tune", "torch_npu")},
                    example_goal=example_goal(list(request.app.state.settings.allowed_roots)))

@@ -38,7 +38,7 @@ from api.auth import Principal, require
 from api.chat_answers import answer, question_of
 from api.jobs import TERMINAL, Job, JobManager
 from api.routers.ports import manager_of
-from api.submit import submit_job
+from api.submit import ROOTS_HINT, submit_job
 from knowledge.errors import JobError, SubmitError
 
 router = APIRouter(prefix="/v1", tags=["chat"])
@@ -105,6 +105,37 @@ HELP = ("I port PyTorch models to Huawei Ascend NPUs. Tell me what to port, e.g.
         "examples/ocr_mini to Ascend 910B on the cpu\". Then ask for status, the report, or say cancel / approve.")
 
 
+async def _start_port(mgr: JobManager, body: ChatRequest, text: str, conversation: str | None,
+                      principal: Principal) -> tuple[str, Job | None]:
+    """A goal in the chat: the port it starts (the reply, the job to follow), or why it could not start."""
+    try:
+        fields = {"policy": policy} if (policy := (body.metadata or {}).get("policy")) else {}
+        new_job, _ = await asyncio.to_thread(submit_job, mgr, owner=principal.name, goal=text, fields=fields,
+                                             conversation=conversation)
+        return (f"Started job `{new_job.id}`: port {Path(new_job.request['model_path']).name} "
+                f"to {new_job.request['target']}.\n"), new_job
+    except (SubmitError, JobError) as exc:
+        reply = f"I could not start that port: {exc}"
+        if not mgr.settings.allowed_roots:  # a chat client cannot upload: say how a folder becomes portable
+            reply += f". To port a model folder by its path, {ROOTS_HINT}."
+        return reply, None
+
+
+def _act_on(mgr: JobManager, job: Job, intent: str) -> tuple[str, Job, Job | None, int]:
+    """Cancel or approve the conversation's job: (the reply, the job, the job to follow, the event seq the
+    reply streams after: an approval streams only what comes next)."""
+    try:
+        if intent == "cancel":
+            job = mgr.cancel(job.id)
+            return f"Cancel requested for job `{job.id}` (now {job.status}).", job, None, 0
+        last_events = mgr.store.events(job.id, after=0, limit=100_000)
+        follow_after = last_events[-1].seq if last_events else 0
+        job = mgr.approve(job.id)
+        return f"Approved job `{job.id}`; it continues.\n", job, job, follow_after
+    except JobError as exc:
+        return f"job `{job.id}`: {exc}", job, None, 0
+
+
 @router.post("/chat/completions", responses={400: {"description": "no user message"},
                                              403: {"description": "the token lacks a scope the message needs"}})
 async def chat_completions(body: ChatRequest, request: Request,
@@ -123,34 +154,13 @@ async def chat_completions(body: ChatRequest, request: Request,
         raise HTTPException(status_code=403, detail=f"this token lacks the 'write' scope needed to {intent}")
     follow: Job | None = None
     follow_after = 0  # the first event seq the reply streams after (approve: only what comes next)
-    reply: str
     if intent == "goal":
-        try:
-            fields = {"policy": policy} if (policy := (body.metadata or {}).get("policy")) else {}
-            new_job, _ = await asyncio.to_thread(submit_job, mgr, owner=principal.name, goal=text, fields=fields,
-                                                 conversation=conversation)
-            reply = (f"Started job `{new_job.id}`: port {Path(new_job.request['model_path']).name} "
-                     f"to {new_job.request['target']}.\n")
-            follow = job = new_job
-        except (SubmitError, JobError) as exc:
-            reply = f"I could not start that port: {exc}"
+        reply, follow = await _start_port(mgr, body, text, conversation, principal)
+        job = follow or job
     elif job is None:
         reply = HELP
-    elif intent == "cancel":
-        try:
-            job = mgr.cancel(job.id)
-            reply = f"Cancel requested for job `{job.id}` (now {job.status})."
-        except JobError as exc:
-            reply = f"job `{job.id}`: {exc}"
-    elif intent == "approve":
-        try:
-            last_events = mgr.store.events(job.id, after=0, limit=100_000)
-            follow_after = last_events[-1].seq if last_events else 0
-            job = mgr.approve(job.id)
-            reply = f"Approved job `{job.id}`; it continues.\n"
-            follow = job
-        except JobError as exc:
-            reply = f"job `{job.id}`: {exc}"
+    elif intent in ("cancel", "approve"):
+        reply, job, follow, follow_after = _act_on(mgr, job, intent)
     elif intent == "report":
         reply = _report_text(job)
     elif intent == "question":
@@ -163,7 +173,8 @@ async def chat_completions(body: ChatRequest, request: Request,
     extra = {"job_id": job.id if job else None, "conversation": conversation}
     if not body.stream:
         return JSONResponse(_completion(cid, reply, extra))
-    return StreamingResponse(_stream(request, mgr, cid, reply, follow, extra, follow_after), media_type="text/event-stream",
+    return StreamingResponse(_stream(request, mgr, cid, reply, follow, extra, follow_after),
+                             media_type="text/event-stream",
                              headers={"Cache-Control": "no-cache"})
 
 
@@ -201,6 +212,10 @@ def _event_line(kind: str, data: dict[str, Any]) -> str | None:
     if kind == "progress" and data.get("kind") == "reasoning":  # an agent thinking aloud (agents/reasoning.py)
         who = "LLM" if data.get("source") == "llm" else "rules"
         return f"  > _{data.get('agent')} ({who})_: {data.get('text')}\n"
+    if kind == "progress" and data.get("kind") == "phase" and data.get("node") == "deployer":
+        return f"  - _{data.get('text')}_\n"  # the deployment's named phases: env, start, tokens, throughput
+    if kind == "progress" and data.get("kind") == "task" and data.get("node") == "deployer":
+        return "- **deployment**: the bundle is written; vLLM now serves the port with serve.sh\n"
     if kind != "status":  # other live progress (node starts, trials) is for the page; chat gets the steps
         return None
     status = data.get("status")
@@ -265,4 +280,18 @@ def _meta(kind: str, data: dict[str, Any]) -> dict[str, Any] | None:
 
 def _final_line(job: Job) -> str:
     bundle = f" Bundle: /v1/ports/{job.id}/bundle; ask for the report." if job.bundle_dir else ""
-    return f"\njob `{job.id}` ended: **{job.status}** — {job.reason}.{bundle}\n"
+    return f"\njob `{job.id}` ended: **{job.status}** — {job.reason}.{bundle}\n" + _deployment_line(job)
+
+
+def _deployment_line(job: Job) -> str:
+    """The deployment's outcome from the job's bundle (report.json), said in the last message."""
+    from agents.deploy.serve_report import deployment_summary
+
+    report = Path(job.bundle_dir) / "report.json" if job.bundle_dir else None
+    try:
+        record = json.loads(report.read_text()).get("deployment") if report and report.is_file() else None
+    except (OSError, ValueError):
+        record = None
+    if not record:
+        return ""
+    return f"Deployment: {deployment_summary(record).replace('BUNDLE', f'the bundle ({job.bundle_dir})')}\n"

@@ -59,13 +59,6 @@ class JobOut(BaseModel):
     bundle_url: str | None
 
 
-class EventOut(BaseModel):
-    seq: int
-    kind: str
-    t: float
-    data: dict[str, Any]
-
-
 async def manager_of(request: Request) -> JobManager:
     mgr: JobManager = request.app.state.manager
     mgr.start(asyncio.get_running_loop())
@@ -186,7 +179,8 @@ def _parse_body(payload: Any) -> PortCreate:
     try:
         return PortCreate.model_validate(payload)
     except ValidationError as exc:
-        raise HTTPException(status_code=422, detail=json.loads(exc.json(include_url=False, include_input=False))) from exc
+        raise HTTPException(status_code=422,
+                            detail=json.loads(exc.json(include_url=False, include_input=False))) from exc
 
 
 async def _read_multipart(request: Request) -> tuple[PortCreate, tuple[bytes, str]]:

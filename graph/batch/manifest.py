@@ -184,7 +184,8 @@ def resolve(manifest: BatchManifest, base: Path) -> ResolvedBatch:
         p = (p if p.is_absolute() else base / p).resolve()
         kind = _kind(p)
         if kind is None:
-            what = "does not exist" if not p.exists() else f"is neither a folder nor an archive ({', '.join(ARCHIVE_SUFFIXES)})"
+            what = ("does not exist" if not p.exists()
+                    else f"is neither a folder nor an archive ({', '.join(ARCHIVE_SUFFIXES)})")
             problems.append(f"models[{i}] ({m.path}): {p} {what}")
             continue
         try:
@@ -217,7 +218,8 @@ def load_manifest(path: Path, overrides: dict[str, Any] | None = None) -> Resolv
         except yaml.YAMLError as exc:
             raise BatchManifestError(f"{path}: not valid YAML: {first_line(exc)}") from exc
         if not isinstance(raw, dict):
-            raise BatchManifestError(f"{path}: the manifest must be a mapping with `models:` (and optional `defaults:`)")
+            raise BatchManifestError(f"{path}: the manifest must be a mapping with `models:` (and optional "
+                                     "`defaults:`)")
         base = path.resolve().parent
     if overrides:
         raw["defaults"] = {**(raw.get("defaults") or {}), **overrides}

@@ -23,12 +23,12 @@ from graph.batch.sources import stage
 from graph.batch.store import BatchStore
 from knowledge.bundles import is_npuport_bundle
 from knowledge.errors import SourceError, error_record
+from knowledge.settings import set_environment
 
 
 def _limit_threads(n: int) -> None:
     # the sandbox passes OMP_NUM_THREADS / MKL_NUM_THREADS on to the port's runs (sandbox/isolation/process.py)
-    for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
-        os.environ[var] = str(n)
+    set_environment({var: str(n) for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")})
 
 
 def summarize(state: dict[str, Any], spec: PortSpec, wall_s: float, note: str) -> dict[str, Any]:
@@ -53,7 +53,8 @@ def summarize(state: dict[str, Any], spec: PortSpec, wall_s: float, note: str) -
                    | {s for d in state.get("diagnoses") or [] for s in d.get("citations") or [] if isinstance(s, str)})
     status = state.get("status") if state.get("status") in ("validated", "failed") else "failed"
     return {
-        "model": spec.key, "source": spec.source, "target": (state.get("target") or {}).get("name") or spec.settings.target,
+        "model": spec.key, "source": spec.source,
+        "target": (state.get("target") or {}).get("name") or spec.settings.target,
         "verdict": status, "validation": (state.get("numerics") or {}).get("verdict", "not-run"),
         "sandbox_runs": int(counters.get("port_runs", 0)) + int(counters.get("reference_runs", 0)),
         "port_runs": int(counters.get("port_runs", 0)), "reference_runs": int(counters.get("reference_runs", 0)),
@@ -75,7 +76,7 @@ def execute_port(job: dict[str, Any], stop: Callable[[], bool] | None = None) ->
 
     spec = PortSpec.model_validate(job["spec"])
     if stop is None:  # a process of its own (local worker, Ray task): the home and threads are this port's
-        os.environ["NPUPORT_HOME"] = job["home"]
+        set_environment({"NPUPORT_HOME": job["home"]})
         _limit_threads(spec.settings.threads)
     store = BatchStore(Path(job["home"]) / "batches.sqlite")
     try:
@@ -84,7 +85,8 @@ def execute_port(job: dict[str, Any], stop: Callable[[], bool] | None = None) ->
         store.add_event(job["batch_id"], "port", {"model": spec.key, "status": "running", "resumed": job["resumed"]})
         t0 = time.time()
         try:
-            model, note = stage(Path(spec.source), spec.kind, spec.settings.shrink, Path(job["batch_dir"]) / "staging" / spec.key)
+            model, note = stage(Path(spec.source), spec.kind, spec.settings.shrink,
+                                Path(job["batch_dir"]) / "staging" / spec.key)
         except SourceError as exc:
             return _record(store, job, spec, "failed", str(exc), {"model": spec.key, "source": spec.source,
                            "target": spec.settings.target, "verdict": "failed", "reason": str(exc), "time_s": 0.0})

@@ -26,7 +26,8 @@ def rows(batch: BatchRow, ports: list[PortRow], home: Path) -> list[dict[str, An
     learned_by: dict[str, str] = {}
     by_port: dict[str, list[str]] = {}
     records = memory_records(home)
-    what = {r["id"]: f"fixes \"{r.get('failure') or r.get('signature') or '?'}\" with: {r.get('patch_summary', '')}"[:300]
+    what = {r["id"]: (f"fixes \"{r.get('failure') or r.get('signature') or '?'}\" with: "
+                      f"{r.get('patch_summary', '')}")[:300]
             for r in records}
     for p in ports:
         name = Path((p.result or {}).get("model_path") or "-").name
@@ -43,7 +44,8 @@ def rows(batch: BatchRow, ports: list[PortRow], home: Path) -> list[dict[str, An
         out.append({
             "model": p.key, "target": res.get("target") or p.spec.get("settings", {}).get("target", ""),
             "verdict": p.status if p.status in ("validated", "failed") else p.status,
-            "sandbox_runs": res.get("sandbox_runs", 0), "llm_calls": res.get("llm_calls", 0), "time_s": res.get("time_s"),
+            "sandbox_runs": res.get("sandbox_runs", 0), "llm_calls": res.get("llm_calls", 0),
+            "time_s": res.get("time_s"),
             "hazards_found": res.get("hazards_found", 0), "hazards_fixed": res.get("hazards_fixed", 0),
             "speedup": res.get("speedup"), "bundle": res.get("bundle", ""),
             "reason": p.reason if p.status != "validated" else "", "attempts": p.attempts,
@@ -62,7 +64,8 @@ def write_results(batch: BatchRow, ports: list[PortRow], home: Path, out_dir: Pa
         w = csv.DictWriter(fh, fieldnames=COLUMNS)
         w.writeheader()
         for r in table:
-            w.writerow({**{k: r[k] for k in COLUMNS}, "learned": ";".join(r["learned"]), "reused": ";".join(r["reused"])})
+            w.writerow({**{k: r[k] for k in COLUMNS}, "learned": ";".join(r["learned"]),
+                        "reused": ";".join(r["reused"])})
     paths["md"].write_text(markdown(batch, table))
     return paths
 
@@ -79,8 +82,8 @@ def markdown(batch: BatchRow, table: list[dict[str, Any]]) -> str:
     n_ok = sum(1 for r in table if r["verdict"] == "validated")
     lines = [f"# Batch {batch.name} ({batch.id})", "",
              f"{n_ok} of {len(table)} ports validated.", "",
-             "| model | target | verdict | sandbox runs | LLM calls | time (s) | hazards found / fixed | speedup | bundle "
-             "| failure reason |",
+             "| model | target | verdict | sandbox runs | LLM calls | time (s) | hazards found / fixed | speedup "
+             "| bundle | failure reason |",
              "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in table:
         speed = f"{r['speedup']:.2f}x" if isinstance(r["speedup"], int | float) else "-"
@@ -99,5 +102,6 @@ def markdown(batch: BatchRow, table: list[dict[str, Any]]) -> str:
             lines += [f"  - {rid}: {_fmt(r['learned_what'].get(rid))}" for rid in r["learned"]]
         if r["reused"]:
             lines.append(f"- {r['model']} reused: {', '.join(r['reused'])}")
-            lines += [f"  - {rid.split(' ')[0]}: {_fmt(r['learned_what'].get(rid.split(' ')[0]))}" for rid in r["reused"]]
+            lines += [f"  - {rid.split(' ')[0]}: {_fmt(r['learned_what'].get(rid.split(' ')[0]))}"
+                      for rid in r["reused"]]
     return "\n".join(lines) + "\n"

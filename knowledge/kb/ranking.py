@@ -11,7 +11,8 @@ from knowledge.kb.models import Hit
 QUERY_EMBED_CHARS = 120  # the dense half reads the head of a query (dev half: same recall as 240, ~35% less CPU)
 RRF_K = 20  # reciprocal-rank constant: small, so the head of each ranking counts
 ID_WEIGHT = 1.5
-ABOUT_KINDS = frozenset({"aclnn", "op", "api", "lib", "env"})  # a shared identifier (op, code, env var, library) is the strongest signal
+# a shared identifier (op, code, env var, library) is the strongest signal
+ABOUT_KINDS = frozenset({"aclnn", "op", "api", "lib", "env"})
 
 _PATHISH = re.compile(r"\S*[/\\]\S*")
 

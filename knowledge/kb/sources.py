@@ -40,9 +40,9 @@ from knowledge.kb.chunking import (
 from knowledge.kb.identifiers import extract_keys, op_key
 from knowledge.kb.matrix_chunks import matrix_chunks
 from knowledge.kb.models import Chunk, Collection, SkippedFile
+from knowledge.settings import settings
 
 DOC_SUFFIXES = (".md", ".markdown", ".txt", ".rst")
-MAX_FILE_BYTES = int(os.environ.get("NPUPORT_KB_MAX_FILE_BYTES", str(4 * 1024 * 1024)))
 OP_DOCS_MEMBER = "torch_npu/_op_plugin_docs.py"
 # Bump when chunking changes: stored files are then re-chunked although their content is the same.
 CHUNKER_VERSION = 3
@@ -75,6 +75,8 @@ class Resolved:
     map_matrices: list[Path] = field(default_factory=list)
     map_texts: list[tuple[str, str]] = field(default_factory=list)  # (where, yaml text) from a wheel
     _amap: AtenMap | None = None
+    # larger files are skipped (NPUPORT_KB_MAX_FILE_BYTES, read once per resolve)
+    max_file_bytes: int = field(default_factory=lambda: settings().kb_max_file_bytes)
 
     def aten_map(self) -> AtenMap:
         if self._amap is None:
@@ -157,9 +159,9 @@ def _aclnn_unit(file: Path, root: Path, root_key: str, data: bytes, out: Resolve
 def _read_checked(file: Path, out: Resolved) -> bytes | None:
     try:
         size = file.stat().st_size
-        if size > MAX_FILE_BYTES:
+        if size > out.max_file_bytes:
             out.skipped.append(
-                SkippedFile(path=str(file), reason=f"too large ({size} bytes > {MAX_FILE_BYTES})")
+                SkippedFile(path=str(file), reason=f"too large ({size} bytes > {out.max_file_bytes})")
             )
             return None
         data = file.read_bytes()

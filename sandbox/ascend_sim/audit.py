@@ -22,7 +22,6 @@ import ast
 import importlib
 import importlib.util
 import json
-import os
 import re
 import sys
 from collections.abc import Iterable
@@ -233,7 +232,10 @@ def collect(vllm_src: Path | None, vllm_list: Path | None) -> dict[str, set[str]
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--vllm-ascend-src", default=os.environ.get("NPUPORT_VLLM_ASCEND_SRC"))
+    from knowledge.settings import settings
+
+    src = settings().vllm_ascend_src
+    ap.add_argument("--vllm-ascend-src", default=str(src) if src is not None else None)
     ap.add_argument("--vllm-ascend-list", default=None, help="committed list of vllm-ascend's references")
     ap.add_argument("--list-only", action="store_true", help="print the references, one a line, and exit")
     ap.add_argument("--json", action="store_true")

@@ -119,7 +119,8 @@ def check_add_rms_norm(x1: torch.Tensor, x2: torch.Tensor, gamma: torch.Tensor, 
     nd = gamma.dim()
     if nd > x1.dim() or tuple(x1.shape[x1.dim() - nd :]) != tuple(gamma.shape):
         raise RuntimeError(messages.param_invalid(
-            "aclnnAddRmsNorm", f"gamma shape {tuple(gamma.shape)} must match the trailing dims of x1 {tuple(x1.shape)}"))
+            "aclnnAddRmsNorm",
+            f"gamma shape {tuple(gamma.shape)} must match the trailing dims of x1 {tuple(x1.shape)}"))
 
 
 def check_swiglu(input: torch.Tensor, dim: int = -1) -> None:
@@ -132,7 +133,8 @@ def check_swiglu(input: torch.Tensor, dim: int = -1) -> None:
 
 
 def check_rotary_mul(
-    input: torch.Tensor, r1: torch.Tensor, r2: torch.Tensor, rotary_mode: str = "half", rotate: torch.Tensor | None = None
+    input: torch.Tensor, r1: torch.Tensor, r2: torch.Tensor, rotary_mode: str = "half",
+    rotate: torch.Tensor | None = None
 ) -> None:
     dtypes = (torch.float16, torch.bfloat16, torch.float32)
     for arg, t in (("x", input), ("r1", r1), ("r2", r2)):

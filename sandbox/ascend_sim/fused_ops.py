@@ -229,7 +229,8 @@ def _fusion_attention_tnd(
     if pse is not None:
         raise NotImplementedError("ascend-sim: npu_fusion_attention(pse=...) in the TND layout is not emulated")
     if atten_mask is not None and sparse_mode in (0, 1):
-        raise NotImplementedError("ascend-sim: a full atten_mask in the TND layout is not emulated (sparse_mode 2-4 is)")
+        raise NotImplementedError("ascend-sim: a full atten_mask in the TND layout is not emulated "
+                                  "(sparse_mode 2-4 is)")
     n = query.shape[1]
     outs: list[torch.Tensor] = []
     maxes: list[torch.Tensor] = []

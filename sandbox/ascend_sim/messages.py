@@ -111,4 +111,5 @@ def device_mismatch(first: torch.device | str, second: torch.device | str) -> st
 
 
 def numpy_on_device(device: str) -> str:
-    return f"can't convert {device} device type tensor to numpy. Use Tensor.cpu() to copy the tensor to host memory first."
+    return (f"can't convert {device} device type tensor to numpy. Use Tensor.cpu() to copy the tensor to host "
+            "memory first.")

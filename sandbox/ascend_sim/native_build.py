@@ -37,9 +37,11 @@ load(name=name, sources=[source], build_directory=build_dir, extra_cflags=["-O2"
 
 
 def cache_root() -> Path:
-    env = os.environ.get("NPUPORT_NATIVE_CACHE")
-    if env:
-        return Path(env).expanduser()
+    from knowledge.settings import settings
+
+    configured = settings().native_cache
+    if configured is not None:
+        return configured.expanduser()
     base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
     return Path(base) / "npuport" / "ascend-sim-native"
 

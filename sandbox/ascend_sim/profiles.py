@@ -1,7 +1,13 @@
-"""Chip profiles for the emulated Ascend target.
+"""What the emulator adds to each chip of the registry (sandbox/targets/chips.py): what a real host
+reports (device name, SoC version, cube cores), its graph modes, and the two facts the emulator acts on
+(memory per device, bfloat16 kernels).
 
-Values are public product facts in our own words (approximate where marked); they drive what the
-emulator reports (device name, memory) and which dtypes it accepts.
+One record and one alias table per chip: a chip is a ``Chip`` record in the registry, which alone resolves
+names and aliases ("A2", "910B1", "Ascend 910B3") to a key (``sandbox.targets.get_chip``). Every way into
+the emulator passes that key: the target's ``resolve`` (sandbox/targets/ascend_sim.py), the request
+(``PortRequest.chip``) whose chip the bundle's run.py passes on. The emulator runs a floor below the
+registry, inside the sandboxed process, so it keeps its own copy of the memory and the dtype; a test
+holds them equal to the chip record's, and holds one profile per chip key (tests/test_target_registry.py).
 """
 
 from __future__ import annotations
@@ -11,14 +17,12 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class ChipProfile:
-    key: str
+    key: str  # the registry's chip key
     device_name: str  # what torch.npu.get_device_name() returns on such a host
-    product: str
     soc_version: str
-    memory_gib: int  # device memory per visible device
-    bf16: bool  # False: no bfloat16 kernels (aclnn dtype allow-lists omit DT_BFLOAT16)
-    ai_cores: int  # cube cores (approximate; informational)
-    fp16_tflops: float  # peak dense fp16 (approximate; informational, never used for timings)
+    ai_cores: int  # cube cores, as get_device_properties() reports them (approximate)
+    memory_gib: int  # device memory per visible device (the chip record's memory_gib)
+    bf16: bool  # False: no bfloat16 kernels (aclnn dtype allow-lists omit DT_BFLOAT16); the chip record's dtypes
     graph_modes: tuple[str, ...]
     notes: str
 
@@ -27,36 +31,30 @@ PROFILES: dict[str, ChipProfile] = {
     "910b": ChipProfile(
         key="910b",
         device_name="Ascend910B3",
-        product="Atlas A2 training/inference series (Atlas 800T/800I A2)",
         soc_version="Ascend910B3",
+        ai_cores=20,
         memory_gib=64,
         bf16=True,
-        ai_cores=20,
-        fp16_tflops=313.0,
         graph_modes=("aclgraph", "torchair"),
         notes="aclnn kernels for most aten ops; HCCS 8-card ring.",
     ),
     "a3": ChipProfile(
         key="a3",
         device_name="Ascend910_9392",
-        product="Atlas A3 training/inference series (Atlas 800T/800I A3, super-pod)",
         soc_version="Ascend910_9392",
+        ai_cores=24,
         memory_gib=64,
         bf16=True,
-        ai_cores=24,
-        fp16_tflops=376.0,
         graph_modes=("aclgraph", "torchair"),
         notes="Two dies per package, each seen as one device; same op library as A2.",
     ),
     "310p": ChipProfile(
         key="310p",
         device_name="Ascend310P3",
-        product="Atlas 300I Pro / 300I Duo inference cards",
         soc_version="Ascend310P3",
+        ai_cores=8,
         memory_gib=24,
         bf16=False,
-        ai_cores=8,
-        fp16_tflops=140.0,
         graph_modes=("torchair",),
         notes="No bfloat16: run models in float16. Many fused ops (npu_fusion_attention, MoE) are A2/A3 only.",
     ),
@@ -64,8 +62,8 @@ PROFILES: dict[str, ChipProfile] = {
 
 
 def get_profile(chip: str) -> ChipProfile:
-    key = chip.lower().replace("atlas-", "").replace("ascend", "").strip()
-    aliases = {"910b": "910b", "a2": "910b", "910b3": "910b", "a3": "a3", "310p": "310p", "310p3": "310p"}
-    if key not in aliases:
-        raise ValueError(f"unknown Ascend chip {chip!r}; known: {sorted(PROFILES)}")
-    return PROFILES[aliases[key]]
+    """The profile of a chip key of the registry (an alias is the registry's to resolve, before this)."""
+    if chip not in PROFILES:
+        raise ValueError(f"unknown Ascend chip key {chip!r}; known: {sorted(PROFILES)} (sandbox.targets.get_chip "
+                         "resolves an alias or a product spelling to its key)")
+    return PROFILES[chip]

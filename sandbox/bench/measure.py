@@ -112,7 +112,8 @@ def measured_bench(result: dict[str, Any], sup: Supervised,
             c["tokens_match"] = match
             if not match:
                 c["status"] = "mismatch"
-                c["detail"] = f"first request's tokens {c.get('tokens')} differ from the reference {reference_tokens[:1]}"
+                c["detail"] = (f"first request's tokens {c.get('tokens')} differ from the reference "
+                               f"{reference_tokens[:1]}")
                 c["points"] = []
         c["claimed_by_model_process"] = ["tokens", "effects", "new_tokens (per wave)", "status before measuring"]
     return result

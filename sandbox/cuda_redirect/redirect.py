@@ -32,6 +32,7 @@ from sandbox.cuda_redirect.cpu_stand_ins import (
     record_stream_or_skip,
 )
 from sandbox.cuda_redirect.cuda_only import LIBRARIES, STUB_ROOTS
+from sandbox.cuda_redirect.sdpa import _npuport_sdpa_bshd
 
 # Libraries that exist only for CUDA (one table: sandbox/cuda_redirect/cuda_only.py); an unguarded import of one of
 # them is stubbed.
@@ -71,28 +72,11 @@ class _StubAttr:
         return False
 
 
-def _sdpa_bshd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p: float = 0.0,
-               scale: float | None = None, causal: bool = False) -> torch.Tensor:
-    """Attention on (batch, seq, heads, dim) as flash-attn and xformers define it (grouped k/v heads, a
-    causal mask aligned to the bottom right), through torch's SDPA."""
-    if k.shape[2] != q.shape[2]:
-        k = k.repeat_interleave(q.shape[2] // k.shape[2], dim=2)
-        v = v.repeat_interleave(q.shape[2] // v.shape[2], dim=2)
-    mask = None
-    if causal and q.shape[1] != k.shape[1]:
-        mask = torch.ones(q.shape[1], k.shape[1], dtype=torch.bool, device=q.device).tril(k.shape[1] - q.shape[1])
-        causal = False
-    out = torch.nn.functional.scaled_dot_product_attention(
-        q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_mask=mask, dropout_p=dropout_p,
-        is_causal=causal, scale=scale)
-    return out.transpose(1, 2)
-
-
 def _flash_attn_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p: float = 0.0,
                      softmax_scale: float | None = None, causal: bool = False, **kwargs: Any) -> torch.Tensor:
     if any(kwargs.get(k_) not in (None, False, (-1, -1)) for k_ in kwargs):
         raise StubCalled(f"flash_attn_func options {sorted(kwargs)} have no CPU reference implementation")
-    return _sdpa_bshd(q, k, v, dropout_p, softmax_scale, causal)
+    return _npuport_sdpa_bshd(q, k, v, dropout_p, softmax_scale, causal)
 
 
 def _xformers_mea(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attn_bias: Any = None,
@@ -100,7 +84,7 @@ def _xformers_mea(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, a
     causal = isinstance(attn_bias, _StubAttr) and attn_bias._qualname.endswith("LowerTriangularMask")
     if attn_bias is not None and not causal:
         raise StubCalled("xformers attention with this attn_bias has no CPU reference implementation")
-    return _sdpa_bshd(query, key, value, p, scale, causal)
+    return _npuport_sdpa_bshd(query, key, value, p, scale, causal)
 
 
 # Functions of CUDA-only libraries with an exact torch definition: the reference run computes them on the
@@ -219,7 +203,8 @@ class CudaRedirectMode(TorchFunctionMode):
     def _map(self, device: Any) -> Any:
         return self.device if _is_cuda(device) else device
 
-    def __torch_function__(self, func: Callable[..., Any], types: Any, args: tuple[Any, ...] = (), kwargs: Any = None) -> Any:
+    def __torch_function__(self, func: Callable[..., Any], types: Any, args: tuple[Any, ...] = (),
+                           kwargs: Any = None) -> Any:
         kwargs = dict(kwargs or {})
         if "device" in kwargs:
             kwargs["device"] = self._map(kwargs["device"])

@@ -46,26 +46,30 @@ def _module_in(model_dir: Path, module_name: str) -> bool:
     return base.with_suffix(".py").is_file() or (base / "__init__.py").is_file()
 
 
-def load_config(model_dir: Path, manifest: dict[str, Any], spec: dict[str, Any],
-                build: Any = None) -> tuple[dict[str, Any], list[str]]:
+def load_config(model_dir: Path, manifest: dict[str, Any], *, shrink: bool, overrides: dict[str, Any] | None = None,
+                build: Any = None, configure: Any = None) -> tuple[dict[str, Any], list[str]]:
     """config.json as a dict; under ``shrink`` a derived small config (sandbox/harness/shrink.py) with the
     manifest's ``shrink:`` overrides on top, and the list of what was shrunk; with ``build`` (config ->
-    model) the one the model's constructor accepts (sandbox/harness/shrink_fit.py). Without ``shrink``, a
+    model) the one the model's constructor accepts (sandbox/harness/shrink_fit.py), and with ``configure`` (config
+    -> the config object the model is built from) the sizes its config class fills in by default shrunk too.
+    Without ``shrink``, a
     config too large for this machine's memory is refused with a message naming --shrink."""
     from sandbox.cuda_redirect.cuda_only import kernel_flags_off
     from sandbox.harness.shrink import estimate_params, shrink_config
 
     config: dict[str, Any] = json.loads((model_dir / manifest.get("config", "config.json")).read_text())
     flags = kernel_flags_off(config)  # "flash_attn": true names a kernel neither the CPU nor Ascend has
-    # The manifest's config_overrides hold for every run (a quantization switch turned off: agents/reading/quant_path.py)
-    extra = {**(manifest.get("config_overrides") or {}), **(spec.get("config_overrides") or {})}
+    # The manifest's config_overrides hold for every run (a quantization switch turned off:
+    # agents/reading/quant_path.py)
+    extra = {**(manifest.get("config_overrides") or {}), **(overrides or {})}
     changes: list[str] = []
-    if spec.get("shrink") and build is not None:
-        from sandbox.harness.shrink_fit import fit_to_constructor
+    if shrink and build is not None:
+        from sandbox.harness.shrink_fit import fit_to_constructor, sized_by_class_defaults
 
+        config, defaults = sized_by_class_defaults(config, configure)
         small, changes = fit_to_constructor(build, config, manifest.get("shrink") or {}, model_dir, extra)
-        return small, [*flags, *changes]
-    if spec.get("shrink"):
+        return small, [*flags, *defaults, *changes]
+    if shrink:
         config, changes = shrink_config(config, manifest.get("shrink") or {}, model_dir)
         changes = [*flags, *changes]
     else:
@@ -82,14 +86,14 @@ def load_config(model_dir: Path, manifest: dict[str, Any], spec: dict[str, Any],
     return config, changes
 
 
-def _hub_offline(model_dir: Path, manifest: dict[str, Any], spec: dict[str, Any]) -> Any:
+def _hub_offline(model_dir: Path, manifest: dict[str, Any], shrink: bool) -> Any:
     """Hub ids the model's code fetches at construction, built offline (sandbox/harness/hub_offline.py); None
     without transformers."""
     try:
         from sandbox.harness.hub_offline import install
 
         config = json.loads((model_dir / manifest.get("config", "config.json")).read_text())
-        return install(model_dir, config if isinstance(config, dict) else {}, bool(spec.get("shrink")))
+        return install(model_dir, config if isinstance(config, dict) else {}, shrink)
     except ImportError:
         return None
 
@@ -113,17 +117,30 @@ def _auto_ref(value: Any) -> str | None:
     return f"{module}:{name}"
 
 
+def config_class(cls: Any, config: dict[str, Any], model_dir: Path) -> Any:
+    """The PretrainedConfig class the model is built through: config.json's ``auto_map["AutoConfig"]``, else the
+    model class's own ``config_class``; None for a plain nn.Module that takes the dict."""
+    auto = config.get("auto_map") if isinstance(config.get("auto_map"), dict) else {}
+    ref = _auto_ref(auto.get("AutoConfig")) if auto else None
+    found: Any = _load_attr(ref, model_dir) if ref else None
+    if found is None:
+        candidate = getattr(cls, "config_class", None)
+        if isinstance(candidate, type) and hasattr(candidate, "from_dict"):
+            found = candidate
+    return found
+
+
+def config_object(cls: Any, config: dict[str, Any], model_dir: Path) -> Any:
+    """The config object ``build_model`` builds the model from (None for a plain nn.Module)."""
+    config_cls = config_class(cls, config, model_dir)
+    return None if config_cls is None else config_cls(**copy.deepcopy(config))
+
+
 def build_model(cls: Any, config: dict[str, Any], model_dir: Path) -> Any:
     """Build the model as transformers does for remote code: the config through config.json's
     ``auto_map["AutoConfig"]`` (else the class's own ``config_class``) into its PretrainedConfig
     class, then ``cls._from_config``; a plain nn.Module gets the dict (``cls(config)``)."""
-    auto = config.get("auto_map") if isinstance(config.get("auto_map"), dict) else {}
-    ref = _auto_ref(auto.get("AutoConfig")) if auto else None
-    config_cls: Any = _load_attr(ref, model_dir) if ref else None
-    if config_cls is None:
-        candidate = getattr(cls, "config_class", None)
-        if isinstance(candidate, type) and hasattr(candidate, "from_dict"):
-            config_cls = candidate
+    config_cls = config_class(cls, config, model_dir)
     if config_cls is None:
         return cls(config)
     # from a copy, as from_dict builds from the file each time: a config class may pop its sub-config dicts

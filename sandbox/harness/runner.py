@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from knowledge.settings import settings
+from sandbox.harness.spec import HarnessSpec, HarnessTarget
 from sandbox.isolation.process import (
     ExecResult,
     Limits,
@@ -102,7 +103,8 @@ def option_paths(options: dict[str, Any] | None) -> list[Path]:
 
     roots = _option_roots()
     return [Path(v).resolve() for v in (options or {}).values()
-            if isinstance(v, str) and v.startswith("/") and Path(v).exists() and any(is_inside(r, Path(v)) for r in roots)]
+            if isinstance(v, str) and v.startswith("/") and Path(v).exists()
+            and any(is_inside(r, Path(v)) for r in roots)]
 
 
 def _mounts(workdir: Path, model_dir: Path, run_dir: Path, target: Target, python: str | None = None) -> Mounts:
@@ -152,24 +154,21 @@ def run_harness(
     interpreter of a layered environment holding the model's own pins (agents/environment/resolve.py)."""
     run_dir.mkdir(parents=True, exist_ok=True)
     result_path = run_dir / "result.json"
-    spec: dict[str, Any] = {
-        "model_dir": str(model_dir.resolve()),
-        "manifest": manifest,
-        "device": "cuda" if reference else target.device,
-        "redirect": "cuda->cpu" if reference else (f"cuda->{target.device.split(':')[0]}" if redirect_cuda else None),
-        "target": None if reference else target.harness_target(),
-        "seed": 0,
-        "warmup": 0,
-        "repeats": 1,
-        "result_channel": True,  # the result comes back on a pipe; its fd number is in HARNESS_RESULT_FD
-        "capture_path": str((run_dir / "capture.pt").resolve()),
-        "outputs_path": str((run_dir / "outputs.pt").resolve()),  # a forward's outputs (an encoder's validation)
+    harness_target = None if reference else target.harness_target()
+    spec = HarnessSpec(
+        model_dir=str(model_dir.resolve()),
+        manifest=manifest,
+        device="cuda" if reference else target.device,
+        redirect="cuda->cpu" if reference else (f"cuda->{target.device.split(':')[0]}" if redirect_cuda else None),
+        target=HarnessTarget(**harness_target) if harness_target else None,
+        result_channel=True,  # the result comes back on a pipe; its fd number is in HARNESS_RESULT_FD
+        capture_path=str((run_dir / "capture.pt").resolve()),
+        outputs_path=str((run_dir / "outputs.pt").resolve()),  # a forward's outputs (an encoder's validation)
         # NPUPORT_PROFILE=0 turns the decode profile off (bench/profile_overhead.py's baseline).
-        "profile": settings().profile,
-    }
-    spec.update(extra or {})
+        profile=settings().profile,
+    ).replace(**(extra or {}))
     spec_path = run_dir / "spec.json"
-    write_own(spec_path, json.dumps(spec, indent=1))  # a link left by an earlier run in this folder is not followed
+    write_own(spec_path, spec.to_json())  # a link left by an earlier run in this folder is not followed
     discard(result_path)  # a stale result never stands for this run's
     env = scrubbed_env({} if reference else target.env)
     argv = supervised_argv(python, "sandbox.harness.worker", spec_path, MAX_RESULT_BYTES)

@@ -102,11 +102,6 @@ def special_tokens(model_dir: Path, config: dict[str, Any] | None = None) -> tup
     return ids, roles
 
 
-def _special_tokens(model_dir: Path) -> tuple[dict[str, int], dict[str, str]]:
-    """special_tokens() without the config's ids (kept for callers that have no config)."""
-    return special_tokens(model_dir)
-
-
 def _own_tokenizer_class(model_dir: Path) -> Any:
     """The tokenizer class the model's own code defines (tokenizer_config.json ``auto_map['AutoTokenizer']``),
     imported without building it (its vocabulary file may be missing); None when there is none."""
@@ -128,7 +123,8 @@ def _own_tokenizer_class(model_dir: Path) -> Any:
             OWN_CLASS_ERRORS[str(model_dir)] = f"TypeError: {exc}"
             continue
         except Exception as exc:  # noqa: BLE001  (tried from the folder itself below)
-            OWN_CLASS_ERRORS[str(model_dir)] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:160] if str(exc) else ''}"
+            first = str(exc).splitlines()[0][:160] if str(exc) else ""
+            OWN_CLASS_ERRORS[str(model_dir)] = f"{type(exc).__name__}: {first}"
             break
     return _own_class_from_file(model_dir, module, name)
 

@@ -19,7 +19,6 @@ import time
 from pathlib import Path
 
 CGROUP_FS = Path("/sys/fs/cgroup")
-PARENT_ENV = "NPUPORT_CGROUP_PARENT"
 _seq = itertools.count()
 
 
@@ -51,7 +50,9 @@ def parent_dir(controller: str) -> tuple[Path, bool] | None:
     if found is None:
         return None
     mount, v2 = found
-    candidates = [mount / p for p in (os.environ.get(PARENT_ENV, "").strip("/"), _own(controller, v2)) if p]
+    from knowledge.settings import settings  # NPUPORT_CGROUP_PARENT
+
+    candidates = [mount / p for p in (settings().cgroup_parent.strip("/"), _own(controller, v2)) if p]
     for folder in [*candidates, mount]:
         if v2 and controller not in _read(folder / "cgroup.subtree_control").split():
             continue

@@ -10,8 +10,8 @@ environment, and only ``writable`` (the env folder, the build folder) writable.
 Network: pip's configuration (``pip config list`` of npuport's own interpreter, which covers the
 configuration files and the PIP_* variables) names the index, extra indexes and find-links. Local ones
 (paths, ``file://``) are bound read-only; when some are remote, the run gets a proxy that lets through
-only those hosts (sandbox/isolation/index_proxy.py, relayed inside the sandbox by sandbox/isolation/netgate.py); with none,
-it has no network at all. pip runs without its cache (a shared cache would be one owner's install
+only those hosts (sandbox/isolation/index_proxy.py, relayed inside the sandbox by sandbox/isolation/netgate.py); with
+none, it has no network at all. pip runs without its cache (a shared cache would be one owner's install
 writing another's) and with its temporary folder inside the writable folder (wheels can exceed the
 sandbox's /tmp).
 """

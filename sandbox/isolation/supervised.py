@@ -20,7 +20,8 @@ from sandbox.isolation.process import ExecResult
 from sandbox.isolation.worker_channel import BOOT
 
 NPUPORT_ROOT = Path(__file__).resolve().parents[2]
-SUPERVISOR_BOOT = "import sys; sys.path.insert(0, sys.argv[1]); from sandbox.isolation.supervisor import main; sys.exit(main(sys.argv[2:]))"
+SUPERVISOR_BOOT = ("import sys; sys.path.insert(0, sys.argv[1]); from sandbox.isolation.supervisor import main; "
+                   "sys.exit(main(sys.argv[2:]))")
 FATAL = ("foreign-reporter", "replaced", "torch-process", "protocol", "too-large", "supervisor-error")
 MEASURED = ("timings", "supervisor")
 

@@ -151,7 +151,8 @@ runpy.run_module(module, run_name="__main__", alter_sys=True)
 """
 
 
-if __name__ == "__main__":  # an empty worker: what a supervised run costs beyond its model (bench/supervisor_overhead.py)
+# an empty worker: what a supervised run costs beyond its model (bench/supervisor_overhead.py)
+if __name__ == "__main__":
     from sandbox.isolation import (
         worker_channel as _wc,  # the module the boot greeted with (this file runs as __main__)
     )

@@ -226,6 +226,16 @@ def backend_refusal(servable: Path) -> str | None:
             "_can_set_attn_implementation() are False)")
 
 
+def progress(spec: dict[str, Any], text: str) -> None:
+    """One line for the parent's live display (agents/deploy/sandboxed.py reads the file's last line)."""
+    if spec.get("progress_path"):
+        try:
+            with open(spec["progress_path"], "a") as fh:
+                fh.write(text.replace("\n", " ") + "\n")
+        except OSError:
+            pass
+
+
 def run(spec: dict[str, Any]) -> dict[str, Any]:
     if spec.get("check_backend") and (why := backend_refusal(Path(spec["servable_dir"]))):
         return {"ok": False, "started": False, "no_path": why}
@@ -236,6 +246,7 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
             *spec.get("extra_args", [])]
     env = {**os.environ, **(spec.get("env") or {})}
     out: dict[str, Any] = {"ok": False, "argv": argv, "started": False}
+    progress(spec, "deployment: vLLM is starting (serve.sh)")
     with log.open("wb") as fh:
         proc = subprocess.Popen(argv, env=env, stdout=fh, stderr=subprocess.STDOUT, start_new_session=True)
     try:
@@ -247,14 +258,7 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
             out["cause"], out["error"] = root_cause(text), text[-3000:]
             return out
         out["started"] = True
-        model = spec["model_name"]
-        image = spec.get("image_request")
-        if image is not None:
-            out["tokens"] = [_chat(base, model, image, int(spec["max_new_tokens"]), spec.get("logprobs"))]
-        else:
-            out["tokens"] = [_completion(base, model, p, int(spec["max_new_tokens"]), spec.get("logprobs"))
-                             for p in spec["prompts"]]
-        out["bench"] = [_bench(base, model, spec["requests"], c, image) for c in spec.get("concurrencies") or []]
+        _check(spec, base, out)
         out["ok"] = True
     except (OSError, urllib.error.URLError, KeyError, ValueError) as exc:
         out["error"] = f"{type(exc).__name__}: {exc}\n" + log.read_text(errors="replace")[-2000:]
@@ -263,6 +267,28 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
     if out.get("started") and not out["ok"]:  # the whole log now: a dying worker's lines may follow the reply
         out["cause"] = root_cause(log.read_text(errors="replace"))
     return out
+
+
+def _check(spec: dict[str, Any], base: str, out: dict[str, Any]) -> None:
+    """The token-check prompts, then the throughput at each concurrency while the budget lasts (``after_start_s``
+    from the server's start: a concurrency that would start past it is left out, and ``cut`` says so)."""
+    deadline = time.monotonic() + float(spec.get("after_start_s") or 1e9)
+    model = spec["model_name"]
+    image = spec.get("image_request")
+    progress(spec, f"deployment: vLLM answered after {out['start_s']} s; tokens through the server")
+    if image is not None:
+        out["tokens"] = [_chat(base, model, image, int(spec["max_new_tokens"]), spec.get("logprobs"))]
+    else:
+        out["tokens"] = [_completion(base, model, p, int(spec["max_new_tokens"]), spec.get("logprobs"))
+                         for p in spec["prompts"]]
+    out["bench"] = []
+    for c in spec.get("concurrencies") or []:
+        if out["bench"] and time.monotonic() > deadline:
+            out["cut"] = (f"throughput at concurrency {c} and above not measured: the check's budget "
+                          f"({spec['after_start_s']:.0f} s after the start) was spent")
+            break
+        progress(spec, f"deployment: throughput {'probe ' if spec.get('probe') else ''}at concurrency {c}")
+        out["bench"].append(_bench(base, model, spec["requests"], c, image))
 
 
 def _error(exc: BaseException) -> dict[str, Any]:

@@ -127,12 +127,13 @@ def export(model: Any, config: dict[str, Any], model_dir: Path, code_dir: Path, 
                 shutil.copy2(p, out_dir / p.name)
     elif not backend_only and (layout := decoder_layout(list(state))) is not None:
         arch = layout.architecture
-        served_config = layout_config(config, layout, has_head=any(v == "lm_head.weight" for v in layout.mapping.values()))
+        served_config = layout_config(config, layout,
+                                      has_head=any(v == "lm_head.weight" for v in layout.mapping.values()))
         info.update(implementation="vllm-native-layout", architecture=arch, layout=layout.reason,
                     detail=f"vLLM has no class for {', '.join(archs) or 'this model'}; its weights have the layout of "
-                           f"vLLM's {arch} ({layout.reason}), so that class serves the renamed weights ({_CONFIG_NOTE}; "
-                           "the patched modeling code is not run; the token check decides whether the class computes "
-                           "the same)")
+                           f"vLLM's {arch} ({layout.reason}), so that class serves the renamed weights "
+                           f"({_CONFIG_NOTE}; the patched modeling code is not run; the token check decides whether "
+                           "the class computes the same)")
         _save(convert(state, layout.mapping), out_dir)
     elif hasattr(model, "save_pretrained") and hasattr(model, "config"):
         info.update(implementation="transformers-backend", architecture=archs[0] if archs else type(model).__name__,

@@ -16,11 +16,12 @@ import traceback
 from pathlib import Path
 from typing import Any
 
+from sandbox.harness.feeding import model_inputs_for
+from sandbox.harness.loading import import_with_stubs
 from sandbox.harness.model_build import _load_attr, build_model, load_config
-from sandbox.harness.worker import _import_with_stubs, model_inputs_for
 from sandbox.inputs.model_inputs import PROCESSOR_PATH, load_tokenizer, nested, seed_parameters
 from sandbox.isolation.child_main import child_main
-from sandbox.serving.client import load_at
+from sandbox.serving.client import load_at, progress
 from sandbox.serving.images import batched_rows as mm_rows
 from sandbox.serving.images import generate_with, image_request
 from sandbox.serving.tokenizer import write_stand_in
@@ -97,7 +98,8 @@ def _logits_of(model: Any, ids: list[int]) -> Any:
     return logits[0].float()
 
 
-def teacher_forced_logprobs(model: Any, prompt: list[int], tokens: list[int], k: int = TOP_K) -> list[dict[str, Any]] | None:
+def teacher_forced_logprobs(model: Any, prompt: list[int], tokens: list[int],
+                            k: int = TOP_K) -> list[dict[str, Any]] | None:
     """Per generated position of ``tokens`` (decoded after ``prompt``): the top-k log-probabilities
     ({token id: logprob}) and the logprob of the token itself, from one forward pass over prompt +
     tokens (teacher forcing: every position sees the reference's own context)."""
@@ -150,113 +152,110 @@ def _throughput(method: Any, requests: list[dict[str, Any]], batch: int, pad: in
             "median_tpot_ms": round(max(first_s - ttft, 0.0) / max(steps - 1, 1) * 1000, 2)}
 
 
-def run(spec: dict[str, Any]) -> dict[str, Any]:
-    import torch
+class _Side:
+    """The Transformers side as it goes: the spec, the model as the reference built it, its inputs and prompts."""
 
-    from sandbox.cuda_redirect import redirect
-    from sandbox.serving.export import export
+    def __init__(self, spec: dict[str, Any]) -> None:
+        self.spec = spec
+        self.model_dir = Path(spec["model_dir"]).resolve()
+        self.manifest = spec["manifest"]
+        self.seed = int(spec.get("seed", 0))
+        # CUDA-only modules the original imports (flash_attn, ...), stubbed as in the reference run
+        self.stubbed: list[str] = []
+        self.config, _ = load_config(self.model_dir, self.manifest, shrink=bool(spec.get("shrink")),
+                                     overrides=spec.get("config_overrides"))
+        self.cls = import_with_stubs(lambda: _load_attr(self.manifest["entry"]["class"], self.model_dir), True,
+                                      self.stubbed)
+        run_cfg = self.manifest.get("run") or {}
+        self.preprocess = run_cfg.get("preprocess")
+        self.name = run_cfg.get("method", "generate")
+        self.kwargs = dict(run_cfg.get("kwargs") or {})
+        self.max_new = int(spec.get("max_new_tokens") or self.kwargs.get("max_new_tokens") or 8)
+        self.kwargs.pop("max_new_tokens", None)
+        self.pad = int(self.config.get("pad_token_id") or 0)
+        self.low = spec.get("dtype") or "bfloat16"
 
-    began = time.monotonic()
-    model_dir = Path(spec["model_dir"]).resolve()
-    manifest = spec["manifest"]
-    seed = int(spec.get("seed", 0))
-    out: dict[str, Any] = {"ok": False}
-    if spec.get("threads"):
-        torch.set_num_threads(int(spec["threads"]))  # the same CPU threads as the server's engine
-    redirect.install("cpu")  # the original's cuda calls run on the CPU, as in the reference run
-    sys.path.insert(0, str(model_dir))
-    # CUDA-only modules the original imports (flash_attn, ...) are stubbed as in the reference run
-    stubbed: list[str] = []
-    config, _ = load_config(model_dir, manifest, {"shrink": spec.get("shrink"),
-                                                  "config_overrides": spec.get("config_overrides")})
-    cls = _import_with_stubs(lambda: _load_attr(manifest["entry"]["class"], model_dir), True, stubbed)
-
-    def fresh(dtype: str) -> Any:
+    def fresh(self, dtype: str) -> Any:
         """The model as the reference built it (same seeded weights), in ``dtype`` before its first call: a
         model converted after running keeps caches of the old dtype (rotary tables kept as attributes)."""
-        torch.manual_seed(seed)
-        built = _import_with_stubs(lambda: build_model(cls, config, model_dir), True, stubbed)
-        seed_parameters(built, seed)
+        import torch
+
+        torch.manual_seed(self.seed)
+        built = import_with_stubs(lambda: build_model(self.cls, self.config, self.model_dir), True, self.stubbed)
+        seed_parameters(built, self.seed)
         return built.eval().to(getattr(torch, dtype))
 
-    model = fresh("float32")
-    run_cfg = manifest.get("run") or {}
-    kwargs = dict(run_cfg.get("kwargs") or {})
-    max_new = int(spec.get("max_new_tokens") or kwargs.get("max_new_tokens") or 8)
-    kwargs.pop("max_new_tokens", None)
-    inputs, _, _ = model_inputs_for(model, manifest, model_dir, config, seed, dict(kwargs))
+
+def _inputs(side: _Side, model: Any, out: dict[str, Any]) -> tuple[dict[str, Any], list[list[int]], Any]:
+    """The reference's inputs and prompt rows, and the image request when the model's own preprocessing built them."""
+    inputs, _, _ = model_inputs_for(model, side.manifest, side.model_dir, side.config, side.seed, dict(side.kwargs))
     if "input_ids" not in inputs:
         raise ValueError(f"the model's inputs have no input_ids ({', '.join(inputs)}): the text check needs a prompt")
     prompts = _prompts(inputs)
-    method = getattr(model, run_cfg.get("method", "generate"))
     beyond_text = {k: v for k, v in inputs.items() if k not in ("input_ids", "attention_mask")}
     image = None
-    if beyond_text and run_cfg.get("preprocess") and run_cfg["preprocess"] != PROCESSOR_PATH:
+    if beyond_text and side.preprocess and side.preprocess != PROCESSOR_PATH:
         # Built by the model's own preprocessing path from a test image: the server gets that image.
-        image = image_request(model, run_cfg["preprocess"], model_dir, config, seed, prompts[0],
-                              Path(spec["servable_dir"]).parent)
+        image = image_request(model, side.preprocess, side.model_dir, side.config, side.seed, prompts[0],
+                              Path(side.spec["servable_dir"]).parent)
         out["image_request"] = image
-    elif needed := _required_beyond_text(method):
+    elif needed := _required_beyond_text(getattr(model, side.name)):
         # still exported below: the record then says whether vLLM has a path for the model at all
-        out["not_driven"] = (f"the model's {run_cfg.get('method', 'generate')} requires {', '.join(needed)}, which "
-                             "npuport's served check cannot supply: only text prompts and images built by the "
-                             "model's own preprocessing method are driven through the server")
-    pad = int(config.get("pad_token_id") or 0)
-    out["prompts"] = prompts
-    out["max_new_tokens"] = max_new
-    phases: dict[str, float] = {"build_s": round(time.monotonic() - began, 1)}
-    out["phases"] = phases
-    mark = time.monotonic()
-    low = spec.get("dtype") or "bfloat16"
-    name = run_cfg.get("method", "generate")
-    refs: dict[str, list[list[int]]] = {}
-    out["reference_tokens"] = refs  # filled below (none when only the throughput is asked for)
-    if spec.get("throughput_only"):  # Transformers' throughput alone (at other threads): no export, no references
-        models = {low: fresh(low)}
-        del model
-    else:
-        # Saved before any dtype cast: the served weights are the reference's float32 weights.
-        out["servable"] = export(model, config, model_dir, Path(spec["code_dir"]), Path(spec["servable_dir"]),
-                                 set(spec.get("vllm_archs") or []), set(spec.get("vllm_model_types") or []),
-                                 backend_only=bool(spec.get("backend_only")))
-        if out.get("not_driven"):
-            out["ok"] = True
-            return out
-        if image is not None and image["stand_in"] and out["servable"]["implementation"] != "none":
-            # vLLM's image processor needs a tokenizer: the reference's stand-in, as a tokenizer.json
-            tok, _ = load_tokenizer(model_dir, config)
-            write_stand_in(tok, int(nested(config, "vocab_size") or 0), model_dir, Path(spec["servable_dir"]), image["text"])
-            out["servable"]["tokenizer"] = True
-            out["servable"]["tokenizer_note"] = ("npuport's stand-in tokenizer (the folder has none that loads), written "
-                                                 "as tokenizer.json: the reference's ids per character")
-        if spec.get("export_only"):  # a second servable folder; the references came from the first run
-            out["ok"] = True
-            return out
-        models = {"float32": model, low: fresh(low)}
-        for dtype, m in models.items():
-            call = getattr(m, name)
-            refs[dtype] = ([_new_tokens(generate_with(call, inputs, max_new, kwargs), prompts[0])] if image is not None
-                           else [_new_tokens(_generate(call, [p], max_new, pad, kwargs), p) for p in prompts])
-        # Top-k logprobs along the float32 tokens, in float32 and in the serving dtype (the reference's own drift),
-        # for the served check's near-ties (agents/deploy/token_gate.py).
-        try:
-            if image is not None:
-                raise ValueError("teacher forcing along an image prompt is not driven (the model's forward takes the "
-                                 "image inputs its own generate prepares)")
-            lps = {dtype: [teacher_forced_logprobs(m, p, t) for p, t in zip(prompts, refs["float32"], strict=True)]
-                   for dtype, m in models.items()}
-            out["reference_logprobs"] = lps if all(v is not None for rows in lps.values() for v in rows) else None
-            if out["reference_logprobs"] is None:
-                out["logprobs_note"] = "the model's forward returns no per-position logits: no logprobs compared"
-        except Exception as exc:  # a forward the text path cannot drive (extra required inputs, ...)
-            out["reference_logprobs"] = None
-            out["logprobs_note"] = f"the reference logprobs could not be computed ({type(exc).__name__}: {str(exc)[:200]})"
-        if low != "float32":
-            del models["float32"]
-        del model
-    method = getattr(models[low], name)  # Transformers' throughput in the serving dtype
-    phases["reference_s"] = round(time.monotonic() - mark, 1)
-    # Each throughput measurement gets an equal share of the budget (a loaded host must not time the run out).
+        out["not_driven"] = (f"the model's {side.name} requires {', '.join(needed)}, which npuport's served check "
+                             "cannot supply: only text prompts and images built by the model's own preprocessing "
+                             "method are driven through the server")
+    return inputs, prompts, image
+
+
+def _export(side: _Side, model: Any, image: dict[str, Any] | None, out: dict[str, Any]) -> None:
+    """The servable folder (saved before any dtype cast: the served weights are the reference's float32 weights)."""
+    from sandbox.serving.export import export
+
+    spec = side.spec
+    out["servable"] = export(model, side.config, side.model_dir, Path(spec["code_dir"]), Path(spec["servable_dir"]),
+                             set(spec.get("vllm_archs") or []), set(spec.get("vllm_model_types") or []),
+                             backend_only=bool(spec.get("backend_only")))
+    if image is not None and image["stand_in"] and out["servable"]["implementation"] != "none" \
+            and not out.get("not_driven"):
+        # vLLM's image processor needs a tokenizer: the reference's stand-in, as a tokenizer.json
+        tok, _ = load_tokenizer(side.model_dir, side.config)
+        write_stand_in(tok, int(nested(side.config, "vocab_size") or 0), side.model_dir, Path(spec["servable_dir"]),
+                       image["text"])
+        out["servable"]["tokenizer"] = True
+        out["servable"]["tokenizer_note"] = ("npuport's stand-in tokenizer (the folder has none that loads), written "
+                                             "as tokenizer.json: the reference's ids per character")
+
+
+def _references(side: _Side, models: dict[str, Any], inputs: dict[str, Any], prompts: list[list[int]],
+                image: dict[str, Any] | None, out: dict[str, Any]) -> None:
+    """Greedy tokens per prompt in each dtype, and the top-k logprobs along the float32 tokens in each (the
+    reference's own drift) for the served check's near-ties (agents/deploy/token_gate.py)."""
+    refs: dict[str, list[list[int]]] = out["reference_tokens"]
+    for dtype, m in models.items():
+        call = getattr(m, side.name)
+        refs[dtype] = ([_new_tokens(generate_with(call, inputs, side.max_new, side.kwargs), prompts[0])]
+                       if image is not None
+                       else [_new_tokens(_generate(call, [p], side.max_new, side.pad, side.kwargs), p)
+                             for p in prompts])
+    try:
+        if image is not None:
+            raise ValueError("teacher forcing along an image prompt is not driven (the model's forward takes the "
+                             "image inputs its own generate prepares)")
+        lps = {dtype: [teacher_forced_logprobs(m, p, t) for p, t in zip(prompts, refs["float32"], strict=True)]
+               for dtype, m in models.items()}
+        out["reference_logprobs"] = lps if all(v is not None for rows in lps.values() for v in rows) else None
+        if out["reference_logprobs"] is None:
+            out["logprobs_note"] = "the model's forward returns no per-position logits: no logprobs compared"
+    except Exception as exc:  # a forward the text path cannot drive (extra required inputs, ...)
+        out["reference_logprobs"] = None
+        out["logprobs_note"] = f"the reference logprobs could not be computed ({type(exc).__name__}: {str(exc)[:200]})"
+
+
+def _transformers_throughput(side: _Side, method: Any, inputs: dict[str, Any], image: dict[str, Any] | None,
+                             out: dict[str, Any]) -> None:
+    """Transformers' throughput in the serving dtype: one request at a time, and batched at each batch size; each
+    measurement gets an equal share of the budget (a loaded host must not time the run out)."""
+    spec = side.spec
     sizes = [(spec["requests"], b, "transformers") for b in spec.get("batches") or []] + \
         [(load_at(spec["batch_requests"], b), b, "transformers_batched") for b in spec.get("batch_sizes") or []]
     share = float(spec.get("throughput_budget_s") or 600) / max(len(sizes), 1)
@@ -266,13 +265,53 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
         image_sizes = [(spec["batch_requests"][:cap] if cap else load_at(spec["batch_requests"], b), b)
                        for b in spec.get("batch_sizes") or [] if not cap or b <= cap]
         share = float(spec.get("throughput_budget_s") or 600) / (1 + len(image_sizes))
-        one, out["transformers_batched"] = mm_rows(method, inputs, spec["requests"], image_sizes, kwargs, share)
+        one, out["transformers_batched"] = mm_rows(method, inputs, spec["requests"], image_sizes, side.kwargs, share)
         out["transformers"].append(one)
         sizes = []
     for reqs, b, key in sizes:
-        out[key].append(_throughput(method, reqs, b, pad, kwargs, time.monotonic() + share))
+        out[key].append(_throughput(method, reqs, b, side.pad, side.kwargs, time.monotonic() + share))
+
+
+def run(spec: dict[str, Any]) -> dict[str, Any]:
+    import torch
+
+    from sandbox.cuda_redirect import redirect
+
+    began = time.monotonic()
+    out: dict[str, Any] = {"ok": False, "reference_tokens": {}}  # no references when only the throughput is asked for
+    if spec.get("threads"):
+        torch.set_num_threads(int(spec["threads"]))  # the same CPU threads as the server's engine
+    redirect.install("cpu")  # the original's cuda calls run on the CPU, as in the reference run
+    progress(spec, "deployment: building the original as the reference did (Transformers, float32)")
+    side = _Side(spec)
+    sys.path.insert(0, str(side.model_dir))
+    model = side.fresh("float32")
+    inputs, prompts, image = _inputs(side, model, out)
+    out["prompts"], out["max_new_tokens"] = prompts, side.max_new
+    phases: dict[str, float] = {"build_s": round(time.monotonic() - began, 1)}
+    out["phases"] = phases
+    mark = time.monotonic()
+    if spec.get("throughput_only"):  # Transformers' throughput alone (at other threads): no export, no references
+        models = {side.low: side.fresh(side.low)}
+        del model
+    else:
+        progress(spec, "deployment: writing the servable folder")
+        _export(side, model, image, out)
+        if out.get("not_driven") or spec.get("export_only"):  # export_only: the references came from the first run
+            out["ok"] = True
+            return out
+        progress(spec, f"deployment: Transformers' reference tokens (float32 and {side.low})")
+        models = {"float32": model, side.low: side.fresh(side.low)}
+        _references(side, models, inputs, prompts, image, out)
+        if side.low != "float32":
+            del models["float32"]
+        del model
+    phases["reference_s"] = round(time.monotonic() - mark, 1)
+    progress(spec, "deployment: Transformers' throughput (one request at a time"
+             + (", batched)" if spec.get("batch_sizes") else ")"))
+    _transformers_throughput(side, getattr(models[side.low], side.name), inputs, image, out)
     phases["throughput_s"] = round(time.monotonic() - mark - phases["reference_s"], 1)
-    out["transformers_dtype"] = low
+    out["transformers_dtype"] = side.low
     out["ok"] = True
     return out
 

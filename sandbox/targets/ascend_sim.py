@@ -20,6 +20,11 @@ def resolve(*, chip: str, torch_npu: str, strict: bool = False, matrix_path: str
     from knowledge.errors import NativeUnavailable
     from knowledge.settings import settings
     from sandbox.ascend_sim.native_build import choose_engine
+    from sandbox.ascend_sim.profiles import PROFILES
+
+    if chip not in PROFILES:  # a chip only a real NPU runs has a record and no profile
+        raise TargetError(f"ascend-sim does not emulate the chip {chip!r}; it emulates {', '.join(PROFILES)}",
+                          value=chip, choices=list(PROFILES))
 
     try:
         engine, lib, why = choose_engine(settings().sim_engine or "auto", log=_log)
@@ -52,5 +57,6 @@ def resolve(*, chip: str, torch_npu: str, strict: bool = False, matrix_path: str
 
 SPEC = TargetSpec(name="ascend-sim", summary="an emulated Ascend host on any CPU", npu_like=True, resolve=resolve,
                   uses_matrix=True, emulated=True,
-                  script=ScriptSetup(device="npu", bootstrap="sandbox.ascend_sim:install", options=("chip", "torch_npu"),
+                  script=ScriptSetup(device="npu", bootstrap="sandbox.ascend_sim:install",
+                                     options=("chip", "torch_npu"),
                                      needs_npuport=True))

@@ -77,6 +77,26 @@ class TargetSpec:
 
 
 @dataclass(frozen=True)
+class ChipPerf:
+    """The public figures a projection of serving on a chip needs, per device as vLLM counts devices (a
+    die of an A3 package is one device). Each figure names where it is published (``sources``); where
+    public figures disagree the note says so. None of these is measured by npuport."""
+
+    peak_tflops: dict[str, float]
+    """Dense cube-unit peak per dtype ("bfloat16", "float16", "int8"); a dtype absent has no published peak."""
+    hbm_gib: float
+    hbm_gbps: float
+    """Device memory bandwidth, GB/s."""
+    cards_per_node: int
+    """Devices one server holds (what --tensor-parallel-size can span without a second node)."""
+    interconnect: str
+    interconnect_gbps: float
+    """Device-to-device bandwidth within a node, GB/s per device."""
+    sources: dict[str, str] = field(default_factory=dict)
+    """figure name -> where it is published (URL) and, where sources disagree, the spread."""
+
+
+@dataclass(frozen=True)
 class Chip:
     """An Ascend chip: the facts the planner, tuner, deploy bundle and report read. The emulator's own
     details (device name, SoC version, cores) are in sandbox/ascend_sim/profiles.py; a test keeps the
@@ -100,6 +120,9 @@ class Chip:
     doc_words: tuple[str, ...] = ()
     """Words (lower case) marking a vLLM-Ascend doc written for this chip alone (its serving settings
     differ); empty for chips the docs' general settings are written for."""
+    perf: ChipPerf | None = None
+    """Public peak compute, memory and interconnect figures (agents/projection reads them); None: unknown,
+    and a projection on this chip says so."""
 
     @property
     def bf16(self) -> bool:

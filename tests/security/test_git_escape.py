@@ -43,7 +43,8 @@ def _plant():
         w(os.path.join(d, "config"), "[core]\\n\\tfsmonitor = " + os.path.join(d, "evil.sh") +
           "\\n\\tpager = " + os.path.join(d, "evil.sh") + "\\n\\thooksPath = " + os.path.join(d, "hooks") +
           "\\n[diff]\\n\\texternal = " + os.path.join(d, "evil.sh") +
-          "\\n[filter \\"evil\\"]\\n\\tclean = " + os.path.join(d, "evil.sh") + "\\n\\tsmudge = " + os.path.join(d, "evil.sh") +
+          "\\n[filter \\"evil\\"]\\n\\tclean = " + os.path.join(d, "evil.sh") +
+          "\\n\\tsmudge = " + os.path.join(d, "evil.sh") +
           "\\n\\tprocess = " + os.path.join(d, "evil.sh") + "\\n")
         w(os.path.join(d, "info", "attributes"), "* filter=evil diff=evil\\n")
     w(os.path.join(md, ".gitattributes"), "* filter=evil diff=evil\\n")
@@ -95,7 +96,8 @@ def test_git_gets_no_server_environment(tmp_path: Path, monkeypatch: pytest.Monk
     cfg = tmp_path / "evil.gitconfig"
     cfg.write_text(f"[core]\n\tfsmonitor = {evil}\n[diff]\n\texternal = {evil}\n")
     for k, v in {"GIT_EXTERNAL_DIFF": str(evil), "GIT_CONFIG_GLOBAL": str(cfg), "GIT_PAGER": str(evil),
-                 "GIT_CONFIG_COUNT": "1", "GIT_CONFIG_KEY_0": "core.fsmonitor", "GIT_CONFIG_VALUE_0": str(evil)}.items():
+                 "GIT_CONFIG_COUNT": "1", "GIT_CONFIG_KEY_0": "core.fsmonitor",
+                 "GIT_CONFIG_VALUE_0": str(evil)}.items():
         monkeypatch.setenv(k, v)
     ws = Workspace.create(write_model(tmp_path / "user-model"), tmp_path / "work")
     _exercise(ws)

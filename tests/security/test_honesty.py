@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from agents.workspace import Workspace
-from sandbox.bench.throughput import run_bench
+from sandbox.bench.runner import run_bench
 from sandbox.isolation.process import Limits, Sandbox
 
 from .conftest import write_model

@@ -70,7 +70,8 @@ def test_purelib_question_runs_no_pth(hostile_env: tuple[str, Path]) -> None:
     from agents.environment.layered import purelib
 
     py, marker = hostile_env
-    assert purelib(Path(py)) == str(Path(py).parent.parent / "lib" / f"python{sys.version_info.major}.{sys.version_info.minor}" / "site-packages")
+    version = f"python{sys.version_info.major}.{sys.version_info.minor}"
+    assert purelib(Path(py)) == str(Path(py).parent.parent / "lib" / version / "site-packages")
     assert not marker.exists()
 
 
@@ -94,7 +95,8 @@ def _wheel(folder: Path, name: str, pth: str = "") -> Path:
 
     dist = f"{name}-1.0.dist-info"
     files = {f"{dist}/METADATA": f"Metadata-Version: 2.1\nName: {name.replace('_', '-')}\nVersion: 1.0\n",
-             f"{dist}/WHEEL": "Wheel-Version: 1.0\nGenerator: npuport-tests\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
+             f"{dist}/WHEEL": ("Wheel-Version: 1.0\nGenerator: npuport-tests\nRoot-Is-Purelib: true\n"
+                               "Tag: py3-none-any\n"),
              f"{name}.py": "VALUE = 1\n"}
     if pth:
         files[f"{name}_hook.pth"] = pth
@@ -252,7 +254,8 @@ def test_a_confined_install_reaches_the_index_and_nothing_else(tmp_path: Path, m
                  "    except Exception as e:\n"
                  "        print(port, 'refused', getattr(e, 'code', type(e).__name__))\n")
         seen = installs.run_pip([str(py), "-c", probe], writable=(tmp_path / "env",), timeout=120)
-        assert f"{index_port} 200" in seen.stdout and f"{other_port} refused 403" in seen.stdout, seen.stdout + seen.stderr
+        assert f"{index_port} 200" in seen.stdout and f"{other_port} refused 403" in seen.stdout, \
+            seen.stdout + seen.stderr
     finally:
         for srv in servers:
             srv.shutdown()

@@ -15,7 +15,7 @@ import pytest
 import yaml
 
 from agents.workspace import Workspace
-from sandbox.bench.throughput import run_bench
+from sandbox.bench.runner import run_bench
 from sandbox.harness.runner import run_harness
 from sandbox.isolation.process import Limits, Sandbox
 from sandbox.targets import Target

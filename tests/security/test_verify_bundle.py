@@ -181,7 +181,8 @@ def test_a_bundle_that_reaches_out_is_not_verified(tmp_path: Path, what: str) ->
     res = _verify(bundle, original, tmp_path)
     assert res.outcome == "not verified", res.lines()
     assert SECRET not in "\n".join(res.lines())
-    bad_version = _bundle(tmp_path / "v", original, {"request": {"model_path": "x", "torch_npu": "2.13.0\n--index-url"}})
+    bad_version = _bundle(tmp_path / "v", original,
+                          {"request": {"model_path": "x", "torch_npu": "2.13.0\n--index-url"}})
     assert _verify(bad_version, original, tmp_path / "v").outcome == "not verified"
 
 

@@ -1,4 +1,5 @@
-"""H4: attention implementation and NPU fused-op opportunities (flash_attention_2, SDPA, RMSNorm, rotary, softmax(QK^T)V).
+"""H4: attention implementation and NPU fused-op opportunities (flash_attention_2, SDPA, RMSNorm, rotary,
+softmax(QK^T)V).
 
 One hazard class, one module: detector, fix (codemod or the reason it is manual), the run-time
 errors it explains and its knowledge-base topic (see docs/rules.md)."""
@@ -24,15 +25,15 @@ from agents.rules.cst_helpers import (
     string_value,
     walk_nodes,
 )
-from agents.rules.h4_attn_impl import (
+from agents.rules.h4.attn_impl import (
     CONFIG_RULE,
     TABLE_WITHOUT_SDPA,
     config_attn_impl,
     detect_config,
     plan_params,
 )
-from agents.rules.h4_fused import _square_base, fused_rms_norm, fused_rms_norm_spans, fused_rotary_mul
-from agents.rules.h4_fused_attention import fused_attention
+from agents.rules.h4.fused import _square_base, fused_rms_norm, fused_rms_norm_spans, fused_rotary_mul
+from agents.rules.h4.fused_attention import fused_attention
 from agents.rules.kit import CodemodResult, Rewriter, run_codemod
 
 # --- detector ----------------------------------------------------------------------------------
@@ -147,7 +148,8 @@ class _ImplToSdpa(Rewriter):
         if isinstance(node, cst.SimpleString) and node.evaluated_value in FLASH_IMPLS:
             q = node.prefix + node.quote
             shown = "SDPA" if self.impl == "sdpa" else self.impl
-            self.note(node, f"{where}={node.value} -> \"{self.impl}\" (flash-attn needs CUDA; {shown} runs on Ascend and CPU)")
+            self.note(node, f"{where}={node.value} -> \"{self.impl}\" (flash-attn needs CUDA; {shown} runs on "
+                            "Ascend and CPU)")
             return node.with_changes(value=f"{q}{self.impl}{node.quote}")
         return None
 
@@ -254,10 +256,10 @@ RULE = HazardRule(
         "flash-attention-2-branch": "a branch for another attention implementation: dead on Ascend, nothing to fix",
         "sdpa-missing": "adding an SDPA path is a model change",
         "sdpa-used": "SDPA runs on Ascend; the op report says whether the fused kernel was taken",
-        "layer-norm-formula": "a LayerNorm over a non-last dim: F.layer_norm needs that dim moved last, a layout change",
+        "layer-norm-formula": "a LayerNorm over a non-last dim: F.layer_norm needs that dim moved last, a layout "
+                              "change",
     },
     kb_topic="recipe:H4",
-    recipe="knowledge/recipes/H4.md",
     left_as_written="a performance opportunity; not needed for a correct port",
     fixtures=("tests/test_scanner.py", "tests/test_perf_codemods.py", "examples/tiny_llm"),
 )

@@ -267,7 +267,8 @@ class _RmsFinder(cst.CSTTransformer):
                 self.hits += 1
                 # built as nodes, not parsed from text: a large model has one site per norm
                 return cst.Call(func=cst.Name("_npuport_rms_norm"),
-                                args=[cst.Arg(cst.Name(x.value), comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))),
+                                args=[cst.Arg(cst.Name(x.value),
+                                              comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))),
                                       cst.Arg(eps)],
                                 lpar=updated.lpar, rpar=updated.rpar)
         return updated
@@ -369,7 +370,8 @@ class _Rotary(PerfRewriter):
                     continue
                 x = rot_call.args[0].value
                 for xx, cos in ((p[0], p[1]), (p[1], p[0])):
-                    if code_of(xx).strip() != code_of(x).strip() or not (simple_operand(x) and simple_operand(cos) and simple_operand(sin)):
+                    if code_of(xx).strip() != code_of(x).strip() or not (simple_operand(x) and simple_operand(cos)
+                                                                         and simple_operand(sin)):
                         continue
                     self.note(original, f"rotary {rot_call.func.value} formula -> _npuport_rotary_mul "
                                         "(torch_npu.npu_rotary_mul on an NPU)")

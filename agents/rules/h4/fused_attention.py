@@ -7,7 +7,7 @@ from typing import Any
 
 import libcst as cst
 
-from agents.rules.h4_fused import (
+from agents.rules.h4.fused import (
     ATTENTION_HELPER,
     ATTENTION_MARKER,
     NPU_MARKER,
@@ -195,7 +195,8 @@ class _Attention(PerfRewriter):
             assert isinstance(new_st, cst.SimpleStatementLine)
             block.stmts[i] = new_st
             drop |= rewriter.hit.defs
-            self.note(original.body[i], "softmax(QK^T)V -> _npuport_attention (torch_npu.npu_fusion_attention on an NPU)")
+            self.note(original.body[i],
+                      "softmax(QK^T)V -> _npuport_attention (torch_npu.npu_fusion_attention on an NPU)")
         if not drop:
             return updated
         return updated.with_changes(body=[s for i, s in enumerate(block.stmts) if i not in drop])
@@ -273,4 +274,5 @@ class _Substitute(Rename):
 
 
 def fused_attention(source: str, **_: Any) -> CodemodResult:
-    return run_codemod(source, lambda _m: _Attention(), [(NPU_PRELUDE, NPU_MARKER), (ATTENTION_HELPER, ATTENTION_MARKER)])
+    return run_codemod(source, lambda _m: _Attention(),
+                       [(NPU_PRELUDE, NPU_MARKER), (ATTENTION_HELPER, ATTENTION_MARKER)])

@@ -6,7 +6,7 @@ prove harmless; each does nothing when it does not understand the code (no guess
   (``arange`` comparisons); slice bounds keep Python's slice semantics. A loop over an index tensor
   (``for i, p in enumerate(positions): t[p, cols] = v`` or ``t[p, positions[:i + 1]] = v``, positions from
   ``nonzero``) becomes one ``masked_fill_`` of the same (row, col) pairs.
-- ``moe-dense-dispatch`` lives in ``agents/rules/h6_moe.py``.
+- ``moe-dense-dispatch`` lives in ``agents/rules/h6/moe.py``.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import libcst as cst
 import libcst.matchers as m
 from libcst.metadata import PositionProvider
 
-from agents.rules.h6_mask_parts import (
+from agents.rules.h6.mask_parts import (
     _COL,
     _PURE_CALLS,
     _ROW,
@@ -96,18 +96,19 @@ def _npuport_fill_pairs(t, rows, cols, value, lo=None, hi=None):
 '''
 
 
-
 # ----------------------------------------------------------------------------------------------
 # 1. vectorise-mask-loops (H6)
 # ----------------------------------------------------------------------------------------------
 
-def _vectorise_loop(loop: cst.For, before: Sequence[cst.BaseStatement],
-                    after: Sequence[cst.BaseStatement]) -> list[cst.BaseStatement]:
-    """The statements that replace `loop`, or raise _Unsupported."""
-    outer_range = _range_args(loop)
+# loop variable -> (start or None, stop) of its ``range``
+_Ranges = dict[str, tuple[cst.BaseExpression | None, cst.BaseExpression]]
+
+def _loop_ranges(loop: cst.For) -> tuple[_Ranges, str, str | None, list[cst.BaseStatement]]:
+    """The ranges of a ``for`` over ``range`` (and of one nested ``for`` right inside it), the outer and
+    inner loop variables, and the innermost body."""
     assert isinstance(loop.target, cst.Name)
     outer_var = loop.target.value
-    ranges: dict[str, tuple[cst.BaseExpression | None, cst.BaseExpression]] = {outer_var: outer_range}
+    ranges: _Ranges = {outer_var: _range_args(loop)}
     body = _block(loop.body)
     if len(body) == 1 and isinstance(body[0], cst.For):
         inner = body[0]
@@ -116,12 +117,13 @@ def _vectorise_loop(loop: cst.For, before: Sequence[cst.BaseStatement],
         ranges[inner.target.value] = inner_range
         body = _block(inner.body)
     inner_var = next((v for v in ranges if v != outer_var), None)
-    fills: list[_Fill] = []
-    _collect_fills(body, [], fills)
-    if not fills:
-        raise _Unsupported
-    # Every fill writes t[<row var>, <col var or slice>] of one tensor t.
-    tensor = dotted_name(fills[0].target.value)
+    return ranges, outer_var, inner_var, body
+
+
+def _row_var_of_fills(fills: list[_Fill], tensor: str, ranges: _Ranges, outer_var: str,
+                      inner_var: str | None) -> str:
+    """The loop variable every fill indexes the rows of ``tensor`` with: each fill writes
+    t[<row var>, <col var or slice>] of the one tensor, or raise _Unsupported."""
     row_var = ""
     for f in fills:
         if not isinstance(f.target.value, cst.Name) or f.target.value.value != tensor or len(f.target.slice) != 2:
@@ -138,6 +140,62 @@ def _vectorise_loop(loop: cst.For, before: Sequence[cst.BaseStatement],
                 raise _Unsupported
         elif not (isinstance(second, cst.Slice) and second.step is None):
             raise _Unsupported
+    return row_var
+
+
+def _range_conditions(ranges: _Ranges, grids: dict[str, str], vec: _VecExpr) -> list[cst.BaseExpression]:
+    """The loops' ranges as comparisons of the index grids (``start <= grid < stop``)."""
+    conds: list[cst.BaseExpression] = []
+    for var, (start, stop) in ranges.items():
+        grid = cst.Name(grids[var])
+        if start is not None and not is_int(start, 0):
+            vec.check(start)
+            conds.append(cst.Comparison(grid, [cst.ComparisonTarget(cst.GreaterThanEqual(),
+                                                                    paren(vec.translate(start)))]))
+        conds.append(cst.Comparison(grid, [cst.ComparisonTarget(cst.LessThan(), paren(vec.translate(stop)))]))
+    return conds
+
+
+def _fill_line(f: _Fill, range_conds: list[cst.BaseExpression], vec: _VecExpr,
+               local_defs: dict[str, cst.BaseExpression], tensor: str) -> str:
+    """One fill of the loop as one ``_npuport_fill`` call over the grids, or raise _Unsupported."""
+    if not _scalar_value(f.value, local_defs):
+        raise _Unsupported
+    conds = list(range_conds)
+    for c in f.conds:
+        vec.check(c)
+        conds.append(vec.translate(c))
+    second = f.target.slice[1].slice
+    if isinstance(second, cst.Slice) and (second.lower is not None or second.upper is not None):
+        bounds = []
+        for b in (second.lower, second.upper):
+            if b is None:
+                bounds.append("None")
+            else:
+                vec.check(b)
+                bounds.append(code_of(vec.translate(b)))
+        conds.append(cst.parse_expression(f"_npuport_span({_COL}, {bounds[0]}, {bounds[1]}, {tensor}.shape[1])"))
+    return f"_npuport_fill({tensor}, {code_of(_and_all(conds))}, {code_of(f.value)})"
+
+
+def _statements_with_comment(lines: list[str], loop: cst.For, comment: str) -> list[cst.BaseStatement]:
+    """``lines`` parsed as statements, the first carrying the loop's leading lines and ``comment``."""
+    stmts: list[cst.BaseStatement] = [cst.parse_statement(line) for line in lines]
+    note = cst.EmptyLine(comment=cst.Comment(comment))
+    stmts[0] = stmts[0].with_changes(leading_lines=[*loop.leading_lines, note])
+    return stmts
+
+
+def _vectorise_loop(loop: cst.For, before: Sequence[cst.BaseStatement],
+                    after: Sequence[cst.BaseStatement]) -> list[cst.BaseStatement]:
+    """The statements that replace `loop`, or raise _Unsupported."""
+    ranges, outer_var, inner_var, body = _loop_ranges(loop)
+    fills: list[_Fill] = []
+    _collect_fills(body, [], fills)
+    if not fills:
+        raise _Unsupported
+    tensor = dotted_name(fills[0].target.value)
+    row_var = _row_var_of_fills(fills, tensor, ranges, outer_var, inner_var)
     grids = {row_var: _ROW}
     if inner_var is not None:
         grids[inner_var if row_var == outer_var else outer_var] = _COL
@@ -155,37 +213,11 @@ def _vectorise_loop(loop: cst.For, before: Sequence[cst.BaseStatement],
     lines = [f"{_ROW} = torch.arange({tensor}.shape[0], device={tensor}.device)[:, None]"]
     if _COL in grids.values() or any(isinstance(f.target.slice[1].slice, cst.Slice) for f in fills):
         lines.append(f"{_COL} = torch.arange({tensor}.shape[1], device={tensor}.device)[None, :]")
-    range_conds: list[cst.BaseExpression] = []
-    for var, (start, stop) in ranges.items():
-        grid = cst.Name(grids[var])
-        if start is not None and not is_int(start, 0):
-            vec.check(start)
-            range_conds.append(cst.Comparison(grid, [cst.ComparisonTarget(cst.GreaterThanEqual(),
-                                                                          paren(vec.translate(start)))]))
-        range_conds.append(cst.Comparison(grid, [cst.ComparisonTarget(cst.LessThan(), paren(vec.translate(stop)))]))
-    for f in fills:
-        if not _scalar_value(f.value, local_defs):
-            raise _Unsupported
-        conds = list(range_conds)
-        for c in f.conds:
-            vec.check(c)
-            conds.append(vec.translate(c))
-        second = f.target.slice[1].slice
-        if isinstance(second, cst.Slice) and (second.lower is not None or second.upper is not None):
-            bounds = []
-            for b in (second.lower, second.upper):
-                if b is None:
-                    bounds.append("None")
-                else:
-                    vec.check(b)
-                    bounds.append(code_of(vec.translate(b)))
-            conds.append(cst.parse_expression(f"_npuport_span({_COL}, {bounds[0]}, {bounds[1]}, {tensor}.shape[1])"))
-        lines.append(f"_npuport_fill({tensor}, {code_of(_and_all(conds))}, {code_of(f.value)})")
-    stmts: list[cst.BaseStatement] = [cst.parse_statement(line + "\n") for line in lines]
-    comment = cst.EmptyLine(comment=cst.Comment(
-        f"# npuport (H6): `for {outer_var} in range(...)` element-wise fill of {tensor}, vectorised"))
-    stmts[0] = stmts[0].with_changes(leading_lines=[*loop.leading_lines, comment])
-    return stmts
+    range_conds = _range_conditions(ranges, grids, vec)
+    lines.extend(_fill_line(f, range_conds, vec, local_defs, tensor) for f in fills)
+    return _statements_with_comment(
+        [line + "\n" for line in lines], loop,
+        f"# npuport (H6): `for {outer_var} in range(...)` element-wise fill of {tensor}, vectorised")
 
 
 def _slot_offset(e: cst.BaseExpression | None, slot: str) -> int | None:
@@ -212,10 +244,9 @@ def _invariant(e: cst.BaseExpression, loop_names: set[str]) -> None:
             raise _Unsupported
 
 
-def _vectorise_row_loop(loop: cst.For, before: Sequence[cst.BaseStatement], outside_uses: set[str]) -> list[cst.BaseStatement]:
-    """``for i, p in enumerate(P): T[p, C] = v`` (C the same index tensor every time, or a prefix/suffix
-    slice P[..i + c..] of the positions themselves; an `if` on loop-invariant values may guard a write)
-    -> one ``_npuport_fill_pairs`` per write: the same (row, col) pairs set in one masked_fill_."""
+def _enumerate_loop(loop: cst.For, outside_uses: set[str]) -> tuple[str, str, str, set[str]]:
+    """(rows, slot, pos, the names the loop binds) of ``for slot, pos in enumerate(rows)`` whose
+    variables are not needed after it, or raise _Unsupported."""
     if loop.orelse is not None or loop.asynchronous is not None:
         raise _Unsupported
     it = loop.iter
@@ -231,7 +262,16 @@ def _vectorise_row_loop(loop: cst.For, before: Sequence[cst.BaseStatement], outs
     loop_names = {slot, pos} | assigned_names(loop.body)
     if loop_names & outside_uses or rows in loop_names:
         raise _Unsupported
-    writes: list[tuple[cst.BaseExpression | None, cst.Subscript, cst.BaseExpression]] = []
+    return rows, slot, pos, loop_names
+
+
+_Write = tuple[cst.BaseExpression | None, cst.Subscript, cst.BaseExpression]
+
+
+def _guarded_writes(loop: cst.For, loop_names: set[str]) -> list[_Write]:
+    """The loop body's subscript writes (condition or None, target, value): each statement one write,
+    optionally under an ``if`` on loop-invariant values, or raise _Unsupported."""
+    writes: list[_Write] = []
     for st in _block(loop.body):
         cond: cst.BaseExpression | None = None
         if isinstance(st, cst.If):
@@ -240,11 +280,49 @@ def _vectorise_row_loop(loop: cst.For, before: Sequence[cst.BaseStatement], outs
             _invariant(st.test, loop_names)
             cond, st = st.test, _block(st.body)[0]
         a = st.body[0] if isinstance(st, cst.SimpleStatementLine) and len(st.body) == 1 else None
-        if not (isinstance(a, cst.Assign) and len(a.targets) == 1 and isinstance(a.targets[0].target, cst.Subscript)):
+        if not (isinstance(a, cst.Assign) and len(a.targets) == 1
+                and isinstance(a.targets[0].target, cst.Subscript)):
             raise _Unsupported
         writes.append((cond, a.targets[0].target, a.value))
     if not writes:
         raise _Unsupported
+    return writes
+
+
+def _fill_pairs_line(write: _Write, tensor: str, rows: str, slot: str, pos: str, loop_names: set[str],
+                     local_defs: dict[str, cst.BaseExpression]) -> str:
+    """One write ``T[pos, C] = v`` as a ``_npuport_fill_pairs`` call (under its ``if``), or raise
+    _Unsupported."""
+    cond, target, value = write
+    if not _scalar_value(value, local_defs) or dotted_name(target.value) != tensor or len(target.slice) != 2:
+        raise _Unsupported
+    first, second = target.slice[0].slice, target.slice[1].slice
+    if not (isinstance(first, cst.Index) and m.matches(first.value, m.Name(pos)) and isinstance(second, cst.Index)):
+        raise _Unsupported
+    col = second.value
+    lo = hi = None
+    if isinstance(col, cst.Subscript) and m.matches(col.value, m.Name(rows)):
+        if len(col.slice) != 1 or not isinstance(col.slice[0].slice, cst.Slice) or col.slice[0].slice.step:
+            raise _Unsupported
+        sl = col.slice[0].slice
+        lo, hi = _slot_offset(sl.lower, slot), _slot_offset(sl.upper, slot)
+        cols = rows
+    else:
+        _invariant(col, loop_names)
+        if not isinstance(col, cst.Name | cst.Attribute):
+            raise _Unsupported
+        cols = code_of(col).strip()
+    call = f"_npuport_fill_pairs({tensor}, {rows}, {cols}, {code_of(value).strip()}, lo={lo}, hi={hi})"
+    return f"if {code_of(cond).strip()}:\n    {call}\n" if cond is not None else call + "\n"
+
+
+def _vectorise_row_loop(loop: cst.For, before: Sequence[cst.BaseStatement],
+                        outside_uses: set[str]) -> list[cst.BaseStatement]:
+    """``for i, p in enumerate(P): T[p, C] = v`` (C the same index tensor every time, or a prefix/suffix
+    slice P[..i + c..] of the positions themselves; an `if` on loop-invariant values may guard a write)
+    -> one ``_npuport_fill_pairs`` per write: the same (row, col) pairs set in one masked_fill_."""
+    rows, slot, pos, loop_names = _enumerate_loop(loop, outside_uses)
+    writes = _guarded_writes(loop, loop_names)
     tensor = dotted_name(writes[0][1].value)
     local_defs, made_here = _local_defs_and_made_here(before, tensor)
     if not made_here or tensor in (rows, slot, pos):
@@ -252,33 +330,10 @@ def _vectorise_row_loop(loop: cst.For, before: Sequence[cst.BaseStatement], outs
     values = {code_of(v).strip() for _, _, v in writes}
     if len(values) != 1:
         raise _Unsupported  # different values: the order of overlapping writes would matter
-    lines: list[str] = []
-    for cond, target, value in writes:
-        if not _scalar_value(value, local_defs) or dotted_name(target.value) != tensor or len(target.slice) != 2:
-            raise _Unsupported
-        first, second = target.slice[0].slice, target.slice[1].slice
-        if not (isinstance(first, cst.Index) and m.matches(first.value, m.Name(pos)) and isinstance(second, cst.Index)):
-            raise _Unsupported
-        col = second.value
-        lo = hi = None
-        if isinstance(col, cst.Subscript) and m.matches(col.value, m.Name(rows)):
-            if len(col.slice) != 1 or not isinstance(col.slice[0].slice, cst.Slice) or col.slice[0].slice.step:
-                raise _Unsupported
-            sl = col.slice[0].slice
-            lo, hi = _slot_offset(sl.lower, slot), _slot_offset(sl.upper, slot)
-            cols = rows
-        else:
-            _invariant(col, loop_names)
-            if not isinstance(col, cst.Name | cst.Attribute):
-                raise _Unsupported
-            cols = code_of(col).strip()
-        call = f"_npuport_fill_pairs({tensor}, {rows}, {cols}, {code_of(value).strip()}, lo={lo}, hi={hi})"
-        lines.append(f"if {code_of(cond).strip()}:\n    {call}\n" if cond is not None else call + "\n")
-    stmts: list[cst.BaseStatement] = [cst.parse_statement(line) for line in lines]
-    comment = cst.EmptyLine(comment=cst.Comment(
-        f"# npuport (H6): `for {slot}, {pos} in enumerate({rows})` row-by-row fill of {tensor}, vectorised"))
-    stmts[0] = stmts[0].with_changes(leading_lines=[*loop.leading_lines, comment])
-    return stmts
+    lines = [_fill_pairs_line(w, tensor, rows, slot, pos, loop_names, local_defs) for w in writes]
+    return _statements_with_comment(
+        lines, loop,
+        f"# npuport (H6): `for {slot}, {pos} in enumerate({rows})` row-by-row fill of {tensor}, vectorised")
 
 
 class _MaskLoops(PerfRewriter):
@@ -363,7 +418,8 @@ def vectorise_mask_loops(source: str, **_: Any) -> CodemodResult:
     return run_codemod(source, lambda _m: _MaskLoops(), [(FILL_HELPERS, FILL_MARKER)])
 
 
-def _local_defs_and_made_here(before: Sequence[cst.BaseStatement], tensor: str) -> tuple[dict[str, cst.BaseExpression], bool]:
+def _local_defs_and_made_here(before: Sequence[cst.BaseStatement],
+                              tensor: str) -> tuple[dict[str, cst.BaseExpression], bool]:
     """The single-name assignments before a loop, and whether ``tensor`` was last made there by a torch
     factory (so the loop's writes are the only ones the vectorised fill must reproduce)."""
     local_defs: dict[str, cst.BaseExpression] = {}
@@ -373,6 +429,7 @@ def _local_defs_and_made_here(before: Sequence[cst.BaseStatement], tensor: str) 
         if d is not None:
             local_defs[d[0]] = d[1]
         if tensor in assigned_names(st):
-            made_here = d is not None and d[0] == tensor and isinstance(d[1], cst.Call) and \
-                dotted_name(d[1].func).startswith("torch.") and dotted_name(d[1].func).split(".")[-1] in _TENSOR_CREATORS
+            made_here = (d is not None and d[0] == tensor and isinstance(d[1], cst.Call)
+                         and dotted_name(d[1].func).startswith("torch.")
+                         and dotted_name(d[1].func).split(".")[-1] in _TENSOR_CREATORS)
     return local_defs, made_here

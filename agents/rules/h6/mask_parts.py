@@ -1,4 +1,4 @@
-"""The parts of H6's vectorise-mask-loops that read a loop (agents/rules/h6_codemods.py rewrites it): which
+"""The parts of H6's vectorise-mask-loops that read a loop (agents/rules/h6/codemods.py rewrites it): which
 tensor fills it makes under which index conditions, and the loop's bounds and bodies as vector
 expressions over index grids. Anything outside what they understand raises ``_Unsupported``."""
 
@@ -112,63 +112,70 @@ class _VecExpr:
         if isinstance(e, cst.Name):
             if e.value == self.tensor:
                 raise _Unsupported
-            return
-        if isinstance(e, cst.Attribute):
-            if isinstance(e.value, cst.Name) and e.value.value == self.tensor:
-                if e.attr.value not in ("shape", "dtype", "device"):
-                    raise _Unsupported
-                return
-            if self.uses_grid(e):
-                raise _Unsupported
-            self.check(e.value)
-            return
-        if isinstance(e, cst.Subscript):
-            if self.uses_grid(e):
-                raise _Unsupported  # x[i]: data-dependent indexing, not a vectorisable bound
-            self.check(e.value)
-            for el in e.slice:
-                if not isinstance(el.slice, cst.Index):
-                    raise _Unsupported
-                self.check(el.slice.value)
-            return
-        if isinstance(e, cst.UnaryOperation):
+        elif isinstance(e, cst.Attribute):
+            self._check_attribute(e)
+        elif isinstance(e, cst.Subscript):
+            self._check_subscript(e)
+        elif isinstance(e, cst.UnaryOperation):
             if isinstance(e.operator, cst.BitInvert):
                 raise _Unsupported
             self.check(e.expression)
-            return
-        if isinstance(e, cst.BinaryOperation):
+        elif isinstance(e, cst.BinaryOperation):
             if isinstance(e.operator, cst.MatrixMultiply | cst.BitAnd | cst.BitOr | cst.BitXor | cst.LeftShift
                           | cst.RightShift):
                 raise _Unsupported
             self.check(e.left)
             self.check(e.right)
-            return
-        if isinstance(e, cst.BooleanOperation):
+        elif isinstance(e, cst.BooleanOperation):
             self.check(e.left)
             self.check(e.right)
-            return
-        if isinstance(e, cst.Comparison):
-            self.check(e.left)
-            for c in e.comparisons:
-                if not isinstance(c.operator, cst.LessThan | cst.LessThanEqual | cst.GreaterThan
-                                  | cst.GreaterThanEqual | cst.Equal | cst.NotEqual):
-                    raise _Unsupported
-                self.check(c.comparator)
-            return
-        if isinstance(e, cst.Call):
-            name = dotted_name(e.func)
-            if isinstance(e.func, cst.Attribute) and dotted_name(e.func.value) == self.tensor and e.func.attr.value == "size":
-                if self.uses_grid(e):
-                    raise _Unsupported
-                return
-            if name not in _PURE_CALLS or (self.uses_grid(e) and name != "abs"):
+        elif isinstance(e, cst.Comparison):
+            self._check_comparison(e)
+        elif isinstance(e, cst.Call):
+            self._check_call(e)
+        else:
+            raise _Unsupported
+
+    def _check_attribute(self, e: cst.Attribute) -> None:
+        if isinstance(e.value, cst.Name) and e.value.value == self.tensor:
+            if e.attr.value not in ("shape", "dtype", "device"):
                 raise _Unsupported
-            for a in e.args:
-                if a.star:
-                    raise _Unsupported
-                self.check(a.value)
             return
-        raise _Unsupported
+        if self.uses_grid(e):
+            raise _Unsupported
+        self.check(e.value)
+
+    def _check_subscript(self, e: cst.Subscript) -> None:
+        if self.uses_grid(e):
+            raise _Unsupported  # x[i]: data-dependent indexing, not a vectorisable bound
+        self.check(e.value)
+        for el in e.slice:
+            if not isinstance(el.slice, cst.Index):
+                raise _Unsupported
+            self.check(el.slice.value)
+
+    def _check_comparison(self, e: cst.Comparison) -> None:
+        self.check(e.left)
+        for c in e.comparisons:
+            if not isinstance(c.operator, cst.LessThan | cst.LessThanEqual | cst.GreaterThan
+                              | cst.GreaterThanEqual | cst.Equal | cst.NotEqual):
+                raise _Unsupported
+            self.check(c.comparator)
+
+    def _check_call(self, e: cst.Call) -> None:
+        """t.size(...) without the grids, or a pure built-in (only ``abs`` may take a grid)."""
+        name = dotted_name(e.func)
+        if (isinstance(e.func, cst.Attribute) and dotted_name(e.func.value) == self.tensor
+                and e.func.attr.value == "size"):
+            if self.uses_grid(e):
+                raise _Unsupported
+            return
+        if name not in _PURE_CALLS or (self.uses_grid(e) and name != "abs"):
+            raise _Unsupported
+        for a in e.args:
+            if a.star:
+                raise _Unsupported
+            self.check(a.value)
 
     def translate(self, e: cst.BaseExpression) -> cst.BaseExpression:
         """Loop variables -> grids; `and`/`or`/`not` over grid values -> `&`/`|`/`~`."""

@@ -339,8 +339,8 @@ def dense_path_taken(experts: int, top_k: int, ratio: float) -> bool:
 
 def moe_config_notes(config: dict[str, Any], ratio: float) -> list[tuple[str, str]]:
     """(key path, what moe-dense-dispatch's guard does at the config's sizes), e.g. "64 experts, top-6: the
-    original host-synced loop runs (dense would be 10.7x the routed experts' FLOPs, above R = 4 ...)". A --shrink run's small
-    config is named when it takes the other path (its validation then exercises that path, not this one)."""
+    original host-synced loop runs (dense would be 10.7x the routed experts' FLOPs, above R = 4 ...)". A --shrink run's
+    small config is named when it takes the other path (its validation then exercises that path, not this one)."""
     from sandbox.harness.shrink import shrink_config
 
     small = {s[0]: s[1:] for s in moe_sizes(shrink_config(config)[0])}

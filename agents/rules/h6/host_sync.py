@@ -1,12 +1,10 @@
-"""H6: host syncs and Python loops in the hot path (.item(), .tolist(), dynamic shapes, per-expert and element-wise loops).
+"""H6: host syncs and Python loops in the hot path (.item(), .tolist(), dynamic shapes, per-expert and element-wise
+loops).
 
 One hazard class, one module: detector, fix (codemod or the reason it is manual), the run-time
 errors it explains and its knowledge-base topic (see docs/rules.md)."""
 
 from __future__ import annotations
-
-import json
-import re
 
 import libcst as cst
 
@@ -19,14 +17,15 @@ from agents.rules.base import (
     Fix,
     HazardRule,
 )
+from agents.rules.config_json import json_key_line
 from agents.rules.context import ModuleContext, TextFile
 from agents.rules.cst_helpers import (
     dotted,
     last_name,
     walk_nodes,
 )
-from agents.rules.h6_codemods import vectorise_mask_loops
-from agents.rules.h6_moe import MoePlan, expert_loop_var, moe_config_notes, moe_dense_dispatch, moe_plan
+from agents.rules.h6.codemods import vectorise_mask_loops
+from agents.rules.h6.moe import MoePlan, expert_loop_var, moe_config_notes, moe_dense_dispatch, moe_plan
 from knowledge.settings import settings
 
 # H6: host-sync method calls -> (rule, note)
@@ -176,40 +175,6 @@ def _outermost_range_loop(ctx: ModuleContext, loop: cst.For, idx: set[str]) -> c
     return best
 
 
-_JSON_STRING = re.compile(r'"(?:[^"\\\n]|\\.)*"')
-_JSON_COLON = re.compile(r"\s*:")
-
-
-def _json_key_line(text: str, path: str) -> int:
-    """The line of the key at dotted path ("language_config.n_routed_experts") in JSON text; 1 if not found."""
-    stack: list[str] = []  # the key path of each open object or array ("" for the top level)
-    last = ""  # the last key read in the innermost open object
-    i, line = 0, 1
-    while i < len(text):
-        c = text[i]
-        if c == '"':
-            m = _JSON_STRING.match(text, i)
-            if m is None:
-                return 1
-            i = m.end()
-            if _JSON_COLON.match(text, i):  # a key
-                last = json.loads(m.group(0))
-                full = f"{stack[-1]}.{last}" if stack and stack[-1] else last
-                if full == path:
-                    return line
-            continue
-        if c == "\n":
-            line += 1
-        elif c in "{[":
-            parent = stack[-1] if stack else ""
-            stack.append((f"{parent}.{last}" if parent else last) if last else parent)
-            last = ""
-        elif c in "}]":
-            if stack:
-                stack.pop()
-            last = ""
-        i += 1
-    return 1
 
 
 def _h6_config(tf: TextFile) -> list[Finding]:
@@ -220,7 +185,7 @@ def _h6_config(tf: TextFile) -> list[Finding]:
     out = []
     lines = tf.text.splitlines()
     for key, what in moe_config_notes(config, settings().moe_dense_max_ratio):
-        line = _json_key_line(tf.text, key)
+        line = json_key_line(tf.text, key)
         snippet = lines[line - 1].strip() if 0 < line <= len(lines) else ""
         out.append(tf.finding("H6", "moe-dispatch-cost", line, 0, snippet,
                               f"MoE config `{key}`, where moe-dense-dispatch rewrites an expert loop (guarded: dense "
@@ -240,14 +205,14 @@ RULE = HazardRule(
             frozenset({"per-expert-loop", "numpy-sync", "item-sync"}), order=70),
     ),
     manual={
-        "tolist-sync": "copying to the host is usually the point of .tolist(); moving it out of the loop is a design change",
+        "tolist-sync": "copying to the host is usually the point of .tolist(); moving it out of the loop is a "
+                       "design change",
         "dynamic-shape-sync": "a data-dependent output size needs a static-shape rewrite of the algorithm",
         "moe-dispatch-cost": "information: which MoE dispatch runs is decided when the code runs, from the expert "
                              "count and top-k (NPUPORT_MOE_DENSE_MAX_RATIO); nothing in the config changes",
     },
     report_only_rules=frozenset({"moe-dispatch-cost"}),
     kb_topic="recipe:H6",
-    recipe="knowledge/recipes/H6.md",
     left_as_written="a performance issue (host syncs / Python loops); the port is correct with it",
     fixtures=("tests/test_scanner.py", "tests/test_perf_codemods.py", "examples/tiny_llm"),
 )
