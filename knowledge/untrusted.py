@@ -18,6 +18,7 @@ agents/deploy/bundle.py and agents/tuning (config.json read outside the sandbox)
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import stat
@@ -136,6 +137,18 @@ def distribution_name(value: Any) -> str | None:
 def int_value(value: Any, default: int = 0, lo: int = 0, hi: int = 2**40) -> int:
     """An integer within [lo, hi] (a bool or a string is not one), else ``default``."""
     return value if isinstance(value, int) and not isinstance(value, bool) and lo <= value <= hi else default
+
+
+def number_value(value: Any, default: float, lo: float, hi: float) -> float:
+    """A finite number within [lo, hi], given as a number or a numeric string (a serve setting's value, which
+    may come from a doc), else ``default``."""
+    if isinstance(value, bool) or not isinstance(value, int | float | str):
+        return default
+    try:
+        number = float(value)
+    except (ValueError, OverflowError):
+        return default
+    return number if math.isfinite(number) and lo <= number <= hi else default
 
 
 # --- files -----------------------------------------------------------------------------------------
