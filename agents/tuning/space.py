@@ -200,6 +200,7 @@ def model_facts(config: dict[str, Any], has_custom_code: bool = False) -> ModelF
 
     experts = number(*_MOE_KEYS)
     impl = flat.get("_attn_implementation")
+    archs = config.get("architectures")
     return ModelFacts(
         hidden_size=number("hidden_size", "d_model"),
         num_layers=number("num_hidden_layers", "n_layer"),
@@ -215,8 +216,7 @@ def model_facts(config: dict[str, Any], has_custom_code: bool = False) -> ModelF
         # A config that names an implementation switch accepts the standard three (the model may reject
         # one at run time; the benchmark then reports it).
         attn_impls=("eager", "sdpa", "flash_attention_2") if impl else (),
-        architectures=tuple(a for a in (config.get("architectures") if isinstance(config.get("architectures"), list)
-                                        else ()) if isinstance(a, str)),
+        architectures=tuple(a for a in archs if isinstance(a, str)) if isinstance(archs, list) else (),
     )
 
 
