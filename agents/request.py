@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import re
 import time
 import uuid
@@ -9,6 +10,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
+import yaml
 from pydantic import AfterValidator, BaseModel, Field, WithJsonSchema, field_validator
 
 from knowledge.errors import GoalError
@@ -36,6 +38,23 @@ def _known_chip(v: str) -> str:
     return get_chip(v).key  # the one chip resolver: an alias reads as its chip; TargetError names the known ones
 
 
+@functools.lru_cache(maxsize=1)
+def _torch_npu_releases() -> frozenset[str]:
+    """The torch_npu rows of agents/data/compat.yaml (read here, not through agents.environment, which reads
+    requests)."""
+    compat = yaml.safe_load((Path(__file__).resolve().parent / "data" / "compat.yaml").read_text())
+    return frozenset(compat["torch_npu"])
+
+
+def known_torch_npu(v: str) -> str:
+    """A torch_npu release of the compatibility table (agents/data/compat.yaml), exactly: the server builds
+    an op matrix from that release's wheel (knowledge/op_matrix.py), so no other string reaches a download."""
+    if v not in _torch_npu_releases():
+        raise ValueError(f"unknown torch_npu release {str(v)[:40]!r}: npuport ports to the releases of its "
+                         "compatibility table (agents/data/compat.yaml), e.g. 2.13.0")
+    return v
+
+
 POLICIES: tuple[str, ...] = ("rule", "llm", "hybrid")
 """Every policy's name (agents/policies/ implements them; the first is the default): the CLI's
 --policy, PortRequest, the service and the batch manifest read this list."""
@@ -53,6 +72,7 @@ def _known_policy(v: str) -> str:
 TargetName = Annotated[str, AfterValidator(_known_target),
                        WithJsonSchema({"type": "string", "enum": list(target_names())})]
 ChipName = Annotated[str, AfterValidator(_known_chip), WithJsonSchema({"type": "string", "enum": list(chip_names())})]
+TorchNpuVersion = Annotated[str, AfterValidator(known_torch_npu)]
 PolicyName = Annotated[str, AfterValidator(_known_policy), WithJsonSchema({"type": "string", "enum": list(POLICIES)})]
 
 
@@ -67,7 +87,7 @@ class PortRequest(BaseModel):
     model_path: str
     target: TargetName = DEFAULT_TARGET
     chip: ChipName = DEFAULT_CHIP
-    torch_npu: str = DEFAULT_TORCH_NPU
+    torch_npu: TorchNpuVersion = DEFAULT_TORCH_NPU
     objective: Literal["throughput", "latency", "correctness"] = "throughput"
     out_dir: str | None = None
     strict: bool = False

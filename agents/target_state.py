@@ -16,6 +16,12 @@ def matrix_for(version: str) -> tuple[str | None, str]:
         from knowledge import op_matrix
     except ImportError as exc:  # knowledge.op_matrix is optional at this layer
         return None, f"no op-support matrix module ({exc})"
+    from agents.request import known_torch_npu
+
+    try:
+        known_torch_npu(version)  # a download of that release's wheel follows: the table's releases only
+    except ValueError as exc:
+        return None, str(exc)
     try:
         path = op_matrix.matrix_path(version)
         if not path.is_file():

@@ -76,6 +76,9 @@ def __getattr__(name: str) -> Any:
     global _default
     if name == "app":
         if _default is None:
+            from agents.doors import mark_service
+
+            mark_service()  # a process serving this app (uvicorn, langgraph dev): every port is confined
             _default = create_app()
         return _default
     raise AttributeError(name)

@@ -38,18 +38,29 @@ def _unauthorized(detail: str) -> HTTPException:
     return HTTPException(status_code=401, detail=detail, headers={"WWW-Authenticate": "Bearer"})
 
 
-def authenticate(settings: Settings, credentials: HTTPAuthorizationCredentials | None) -> Principal:
-    if credentials is None or credentials.scheme.lower() != "bearer" or not credentials.credentials:
-        raise _unauthorized("missing bearer token (Authorization: Bearer <token>)")
-    given = credentials.credentials.encode()
+def principal_of(tokens: dict[str, list[str]], authorization: str | None) -> Principal:
+    """The principal of an ``Authorization: Bearer <token>`` header under ``tokens``; PermissionError says why
+    not. The one token check of every front door (the HTTP API, langgraph dev: api/studio.py)."""
+    scheme, _, given_text = (authorization or "").strip().partition(" ")
+    if scheme.lower() != "bearer" or not given_text.strip():
+        raise PermissionError("missing bearer token (Authorization: Bearer <token>)")
+    given = given_text.strip().encode()
     found: list[str] | None = None
-    for token, scopes in settings.tokens.items():
+    for token, scopes in tokens.items():
         # compare every token in constant time so timing tells nothing about which one nearly matched
         if hmac.compare_digest(given, token.encode()):
             found = scopes
     if found is None:
-        raise _unauthorized("invalid bearer token")
+        raise PermissionError("invalid bearer token")
     return Principal(name=hashlib.sha256(given).hexdigest()[:16], scopes=frozenset(found))
+
+
+def authenticate(settings: Settings, credentials: HTTPAuthorizationCredentials | None) -> Principal:
+    header = f"{credentials.scheme} {credentials.credentials}" if credentials is not None else None
+    try:
+        return principal_of(settings.tokens, header)
+    except PermissionError as exc:
+        raise _unauthorized(str(exc)) from None
 
 
 def require(scope: str) -> Callable[..., Principal]:

@@ -10,6 +10,8 @@ Exit codes (one table for every command; also in ``npuport --help`` and the READ
      torch_npu, an earlier bundle in --out without --force, an --out folder npuport did not write;
      nothing is run and no bundle is written
   3  internal error: npuport itself broke (a bug or a broken host); the checkpoint is kept
+  4  not verified (`verify`): a claim the bundle makes could not be checked here (its target is not on this
+     host, the original is not the one it was ported from, the report is not of npuport's shape)
 130  interrupted (Ctrl-C): running sandboxes are killed, the checkpoint is kept and `npuport resume THREAD`
      continues it; a second Ctrl-C (or a port that has not stopped 15 s after the first) exits at once
 """
@@ -47,7 +49,7 @@ from api.cli_options import (
     fail,
     one_of,
 )
-from api.cli_port import EXIT_INTERRUPTED, EXIT_MEANINGS, print_table, run_port_cli
+from api.cli_port import EXIT_INTERRUPTED, EXIT_MEANINGS, EXIT_NOT_VERIFIED, print_table, run_port_cli
 from api.cli_project import project
 from api.cli_scan import ops, scan
 from knowledge.settings import set_environment
@@ -56,6 +58,7 @@ from sandbox.targets import DEFAULT_CHIP, DEFAULT_TARGET, DEFAULT_TORCH_NPU, EMU
 __all__ = ["EXIT_INTERRUPTED", "LiveStatus", "app", "fmt_params", "run_port_cli"]
 _EXIT_DETAIL = {EXIT_OK: " (or the command succeeded)", EXIT_NOT_VALIDATED: " (or a check the command ran failed)",
                 EXIT_BAD_INPUT: " (nothing run, no bundle written)", EXIT_INTERNAL: " (the checkpoint is kept)",
+                EXIT_NOT_VERIFIED: " (`verify`: a claim of the bundle could not be checked here)",
                 EXIT_INTERRUPTED: ", the checkpoint kept: `npuport resume THREAD` continues"}
 EXIT_TABLE = "Exit codes: " + "; ".join(f"{code} {text}{_EXIT_DETAIL[code]}"
                                          for code, text in EXIT_MEANINGS.items()) + "."
@@ -286,18 +289,20 @@ def demo(
         # the demo's numbers must survive its own suggested check: verify runs here, as a user would
         from agents.deploy import verify_bundle
 
-        console.print(f"\n[bold]npuport verify {out_dir}[/] (re-apply the patch, re-validate, re-benchmark)",
+        console.print(f"\n[bold]npuport verify {out_dir} --original {model}[/] (re-apply the patch, re-validate, "
+                      "re-benchmark)",
                       soft_wrap=True)
-        res = verify_bundle(out_dir)
+        res = verify_bundle(out_dir, model)
         for line in res.lines():
             console.print(line, soft_wrap=True, markup=False)
-        if not res.agree:
-            err.print("[bold red]verify disagrees with the demo's report[/] (see the lines above)")
+        if not res.agree:  # a disagreement, or a claim that could not be checked here: the demo did not hold
+            err.print(f"[bold red]verify: {res.outcome}[/] (the demo's report; see the lines above)")
             code = EXIT_NOT_VALIDATED
     if code == EXIT_OK:
         console.print("\n[bold]next:[/]")
         for cmd, what in ((f"less {out_dir / 'report.md'}", "the report: findings, patches, numerics, tuning"),
-                          (f"npuport verify {out_dir}", "re-apply the patch and re-validate in fresh sandboxes"),
+                          (f"npuport verify {out_dir} --original {model}",
+                           "re-apply the patch and re-validate in fresh sandboxes"),
                           ("npuport scan path/to/your_model", "hazards in your own model, file:line"),
                           ("npuport port path/to/your_model --target ascend-sim", "port it"),
                           ("npuport serve", "the web page and HTTP API (it prints its URL and token)")):
@@ -315,19 +320,24 @@ app.add_typer(kb_app, name="kb")
 @app.command()
 def verify(
     bundle: Annotated[Path, typer.Argument(help="a bundle folder written by `npuport port`")],
-    original: Annotated[Path | None, typer.Option(help="the original model (default: the path in report.json)")] = None,
+    original: Annotated[Path, typer.Option(help="the original model folder the bundle was ported from (required: "
+                                                "verify never takes it from the bundle's report)")],
     tolerance: Annotated[float, typer.Option(help="relative throughput tolerance")] = 0.3,
 ) -> None:
     """Re-apply the bundle's patch to the original in a fresh workspace, re-run validation and the
-    benchmark in fresh sandboxes, and print agree / disagree per claim."""
+    benchmark in fresh sandboxes, and print agree / disagree per claim. Exit 0 when every claim the bundle
+    makes agrees, 1 when one disagrees, 4 (not verified) when one could not be checked here."""
     from agents.deploy import verify_bundle
 
     if not (bundle / "report.json").is_file():
         raise fail(f"{bundle} is not a bundle (no report.json)", 2)
+    if not original.is_dir():
+        raise fail(f"--original {original} is not a folder", 2)
     res = verify_bundle(bundle, original, tolerance=tolerance)
     for line in res.lines():
-        console.print(line)
-    raise typer.Exit(0 if res.agree else 1)
+        console.print(line, markup=False, soft_wrap=True)
+    console.print(f"verify: {res.outcome}", markup=False)
+    raise typer.Exit({"agree": 0, "disagree": 1}.get(res.outcome, EXIT_NOT_VERIFIED))
 
 
 @app.command()

@@ -63,3 +63,23 @@ def kb_stats_cmd(as_json: Annotated[bool, typer.Option("--json")] = False) -> No
     except _kb_errors() as exc:
         raise fail(str(exc), exit_code(exc)) from exc
     sys.stdout.write((json.dumps(out, indent=1, default=str) if as_json else str(out)) + "\n")
+
+
+@kb_app.command("review")
+def kb_review_cmd(
+    record: Annotated[str, typer.Argument(help="a port-memory record id (memory:...), as report.md lists it")],
+    reviewer: Annotated[str, typer.Option(help="who reviewed it (kept in the record)")] = "operator",
+) -> None:
+    """Mark a learned fix reviewed: an LLM's edit is reused by later ports (every owner's) only after this."""
+    from knowledge.locks import home_lock
+    from knowledge.port_memory import WRITE_LOCK, read_records, review_record
+
+    rec = next((r for r in read_records() if r.get("id") == record), None)
+    if rec is None:
+        raise fail(f"no port-memory record {record}", 2)
+    sys.stdout.write(json.dumps({k: rec.get(k) for k in ("id", "model", "failure", "patch_summary", "fix")},
+                                indent=1, ensure_ascii=False) + "\n")
+    with home_lock(WRITE_LOCK):
+        review_record(record, reviewer)
+    sys.stdout.write(f"{record}: reviewed by {reviewer}; later ports reuse it\n")
+

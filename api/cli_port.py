@@ -27,14 +27,16 @@ from rich.text import Text
 from api.cli_live import LiveStatus, console, err, fmt_params
 from knowledge.errors import exit_code, first_line
 from knowledge.interrupt import PortInterrupted, clear_stop, request_stop
-from knowledge.settings import set_environment
+from knowledge.settings import set_environment, settings
 
 EXIT_OK, EXIT_NOT_VALIDATED, EXIT_BAD_INPUT, EXIT_INTERNAL, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
+EXIT_NOT_VERIFIED = 4
 EXIT_MEANINGS: dict[int, str] = {
     EXIT_OK: "the port validated",
     EXIT_NOT_VALIDATED: "the port ran but did not validate",
     EXIT_BAD_INPUT: "bad input or usage",
     EXIT_INTERNAL: "internal error",
+    EXIT_NOT_VERIFIED: "not verified",
     EXIT_INTERRUPTED: "interrupted (Ctrl-C)",
 }
 """Every exit code of every command, with the words that open its row in `--help`, the README's table
@@ -180,12 +182,13 @@ def print_table(table: Table) -> None:
 
 def isolation_fallback() -> None:
     """The CLI ports the user's own model: without bubblewrap it may run it unisolated, but says so loudly."""
-    from sandbox.isolation.process import bwrap_available, isolation_setting
+    from sandbox.isolation.process import bwrap_available
 
-    if isolation_setting() == "process":
+    choice = settings().isolation_choice
+    if choice == "process":
         err.print("[bold yellow]warning:[/] --isolation process: the model's code runs UNISOLATED "
                   "(it can read and write what you can)")
-    elif isolation_setting() == "auto" and bwrap_available() is None:
+    elif choice == "auto" and bwrap_available() is None:
         err.print("[bold yellow]warning:[/] bubblewrap (bwrap) is not available: the model's code runs UNISOLATED "
                   "(it can read and write what you can). Install bubblewrap, or pass NPUPORT_ISOLATION=process "
                   "to silence this.")

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from agents.request import request_of
+from api import shares
 from knowledge.errors import JobError, first_line
 from knowledge.settings import ServiceSettings as Settings
 
@@ -162,11 +163,12 @@ class JobStore:
                                       statuses).fetchall()
         return [self._job(r) for r in rows]
 
-    def count(self, statuses: tuple[str, ...]) -> int:
+    def count(self, statuses: tuple[str, ...], owner: str | None = None) -> int:
         marks = ",".join("?" * len(statuses))
+        mine, args = (" AND owner=?", (*statuses, owner)) if owner is not None else ("", statuses)
         with self._lock:
-            return int(self._conn.execute(f"SELECT COUNT(*) FROM jobs WHERE status IN ({marks})",
-                                          statuses).fetchone()[0])
+            return int(self._conn.execute(f"SELECT COUNT(*) FROM jobs WHERE status IN ({marks}){mine}",
+                                          args).fetchone()[0])
 
     def update(self, job_id: str, **fields: Any) -> None:
         fields["updated"] = time.time()
@@ -246,6 +248,7 @@ class JobManager:
         self._cancel: set[str] = set()
         self._shutdown = threading.Event()
         self._start_lock = threading.Lock()
+        self._share_lock = threading.Lock()
 
     # lifecycle ---------------------------------------------------------------------------------
     def start(self, loop: asyncio.AbstractEventLoop | None = None) -> None:
@@ -293,10 +296,21 @@ class JobManager:
         with contextlib.suppress(OSError):  # the next start tells a clean stop from a crash by this file
             self._clean_stop_marker().write_text(str(time.time()))
 
+    def pool_submit(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """Run ``fn(*args)`` in the service's worker pool (a batch's port: graph/batch/executors.py PoolExecutor)."""
+        from agents.doors import serving
+
+        def in_service() -> Any:
+            with serving(self.settings.allowed_roots, self.home):  # confined like a job (agents/doors.py)
+                return fn(*args)
+
+        self.start()
+        assert self._pool is not None
+        return self._pool.submit(in_service)
+
     # commands -----------------------------------------------------------------------------------
     def submit(self, job: Job, idem_key: str | None = None) -> tuple[Job, bool]:
-        if self.store.count(("queued",)) >= self.settings.max_queued:
-            raise JobError(f"the queue is full ({self.settings.max_queued} jobs waiting); try later", 429)
+        shares.check_queue(self.store, self.settings, job.owner)  # the queue, and this owner's share of it
         stored, created = self.store.create(job, idem_key)
         if created:
             self._event(job.id, "status", {"status": "queued", "reason": ""})
@@ -313,6 +327,7 @@ class JobManager:
         if self.store.transition(job_id, ("queued", "awaiting_approval"), status="cancelled", reason=reason):
             self._event(job_id, "status", {"status": "cancelled", "reason": reason, "bundle": False})
             self._cancel.discard(job_id)
+            shares.drop_upload(self.home, job.upload_dir)
             return self._must(job_id)
         job = self._must(job_id)  # it moved meanwhile: started running, or ended
         if job.status in TERMINAL:
@@ -374,6 +389,8 @@ class JobManager:
         self.store.update(job_id, **fields)
         self._event(job_id, "status", {"status": status, "reason": reason, "bundle": bool(bundle_dir)})
         self._cancel.discard(job_id)
+        job = self.store.get(job_id)
+        shares.drop_upload(self.home, job.upload_dir if job else None)  # the workspace holds its copy
 
     def _run(self, job_id: str, approved: bool = False) -> None:
         try:
@@ -393,6 +410,9 @@ class JobManager:
             self._publish_trace(job_id, snap.trace)
             self._conclude(job_id, snap.values)
             return
+        if problem := shares.memory_problem(self.settings):
+            self._finish(job_id, "failed", problem)
+            return
         if snap is not None and job.require_approval and not approved and "patcher" in snap.next:
             # paused at the approval gate when the service went down: ask again, never skip it
             self._publish_trace(job_id, snap.trace)
@@ -400,17 +420,22 @@ class JobManager:
             self._event(job_id, "status",
                         {"status": "awaiting_approval", "reason": "approve to apply the next patches"})
             return
-        if not self.store.transition(job_id, ("queued",), status="running", started=1):
-            return  # cancelled (or taken by another worker) since it was read
+        with self._share_lock:  # the owner's running share, checked and taken at once
+            if not shares.may_start(self.store, self.settings, job.owner):
+                self._retry_later(job_id, approved)
+                return
+            if not self.store.transition(job_id, ("queued",), status="running", started=1):
+                return  # cancelled (or taken by another worker) since it was read
         self._event(job_id, "status", {"status": "running", "reason": "resumed" if snap else ""})
         inputs = None if snap is not None else {"goal": job.goal, "request": job.request}
+        from agents.doors import serving
         from knowledge.port_memory import memory_owner
         from sandbox.isolation.process import stop_runs_when
 
         stop = lambda: job_id in self._cancel or self._shutdown.is_set()  # noqa: E731
         try:
             # a cancel kills the sandbox run in flight, not only the next step; what the port learns is its owner's
-            with stop_runs_when(stop), memory_owner(job.owner):
+            with stop_runs_when(stop), memory_owner(job.owner), serving(self.settings.allowed_roots, self.home):
                 result = run_thread(
                     inputs, job_id,
                     on_trace=lambda trace: self._publish_trace(job_id, trace),
@@ -432,6 +457,17 @@ class JobManager:
                                            "next": list(result.next)})
         else:
             self._conclude(job_id, result.values)
+
+    def _retry_later(self, job_id: str, approved: bool, delay_s: float = 0.5) -> None:
+        """Queue the job again behind the others (its owner's running share is full now)."""
+        def again() -> None:
+            if self._pool is not None and not self._shutdown.is_set():
+                with contextlib.suppress(RuntimeError):  # the pool shut down meanwhile
+                    self._pool.submit(self._run, job_id, approved)
+
+        timer = threading.Timer(delay_s, again)
+        timer.daemon = True
+        timer.start()
 
     def _conclude(self, job_id: str, values: dict[str, Any]) -> None:
         status = values.get("status") if values.get("status") in ("validated", "failed") else "failed"

@@ -34,6 +34,9 @@ class BodyLimitMiddleware:
             await self.app(scope, receive, send)
             return
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
+        if refused := _form_post(scope, headers):
+            await _reply(send, 415, refused)
+            return
         cap = self.max_upload if headers.get("content-type", "").startswith("multipart/") else self.max_body
         length = headers.get("content-length")
         if length is not None:
@@ -81,6 +84,23 @@ class BodyLimitMiddleware:
         except BodyLimitExceeded as exc:
             if not started:
                 await _reply(send, exc.status, exc.detail)
+
+
+BODY_TYPES = ("application/json", "multipart/form-data")
+"""What a request with a body may send. A web page may POST text/plain or a urlencoded form to any origin
+without asking (a CORS "simple" request); LangGraph's routes read any body as JSON, so such a POST is refused
+here (an upload is multipart, which a page may send too: every route behind it asks for a bearer token)."""
+
+
+def _form_post(scope: Scope, headers: dict[str, str]) -> str:
+    """Why a request with a body of another type is refused (415), or ""."""
+    if scope.get("method") not in ("POST", "PUT", "PATCH"):
+        return ""
+    kind = headers.get("content-type", "").split(";")[0].strip().lower()
+    has_body = headers.get("content-length", "0").strip() not in ("", "0") or "transfer-encoding" in headers
+    if not has_body or kind in BODY_TYPES or kind.endswith("+json"):
+        return ""
+    return f"a request body of type {kind or 'none'} is refused; send application/json (or multipart/form-data)"
 
 
 async def _reply(send: Send, status: int, detail: str) -> None:

@@ -33,8 +33,10 @@ def serve(host: str = "127.0.0.1", port: int = 8000, *, settings: Settings | Non
     in the home and printed, so a fresh install is usable, never open, and the same after a restart."""
     import uvicorn
 
+    from agents.doors import mark_service
     from api.app import create_app
 
+    mark_service()  # this process serves: the planner confines every port to the roots (agents/doors.py)
     settings = settings or Settings()
     if roots:
         settings = settings.model_copy(update={"allowed_roots": [r.expanduser().resolve() for r in roots]})

@@ -11,6 +11,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from api.jobs import Job, JobManager, body_digest, make_job
+from api.shares import check_queue, upload_room
 from api.uploads import confine_model_path, extract_archive
 from knowledge.errors import SubmitError, UploadError
 from knowledge.settings import ServiceSettings as Settings
@@ -65,11 +66,12 @@ def _model_in_goal(goal: str, settings: Settings) -> str | None:
     return None
 
 
-def save_upload(settings: Settings, data: bytes, filename: str) -> tuple[Path, Path]:
-    """Unpack an uploaded archive under <home>/uploads/<id>/; returns (upload folder, model folder)."""
+def save_upload(settings: Settings, data: bytes, filename: str, max_bytes: int | None = None) -> tuple[Path, Path]:
+    """Unpack an uploaded archive under <home>/uploads/<id>/ (at most ``max_bytes``: the owner's room on the
+    disk); returns (upload folder, model folder)."""
     dest = settings.resolved_home() / "uploads" / uuid.uuid4().hex
     try:
-        model = extract_archive(data, filename, dest / "model", max_bytes=settings.max_extracted_bytes,
+        model = extract_archive(data, filename, dest / "model", max_bytes=max_bytes or settings.max_extracted_bytes,
                                 max_members=settings.max_archive_members)
     except UploadError as exc:
         shutil.rmtree(dest, ignore_errors=True)
@@ -88,7 +90,10 @@ def submit_job(manager: JobManager, *, owner: str, goal: str, fields: dict[str, 
         existing = manager.store.find_idem(owner, idem_key)
         if existing is not None:
             return _replay(existing, digest, idem_key), False
-    uploaded = save_upload(settings, *archive) if archive is not None else None
+    uploaded = None
+    if archive is not None:  # within the queue's and this owner's disk share, checked before unpacking
+        check_queue(manager.store, settings, owner)
+        uploaded = save_upload(settings, *archive, max_bytes=upload_room(manager.store, settings, owner))
     try:
         request = build_request(settings, goal, fields, uploaded[1] if uploaded else None)
         job = make_job(goal=goal, request=request, owner=owner, require_approval=require_approval,

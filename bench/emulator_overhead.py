@@ -87,9 +87,14 @@ def port(rel: Release, out: Path, env: dict[str, str], target: str) -> None:
     rel.bundle = out
 
 
+def _own_python(report: dict[str, Any]) -> str | None:
+    """The env this bench's own port ran in (its bundle is this bench's, not a stranger's), if it still exists."""
+    python = (report.get("environment") or {}).get("python")
+    return python if python and Path(python).exists() else None
+
+
 def run_specs(bundle: Path, workdir: Path) -> dict[str, Any]:
     """The port's own run conditions (as `npuport verify` rebuilds them) on its target and on cpu."""
-    from agents.deploy.verify import report_python
     from agents.request import request_of
     from agents.runs import RunSpec
     from sandbox.targets import REFERENCE_TARGET, resolve_target, target_spec_of
@@ -100,7 +105,7 @@ def run_specs(bundle: Path, workdir: Path) -> dict[str, Any]:
     emulated = resolve_target(target_spec_of(t).name, chip=req.chip, torch_npu=req.torch_npu, strict=req.strict,
                               matrix_path=(t.get("options") or {}).get("matrix_path"))
     base = RunSpec.of(workdir=workdir, model_dir=bundle / "patched", manifest=report.get("entry") or {},
-                      target=emulated, request=report, python=report_python(report))
+                      target=emulated, request=report, python=_own_python(report))
     return {"sim": base, "cpu": base.replace(target=resolve_target(REFERENCE_TARGET))}
 
 

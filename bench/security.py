@@ -48,13 +48,17 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 SECURITY = REPO / "tests" / "security"
-API_FILES = ("test_api_attacks.py", "test_service_limits.py")
+API_FILES = ("test_api_attacks.py", "test_service_limits.py", "test_manifest_paths.py", "test_shares.py",
+             "test_langgraph_dev.py")
 # test file -> the class of issue #29 (or the earlier round) it attacks
 CLASSES = {
     "privilege": "1 root in bwrap", "run_folder": "2 run folder", "model_outside": "3 model outside",
     "untrusted_source": "3 parser", "restart": "3 crash loop", "sharing": "4 sharing",
     "service_limits": "5 service limits", "honesty": "6 honesty", "api_attacks": "owners/uploads",
     "git_escape": "git", "sandbox_escape": "escape/secrets",
+    # issue #42: untrusted files are data, every front door under one policy
+    "verify_bundle": "42 verify bundle", "script_injection": "42 scripts", "manifest_paths": "42 manifest paths",
+    "langgraph_dev": "42 langgraph dev", "shares": "42 shares/memory", "untrusted_fields": "42 untrusted fields",
 }
 
 
@@ -194,10 +198,31 @@ def _as_user(user: str, python: str, k: str, serve: bool) -> int:
     subprocess.run(["chown", user, home], check=True)
     keep = {k_: v for k_, v in os.environ.items() if k_ in ("PATH", "LANG", "LC_ALL", "TERM")
             or k_.startswith("PIP_")}
+    parent = _delegate_cgroups(user)
     argv = ["runuser", "-u", user, "--", "env", "-i", *(f"{k_}={v}" for k_, v in keep.items()),
             f"HOME={home}", f"NPUPORT_HOME={home}/npuport", f"TMPDIR={home}",
+            *([f"NPUPORT_CGROUP_PARENT={parent}"] if parent else []),
             python, str(Path(__file__).resolve()), *(["-k", k] if k else []), *(["--serve"] if serve else [])]
     return subprocess.run(argv, cwd=str(REPO)).returncode
+
+
+def _delegate_cgroups(user: str) -> str:
+    """What an operator does for a service user (docs/security.md): a pids and a memory cgroup folder it owns,
+    named to npuport by NPUPORT_CGROUP_PARENT, so its runs get a process cap and a memory cap as root's do."""
+    name = f"npuport-{user}"
+    made = False
+    for controller in ("pids", "memory"):
+        mount = Path("/sys/fs/cgroup") / controller
+        if not (mount / "cgroup.procs").exists():
+            mount = Path("/sys/fs/cgroup")  # cgroup v2: one folder for both
+        folder = mount / name
+        with contextlib.suppress(OSError):
+            folder.mkdir(exist_ok=True)
+            if mount == Path("/sys/fs/cgroup"):  # v2: its children get the controllers
+                (folder / "cgroup.subtree_control").write_text("+pids +memory")
+            subprocess.run(["chown", "-R", user, str(folder)], check=True)
+            made = True
+    return name if made else ""
 
 
 if __name__ == "__main__":

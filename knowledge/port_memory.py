@@ -25,9 +25,11 @@ WRITE_LOCK = "knowledge-base"  # knowledge.locks.home_lock name shared by every 
 
 
 # Whose ports write and read the memory: the service sets the job's owner (its token's), a batch its
-# batch's owner; a port run from the CLI is "local". A learned fix is reused for its owner only, or for
-# anyone once a person reviewed it (``review_record``): an edit one owner's model talked the LLM into
-# never reaches another owner's port on its own.
+# batch's owner; a port run from the CLI is "local". What a fix is made of decides whether it is reused:
+# one of npuport's own rules (a codemod the rule policy chose) is reused for its owner; an LLM's edit was
+# written from text the model printed (its exception, its traceback), so a hostile model can steer it: it is
+# journalled as a candidate and reused by nobody, its owner included, until a person reviewed it
+# (``review_record``, ``npuport kb review ID``); then by every owner.
 LOCAL_OWNER = "local"
 _owner: contextvars.ContextVar[str] = contextvars.ContextVar("npuport_memory_owner", default=LOCAL_OWNER)
 
@@ -99,11 +101,18 @@ def append_record(rec: dict[str, Any], home: Path | None = None) -> bool:
     return True
 
 
+RULE_PROVENANCE = "npuport"
+"""``provenance.by`` of a fix npuport's own rules made (any other maker, "llm", needs a review)."""
+
+
 def reusable_by(rec: dict[str, Any], owner: str) -> bool:
-    """Whether ``owner``'s ports may reuse ``rec``: its own records, or one a person reviewed. A record
-    without an owner (written before owners were kept) has no provenance and is not reused."""
-    reviewed = bool((rec.get("provenance") or {}).get("reviewed_by"))
-    return reviewed or (bool(rec.get("owner")) and rec.get("owner") == owner)
+    """Whether ``owner``'s ports may reuse ``rec``: one a person reviewed, or its own records made by npuport's
+    rules. An LLM's edit (its maker read the model's own error text) waits for a review, whoever's it is; a
+    record without an owner (written before owners were kept) has no provenance and is not reused."""
+    prov = rec.get("provenance") or {}
+    if prov.get("reviewed_by"):
+        return True
+    return prov.get("by") == RULE_PROVENANCE and bool(rec.get("owner")) and rec.get("owner") == owner
 
 
 def review_record(record_id: str, reviewer: str, home: Path | None = None) -> bool:

@@ -64,6 +64,9 @@ class Settings(BaseSettings):
     """The older name of NPUPORT_ISOLATION (used when that is unset)."""
     allow_unisolated: bool = False
     """1: where bwrap is unusable, run model code in a plain process sandbox instead of refusing."""
+    cgroup_parent: str = ""
+    """A cgroup folder (under each controller's mount) delegated to npuport's user, where each run gets its pids
+    and memory cgroup."""
     sim_engine: str = "auto"
     """ascend-sim's engine: native (C++, built on first use), python (slower), auto (native when it builds)."""
     kb: str = ""
@@ -232,6 +235,21 @@ class ServiceSettings(BaseSettings):
     """Ports the service runs at once."""
     max_queued: int = Field(default=100, ge=1)
     """Jobs waiting beyond this are refused (429)."""
+    max_queued_per_owner: int = Field(default=20, ge=1)
+    """Jobs one token may have waiting; beyond, its submissions are refused (429): one owner cannot fill the queue."""
+    max_running_per_owner: int = Field(default=0, ge=0, le=64)
+    """Jobs of one token running at once (0: half the workers, at least one); its others wait their turn."""
+    owner_upload_mb: int = Field(default=1024, ge=1)
+    """Disk one token's uploads may hold at once (unpacked); an upload is removed when its job ends."""
+    batch_workers: int = Field(default=0, ge=0, le=64)
+    """Ports of every batch running at once in the service's worker pool (0: the workers); a request's `workers` may
+    only lower it."""
+    service_process: bool = False
+    """1: this process serves others (npuport serve and langgraph dev set it): every port is confined to the model
+    roots."""
+    allow_uncapped_memory: bool = False
+    """Run ports although a run's memory cannot be capped as a whole here (no writable memory cgroup); the service
+    refuses them otherwise."""
 
     @field_validator("tokens", mode="before")
     @classmethod

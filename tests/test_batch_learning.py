@@ -12,6 +12,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -36,54 +37,64 @@ def write_sibling(root: Path) -> Path:
 
 
 @pytest.mark.slow
+def _batch(tmp_path: Path, npuport_home: Path, name: str, models: list[str], stub_url: str) -> tuple[Any, Path]:
+    manifest = tmp_path / f"{name}.yaml"
+    manifest.write_text(f"name: {name}\ndefaults:\n  target: cpu\n  policy: hybrid\n"
+                        "  budget: {max_runs: 4, run_timeout_s: 120}\n  timeout_s: 400\n"
+                        "models:\n" + "".join(f"  - path: {m}\n" for m in models))
+    out = tmp_path / f"out-{name}"
+    env = dict(os.environ, NPUPORT_HOME=str(npuport_home), COLUMNS="200", NPUPORT_LLM_BASE_URL=stub_url,
+               NPUPORT_LLM_MODEL="stub-model", NPUPORT_LLM_API_KEY="stub-key", NPUPORT_LLM_MAX_RETRIES="0",
+               NPUPORT_LLM_TIMEOUT_S="30")
+    env.pop("RAY_ADDRESS", None)
+    r = subprocess.run([sys.executable, "-m", "api.cli", "batch", str(manifest), "--workers", "1",
+                        "--out", str(out)], capture_output=True, text=True, env=env, cwd=REPO_ROOT, timeout=600)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    return r, out
+
+
 def test_second_port_reuses_what_the_first_learned_without_the_llm(tmp_path: Path, npuport_home: Path) -> None:
+    """alpha's LLM edit is journalled as a candidate; once a person reviewed it (`npuport kb review`), beta, with
+    the same failure, applies it before its first run: no LLM call, one sandbox run fewer. (Unreviewed, an LLM's
+    edit, written from the text the model printed, is reused by no port: tests/security/test_sharing.py.)"""
     pytest.importorskip("ray", reason="the batch extra is not installed: pip install 'npuport[batch]'")
+    from knowledge.port_memory import read_records
     from tests.llm_stub import StubLLMServer
 
     write_planted_model(tmp_path / "alpha")
     write_sibling(tmp_path / "beta")
-    manifest = tmp_path / "batch.yaml"
-    # one worker: beta starts only after alpha has finished (and recorded what it learned)
-    manifest.write_text("name: family\ndefaults:\n  target: cpu\n  policy: hybrid\n"
-                        "  budget: {max_runs: 4, run_timeout_s: 120}\n  timeout_s: 400\n"
-                        "models:\n  - path: alpha\n  - path: beta\n")
-    out = tmp_path / "out"
     with StubLLMServer(_graph_script()) as stub:  # answers alpha's debugger (two turns), and 500 after that
-        env = dict(os.environ, NPUPORT_HOME=str(npuport_home), COLUMNS="200", NPUPORT_LLM_BASE_URL=stub.base_url,
-                   NPUPORT_LLM_MODEL="stub-model", NPUPORT_LLM_API_KEY="stub-key", NPUPORT_LLM_MAX_RETRIES="0",
-                   NPUPORT_LLM_TIMEOUT_S="30")
-        env.pop("RAY_ADDRESS", None)
-        r = subprocess.run([sys.executable, "-m", "api.cli", "batch", str(manifest), "--workers", "1",
-                            "--out", str(out)], capture_output=True, text=True, env=env, cwd=REPO_ROOT, timeout=600)
-    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    rows = {row["model"]: row for row in json.loads((out / "results.json").read_text())["ports"]}
-    alpha, beta = rows["alpha"], rows["beta"]
-    assert alpha["verdict"] == beta["verdict"] == "validated", rows
+        _, out_a = _batch(tmp_path, npuport_home, "alpha-batch", ["alpha"], stub.base_url)
+        learned = [rec for rec in read_records(npuport_home) if rec.get("fix")]
+        assert len(learned) == 1 and learned[0]["model"] == "alpha", learned
+        rid = learned[0]["id"]
+        review = subprocess.run([sys.executable, "-m", "api.cli", "kb", "review", rid], capture_output=True, text=True,
+                                env=dict(os.environ, NPUPORT_HOME=str(npuport_home)), cwd=REPO_ROOT, timeout=120)
+        assert review.returncode == 0 and "reviewed" in review.stdout, review.stdout + review.stderr
+        r, out_b = _batch(tmp_path, npuport_home, "beta-batch", ["beta"], stub.base_url)
+    alpha = json.loads((out_a / "results.json").read_text())["ports"][0]
+    beta = json.loads((out_b / "results.json").read_text())["ports"][0]
+    assert alpha["verdict"] == beta["verdict"] == "validated", (alpha, beta)
     # alpha: the failure no recipe covers, the LLM's fix (two exchanges), the fixed run; beta: no LLM call,
     # the learned edit applied before its first run, so one port run instead of two
     assert stub.agents == ["debugger", "debugger"], stub.agents
     assert (alpha["llm_calls"], beta["llm_calls"]) == (2, 0)
-    assert beta["sandbox_runs"] == alpha["sandbox_runs"] - 1, rows  # the reference run and one port run
-    alpha_state = json.loads((out / "alpha" / "report.json").read_text())
-    beta_report = json.loads((out / "beta" / "report.json").read_text())
+    assert beta["sandbox_runs"] == alpha["sandbox_runs"] - 1, (alpha, beta)  # the reference run and one port run
+    alpha_state = json.loads((out_a / "alpha" / "report.json").read_text())
+    beta_report = json.loads((out_b / "beta" / "report.json").read_text())
     assert alpha_state["request"]["policy"] == beta_report["request"]["policy"] == "hybrid"
     # what alpha learned is one port-memory record with the edit and the location-free failure
-    from knowledge.port_memory import read_records
-
-    records = read_records(npuport_home)
-    learned = [rec for rec in records if rec.get("fix")]
-    assert len(learned) == 1 and learned[0]["model"] == "alpha", records
-    rid = learned[0]["id"]
     assert learned[0]["failure_key"] == f"RuntimeError: {FAILURE}"
     assert learned[0]["fix"]["params"]["edits"] == [{"file": "modeling_planted.py", "search": SEARCH,
                                                      "replace": REPLACE}]
     assert alpha["learned"] == [rid] and alpha["reused"] == []
-    assert beta["reused"] == [f"{rid} (from alpha)"] and beta["learned"] == []
+    assert beta["reused"] == [f"{rid} (from earlier)"] and beta["learned"] == []  # learned by an earlier batch
     # beta's bundle: the learned edit, moved onto beta's own file, as a commit that cites the record
-    patch = (out / "beta" / "port.patch").read_text()
+    patch = (out_b / "beta" / "port.patch").read_text()
     assert "+++ b/modeling_sibling.py" in patch and '+        if layout not in ("packed", "strided"):' in patch
-    md = (out / "report.md").read_text()
-    assert f"- alpha learned: {rid}" in md and f"- beta reused: {rid} (from alpha)" in md, md
+    assert f"- alpha learned: {rid}" in (out_a / "report.md").read_text()
+    md = (out_b / "report.md").read_text()
+    assert f"- beta reused: {rid} (from earlier)" in md, md
     assert f"RuntimeError: {FAILURE}" in md
     assert f"beta reused: {rid}" in r.stdout
 
@@ -96,7 +107,8 @@ def _port_state(tmp_path: Path, model: Path, target: str = "cpu") -> tuple[dict[
 
 
 def _learn_from_alpha(home: Path) -> str:
-    """The record a validated alpha port journals (agents/reading/citations.py), from a minimal final state."""
+    """The record a validated alpha port journals (agents/reading/citations.py), from a minimal final state, then
+    reviewed (an LLM's edit is reused by no port before: tests/security/test_sharing.py)."""
     from agents.reading.citations import _journal_learned
     from knowledge.locks import home_lock
     from knowledge.port_memory import WRITE_LOCK
@@ -111,10 +123,13 @@ def _learn_from_alpha(home: Path) -> str:
              "patches": [{"id": "patch-2", "diagnosis_id": "diag-1", "summary": "LLM llm-edit: accept both layouts",
                           "files": ["modeling_planted.py"]},
                          {"id": "patch-1", "summary": "H1 device-agnostic", "finding_ids": ["f1"]}]}
+    from knowledge.port_memory import review_record
+
     with home_lock(WRITE_LOCK):
         ids = _journal_learned(state)
         assert _journal_learned(state) == ids  # the same fix twice is one record
-    assert len(ids) == 1
+        assert len(ids) == 1
+        review_record(ids[0], "operator", home)  # an LLM's edit is reused once a person reviewed it
     return ids[0]
 
 

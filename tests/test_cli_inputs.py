@@ -131,11 +131,11 @@ def _exit_table(doc: Path, header: str) -> list[tuple[int, str]]:
 
 
 def test_help_readme_and_docs_list_the_exit_codes_of_the_code() -> None:
-    from api.cli_port import EXIT_INTERNAL, EXIT_INTERRUPTED, EXIT_MEANINGS
+    from api.cli_port import EXIT_INTERNAL, EXIT_INTERRUPTED, EXIT_MEANINGS, EXIT_NOT_VERIFIED
     from knowledge.errors import EXIT_CODES
 
-    # every code the CLI returns has a meaning: the error kinds' codes, and 0 / 130 of the port's path
-    assert set(EXIT_CODES.values()) | {0, EXIT_INTERNAL, EXIT_INTERRUPTED} == set(EXIT_MEANINGS)
+    # every code the CLI returns has a meaning: the error kinds' codes, 0 / 130 of the port's path, verify's 4
+    assert set(EXIT_CODES.values()) | {0, EXIT_INTERNAL, EXIT_INTERRUPTED, EXIT_NOT_VERIFIED} == set(EXIT_MEANINGS)
     code, output = run("--help")
     assert code == 0
     flat = " ".join(output.split())
@@ -199,7 +199,7 @@ def test_demo_ends_with_the_next_commands(tmp_path: Path, monkeypatch: pytest.Mo
     seen: dict[str, object] = {}
     monkeypatch.setattr(cli, "run_port_cli", lambda request, goal="": seen.update(request) or cli.EXIT_OK)
     verdicts = {"throughput": "agree"}
-    monkeypatch.setattr(deploy, "verify_bundle", lambda bundle: VerifyResult(bundle=str(bundle), claims=[
+    monkeypatch.setattr(deploy, "verify_bundle", lambda bundle, original: VerifyResult(bundle=str(bundle), claims=[
         Claim(name="throughput", verdict=verdicts["throughput"], detail="28.1 tokens/s now vs 27.0 reported")]))
     out = tmp_path / "demo-out"
     code, output = run("demo", "--out", str(out))
@@ -209,7 +209,7 @@ def test_demo_ends_with_the_next_commands(tmp_path: Path, monkeypatch: pytest.Mo
     assert f"npuport verify {out}" in output and "npuport serve" in output and "report.md" in output
     verdicts["throughput"] = "disagree"  # the demo's numbers must survive that check, or it fails
     code, output = run("demo", "--out", str(tmp_path / "demo-2"))
-    assert code == 1 and "verify disagrees" in output and "next:" not in output
+    assert code == 1 and "verify: disagree" in output and "next:" not in output
     out.mkdir()
     (out / "report.md").write_text("old")
     assert run("demo", "--out", str(out))[0] == 2  # an earlier demo's bundle is not overwritten silently

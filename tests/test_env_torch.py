@@ -148,8 +148,10 @@ def test_native_engine_key_follows_the_torch_of_the_interpreter_that_runs_the_sa
     assert nb._torch_identity(str(other))[0] == "2.99.1+cu130"
 
 
-def test_the_sandbox_binds_a_layered_envs_base_env(tmp_path: Path) -> None:
+def test_the_sandbox_binds_a_layered_envs_base_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from sandbox.isolation.bwrap import _interpreter_paths
+
+    monkeypatch.setenv("NPUPORT_ENV_CACHE", str(tmp_path))  # a layer is bound only when it is an env of the cache
 
     base, env = tmp_path / "base", tmp_path / "layered"
     for d in (base, env):

@@ -72,7 +72,6 @@ ENV_TOUCHERS = {
                                   "pydantic): tells the Hub libraries they are offline before they load",
     "sandbox/targets/npu_runtime.py": "inside the sandboxed run on a real NPU: torch_npu reads "
                                       "TORCH_NPU_FALLBACK_CPU_DISABLE when it loads",
-    "sandbox/isolation/process.py": "cut after merge: isolation_setting() becomes settings().isolation_choice",
 }
 _WRITERS = {"setdefault", "pop", "popitem", "update", "clear", "__setitem__", "__delitem__"}
 

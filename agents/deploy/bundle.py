@@ -13,6 +13,7 @@ from typing import Any
 from agents.deploy import plots, requirements, runscript, serve, serve_report, stack, vllm
 from agents.request import request_of
 from agents.tuning.space import model_facts
+from knowledge.untrusted import one_line, read_model_config
 from sandbox.targets import target_spec_of
 
 
@@ -30,11 +31,8 @@ def serve_plan(state: dict[str, Any], model_dir: Path | None, search: serve.Sear
     what the real-NPU loop measured, and the engine configuration the engine tuner measured on this host
     (``engine``, agents/deploy/engine_tune.py)."""
     manifest = state.get("entry") or {}
-    config: dict[str, Any] = {}
-    if model_dir is not None:
-        cfg_path = model_dir / manifest.get("config", "config.json")
-        if cfg_path.exists():
-            config = json.loads(cfg_path.read_text())
+    # read outside the sandbox: from inside the model's folder only, typed where it is used (model_facts)
+    config = read_model_config(model_dir, manifest) if model_dir is not None else {}
     facts = model_facts(config, has_custom_code=bool(model_dir and any(model_dir.glob("*.py"))))
     req = request_of(state)
     docs = serve.plan_from_docs(serve.model_class(config, model_dir),
@@ -76,10 +74,10 @@ def write_deploy_bundle(state: dict[str, Any], out_dir: Path) -> dict[str, str]:
         # The exact small config the port was validated with; run.py uses it by default.
         from sandbox.harness.shrink import shrink_config
 
-        config_file = model_dir / str(manifest.get("config") or "config.json")
         small = _shrunk_config_of_port(state)  # the constructor-fitted config (sandbox/harness/shrink_fit.py)
-        if small is None and config_file.is_file():
-            small, _ = shrink_config(json.loads(config_file.read_text()), manifest.get("shrink") or {}, model_dir)
+        config = read_model_config(model_dir, manifest)
+        if small is None and config:
+            small, _ = shrink_config(config, manifest.get("shrink") or {}, model_dir)
         if small is not None:
             files["run_config"] = _write(out_dir / "run_config.json", json.dumps(small, indent=1))
     write_serve = serve_writer(state, out_dir, files)
@@ -121,8 +119,8 @@ def serve_writer(state: dict[str, Any], out_dir: Path, files: dict[str, str] | N
         script = vllm.render_serve_sh(settings, name, str(Path(src).resolve()) if src else None)
         if chosen_stack.get("chosen"):
             head, _, rest = script.partition("\n")
-            note = chosen_stack["note"][:300]
-            script = f"{head}\n# Serving stack (one tuple, agents/deploy/stack.py): {note}\n{rest}"
+            note = vllm.comment("Serving stack (one tuple, agents/deploy/stack.py): " + chosen_stack["note"][:300])
+            script = f"{head}\n{note}\n{rest}"
         files["serve_sh"] = _write(out_dir / "serve.sh", script, True)
         files["set_env_sh"] = _write(out_dir / "set_env.sh", vllm.render_set_env_sh(settings), True)
         files["deploy_json"] = _write(out_dir / "deploy.json", json.dumps(
@@ -141,16 +139,17 @@ def mark_serve_sh(out_dir: Path, record: dict[str, Any]) -> None:
     if rest.startswith("# Started by npuport") or rest.startswith("# Checked (not started) by npuport"):
         rest = rest.partition("\n")[2]  # a rerun replaces the earlier note
     verb = "Started" if record.get("status") == "served" or record.get("throughput") else "Checked (not started)"
-    note = f"# {verb} by npuport on this host ({record.get('host')}): {serve_report.deployment_summary(record, 300)}"
+    note = vllm.comment(f"{verb} by npuport on this host ({record.get('host')}): "
+                        f"{serve_report.deployment_summary(record, 300)}"[:400] + " (deployment.json)")
     if record.get("status") == "no vLLM path" and "exit 3\n" not in rest:
         rest = no_path_guard(rest, str(record.get("error") or ""))
-    _write(serve_sh, f"{head}\n{note[:400].replace(chr(10), ' ')} (deployment.json)\n{rest}", True)
+    _write(serve_sh, f"{head}\n{note}\n{rest}", True)
 
 
 def no_path_guard(script: str, reason: str) -> str:
     """serve.sh of a model vLLM has no path for: it stops with the reason before anything starts (the vLLM
     command stays below it, for whoever adds a model class)."""
-    why = shlex.quote(f"serve.sh: no vLLM path for this model: {reason.splitlines()[0][:300] if reason else ''}. "
+    why = shlex.quote(f"serve.sh: no vLLM path for this model: {one_line(reason, 300)}. "
                       "vLLM has no class for it and cannot run its code (report.md, Deployment, lists what a vLLM "
                       "model class would need); the command below is what would serve it with one.")
     return script.replace("set -euo pipefail\n", f"set -euo pipefail\necho {why} >&2\nexit 3\n", 1)

@@ -20,6 +20,7 @@ from typing import Any
 from agents.deploy.vllm import NOT_MEASURED, ServeSetting
 from agents.projection.project import Deployment, Projection, Workload, cards_for, memory_of, project
 from agents.projection.render import count_text
+from knowledge.untrusted import number_value
 
 PROJECTED = "projected"
 CITATION = "npuport projection (agents/projection; docs/deploy.md, Projected on a chip)"
@@ -69,7 +70,8 @@ def size_for_chip(settings: list[ServeSetting], state: Mapping[str, Any], model_
 
     out = list(settings)
     hw, eff = chip_hardware(base.chip), calibrated()
-    util = float(_value(out, "gpu-memory-utilization") or DEFAULT_UTILIZATION)
+    # a setting's value may come from a serving doc (the knowledge base): a fraction, else the default
+    util = number_value(_value(out, "gpu-memory-utilization"), DEFAULT_UTILIZATION, 0.01, 1.0)
     dep = Deployment(dtype=base.dtype, graph_mode=True, gpu_memory_utilization=util)
     wl = Workload(concurrency=list(SEQ_CANDIDATES), input_len=base.input_len, output_len=base.output_len,
                   images=base.images)
@@ -102,7 +104,7 @@ def _size_seqs(out: list[ServeSetting], sized: Projection, fits: int, chip: str)
 
 
 def _size_len(out: list[ServeSetting], cost: Any, hw: Any, eff: Any, dep: Deployment, wl: Workload) -> None:
-    own = int(_value(out, "max-model-len") or cost.max_len or 0)
+    own = int(number_value(_value(out, "max-model-len"), 0, 1, 2**31) or cost.max_len or 0)
     if not own:
         return
     mem = memory_of(cost, hw, eff, dep, Workload(input_len=own, output_len=0, images=0))

@@ -6,6 +6,7 @@ and prints the text and the timing. It builds its inputs as the harness did, wit
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -234,10 +235,15 @@ def render_run_py(tuned: dict[str, Any], target: str, manifest: dict[str, Any] |
     table = script_table(request)
     target = target if target in table else REFERENCE_TARGET
     cfg = {k: v for k, v in tuned.items() if k in ("batch", "threads", "dtype", "attn", "compile")}
-    return (TEMPLATE.replace("__TUNED__", repr(json.dumps(cfg))).replace("__TARGET__", repr(target))
-            .replace("__TARGETS__", repr(json.dumps(table))).replace("__MANIFEST__", repr(json.dumps(manifest or {})))
-            .replace("__TARGET_WORD__", target).replace("__FIRST__", REFERENCE_TARGET)
-            .replace("__CHOICES__", ", ".join(sorted(table))))
+    # Values go in as Python literals (repr of a JSON string), names from the target registry's known list; one
+    # pass, so a manifest value that spells a placeholder is never substituted again.
+    values = {"__TUNED__": repr(json.dumps(cfg)), "__TARGET__": repr(target), "__TARGETS__": repr(json.dumps(table)),
+              "__MANIFEST__": repr(json.dumps(manifest or {})), "__TARGET_WORD__": target,
+              "__FIRST__": REFERENCE_TARGET, "__CHOICES__": ", ".join(sorted(table))}
+    return _PLACEHOLDER.sub(lambda m: values[m.group(0)], TEMPLATE)
+
+
+_PLACEHOLDER = re.compile(r"__(?:TUNED|TARGETS|TARGET_WORD|TARGET|MANIFEST|FIRST|CHOICES)__")
 
 
 # npuport's inputs modules (sandbox/), shipped beside run.py: they import nothing of npuport but each other.

@@ -226,6 +226,7 @@ def _start(state: dict[str, Any], bundle: Path, run_root: Path, plan: CheckPlan,
 
 def _prepare(c: _Check) -> bool:
     """The vLLM environment, the served config and the workload; False with the failure in the record."""
+    from knowledge.untrusted import read_model_config
     from sandbox.harness.shrink import shrink_config
 
     c.phase("deployment: the vLLM environment (built once, then cached)")
@@ -241,7 +242,7 @@ def _prepare(c: _Check) -> bool:
         return False
     req = request_of(c.state)
     manifest = c.state.get("entry") or {}
-    config = json.loads((c.model_dir / str(manifest.get("config") or "config.json")).read_text())
+    config = read_model_config(c.model_dir, manifest)  # knowledge/untrusted.py: inside the model's folder only
     if req.shrink:
         config, _ = shrink_config(config, manifest.get("shrink") or {}, c.model_dir)
     overrides, note = head_overrides(config, c.facts["head_sizes"])

@@ -1,25 +1,36 @@
 """Verify a bundle's claims from scratch: re-apply port.patch to the original in a fresh workspace,
 re-run validation (the port's greedy tokens vs the original's under the cuda->cpu redirect) and the
-benchmark of the tuned configuration in fresh sandboxes, and say agree / disagree per claim."""
+benchmark of the tuned configuration in fresh sandboxes, and say agree / disagree per claim.
+
+A bundle may be a stranger's (a reviewer verifies a port they did not make): its report is parsed into typed
+claims first (agents/deploy/verify_input.py) and names nothing verify opens, binds or runs. The original is
+the folder the user names (checked against the report's digest); target and environment are resolved on this
+host. A claim the report makes that cannot be checked here is ``unchecked``, and the whole result is then
+"not verified" (its own exit code), never an agreement."""
 
 from __future__ import annotations
 
 import hashlib
-import json
+import os
+import stat
 import tempfile
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
 from agents.deploy.token_gate import prefix_len
-from agents.request import request_of
+from agents.deploy.verify_input import BundleClaims, read_claims
 from agents.runs import RunSpec, token_summary
+from agents.target_state import target_to_dict
 from agents.tuning.measure import TUNE_CONCURRENCY, headline_spec, points_of
 from agents.tuning.port import MAX_RESOLVABLE_SPREAD, UNTUNED_CONFIG
 from agents.workspace import Workspace
+from agents.workspace import tree_digest as workspace_digest
 from knowledge.errors import TargetError, WorkspaceError
+from knowledge.untrusted import UntrustedValue, is_inside, one_line
 from sandbox.isolation.process import Limits
 from sandbox.targets import Target, resolve_target, target_spec_of
 
@@ -36,7 +47,9 @@ SERVED_TOLERANCE = 2.0  # the served figure (a whole vLLM engine on a shared hos
 
 class Claim(BaseModel):
     name: str
-    verdict: Literal["agree", "disagree", "unchecked"]
+    verdict: Literal["agree", "disagree", "unchecked", "no claim"]
+    """``unchecked``: the report makes the claim and it could not be checked here (the result is not
+    verified); ``no claim``: the report makes none (nothing to check)."""
     claimed: Any = None
     observed: Any = None
     detail: str = ""
@@ -47,10 +60,18 @@ class VerifyResult(BaseModel):
     claims: list[Claim] = Field(default_factory=list)
 
     @property
+    def outcome(self) -> Literal["agree", "disagree", "not verified"]:
+        """``disagree`` when a checked claim disagrees; ``not verified`` when a claim the report makes could not be
+        checked (or none was); ``agree`` only when every claim it makes was checked and agrees."""
+        if any(c.verdict == "disagree" for c in self.claims):
+            return "disagree"
+        if any(c.verdict == "unchecked" for c in self.claims) or not any(c.verdict == "agree" for c in self.claims):
+            return "not verified"
+        return "agree"
+
+    @property
     def agree(self) -> bool:
-        """True when every claim that could be checked agrees (and at least one was checked)."""
-        checked = [c for c in self.claims if c.verdict != "unchecked"]
-        return bool(checked) and all(c.verdict == "agree" for c in checked)
+        return self.outcome == "agree"
 
     def lines(self) -> list[str]:
         return [f"{c.verdict.upper():9} {c.name}: {c.detail}" for c in self.claims]
@@ -58,14 +79,32 @@ class VerifyResult(BaseModel):
 
 def tree_digest(root: Path) -> str:
     """sha256 over the relative paths and bytes of the tree's source files (bytecode caches skipped:
-    running the bundle's run.py may leave them in patched/)."""
+    running the bundle's run.py may leave them in patched/). A link is hashed as its target's name, never
+    followed (a bundle is a stranger's: verify reads nothing outside it)."""
     h = hashlib.sha256()
     for p in sorted(root.rglob("*")):
         rel = p.relative_to(root)
-        if p.is_file() and ".git" not in rel.parts and "__pycache__" not in rel.parts and p.suffix != ".pyc":
+        if ".git" in rel.parts or "__pycache__" in rel.parts or p.suffix == ".pyc":
+            continue
+        if p.is_symlink():
+            h.update(rel.as_posix().encode() + b" -> " + os.readlink(p).encode())
+        elif p.is_file():
             h.update(rel.as_posix().encode())
             h.update(hashlib.sha256(p.read_bytes()).digest())
     return h.hexdigest()
+
+
+def bundle_problem(bundle: Path) -> str | None:
+    """Why verify refuses to read the bundle (or a tree the patch made): a link that leads out of it, a FIFO or a
+    device (every file verify and the deployment check read of a bundle is a regular file inside it), else None."""
+    root = bundle.resolve()
+    for p in [root, *root.rglob("*")]:
+        st = p.lstat()
+        if stat.S_ISLNK(st.st_mode) and not is_inside(root, p):
+            return f"{p.relative_to(root)} is a link out of its folder"
+        if not (stat.S_ISLNK(st.st_mode) or stat.S_ISREG(st.st_mode) or stat.S_ISDIR(st.st_mode)):
+            return f"{p.relative_to(root)} is not a regular file"
+    return None
 
 
 def _apply_patch(original: Path, bundle: Path, root: Path) -> tuple[Claim, Workspace | None]:
@@ -79,6 +118,8 @@ def _apply_patch(original: Path, bundle: Path, root: Path) -> tuple[Claim, Works
         except WorkspaceError as exc:
             return Claim(name="patch applies", verdict="disagree", detail=f"git apply failed: {str(exc)[:300]}"), None
         ws.commit("port.patch from the bundle")
+        if problem := bundle_problem(ws.model_dir):  # a patch may add a link: never one that leads out
+            return Claim(name="patch applies", verdict="disagree", detail=f"the patch makes {problem}"), None
     rebuilt = root / "rebuilt"
     ws.export_tree(rebuilt)
     patched = bundle / "patched"
@@ -91,42 +132,71 @@ def _apply_patch(original: Path, bundle: Path, root: Path) -> tuple[Claim, Works
                  else "applies, but the result differs from the bundle's patched/ tree"), ws
 
 
-def report_python(report: dict[str, Any]) -> str | None:
-    """The interpreter of the environment the port ran in, when it still exists (else the host's)."""
-    python = (report.get("environment") or {}).get("python")
-    return python if python and Path(python).exists() else None
-
-
-def _target(report: dict[str, Any]) -> Target | None:
-    t = report.get("target") or {}
-    req = request_of(report)
-    spec = target_spec_of(t)
+def _local_target(claims: BundleClaims) -> tuple[Target | None, str]:
+    """The report's target resolved on this host from its name, chip and torch_npu (allow-listed); its options
+    (the op matrix, the native engine) are this host's, never paths from the report."""
+    req = claims.request
     try:
+        spec = target_spec_of({"name": claims.target_name})
         if spec.probe is not None and not spec.probe()[0]:  # the hardware is not here
-            return None
+            return None, f"target {spec.name} is not available on this host"
+        matrix = None
+        if spec.uses_matrix:
+            from knowledge.op_matrix import matrix_path
+
+            here = matrix_path(req.torch_npu)
+            matrix = str(here) if here.is_file() else None
         return resolve_target(spec.name, chip=req.chip, torch_npu=req.torch_npu, strict=req.strict,
-                              matrix_path=(t.get("options") or {}).get("matrix_path"))
-    except TargetError:
-        return None
+                              matrix_path=matrix), ""
+    except TargetError as exc:
+        return None, f"target {one_line(claims.target_name, 40)} is not available on this host: {exc}"
 
 
-def _spec(report: dict[str, Any], ws: Workspace, target: Target, limits: Limits) -> RunSpec:
-    """The port's own conditions: its shrunk config and the environment it ran in (a layered venv)."""
-    return RunSpec.of(workdir=ws.root, model_dir=ws.model_dir, manifest=report.get("entry") or {}, target=target,
-                      request=request_of(report), python=report_python(report), limits=limits)
+def _local_python(original: Path, target: Target, torch_npu: str) -> tuple[str | None, str]:
+    """The environment the port ran in, resolved again from the original on this host (as the environment agent
+    does): the interpreter of its layered env, or None (the host's); the report's interpreter is never used."""
+    from agents.environment.layered import ensure_env
+    from agents.environment.resolve import resolve
+    from knowledge.errors import NpuportError
+
+    try:
+        python = ensure_env(resolve(original, target.name, torch_npu))
+    except NpuportError as exc:
+        return None, f"the model's environment could not be built here: {one_line(exc, 300)}"
+    return (str(python) if python else None), ""
 
 
-def _tokens_claim(report: dict[str, Any], ws: Workspace, target: Target,
-                  limits: Limits) -> tuple[Claim, list[list[int]] | None]:
+def _spec(claims: BundleClaims, ws: Workspace, target: Target, python: str | None, limits: Limits) -> RunSpec:
+    """The port's own conditions: its entry and request, this host's target and the environment resolved here."""
+    return RunSpec.of(workdir=ws.root, model_dir=ws.model_dir, manifest=claims.entry.manifest, target=target,
+                      request=claims.request, python=python, limits=limits)
+
+
+@dataclass(frozen=True)
+class _Check:
+    """What every claim's check runs with: the typed claims, the fresh workspace, this host's target and env."""
+
+    claims: BundleClaims
+    ws: Workspace
+    target: Target
+    python: str | None
+    limits: Limits
+
+    def spec(self) -> RunSpec:
+        return _spec(self.claims, self.ws, self.target, self.python, self.limits)
+
+
+def _tokens_claim(c: _Check) -> tuple[Claim, list[list[int]] | None]:
     from agents.validation.reference import reference_copy
 
-    claimed = (report.get("numerics") or {}).get("port_tokens")
-    original = reference_copy(ws, report.get("runs") or [])  # with the switch-only fix the report lists, if any
-    spec = _spec(report, ws, target, limits)
-    ref = spec.as_reference(original).replace(capture=()).harness(ws.runs_dir / "verify-reference")
-    port = spec.harness(ws.runs_dir / "verify-port")
-    if (report.get("numerics") or {}).get("compared") == "outputs":
-        return _outputs_claim(report, ref, port), None
+    claimed = c.claims.numerics.port_tokens
+    # with the switch-only fix the report says validation needed, if any (its runs' flag, nothing else)
+    original = reference_copy(c.ws, [{"reference_adjusted": True}] if c.claims.reference_adjusted else [])
+    spec = c.spec()
+    ref = spec.as_reference(original).replace(capture=()).harness(c.ws.runs_dir / "verify-reference")
+    port = spec.harness(c.ws.runs_dir / "verify-port")
+    if c.claims.numerics.compared == "outputs":
+        return _outputs_claim(c.claims.numerics.dtype, ref, port), None
     ref_t = (ref.result.get("outputs") or {}).get("tokens") if ref.ok else None
     port_t = (port.result.get("outputs") or {}).get("tokens") if port.ok else None
     if ref_t is None or port_t is None:
@@ -142,27 +212,25 @@ def _tokens_claim(report: dict[str, Any], ws: Workspace, target: Target,
                  detail=detail), ref_t
 
 
-def _outputs_claim(report: dict[str, Any], ref: Any, port: Any) -> Claim:
+def _outputs_claim(dtype: str, ref: Any, port: Any) -> Claim:
     """A model validated on its forward outputs (an encoder): both verify runs' outputs compared again,
-    within the tolerance the port was held to."""
+    within the tolerance the port was held to (its dtype's)."""
     from agents.runs import record_of
     from agents.validation.compare import compare_outputs
 
-    dtype = ((report.get("numerics") or {}).get("metrics") or {}).get("dtype") or "float32"
     now = compare_outputs(record_of(port, "verify-port", "verify", "port"),
                           record_of(ref, "verify-reference", "verify", "reference"), dtype)
     return Claim(name="forward outputs match", verdict="agree" if now.verdict == "match" else "disagree",
                  claimed="match", observed=now.verdict, detail=now.detail)
 
 
-def _perf_claim(report: dict[str, Any], ws: Workspace) -> Claim:
+def _perf_claim(claims: BundleClaims, ws: Workspace, original: Path) -> Claim:
     """Re-check the decode profile: the verify runs of _tokens_claim profile themselves, and the
     pathologies found in them (kind, module, code line) must be the report's."""
     from agents.validation.perf_evidence import analyse, profile_of, shown_where
 
-    claimed_perf = report.get("perf") or {}
-    if not claimed_perf.get("profiled"):
-        return Claim(name="decode profile", verdict="unchecked", detail="the report has no decode profile")
+    if not claims.perf.profiled:
+        return Claim(name="decode profile", verdict="no claim", detail="the report has no decode profile")
     port = profile_of(ws.runs_dir / "verify-port" / "result.json")
     if port is None:
         return Claim(name="decode profile", verdict="disagree", detail="the verify run of the port has no profile")
@@ -170,45 +238,45 @@ def _perf_claim(report: dict[str, Any], ws: Workspace) -> Claim:
     from agents.sites import port_site
 
     for p in observed.get("pathologies") or []:  # printed as the report prints them: the user's file:line
-        p["user_where"] = port_site(p.get("where"), ws.root, request_of(report).model_path)
+        p["user_where"] = port_site(p.get("where"), ws.root, original)  # the original the user named
 
-    def keys(perf: dict[str, Any]) -> list[str]:
+    def keys(pathologies: list[dict[str, Any]]) -> list[str]:
         return sorted(f"{p['kind']}{'(' + p['module'] + ')' if p.get('module') else ''} at {shown_where(p)}"
-                      for p in perf.get("pathologies") or [])
+                      for p in pathologies)
 
-    claimed, now = keys(claimed_perf), keys(observed)
+    claimed = keys([p.model_dump() for p in claims.perf.pathologies])
+    now = keys(observed.get("pathologies") or [])
     return Claim(name="decode profile", verdict="agree" if claimed == now else "disagree", claimed=claimed,
                  observed=now, detail=(f"the same {len(now)} performance pathologies: {', '.join(now) or 'none'}"
                                        if claimed == now else f"report says {claimed or 'none'}, the profile now shows "
                                        f"{now or 'none'}"))
 
 
-def _throughput_claim(report: dict[str, Any], ws: Workspace, target: Target, ref_tokens: list[list[int]] | None,
-                      tolerance: float, limits: Limits) -> Claim:
-    tuning = report.get("tuning") or {}
-    tuned = tuning.get("tuned") or {}
-    claimed = tuned.get("tokens_per_s")
-    if not claimed or not tuning.get("best"):
-        return Claim(name="throughput", verdict="unchecked", detail="the report makes no throughput claim (not tuned)")
-    conc = int(tuned.get("concurrency") or TUNE_CONCURRENCY)
+def _throughput_claim(c: _Check, ref_tokens: list[list[int]] | None, tolerance: float) -> Claim:
+    tuning = c.claims.tuning
+    tuned = tuning.tuned
+    claimed = tuned.tokens_per_s
+    if not claimed or not tuning.best:
+        return Claim(name="throughput", verdict="no claim", detail="the report makes no throughput claim (not tuned)")
+    conc = int(tuned.concurrency or TUNE_CONCURRENCY)
     # measured exactly as the tuner measured the printed figure (agents/tuning/measure.headline_spec)
     spec = {**headline_spec(), "concurrencies": [conc]}
 
     def measure(config: dict[str, Any], tag: str) -> tuple[dict[str, Any] | None, str]:
-        run = _spec(report, ws, target, limits).bench(ws.runs_dir / tag, [{"id": tag, **config}],
-                                                      reference_tokens=ref_tokens, **spec)
+        run = c.spec().bench(c.ws.runs_dir / tag, [{"id": tag, **config}], reference_tokens=ref_tokens, **spec)
         return next((p for p in points_of(run) if p.get("concurrency") == conc), None), run.error()
 
-    point, error = measure(tuning["best"], "verify-bench")
+    best = dict(tuning.best)
+    point, error = measure(best, "verify-bench")
     first_spread = _spread(point)
-    point, tries = steadiest(point, lambda n: measure(tuning["best"], f"verify-bench-{n}")[0])
+    point, tries = steadiest(point, lambda n: measure(best, f"verify-bench-{n}")[0])
     if point is None:
         return Claim(name="throughput", verdict="disagree", claimed=claimed, detail=f"benchmark failed: {error}")
     observed = float(point["tokens_per_s"])
-    claimed_point: dict[str, Any] = next((p for p in tuned.get("points") or [] if p.get("concurrency") == conc), {})
+    claimed_point = next((p for p in tuned.points if p.concurrency == conc), None)
     # The stated tolerance, as a factor either way (a claim 10x too high is never within "+-900%"): the
     # user's, widened to the spread both measurements showed on a noisy host, but never beyond 2x.
-    noise = float(claimed_point.get("spread") or 0) + float(point.get("spread") or 0)
+    noise = float((claimed_point.spread if claimed_point else 0) or 0) + float(point.get("spread") or 0)
     tol = max(tolerance, min(noise, MAX_NOISE_WIDENING))
     detail = (f"{observed:.1f} tokens/s now (median of {len(point.get('tokens_per_s_runs') or [])} runs, "
               f"spread {float(point.get('spread') or 0):.0%}) vs {claimed:.1f} reported at concurrency {conc}"
@@ -218,14 +286,13 @@ def _throughput_claim(report: dict[str, Any], ws: Workspace, target: Target, ref
                      detail=f"{detail}: not comparable on this host (spread {noise:.0%}); the figure is neither "
                             "confirmed nor refuted")
     ok, why = within(observed, claimed, tol, tolerance)
-    untuned_claimed = (tuned.get("untuned") or {}).get("tokens_per_s")
-    if not ok and untuned_claimed and tuned.get("chosen") != "untuned":
+    if not ok and tuned.untuned and tuned.chosen != "untuned":
         # A host that got faster or slower since the report moves every figure by the same factor: the
         # untuned port, measured now beside the tuned one, says by how much, and the claim that stays is
         # the tuned/untuned ratio the report printed.
         base, _ = measure(dict(UNTUNED_CONFIG), "verify-bench-untuned")
         if base is not None:
-            ok, why = host_moved(observed, claimed, float(base["tokens_per_s"]), float(untuned_claimed), tol)
+            ok, why = host_moved(observed, claimed, float(base["tokens_per_s"]), float(tuned.untuned), tol)
     return Claim(name="throughput", verdict="agree" if ok else "disagree", claimed=round(claimed, 2),
                  observed=round(observed, 2), detail=f"{detail} ({why})")
 
@@ -273,18 +340,20 @@ def host_moved(tuned_now: float, tuned_claimed: float, untuned_now: float, untun
                 f": {'agrees' if ok else 'disagrees'}")
 
 
-def _deployment_claim(report: dict[str, Any], bundle: Path, ws: Workspace) -> Claim:
-    """Serve the bundle again with its serve.sh (agents/deploy/serving.py) and compare with the report."""
-    claimed = report.get("deployment") or {}
-    if claimed.get("status") not in ("served", "no vLLM path"):
-        return Claim(name="deployment", verdict="unchecked",
-                     detail=f"the report's deployment was {claimed.get('status') or 'not exercised'}")
+def _deployment_claim(c: _Check, bundle: Path) -> Claim:
+    """Serve the bundle again with its serve.sh (agents/deploy/serving.py) and compare with the report. The
+    deployment check reads the state verify built (this host's target and env, the user's original), never the
+    report's."""
+    claimed = c.claims.deployment
+    if claimed.status not in ("served", "no vLLM path"):
+        return Claim(name="deployment", verdict="no claim",
+                     detail=f"the report's deployment was {one_line(claimed.status or 'not exercised', 64)}")
     from agents.deploy.serving import exercise
 
-    # this workspace's reference copy (the port's may be gone): the deployment builds the reference from it too
-    now = exercise({**report, "workdir": str(ws.root)}, bundle, ws.runs_dir, concurrencies=tuple(
-        r["concurrency"] for r in (claimed.get("throughput") or {}).get("rows") or []) or (1,))
-    if claimed["status"] == "no vLLM path":
+    concurrencies = tuple(r.concurrency for r in claimed.throughput.rows) or (1,)
+    now = exercise(c.claims.state(c.ws.root, target_to_dict(c.target), c.python), bundle, c.ws.runs_dir,
+                   concurrencies=concurrencies)
+    if claimed.status == "no vLLM path":
         same = now.get("status") == "no vLLM path"
         return Claim(name="deployment", verdict="agree" if same else "disagree", claimed="no vLLM path",
                      observed=now.get("status"),
@@ -293,10 +362,11 @@ def _deployment_claim(report: dict[str, Any], bundle: Path, ws: Workspace) -> Cl
     if now.get("status") != "served":
         return Claim(name="deployment", verdict="disagree", claimed="served", observed=now.get("status"),
                      detail=f"serve.sh no longer serves: {str(now.get('error'))[:300]}")
-    same = same_served(claimed["tokens"], now["tokens"])
-    speed_ok, speed = _served_throughput(claimed, now)
+    tokens = claimed.tokens.model_dump()
+    same = same_served(tokens, now["tokens"])
+    speed_ok, speed = _served_throughput(claimed.model_dump(), now)
     return Claim(name="deployment", verdict="agree" if same and now["tokens"]["ok"] and speed_ok else "disagree",
-                 claimed=claimed["tokens"]["served"], observed=now["tokens"]["served"],
+                 claimed=tokens.get("served"), observed=now["tokens"]["served"],
                  detail=(f"vLLM served the bundle again; {now['tokens']['verdict']}"
                          + ("" if same else "; the served tokens differ from the report's") + speed))
 
@@ -332,41 +402,51 @@ def _served_throughput(claimed: dict[str, Any], now: dict[str, Any]) -> tuple[bo
                 f"({ratio:.2f}x; tolerance {SERVED_TOLERANCE:.1f}x either way)")
 
 
-def verify_bundle(bundle_dir: Path, original: Path | None = None, *, tolerance: float = DEFAULT_TOLERANCE,
+def _not_verified(result: VerifyResult, name: str, detail: str) -> VerifyResult:
+    result.claims.append(Claim(name=name, verdict="unchecked", detail=detail))
+    return result
+
+
+def verify_bundle(bundle_dir: Path, original: Path | None, *, tolerance: float = DEFAULT_TOLERANCE,
                   workdir: Path | None = None, run_timeout_s: float = 600.0) -> VerifyResult:
-    """Check a bundle against ``original`` (default: the model_path its report names)."""
+    """Check a bundle against ``original``, the model folder the user names (never one the report names)."""
     bundle_dir = bundle_dir.resolve()
     result = VerifyResult(bundle=str(bundle_dir))
-    report_path = bundle_dir / "report.json"
-    if not report_path.exists():
+    if not (bundle_dir / "report.json").is_file():
         result.claims.append(Claim(name="bundle", verdict="disagree", detail="no report.json in the bundle"))
         return result
-    report = json.loads(report_path.read_text())
-    original = original or Path((report.get("request") or {}).get("model_path") or "")
-    if not original or not original.is_dir():
-        result.claims.append(Claim(name="patch applies", verdict="unchecked",
-                                   detail=f"the original model folder {original} is not here; pass it explicitly"))
-        return result
+    if original is None or not Path(original).is_dir():
+        return _not_verified(result, "original", f"name the original model folder (--original; {original} is not "
+                             "one): verify never takes it from the report")
+    if problem := bundle_problem(bundle_dir):
+        return _not_verified(result, "bundle", f"verify reads only the bundle's own files: {problem}")
+    original = Path(original).resolve()
+    try:
+        claims = read_claims(bundle_dir, original)
+    except UntrustedValue as exc:
+        return _not_verified(result, "report", f"the report is not of npuport's shape, so nothing was run: {exc}")
+    if claims.original_digest and workspace_digest(original) != claims.original_digest:
+        return _not_verified(result, "original", f"{original} is not the folder this bundle was ported from (its "
+                             "digest differs from the report's); nothing was run")
     root = workdir or Path(tempfile.mkdtemp(prefix="npuport-verify-"))
     claim, ws = _apply_patch(original, bundle_dir, root / "ws")
     result.claims.append(claim)
     if ws is None or claim.verdict == "disagree":
-        result.claims.append(Claim(name="tokens match", verdict="unchecked",
-                                   detail="the patch did not reproduce the port"))
-        return result
-    target = _target(report)
-    if target is not None and report_python(report):
+        return _not_verified(result, "tokens match", "the patch did not reproduce the port")
+    target, why = _local_target(claims)
+    if target is None:
+        return _not_verified(result, "tokens match", why)
+    python, why = _local_python(original, target, claims.request.torch_npu)
+    if why:
+        return _not_verified(result, "tokens match", why)
+    if python is not None:
         from agents.environment.layered import native_for
 
-        target = native_for(target, str(report_python(report)))  # the emulator's engine for the env's torch
-    if target is None:
-        result.claims.append(Claim(name="tokens match", verdict="unchecked",
-                                   detail=f"target {(report.get('target') or {}).get('name')} is not available here"))
-        return result
-    limits = Limits(wall_s=run_timeout_s)
-    tokens, ref_tokens = _tokens_claim(report, ws, target, limits)
+        target = native_for(target, python)  # the emulator's engine for the env's torch
+    check = _Check(claims, ws, target, python, Limits(wall_s=run_timeout_s))
+    tokens, ref_tokens = _tokens_claim(check)
     result.claims.append(tokens)
-    result.claims.append(_perf_claim(report, ws))
-    result.claims.append(_throughput_claim(report, ws, target, ref_tokens, tolerance, limits))
-    result.claims.append(_deployment_claim(report, bundle_dir, ws))
+    result.claims.append(_perf_claim(claims, ws, original))
+    result.claims.append(_throughput_claim(check, ref_tokens, tolerance))
+    result.claims.append(_deployment_claim(check, bundle_dir))
     return result

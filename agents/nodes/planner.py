@@ -47,6 +47,13 @@ def planner_node(state: dict[str, Any]) -> dict[str, Any]:
         return {"status": "failed", "reason": f"cannot understand the goal: {reason}", "started_at": started,
                 "trace": [step("planner", f"goal not understood: {reason}")]}
     path = Path(req.model_path).expanduser()
+    from agents.doors import path_problem
+
+    if problem := path_problem(req.model_path, req.out_dir):  # a service's request: its roots, whatever door
+        # the failure's bundle goes under the home, never to the output folder that was refused
+        return {"request": req.model_copy(update={"out_dir": None}).model_dump(), "status": "failed",
+                "started_at": started, "reason": f"refused: {problem}",
+                "trace": [step("planner", f"refused: {problem}")]}
     if not path.exists():
         return {"request": req.model_dump(), "status": "failed", "started_at": started,
                 "reason": f"model path {req.model_path} does not exist",

@@ -21,6 +21,7 @@ from agents.projection.cost import ModelCost
 from agents.projection.project import HostCosts
 from agents.projection.structure import structure_cost
 from knowledge.errors import first_line
+from knowledge.untrusted import UntrustedValue, read_model_config
 
 MEMO_MAX_FILE = 2 * 2**20
 OWN_CODE_IMPLEMENTATIONS = ("transformers-backend",)
@@ -44,12 +45,11 @@ class ModelSource:
 
 
 def _config(model_dir: Path, manifest: Mapping[str, Any]) -> dict[str, Any]:
-    path = model_dir / str(manifest.get("config") or "config.json")
+    """The model's config, read outside the sandbox: from inside its folder only (knowledge/untrusted.py)."""
     try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
+        return read_model_config(model_dir, dict(manifest))
+    except UntrustedValue:
         return {}
-    return data if isinstance(data, dict) else {}
 
 
 def host_costs(perf: Mapping[str, Any] | None, implementation: str | None,
@@ -93,16 +93,14 @@ def from_bundle(bundle: Path) -> ModelSource:
     report = json.loads((bundle / "report.json").read_text())
     req = request_of(report)
     manifest = report.get("entry") or {}
+    # A bundle may be someone else's: its model is its own patched/ tree, never a folder or an interpreter its
+    # report names (docs/security.md); the model's environment is resolved here when the build needs one.
     model_dir = bundle / "patched"
-    if not (model_dir / str(manifest.get("config") or "config.json")).is_file() and req.model_path:
-        model_dir = Path(req.model_path)
     environment = report.get("environment") or {}
-    python = environment.get("python")
     implementation = (report.get("deployment") or {}).get("implementation")
     return ModelSource(name=Path(req.model_path or bundle.name).name, model_dir=model_dir,
-                       manifest=manifest, config=_config(model_dir, manifest),
-                       python=python if python and Path(python).exists() else None,
-                       env_known=bool(environment.get("resolution")) and not python,
+                       manifest=manifest, config=_config(model_dir, manifest), python=None,
+                       env_known=bool(environment.get("resolution")) and not environment.get("python"),
                        host=host_costs(report.get("perf"), implementation, *_last_op_stats(report.get("runs"))),
                        chip=req.chip)
 

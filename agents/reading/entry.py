@@ -33,6 +33,7 @@ from agents.reading.entry_source import (
 )
 from agents.reading.quant_path import quantized_path
 from knowledge.errors import EntryNotFound, ManifestError
+from knowledge.untrusted import RelPath, UntrustedValue, inside
 
 DEFAULT_RUN_KWARGS: dict[str, Any] = {"max_new_tokens": 8}
 
@@ -75,7 +76,7 @@ class Manifest(BaseModel):
 
     name: str = Field(min_length=1)
     entry: EntrySpec
-    config: str = "config.json"
+    config: RelPath = "config.json"  # inside the model's folder (knowledge/untrusted.py): never a path out of it
     inputs: str = Field(pattern=_REF)
     decode: str | None = Field(default=None, pattern=_REF)
     run: RunSpec = Field(default_factory=RunSpec)
@@ -138,7 +139,7 @@ def discover_entry(root: Path) -> EntryInfo:
     py_files = _python_files(root)
     if not py_files:
         raise EntryNotFound(f"no Python files under {root}, so there is no model class to run")
-    config = _read_config(root / "config.json") if (root / "config.json").is_file() else None
+    config = _read_config(root / "config.json", root) if (root / "config.json").is_file() else None
     if config is not None and isinstance(config.get("auto_map"), dict) and _auto_map_key(config["auto_map"]):
         return _from_auto_map(root, config)
     return _generated(root, py_files, config)
@@ -160,14 +161,17 @@ def _from_manifest(root: Path) -> EntryInfo:
         field = ".".join(str(p) for p in err["loc"]) or "(top level)"
         raise ManifestError(f"{MANIFEST_NAME}: {field}: {err['msg']}") from exc
     assumptions: list[str] = []
-    config_path = root / m.config
+    try:
+        config_path = inside(root, m.config, "config")  # a link out of the folder is refused like a '..'
+    except UntrustedValue as exc:
+        raise ManifestError(f"{MANIFEST_NAME}: {exc}") from exc
     if not config_path.is_file():
         raise ManifestError(f"{MANIFEST_NAME}: config: {m.config} does not exist")
     if m.entry.class_ is not None:
         module, cls = m.entry.class_.split(":")
         module_file = _check_class(root, module, cls, field="entry.class")
     else:
-        config = _read_config(config_path)
+        config = _read_config(config_path, root.resolve())
         auto, key = config.get("auto_map"), m.entry.auto_map or ""
         if not isinstance(auto, dict) or key not in auto:
             raise ManifestError(f"{MANIFEST_NAME}: entry.auto_map: {m.config} has no auto_map entry {key!r}")

@@ -5,7 +5,6 @@ model code may need CUDA or be hostile)."""
 from __future__ import annotations
 
 import ast
-import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -36,14 +35,18 @@ def _python_files(root: Path) -> list[Path]:
     return out
 
 
-def _read_config(path: Path) -> dict[str, Any]:
+def _read_config(path: Path, root: Path | None = None) -> dict[str, Any]:
+    """The JSON object of a config file; with ``root``, the path must resolve inside it (a link out of the
+    model's folder is refused: knowledge/untrusted.py)."""
+    from knowledge.untrusted import MAX_CONFIG_BYTES, UntrustedValue, inside, read_json_object
+
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as exc:
-        raise EntryNotFound(f"{path.name} is not valid JSON (line {exc.lineno}: {exc.msg})") from exc
-    if not isinstance(data, dict):
-        raise EntryNotFound(f"{path.name} must hold a JSON object")
-    return data
+        real = inside(root, path.relative_to(root).as_posix(), path.name) if root is not None else path.resolve()
+        if not real.is_file():
+            raise EntryNotFound(f"{path.name} is not a file")
+        return read_json_object(real, MAX_CONFIG_BYTES, path.name)
+    except UntrustedValue as exc:
+        raise EntryNotFound(str(exc)) from exc
 
 
 def _auto_map_key(auto: dict[str, Any]) -> str | None:

@@ -150,7 +150,7 @@ def write_bundle(state: dict[str, Any], out_dir: Path, status: str, reason: str)
     mark_bundle(out_dir, str(state.get("workdir") or ""))  # first: --force may later replace only this
     report = {
         "status": status, "reason": reason, "request": state.get("request") or {}, "goal": state.get("goal", ""),
-        "plan": state.get("plan") or {}, "target": state.get("target") or {}, "entry": state.get("entry") or {},
+        "plan": state.get("plan") or {}, "target": _target_record(state), "entry": state.get("entry") or {},
         "findings": state.get("findings") or [], "patches": state.get("patches") or [], "runs": state.get("runs") or [],
         "diagnoses": state.get("diagnoses") or [], "numerics": state.get("numerics") or {},
         "tuning": state.get("tuning") or {}, "counters": state.get("counters") or {},
@@ -264,7 +264,7 @@ def emergency_report(state: dict[str, Any], failure: dict[str, Any]) -> dict[str
         mark_bundle(out_dir)
     report = {
         "status": "failed", "reason": reason, "request": state.get("request") or {}, "goal": state.get("goal", ""),
-        "target": state.get("target") or {}, "findings": state.get("findings") or [],
+        "target": _target_record(state), "findings": state.get("findings") or [],
         "patches": state.get("patches") or [], "runs": state.get("runs") or [],
         "diagnoses": state.get("diagnoses") or [], "numerics": state.get("numerics") or {},
         "tuning": state.get("tuning") or {}, "counters": state.get("counters") or {},
@@ -313,3 +313,9 @@ def bundle_conflict(out_dir: Path, state: dict[str, Any]) -> str | None:
     if owner == str(state.get("workdir") or "") or (owner == "" and (out_dir / MARKER_NAME).is_file()):
         return None  # this port's own bundle (a resume), or a folder marked for npuport with no owner yet
     return f"{out_dir} holds another port's bundle; it is not overwritten without --force"
+
+
+def _target_record(state: dict[str, Any]) -> dict[str, Any]:
+    """The resolved target; before the environment agent ran, the name the input gave (Studio's form sends one)."""
+    target = state.get("target")
+    return target if isinstance(target, dict) else {"name": str(target)} if target else {}

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import platform
 import time
 from pathlib import Path
@@ -47,8 +46,9 @@ def facts_of(state: dict[str, Any]) -> HostFacts:
     req = request_of(state)
     manifest = state.get("entry") or {}
     model_dir = Path(state["workdir"]) / "model"
-    config_path = model_dir / manifest.get("config", "config.json")
-    config = json.loads(config_path.read_text()) if config_path.exists() else {}
+    from knowledge.untrusted import read_model_config
+
+    config = read_model_config(model_dir, manifest)  # the model's file, read outside the sandbox: inside its folder
     code = list(model_dir.rglob("*.py"))
     facts = model_facts(config, has_custom_code=bool(code))
     if code and facts.attn_impls and not any("attn_implementation" in f.read_text(errors="replace") for f in code):

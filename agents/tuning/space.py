@@ -15,6 +15,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
+from knowledge.untrusted import dtype_name, int_value
 from sandbox.targets import CHIP_REGISTRY, DEFAULT_CHIP, TARGETS, TargetSpec
 
 
@@ -184,8 +185,8 @@ _MOE_KEYS = ("n_routed_experts", "num_experts", "num_local_experts", "moe_num_ex
 def _size(value: Any) -> int:
     """A size, or the first of a per-layer list of sizes (``moe_intermediate_size: [3072, 3072, ...]``)."""
     if isinstance(value, list):
-        value = next((v for v in value if isinstance(v, int | float) and not isinstance(v, bool)), 0)
-    return int(value) if isinstance(value, int | float) and not isinstance(value, bool) else 0
+        value = next((v for v in value if int_value(v)), 0)
+    return int_value(value)
 
 
 def model_facts(config: dict[str, Any], has_custom_code: bool = False) -> ModelFacts:
@@ -194,16 +195,20 @@ def model_facts(config: dict[str, Any], has_custom_code: bool = False) -> ModelF
     for key in ("text_config", "language_config", "llm_config"):
         if isinstance(config.get(key), dict):
             flat = {**config[key], **{k: v for k, v in config.items() if not isinstance(v, dict)}}
-    experts = next((int(flat[k]) for k in _MOE_KEYS if isinstance(flat.get(k), int) and flat[k] > 0), 0)
+    def number(*keys: str) -> int:  # config.json is the model author's: an integer, or 0
+        return next((n for k in keys if (n := int_value(flat.get(k)))), 0)
+
+    experts = number(*_MOE_KEYS)
     impl = flat.get("_attn_implementation")
+    archs = config.get("architectures")
     return ModelFacts(
-        hidden_size=int(flat.get("hidden_size") or flat.get("d_model") or 0),
-        num_layers=int(flat.get("num_hidden_layers") or flat.get("n_layer") or 0),
-        num_heads=int(flat.get("num_attention_heads") or flat.get("n_head") or 0),
-        vocab_size=int(flat.get("vocab_size") or 0),
-        max_position=int(flat.get("max_position_embeddings") or flat.get("max_seq_len") or 0),
+        hidden_size=number("hidden_size", "d_model"),
+        num_layers=number("num_hidden_layers", "n_layer"),
+        num_heads=number("num_attention_heads", "n_head"),
+        vocab_size=number("vocab_size"),
+        max_position=number("max_position_embeddings", "max_seq_len"),
         intermediate_size=_size(flat.get("moe_intermediate_size") or flat.get("intermediate_size")),
-        dtype=str(flat.get("torch_dtype") or flat.get("dtype") or "float32"),
+        dtype=dtype_name(flat.get("torch_dtype") or flat.get("dtype")),  # an allow-list: it reaches serve.sh
         moe=experts > 0,
         num_experts=experts,
         remote_code=bool(config.get("auto_map")) or has_custom_code,
@@ -211,7 +216,7 @@ def model_facts(config: dict[str, Any], has_custom_code: bool = False) -> ModelF
         # A config that names an implementation switch accepts the standard three (the model may reject
         # one at run time; the benchmark then reports it).
         attn_impls=("eager", "sdpa", "flash_attention_2") if impl else (),
-        architectures=tuple(config.get("architectures") or ()),
+        architectures=tuple(a for a in archs if isinstance(a, str)) if isinstance(archs, list) else (),
     )
 
 

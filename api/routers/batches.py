@@ -33,7 +33,8 @@ class BatchCreate(BaseModel):
     manifest: dict[str, Any] = Field(
         description="the batch manifest (docs/batch.md) as JSON; model paths are folders under the allowed roots",
         examples=[{"name": "zoo", "defaults": {"target": "cpu"}, "models": [{"path": "ocr_mini"}]}])
-    executor: Literal["local", "ray"] = Field(default="local", description="local processes, or Ray")
+    executor: Literal["local", "ray"] = Field(default="local", description="local: the service's worker pool; ray: "
+                                              "the operator's Ray cluster (RAY_ADDRESS of the service), if it set one")
     ray_address: str | None = Field(default=None, description="refused: the Ray cluster is the operator's setting "
                                     "(RAY_ADDRESS of the service), never a client's")
 
@@ -45,7 +46,8 @@ class BatchCreate(BaseModel):
         if v:
             raise ValueError("ray_address is an operator setting (RAY_ADDRESS of the service), not a request field")
         return None
-    workers: int | None = Field(default=None, ge=1, le=64)
+    workers: int | None = Field(default=None, ge=1, le=64, description="ports at once; at most the operator's "
+                                "cap (NPUPORT_BATCH_WORKERS, else NPUPORT_WORKERS): it may only lower it")
     retry_failed: bool = False
 
 
@@ -103,12 +105,42 @@ def _resolve(body: BatchCreate, principal: Principal, roots: list[Path]) -> Any:
     return resolved.model_copy(update={"owner": principal.name})
 
 
-def _drive(resolved: Any, opts: Any) -> None:
+def _drive(resolved: Any, opts: Any, cancels: dict[str, threading.Event]) -> None:
     from graph.batch.runner import run_batch
     from knowledge.errors import BatchBusy
 
-    with contextlib.suppress(BatchBusy):  # a twin request already drives it
-        run_batch(resolved, opts)
+    try:
+        with contextlib.suppress(BatchBusy):  # a twin request already drives it
+            run_batch(resolved, opts)
+    finally:
+        cancels.pop(resolved.batch_id, None)
+
+
+def _options(body: BatchCreate, request: Request, principal: Principal, stop: threading.Event) -> Any:
+    """How the service runs a batch: in its own worker pool (at most the operator's cap of ports at once; a
+    request may only lower it), or on the operator's Ray cluster when it set one; cancelled by ``stop``."""
+    import os
+
+    from graph.batch.runner import BatchOptions
+
+    settings = request.app.state.settings
+    cap = settings.batch_workers or settings.workers
+    workers = min(body.workers or cap, cap)
+    if body.executor == "ray":
+        if not os.environ.get("RAY_ADDRESS"):
+            raise HTTPException(status_code=422, detail="executor ray: the service has no Ray cluster (its operator's "
+                                "RAY_ADDRESS); batches run in the service's worker pool (executor local)")
+        return BatchOptions(executor="ray", ray_address=None, workers=workers, retry_failed=body.retry_failed,
+                            owner=principal.name, should_stop=stop.is_set)
+    return BatchOptions(executor="pool", workers=workers, retry_failed=body.retry_failed, owner=principal.name,
+                        pool_submit=request.app.state.manager.pool_submit, should_stop=stop.is_set)
+
+
+def _cancels(request: Request) -> dict[str, threading.Event]:
+    state = request.app.state
+    if not hasattr(state, "batch_cancels"):
+        state.batch_cancels = {}
+    return state.batch_cancels  # type: ignore[no-any-return]
 
 
 @router.post("", status_code=201, responses={200: {"description": "the batch existed: resumed"},
@@ -116,20 +148,42 @@ def _drive(resolved: Any, opts: Any) -> None:
                                               422: {"description": "invalid manifest"}})
 def create_batch(body: BatchCreate, request: Request, principal: Writer) -> JSONResponse:
     """Start (or resume: the same manifest from the same token is the same batch) a batch of ports."""
-    from graph.batch.runner import BatchOptions, register
+    from api.shares import memory_problem
+    from graph.batch.runner import register
 
     settings = request.app.state.settings
+    if problem := memory_problem(settings):
+        raise HTTPException(status_code=503, detail=problem)
     resolved = _resolve(body, principal, settings.allowed_roots)
     home: Path = settings.resolved_home()
+    stop = threading.Event()
+    opts = _options(body, request, principal, stop)
     with _store(request) as store:
         existed = store.batch(resolved.batch_id) is not None
         bid, _ = register(resolved, principal.name, home / "batches" / resolved.batch_id / "out", store)
         batch = store.batch(bid)
-        opts = BatchOptions(executor=body.executor, ray_address=None, workers=body.workers,
-                            retry_failed=body.retry_failed, owner=principal.name)
-        threading.Thread(target=_drive, args=(resolved, opts), name=f"npuport-batch-{bid}", daemon=True).start()
+        cancels = _cancels(request)
+        if bid not in cancels:  # not driven now (a twin request's driver would hold the lock anyway)
+            cancels[bid] = stop
+            threading.Thread(target=_drive, args=(resolved, opts, cancels), name=f"npuport-batch-{bid}",
+                             daemon=True).start()
         payload = _out(store, batch)
     return JSONResponse(payload, status_code=200 if existed else 201, headers={"Location": f"/v1/batches/{bid}"})
+
+
+@router.post("/{batch_id}/cancel", responses={404: {"description": "unknown batch (or another token's)"},
+                                               409: {"description": "the batch is not running"}})
+def cancel_batch(batch_id: str, request: Request, principal: Writer) -> dict[str, Any]:
+    """Cancel a batch: no port of it starts any more; those running stop (their sandbox runs are killed) and
+    fail as cancelled, as do those not started."""
+    with _store(request) as store:
+        batch = _owned(store, batch_id, principal)
+        stop = _cancels(request).get(batch_id)
+        if stop is None or batch.status in ("done", "cancelled"):
+            raise HTTPException(status_code=409, detail=f"batch {batch_id} is not running ({batch.status})")
+        stop.set()
+        store.add_event(batch_id, "batch", {"status": "cancelling", "reason": "cancelled by the user"})
+        return _out(store, store.batch(batch_id))
 
 
 @router.get("")
@@ -173,7 +227,7 @@ async def _stream(request: Request, batch_id: str, last: int) -> AsyncIterator[d
         for e in events:
             yield {"id": str(e["seq"]), "event": e["kind"], "data": json.dumps(e)}
             last = e["seq"]
-        if batch is not None and batch.status == "done" and not events:
+        if batch is not None and batch.status in ("done", "cancelled") and not events:
             yield {"event": "end", "data": json.dumps({"status": batch.status})}
             return
         if await request.is_disconnected():

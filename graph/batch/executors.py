@@ -209,3 +209,52 @@ class LocalExecutor:
 
     def shutdown(self) -> None:
         pass
+
+
+class PoolHandle:
+    def __init__(self, key: str, future: Any, stop: Any) -> None:
+        self.key, self.future, self.stop = key, future, stop
+
+
+class PoolExecutor:
+    """Ports as tasks of the service's own worker pool (api/jobs.py): the same threads that run its jobs, so a
+    batch never runs more sandboxes than the operator's workers, at most ``capacity`` of them at once. ``submit``
+    hands a callable to the pool and returns its future; a cancel stops the port's graph and kills its sandbox
+    run in flight."""
+
+    name = "pool"
+    local = False  # no process of its own to kill: its cancel is its stop flag
+
+    def __init__(self, submit: Any, capacity: int) -> None:
+        self._submit = submit
+        self.capacity = max(1, capacity)
+
+    def submit(self, job: dict[str, Any]) -> PoolHandle:
+        import threading
+
+        from graph.batch.port import execute_port
+
+        stop = threading.Event()
+        return PoolHandle(job["spec"]["key"], self._submit(execute_port, job, stop.is_set), stop)
+
+    def done(self, handles: list[PoolHandle], timeout: float) -> list[PoolHandle]:
+        from concurrent.futures import FIRST_COMPLETED, wait
+
+        if not handles:
+            return []
+        wait([h.future for h in handles], timeout=timeout, return_when=FIRST_COMPLETED)
+        return [h for h in handles if h.future.done()]
+
+    def error(self, handle: PoolHandle) -> str | None:
+        if handle.future.cancelled():
+            return "cancelled before it started"
+        exc = handle.future.exception()
+        return f"{type(exc).__name__}: {first_line(exc)}"[:300] if exc else None
+
+    def cancel(self, handle: PoolHandle) -> None:
+        handle.stop.set()
+        handle.future.cancel()  # not started yet: it never starts
+
+    def shutdown(self) -> None:
+        pass
+

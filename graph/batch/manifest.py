@@ -32,13 +32,23 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from agents.request import MAX_RUN_TIMEOUT_S, MAX_WALL_S, POLICIES, ChipName, PolicyName, TargetName
+from agents.request import (
+    MAX_RUN_TIMEOUT_S,
+    MAX_WALL_S,
+    POLICIES,
+    ChipName,
+    PolicyName,
+    TargetName,
+    TorchNpuVersion,
+)
 from knowledge.errors import BatchManifestError, first_line
 from sandbox.targets import DEFAULT_CHIP, DEFAULT_TARGET, DEFAULT_TORCH_NPU
 
 MAX_MEMORY_MB = 1024 * 1024  # a port's memory request (1 TiB): a ceiling, not a default
 
 ARCHIVE_SUFFIXES = (".zip", ".tar", ".tar.gz", ".tgz")
+KEY_PATTERN = r"^\w[\w.-]{0,63}$"
+"""A port's key and a batch's name: they name folders under the batch's own (staging, bundles, job files)."""
 
 
 class Budget(BaseModel):
@@ -56,7 +66,7 @@ class PortSettings(BaseModel):
     target: TargetName = DEFAULT_TARGET
     chip: ChipName = DEFAULT_CHIP
     objective: Literal["throughput", "latency", "correctness"] = "throughput"
-    torch_npu: str = DEFAULT_TORCH_NPU
+    torch_npu: TorchNpuVersion = DEFAULT_TORCH_NPU
     policy: PolicyName = POLICIES[0]
     strict: bool = False
     shrink: bool | dict[str, Any] = False
@@ -73,11 +83,12 @@ class PortSettings(BaseModel):
 class ModelEntry(BaseModel):
     model_config = ConfigDict(extra="forbid")
     path: str
-    name: str | None = Field(default=None, pattern=r"^[\w.-]{1,64}$")
+    # a folder name of npuport's (staging, bundle, job files): never "." or "..", never a path
+    name: str | None = Field(default=None, pattern=KEY_PATTERN)
     target: TargetName | None = None
     chip: ChipName | None = None
     objective: Literal["throughput", "latency", "correctness"] | None = None
-    torch_npu: str | None = None
+    torch_npu: TorchNpuVersion | None = None
     policy: PolicyName | None = None
     strict: bool | None = None
     shrink: bool | dict[str, Any] | None = None
@@ -93,7 +104,7 @@ class ModelEntry(BaseModel):
 
 class BatchManifest(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    name: str = Field(default="batch", pattern=r"^[\w.-]{1,64}$")
+    name: str = Field(default="batch", pattern=KEY_PATTERN)
     defaults: PortSettings = Field(default_factory=PortSettings)
     models: list[ModelEntry] = Field(min_length=1, max_length=10_000)
 
@@ -138,7 +149,8 @@ def model_key(path: str) -> str:
         if name.endswith(suf):
             name = name[: -len(suf)]
             break
-    return re.sub(r"[^\w.-]", "_", name)[:64] or "model"
+    key = re.sub(r"[^\w.-]", "_", name)[:64]
+    return key if re.match(KEY_PATTERN, key) else f"m_{key}"[:64].rstrip(".") or "model"
 
 
 def _kind(p: Path) -> Literal["folder", "archive"] | None:
@@ -196,7 +208,7 @@ def load_manifest(path: Path, overrides: dict[str, Any] | None = None) -> Resolv
                   if not c.name.startswith(".") and _kind(c) is not None]
         if not models:
             raise BatchManifestError(f"{path}: no model folders or archives inside")
-        raw: Any = {"name": re.sub(r"[^\w.-]", "_", path.resolve().name)[:64] or "batch", "models": models}
+        raw: Any = {"name": model_key(path.resolve().name or "batch"), "models": models}
         base = path
     else:
         if not path.is_file():

@@ -6,12 +6,14 @@ its own result in the batch store, so a driver that dies loses nothing the task 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
 import sys
 import time
 import traceback
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -65,14 +67,17 @@ def summarize(state: dict[str, Any], spec: PortSpec, wall_s: float, note: str) -
     }
 
 
-def execute_port(job: dict[str, Any]) -> dict[str, Any]:
+def execute_port(job: dict[str, Any], stop: Callable[[], bool] | None = None) -> dict[str, Any]:
     """Run one claimed port to its end and record the result; returns what it recorded
-    (``{"skipped": ...}`` when the claim was no longer current)."""
+    (``{"skipped": ...}`` when the claim was no longer current). ``stop``: the port runs in a thread of the
+    service's worker pool (graph/batch/executors.py PoolExecutor); it ends its graph and kills its sandbox run in
+    flight when ``stop()`` turns true, and the process's environment (home, threads) is the service's."""
     from graph.jobs_support import run_thread, thread_snapshot
 
-    set_environment({"NPUPORT_HOME": job["home"]})
     spec = PortSpec.model_validate(job["spec"])
-    _limit_threads(spec.settings.threads)
+    if stop is None:  # a process of its own (local worker, Ray task): the home and threads are this port's
+        set_environment({"NPUPORT_HOME": job["home"]})
+        _limit_threads(spec.settings.threads)
     store = BatchStore(Path(job["home"]) / "batches.sqlite")
     try:
         if not store.begin(job["attempt_id"], os.getpid()):
@@ -116,8 +121,10 @@ def execute_port(job: dict[str, Any]) -> dict[str, Any]:
             from knowledge.port_memory import memory_owner
 
             batch = store.batch(job["batch_id"])
-            with memory_owner(batch.owner if batch is not None else ""):  # what it learns is its batch owner's
-                values = run_thread(inputs, thread, on_trace=on_trace).values
+            with memory_owner(batch.owner if batch is not None else ""), _stopped_by(stop):  # learned: its owner's
+                values = run_thread(inputs, thread, on_trace=on_trace, should_stop=stop).values
+            if stop is not None and stop():
+                values = {**values, "status": "failed", "reason": "cancelled (the batch was cancelled)"}
         prior = float((snap.values.get("started_at") if snap else None) or t0)
         row = summarize(values, spec, time.time() - min(prior, t0), note)
         return _record(store, job, spec, row["verdict"], row["reason"], row)
@@ -129,6 +136,18 @@ def execute_port(job: dict[str, Any]) -> dict[str, Any]:
                        "traceback": traceback.format_exc(limit=5)})
     finally:
         store.close()
+
+
+@contextlib.contextmanager
+def _stopped_by(stop: Callable[[], bool] | None) -> Iterator[None]:
+    """In the service's pool: a cancel kills the sandbox run in flight (the pool confines it like a job)."""
+    if stop is None:
+        yield
+        return
+    from sandbox.isolation.process import stop_runs_when
+
+    with stop_runs_when(stop):
+        yield
 
 
 def _record(store: BatchStore, job: dict[str, Any], spec: PortSpec, status: str, reason: str,

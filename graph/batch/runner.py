@@ -12,14 +12,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from graph.batch.executors import Executor, LocalExecutor, RayExecutor, kill_tree, worker_alive
+from graph.batch.executors import Executor, LocalExecutor, PoolExecutor, RayExecutor, kill_tree, worker_alive
 from graph.batch.manifest import PortSpec, ResolvedBatch
 from graph.batch.results import memory_records, write_results
 from graph.batch.store import FINISHED, BatchStore, PortRow
 from knowledge.errors import BatchBusy, ExecutorError, first_line
 from knowledge.home import npuport_home
 
-ExecutorName = Literal["ray", "local"]
+ExecutorName = Literal["ray", "local", "pool"]
 
 
 @dataclass
@@ -32,6 +32,10 @@ class BatchOptions:
     owner: str = "local"
     poll_s: float = 0.5
     on_update: Callable[[BatchView], None] | None = None
+    pool_submit: Callable[..., Any] | None = None
+    """``pool``: hands a callable to the service's worker pool, returns its future (api/jobs.py)."""
+    should_stop: Callable[[], bool] | None = None
+    """The batch was cancelled: no port starts any more, those running are stopped, the queued ones fail."""
 
 
 @dataclass
@@ -98,11 +102,16 @@ def register(resolved: ResolvedBatch, owner: str, out_dir: Path | None, store: B
     out = Path(existing.out_dir) if existing else (out_dir or Path.cwd() / "npuport-out" / bid).resolve()
     spec = {"name": resolved.name, "ports": [p.model_dump(mode="json") for p in resolved.ports],
             "memory_before": [r["id"] for r in memory_records(npuport_home())]}
-    store.ensure_batch(bid, resolved.name, owner, spec, str(out), [(p.key, p.model_dump(mode="json")) for p in resolved.ports])
+    store.ensure_batch(bid, resolved.name, owner, spec, str(out),
+                       [(p.key, p.model_dump(mode="json")) for p in resolved.ports])
     return bid, out
 
 
 def make_executor(opts: BatchOptions, cpus_per_port: float, jobs_dir: Path) -> Executor:
+    if opts.executor == "pool":
+        if opts.pool_submit is None:
+            raise ExecutorError("the pool executor runs in the service only (its worker pool)")
+        return PoolExecutor(opts.pool_submit, opts.workers or 1)
     if opts.executor == "local":
         return LocalExecutor(opts.workers, jobs_dir)
     return RayExecutor(opts.ray_address, opts.workers, cpus_per_port)
@@ -120,6 +129,10 @@ def run_batch(resolved: ResolvedBatch, opts: BatchOptions) -> BatchResult:
         store.close()
 
 
+Inflight = dict[str, tuple[Any, float, str]]
+"""The ports running now: key -> (the executor's handle, the deadline, the attempt id)."""
+
+
 def _drive(store: BatchStore, bid: str, out: Path, home: Path, opts: BatchOptions) -> BatchResult:
     if opts.retry_failed and (n := store.requeue_failed(bid)):
         store.add_event(bid, "batch", {"status": "retrying", "ports": n})
@@ -134,48 +147,82 @@ def _drive(store: BatchStore, bid: str, out: Path, home: Path, opts: BatchOption
     store.add_event(bid, "batch", {"status": "running", "executor": executor.name if executor else "-",
                                    "todo": [p.key for p in todo]})
     t0 = time.time()
-    inflight: dict[str, tuple[Any, float, str]] = {}  # key -> (handle, deadline, attempt id)
+    inflight: Inflight = {}
     try:
         if executor is not None:
-            _adopt(executor, store, bid, todo, inflight)
-            queue = [p for p in todo if p.key not in inflight]
-            while queue or inflight:
-                while queue and len(inflight) < executor.capacity:
-                    p = queue.pop(0)
-                    _start(executor, store, bid, p, out, bdir, home, inflight)
-                handles = {id(h): k for k, (h, _, _) in inflight.items()}
-                for h in executor.done([v[0] for v in inflight.values()], opts.poll_s):
-                    key = handles[id(h)]
-                    _, _, attempt = inflight.pop(key)
-                    why = executor.error(h)
-                    # the task records its own result; this only covers a task that died before it could
-                    if store.complete(attempt, "failed", f"the port's task died: {why or 'no result recorded'}",
-                                      {"model": key, "verdict": "failed"}):
-                        store.add_event(bid, "port", {"model": key, "status": "failed", "reason": why or "died"})
-                now = time.time()
-                for key, (h, deadline, attempt) in list(inflight.items()):
-                    if now > deadline:
-                        att = next((a for a in store.attempts(bid, key) if a["id"] == attempt), {})
-                        if executor.local and worker_alive(att.get("pid"), attempt, any_cmd=True):
-                            kill_tree(att.get("pid"))  # the port's sandbox runs too, not only its worker
-                        executor.cancel(h)
-                        inflight.pop(key)
-                        limit = PortSpec.model_validate(store.port(bid, key).spec).settings.timeout_s  # type: ignore[union-attr]
-                        reason = f"timed out after {limit:.0f} s (the batch killed it)"
-                        if store.complete(attempt, "failed", reason, {"model": key, "verdict": "failed", "reason": reason}):
-                            store.add_event(bid, "port", {"model": key, "status": "failed", "reason": reason})
-                if opts.on_update:
-                    opts.on_update(BatchView(bid, store.ports(bid), t0, executor.capacity, executor.name))
+            ex = executor
+
+            def start(p: PortRow) -> None:
+                _start(ex, store, bid, p, out, bdir, home, inflight)
+
+            _run_ports(ex, store, bid, todo, inflight, opts, start, t0)
     finally:
         if executor is not None:
             for h, _, _ in inflight.values():  # interrupted (Ctrl-C): stop what runs; resume continues it
                 executor.cancel(h)
             executor.shutdown()
+    return _finish(store, bid, out, home, opts, executor, t0, skipped)
+
+
+def _run_ports(executor: Executor, store: BatchStore, bid: str, todo: list[PortRow], inflight: Inflight,
+               opts: BatchOptions, start: Callable[[PortRow], None], t0: float) -> None:
+    """Start the ports as the executor has room, reap those that ended, kill those past their timeout, until
+    none is left (a cancel fails those not started and stops those running)."""
+    _adopt(executor, store, bid, todo, inflight)
+    queue = [p for p in todo if p.key not in inflight]
+    cancelled = False
+    while queue or inflight:
+        if not cancelled and opts.should_stop is not None and opts.should_stop():
+            _cancel(executor, store, bid, queue, inflight)
+            queue, cancelled = [], True
+        while queue and len(inflight) < executor.capacity:
+            start(queue.pop(0))
+        _reap(executor, store, bid, inflight, opts.poll_s)
+        _kill_overdue(executor, store, bid, inflight)
+        if opts.on_update:
+            opts.on_update(BatchView(bid, store.ports(bid), t0, executor.capacity, executor.name))
+
+
+def _reap(executor: Executor, store: BatchStore, bid: str, inflight: Inflight, poll_s: float) -> None:
+    """The ports whose task ended: the task records its own result; this covers one that died before it could."""
+    handles = {id(h): k for k, (h, _, _) in inflight.items()}
+    for h in executor.done([v[0] for v in inflight.values()], poll_s):
+        key = handles[id(h)]
+        _, _, attempt = inflight.pop(key)
+        why = executor.error(h)
+        if store.complete(attempt, "failed", f"the port's task died: {why or 'no result recorded'}",
+                          {"model": key, "verdict": "failed"}):
+            store.add_event(bid, "port", {"model": key, "status": "failed", "reason": why or "died"})
+
+
+def _kill_overdue(executor: Executor, store: BatchStore, bid: str, inflight: Inflight) -> None:
+    """Ports past their timeout: killed (their sandbox runs too), failed with the reason."""
+    now = time.time()
+    for key, (h, deadline, attempt) in list(inflight.items()):
+        if now <= deadline:
+            continue
+        att = next((a for a in store.attempts(bid, key) if a["id"] == attempt), {})
+        if executor.local and worker_alive(att.get("pid"), attempt, any_cmd=True):
+            kill_tree(att.get("pid"))  # the port's sandbox runs too, not only its worker
+        executor.cancel(h)
+        inflight.pop(key)
+        row = store.port(bid, key)
+        limit = PortSpec.model_validate(row.spec).settings.timeout_s if row is not None else 0.0
+        reason = f"timed out after {limit:.0f} s (the batch killed it)"
+        if store.complete(attempt, "failed", reason, {"model": key, "verdict": "failed", "reason": reason}):
+            store.add_event(bid, "port", {"model": key, "status": "failed", "reason": reason})
+
+
+def _finish(store: BatchStore, bid: str, out: Path, home: Path, opts: BatchOptions, executor: Executor | None,
+            t0: float, skipped: list[str]) -> BatchResult:
+    """The results files and the batch's end status (done, interrupted or cancelled)."""
     ports = store.ports(bid)
     batch = store.batch(bid)
     assert batch is not None
     files = write_results(batch, ports, home, out)
     status = "done" if all(p.status in FINISHED for p in ports) else "interrupted"
+    if opts.should_stop is not None and opts.should_stop():
+        status = "cancelled"
     store.set_batch(bid, status)
     store.add_event(bid, "batch", {"status": status, "validated": sum(p.status == "validated" for p in ports),
                                    "failed": sum(p.status == "failed" for p in ports), "results": str(files["json"])})
@@ -185,8 +232,21 @@ def _drive(store: BatchStore, bid: str, out: Path, home: Path, opts: BatchOption
     return BatchResult(bid, out, ports, files, executor.name if executor else "-", skipped)
 
 
+def _cancel(executor: Executor, store: BatchStore, bid: str, queue: list[PortRow],
+            inflight: Inflight) -> None:
+    """The batch was cancelled: the ports not started fail with the reason; those running are stopped (their
+    sandbox runs killed) and record their own end."""
+    reason = "cancelled (the batch was cancelled)"
+    for p in queue:
+        if store.cancel_queued(bid, p.key, reason):
+            store.add_event(bid, "port", {"model": p.key, "status": "failed", "reason": reason})
+    for h, _, _ in inflight.values():
+        executor.cancel(h)
+    store.add_event(bid, "batch", {"status": "cancelling"})
+
+
 def _adopt(executor: Executor, store: BatchStore, bid: str, todo: list[PortRow],
-           inflight: dict[str, tuple[Any, float, str]]) -> None:
+           inflight: Inflight) -> None:
     """Local workers of a driver that died keep running and record their results: wait for them
     rather than run the port a second time."""
     if not isinstance(executor, LocalExecutor):
@@ -197,12 +257,13 @@ def _adopt(executor: Executor, store: BatchStore, bid: str, todo: list[PortRow],
         att = next((a for a in store.attempts(bid, p.key) if a["id"] == p.attempt_id), None)
         if att and worker_alive(att.get("pid"), p.attempt_id):
             timeout = PortSpec.model_validate(p.spec).settings.timeout_s
-            inflight[p.key] = (executor.adopt(p.key, int(att["pid"])), (p.claimed or time.time()) + timeout, p.attempt_id)
+            deadline = (p.claimed or time.time()) + timeout
+            inflight[p.key] = (executor.adopt(p.key, int(att["pid"])), deadline, p.attempt_id)
             store.add_event(bid, "port", {"model": p.key, "status": "running", "adopted": True})
 
 
 def _start(executor: Executor, store: BatchStore, bid: str, p: PortRow, out: Path, bdir: Path, home: Path,
-           inflight: dict[str, tuple[Any, float, str]]) -> None:
+           inflight: Inflight) -> None:
     claim = store.claim(bid, p.key)
     if claim is None:
         return

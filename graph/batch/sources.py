@@ -14,6 +14,8 @@ from typing import Any
 import yaml
 
 from knowledge.errors import SourceError
+from knowledge.untrusted import MAX_CONFIG_BYTES, UntrustedValue, inside, is_inside, read_json_object
+from sandbox.isolation.rundir import write_own
 
 MAX_MEMBERS = 10_000
 MAX_BYTES = 2 * 1024**3
@@ -68,12 +70,22 @@ def _shrink_overrides(shrink: bool | dict[str, Any]) -> dict[str, Any]:
 
 
 def _config_file(model: Path) -> Path:
+    """The config file the model's npuport.yaml names (``config.json`` by default), resolved inside ``model``:
+    a ``config:`` that climbs out of the folder (``..``, an absolute path, a link out) is refused, never followed
+    (knowledge/untrusted.py)."""
     manifest = model / "npuport.yaml"
+    name: Any = "config.json"
     if manifest.is_file():
-        data = yaml.safe_load(manifest.read_text()) or {}
-        if isinstance(data, dict) and isinstance(data.get("config"), str):
-            return model / data["config"]
-    return model / "config.json"
+        try:
+            data = yaml.safe_load(manifest.read_text()) or {}
+        except yaml.YAMLError as exc:
+            raise SourceError(f"npuport.yaml: not valid YAML: {str(exc)[:200]}") from exc
+        if isinstance(data, dict) and data.get("config") is not None:
+            name = data["config"]
+    try:
+        return inside(model, name, "npuport.yaml config")
+    except UntrustedValue as exc:
+        raise SourceError(f"shrink: {exc}") from exc
 
 
 def stage(source: Path, kind: str, shrink: bool | dict[str, Any], staging: Path) -> tuple[Path, str]:
@@ -86,16 +98,22 @@ def stage(source: Path, kind: str, shrink: bool | dict[str, Any], staging: Path)
         model = source
     overrides = _shrink_overrides(shrink)
     if overrides:
-        cfg = _config_file(model)
-        if not cfg.is_file():
-            raise SourceError(f"shrink: no config file {cfg.name} to apply {sorted(overrides)} to")
+        if not _config_file(model).is_file():
+            raise SourceError(f"shrink: no config file {_config_file(model).name} to apply {sorted(overrides)} to")
         if model == source:  # copy first: the user's folder is never written
             dest = staging / "shrunk"
             shutil.rmtree(dest, ignore_errors=True)
             shutil.copytree(source, dest, symlinks=True, ignore=shutil.ignore_patterns(".git", "__pycache__"))
-            model, cfg = dest, dest / cfg.relative_to(source)
-        config = json.loads(cfg.read_text())
+            model = dest
+        # resolved again inside the staged copy, which npuport owns: a link in it that leads out is refused
+        cfg = _config_file(model)
+        if not is_inside(staging, cfg):
+            raise SourceError(f"shrink: the config {cfg.name} is not inside the staged copy")
+        try:
+            config = read_json_object(cfg, MAX_CONFIG_BYTES, "shrink config")
+        except UntrustedValue as exc:
+            raise SourceError(str(exc)) from exc
         config.update(overrides)
-        cfg.write_text(json.dumps(config, indent=1))
+        write_own(cfg, json.dumps(config, indent=1))  # a new file under the name: never written through a link
         notes.append(f"shrunk config ({', '.join(f'{k}={v}' for k, v in overrides.items())})")
     return model, "; ".join(notes)

@@ -145,6 +145,12 @@ class BatchStore:
         r = self._conn.execute("SELECT * FROM ports WHERE batch_id=? AND key=?", (batch_id, key)).fetchone()
         return _port(r) if r else None
 
+    def cancel_queued(self, batch_id: str, key: str, reason: str) -> bool:
+        """A port not started yet ends as failed with ``reason`` (the batch was cancelled)."""
+        cur = self._conn.execute("UPDATE ports SET status='failed', reason=?, finished=? WHERE batch_id=? AND key=?"
+                                 " AND status='queued'", (reason, time.time(), batch_id, key))
+        return cur.rowcount == 1
+
     def requeue_failed(self, batch_id: str) -> int:
         """--retry-failed: failed ports go back to the queue (their results are kept in attempts)."""
         cur = self._conn.execute("UPDATE ports SET status='queued', reason='retrying' WHERE batch_id=? AND "

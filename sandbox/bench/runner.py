@@ -10,14 +10,21 @@ from pathlib import Path
 from typing import Any
 
 from sandbox.bench.measure import measured_bench
-from sandbox.harness.runner import HarnessRun
+from sandbox.harness.runner import HarnessRun, option_paths
 from sandbox.harness.spec import BenchSpec, HarnessTarget
-from sandbox.isolation.process import Limits, Mounts, Sandbox, default_sandbox, scrub, scrubbed_env
-from sandbox.isolation.rundir import discard, write_own
+from sandbox.isolation.process import (
+    ExecResult,
+    Limits,
+    Mounts,
+    Sandbox,
+    default_sandbox,
+    scrub,
+    scrubbed_env,
+)
+from sandbox.isolation.rundir import discard, workspace_problem, write_own
 from sandbox.isolation.supervised import decode, supervised_argv
 
 MAX_RESULT_BYTES = 8 * 1024 * 1024
-
 
 
 @dataclass
@@ -71,13 +78,18 @@ def run_bench(
     argv = supervised_argv(python, "sandbox.bench.throughput", spec_path, MAX_RESULT_BYTES)
     box = sandbox or default_sandbox()
     # Under bwrap the run sees the model read-only and its run folder only (not npuport's git, not other runs).
-    ro = [model_dir.resolve()] + [Path(v).resolve() for v in ((target or {}).get("options") or {}).values()
-                                  if isinstance(v, str) and v.startswith("/") and Path(v).exists()]
+    ro = [model_dir.resolve(), *option_paths((target or {}).get("options"))]  # npuport's caches only
     mounts = Mounts(hide=(workdir.resolve(),), ro=tuple(ro), rw=(run_dir.resolve(),),
                     interpreters=(python,) if python else ())
     # inductor compiles in the bench's own process: a pool of torch processes would read as the model's
     run_env = scrubbed_env({"TORCHINDUCTOR_COMPILE_THREADS": "1", **(env or {})})
-    exec_result = box.execute(argv, cwd=run_dir.resolve(), env=run_env, limits=limits or Limits(),
+    lim = limits or Limits()
+    if full := workspace_problem(workdir, lim.workspace_quota_mb):  # the sum of every run folder of the port
+        result = {"ok": False, "configs": [], "exception": {"type": "WorkspaceQuota", "message": full}}
+        write_own(result_path, json.dumps(result, indent=1))
+        return BenchRun(run_dir=run_dir, result=result, exec_result=ExecResult(
+            returncode=None, status="killed", wall_s=0.0, stdout="", stderr="", isolation=box.name, notes=[full]))
+    exec_result = box.execute(argv, cwd=run_dir.resolve(), env=run_env, limits=lim,
                               mounts=mounts, result_channel=True, channel_cap=MAX_RESULT_BYTES + 65536)
     write_own(run_dir / "bench_stdout.log", scrub(exec_result.stdout))
     write_own(run_dir / "bench_stderr.log", scrub(exec_result.stderr))

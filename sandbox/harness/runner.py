@@ -29,7 +29,7 @@ from sandbox.isolation.process import (
     scrub,
     scrubbed_env,
 )
-from sandbox.isolation.rundir import discard, write_own
+from sandbox.isolation.rundir import discard, workspace_problem, write_own
 from sandbox.isolation.supervised import Supervised, decode, label_claims, supervised_argv
 from sandbox.targets import Target
 
@@ -87,11 +87,28 @@ def _clean(result: dict[str, Any]) -> dict[str, Any]:
     return result
 
 
+def _option_roots() -> list[Path]:
+    """npuport's own folders a target option may name (the op matrices, the native engine's builds): an option
+    path anywhere else (one a report wrote) is never bound into a run."""
+    from knowledge.home import cache_dir
+    from sandbox.ascend_sim.native_build import cache_root
+
+    return [cache_dir("matrices").resolve(), cache_root().resolve()]
+
+
+def option_paths(options: dict[str, Any] | None) -> list[Path]:
+    """The host paths a target's options name that a run may see (the emulator's op matrix and native engine):
+    only those inside npuport's own caches."""
+    from knowledge.untrusted import is_inside
+
+    roots = _option_roots()
+    return [Path(v).resolve() for v in (options or {}).values()
+            if isinstance(v, str) and v.startswith("/") and Path(v).exists()
+            and any(is_inside(r, Path(v)) for r in roots)]
+
+
 def _mounts(workdir: Path, model_dir: Path, run_dir: Path, target: Target, python: str | None = None) -> Mounts:
-    ro = [model_dir.resolve()]
-    for value in (target.options or {}).values():
-        if isinstance(value, str) and value.startswith("/") and Path(value).exists():
-            ro.append(Path(value).resolve())  # the emulator's op matrix and native engine
+    ro = [model_dir.resolve(), *option_paths(target.options)]
     return Mounts(hide=(workdir.resolve(),), ro=tuple(ro), rw=(run_dir.resolve(),),
                   interpreters=(python,) if python else ())
 
@@ -157,6 +174,11 @@ def run_harness(
     argv = supervised_argv(python, "sandbox.harness.worker", spec_path, MAX_RESULT_BYTES)
     box = sandbox or default_sandbox()
     lim = limits or Limits()
+    if full := workspace_problem(workdir, lim.workspace_quota_mb):  # the sum of every run folder of the port
+        result = _failure("WorkspaceQuota", full)
+        write_own(result_path, json.dumps(result, indent=1))
+        return HarnessRun(run_dir=run_dir, result=result, exec_result=ExecResult(
+            returncode=None, status="killed", wall_s=0.0, stdout="", stderr="", isolation=box.name, notes=[full]))
     exec_result = box.execute(argv, cwd=run_dir.resolve(), env=env, limits=lim,
                               mounts=_mounts(workdir, model_dir, run_dir, target, python),
                               result_channel=True, channel_cap=MAX_RESULT_BYTES + 65536)

@@ -52,29 +52,55 @@ MASK_MB = 256  # size of each home folder's tmpfs (caches the model's libraries 
 _ETC_SCAN_MAX = 5000  # files looked at for root-only ones (a normal /etc has a few hundred)
 
 
-def _interpreter_paths(python: str) -> set[Path]:
-    """Folders an interpreter needs: its prefix, a venv's base interpreter, our own sys.path."""
+def _interpreter_paths(python: str, depth: int = 0) -> set[Path]:
+    """Folders an interpreter needs: its prefix, a venv's base interpreter, our own sys.path.
+
+    A layered env's folder was writable to the pip installs of the model's wheels (sandbox/isolation/installs.py),
+    so its ``pyvenv.cfg`` and ``npuport-env.json`` are data, not npuport's word: a ``home`` counts only when it
+    holds a Python interpreter, a layer only when it is an env of npuport's env cache (knowledge/untrusted.py)."""
     paths: set[Path] = set()
     exe = Path(python)
     for p in (exe, exe.resolve()):
         paths.add(p.parent.parent)
         cfg = p.parent.parent / "pyvenv.cfg"
         if cfg.is_file():
-            for line in cfg.read_text(errors="replace").splitlines():
+            for line in cfg.read_text(errors="replace").splitlines()[:50]:
                 key, _, value = line.partition("=")
-                if key.strip() == "home" and value.strip():
-                    paths.add(Path(value.strip()).parent)
+                home = Path(value.strip())
+                if key.strip() == "home" and home.is_absolute() and any(home.glob("python3*")):
+                    paths.add(home.parent)
         # A layered env (agents/environment/resolve.py) names the folders it reads besides its own: a torch pair's
         # base env. Under a masked home they are invisible unless bound too.
         marker = p.parent.parent / "npuport-env.json"
-        if marker.is_file():
-            try:
-                layers = json.loads(marker.read_text()).get("layers") or []
-            except (OSError, ValueError, AttributeError):
-                layers = []
-            for layer in layers:
-                paths |= _interpreter_paths(str(Path(layer) / "bin" / "python")) if Path(layer).is_dir() else set()
+        if marker.is_file() and depth < 3:
+            for layer in _env_layers(marker):
+                paths |= _interpreter_paths(str(layer / "bin" / "python"), depth + 1)
     return paths
+
+
+def _env_roots() -> list[Path]:
+    """Where npuport keeps layered envs (NPUPORT_ENV_CACHE, else $NPUPORT_HOME/envs)."""
+    from knowledge.settings import settings
+
+    conf = settings()
+    roots = [conf.env_cache.expanduser()] if conf.env_cache else []
+    with contextlib.suppress(OSError, RuntimeError):
+        roots.append(conf.resolved_home() / "envs")
+    return [r.resolve() for r in roots]
+
+
+def _env_layers(marker: Path) -> list[Path]:
+    """The layers a layered env's marker names that are envs of npuport's env cache (never a host folder)."""
+    from knowledge.untrusted import is_inside
+
+    try:
+        layers = json.loads(marker.read_text()).get("layers") or []
+    except (OSError, ValueError, AttributeError):
+        return []
+    roots = _env_roots()
+    return [Path(layer) for layer in layers if isinstance(layer, str) and Path(layer).is_absolute()
+            and Path(layer).is_dir() and any(is_inside(root, Path(layer)) and Path(layer).resolve() != root
+                                             for root in roots)]
 
 
 def _host_paths(argv: list[str], interpreters: tuple[str, ...] = ()) -> list[Path]:
@@ -172,12 +198,32 @@ def bwrap_command(bwrap: str, argv: list[str], *, cwd: Path, mounts: Mounts, lim
     home = _npuport_home()
     if home is not None and home.is_dir() and home != Path("/"):
         args += tmpfs(home, 1)  # other owners' uploads, workspaces and job databases, wherever it lives
-    for p in _host_paths(argv, mounts.interpreters):
-        args += ["--ro-bind", str(p), str(p)]
+    masks = {Path("/tmp"): limits.tmpfs_mb, **{h: min(MASK_MB, limits.tmpfs_mb) for h in _homes()},
+             **({home: 1} if home is not None else {})}
+    binds = [("--ro-bind", p) for p in _host_paths(argv, mounts.interpreters)]
+    binds += [("--ro-bind", _not_the_root(p)) for p in mounts.ro] + [("--bind", _not_the_root(p)) for p in mounts.rw]
     for p in mounts.hide:
         args += tmpfs(p, 1)
-    for p in mounts.ro:
-        args += ["--ro-bind", str(p), str(p)]
-    for p in mounts.rw:
-        args += ["--bind", str(p), str(p)]
+    args += [a for kind, p in binds for a in (kind, str(p), str(p))]
+    # Masks after binds: a bind of a folder that holds a masked one (a test's tmp folder holding NPUPORT_HOME, a
+    # path that came from data) does not lift the mask; binds inside the mask are made again on top of it.
+    for mask, mb in masks.items():
+        if any(_holds(p, mask) for _, p in binds):
+            args += tmpfs(mask, mb)
+            args += [a for kind, p in binds if _holds(mask, p) and p != mask for a in (kind, str(p), str(p))]
+    for private in _private_etc_files():  # a bind of (part of) /etc cannot bring the root-only files back
+        args += ["--ro-bind", "/dev/null", str(private)]
     return [*args, "--chdir", str(cwd), *argv]
+
+
+def _holds(folder: Path, path: Path) -> bool:
+    """Whether ``path`` is ``folder`` or inside it (both resolved)."""
+    f, p = Path(folder).resolve(), Path(path).resolve()
+    return p == f or f in p.parents
+
+
+def _not_the_root(path: Path) -> Path:
+    """A caller's bind, never the host's root (which would bring back every folder the allow-list leaves out)."""
+    if Path(path).resolve() == Path("/"):
+        raise ValueError("refusing to bind / into a sandbox: its root is an allow-list")
+    return path

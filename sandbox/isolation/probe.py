@@ -18,7 +18,7 @@ from pathlib import Path
 from knowledge.errors import IsolationUnavailable
 from sandbox.isolation.bwrap import bwrap_command
 from sandbox.isolation.confine import seccomp_fd
-from sandbox.isolation.process import Limits, Mounts, bwrap_available, isolation_setting, scrubbed_env
+from sandbox.isolation.process import Limits, Mounts, bwrap_available, scrubbed_env
 
 
 @functools.lru_cache(maxsize=1)
@@ -32,10 +32,13 @@ def run_probe(argv: list[str], *, input: str | None = None, timeout: float = 60.
     """Run ``argv`` confined; ``env`` adds to the scrubbed environment; ``readable`` / ``writable`` are
     bound in (read-only / read-write), ``interpreters`` (besides ``argv[0]``) with their environments.
     Raises ``subprocess.TimeoutExpired`` like subprocess.run."""
+    from knowledge.settings import settings
+
     run_env = scrubbed_env(env)
-    bwrap = None if isolation_setting() == "process" else _bwrap()
+    choice = settings().isolation_choice  # NPUPORT_ISOLATION: auto | bwrap | process
+    bwrap = None if choice == "process" else _bwrap()
     if bwrap is None:
-        if isolation_setting() == "bwrap":
+        if choice == "bwrap":
             raise IsolationUnavailable("bwrap is required (NPUPORT_ISOLATION=bwrap) and not usable here")
         return subprocess.run(argv, input=input, capture_output=True, text=True, timeout=timeout, env=run_env)
     fd = seccomp_fd()

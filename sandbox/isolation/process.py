@@ -13,10 +13,11 @@ Two sandboxes share one runner (``_run``):
   when asked for explicitly (``NPUPORT_ISOLATION=process`` / ``--isolation process``) and every result
   says ``isolation: process``.
 
-Both put the run in a cgroup with a ``pids.max`` when the host lets us (the only process cap that holds
-for root, which ignores RLIMIT_NPROC; without one, processes that left the session are found by a mark
-in their environment: sandbox/isolation/reaper.py), read stdout/stderr incrementally with a size cap, enforce the
-wall time on the whole tree, and stop when the job that started the run is cancelled (``stop_runs_when``).
+Both put the run in cgroups (sandbox/isolation/cgroups.py) when the host lets us: ``pids.max`` (the only process
+cap that holds for root, which ignores RLIMIT_NPROC; without one, processes that left the session are found by a
+mark in their environment: sandbox/isolation/reaper.py) and ``memory`` (the whole run, its tmpfs pages and swap
+included); read stdout/stderr incrementally with a size cap, enforce the wall time on the whole tree and the run
+folder's quota, and stop when the job that started the run is cancelled (``stop_runs_when``).
 """
 
 from __future__ import annotations
@@ -41,14 +42,15 @@ from knowledge.errors import IsolationUnavailable
 from knowledge.interrupt import PortInterrupted, raise_if_stopped, stop_requested
 from sandbox.isolation.bwrap import _interpreter_paths as _interpreter_paths
 from sandbox.isolation.bwrap import bwrap_command
+from sandbox.isolation.cgroups import RunCgroup
 from sandbox.isolation.confine import seccomp_fd
 from sandbox.isolation.reaper import (
     RUN_MARK_ENV,
-    _Cgroup,
     _kill_group,
     _register,
     kill_marked,
 )
+from sandbox.isolation.rundir import over_quota
 
 # Environment variables that may carry secrets never reach patched code.
 _SECRET_PATTERN = re.compile(r"(KEY|TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL|AUTH|COOKIE|SESSION)", re.I)
@@ -72,8 +74,10 @@ class Limits:
     max_procs: int = 512
     file_size_mb: int = 1024
     max_output_bytes: int = MAX_OUTPUT_BYTES
-    tmpfs_mb: int = 2048  # size of the run's /tmp (bwrap); tmpfs is host RAM, which RLIMIT_AS does not count
+    tmpfs_mb: int = 2048  # size of the run's /tmp (bwrap); its pages are charged to the run's memory cgroup
     folder_quota_mb: int = 4096  # the run folder (cwd) as a whole; 0: unchecked. RLIMIT_FSIZE caps one file
+    memory_mb: int = 16 * 1024  # the whole run (every process, its /tmp, swap): the memory cgroup's cap; 0: none
+    workspace_quota_mb: int = 8192  # the port's workspace (every run folder, the model's copies): no run starts beyond
 
 
 @dataclass(frozen=True)
@@ -196,16 +200,16 @@ def _die_with_parent() -> None:
         ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL, 0, 0, 0)
 
 
-def _preexec(limits: Limits, cgroup: Path | None):  # type: ignore[no-untyped-def]
+def _preexec(limits: Limits, cgroups: list[Path]):  # type: ignore[no-untyped-def]
     # RLIMIT_NPROC counts every task of the user, not the run's: the run gets max_procs beyond what the
     # user already runs (a server or a test runner with its own threads would otherwise leave it none).
     nproc = uid_tasks() + limits.max_procs  # counted here, in the parent, not between fork and exec
 
     def apply() -> None:
         _die_with_parent()
-        if cgroup is not None:
-            # join before exec, so every descendant is counted and found
-            with open(cgroup / "cgroup.procs", "w") as fh:
+        for procs in cgroups:
+            # join before exec, so every descendant is counted, capped and found
+            with open(procs, "w") as fh:
                 fh.write("0")
         os.setsid()  # own process group: the timeout kills everything it started
         mb = 1024 * 1024
@@ -222,26 +226,6 @@ def _preexec(limits: Limits, cgroup: Path | None):  # type: ignore[no-untyped-de
 
 
 QUOTA_CHECK_S = 1.0
-MAX_FOLDER_ENTRIES = 100_000
-
-
-def _over_quota(folder: Path, quota: int) -> str:
-    """Why ``folder`` is over ``quota`` bytes of disk (or holds too many entries to count), or ""."""
-    used, entries, stack = 0, 0, [folder]
-    while stack:
-        with contextlib.suppress(OSError), os.scandir(stack.pop()) as it:
-            for e in it:
-                entries += 1
-                if entries > MAX_FOLDER_ENTRIES:
-                    return f"more than {MAX_FOLDER_ENTRIES} files and folders"
-                with contextlib.suppress(OSError):
-                    st = e.stat(follow_symlinks=False)
-                    used += st.st_blocks * 512  # disk actually used: a sparse file is not a full one
-                    if e.is_dir(follow_symlinks=False):
-                        stack.append(Path(e.path))
-        if used > quota:
-            return f"{used // 2**20} MiB used, the quota is {quota // 2**20} MiB"
-    return ""
 
 
 class ProcessSandbox:
@@ -263,12 +247,41 @@ def _run(argv: list[str], *, cwd: Path, env: dict[str, str], limits: Limits, iso
     """Run ``argv``; read stdout/stderr (and the result channel, an fd number the child inherits) with caps."""
     raise_if_stopped("starting a sandbox")  # Ctrl-C: no new work starts (knowledge/interrupt.py)
     start = time.monotonic()
-    cgroup = _Cgroup(limits.max_procs)
-    notes: list[str] = []
-    if cgroup.path is None and os.geteuid() == 0:
-        notes.append("process limit not enforced: running as root and no writable pids cgroup")
+    cgroup = RunCgroup(limits.max_procs, limits.memory_mb)
+    notes: list[str] = cgroup.missing()
     mark = secrets.token_hex(8)
-    env = {**env, RUN_MARK_ENV: mark}
+    proc, chan_r, record = _start(argv, cwd, {**env, RUN_MARK_ENV: mark}, limits, cgroup, mark, result_channel,
+                                  extra_fds)
+    assert proc.stdout is not None and proc.stderr is not None
+    caps = {proc.stdout.fileno(): limits.max_output_bytes, proc.stderr.fileno(): limits.max_output_bytes}
+    if chan_r is not None:
+        caps[chan_r] = channel_cap
+    streams = _Streams.of(caps)
+    try:
+        status = _watch(proc, streams, limits, cwd, start, notes)
+    finally:
+        streams.sel.close()
+        # Children the command left behind die with it: group, session-leaving daemons (cgroup).
+        _kill_group(proc.pid)
+        notes += cgroup.end()  # every process killed, the cgroups removed; whether the memory cap was reached
+        if cgroup.path is None:  # no cgroup (a normal user): what left the session is found by its mark
+            kill_marked(mark)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=5)
+        proc.stdout.close()
+        proc.stderr.close()
+        if chan_r is not None:
+            os.close(chan_r)
+        if record is not None:
+            record.unlink(missing_ok=True)
+    if status == "interrupted":
+        raise PortInterrupted(f"a sandbox run was interrupted after {time.monotonic() - start:.1f}s")
+    return _result(proc, status, streams, chan_r, time.monotonic() - start, isolation, notes)
+
+
+def _start(argv: list[str], cwd: Path, env: dict[str, str], limits: Limits, cgroup: RunCgroup, mark: str,
+           result_channel: bool, extra_fds: tuple[int, ...]) -> tuple[subprocess.Popen[bytes], int | None, Path | None]:
+    """The run's process, the read end of its result channel (or None) and its record for the reaper."""
     chan_r: int | None = None
     chan_w: int | None = None
     pass_fds: tuple[int, ...] = extra_fds  # bwrap's seccomp program
@@ -283,7 +296,7 @@ def _run(argv: list[str], *, cwd: Path, env: dict[str, str], limits: Limits, iso
         proc = subprocess.Popen(
             argv, cwd=str(cwd), env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
             pass_fds=pass_fds,
-            preexec_fn=_preexec(limits, cgroup.path),  # noqa: PLW1509 - rlimits must be set in the child
+            preexec_fn=_preexec(limits, cgroup.procs_files()),  # noqa: PLW1509 - rlimits must be set in the child
         )
     except BaseException:
         if chan_r is not None:
@@ -294,105 +307,104 @@ def _run(argv: list[str], *, cwd: Path, env: dict[str, str], limits: Limits, iso
     finally:
         if chan_w is not None:
             os.close(chan_w)  # only the child holds the write end: EOF means it is gone
-    record = _register(proc.pid, cgroup.path, mark, record)
-    assert proc.stdout is not None and proc.stderr is not None
-    bufs: dict[int, bytearray] = {proc.stdout.fileno(): bytearray(), proc.stderr.fileno(): bytearray()}
-    caps = {fd: limits.max_output_bytes for fd in bufs}
-    dropped = dict.fromkeys(bufs, 0)
-    if chan_r is not None:
-        bufs[chan_r] = bytearray()
-        caps[chan_r] = channel_cap
-        dropped[chan_r] = 0
-    sel = selectors.DefaultSelector()
-    for fd in bufs:
-        os.set_blocking(fd, False)
-        sel.register(fd, selectors.EVENT_READ)
+    return proc, chan_r, _register(proc.pid, cgroup.path, mark, record)
+
+
+@dataclass
+class _Streams:
+    """The run's pipes, read without blocking; each keeps up to its cap and counts what it dropped."""
+
+    sel: selectors.BaseSelector
+    bufs: dict[int, bytearray]
+    caps: dict[int, int]
+    dropped: dict[int, int]
+
+    @classmethod
+    def of(cls, caps: dict[int, int]) -> _Streams:
+        sel = selectors.DefaultSelector()
+        for fd in caps:
+            os.set_blocking(fd, False)
+            sel.register(fd, selectors.EVENT_READ)
+        return cls(sel, {fd: bytearray() for fd in caps}, dict(caps), dict.fromkeys(caps, 0))
+
+    def open(self) -> bool:
+        return bool(self.sel.get_map())
+
+    def read(self, timeout: float) -> None:
+        for key, _ in self.sel.select(timeout=timeout):
+            fd = int(key.fd)
+            try:
+                chunk = os.read(fd, 1 << 16)
+            except BlockingIOError:
+                continue
+            if not chunk:
+                self.sel.unregister(fd)
+                continue
+            room = max(self.caps[fd] - len(self.bufs[fd]), 0)
+            self.bufs[fd] += chunk[:room]
+            self.dropped[fd] += max(len(chunk) - room, 0)
+
+
+def _stopped(stop: Callable[[], bool] | None, notes: list[str]) -> str | None:
+    """``killed`` when the job that started the run was cancelled, ``interrupted`` on Ctrl-C (the caller's
+    cleanup kills the run's group and cgroup), else None."""
+    if stop is not None and stop():
+        notes.append("cancelled: the run was killed while it ran")
+        return "killed"
+    return "interrupted" if stop_requested() else None
+
+
+def _watch(proc: subprocess.Popen[bytes], streams: _Streams, limits: Limits, cwd: Path, start: float,
+           notes: list[str]) -> str:
+    """Read the run's output until its pipes close, then wait for it; the run's status (ok, timeout, killed,
+    interrupted) by the wall time, the cancel, Ctrl-C and the run folder's quota."""
     deadline = start + limits.wall_s
-    status = "ok"
-    exited_at: float | None = None
     stop = _stop_check.get()
     quota = limits.folder_quota_mb * 1024 * 1024
     next_quota_check = start + QUOTA_CHECK_S
-    try:
-        while sel.get_map():
-            now = time.monotonic()
-            if stop is not None and stop():
-                status = "killed"
-                notes.append("cancelled: the run was killed while it ran")
-                break
-            if quota and now >= next_quota_check:
-                next_quota_check = now + QUOTA_CHECK_S
-                if over := _over_quota(cwd, quota):
-                    status = "killed"
-                    notes.append(f"run folder over its quota ({over}); the run was killed")
-                    break
-            if proc.poll() is not None and exited_at is None:
-                exited_at = now
-            if exited_at is not None and now - exited_at > DRAIN_AFTER_EXIT_S:
-                notes.append("a process left behind kept the output pipes open; it was killed")
-                break
-            if exited_at is None and now > deadline:
-                status = "timeout"
-                break
-            if stop_requested():  # Ctrl-C: the finally below kills the run's group and cgroup
-                status = "interrupted"
-                break
-            for key, _ in sel.select(timeout=0.1):
-                fd = int(key.fd)
-                try:
-                    chunk = os.read(fd, 1 << 16)
-                except BlockingIOError:
-                    continue
-                if not chunk:
-                    sel.unregister(fd)
-                    continue
-                room = caps[fd] - len(bufs[fd])
-                bufs[fd] += chunk[:max(room, 0)]
-                dropped[fd] += max(len(chunk) - max(room, 0), 0)
-        while status == "ok" and proc.poll() is None:
-            # every pipe closed but the command runs on: wait for it within the wall time (and the cancel)
-            if stop is not None and stop():
-                status = "killed"
-                notes.append("cancelled: the run was killed while it ran")
-                break
-            if stop_requested():  # Ctrl-C
-                status = "interrupted"
-                break
-            if time.monotonic() > deadline:
-                status = "timeout"
-                break
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                proc.wait(timeout=min(CANCEL_POLL_S, max(deadline - time.monotonic(), 0.01)))
-    finally:
-        sel.close()
-        # Children the command left behind die with it: group, session-leaving daemons (cgroup).
-        _kill_group(proc.pid)
-        cgroup.kill_all()
-        if cgroup.path is None:  # no cgroup (a normal user): what left the session is found by its mark
-            kill_marked(mark)
+    exited_at: float | None = None
+    while streams.open():
+        now = time.monotonic()
+        if ended := _stopped(stop, notes):
+            return ended
+        if quota and now >= next_quota_check:
+            next_quota_check = now + QUOTA_CHECK_S
+            if over := over_quota(cwd, quota):
+                notes.append(f"run folder over its quota ({over}); the run was killed")
+                return "killed"
+        if proc.poll() is not None and exited_at is None:
+            exited_at = now
+        if exited_at is not None and now - exited_at > DRAIN_AFTER_EXIT_S:
+            notes.append("a process left behind kept the output pipes open; it was killed")
+            return "ok"
+        if exited_at is None and now > deadline:
+            return "timeout"
+        streams.read(0.1)
+    while proc.poll() is None:
+        # every pipe closed but the command runs on: wait for it within the wall time (and the cancel)
+        if ended := _stopped(stop, notes):
+            return ended
+        if time.monotonic() > deadline:
+            return "timeout"
         with contextlib.suppress(subprocess.TimeoutExpired):
-            proc.wait(timeout=5)
-        proc.stdout.close()
-        proc.stderr.close()
-        if chan_r is not None:
-            os.close(chan_r)
-        if record is not None:
-            record.unlink(missing_ok=True)
-    if status == "interrupted":
-        raise PortInterrupted(f"a sandbox run was interrupted after {time.monotonic() - start:.1f}s")
+            proc.wait(timeout=min(CANCEL_POLL_S, max(deadline - time.monotonic(), 0.01)))
+    return "ok"
+
+
+def _result(proc: subprocess.Popen[bytes], status: str, streams: _Streams, chan_r: int | None, wall_s: float,
+            isolation: str, notes: list[str]) -> ExecResult:
     rc = proc.returncode
     if status == "ok" and rc != 0:
         status = "killed" if rc is not None and rc < 0 else "error"
-    streams = list(bufs)
-    for fd, label in zip(streams[:2], ("stdout", "stderr"), strict=True):
-        if dropped[fd]:
-            notes.append(f"{label} truncated: kept the first {caps[fd]} bytes, dropped {dropped[fd]}")
-    channel = bytes(bufs[chan_r]) if chan_r is not None else b""
-    overflow = bool(chan_r is not None and dropped[chan_r])
+    out, err = list(streams.bufs)[:2]
+    for fd, label in ((out, "stdout"), (err, "stderr")):
+        if streams.dropped[fd]:
+            notes.append(f"{label} truncated: kept the first {streams.caps[fd]} bytes, dropped {streams.dropped[fd]}")
     return ExecResult(
-        returncode=rc, status=status, wall_s=time.monotonic() - start,
-        stdout=bufs[streams[0]].decode("utf-8", "replace"), stderr=bufs[streams[1]].decode("utf-8", "replace"),
-        isolation=isolation, notes=notes, channel=channel, channel_overflow=overflow,
+        returncode=rc, status=status, wall_s=wall_s,
+        stdout=streams.bufs[out].decode("utf-8", "replace"), stderr=streams.bufs[err].decode("utf-8", "replace"),
+        isolation=isolation, notes=notes, channel=bytes(streams.bufs[chan_r]) if chan_r is not None else b"",
+        channel_overflow=bool(chan_r is not None and streams.dropped[chan_r]),
     )
 
 
@@ -437,33 +449,24 @@ def bwrap_available() -> str | None:
     return bwrap if bwrap and _bwrap_works(bwrap) else None
 
 
-def isolation_setting() -> str:
-    """``NPUPORT_ISOLATION`` (``NPUPORT_SANDBOX`` is its older name): auto | bwrap | process."""
-    from knowledge.settings import settings
-
-    conf = settings()
-    chosen = conf.isolation if "NPUPORT_ISOLATION" in os.environ else (conf.sandbox or conf.isolation)
-    return (chosen or "auto").strip().lower()
-
-
-def _allow_unisolated() -> bool:
-    from knowledge.settings import settings
-
-    return settings().allow_unisolated
 
 
 def default_sandbox(*, allow_process: bool | None = None) -> Sandbox:
     """bwrap when present and usable. ``process`` runs only when chosen explicitly (the setting) or
     when the caller allows the fallback (the CLI porting the user's own model, with a visible
     warning); ``bwrap`` insists. Otherwise IsolationUnavailable."""
-    choice = isolation_setting()
+    from knowledge.settings import (
+        settings,  # here: a sandboxed worker may import this module without pydantic
+    )
+
+    conf = settings()  # NPUPORT_ISOLATION (its older name NPUPORT_SANDBOX): auto | bwrap | process
+    choice = conf.isolation_choice
     if choice == "process":
         return ProcessSandbox()
     bwrap = bwrap_available()
     if bwrap:
         return BubblewrapSandbox(bwrap)
-    if choice != "bwrap" and (allow_process if allow_process is not None
-                              else _allow_unisolated()):
+    if choice != "bwrap" and (allow_process if allow_process is not None else conf.allow_unisolated):
         return ProcessSandbox()
     raise IsolationUnavailable("bubblewrap (bwrap) is not installed or cannot create namespaces here, so untrusted "
                                "model code cannot be isolated; install bubblewrap, or run unisolated explicitly "

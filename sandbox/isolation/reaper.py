@@ -1,70 +1,20 @@
-"""Runs left behind: the pids cgroup each run lives in (a process cap that holds for root, and a way
-to find every process of the run), and the registry of runs a killed server leaves, reaped when the
-next one starts."""
+"""Runs left behind: the registry of runs a killed server leaves, reaped when the next one starts (with
+the cgroups each run lives in, sandbox/isolation/cgroups.py), and the mark that finds a run's processes
+where no cgroup is writable."""
 
 from __future__ import annotations
 
 import contextlib
-import itertools
 import json
 import os
 import signal
 import time
 from pathlib import Path
 
-# --- cgroup: a process cap that holds for root, and a way to find every process of the run ----------
+from sandbox.isolation.cgroups import RunCgroup, stale_cgroups
 
-_cgroup_seq = itertools.count()
-
-
-def _pids_cgroup_root() -> Path | None:
-    """A writable folder of the pids controller (cgroup v1 or v2), or None."""
-    v1 = Path("/sys/fs/cgroup/pids")
-    if (v1 / "cgroup.procs").exists() and os.access(v1, os.W_OK):
-        return v1
-    v2 = Path("/sys/fs/cgroup")
-    with contextlib.suppress(OSError):
-        if "pids" in (v2 / "cgroup.subtree_control").read_text().split() and os.access(v2, os.W_OK):
-            return v2
-    return None
-
-
-class _Cgroup:
-    def __init__(self, max_procs: int) -> None:
-        self.path: Path | None = None
-        root = _pids_cgroup_root()
-        if root is None:
-            return
-        path = root / f"npuport-{os.getpid()}-{next(_cgroup_seq)}"
-        try:
-            path.mkdir()
-            (path / "pids.max").write_text(str(max_procs))
-            self.path = path
-        except OSError:
-            with contextlib.suppress(OSError):
-                path.rmdir()
-
-    def pids(self) -> list[int]:
-        if self.path is None:
-            return []
-        with contextlib.suppress(OSError):
-            return [int(x) for x in (self.path / "cgroup.procs").read_text().split()]
-        return []
-
-    def kill_all(self) -> None:
-        """SIGKILL every process in the group until none is left (pids.max bounds how many can appear)."""
-        if self.path is None:
-            return
-        for _ in range(200):
-            pids = self.pids()
-            if not pids:
-                break
-            for pid in pids:
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.kill(pid, signal.SIGKILL)
-            time.sleep(0.01)
-        with contextlib.suppress(OSError):
-            self.path.rmdir()
+# The run's cgroups (pids and memory) live in sandbox/isolation/cgroups.py.
+_Cgroup = RunCgroup
 
 
 # --- orphans: runs left by a server that was killed ----------------------------------------------
@@ -168,19 +118,14 @@ def reap_orphans() -> int:
         if info.get("mark"):
             reaped += bool(kill_marked(str(info["mark"])))
         if info.get("cgroup"):
-            cg = _Cgroup.__new__(_Cgroup)
-            cg.path = Path(info["cgroup"]) if Path(info["cgroup"]).is_dir() else None
+            cg = RunCgroup.at(Path(info["cgroup"]))
             reaped += bool(cg.pids())
             cg.kill_all()
         rec.unlink(missing_ok=True)
-    root = _pids_cgroup_root()
-    for cg_dir in root.glob("npuport-*") if root else []:
-        owner = cg_dir.name.split("-")[1]
-        if owner.isdigit() and not pid_alive(int(owner)):
-            cg = _Cgroup.__new__(_Cgroup)
-            cg.path = cg_dir
-            reaped += bool(cg.pids())
-            cg.kill_all()
+    for cg_dir in stale_cgroups():  # any controller's (pids, memory) cgroup of a dead server
+        cg = RunCgroup.at(cg_dir)
+        reaped += bool(cg.pids())
+        cg.kill_all()
     return reaped
 
 

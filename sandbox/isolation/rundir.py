@@ -16,6 +16,7 @@ can swap a name between the check and the open.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import stat
@@ -90,3 +91,36 @@ def check_zip_bounded(path: Path, max_bytes: int, max_inflated: int, max_members
     total = sum(max(i.file_size, 0) for i in infos)
     if total > max_inflated:
         raise HostileRunFile(f"{path.name} inflates to {total} bytes; the cap is {max_inflated}")
+
+
+MAX_FOLDER_ENTRIES = 100_000
+
+
+def over_quota(folder: Path, quota: int) -> str:
+    """Why ``folder`` is over ``quota`` bytes of disk (or holds too many entries to count), or "". Links are
+    not followed; a sparse file counts what it holds on disk."""
+    used, entries, stack = 0, 0, [folder]
+    while stack:
+        with contextlib.suppress(OSError), os.scandir(stack.pop()) as it:
+            for e in it:
+                entries += 1
+                if entries > MAX_FOLDER_ENTRIES:
+                    return f"more than {MAX_FOLDER_ENTRIES} files and folders"
+                with contextlib.suppress(OSError):
+                    st = e.stat(follow_symlinks=False)
+                    used += st.st_blocks * 512  # disk actually used: a sparse file is not a full one
+                    if e.is_dir(follow_symlinks=False):
+                        stack.append(Path(e.path))
+        if used > quota:
+            return f"{used // 2**20} MiB used, the quota is {quota // 2**20} MiB"
+    return ""
+
+
+def workspace_problem(workdir: Path, quota_mb: int) -> str:
+    """Why no further run of this port may start: its workspace (every run folder, the model's copies) holds more
+    than ``quota_mb`` (each run folder is capped while it runs, ``Limits.folder_quota_mb``; this caps their sum)."""
+    if not quota_mb or not Path(workdir).is_dir():
+        return ""
+    over = over_quota(Path(workdir), quota_mb * 2**20)
+    return f"the port's workspace is over its disk quota ({over}); no further run starts" if over else ""
+
