@@ -212,15 +212,17 @@ def resume(
     snap = thread_snapshot(thread) if checkpoint_db().is_file() else None
     if snap is None:
         raise fail(f"no checkpoint of thread {thread!r} in {checkpoint_db()} (is NPUPORT_HOME the same?)")
-    status = snap.values.get("status")
+    from agents.state import bundle_of, request_fields_of, status_of
+
+    status = status_of(snap.values)
     if not resumable(snap):
-        bundle = (snap.values.get("bundle") or {}).get("dir", "-")
+        bundle = bundle_of(snap.values).dir or "-"
         if status not in FINISHED:  # nothing left to run and no verdict: say so, never "finished (running)"
-            raise fail(f"thread {thread} stopped with nothing left to run and no verdict (status {status}); port "
-                       "the model again", EXIT_NOT_VALIDATED)
+            raise fail(f"thread {thread} stopped with nothing left to run and no verdict (status {status or 'none'}); "
+                       "port the model again", EXIT_NOT_VALIDATED)
         console.print(f"thread {thread} already finished ({status}); its bundle: {bundle}", soft_wrap=True)
         raise typer.Exit(EXIT_OK if status == "validated" else EXIT_NOT_VALIDATED)
-    raise typer.Exit(run_port_cli(dict(snap.values.get("request") or {}), thread_id=thread))
+    raise typer.Exit(run_port_cli(request_fields_of(snap.values), thread_id=thread))
 
 
 @app.command()

@@ -15,13 +15,14 @@ from pydantic import BaseModel, Field
 
 from agents.deploy.token_gate import prefix_len
 from agents.request import request_of
-from agents.runs import RunSpec, token_summary
+from agents.runs import RunSpec, run_config_of, token_summary
+from agents.state import capabilities_of, target_if_resolved, target_name_of
 from agents.tuning.measure import TUNE_CONCURRENCY, headline_spec, points_of
 from agents.tuning.port import MAX_RESOLVABLE_SPREAD, UNTUNED_CONFIG
 from agents.workspace import Workspace
 from knowledge.errors import TargetError, WorkspaceError
 from sandbox.isolation.process import Limits
-from sandbox.targets import Target, resolve_target, target_spec_of
+from sandbox.targets import Target, resolve_target
 
 DEFAULT_TOLERANCE = 0.30  # throughput on a shared host varies; within 1.3x of the report's number agrees
 MAX_NOISE_WIDENING = 1.0  # the runs' spread may widen that to 2x, never more
@@ -98,31 +99,36 @@ def report_python(report: dict[str, Any]) -> str | None:
 
 
 def _target(report: dict[str, Any]) -> Target | None:
-    t = report.get("target") or {}
+    """The port's target resolved again on this host (the report's resolved target names it), or None."""
+    recorded = target_if_resolved(report)
     req = request_of(report)
-    spec = target_spec_of(t)
+    spec = capabilities_of(report)
     try:
         if spec.probe is not None and not spec.probe()[0]:  # the hardware is not here
             return None
         return resolve_target(spec.name, chip=req.chip, torch_npu=req.torch_npu, strict=req.strict,
-                              matrix_path=(t.get("options") or {}).get("matrix_path"))
+                              matrix_path=recorded.options.get("matrix_path") if recorded else None)
     except TargetError:
         return None
 
 
-def _spec(report: dict[str, Any], ws: Workspace, target: Target, limits: Limits) -> RunSpec:
-    """The port's own conditions: its shrunk config and the environment it ran in (a layered venv)."""
-    return RunSpec.of(workdir=ws.root, model_dir=ws.model_dir, manifest=report.get("entry") or {}, target=target,
+def _spec(report: dict[str, Any], ws: Workspace, target: Target, limits: Limits,
+          run_config: dict[str, Any] | None = None) -> RunSpec:
+    """The port's own conditions: its shrunk config (``run_config``, the bundle's run_config.json: built as it
+    is, never derived again) and the environment it ran in (a layered venv)."""
+    spec = RunSpec.of(workdir=ws.root, model_dir=ws.model_dir, manifest=report.get("entry") or {}, target=target,
                       request=request_of(report), python=report_python(report), limits=limits)
+    return spec.replace(extra={**spec.extra, "run_config": run_config}) if run_config is not None else spec
 
 
-def _tokens_claim(report: dict[str, Any], ws: Workspace, target: Target,
-                  limits: Limits) -> tuple[Claim, list[list[int]] | None]:
+def _tokens_claim(report: dict[str, Any], ws: Workspace, target: Target, limits: Limits,
+                  run_config: dict[str, Any] | None = None) -> tuple[Claim, list[list[int]] | None]:
     from agents.validation.reference import reference_copy
 
     claimed = (report.get("numerics") or {}).get("port_tokens")
-    original = reference_copy(ws, report.get("runs") or [])  # with the switch-only fix the report lists, if any
-    spec = _spec(report, ws, target, limits)
+    # with the switch-only fix the report lists, if any
+    original = reference_copy(ws, any(r.get("reference_adjusted") for r in report.get("runs") or []))
+    spec = _spec(report, ws, target, limits, run_config)
     ref = spec.as_reference(original).replace(capture=()).harness(ws.runs_dir / "verify-reference")
     port = spec.harness(ws.runs_dir / "verify-port")
     if (report.get("numerics") or {}).get("compared") == "outputs":
@@ -361,10 +367,11 @@ def verify_bundle(bundle_dir: Path, original: Path | None = None, *, tolerance: 
         target = native_for(target, str(report_python(report)))  # the emulator's engine for the env's torch
     if target is None:
         result.claims.append(Claim(name="tokens match", verdict="unchecked",
-                                   detail=f"target {(report.get('target') or {}).get('name')} is not available here"))
+                                   detail=f"target {target_name_of(report) or None} is not available here"))
         return result
     limits = Limits(wall_s=run_timeout_s)
-    tokens, ref_tokens = _tokens_claim(report, ws, target, limits)
+    run_config = run_config_of(report, bundle_dir) if request_of(report).shrink else None
+    tokens, ref_tokens = _tokens_claim(report, ws, target, limits, run_config)
     result.claims.append(tokens)
     result.claims.append(_perf_claim(report, ws))
     result.claims.append(_throughput_claim(report, ws, target, ref_tokens, tolerance, limits))
