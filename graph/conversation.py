@@ -9,6 +9,7 @@ from typing import Any
 
 from langchain_core.messages import AIMessage, BaseMessage
 
+from agents.request import PortRequest
 from agents.state import (
     bundle_of,
     deployment_of,
@@ -24,10 +25,11 @@ from agents.state import (
 from graph.state import PortInput, PortState
 
 Node = Callable[[dict[str, Any]], dict[str, Any]]
-FLAT_FIELDS = ("model_path", "target", "chip", "tune", "policy", "out_dir")
+FLAT_FIELDS = tuple(PortRequest.model_fields)
+"""The request fields a caller may give as flat input keys (graph/state.py ``PortInput``)."""
 
 
-class PlannerInput(PortState, PortInput, total=False):  # type: ignore[misc]
+class PlannerInput(PortState, PortInput, total=False):  # type: ignore[misc, valid-type]
     """The planner reads the input-only fields too (a node sees only its input schema's keys)."""
 
 

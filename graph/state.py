@@ -9,10 +9,12 @@ from typing import Annotated, Any
 
 from langchain_core.messages import AnyMessage
 from langgraph.graph.message import add_messages
+from pydantic import Field
 
 # typing_extensions' TypedDict: pydantic (Studio's schemas, the API) reads it on Python 3.11 too.
 from typing_extensions import TypedDict
 
+from agents.request import request_fields
 from agents.state import PortFields
 
 
@@ -23,25 +25,23 @@ class PortState(PortFields, total=False):
     """Chat messages, for the chat API and Studio: one AI message per node outcome (graph/guard.py)."""
 
 
-class PortInput(TypedDict, total=False):
-    """What a run takes (Studio's input form, the LangGraph API): a goal in words, or a chat message
-    (the last human message is the goal), and/or structured fields; explicit fields win."""
+def _request_keys() -> dict[str, Any]:
+    """PortRequest's fields as flat input keys (Studio's form): each one's type and description."""
+    return {name: Annotated[typ, Field(description=info.description)]
+            for name, (typ, info) in request_fields(partial=True).items()}
 
-    goal: str
-    """e.g. "port the model in examples/ocr_mini to Ascend 910B on the cpu"."""
-    model_path: str
-    target: str
-    """cpu | ascend-sim | npu | auto."""
-    chip: str
-    """910b | a3 | 310p."""
-    tune: bool
-    policy: str
-    """rule | llm | hybrid."""
-    out_dir: str
-    request: dict[str, Any]
-    """Any agents.request.PortRequest fields (these win over the flat fields above)."""
-    messages: Annotated[list[AnyMessage], add_messages]
-    """Studio's chat input: the last human message is read as the goal."""
+
+_INPUT_KEYS: dict[str, Any] = {
+    "goal": Annotated[str, Field(description="e.g. \"port the model in examples/ocr_mini to Ascend 910B on "
+                                             "the cpu\"")],
+    **_request_keys(),
+    "request": Annotated[dict[str, Any], Field(description="agents.request.PortRequest fields (these win over "
+                                                           "the flat ones)")],
+    "messages": Annotated[list[AnyMessage], add_messages]}
+PortInput = TypedDict("PortInput", _INPUT_KEYS, total=False)  # type: ignore[misc]
+"""What a run takes (Studio's input form, the LangGraph API): a goal in words, or a chat message (the last
+human message is the goal), and/or structured fields, flat (every field of agents.request.PortRequest,
+derived from it) or as ``request``; explicit fields win over the goal's words."""
 
 
 class PortOutput(TypedDict, total=False):

@@ -105,13 +105,9 @@ def execute_port(job: dict[str, Any]) -> dict[str, Any]:
             # a retry's fresh port replaces the failed attempt's bundle (the reporter never overwrites
             # another port's bundle by itself; the batch owns this folder)
             shutil.rmtree(bundle)
-        # a PortRequest, validated like the CLI's and the service's, built the way the CLI builds it: `shrink`
-        # is the request's, so the harness derives the small config (sandbox/harness/shrink.py) for every run
-        request = PortRequest(model_path=str(model), target=s.target, chip=s.chip, objective=s.objective,
-                              torch_npu=s.torch_npu, policy=s.policy, strict=s.strict, tune=s.tune,
-                              shrink=bool(s.shrink), strict_perf=s.strict_perf,
-                              tune_trials=s.tune_trials, max_runs=s.budget.max_runs, max_wall_s=s.budget.max_wall_s,
-                              run_timeout_s=s.budget.run_timeout_s, out_dir=job["bundle_dir"]).model_dump()
+        # a PortRequest, validated like the CLI's and the service's, from every request field of the settings:
+        # `shrink` is the request's, so the port's runs derive the small config (sandbox/harness/shrink.py)
+        request = PortRequest(model_path=str(model), out_dir=job["bundle_dir"], **s.request_values()).model_dump()
         thread = job["thread_id"]
         snap = thread_snapshot(thread) if job["resumed"] else None
         steps_seen = len(snap.trace) if snap else 0
