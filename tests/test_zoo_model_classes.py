@@ -661,6 +661,7 @@ def test_an_original_that_selects_flash_attention_in_config_json_gets_eager_in_i
         "flash_attention_2"  # the user's folder untouched
     # The deployment's reference: the adjusted copy once validation needed it, the original otherwise.
     assert reference_model_dir({**state, "runs": [rec.model_dump()]}, folder) == (ws.root / "original").resolve()
-    assert reference_model_dir({**state, "runs": [{"reference_adjusted": None}]}, folder) == folder
+    plain = rec.model_copy(update={"reference_adjusted": None}).model_dump()
+    assert reference_model_dir({**state, "runs": [plain]}, folder) == folder
     gone = {**state, "workdir": str(tmp_path / "gone"), "runs": [rec.model_dump()]}  # a report read elsewhere
     assert reference_model_dir(gone, folder) == folder

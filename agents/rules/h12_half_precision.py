@@ -95,7 +95,7 @@ def chip_dtypes(target: Target | None) -> tuple[tuple[str, ...], str]:
     """The floating dtypes the target computes, and where that fact comes from."""
     from sandbox.targets import get_chip, target_spec_of
 
-    if target is None or not target_spec_of(target).npu_like or target.device == "cpu":
+    if target is None or not target_spec_of(target).npu_like:
         return _cpu_dtypes()
     chip = get_chip(target.options.get("chip"))  # the port's chip; none recorded: the default
     key = chip.key
