@@ -113,6 +113,9 @@ class RunRecord(BaseModel):
     # Sub-models the model's code fetches from the Hub by id at construction, built offline (no network in a
     # run): one note each (sandbox/harness/hub_offline.py).
     built_offline: list[str] | None = None
+    # Which layer kinds, towers and parts of the model ran in this run (sandbox/harness/coverage.py): {kinds:
+    # [{kind, role, ran, modules}], ran: [...], not_run: [...]}; agents/validation/coverage.py reads it.
+    coverage: dict[str, Any] | None = None
 
 
 class Diagnosis(BaseModel):
@@ -143,6 +146,9 @@ class Numerics(BaseModel):
     metrics: dict[str, Any] = Field(default_factory=dict)
     first_diverging_module: str | None = None
     detail: str = ""
+    # The module kinds the compared runs covered (agents/validation/coverage.py): a kind that did not run in the
+    # port or the reference makes the verdict "validated (partial: ...)".
+    coverage: dict[str, Any] = Field(default_factory=dict)
 
 
 class TrialRecord(BaseModel):

@@ -154,6 +154,7 @@ def record_of(run: HarnessRun, run_id: str, purpose: str, target: str) -> RunRec
         isolation=run.exec_result.isolation, shrunk=res.get("shrunk"), inputs=res.get("inputs"),
         output_tensors=outputs.get("tensors") if isinstance(outputs.get("tensors"), dict) else None,
         built_offline=[str(n) for n in res["built_offline"]] if isinstance(res.get("built_offline"), list) else None,
+        coverage=res["coverage"] if isinstance(res.get("coverage"), dict) else None,
     )
 
 

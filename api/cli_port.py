@@ -263,7 +263,9 @@ def run_port_cli(request: dict[str, Any], goal: str = "", thread_id: str | None 
     if status_of(state) == "validated":
         from agents.validation.perf_evidence import verdict
 
-        console.print(f"[bold green]{verdict('validated', perf_of(state))}[/]: {reason_of(state)}")
+        numerics = numerics_of(state)
+        words = verdict("validated", perf_of(state), numerics.coverage if numerics else None)
+        console.print(f"[bold {'yellow' if 'partial' in words else 'green'}]{words}[/]: {reason_of(state)}")
         return EXIT_OK
     from agents.report.bundle import NOT_PORTED, outcome_label
 

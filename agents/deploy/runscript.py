@@ -242,7 +242,7 @@ def render_run_py(tuned: dict[str, Any], target: str, manifest: dict[str, Any] |
 
 # npuport's inputs modules (sandbox/), shipped beside run.py: they import nothing of npuport but each other.
 BUNDLED_MODULES = ("model_inputs", "inputs_base", "stand_in_tokenizer", "processor_inputs", "generate_capture",
-                   "run_outputs")
+                   "run_outputs", "tower_inputs")
 
 
 def model_inputs_sources() -> dict[str, str]:

@@ -131,4 +131,15 @@ def _helper_text(prior: cst.Module | None, moved: list[cst.BaseStatement], model
     imports = list(dict.fromkeys(["import torch", *imports]))
     head = ('"""Helpers npuport inserted while porting the model files beside this one (generated; the model\'s own '
             'code\nimports them from here)."""\n\n')
-    return head + "\n".join(imports) + "\n\n" + "".join(_code(s) for s in helpers)
+    body = "\n\n".join(_code(_without_leading_blanks(s)) for s in helpers)
+    return head + "\n".join(imports) + "\n\n\n" + body
+
+
+def _without_leading_blanks(stmt: cst.BaseStatement) -> cst.BaseStatement:
+    """The statement without the blank lines above it (its comments kept): the module is written with two blank
+    lines between helpers, so writing it again from its own text gives the same text (a fix that adds no helper
+    leaves the helper module out of its commit)."""
+    lines = list(stmt.leading_lines)
+    while lines and lines[0].comment is None:
+        lines.pop(0)
+    return stmt.with_changes(leading_lines=lines)

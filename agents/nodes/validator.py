@@ -19,6 +19,7 @@ from agents.validation.compare import (
     timeout_detail,
     with_metrics,
 )
+from agents.validation.coverage import merged_coverage
 from agents.validation.perf_evidence import analyse, profile_of, verdict
 
 
@@ -62,11 +63,13 @@ def validator_node(state: dict[str, Any]) -> dict[str, Any]:
             new_runs.append(again.model_dump(mode="json"))
             counters.reference_runs += made
             numerics = self_disagreement(ref, again) or numerics
+    # Which module kinds the two runs exercised: a kind neither ran makes a match "validated (partial: ...)"
+    numerics = numerics.model_copy(update={"coverage": merged_coverage(port, ref if ref.ok else None)})
     # Decode profiles of the same two runs (sandbox/harness/profile.py) -> performance pathologies.
     perf = analyse(profile_of(port.result_path), profile_of(ref.result_path) if ref.ok else None)
     for p in perf["pathologies"]:  # the profiled tree is the workspace's now: map its lines to the user's
         p["user_where"] = port_site(p.get("where"), workdir_if_set(state), request_of(state).model_path)
-    perf_note = f"; {verdict('validated', perf)}" if numerics.verdict == "match" else ""
+    perf_note = f"; {verdict('validated', perf, numerics.coverage)}" if numerics.verdict == "match" else ""
     return {"numerics": numerics.model_dump(mode="json"), "runs": new_runs, "counters": counters.model_dump(),
             "perf": perf,
             "trace": [step("validator", f"{numerics.verdict}: {numerics.detail}"

@@ -28,6 +28,7 @@ from agents.state import (
     trace_of,
     workdir_if_set,
 )
+from agents.validation.coverage import coverage_reason
 from agents.validation.perf_evidence import perf_markdown, shown_where, strict_failure, verdict
 from agents.workspace import Workspace
 from knowledge.bundles import MARKER as MARKER_NAME
@@ -47,6 +48,8 @@ def final_status(state: dict[str, Any]) -> tuple[str, str]:
             dtype = numerics.metrics.get("dtype") or "float32"
             reason = (f"the port runs on the target and its forward outputs match the original's within the {dtype} "
                       "tolerance (the model has no generate: it was validated on its outputs, not greedy tokens)")
+        if partial := coverage_reason(numerics.coverage):
+            reason += f"; {partial}"
         if found := perf.get("pathologies"):
             reason += "; decode profile: " + "; ".join(f"{p['title']} at {shown_where(p)}" for p in found)
         return "validated", reason
@@ -163,8 +166,11 @@ def _decode_profile_plot(report: dict[str, Any], out_dir: Path) -> str | None:
 def _report_of(state: dict[str, Any], status: str, reason: str) -> dict[str, Any]:
     """report.json's fields from the state (agents/state.py ``recorded``: the state's records as JSON)."""
     fields = recorded(state)
-    report = {"status": status, "reason": reason, "goal": goal_of(state), "verdict": verdict(status, perf_of(state)),
-              "wall_s": time.time() - (started_at_of(state) or time.time())}
+    numerics = numerics_of(state)
+    coverage = numerics.coverage if numerics else {}  # the module kinds the compared runs covered
+    report = {"status": status, "reason": reason, "goal": goal_of(state),
+              "wall_s": time.time() - (started_at_of(state) or time.time()),
+              "verdict": verdict(status, perf_of(state), coverage), "coverage": coverage}
     for name in ("request", "plan", "target", "entry", "numerics", "tuning", "counters", "perf", "environment"):
         report[name] = fields[name] or {}
     for name in ("findings", "patches", "runs", "diagnoses"):

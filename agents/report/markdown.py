@@ -10,6 +10,7 @@ from typing import Any
 
 from agents.fixing.helper_module import HELPER_FILE
 from agents.projection.render import report_section  # "Projected on <chip>" (issue 44)
+from agents.report.coverage_section import coverage_markdown
 from agents.request import request_of
 from agents.runs import token_summary
 from agents.state import target_name_of
@@ -354,8 +355,8 @@ def _citations(report: dict[str, Any]) -> list[str]:
     return ["## Citations", ""] + [f"- {c}" for c in cites] + [""] if cites else []
 
 
-SECTIONS = (_summary, _findings, _patches, _validation, _tuning, report_section, _op_inventory, _diagnoses, _how_run,
-            _shrunk, _runs, _citations)
+SECTIONS = (_summary, _findings, _patches, _validation, coverage_markdown, _tuning, report_section, _op_inventory,
+            _diagnoses, _how_run, _shrunk, _runs, _citations)
 
 
 def render_markdown(report: dict[str, Any]) -> str:

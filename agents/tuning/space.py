@@ -181,6 +181,13 @@ class HostFacts:
 _MOE_KEYS = ("n_routed_experts", "num_experts", "num_local_experts", "moe_num_experts")
 
 
+def _size(value: Any) -> int:
+    """A size, or the first of a per-layer list of sizes (``moe_intermediate_size: [3072, 3072, ...]``)."""
+    if isinstance(value, list):
+        value = next((v for v in value if isinstance(v, int | float) and not isinstance(v, bool)), 0)
+    return int(value) if isinstance(value, int | float) and not isinstance(value, bool) else 0
+
+
 def model_facts(config: dict[str, Any], has_custom_code: bool = False) -> ModelFacts:
     """Facts from a model's config.json (text_config / language_config nested dicts are merged in)."""
     flat = dict(config)
@@ -195,7 +202,7 @@ def model_facts(config: dict[str, Any], has_custom_code: bool = False) -> ModelF
         num_heads=int(flat.get("num_attention_heads") or flat.get("n_head") or 0),
         vocab_size=int(flat.get("vocab_size") or 0),
         max_position=int(flat.get("max_position_embeddings") or flat.get("max_seq_len") or 0),
-        intermediate_size=int(flat.get("moe_intermediate_size") or flat.get("intermediate_size") or 0),
+        intermediate_size=_size(flat.get("moe_intermediate_size") or flat.get("intermediate_size")),
         dtype=str(flat.get("torch_dtype") or flat.get("dtype") or "float32"),
         moe=experts > 0,
         num_experts=experts,

@@ -239,12 +239,17 @@ def profile_of(result_path: str | Path) -> dict[str, Any] | None:
     return prof if isinstance(prof, dict) else None
 
 
-def verdict(status: str, perf: dict[str, Any] | None) -> str:
-    """"validated" / "validated, with 2 performance pathologies" / the status itself."""
+def verdict(status: str, perf: dict[str, Any] | None, coverage: dict[str, Any] | None = None) -> str:
+    """"validated" / "validated (partial: <kinds not run>)" (agents/validation/coverage.py) / "validated, with 2
+    performance pathologies" / the status itself."""
+    from agents.validation.coverage import partial_words
+
     n = len((perf or {}).get("pathologies") or [])
-    if status != "validated" or not n:
+    if status != "validated":
         return status
-    return f"validated, with {n} performance patholog{'y' if n == 1 else 'ies'}"
+    partial = partial_words(coverage)
+    words = f"validated ({partial})" if partial else "validated"
+    return f"{words}, with {n} performance patholog{'y' if n == 1 else 'ies'}" if n else words
 
 
 def shown_where(pathology: dict[str, Any]) -> str:

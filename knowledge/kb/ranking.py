@@ -36,10 +36,10 @@ def fuse_rank(hits: list[Hit], k: int, dense_rank: dict[str, int], lex_rank: dic
     id_rank = {h.id: i for i, h in enumerate(by_id)}
 
     # Chunks *about* a name the query carries (an aclnn op, aten/custom op, runtime API, library or
-    # variable in their title keys): a fourth ranking, so one such page is not outvoted by chunks
-    # that merely mention a common code (every aclnn page lists 161002).
+    # variable in their title keys, counted twice; named in their text, once): a fourth ranking, so one
+    # such page is not outvoted by chunks that merely mention a common code (every aclnn page lists 161002).
     def about_n(h: Hit) -> int:
-        return sum(1 for m in h.matched if m in h.primary and m.split(":", 1)[0] in ABOUT_KINDS)
+        return sum(2 if m in h.primary else 1 for m in h.matched if m.split(":", 1)[0] in ABOUT_KINDS)
 
     about = sorted((h for h in hits if about_n(h)), key=lambda h: (-about_n(h), -id_score(h), -h.score))
     about_rank = {h.id: i for i, h in enumerate(about)}

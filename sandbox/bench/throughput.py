@@ -335,6 +335,8 @@ def run(spec: BenchSpec) -> dict[str, Any]:
         config, _ = model_build.load_config(model_dir, spec.manifest, shrink=spec.shrink,
                                             overrides=spec.config_overrides,
                                             build=lambda c: loaded.call(lambda: model_build.build_model(
+                                                loaded.cls, c, model_dir)),
+                                            configure=lambda c: loaded.call(lambda: model_build.config_object(
                                                 loaded.cls, c, model_dir)))
         for cfg in spec.configs:
             result["configs"].append(_run_config(loaded.cls, config, spec.manifest, model_dir, cfg, spec, spec.device))

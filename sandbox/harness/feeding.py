@@ -81,7 +81,13 @@ def _rebuilt(model: Any, fix: dict[str, Any], model_dir: Path, config: dict[str,
 
 def _synthesised(model: Any, method: str, config: dict[str, Any], seed: int,
                  notes: list[str]) -> tuple[dict[str, Any], dict[str, Any]]:
-    from sandbox.inputs.model_inputs import pixel_grid_names, synthesise_inputs, text_wrapper_language_model
+    from sandbox.inputs.model_inputs import (
+        pixel_grid_names,
+        synthesise_inputs,
+        synthesised_tower_notes,
+        text_wrapper_language_model,
+        unfed_parameters,
+    )
 
     lm = text_wrapper_language_model(model, method)
     if lm:
@@ -94,6 +100,11 @@ def _synthesised(model: Any, method: str, config: dict[str, Any], seed: int,
         return inputs, {"source": "synthesised", "notes": notes, "method": f"{lm}.generate"}
     inputs = synthesise_inputs(model, method, config, seed)
     notes.append("inputs synthesised from the run method's signature: " + ", ".join(sorted(inputs)))
+    notes += synthesised_tower_notes(model, method, config)
+    if left := unfed_parameters(model, method, set(inputs)):
+        notes.append(f"{method} also takes {', '.join(left)}, left out: npuport builds token ids and the data of "
+                     "a tower it can tell from a parameter's name (pixels, audio); an npuport_inputs.py gives the "
+                     "rest, and the Coverage section says what did not run")
     grids = pixel_grid_names(model, method)
     if grids:
         notes.append(f"the pixels are left out: {method} takes them with {', '.join(grids)} (packed patches and each "

@@ -47,13 +47,15 @@ def _module_in(model_dir: Path, module_name: str) -> bool:
 
 
 def load_config(model_dir: Path, manifest: dict[str, Any], *, shrink: bool, overrides: dict[str, Any] | None = None,
-                build: Any = None, run_config: dict[str, Any] | None = None) -> tuple[dict[str, Any], list[str]]:
+                build: Any = None, configure: Any = None,
+                run_config: dict[str, Any] | None = None) -> tuple[dict[str, Any], list[str]]:
     """config.json as a dict; under ``shrink`` a derived small config (sandbox/harness/shrink.py) with the
     manifest's ``shrink:`` overrides on top, and the list of what was shrunk; with ``build`` (config ->
-    model) the one the model's constructor accepts (sandbox/harness/shrink_fit.py). Without ``shrink``, a
-    config too large for this machine's memory is refused with a message naming --shrink. ``run_config``
-    (the config a port ran with, its bundle's run_config.json) is used as it is, ``overrides`` on top: the
-    small config is worked out once, by the port's runs, never again."""
+    model) the one the model's constructor accepts (sandbox/harness/shrink_fit.py), and with ``configure``
+    (config -> the config object the model is built from) the sizes its config class fills in by default
+    shrunk too. Without ``shrink``, a config too large for this machine's memory is refused with a message
+    naming --shrink. ``run_config`` (the config a port ran with, its bundle's run_config.json) is used as
+    it is, ``overrides`` on top: the small config is worked out once, by the port's runs, never again."""
     from sandbox.cuda_redirect.cuda_only import kernel_flags_off
     from sandbox.harness.shrink import estimate_params, shrink_config
 
@@ -67,10 +69,11 @@ def load_config(model_dir: Path, manifest: dict[str, Any], *, shrink: bool, over
     extra = {**(manifest.get("config_overrides") or {}), **(overrides or {})}
     changes: list[str] = []
     if shrink and build is not None:
-        from sandbox.harness.shrink_fit import fit_to_constructor
+        from sandbox.harness.shrink_fit import fit_to_constructor, sized_by_class_defaults
 
+        config, defaults = sized_by_class_defaults(config, configure)
         small, changes = fit_to_constructor(build, config, manifest.get("shrink") or {}, model_dir, extra)
-        return small, [*flags, *changes]
+        return small, [*flags, *defaults, *changes]
     if shrink:
         config, changes = shrink_config(config, manifest.get("shrink") or {}, model_dir)
         changes = [*flags, *changes]
@@ -119,17 +122,30 @@ def _auto_ref(value: Any) -> str | None:
     return f"{module}:{name}"
 
 
+def config_class(cls: Any, config: dict[str, Any], model_dir: Path) -> Any:
+    """The PretrainedConfig class the model is built through: config.json's ``auto_map["AutoConfig"]``, else the
+    model class's own ``config_class``; None for a plain nn.Module that takes the dict."""
+    auto = config.get("auto_map") if isinstance(config.get("auto_map"), dict) else {}
+    ref = _auto_ref(auto.get("AutoConfig")) if auto else None
+    found: Any = _load_attr(ref, model_dir) if ref else None
+    if found is None:
+        candidate = getattr(cls, "config_class", None)
+        if isinstance(candidate, type) and hasattr(candidate, "from_dict"):
+            found = candidate
+    return found
+
+
+def config_object(cls: Any, config: dict[str, Any], model_dir: Path) -> Any:
+    """The config object ``build_model`` builds the model from (None for a plain nn.Module)."""
+    config_cls = config_class(cls, config, model_dir)
+    return None if config_cls is None else config_cls(**copy.deepcopy(config))
+
+
 def build_model(cls: Any, config: dict[str, Any], model_dir: Path) -> Any:
     """Build the model as transformers does for remote code: the config through config.json's
     ``auto_map["AutoConfig"]`` (else the class's own ``config_class``) into its PretrainedConfig
     class, then ``cls._from_config``; a plain nn.Module gets the dict (``cls(config)``)."""
-    auto = config.get("auto_map") if isinstance(config.get("auto_map"), dict) else {}
-    ref = _auto_ref(auto.get("AutoConfig")) if auto else None
-    config_cls: Any = _load_attr(ref, model_dir) if ref else None
-    if config_cls is None:
-        candidate = getattr(cls, "config_class", None)
-        if isinstance(candidate, type) and hasattr(candidate, "from_dict"):
-            config_cls = candidate
+    config_cls = config_class(cls, config, model_dir)
     if config_cls is None:
         return cls(config)
     # from a copy, as from_dict builds from the file each time: a config class may pop its sub-config dicts

@@ -17,13 +17,14 @@ Used by the harness (inside the sandbox), so it imports nothing of agents/graph.
 
 from __future__ import annotations
 
-import ast
 import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-LAYERS = 2
+from sandbox.harness.shrink_code import SIZE_LAYERS, _size_name, hard_coded_widths  # noqa: F401  (re-exported)
+from sandbox.harness.shrink_layers import kept_layers, kept_note, remap, shrink_periods
+
 HEADS = 4
 HEAD_DIM = 16
 HIDDEN = HEADS * HEAD_DIM
@@ -34,7 +35,7 @@ TOP_K = 2
 _LAYER_KEYS = re.compile(r"^(num_hidden_layers|n_layers?|num_layers|layers|num_decoder_layers|num_encoder_layers|depth|"
                          r"encoder_layers|decoder_layers)$")
 _EXPERT_KEYS = re.compile(r"^(n_routed_experts|num_experts|num_local_experts|moe_num_experts|n_experts)$")
-_TOPK_KEYS = re.compile(r"^(num_experts_per_tok|moe_top_k|top_k|experts_per_token)$")
+_TOPK_KEYS = re.compile(r"^(num_experts_per_tok|moe_top_?k|top_k|experts_per_token)$")
 _HEAD_KEYS = re.compile(r"^(num_attention_heads|n_heads?|num_heads|heads|encoder_attention_heads"
                         r"|decoder_attention_heads)$")
 # Key/value head counts (GQA / MQA) under any of their spellings: num_key_value_heads, n_head_kv, kv_heads,
@@ -54,100 +55,6 @@ _LORA_RANK_KEYS = re.compile(r"^(kv_lora_rank|q_lora_rank)$")
 
 def _int(v: Any) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
-
-
-MIN_HARD_WIDTH = 64  # smaller literals are too common (kernel sizes, counts) to tie to a config width
-
-
-# A literal is a size only where the code uses it as one: a layer's size argument, or bound to a size-named
-# keyword, parameter or variable (``n_embed = 96``, ``def f(dim=896)``, ``Config(hidden_size=896)``).
-SIZE_NAME = re.compile(r"(^|_)(dim|dims|dimension|size|hidden|embed|embd|width|channels|chans|features|d_model|"
-                       r"units|planes)(_|$)", re.I)
-NOT_A_SIZE = re.compile(r"kernel|stride|pad|window|eps|batch|position|seq|length|token|vocab|worker|seed|image|"
-                        r"patch|max|min|cache|chunk|block|bucket|timeout|step", re.I)
-SIZE_LAYERS = frozenset({"Linear", "Embedding", "Conv1d", "Conv2d", "Conv3d", "LayerNorm", "GroupNorm", "RMSNorm",
-                         "MultiheadAttention", "BatchNorm1d", "BatchNorm2d", "ConvTranspose2d", "Bilinear"})
-
-
-# torch's constructors of a tensor of a given shape (positional sizes or one list / tuple of them)
-TENSOR_MAKERS = frozenset({"zeros", "ones", "empty", "randn", "rand", "full"})
-
-
-def _size_name(name: str | None) -> bool:
-    return bool(name) and bool(SIZE_NAME.search(name or "")) and not NOT_A_SIZE.search(name or "")
-
-
-def _callee(node: ast.Call) -> str:
-    f = node.func
-    return f.attr if isinstance(f, ast.Attribute) else f.id if isinstance(f, ast.Name) else ""
-
-
-def hard_coded_widths(model_dir: Path) -> dict[int, list[tuple[str, str | None]]]:
-    """Integer literals the model's code uses as sizes: ``n_embed = 1280``, ``def f(dim=896)``,
-    ``Config(hidden_size=896)``, ``nn.Linear(1280, ...)``: {value: [("file:line `code`", parameter name
-    for a default else None)]}. A config width equal to one is kept by the shrink: the code builds that
-    size whatever the config says, and a shrunk config would no longer fit it. The same number elsewhere
-    (``timeout = 1280``, ``max_length=4096``) is not a size, and is never cited as one."""
-    found: dict[int, list[tuple[str, str | None]]] = {}
-
-    def note(value: Any, path: Path, node: ast.AST, lines: list[str], param: str | None = None) -> None:
-        if _int(value) and value >= MIN_HARD_WIDTH:
-            line = getattr(node, "lineno", 0)
-            code = lines[line - 1].strip() if 0 < line <= len(lines) else ""
-            found.setdefault(value, []).append((f"{path.relative_to(model_dir).as_posix()}:{line} \"{code[:80]}\"",
-                                                param))
-
-    for path in sorted(model_dir.rglob("*.py")):
-        if any(part.startswith(".") or part == "__pycache__" for part in path.relative_to(model_dir).parts):
-            continue
-        text = path.read_text(encoding="utf-8", errors="replace")
-        try:
-            tree = ast.parse(text)
-        except SyntaxError:
-            continue
-        lines = text.splitlines()
-        # A config class's __init__ defaults are what the config overrides, not sizes the code fixes.
-        config_nodes = {id(n) for c in ast.walk(tree) if isinstance(c, ast.ClassDef) and _is_config_class(c)
-                        for n in ast.walk(c)}
-        for node in ast.walk(tree):
-            if id(node) in config_nodes:
-                continue
-            if isinstance(node, ast.Assign | ast.AnnAssign) and isinstance(node.value, ast.Constant):
-                targets = node.targets if isinstance(node, ast.Assign) else [node.target]
-                names = [t.id if isinstance(t, ast.Name) else t.attr if isinstance(t, ast.Attribute) else ""
-                         for t in targets]
-                if any(_size_name(n) for n in names):
-                    note(node.value.value, path, node, lines)
-            elif isinstance(node, ast.arguments):
-                positional = [*node.posonlyargs, *node.args]
-                for arg, d in zip(positional[len(positional) - len(node.defaults):], node.defaults, strict=True):
-                    if isinstance(d, ast.Constant) and _size_name(arg.arg):
-                        note(d.value, path, d, lines, arg.arg)
-                for arg, kd in zip(node.kwonlyargs, node.kw_defaults, strict=True):
-                    if isinstance(kd, ast.Constant) and _size_name(arg.arg):
-                        note(kd.value, path, kd, lines, arg.arg)
-            elif isinstance(node, ast.Call) and _callee(node) in TENSOR_MAKERS:
-                # torch.zeros([1, 1, 4096]): a tensor of a fixed shape (a learned flag, a query bank) that the
-                # code concatenates with the model's activations, so its width is the model's
-                for a in node.args:
-                    for dim in (a.elts if isinstance(a, ast.List | ast.Tuple) else [a]):
-                        if isinstance(dim, ast.Constant):
-                            note(dim.value, path, dim, lines)
-            elif isinstance(node, ast.Call):
-                layer = _callee(node) in SIZE_LAYERS
-                for a in node.args:
-                    if isinstance(a, ast.Constant) and layer:
-                        note(a.value, path, a, lines)
-                for k in node.keywords:
-                    if isinstance(k.value, ast.Constant) and (_size_name(k.arg) or (layer and k.arg in (
-                            "in_features", "out_features", "embedding_dim", "normalized_shape", "embed_dim"))):
-                        note(k.value.value, path, k.value, lines)
-    return found
-
-
-def _is_config_class(node: ast.ClassDef) -> bool:
-    names = [node.name, *(b.attr if isinstance(b, ast.Attribute) else getattr(b, "id", "") for b in node.bases)]
-    return any(n.endswith("Config") for n in names)
 
 
 def shrink_config(config: dict[str, Any], overrides: dict[str, Any] | None = None,
@@ -205,7 +112,9 @@ def _shrink_level(config: dict[str, Any], prefix: str, changes: list[str],
     """One config level shrunk (its sub-configs first), each change appended to ``changes``."""
     out = {key: _shrink_level(value, f"{prefix}{key}.", changes, hard, keep) if isinstance(value, dict) else value
            for key, value in config.items()}
-    level = _Level(out, prefix, changes, hard or {}, keep_widths=prefix in keep)
+    level = _Level(out, prefix, changes, hard or {}, keep_widths=prefix in keep,
+                   nested_layers=_nested_layer_count(config))
+    level.shrink_layers()
     level.shrink_sizes()
     level.keep_per_head_size()
     level.shrink_groupings()
@@ -222,6 +131,8 @@ class _Level:
     changes: list[str]
     hard: dict[int, list[tuple[str, str | None]]]
     keep_widths: bool
+    nested_layers: int = 0
+    """The largest layer count of the level's sub-configs as written (a period a wrapper sets for them)."""
     heads_key: str | None = None
     old_heads: Any = None
     hidden_key: str | None = None
@@ -244,8 +155,31 @@ class _Level:
         self.set_(key, new)
         return True
 
+    def shrink_layers(self) -> None:
+        """Each layer count -> the first layer of every kind the level's config names (at least LAYERS;
+        sandbox/harness/shrink_layers.py), its per-layer lists, patterns, index lists and boundaries remapped
+        onto the kept layers, and its periods -> 2."""
+        out = self.out
+        original = dict(out)
+        counts: dict[int, list[str]] = {}
+        for key, v in original.items():
+            if _LAYER_KEYS.match(key) and _int(v) and v > 0:
+                counts.setdefault(v, []).append(key)
+        for count, keys in counts.items():
+            kept = kept_layers(original, count)
+            if len(kept.layers) >= count:
+                continue
+            for key in keys:
+                out[key] = len(kept.layers)
+            plain = [f"{self.prefix}{k}: {count} -> {len(kept.layers)}" for k in keys]
+            if kept.kinds > 1 and kept.layers != list(range(len(kept.layers))):  # which layers, of which kinds
+                plain[0] = kept_note(self.prefix, keys, count, kept.layers, original, kept.rules)
+            self.changes += plain
+            remap(out, original, kept.rules, kept.layers, self.prefix, self.changes)
+        shrink_periods(out, max(counts, default=0) or self.nested_layers, self.prefix, self.changes)
+
     def shrink_sizes(self) -> None:
-        """Layers and experts always; heads, hidden widths (to HEADS x the per-head size), FFN sizes, LoRA
+        """Experts always; heads, hidden widths (to HEADS x the per-head size), FFN sizes, LoRA
         ranks and the widths paired with the hidden size unless the level keeps its widths."""
         out = self.out
         self.heads_key = next((k for k in out if _HEAD_KEYS.match(k) and _int(out[k])), None)
@@ -258,7 +192,7 @@ class _Level:
             if not _int(v) or v <= 0:
                 continue
             if _LAYER_KEYS.match(key):
-                self.set_(key, LAYERS)
+                continue  # shrink_layers
             elif _EXPERT_KEYS.match(key):
                 self.set_(key, EXPERTS)
             elif self.keep_widths:
@@ -299,10 +233,23 @@ class _Level:
                 # experts picked per token; a level without experts has a sampling top_k (generation), not this
                 experts = next(out[k] for k in out if _EXPERT_KEYS.match(k) and _int(out[k]))
                 self.set_(key, min(TOP_K, experts))
+            elif _TOPK_KEYS.match(key) and isinstance(v, list) and all(_int(x) for x in v) \
+                    and any(_EXPERT_KEYS.match(k) and _int(out[k]) for k in out):
+                # one top-k per layer (``moe_topk: [8, 8, ...]``): each no larger than the shrunk experts
+                experts = next(out[k] for k in out if _EXPERT_KEYS.match(k) and _int(out[k]))
+                out[key] = [min(x, TOP_K, experts) for x in v]
+                if out[key] != v:
+                    self.changes.append(f"{self.prefix}{key}: {v[:4]}{'...' if len(v) > 4 else ''} -> {out[key]} "
+                                        f"(no more than the {experts} experts)")
             elif key in _TO_ONE and _int(v) and v > 1:
                 self.set_(key, 1)
-            elif key in ("first_k_dense_replace",) and _int(v) and v >= LAYERS:
-                self.set_(key, LAYERS - 1)
+
+
+def _nested_layer_count(level: dict[str, Any]) -> int:
+    """The largest layer count of a level's sub-configs (a period a wrapper sets for its language model's layers)."""
+    return max((c for v in level.values() if isinstance(v, dict)
+                for c in [*(x for k, x in v.items() if _LAYER_KEYS.match(k) and _int(x)), _nested_layer_count(v)]),
+               default=0)
 
 
 _FFN_WORD = re.compile(r"intermediate|ffn|inner|mlp|d_ff|feed_?forward|expert", re.I)
@@ -403,6 +350,35 @@ def _cross_level_widths(config: dict[str, Any], out: dict[str, Any], changes: li
             lv, (hidden_key, new) = next(iter(others.items()))
             target[key] = new
             changes.append(f"{prefix}{key}: {v} -> {new} (with {lv}{hidden_key})")
+    _follow_the_level_fed(config, new_levels, shrunk, changes)
+
+
+def _sized_by_heads(level: dict[str, Any]) -> bool:
+    return any((_HEAD_KEYS.match(k) or _PER_HEAD_KEYS.match(k)) and _int(v) and v > 0 for k, v in level.items())
+
+
+def _follow_the_level_fed(config: dict[str, Any], new_levels: dict[str, dict[str, Any]],
+                          shrunk: dict[int, dict[str, tuple[str, int]]], changes: list[str]) -> None:
+    """A level without heads of its own (a wrapper, a projector config) whose hidden size equals the hidden size
+    of a level with heads (a language model) takes that level's shrunk width, and its paired widths keep their
+    ratio: the projection it sizes feeds that level (``torch.cat([projected_audio, text_embeds])``), and a
+    width of its own (HIDDEN) would no longer fit it. Left alone when it kept its width (the code's own size)."""
+    original = dict(_levels(config))
+    for prefix, level in original.items():
+        key = next((k for k in level if _HIDDEN_KEYS.match(k) and _int(level[k])), None)
+        if key is None or _sized_by_heads(level):
+            continue
+        old, target = level[key], new_levels[prefix]
+        fed = {lv: kn for lv, kn in shrunk.get(old, {}).items() if lv != prefix and _sized_by_heads(original[lv])}
+        if len({n for _, n in fed.values()}) != 1 or target.get(key) in (old, None):
+            continue
+        lv, (hidden_key, new) = next(iter(fed.items()))
+        for k, v in level.items():
+            if (k == key or _paired_width(k)) and _int(v) and v % old == 0 and 0 < v // old <= _RATIO_MAX \
+                    and _int(target.get(k)) and target[k] < v:
+                target[k] = new * (v // old)
+                changes[:] = [c for c in changes if not c.startswith(f"{prefix}{k}:")]
+                changes.append(f"{prefix}{k}: {v} -> {target[k]} (with {lv}{hidden_key}, the level it feeds)")
 
 
 # ----------------------------------------------------------------------------------------------

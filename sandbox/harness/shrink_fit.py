@@ -17,7 +17,16 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from sandbox.harness.shrink import estimate_params, shrink_candidates
+from sandbox.harness.shrink import (
+    _EXPERT_KEYS,
+    _FFN_KEYS,
+    _HEAD_KEYS,
+    _HIDDEN_KEYS,
+    _KV_KEYS,
+    _LAYER_KEYS,
+    estimate_params,
+    shrink_candidates,
+)
 
 CPU_TRIAL_MAX_PARAMS = 250_000_000  # a trial build on the CPU (where meta cannot build) stays under ~1 GiB
 
@@ -126,3 +135,43 @@ def fit_to_constructor(build: Callable[[dict[str, Any]], Any], config: dict[str,
                                              f"smaller sizes ({why})"]
     return {**candidates[0][1], **(extra or {})}, [
         *candidates[0][2], f"{stage} fails whatever the shrunk sizes ({why}): not a size the shrink chose"]
+
+
+_SIZE_KEYS = (_LAYER_KEYS, _HIDDEN_KEYS, _HEAD_KEYS, _KV_KEYS, _FFN_KEYS, _EXPERT_KEYS)
+
+
+def sized_by_class_defaults(config: dict[str, Any], configure: Callable[[dict[str, Any]], Any] | None
+                            ) -> tuple[dict[str, Any], list[str]]:
+    """config.json with the sizes its config class fills in by default at a nested level that does not write its
+    layer count, and a note per level.
+    transformers writes a nested sub-config as its difference from that class's defaults, so a release may give
+    its language model only a model type (``text_config: {"model_type": "phi3"}``): the model is built at the
+    class's default sizes (32 layers of 3072), which the shrink reduces only when it sees them. The top level
+    is written whole and is left as it is."""
+    try:
+        built = configure(config) if configure is not None else None
+        effective = built.to_dict() if built is not None else None
+    except Exception:  # noqa: BLE001  (the build reports the config class's own error)
+        effective = None
+    if not isinstance(effective, dict):
+        return config, []
+    notes: list[str] = []
+    out = dict(config)
+    for key, value in config.items():
+        if isinstance(value, dict) and isinstance(effective.get(key), dict):
+            out[key] = _filled(value, effective[key], f"{key}.", notes)
+    return out, notes
+
+
+def _filled(level: dict[str, Any], effective: dict[str, Any], prefix: str, notes: list[str]) -> dict[str, Any]:
+    out = {key: _filled(v, effective[key], f"{prefix}{key}.", notes)
+           if isinstance(v, dict) and isinstance(effective.get(key), dict) else v for key, v in level.items()}
+    added = {k: v for k, v in effective.items() if k not in level and isinstance(v, int) and not isinstance(v, bool)
+             and v > 0 and any(r.match(k) for r in _SIZE_KEYS)}
+    # only a level whose layer count was dropped as a default: a module config with no layers of its own (a
+    # pooling head's widths) is left as written
+    if added and any(_LAYER_KEYS.match(k) for k in added):
+        out.update(added)
+        notes.append(f"{prefix.rstrip('.')}: {', '.join(f'{k} {v}' for k, v in added.items())} from its config "
+                     "class's defaults (config.json does not write them), so the shrink reduces them too")
+    return out

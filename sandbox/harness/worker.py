@@ -31,7 +31,7 @@ from sandbox.harness.loading import (
     go_offline,
     load_class,
 )
-from sandbox.harness.model_build import _hub_offline, _load_attr, build_model, load_config
+from sandbox.harness.model_build import _hub_offline, _load_attr, build_model, config_object, load_config
 from sandbox.harness.spec import HarnessSpec
 from sandbox.inputs.model_inputs import (  # one seeding for the harness, the bench and run.py
     marked_uninitialised,
@@ -109,6 +109,7 @@ def _build(spec: HarnessSpec, loaded: LoadedClass, result: dict[str, Any], count
     cls, model_dir = loaded.cls, loaded.model_dir
     config, shrunk = load_config(model_dir, spec.manifest, shrink=spec.shrink, overrides=spec.config_overrides,
                                  build=lambda c: loaded.call(lambda: build_model(cls, c, model_dir)),
+                                 configure=lambda c: loaded.call(lambda: config_object(cls, c, model_dir)),
                                  run_config=spec.run_config)
     result["config_changes"] = shrunk
     if spec.shrink:
@@ -172,6 +173,8 @@ def _call(spec: HarnessSpec, loaded: LoadedClass, bootstrap: ModuleType | None, 
 
     run_cfg = spec.manifest.get("run") or {}
     kwargs = {**(run_cfg.get("kwargs") or {}), **spec.run_kwargs}
+    # before the inputs: a preprocessing path may run a tower itself (its output is in the inputs)
+    coverage = coverage_recorder(model, config, loaded.model_dir, spec, result)
     raw_inputs, source_kwargs, result["inputs"] = model_inputs_for(model, spec.manifest, loaded.model_dir, config,
                                                                    spec.seed, kwargs)
     kwargs = {**source_kwargs, **kwargs}  # npuport's run kwargs (greedy, N new tokens) decide decoding
@@ -188,6 +191,8 @@ def _call(spec: HarnessSpec, loaded: LoadedClass, bootstrap: ModuleType | None, 
     output = _timed_calls(method, inputs, kwargs, spec, result)
     for h in handles:
         h.remove()
+    if coverage is not None:
+        result["coverage"] = coverage.report()
     _record_output(result["outputs"], output, raw_inputs, spec.outputs_path)
     if spec.manifest.get("decode"):
         decode = _load_attr(spec.manifest["decode"], loaded.model_dir)
@@ -201,6 +206,19 @@ def _call(spec: HarnessSpec, loaded: LoadedClass, bootstrap: ModuleType | None, 
         torch.save(captured, spec.capture_path)
         result["outputs"]["capture_path"] = spec.capture_path
         result["outputs"]["captured"] = list(captured)  # in execution order
+
+
+def coverage_recorder(model: Any, config: dict[str, Any], model_dir: Path, spec: HarnessSpec,
+                      result: dict[str, Any]) -> Any:
+    """The hooks that record which layers, towers and parts run (sandbox/harness/coverage.py); None, with the
+    reason in the result, when the model's structure cannot be read: the run goes on without the record."""
+    from sandbox.harness.coverage import CoverageRecorder, full_config_of
+
+    try:
+        return CoverageRecorder(model, config, full_config_of(model_dir, spec.manifest) if spec.shrink else None)
+    except Exception as exc:  # noqa: BLE001  (a model's own module code raised while being read)
+        result["coverage"] = {"error": f"{type(exc).__name__}: {exc}"[:300]}
+        return None
 
 
 def _finish(result: dict[str, Any], offline: Any, bootstrap: ModuleType | None, counts: Counter[str],

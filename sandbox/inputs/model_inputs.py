@@ -46,6 +46,7 @@ if __package__:  # inside npuport (sandbox.inputs.model_inputs)
     )
     from .processor_inputs import processor_inputs
     from .stand_in_tokenizer import has_tokenizer_files, load_tokenizer, stand_in_tokenizer  # noqa: F401
+    from .tower_inputs import synthesised_towers, tower_params
 else:  # beside a bundle's run.py, with its sibling modules
     from generate_capture import (  # type: ignore[no-redef]  # noqa: F401
         _GenerateCalled,
@@ -72,6 +73,7 @@ else:  # beside a bundle's run.py, with its sibling modules
     )
     from processor_inputs import processor_inputs  # type: ignore[no-redef]
     from stand_in_tokenizer import has_tokenizer_files, load_tokenizer, stand_in_tokenizer  # type: ignore[no-redef]  # noqa: F401
+    from tower_inputs import synthesised_towers, tower_params  # type: ignore[no-redef]
 
 _IMAGE_PARAM = re.compile(r"^(image|img|picture|photo)s?(_file|_path|_files|_paths)?$", re.IGNORECASE)
 _PROMPT_PARAM = re.compile(r"^(prompt|query|question|text|instruction|message)s?$", re.IGNORECASE)
@@ -276,14 +278,52 @@ def pixel_grid_names(model: Any, method_name: str) -> list[str]:
 
 
 def _grid_names(names: set[str]) -> list[str]:
-    return sorted(n for n in names if "grid" in n.lower()) if any(p in names for p in PIXEL_NAMES) else []
+    pixels = any(kind == "pixels" for kind in tower_params(names).values())
+    return sorted(n for n in names if "grid" in n.lower()) if pixels else []
+
+
+def synthesised_tower_data(names: set[str], config: dict[str, Any], generator: Any) -> dict[str, Any]:
+    """Pixels, audio features or a waveform for each tower the run method takes (sandbox/inputs/tower_inputs.py),
+    of the config's sizes; pixels that come with a grid are left out (pixel_grid_names)."""
+    grids = _grid_names(names)
+    skip = {n for n, kind in tower_params(names).items() if kind == "pixels"} if grids else set()
+    return synthesised_towers(names, config, generator, skip)[0]
+
+
+# Parameters a run method takes that steer the call rather than carry the input
+_NOT_INPUTS = frozenset({"self", "attention_mask", "position_ids", "past_key_values", "use_cache", "labels",
+                         "return_dict", "output_attentions", "output_hidden_states", "cache_position", "inputs_embeds",
+                         "token_type_ids", "head_mask", "logits_to_keep", "num_logits_to_keep", "inputs",
+                         "prefix_allowed_tokens_fn", "negative_prompt_ids", "negative_prompt_attention_mask",
+                         "use_model_defaults", "custom_generate", "tokenizer", "return_loss"})
+
+
+def unfed_parameters(model: Any, method_name: str, fed: set[str]) -> list[str]:
+    """The run method's own parameters that synthesised inputs leave out (``glyphs``: a name that says nothing
+    npuport reads as ids or a tower's data): what a run on them does not exercise."""
+    try:
+        params = inspect.signature(getattr(model, method_name)).parameters.values()
+    except (AttributeError, TypeError, ValueError):
+        return []
+    return [p.name for p in params if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD) and p.name not in fed
+            and p.name not in _NOT_INPUTS and p.name not in DECODING_CONTROLS]
+
+
+def synthesised_tower_notes(model: Any, method_name: str, config: dict[str, Any]) -> list[str]:
+    """What synthesise_inputs fed each tower, for the report (the same sizes, no tensors made)."""
+    import torch
+
+    names = _signature_names(model, method_name)[0]
+    skip = {n for n, kind in tower_params(names).items() if kind == "pixels"} if _grid_names(names) else set()
+    with torch.device("meta"):
+        return synthesised_towers(names, config, None, skip)[1]
 
 
 def synthesise_inputs(model: Any, method_name: str, config: dict[str, Any], seed: int) -> dict[str, Any]:
-    """Token ids within the vocabulary (and a mask) for a method that takes them, an image batch of the
-    config's image size for one that names pixels. Structured inputs (image lists, grids, masks) are not
-    guessed: they come from the model's preprocessing path or an npuport_inputs.py hook; pixels that come
-    with a grid are left out (pixel_grid_names)."""
+    """Token ids within the vocabulary (and a mask) for a method that takes them, and data of the config's
+    sizes for each tower it takes (pixels, audio features, a waveform: sandbox/inputs/tower_inputs.py). Structured
+    inputs (image lists, grids, masks) are not guessed: they come from the model's preprocessing path or an
+    npuport_inputs.py hook; pixels that come with a grid are left out (pixel_grid_names)."""
     import torch
 
     names, var_kw = _signature_names(model, method_name)
@@ -294,12 +334,7 @@ def synthesise_inputs(model: Any, method_name: str, config: dict[str, Any], seed
         out["input_ids"] = torch.randint(0, int(vocab), (1, SYNTH_TOKENS), generator=g)
         if "attention_mask" in names and not builds_own_mask(model, method_name):
             out["attention_mask"] = torch.ones(1, SYNTH_TOKENS, dtype=torch.long)
-    size = int(nested(config, "image_size") or 32)
-    chans = int(nested(config, "num_channels") or 3)
-    for pix in PIXEL_NAMES:
-        if pix in names and not _grid_names(names):
-            out[pix] = torch.randn(1, chans, size, size, generator=g)
-            break
+    out.update(synthesised_tower_data(names, config, g))
     if not out:
         raise ValueError(f"no inputs function and none can be synthesised for {method_name}: add an "
                          "npuport_inputs.py with make_inputs(config, seed) (docs/architecture.md, Model manifest)")
