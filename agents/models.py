@@ -168,6 +168,9 @@ class Tuning(BaseModel):
     detail: str = ""
     # "knob=value" -> why it cannot run (e.g. "not supported by the model code: <error> (at file:line)")
     unsupported: dict[str, str] = Field(default_factory=dict)
+    # What the real-NPU serving loop measured (agents/deploy/vllm_loop.py): its best settings and where it
+    # measured them ("best", "measured_on"); the deploy bundle's serve settings start from it.
+    serving: dict[str, Any] = Field(default_factory=dict)
 
 
 class FixAction(BaseModel):
@@ -180,3 +183,66 @@ class FixAction(BaseModel):
     diagnosis_id: str | None = None
     summary: str
     citations: list[Citation] = Field(default_factory=list)
+
+
+# --- the port's own records in the graph state (agents/state.py reads each one) ------------------
+
+
+class Plan(BaseModel):
+    """The planner's plan: its steps, the policy in charge and where the reading came from."""
+
+    steps: list[str] = Field(default_factory=list)
+    policy: str = ""
+    source: str = ""  # "rules" | "llm": who read the goal
+    target: str = ""  # the requested target (the resolved one is the state's target)
+    chip: str = ""
+    objective: str = ""
+    constraints: list[str] = Field(default_factory=list)
+    budget: dict[str, Any] = Field(default_factory=dict)  # max_runs, max_wall_s, tune_trials
+    # The planner's LLM exchanges, held until the code reader has a workspace to save them in (then dropped).
+    llm_records: list[dict[str, Any]] = Field(default_factory=list)
+
+
+class Counters(BaseModel):
+    """Sandbox runs made so far: the port's (the max_runs budget) and the reference's."""
+
+    port_runs: int = 0
+    reference_runs: int = 0
+
+
+class EnvironmentRecord(BaseModel):
+    """The environment node's notes, the model's resolved pins and the layered venv's python."""
+
+    notes: list[str] = Field(default_factory=list)
+    resolution: dict[str, Any] | None = None  # agents/environment/resolution.py Resolution.as_dict()
+    python: str | None = None  # the layered venv's interpreter; None: the host's
+
+
+class BundleRecord(BaseModel):
+    """The reporter's output: the bundle folder, the files written (name -> path) and a note."""
+
+    dir: str = ""
+    files: dict[str, str] = Field(default_factory=dict)
+    note: str = ""
+
+
+class DeploymentBrief(BaseModel):
+    """What the state keeps of the deployment phase (agents/report/deployment.py deployment_brief); the
+    record itself is the bundle's deployment.json."""
+
+    status: str | None = None
+    summary: str = ""
+    file: str = ""
+
+
+class FailureRecord(BaseModel):
+    """A node that raised (graph/guard.py; a batch task's or a job's crash alike)."""
+
+    node: str = ""
+    error: str = ""  # the exception's type name
+    kind: str = "internal"  # user | port | internal (knowledge/errors.py error_kind): the CLI's exit code
+    expected: bool = False  # an npuport error rather than a bug
+    message: str = ""  # the first line of its message
+    fields: dict[str, Any] = Field(default_factory=dict)
+    traceback: str | None = None  # a file in the workspace, never the text
+    t: float | None = None

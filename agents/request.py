@@ -6,7 +6,7 @@ import functools
 import re
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -82,29 +82,49 @@ MAX_TUNE_TIME_S = 24 * 3600.0
 
 
 class PortRequest(BaseModel):
-    """What the user asked for, typed. Built from CLI options, an API body, or goal text."""
+    """What the user asked for, typed: the one schema of a request. Every door derives its fields from
+    it (``request_fields``): the CLI's options (api/cli_options.py), the API body (api/routers/ports.py),
+    Studio's form (graph/state.py ``PortInput``) and the batch manifest (graph/batch/manifest.py); goal
+    text fills what a door left out (``parse_goal``). A new request field is one line here
+    (tests/test_request_doors.py holds it)."""
 
-    model_path: str
-    target: TargetName = DEFAULT_TARGET
-    chip: ChipName = DEFAULT_CHIP
-    torch_npu: TorchNpuVersion = DEFAULT_TORCH_NPU
-    objective: Literal["throughput", "latency", "correctness"] = "throughput"
-    out_dir: str | None = None
-    strict: bool = False
-    policy: PolicyName = POLICIES[0]
-    shrink: bool = False
-    """Run the manifest's ``shrink`` config overrides (quick runs on a small host), port and reference alike."""
-    strict_perf: bool = False
-    """Performance pathologies in the decode profile fail the port (agents/validation/perf_evidence.py)."""
-    tune: bool = False
-    serve: bool | None = None  # exercise the deployment (vLLM serves the port); None: NPUPORT_SERVE decides
-    bench: bool = False  # the deployment's full side-by-side throughput comparison, not the budgeted probe
-    tune_trials: int | None = Field(default=None, ge=1, le=200)
+    model_path: str = Field(description="the model folder (never written)")
+    target: TargetName = Field(
+        DEFAULT_TARGET, description="where the port runs: a real NPU, the emulator, or the CPU")
+    chip: ChipName = Field(DEFAULT_CHIP, description="the Ascend chip")
+    torch_npu: TorchNpuVersion = Field(DEFAULT_TORCH_NPU, description="torch_npu version to emulate")
+    objective: Literal["throughput", "latency", "correctness"] = Field(
+        "throughput", description="what the tuner optimises")
+    out_dir: str | None = Field(None, description="bundle folder")
+    strict: bool = Field(False, description="fail on CPU fallbacks (TORCH_NPU_FALLBACK_CPU_DISABLE=1)")
+    policy: PolicyName = Field(
+        POLICIES[0], description="rule (offline, default) | llm | hybrid (rules first, then the LLM; set "
+                                 "NPUPORT_LLM_*)")
+    shrink: bool = Field(
+        False, description="quick runs on a small config derived from config.json (random weights; the "
+                           "manifest's `shrink:` overrides win), port and reference alike")
+    strict_perf: bool = Field(
+        False, description="fail the port on performance pathologies in its decode profile (no KV cache, "
+                           "per-step syncs, ...)")
+    tune: bool = Field(False, description="benchmark and tune the validated port (minutes on a small host)")
+    serve: bool | None = Field(
+        None, description="exercise the deployment after the bundle is written: vLLM serves the "
+                          "validated port with serve.sh, tokens checked, throughput probed (default: "
+                          "NPUPORT_SERVE, on; `npuport deploy BUNDLE` runs it later)")
+    bench: bool = Field(
+        False, description="the deployment's full side-by-side throughput comparison (vLLM at concurrency "
+                           "1, 8, 32 against Transformers one at a time and batched) instead of the probe")
     # Every number a client sends has a ceiling: the service runs what they ask for (1e12 s is forever).
-    tune_time_s: float | None = Field(default=None, gt=0, le=MAX_TUNE_TIME_S)
-    max_runs: int = Field(default=8, ge=1, le=100)
-    max_wall_s: float = Field(default=1800.0, gt=0, le=MAX_WALL_S)
-    run_timeout_s: float = Field(default=300.0, gt=0, le=MAX_RUN_TIMEOUT_S)
+    tune_trials: int | None = Field(
+        None, ge=1, le=200, description="budget: tuning trials (default: NPUPORT_TUNE_TRIALS, else 12)")
+    tune_time_s: float | None = Field(
+        None, gt=0, le=MAX_TUNE_TIME_S, description="budget: tuning seconds (default: half the wall budget)")
+    max_runs: int = Field(8, ge=1, le=100, description="budget: sandbox runs of the port")
+    max_wall_s: float = Field(1800.0, gt=0, le=MAX_WALL_S, description="budget: wall time in seconds")
+    run_timeout_s: float = Field(
+        300.0, gt=0, le=MAX_RUN_TIMEOUT_S,
+        description="wall-clock limit of one sandbox run, seconds; raised to 3x the longest run that "
+                    "finished (a slow host's reference gets the time its port took)")
 
     @field_validator("model_path")
     @classmethod
@@ -112,6 +132,31 @@ class PortRequest(BaseModel):
         if not v.strip():
             raise ValueError("model_path is empty")
         return v
+
+
+def fields_of(model: type[BaseModel], *, only: Collection[str] | None = None, exclude: Collection[str] = (),
+              partial: bool = False) -> dict[str, Any]:
+    """``model``'s fields (those in ``only``, less ``exclude``) as ``pydantic.create_model`` definitions:
+    each one's type, bounds, default and description as ``model`` declares them. ``partial``: every
+    field optional, None when not given (the door's defaults, the goal or the model's own fill it)."""
+    out: dict[str, Any] = {}
+    for name, info in model.model_fields.items():
+        if (only is not None and name not in only) or name in exclude:
+            continue
+        typ: Any = Annotated[(info.annotation, *info.metadata)] if info.metadata else info.annotation
+        if partial:
+            out[name] = (typ | None, Field(None, description=info.description))
+        elif info.default_factory is not None:
+            out[name] = (typ, Field(default_factory=info.default_factory, description=info.description))
+        else:
+            out[name] = (typ, Field(info.default, description=info.description))
+    return out
+
+
+def request_fields(*, only: Collection[str] | None = None, exclude: Collection[str] = (),
+                   partial: bool = False) -> dict[str, Any]:
+    """PortRequest's fields as a door takes them (``fields_of``): the one place they are declared."""
+    return fields_of(PortRequest, only=only, exclude=exclude, partial=partial)
 
 
 def _chip_pattern() -> re.Pattern[str]:

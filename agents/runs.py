@@ -4,14 +4,15 @@ a harness result turned into a RunRecord, and the limits a request sets."""
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+import json
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from agents.models import Frame, RunRecord, StructuredException
 from agents.request import PortRequest, request_of
-from agents.target_state import target_from_dict
+from agents.state import entry_of, environment_of, runs_of, target_of, workdir_of
 from knowledge.disk import explain_write_failure
 from sandbox.bench.runner import BenchRun, run_bench
 from sandbox.harness.runner import HarnessRun, run_harness
@@ -80,24 +81,50 @@ def run_spec(state: Mapping[str, Any], target: Target | None = None) -> RunSpec:
     """The spec of a port's runs, from the graph state: the workspace's patched model on the resolved
     target, with limits that scale with the host (:func:`scaled_limits`), the request's shrink and the
     environment node's interpreter."""
-    workdir = Path(state["workdir"])
+    workdir = workdir_of(state)
     req = request_of(state)
-    return RunSpec.of(workdir=workdir, model_dir=workdir / "model", manifest=state.get("entry") or {},
-                      target=target or target_from_dict(state["target"]), request=req,
-                      python=(state.get("environment") or {}).get("python"),
-                      limits=scaled_limits(req, state.get("runs") or []))
+    return RunSpec.of(workdir=workdir, model_dir=workdir / "model", manifest=entry_of(state),
+                      target=target or target_of(state), request=req, python=environment_of(state).python,
+                      limits=scaled_limits(req, runs_of(state)))
+
+
+RUN_CONFIG_NAME = "run_config.json"
+"""The bundle's copy of the config the port ran with (under --shrink): run.py, verify and the deployment read it."""
+
+
+def run_config_of(state: Mapping[str, Any], bundle: Path | None = None) -> dict[str, Any] | None:
+    """The config the port's last successful run built its model from (the harness result's ``shrunk_config``:
+    the constructor-fitted small config, with the run's config overrides); None when it ran config.json as
+    written. With ``bundle``, its run_config.json first (``npuport deploy`` and verify have the bundle alone).
+    The one small config of a port: the bundle, verify and the deployment reuse it, never derive one."""
+    recorded = _json_object(bundle / RUN_CONFIG_NAME) if bundle is not None else None
+    if recorded is not None:
+        return recorded
+    for run in reversed(runs_of(state)):
+        if run.purpose == "port" and run.ok and run.result_path:
+            small = (_json_object(Path(run.result_path)) or {}).get("shrunk_config")
+            return small if isinstance(small, dict) else None
+    return None
+
+
+def _json_object(path: Path) -> dict[str, Any] | None:
+    try:
+        data = json.loads(path.read_text()) if path.is_file() else None
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
 
 
 SCALE_MEASURED = 3.0
 """A run may take this many times the longest finished run of the same model on this host (plus a minute)."""
 
 
-def scaled_limits(req: PortRequest | Mapping[str, Any], runs: list[dict[str, Any]]) -> Limits:
+def scaled_limits(req: PortRequest | Mapping[str, Any], runs: Sequence[RunRecord]) -> Limits:
     """The wall limit of a port's next run: the request's ``run_timeout_s``, raised to SCALE_MEASURED x the longest
     run of the port or its reference that finished on this host (a loaded host runs the reference as slowly as the
     port: the port at 299.7 s of a 300 s limit left its reference no chance), and the other way round."""
     base = float(request_of(req).run_timeout_s)
-    done = [float(r.get("wall_s") or 0) for r in runs if r.get("ok") and r.get("purpose") in ("port", "reference")]
+    done = [r.wall_s for r in runs if r.ok and r.purpose in ("port", "reference")]
     return Limits(wall_s=max(base, SCALE_MEASURED * max(done) + 60) if done else base)
 
 

@@ -1,12 +1,9 @@
-"""Targets in the state: the resolved sandbox target as a JSON-able dict and back, and the op-support matrix it
-needs."""
+"""The op-support matrix a target needs (the environment node fetches it; agents/state.py reads the resolved
+target back from the state)."""
 
 from __future__ import annotations
 
-from typing import Any
-
 from knowledge.errors import first_line
-from sandbox.targets import Target
 
 
 def matrix_for(version: str) -> tuple[str | None, str]:
@@ -29,13 +26,3 @@ def matrix_for(version: str) -> tuple[str | None, str]:
     except Exception as exc:  # network or wheel problems must not stop the port
         return None, f"op-support matrix for torch_npu {version} unavailable: {first_line(exc)}"
     return str(path), f"op-support matrix of torch_npu {version} from {path}"
-
-
-def target_from_dict(d: dict[str, Any]) -> Target:
-    return Target(d["name"], d["device"], d.get("bootstrap"), d.get("options") or {}, d.get("env") or {},
-                  d.get("reason", ""))
-
-
-def target_to_dict(t: Target) -> dict[str, Any]:
-    return {"name": t.name, "device": t.device, "bootstrap": t.bootstrap, "options": t.options, "env": t.env,
-            "reason": t.reason}

@@ -41,19 +41,18 @@ from api.cli_options import (
     EXIT_INTERNAL,
     EXIT_NOT_VALIDATED,
     EXIT_OK,
-    ChipOpt,
-    PolicyOpt,
     TargetOpt,
     check_chip,
     check_target,
     fail,
     one_of,
+    with_request_options,
 )
 from api.cli_port import EXIT_INTERRUPTED, EXIT_MEANINGS, EXIT_NOT_VERIFIED, print_table, run_port_cli
 from api.cli_project import project
 from api.cli_scan import ops, scan
 from knowledge.settings import set_environment
-from sandbox.targets import DEFAULT_CHIP, DEFAULT_TARGET, DEFAULT_TORCH_NPU, EMULATED_TARGET
+from sandbox.targets import DEFAULT_CHIP, DEFAULT_TARGET, EMULATED_TARGET
 
 __all__ = ["EXIT_INTERRUPTED", "LiveStatus", "app", "fmt_params", "run_port_cli"]
 _EXIT_DETAIL = {EXIT_OK: " (or the command succeeded)", EXIT_NOT_VALIDATED: " (or a check the command ran failed)",
@@ -115,41 +114,18 @@ def _checked_out_dir(out: Path | None, model: Path, force: bool) -> Path:
 
 
 @app.command()
+@with_request_options
 def port(
     path: Annotated[Path, typer.Argument(help="the model folder (never written)")],
-    target: TargetOpt = DEFAULT_TARGET,
-    chip: ChipOpt = DEFAULT_CHIP,
     goal: Annotated[str, typer.Option(help="goal text, e.g. 'to Ascend 910B, maximise throughput' (flags win)")] = "",
     out: Annotated[Path | None, typer.Option("--out", "-o",
                                              help="bundle folder (default ./npuport-out/<model>)")] = None,
     force: Annotated[bool, typer.Option("--force", help="replace an earlier npuport bundle in --out (a folder of "
                                         "other files is refused, never emptied)")] = False,
-    policy: PolicyOpt = "rule",
-    shrink: Annotated[bool, typer.Option("--shrink", help="quick runs on a small config derived from config.json "
-                                                          "(random weights; the manifest's `shrink:` overrides "
-                                                          "win)")] = False,
-    torch_npu: Annotated[str, typer.Option("--torch-npu", help="torch_npu version to emulate")] = DEFAULT_TORCH_NPU,
-    strict: Annotated[bool, typer.Option(help="fail on CPU fallbacks (TORCH_NPU_FALLBACK_CPU_DISABLE=1)")] = False,
-    strict_perf: Annotated[bool, typer.Option("--strict-perf", help="fail the port on performance pathologies "
-                                              "in its decode profile (no KV cache, per-step syncs, ...)")] = False,
-    max_runs: Annotated[int, typer.Option(help="budget: sandbox runs of the port")] = 8,
-    max_wall: Annotated[float, typer.Option(help="budget: wall time in seconds")] = 1800.0,
-    tune: Annotated[bool, typer.Option(help="benchmark and tune the validated port (minutes on a small host)")] = False,
-    tune_trials: Annotated[int, typer.Option(help="budget: tuning trials")] = 12,
-    serve: Annotated[bool | None, typer.Option("--serve/--no-serve", help="exercise the deployment after the bundle "
-                                               "is written: vLLM serves the validated port with serve.sh, tokens "
-                                               "checked, throughput probed, about 3 minutes after the server's start "
-                                               "(default: NPUPORT_SERVE, on; `npuport deploy BUNDLE` runs it "
-                                               "later)")] = None,
-    bench: Annotated[bool, typer.Option("--bench", help="the deployment's full side-by-side throughput comparison "
-                                        "(vLLM at concurrency 1, 8, 32 against Transformers one at a time and batched) "
-                                        "instead of the probe")] = False,
-    run_timeout: Annotated[float, typer.Option(help="wall-clock limit of one sandbox run, seconds; raised to 3x the "
-                                               "longest run that finished (a slow host's reference gets the time its "
-                                               "port took)")] = 300.0,
     isolation: Annotated[str, typer.Option(metavar="[auto|bwrap|process]",
                                            help="auto | bwrap | process (process: the model's code runs "
                                                 "UNISOLATED; auto falls back to it with a warning)")] = "auto",
+    **fields: Any,
 ) -> None:
     """Port the model in PATH to the target and write a bundle.
 
@@ -157,7 +133,8 @@ def port(
     and prints the `npuport resume THREAD` that continues it).
 
     The original folder is never written. Bad input (not a folder, empty, no Python files, unknown chip or
-    target) is refused before anything runs."""
+    target) is refused before anything runs. The request's options (--target, --chip, the budgets, ...) are
+    agents/request.py's PortRequest fields (api/cli_options.py ``with_request_options``)."""
     if isolation not in ("auto", "bwrap", "process"):
         raise fail(f"--isolation must be auto, bwrap or process, not {isolation!r}")
     if isolation != "auto":
@@ -165,16 +142,13 @@ def port(
     if problem := model_folder_problem(path) or (goal_problem(goal) if goal else None) or sources_problem(path):
         raise fail(problem)
     out_dir = _checked_out_dir(out, path, force)
-    request = {"model_path": str(path), "target": target, "chip": chip, "out_dir": str(out_dir),
-               "torch_npu": torch_npu, "strict": strict, "max_runs": max_runs, "max_wall_s": max_wall,
-               "run_timeout_s": run_timeout, "tune": tune, "tune_trials": tune_trials, "policy": policy,
-               "shrink": shrink, "strict_perf": strict_perf, "serve": serve, "bench": bench}
-    # the goal text fills only what no flag set explicitly (typer gives defaults, so the goal may
-    # pick the chip, target and tuning only when their flags were left at their defaults)
+    request = {"model_path": str(path), "out_dir": str(out_dir), **fields}
+    # the goal text fills only what no flag set explicitly (typer gives defaults, so the goal may pick a
+    # field only when its flag was left at its default)
     ctx = click_context()
-    if goal:
-        for name in ("target", "chip", "tune"):
-            if ctx is not None and ctx.get_parameter_source(name).name == "DEFAULT":  # type: ignore[union-attr]
+    if goal and ctx is not None:
+        for name in fields:
+            if ctx.get_parameter_source(name).name == "DEFAULT":  # type: ignore[union-attr]
                 request.pop(name)
     if problem := target_problem(str(request["target"] if "target" in request else _goal_target(goal, path))):
         raise fail(problem)
@@ -215,15 +189,17 @@ def resume(
     snap = thread_snapshot(thread) if checkpoint_db().is_file() else None
     if snap is None:
         raise fail(f"no checkpoint of thread {thread!r} in {checkpoint_db()} (is NPUPORT_HOME the same?)")
-    status = snap.values.get("status")
+    from agents.state import bundle_of, request_fields_of, status_of
+
+    status = status_of(snap.values)
     if not resumable(snap):
-        bundle = (snap.values.get("bundle") or {}).get("dir", "-")
+        bundle = bundle_of(snap.values).dir or "-"
         if status not in FINISHED:  # nothing left to run and no verdict: say so, never "finished (running)"
-            raise fail(f"thread {thread} stopped with nothing left to run and no verdict (status {status}); port "
-                       "the model again", EXIT_NOT_VALIDATED)
+            raise fail(f"thread {thread} stopped with nothing left to run and no verdict (status {status or 'none'}); "
+                       "port the model again", EXIT_NOT_VALIDATED)
         console.print(f"thread {thread} already finished ({status}); its bundle: {bundle}", soft_wrap=True)
         raise typer.Exit(EXIT_OK if status == "validated" else EXIT_NOT_VALIDATED)
-    raise typer.Exit(run_port_cli(dict(snap.values.get("request") or {}), thread_id=thread))
+    raise typer.Exit(run_port_cli(request_fields_of(snap.values), thread_id=thread))
 
 
 @app.command()

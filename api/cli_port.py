@@ -24,6 +24,18 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
+from agents.state import (
+    bundle_of,
+    counters_of,
+    failure_of,
+    findings_of,
+    numerics_of,
+    patches_of,
+    perf_of,
+    reason_of,
+    status_of,
+    tuning_of,
+)
 from api.cli_live import LiveStatus, console, err, fmt_params
 from knowledge.errors import exit_code, first_line
 from knowledge.interrupt import PortInterrupted, clear_stop, request_stop
@@ -133,34 +145,32 @@ class Heartbeat:
 
 def print_summary(state: dict[str, Any]) -> None:
     table = Table(show_header=False, box=None, pad_edge=False)
-    counters = state.get("counters") or {}
-    numerics = state.get("numerics") or {}
-    bundle = state.get("bundle") or {}
-    tuning = state.get("tuning") or {}
-    table.add_row("findings", str(len(state.get("findings") or [])))
-    table.add_row("patches", str(len(state.get("patches") or [])))
-    table.add_row("sandbox runs",
-                  f"{counters.get('port_runs', 0)} port + {counters.get('reference_runs', 0)} reference")
-    table.add_row("validation", str(numerics.get("verdict", "not-run")))
-    if tuning.get("best"):
-        table.add_row("tuned", fmt_params(tuning["best"]))
-        tuned = tuning.get("tuned") or {}
-        if tuned.get("chosen"):  # the final benchmark's verdict, in the report's words (slower is said)
-            table.add_row("throughput", str(tuning.get("detail") or ""))
-    perf = state.get("perf") or {}
+    counters = counters_of(state)
+    numerics = numerics_of(state)
+    bundle = bundle_of(state)
+    tuning = tuning_of(state)
+    table.add_row("findings", str(len(findings_of(state))))
+    table.add_row("patches", str(len(patches_of(state))))
+    table.add_row("sandbox runs", f"{counters.port_runs} port + {counters.reference_runs} reference")
+    table.add_row("validation", numerics.verdict if numerics else "not-run")
+    if tuning.best:
+        table.add_row("tuned", fmt_params(tuning.best))
+        if tuning.tuned.get("chosen"):  # the final benchmark's verdict, in the report's words (slower is said)
+            table.add_row("throughput", tuning.detail)
+    perf = perf_of(state)
     if perf.get("profiled"):
         from agents.validation.perf_evidence import shown_where
 
         found = perf.get("pathologies") or []
         table.add_row("performance", ("1 pathology" if len(found) == 1 else f"{len(found)} pathologies") + "".join(
             f"\n  {p['title']} at {shown_where(p)}" for p in found))
-    report = Path(str(bundle.get("dir") or "")) / "report.json" if bundle.get("dir") else None
+    report = Path(bundle.dir) / "report.json" if bundle.dir else None
     record = json.loads(report.read_text()).get("deployment") if report is not None and report.is_file() else None
     if record:  # the exercised deployment (agents/report/deployment.py), or why it has not run
         from agents.deploy.serve_report import deployment_summary
 
-        table.add_row("deployment", deployment_summary(record).replace("BUNDLE", str(bundle.get("dir"))))
-    table.add_row("bundle", str(bundle.get("dir", "-")))
+        table.add_row("deployment", deployment_summary(record).replace("BUNDLE", bundle.dir))
+    table.add_row("bundle", bundle.dir or "-")
     print_table(table)
 
 
@@ -253,18 +263,19 @@ def run_port_cli(request: dict[str, Any], goal: str = "", thread_id: str | None 
                   f"retry with: {resume_command(thread)})")
         return EXIT_INTERNAL
     print_summary(state)
-    if state.get("status") == "validated":
+    if status_of(state) == "validated":
         from agents.validation.perf_evidence import verdict
 
-        words = verdict('validated', state.get('perf'), (state.get('numerics') or {}).get('coverage'))
-        console.print(f"[bold {'yellow' if 'partial' in words else 'green'}]{words}[/]: {state.get('reason')}")
+        numerics = numerics_of(state)
+        words = verdict("validated", perf_of(state), numerics.coverage if numerics else None)
+        console.print(f"[bold {'yellow' if 'partial' in words else 'green'}]{words}[/]: {reason_of(state)}")
         return EXIT_OK
     from agents.report.bundle import NOT_PORTED, outcome_label
 
     label = outcome_label(state)
-    err.print(f"[bold {'red' if label == NOT_PORTED else 'yellow'}]{label}:[/] {state.get('reason', 'unknown reason')}")
-    failure = state.get("failure") or {}
-    return exit_code(failure["kind"]) if failure.get("kind") else EXIT_NOT_VALIDATED
+    err.print(f"[bold {'red' if label == NOT_PORTED else 'yellow'}]{label}:[/] {reason_of(state) or 'unknown reason'}")
+    failure = failure_of(state)
+    return exit_code(failure.kind) if failure is not None and failure.kind else EXIT_NOT_VALIDATED
 
 
 def run_deploy_cli(bundle: Path, report: dict[str, Any], bench: bool) -> int:

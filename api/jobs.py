@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from agents.request import request_of
+from agents.state import bundle_of, reason_of, status_of
 from api import shares
 from knowledge.errors import JobError, first_line
 from knowledge.settings import ServiceSettings as Settings
@@ -451,7 +452,7 @@ class JobManager:
             self._finish(job_id, "cancelled", "cancelled by the user")
         elif result.stopped:
             return  # shutdown: the record stays "running" and start() resumes it
-        elif result.next and result.values.get("status") not in TERMINAL:
+        elif result.next and status_of(result.values) not in TERMINAL:
             self.store.update(job_id, status="awaiting_approval", reason="waiting for approval of the next patch round")
             self._event(job_id, "status", {"status": "awaiting_approval", "reason": "approve to apply the next patches",
                                            "next": list(result.next)})
@@ -470,9 +471,8 @@ class JobManager:
         timer.start()
 
     def _conclude(self, job_id: str, values: dict[str, Any]) -> None:
-        status = values.get("status") if values.get("status") in ("validated", "failed") else "failed"
-        bundle = (values.get("bundle") or {}).get("dir")
-        self._finish(job_id, str(status), str(values.get("reason") or status), bundle_dir=bundle)
+        status = status_of(values) if status_of(values) in ("validated", "failed") else "failed"
+        self._finish(job_id, status, reason_of(values) or status, bundle_dir=bundle_of(values).dir or None)
 
 
 def make_job(*, goal: str, request: dict[str, Any], owner: str, require_approval: bool = False,

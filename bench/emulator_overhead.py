@@ -97,13 +97,14 @@ def run_specs(bundle: Path, workdir: Path) -> dict[str, Any]:
     """The port's own run conditions (as `npuport verify` rebuilds them) on its target and on cpu."""
     from agents.request import request_of
     from agents.runs import RunSpec
-    from sandbox.targets import REFERENCE_TARGET, resolve_target, target_spec_of
+    from agents.state import target_of
+    from sandbox.targets import REFERENCE_TARGET, resolve_target
 
-    report = json.loads((bundle / "report.json").read_text())
+    report = json.loads((bundle / "report.json").read_text())  # the port's state as the reporter wrote it
     req = request_of(report)
-    t = report.get("target") or {}
-    emulated = resolve_target(target_spec_of(t).name, chip=req.chip, torch_npu=req.torch_npu, strict=req.strict,
-                              matrix_path=(t.get("options") or {}).get("matrix_path"))
+    t = target_of(report)
+    emulated = resolve_target(t.name, chip=req.chip, torch_npu=req.torch_npu, strict=req.strict,
+                              matrix_path=t.options.get("matrix_path"))
     base = RunSpec.of(workdir=workdir, model_dir=bundle / "patched", manifest=report.get("entry") or {},
                       target=emulated, request=report, python=_own_python(report))
     return {"sim": base, "cpu": base.replace(target=resolve_target(REFERENCE_TARGET))}

@@ -9,13 +9,27 @@ from typing import Any
 
 from langchain_core.messages import AIMessage, BaseMessage
 
+from agents.request import PortRequest
+from agents.state import (
+    bundle_of,
+    deployment_of,
+    goal_of,
+    messages_of,
+    numerics_of,
+    patches_of,
+    reason_of,
+    request_fields_of,
+    status_of,
+    tuning_of,
+)
 from graph.state import PortInput, PortState
 
 Node = Callable[[dict[str, Any]], dict[str, Any]]
-FLAT_FIELDS = ("model_path", "target", "chip", "tune", "policy", "out_dir")
+FLAT_FIELDS = tuple(PortRequest.model_fields)
+"""The request fields a caller may give as flat input keys (graph/state.py ``PortInput``)."""
 
 
-class PlannerInput(PortState, PortInput, total=False):  # type: ignore[misc]
+class PlannerInput(PortState, PortInput, total=False):  # type: ignore[misc, valid-type]
     """The planner reads the input-only fields too (a node sees only its input schema's keys)."""
 
 
@@ -33,12 +47,13 @@ def _is_human(message: Any) -> bool:
 
 def normalise_input(state: dict[str, Any]) -> dict[str, Any]:
     """goal and request as the planner reads them, from whichever input the caller used."""
-    goal = state.get("goal") or ""
+    goal = goal_of(state)
     if not goal:
-        humans = [m for m in state.get("messages") or [] if _is_human(m)]
+        humans = [m for m in messages_of(state) if _is_human(m)]
         goal = _text(humans[-1]).strip() if humans else ""
+    # the form's flat fields are input keys (PortInput), not fields of the state
     request = {k: state[k] for k in FLAT_FIELDS if state.get(k) not in (None, "")}
-    request.update(state.get("request") or {})
+    request.update(request_fields_of(state))
     return {**state, "goal": goal, "request": request}
 
 
@@ -47,40 +62,40 @@ def with_input(planner: Node) -> Node:
         norm = normalise_input(state)
         out = planner(norm)
         # keep what the caller asked for in the state even when the planner could not parse it
-        out.setdefault("request", norm["request"])
-        if norm["goal"] and not state.get("goal"):
-            out["goal"] = norm["goal"]
+        out.setdefault("request", request_fields_of(norm))
+        if goal_of(norm) and not goal_of(state):
+            out["goal"] = goal_of(norm)
         return out
 
     return planner_node
 
 
 def summary(state: dict[str, Any]) -> str:
-    status = state.get("status") or "failed"
-    lines = [f"**{status}**: {state.get('reason') or ''}".rstrip()]
-    numerics = state.get("numerics") or {}
-    if numerics.get("verdict"):
-        lines.append(f"validation: {numerics['verdict']}")
-    patches = state.get("patches") or []
+    status = status_of(state) or "failed"
+    lines = [f"**{status}**: {reason_of(state)}".rstrip()]
+    numerics = numerics_of(state)
+    if numerics is not None:
+        lines.append(f"validation: {numerics.verdict}")
+    patches = patches_of(state)
     if patches:
-        lines.append(f"{len(patches)} patches: " + "; ".join(str(p.get("summary", "")) for p in patches[:8]))
-    tuned = (state.get("tuning") or {}).get("tuned") or {}
+        lines.append(f"{len(patches)} patches: " + "; ".join(p.summary for p in patches[:8]))
+    tuned = tuning_of(state).tuned
     if tuned.get("speedup"):
         vs = tuned.get("vs_original")
         said = {"slower": " (SLOWER than the original)",
                 "not comparable": f" (not comparable on this host: spread {float(tuned.get('spread') or 0):.0%})"}
         lines.append(f"tuned: {tuned['tokens_per_s']:.1f} tokens/s, {tuned['speedup']:.2f}x the original"
                      f"{said.get(str(vs), '')}")
-    bundle = (state.get("bundle") or {}).get("dir")
-    deployment = state.get("deployment") or {}
-    if deployment.get("summary"):
-        lines.append(f"deployment: {deployment['summary']}")
-    elif bundle and (pending := _pending_deployment(bundle)):
+    bundle = bundle_of(state)
+    deployment = deployment_of(state)
+    if deployment is not None and deployment.summary:
+        lines.append(f"deployment: {deployment.summary}")
+    elif bundle.dir and (pending := _pending_deployment(bundle.dir)):
         lines.append(f"deployment: {pending}")
-    if bundle:
-        lines.append(f"bundle: {bundle} (report.md, port.patch)")
-    if note := (state.get("bundle") or {}).get("note"):
-        lines.append(f"note: {note}")
+    if bundle.dir:
+        lines.append(f"bundle: {bundle.dir} (report.md, port.patch)")
+    if bundle.note:
+        lines.append(f"note: {bundle.note}")
     return "\n".join(lines)
 
 

@@ -23,6 +23,7 @@ from typing import Any
 from langchain_core.messages import AIMessage
 from langgraph.errors import GraphBubbleUp
 
+from agents.state import workdir_if_set
 from agents.trace import step
 from knowledge.errors import error_record, first_line
 from knowledge.home import cache_dir
@@ -32,9 +33,9 @@ Fallback = Callable[[dict[str, Any], dict[str, Any]], dict[str, Any]]
 
 
 def _traceback_dir(state: dict[str, Any]) -> Path:
-    workdir = state.get("workdir")
-    if workdir and Path(workdir).is_dir():
-        d = Path(workdir) / "failures"
+    workdir = workdir_if_set(state)
+    if workdir and workdir.is_dir():
+        d = workdir / "failures"
         d.mkdir(exist_ok=True)
         return d
     return cache_dir("failures")

@@ -22,6 +22,7 @@ from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.sqlite import SqliteSaver
 from langgraph.graph import StateGraph
 
+from agents.state import trace_of
 from knowledge.home import npuport_home
 
 TraceSink = Callable[[list[dict[str, Any]]], None]
@@ -98,9 +99,9 @@ class PublishingSaver(AtomicSqliteSaver):
     def put(self, config: Any, checkpoint: Any, metadata: Any, new_versions: Any) -> Any:
         out = super().put(config, checkpoint, metadata, new_versions)
         ns = (config.get("configurable") or {}).get("checkpoint_ns", "")
-        trace = (checkpoint.get("channel_values") or {}).get("trace")
-        if self._sink is not None and not ns and isinstance(trace, list):
-            self._sink(list(trace))
+        values = checkpoint.get("channel_values") or {}  # the state as the checkpoint holds it
+        if self._sink is not None and not ns and "trace" in values:
+            self._sink(trace_of(values))
         return out
 
 
@@ -147,8 +148,7 @@ def run_thread(
                 break
         snap = app.get_state(config)
         values = dict(snap.values)
-        return ThreadResult(values=values, next=tuple(snap.next), stopped=stopped,
-                            trace=list(values.get("trace") or []))
+        return ThreadResult(values=values, next=tuple(snap.next), stopped=stopped, trace=trace_of(values))
     finally:
         conn.close()
 
@@ -166,7 +166,7 @@ def thread_snapshot(thread_id: str, builder: GraphBuilder | None = None,
             return None
         values = dict(snap.values)
         tup = saver.get_tuple(config)
-        return ThreadResult(values=values, next=tuple(snap.next), trace=list(values.get("trace") or []),
+        return ThreadResult(values=values, next=tuple(snap.next), trace=trace_of(values),
                             pending_writes=bool(tup and tup.pending_writes), created_at=snap.created_at)
     finally:
         conn.close()

@@ -11,6 +11,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from agents.request import request_of
+from agents.state import workdir_if_set
 from graph.jobs_support import GraphBuilder, thread_snapshot
 
 
@@ -23,8 +25,8 @@ def pending_patches(thread_id: str, db_path: Path | None = None, builder: GraphB
     if snap is None:
         return {"applied": "", "pending": [], "pending_diff": "", "note": "the job has not started"}
     values = snap.values
-    workdir = values.get("workdir")
-    ws = Workspace(Path(workdir)) if workdir else None
+    workdir = workdir_if_set(values)
+    ws = Workspace(workdir) if workdir else None
     if ws is None or not ws.has_repo():
         return {"applied": "", "pending": [], "pending_diff": "", "note": "no workspace yet"}
     # npuport's git (outside the model tree, hardened: agents/workspace.py), never git run in the model folder
@@ -39,6 +41,6 @@ def pending_patches(thread_id: str, db_path: Path | None = None, builder: GraphB
         before = preview.head()
         out = patcher_node({**values, "workdir": tmp})
         diff = preview.ordered_diff(before, "HEAD")
-    policy = (values.get("request") or {}).get("policy", "rule")
+    policy = request_of(values).policy
     note = "" if policy == "rule" else f"previewed with the {policy} policy; the real round may differ"
     return {"applied": applied, "pending": out.get("patches") or [], "pending_diff": diff, "note": note}

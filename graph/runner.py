@@ -8,6 +8,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from agents.request import request_of
+from agents.state import counters_of, status_of, trace_of
 from graph.builder import compile_graph
 
 FINISHED = ("validated", "failed")
@@ -27,7 +29,7 @@ class ThreadInfo:
 
 def resumable(snap: Any) -> bool:
     """A thread a resume would continue: a node is still to run, or a step's writes wait to be applied."""
-    return bool(snap.next) or bool(snap.pending_writes and snap.values.get("status") not in FINISHED)
+    return bool(snap.next) or bool(snap.pending_writes and status_of(snap.values) not in FINISHED)
 
 
 def thread_infos(limit: int = 20) -> list[ThreadInfo]:
@@ -51,9 +53,9 @@ def thread_infos(limit: int = 20) -> list[ThreadInfo]:
             continue
         trace = snap.trace
         out.append(ThreadInfo(thread_id=str(thread_id),
-                              model=str((snap.values.get("request") or {}).get("model_path") or "?"),
-                              status=str(snap.values.get("status") or "running"), next=snap.next,
-                              stopped_in=(snap.next[0] if snap.next else (trace[-1].get("agent") if trace else "?")),
+                              model=request_of(snap.values).model_path or "?",
+                              status=status_of(snap.values) or "running", next=snap.next,
+                              stopped_in=str(snap.next[0] if snap.next else trace[-1].get("agent") if trace else "?"),
                               updated=str(snap.created_at or "")[:19].replace("T", " ")))
         if len(out) >= limit:
             break
@@ -102,9 +104,10 @@ def run_port(
             for node, delta in chunk.items():
                 if not isinstance(delta, dict):
                     continue
-                if on_event and delta.get("counters"):
-                    on_event("counters", dict(delta["counters"]))
-                for item in delta.get("trace") or []:
+                # a node's update (a partial state) read like the state
+                if on_event and "counters" in delta:
+                    on_event("counters", counters_of(delta).model_dump())
+                for item in trace_of(delta):
                     if on_step:
                         on_step({"node": node, **item})
         return dict(app.get_state(config).values)

@@ -54,7 +54,8 @@ def _fake_node(name: str) -> Any:
             (bundle / "port.patch").write_text("--- a/m.py\n+++ b/m.py\n@@\n-x = 1\n+x = 2\n")
             (bundle / "report.md").write_text("# npuport report: fake\n\n- **Status:** validated — fake graph\n")
             (bundle / "report.json").write_text(json.dumps({"status": "validated", "reason": "fake graph"}))
-            out.update(status="validated", reason="fake graph", bundle={"dir": str(bundle), "files": ["report.md"]})
+            out.update(status="validated", reason="fake graph",
+                       bundle={"dir": str(bundle), "files": {"report_md": str(bundle / "report.md")}})
         return out
 
     return node

@@ -92,7 +92,8 @@ def test_chat_messages_are_the_goal_and_the_reply_is_an_ai_message() -> None:
     def reporter(_: dict) -> dict:  # type: ignore[type-arg]
         return {"status": "validated", "reason": "tokens match", "bundle": {"dir": "/tmp/b"}}
 
-    out = with_reply(reporter)({"patches": [{"summary": "H1 device-agnostic"}], "numerics": {"verdict": "match"}})
+    patch = {"id": "patch-1", "commit": "c1", "summary": "H1 device-agnostic"}
+    out = with_reply(reporter)({"patches": [patch], "numerics": {"verdict": "match"}})
     (msg,) = out["messages"]
     assert isinstance(msg, AIMessage) and "**validated**: tokens match" in msg.content
     assert "H1 device-agnostic" in msg.content and "/tmp/b" in msg.content

@@ -99,6 +99,14 @@ def test_second_port_reuses_what_the_first_learned_without_the_llm(tmp_path: Pat
     assert f"beta reused: {rid}" in r.stdout
 
 
+def _recorded(state: dict[str, Any]) -> dict[str, Any]:
+    """A final state with its runs, diagnoses and patches completed as the nodes write them (RunRecord,
+    Diagnosis, Patch: the fields these tests leave out, filled)."""
+    run = {"purpose": "port", "target": "cpu", "ok": False, "status": "error", "wall_s": 1.0, "result_path": ""}
+    defaults = {"runs": run, "diagnoses": {"kind": "exception", "summary": "it failed"}, "patches": {"commit": ""}}
+    return {**state, **{name: [{**fill, **r} for r in state.get(name) or []] for name, fill in defaults.items()}}
+
+
 def _port_state(tmp_path: Path, model: Path, target: str = "cpu") -> tuple[dict[str, object], object]:
     from agents.workspace import Workspace
 
@@ -113,7 +121,7 @@ def _learn_from_alpha(home: Path) -> str:
     from knowledge.locks import home_lock
     from knowledge.port_memory import WRITE_LOCK
 
-    state = {"request": {"model_path": "/m/alpha"}, "target": {"name": "cpu"},
+    state = _recorded({"request": {"model_path": "/m/alpha"}, "target": {"name": "cpu"},
              "runs": [{"id": "run-1", "exception": {"type": "RuntimeError", "message": FAILURE}}],
              "diagnoses": [{"id": "diag-1", "run_id": "run-1", "signature": "exception:RuntimeError@m.py:9",
                             "fix": "llm-edit", "file": "modeling_planted.py",
@@ -122,7 +130,7 @@ def _learn_from_alpha(home: Path) -> str:
                                                   "replace": REPLACE}]}}],
              "patches": [{"id": "patch-2", "diagnosis_id": "diag-1", "summary": "LLM llm-edit: accept both layouts",
                           "files": ["modeling_planted.py"]},
-                         {"id": "patch-1", "summary": "H1 device-agnostic", "finding_ids": ["f1"]}]}
+                         {"id": "patch-1", "summary": "H1 device-agnostic", "finding_ids": ["f1"]}]})
     from knowledge.port_memory import review_record
 
     with home_lock(WRITE_LOCK):
@@ -200,14 +208,14 @@ def test_learned_fix_goes_into_the_knowledge_base_store(tmp_path: Path, npuport_
     KnowledgeBase().build([str(docs)], progress=False)
     monkeypatch.setattr(citations, "_kb", None)  # the module caches one per process: this test's home
     monkeypatch.setattr(citations, "_failed", "")
-    state = {"request": {"model_path": "/m/alpha"}, "target": {"name": "cpu"},
+    state = _recorded({"request": {"model_path": "/m/alpha"}, "target": {"name": "cpu"},
              "runs": [{"id": "run-1", "exception": {"type": "RuntimeError", "message": FAILURE}}],
              "diagnoses": [{"id": "diag-1", "run_id": "run-1", "signature": "exception:RuntimeError@m.py:9",
                             "fix": "llm-edit", "file": "modeling_planted.py",
                             "params": {"by": "llm", "edits": [{"file": "modeling_planted.py", "search": SEARCH,
                                                                "replace": REPLACE}]}}],
              "patches": [{"id": "patch-1", "diagnosis_id": "diag-1", "summary": "LLM llm-edit: accept both layouts",
-                          "files": ["modeling_planted.py"]}]}
+                          "files": ["modeling_planted.py"]}]})
     ids = citations.record_validated_fixes(state)
     assert len(ids) == 1
     records = read_records(npuport_home)
@@ -223,7 +231,7 @@ def test_only_llm_fixes_the_port_kept_are_learned(npuport_home: Path) -> None:
     from knowledge.port_memory import read_records
 
     edits = [{"file": "m.py", "search": SEARCH, "replace": REPLACE}]
-    state = {"request": {"model_path": "/m/alpha"}, "target": {"name": "cpu"},
+    state = _recorded({"request": {"model_path": "/m/alpha"}, "target": {"name": "cpu"},
              "runs": [{"id": "run-1", "exception": {"type": "RuntimeError", "message": FAILURE}},
                       {"id": "run-2", "exception": {"type": "NameError", "message": "name 'x' is not defined"}}],
              "diagnoses": [{"id": "diag-1", "run_id": "run-1", "signature": "s1", "fix": "llm-edit",
@@ -235,7 +243,7 @@ def test_only_llm_fixes_the_port_kept_are_learned(npuport_home: Path) -> None:
              "patches": [{"id": "patch-1", "commit": "c1", "diagnosis_id": "diag-1", "summary": "llm"},
                          {"id": "patch-2", "commit": "c2", "diagnosis_id": "diag-2", "summary": "revert",
                           "codemod": "revert-npuport-change"},
-                         {"id": "patch-3", "commit": "c3", "diagnosis_id": "diag-3", "summary": "recipe"}]}
+                         {"id": "patch-3", "commit": "c3", "diagnosis_id": "diag-3", "summary": "recipe"}]})
     assert _journal_learned(state) == [] and read_records(npuport_home) == []
     state["patches"] = [state["patches"][0], state["patches"][2]]  # nothing undone: the LLM fix is learned
     assert len(_journal_learned(state)) == 1 and read_records(npuport_home)[0]["fix"]["codemod"] == "llm-edit"

@@ -15,6 +15,7 @@ import torch
 from agents.reading.scanner import scan_source
 from agents.rules.h9_distributed import nccl_to_hccl
 from agents.rules.h12_half_precision import cast_policy, fp16_cast_policy
+from sandbox.targets import Target
 from sandbox.targets import registry as targets
 from sandbox.targets.base import Chip
 
@@ -25,7 +26,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 @pytest.mark.parametrize("chip", ["910b", "a3", "310p"])
 def test_ascend_chips_compute_float16_so_the_policy_keeps_it(chip: str) -> None:
-    dtype, why = cast_policy({"name": "ascend-sim", "device": "npu", "options": {"chip": chip}})
+    dtype, why = cast_policy(Target("ascend-sim", "npu", options={"chip": chip}))
     assert dtype == "float16" and "chip registry" in why and chip in why
 
 
@@ -36,13 +37,13 @@ def test_a_chip_without_float16_compute_gets_bfloat16_else_float32(monkeypatch: 
     chips["fp32only"] = Chip(key="fp32only", product="test chip", memory_gib=1.0, dtypes=("float32",),
                              op_support="test", serve_dtype="float32")
     monkeypatch.setattr(targets, "CHIPS", chips)
-    dtype, why = cast_policy({"name": "ascend-sim", "options": {"chip": "bf16only"}})
+    dtype, why = cast_policy(Target("ascend-sim", "npu", options={"chip": "bf16only"}))
     assert dtype == "bfloat16" and "no float16 compute" in why
-    assert cast_policy({"name": "ascend-sim", "options": {"chip": "fp32only"}})[0] == "float32"
+    assert cast_policy(Target("ascend-sim", "npu", options={"chip": "fp32only"}))[0] == "float32"
 
 
 def test_cpu_policy_names_the_cpu_facts_it_read() -> None:
-    dtype, why = cast_policy({"name": "cpu", "device": "cpu"})
+    dtype, why = cast_policy(Target("cpu", "cpu"))
     assert "CPU float16 units:" in why and "float16 kernels" in why
     assert (dtype == "float16") == ("float16 units: none" not in why
                                     and "kernels (matmul, softmax, layer_norm) run" in why)
@@ -50,7 +51,7 @@ def test_cpu_policy_names_the_cpu_facts_it_read() -> None:
 
 def test_keeping_float16_changes_nothing_and_says_why() -> None:
     src = "import torch\nm = torch.nn.Linear(2, 2).half()\n"
-    out = fp16_cast_policy(src, target={"name": "ascend-sim", "options": {"chip": "310p"}})
+    out = fp16_cast_policy(src, target=Target("ascend-sim", "npu", options={"chip": "310p"}))
     assert not out.changed and out.source == src and "keep float16" in out.edits[0]
 
 

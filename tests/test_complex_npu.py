@@ -20,6 +20,7 @@ from agents.models import Frame, StructuredException
 from agents.policies.rule import RulePolicy
 from agents.reading.scanner import scan_source
 from agents.rules.h27_complex import complex_cpu_island, complex_to_real, fft_verdict
+from sandbox.targets import Target
 from tests.complex_models import HYENA, ROTARY, write_complex_rotary_lm, write_hyena_fft_lm
 
 REPO = Path(__file__).resolve().parents[1]
@@ -33,14 +34,14 @@ def _module(source: str, name: str) -> types.ModuleType:
     return mod
 
 
-def _matrix(tmp_path: Path, fft_dtypes: list[str] | None) -> dict[str, Any]:
+def _matrix(tmp_path: Path, fft_dtypes: list[str] | None) -> Target:
     """A target whose op matrix has the FFT kernels, with ``fft_dtypes`` listed for them (None: no list)."""
     ops = {op: {"npu": True, "via": ["wheel"], "kernel": "op_api", "exec": None, "dtypes": fft_dtypes}
            for op in ("_fft_r2c", "_fft_c2r", "_fft_c2c")}
     path = tmp_path / f"torch_npu-9.9.9-{'-'.join(fft_dtypes or ['none'])}.json"
     path.write_text(json.dumps({"schema": 1, "torch_npu_version": "9.9.9", "torch_version": "2.13", "sources": [],
                                 "ops": ops, "fallback_ops": [], "custom_ops": []}))
-    return {"name": "ascend-sim", "device": "npu", "options": {"matrix_path": str(path)}}
+    return Target("ascend-sim", "npu", options={"matrix_path": str(path)})
 
 
 # --- the scan ----------------------------------------------------------------------------------------------
@@ -74,7 +75,7 @@ def test_the_op_matrix_decides_whether_an_fft_path_stays_on_the_npu(tmp_path: Pa
     assert any("reads its module's own state" in s for s in complex_cpu_island(
         "import torch\nclass M:\n    def f(self, x):\n        return torch.fft.irfft(torch.fft.rfft(x * self.w))\n",
         target=no_list).skipped)
-    assert not complex_to_real(ROTARY, target={"name": "cpu", "device": "cpu"}).changed
+    assert not complex_to_real(ROTARY, target=Target("cpu", "cpu")).changed
 
 
 # --- meaning: the original's numbers ------------------------------------------------------------------------

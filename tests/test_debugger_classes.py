@@ -376,12 +376,17 @@ def test_the_models_own_builder_gives_the_inputs_the_generate_path_needs(tmp_pat
 
 
 def test_the_reference_copy_replays_the_ports_environment_fixes_only(tmp_path: Path) -> None:
+    from agents.models import Diagnosis, Patch
     from agents.validation.reference import adjust_tree, environment_replay
 
-    patches = [{"id": "patch-1", "codemod": "import-missing-name", "files": ["m.py"], "diagnosis_id": "diag-1"},
-               {"id": "patch-2", "codemod": "complex-to-real", "files": ["m.py"], "diagnosis_id": None},
-               {"id": "patch-3", "codemod": "import-missing-name", "files": ["../outside.py"], "diagnosis_id": None}]
-    diagnoses = [{"id": "diag-1", "params": {"statement": "from typing import List", "name": "List"}}]
+    def patch(n: int, codemod: str, file: str, diagnosis: str | None) -> Patch:
+        return Patch(id=f"patch-{n}", commit="0" * 40, summary=codemod, codemod=codemod, files=[file],
+                     diagnosis_id=diagnosis)
+
+    patches = [patch(1, "import-missing-name", "m.py", "diag-1"), patch(2, "complex-to-real", "m.py", None),
+               patch(3, "import-missing-name", "../outside.py", None)]
+    diagnoses = [Diagnosis(id="diag-1", run_id="run-1", signature="s", kind="missing-name", summary="",
+                           params={"statement": "from typing import List", "name": "List"})]
     replay = environment_replay(patches, diagnoses)
     assert [r["codemod"] for r in replay] == ["import-missing-name", "import-missing-name"]
     root = tmp_path / "original"

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from agents.fixing.diagnosis import REVERT_FIX, npuport_change_at, revert_change
-from agents.models import Frame, StructuredException
+from agents.models import Frame, Patch, StructuredException
 from agents.rules.registry import DEFAULT, use_registry
 from agents.workspace import Workspace
 from tests.fixtures import broken_rule
@@ -76,7 +76,8 @@ def test_a_failing_line_is_mapped_to_the_patch_and_only_that_site_is_reverted(tm
     good = ws.commit("npuport good")
     path.write_text(broken_rule.rename_tanh(path.read_text()).source)
     bad = ws.commit("npuport broken")
-    patches = [{"id": "patch-1", "commit": good, "codemod": "x"}, {"id": "patch-2", "commit": bad, "codemod": "y"}]
+    patches = [Patch(id="patch-1", commit=good, summary="good", codemod="x"),
+               Patch(id="patch-2", commit=bad, summary="bad", codemod="y")]
     exc = StructuredException(type="AttributeError", message="module 'torch' has no attribute 'tanh_npu'",
                               frames=[Frame(file="modeling_toy.py", line=12, in_model=True)])
     site = npuport_change_at(ws, exc, patches, set())

@@ -182,25 +182,31 @@ def test_a_sandboxed_side_s_progress_reaches_the_phase_callback(tmp_path: Path,
 
 
 def test_a_reference_s_limit_scales_with_the_port_s_measured_run() -> None:
+    from agents.models import RunRecord
     from agents.runs import scaled_limits
+
+    def run(ok: bool, wall_s: float) -> RunRecord:
+        return RunRecord(id="run-1", purpose="port", target="cpu", ok=ok, status="ok" if ok else "timeout",
+                         wall_s=wall_s, result_path="")
 
     req = {"model_path": "m", "run_timeout_s": 300}
     assert scaled_limits(req, []).wall_s == 300
-    slow = [{"purpose": "port", "ok": True, "wall_s": 299.7}]
-    assert scaled_limits(req, slow).wall_s > 3 * 299
-    assert scaled_limits(req, [{"purpose": "port", "ok": False, "wall_s": 300}]).wall_s == 300  # a failed run: no
+    assert scaled_limits(req, [run(True, 299.7)]).wall_s > 3 * 299
+    assert scaled_limits(req, [run(False, 300)]).wall_s == 300  # a failed run: no
 
 
 def test_a_timed_out_reference_is_a_timeout_not_a_porting_or_cuda_failure() -> None:
+    from agents.models import RunRecord
     from agents.report.bundle import NOT_PORTED, TIMED_OUT, outcome_label
     from agents.report.markdown import render_markdown
     from agents.validation.compare import timeout_detail
 
     runs = [{"id": "run-1", "purpose": "port", "target": "ascend-sim", "ok": True, "status": "ok", "wall_s": 299.7,
-             "tokens": [[1, 2, 3]]},
+             "tokens": [[1, 2, 3]], "result_path": ""},
             {"id": "reference", "purpose": "reference", "target": "cpu", "ok": False, "status": "timeout",
-             "wall_s": 960.0, "tokens": None}]
-    detail = timeout_detail("the reference run (the original, on the CPU in float32)", 960.0, {"runs": runs})
+             "wall_s": 960.0, "tokens": None, "result_path": ""}]
+    detail = timeout_detail("the reference run (the original, on the CPU in float32)", 960.0,
+                            [RunRecord.model_validate(r) for r in runs])
     assert "960 s" in detail and "--run-timeout" in detail and "not a porting failure" in detail
     state = {"status": "failed", "reason": detail, "numerics": {"verdict": "not-run", "detail": detail}, "runs": runs}
     assert outcome_label(state) == TIMED_OUT

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from agents.fixing.diagnosis import budget_left, classify
-from agents.models import Frame, StructuredException
+from agents.models import Diagnosis, Frame, RunRecord, StructuredException
 from agents.request import parse_goal
 from graph import routing
 from knowledge.errors import GoalError
@@ -27,18 +27,26 @@ def test_parse_goal_without_a_model_is_a_clear_error() -> None:
         parse_goal("make it fast please")
 
 
+def _run(ok: bool) -> dict[str, object]:
+    return RunRecord(id="run-1", purpose="port", target="cpu", ok=ok, status="ok" if ok else "error", wall_s=1.0,
+                     result_path="r.json").model_dump(mode="json")
+
+
+PENDING = Diagnosis(id="d", run_id="run-1", signature="s", kind="k", summary="x", fix="f").model_dump(mode="json")
+
+
 @pytest.mark.parametrize(
     ("fn", "state", "expected"),
     [
         (routing.after_planner, {"status": "failed"}, "reporter"),
         (routing.after_planner, {"status": "running"}, "environment"),
         (routing.after_code_reader, {"status": "running"}, "patcher"),
-        (routing.after_executor, {"runs": [{"ok": True}]}, "validator"),
-        (routing.after_executor, {"runs": [{"ok": False}]}, "debugger"),
+        (routing.after_executor, {"runs": [_run(True)]}, "validator"),
+        (routing.after_executor, {"runs": [_run(False)]}, "debugger"),
         (routing.after_validator, {"numerics": {"verdict": "match"}}, "tuner"),
         (routing.after_validator, {"numerics": {"verdict": "mismatch"}}, "debugger"),
         (routing.after_validator, {"numerics": {"verdict": "not-run"}}, "reporter"),
-        (routing.after_debugger, {"pending_diagnosis": {"id": "d"}}, "patcher"),
+        (routing.after_debugger, {"pending_diagnosis": PENDING}, "patcher"),
         (routing.after_debugger, {"pending_diagnosis": None, "status": "failed"}, "reporter"),
     ],
 )

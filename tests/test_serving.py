@@ -236,9 +236,15 @@ def _state(tmp_path: Path) -> dict[str, Any]:
 
 
 def _served_bundle(tmp_path: Path, settings: list[vllm.ServeSetting]) -> Path:
+    from sandbox.harness.shrink import shrink_config
+
     b = _bundle(tmp_path, settings)
     shutil.copytree(TINY, b / "patched")
     (b / "deploy.json").write_text(json.dumps({"serve_settings": [s.model_dump() for s in settings]}))
+    # the --shrink port's own small config, as its reporter writes it (the deployment builds it as it is)
+    manifest = yaml.safe_load((TINY / "npuport.yaml").read_text())
+    small, _ = shrink_config(json.loads((TINY / "config.json").read_text()), manifest.get("shrink") or {}, TINY)
+    (b / "run_config.json").write_text(json.dumps(small))
     return b
 
 

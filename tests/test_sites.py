@@ -93,7 +93,7 @@ def test_the_executor_step_line_names_the_user_s_line_of_a_failure(tmp_path: Pat
     import yaml
 
     from agents.nodes.executor import executor_node
-    from agents.target_state import target_to_dict
+    from agents.state import target_dict
     from sandbox.targets import resolve_target
     from tests.tiny_models import MANIFEST, write_tiny_model
 
@@ -107,7 +107,7 @@ def test_the_executor_step_line_names_the_user_s_line_of_a_failure(tmp_path: Pat
                                                    .replace("input_ids.cuda()", "input_ids"))
     ws.commit("port: a helper and the device fix")
     state = {"workdir": str(ws.root), "request": {"model_path": str(user), "target": "cpu"},
-             "entry": yaml.safe_load(MANIFEST), "target": target_to_dict(resolve_target("cpu")), "counters": {}}
+             "entry": yaml.safe_load(MANIFEST), "target": target_dict(resolve_target("cpu")), "counters": {}}
     update = executor_node(state)
     summary = update["trace"][0]["summary"]
     assert "ZeroDivisionError" in summary, summary

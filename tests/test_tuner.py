@@ -245,8 +245,10 @@ def test_tpe_and_random_run_a_given_prior_point_first() -> None:
 
 def test_tuner_node_contract_without_tuning() -> None:
     state = {"request": {"tune": False}, "runs": [
-        {"purpose": "reference", "ok": True, "timings": {"run_s": [1.0]}, "target": "cpu (cuda->cpu redirect)"},
-        {"purpose": "port", "ok": True, "timings": {"run_s": [0.1]}, "target": "cpu"}]}
+        {"id": "reference", "purpose": "reference", "ok": True, "status": "ok", "wall_s": 1.0, "result_path": "r.json",
+         "timings": {"run_s": [1.0]}, "target": "cpu (cuda->cpu redirect)"},
+        {"id": "run-1", "purpose": "port", "ok": True, "status": "ok", "wall_s": 0.1, "result_path": "p.json",
+         "timings": {"run_s": [0.1]}, "target": "cpu"}]}
     out = tuner_node(state)
     assert set(out) == {"tuning", "trace"}
     t = Tuning(**out["tuning"])

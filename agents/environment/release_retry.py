@@ -82,10 +82,11 @@ def release_retry(state: dict[str, Any], run_id: str, exc: StructuredException,
     from agents.environment.layered import ensure_env
     from agents.environment.resolve import resolve
     from agents.request import request_of
+    from agents.state import environment_of, target_name_of
     from knowledge.errors import EnvBuildError, first_line
 
-    environment = dict(state.get("environment") or {})
-    resolution = environment.get("resolution") or {}
+    environment = environment_of(state)
+    resolution = environment.resolution or {}
     choice = resolution.get("release_choice") or {}
     req = request_of(state)
     model_dir = Path(req.model_path)
@@ -101,7 +102,7 @@ def release_retry(state: dict[str, Any], run_id: str, exc: StructuredException,
         return None
     error = f"{exc.type}: {first_line(exc.message)[:160]}"
     runs = RunRejections({**runs.rejected, line: error}, (*runs.extra, need))
-    target = (state.get("target") or {}).get("name") or req.target
+    target = target_name_of(state) or req.target
     try:
         again = resolve(model_dir, target, req.torch_npu, runs)
         after = (again.release_choice or {}).get("chosen")
@@ -117,6 +118,6 @@ def release_retry(state: dict[str, Any], run_id: str, exc: StructuredException,
     diagnosis = Diagnosis(id=f"diag-{len(history) + 1}", run_id=run_id, signature=f"missing-transformers-read:{ran}",
                           kind="missing-transformers-read", summary=summary, file=None, line=None, fix=RELEASE_FIX,
                           params={"release": after, "rejected": ran, "read": need.paths[0]})
-    environment["resolution"] = again.as_dict()
-    environment["python"] = str(python) if python else None
-    return ReleaseRetry(diagnosis, environment)
+    environment = environment.model_copy(update={"resolution": again.as_dict(),
+                                                 "python": str(python) if python else None})
+    return ReleaseRetry(diagnosis, environment.model_dump(mode="json"))

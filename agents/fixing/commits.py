@@ -5,7 +5,6 @@ from __future__ import annotations
 import difflib
 import re
 from collections.abc import Callable
-from typing import Any
 
 import libcst as cst
 
@@ -13,12 +12,13 @@ from agents.fixing.codemods import CODEMODS
 from agents.models import Diagnosis, FixAction, Patch
 from agents.workspace import Workspace
 from knowledge.errors import WorkspaceError, first_line
+from sandbox.targets import Target
 
 
 def apply_fix(ws: Workspace, action: FixAction, patch_no: int,
-              target: dict[str, Any] | None = None) -> tuple[Patch | None, list[str]]:
+              target: Target | None = None) -> tuple[Patch | None, list[str]]:
     """Apply one FixAction over its files; commit. Returns the patch (None when nothing changed) and notes.
-    ``target`` (the resolved target as a dict) reaches codemods whose choice depends on the chip (H12's cast
+    ``target`` (the resolved target) reaches codemods whose choice depends on the chip (H12's cast
     policy)."""
     fn, hazard, description = CODEMODS[action.codemod]
     notes: list[str] = []

@@ -9,15 +9,15 @@ from __future__ import annotations
 import re
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
-from agents.models import Diagnosis, StructuredException
+from agents.models import Diagnosis, Patch, StructuredException
 from agents.request import request_of
 
 # The failure classifier lives with the hazard rules (agents/rules/diagnose.py); re-exported here.
 from agents.rules.base import Signature
 from agents.rules.diagnose import classify, innermost_model_frame
+from agents.state import counters_of, diagnoses_of, patches_of, started_at_of, workdir_if_set
 from agents.workspace import Workspace, safe_git
 
 __all__ = ["REVERT_FIX", "Signature", "budget_left", "classify", "escalate", "innermost_model_frame",
@@ -27,10 +27,9 @@ __all__ = ["REVERT_FIX", "Signature", "budget_left", "classify", "escalate", "in
 def budget_left(state: dict[str, Any]) -> tuple[bool, str]:
     """(True, "") while the run may continue, else (False, which budget ran out)."""
     req = request_of(state)
-    runs = (state.get("counters") or {}).get("port_runs", 0)
-    if runs >= req.max_runs:
+    if counters_of(state).port_runs >= req.max_runs:
         return False, f"the budget of {req.max_runs} sandbox runs is spent"
-    started = state.get("started_at") or time.time()
+    started = started_at_of(state) or time.time()
     if time.time() - started >= req.max_wall_s:
         return False, f"the wall-time budget of {req.max_wall_s:g} s is spent"
     return True, ""
@@ -42,11 +41,11 @@ REVERT_FIX = "revert-npuport-change"
 _HUNK = re.compile(r"^@@ -(\d+)(?:,(\d+))? \+(\d+)(?:,(\d+))? @@", re.M)
 
 
-def npuport_change_at(ws: Workspace, exc: StructuredException, patches: list[dict[str, Any]],
+def npuport_change_at(ws: Workspace, exc: StructuredException, patches: list[Patch],
                       reverted: set[tuple[str, str, int]]) -> dict[str, Any] | None:
     """The patch whose change the traceback lands in (innermost model frame first), as revert params:
     {"commit", "patch_id", "file", "line" (in the workspace now), "patch_line" (in that commit)}."""
-    by_commit = {p["commit"]: p for p in patches if p.get("codemod") != REVERT_FIX}
+    by_commit = {p.commit: p for p in patches if p.codemod != REVERT_FIX}
     for frame in reversed(exc.frames):
         if not frame.in_model or frame.line <= 0:
             continue
@@ -58,10 +57,10 @@ def npuport_change_at(ws: Workspace, exc: StructuredException, patches: list[dic
         if len(head) < 2 or head[0] not in by_commit:
             continue
         patch = by_commit[head[0]]
-        if (patch["commit"], frame.file, int(head[1])) in reverted:
+        if (patch.commit, frame.file, int(head[1])) in reverted:
             continue
-        return {"commit": patch["commit"], "patch_id": patch["id"], "file": frame.file, "line": frame.line,
-                "patch_line": int(head[1]), "patch_summary": patch.get("summary", "")}
+        return {"commit": patch.commit, "patch_id": patch.id, "file": frame.file, "line": frame.line,
+                "patch_line": int(head[1]), "patch_summary": patch.summary}
     return None
 
 
@@ -133,8 +132,7 @@ def escalate(state: dict[str, Any], diag: Diagnosis, exc: StructuredException, p
         return diag.model_copy(update={"params": {**diag.params, "llm": "not configured"}}), notes
     if llm_diagnose is None:
         return diag, notes
-    history = [Diagnosis(**d) for d in state.get("diagnoses") or []]
-    answer = llm_diagnose(diag.run_id, exc, history)
+    answer = llm_diagnose(diag.run_id, exc, diagnoses_of(state))
     answer = answer.model_copy(update={"id": diag.id})
     known = {c.source for c in answer.citations}
     answer.citations += [c for c in diag.citations if c.source not in known]
@@ -149,15 +147,15 @@ def escalate(state: dict[str, Any], diag: Diagnosis, exc: StructuredException, p
 def revert_candidate(state: dict[str, Any], diag: Diagnosis, exc: StructuredException) -> Diagnosis:
     """No recipe covers the failure: when the traceback lands in a line one of npuport's patches changed,
     the next thing to try is undoing that change there (one site at a time, never the same one twice)."""
-    workdir = state.get("workdir")
-    if not workdir:
+    workdir = workdir_if_set(state)
+    if workdir is None:
         return diag
-    ws = Workspace(Path(workdir))
+    ws = Workspace(workdir)
     if not ws.has_repo():
         return diag
-    done = {(d["params"].get("commit", ""), d["params"].get("file", ""), int(d["params"].get("patch_line", 0)))
-            for d in state.get("diagnoses") or [] if d.get("fix") == REVERT_FIX}
-    site = npuport_change_at(ws, exc, state.get("patches") or [], done)
+    done = {(d.params.get("commit", ""), d.params.get("file", ""), int(d.params.get("patch_line", 0)))
+            for d in diagnoses_of(state) if d.fix == REVERT_FIX}
+    site = npuport_change_at(ws, exc, patches_of(state), done)
     if site is None:
         return diag
     summary = (f"{diag.summary}; the failing line {site['file']}:{site['line']} was changed by npuport's "
@@ -169,14 +167,13 @@ def revert_candidate(state: dict[str, Any], diag: Diagnosis, exc: StructuredExce
 def tried_so_far(state: dict[str, Any], last: Diagnosis) -> str:
     """What the debugger tried on this port, for the give-up reason: runs, fixes, reverts, LLM answers and
     the knowledge-base passages consulted for the last failure."""
-    diags = [*(state.get("diagnoses") or []), last.model_dump(mode="json")]
-    runs = (state.get("counters") or {}).get("port_runs", 0)
-    fixes = [d for d in diags if d.get("fix") and d.get("fix") != REVERT_FIX]
-    reverts = [d for d in diags if d.get("fix") == REVERT_FIX]
-    llm = [d for d in diags if (d.get("params") or {}).get("by") == "llm"]
-    parts = [f"{runs} sandbox run(s)"]
+    diags = [*diagnoses_of(state), last]
+    fixes = [d.fix for d in diags if d.fix and d.fix != REVERT_FIX]
+    reverts = [d for d in diags if d.fix == REVERT_FIX]
+    llm = [d for d in diags if d.params.get("by") == "llm"]
+    parts = [f"{counters_of(state).port_runs} sandbox run(s)"]
     if fixes:
-        parts.append(f"{len(fixes)} fix(es) ({', '.join(sorted({d['fix'] for d in fixes}))})")
+        parts.append(f"{len(fixes)} fix(es) ({', '.join(sorted(set(fixes)))})")
     if reverts:
         parts.append(f"{len(reverts)} revert(s) of npuport's own changes")
     if llm:

@@ -9,6 +9,7 @@ from typing import Any
 
 from agents.models import Diagnosis
 from agents.rules.h26_generate_inputs import INPUTS_FIX
+from agents.state import entry_of
 from agents.trace import step
 
 __all__ = ["INPUTS_FIX", "apply_inputs_fix"]
@@ -17,7 +18,7 @@ __all__ = ["INPUTS_FIX", "apply_inputs_fix"]
 def apply_inputs_fix(state: dict[str, Any], diagnosis: Diagnosis) -> dict[str, Any]:
     """The state update that makes later runs rebuild their inputs with the model's own code; a failed port
     when they already did (the fix would change nothing)."""
-    entry = dict(state.get("entry") or {})
+    entry = entry_of(state)
     run = dict(entry.get("run") or {})
     p = diagnosis.params
     fix = {"needs": sorted({str(n) for n in p.get("needs") or []}),

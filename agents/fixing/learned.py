@@ -14,10 +14,10 @@ Every use cites the record (``memory:<id>``), which the report and the batch tab
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from typing import Any
 
 from agents.models import Citation, Diagnosis, FixAction, StructuredException
+from agents.state import target_name_of, workdir_if_set
 from agents.workspace import Workspace
 
 LLM_EDIT = "llm-edit"
@@ -66,7 +66,7 @@ def learned_actions(state: dict[str, Any], ws: Workspace) -> list[FixAction]:
     """The learned edits (same target) whose code is in this model, as fixes to apply before the first run."""
     from knowledge.port_memory import learned_fixes
 
-    target = (state.get("target") or {}).get("name", "")
+    target = target_name_of(state)
     actions: list[FixAction] = []
     seen: set[str] = set()
     for rec in learned_fixes():
@@ -96,7 +96,8 @@ def learned_diagnosis(state: dict[str, Any], run_id: str, exc: StructuredExcepti
         return None  # a recipe covers it: the policy's own diagnosis names that fix
     key = failure_key(exc.type, exc.message)
     tried = {c.source for d in history for c in d.citations if c.source.startswith("memory:")}
-    ws = Workspace(Path(state["workdir"])) if state.get("workdir") else None
+    workdir = workdir_if_set(state)
+    ws = Workspace(workdir) if workdir else None
     frame = sig.frame
     for rec in learned_fixes():
         if rec["failure_key"] != key or rec["id"] in tried or ws is None:

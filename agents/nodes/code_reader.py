@@ -13,6 +13,7 @@ from agents.reading.citations import cite_findings, kb_status
 from agents.reading.entry import discover_entry
 from agents.reading.scanner import scan_tree
 from agents.request import new_run_id, request_of
+from agents.state import plan_of, workdir_if_set
 from agents.trace import step
 from agents.workspace import Workspace, tree_digest
 from knowledge.errors import EntryNotFound, WorkspaceError
@@ -22,7 +23,7 @@ from knowledge.home import npuport_home
 def code_reader_node(state: dict[str, Any]) -> dict[str, Any]:
     req = request_of(state)
     original = Path(req.model_path)
-    workdir = Path(state.get("workdir") or npuport_home() / "workspaces" / new_run_id(req.model_path))
+    workdir = workdir_if_set(state) or npuport_home() / "workspaces" / new_run_id(req.model_path)
     py_files = [p for p in original.rglob("*.py") if ".git" not in p.parts]
     if not py_files:
         reason = f"{original} holds no Python files, so there is no model source to port"
@@ -46,10 +47,10 @@ def code_reader_node(state: dict[str, Any]) -> dict[str, Any]:
                 "original_digest": tree_digest(original), "trace": [step("code_reader", reason)]}
     update: dict[str, Any] = {}
     llm_trace = []
-    plan = dict(state.get("plan") or {})
-    if plan.get("llm_records"):
-        save_records(workdir, plan.pop("llm_records"))
-        update["plan"] = plan
+    plan = plan_of(state)
+    if plan.llm_records:
+        save_records(workdir, plan.llm_records)
+        update["plan"] = plan.model_dump(mode="json", exclude={"llm_records"})
     if llm_enabled(req.policy):
         extra, note = review_code(workdir, [Finding(**f) for f in findings], only_unclassified=req.policy == "hybrid")
         findings += cite_findings([f.model_dump(mode="json") for f in extra])

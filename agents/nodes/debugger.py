@@ -18,6 +18,7 @@ from agents.fixing.diagnosis import budget_left, escalate, tried_so_far
 from agents.models import Diagnosis, RunRecord, StructuredException
 from agents.request import request_of
 from agents.sites import port_site
+from agents.state import counters_of, diagnoses_of, merged, numerics_of, runs_of, workdir_if_set
 from agents.trace import step
 
 
@@ -27,15 +28,15 @@ def debugger_node(state: dict[str, Any]) -> dict[str, Any]:
     from agents.policies import get_policy, policy_context
 
     policy = get_policy(request_of(state).policy, context=policy_context(state))
-    history = [Diagnosis(**d) for d in state.get("diagnoses") or []]
-    last = RunRecord(**(state.get("runs") or [])[-1])
+    history = diagnoses_of(state)
+    last = runs_of(state)[-1]
     retry = None
-    numerics = state.get("numerics") or {}
+    numerics = numerics_of(state)
     extra_update: dict[str, Any] = {}
-    if last.ok and numerics.get("verdict") == "mismatch":
+    if last.ok and numerics is not None and numerics.verdict == "mismatch":
         diag = Diagnosis(id=f"diag-{len(history) + 1}", run_id=last.id, signature="numerics-mismatch",
                          kind="numerics-mismatch",
-                         summary=f"the port runs but its outputs differ: {numerics.get('detail')}")
+                         summary=f"the port runs but its outputs differ: {numerics.detail}")
     elif last.exception is not None:
         from agents.environment.release_retry import release_retry
         from agents.fixing.learned import learned_diagnosis
@@ -74,7 +75,7 @@ def debugger_node(state: dict[str, Any]) -> dict[str, Any]:
     # the traceback's line is one of the patched tree: say it as the user's line where it is one
     where = ""
     if diag.file:
-        where = f" ({port_site(f'{diag.file}:{diag.line}', state.get('workdir'), request_of(state).model_path)})"
+        where = f" ({port_site(f'{diag.file}:{diag.line}', workdir_if_set(state), request_of(state).model_path)})"
     trace = [step("debugger", n) for n in notes]
     if diag.fix and ok:
         update["pending_diagnosis"] = diag.model_dump(mode="json")
@@ -96,22 +97,22 @@ def _original_check(state: dict[str, Any], last: RunRecord, history: list[Diagno
     (the update that ends the port when it does, with the rules' reading of the failure; the state with the
     original's runs; their update)."""
     assert last.exception is not None
-    if last.status == "timeout" or any(r.get("purpose") == "reference" for r in state.get("runs") or []):
+    if last.status == "timeout" or any(r.purpose == "reference" for r in runs_of(state)):
         return None, state, {}
     from agents.policies.rule import RulePolicy
     from agents.validation.original_failure import model_fails_by_itself
 
     made, fails = model_fails_by_itself(state, last, lambda where: port_site(
-        where, state.get("workdir"), request_of(state).model_path))
-    counters = dict(state.get("counters") or {})
-    counters["reference_runs"] = counters.get("reference_runs", 0) + len(made)
+        where, workdir_if_set(state), request_of(state).model_path))
+    counters = counters_of(state)
+    counters.reference_runs += len(made)
     if fails is not None:
         reading = RulePolicy().diagnose(last.id, last.exception, history)  # what was read: no class fixes it
-        return ({"runs": made, "counters": counters, "numerics": fails.model_dump(mode="json"), "status": "failed",
-                 "reason": fails.detail, "diagnoses": [reading.model_dump(mode="json")],
+        return ({"runs": made, "counters": counters.model_dump(), "numerics": fails.model_dump(mode="json"),
+                 "status": "failed", "reason": fails.detail, "diagnoses": [reading.model_dump(mode="json")],
                  "trace": [step("debugger", fails.detail, signature=reading.signature)]}, state, {})
-    return None, {**state, "runs": [*(state.get("runs") or []), *made], "counters": counters}, \
-        {"runs": made, "counters": counters}
+    update = {"runs": made, "counters": counters.model_dump()}
+    return None, merged(state, update), update
 
 
 def _give_up_reason(state: dict[str, Any], diag: Diagnosis, ok: bool, why: str) -> str:
@@ -134,8 +135,8 @@ def _timeout_because(state: dict[str, Any]) -> str:
     from agents.runs import scaled_limits
     from agents.validation.compare import timeout_detail
 
-    limit = scaled_limits(request_of(state), (state.get("runs") or [])[:-1]).wall_s  # the limit it ran under
-    return timeout_detail("the port's run", limit, state) + "; " + timeout_hint()
+    limit = scaled_limits(request_of(state), runs_of(state)[:-1]).wall_s  # the limit it ran under
+    return timeout_detail("the port's run", limit, runs_of(state)) + "; " + timeout_hint()
 
 
 def timeout_hint() -> str:

@@ -13,12 +13,14 @@ from typing import Any
 from agents.progress import emit
 from agents.report.deployment import deployment_brief, run_deployment
 from agents.request import request_of
+from agents.state import bundle_of
 from agents.trace import step
 
 
 def deployer_node(state: dict[str, Any]) -> dict[str, Any]:
-    bundle = Path(str((state.get("bundle") or {}).get("dir") or ""))
-    if not (bundle / "report.json").is_file():
+    folder = bundle_of(state).dir
+    bundle = Path(folder)
+    if not folder or not (bundle / "report.json").is_file():
         return {"trace": [step("deployer", "no bundle to deploy")]}
     record = run_deployment(state, bundle, bench=request_of(state).bench,
                             on_phase=lambda text: emit("phase", text=text, node="deployer"))

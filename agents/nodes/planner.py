@@ -8,6 +8,7 @@ from typing import Any
 
 from agents.llm.assist import llm_enabled, plan_goal
 from agents.request import PortRequest, parse_goal, plan_steps
+from agents.state import goal_of, request_fields_of, started_at_of
 from agents.trace import step
 from knowledge.errors import GoalError, first_line
 
@@ -25,8 +26,8 @@ def _explicit(goal: str, raw: dict[str, Any]) -> dict[str, Any]:
 def planner_node(state: dict[str, Any]) -> dict[str, Any]:
     """Turn the goal (text or structured request) into a PortRequest and a plan."""
     started = time.time()
-    raw = dict(state.get("request") or {})
-    goal = state.get("goal") or ""
+    raw = request_fields_of(state)
+    goal = goal_of(state)
     source, llm_note = "rules", ""
     constraints: list[str] = []
     records: list[dict[str, Any]] = []
@@ -86,6 +87,6 @@ def planner_node(state: dict[str, Any]) -> dict[str, Any]:
         "request": req.model_dump(),
         "plan": plan,
         "status": "running",
-        "started_at": state.get("started_at") or started,
+        "started_at": started_at_of(state) or started,
         "trace": trace,
     }

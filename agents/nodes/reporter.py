@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from agents.report.bundle import bundle_conflict, default_out_dir, final_status, home_bundle_dir, write_bundle
+from agents.state import workdir_if_set
 from agents.trace import step
 
 
@@ -25,7 +26,8 @@ def reporter_node(state: dict[str, Any]) -> dict[str, Any]:
         bundle = write_bundle(state, out_dir, status, reason)
     except OSError as exc:
         # A read-only or full output folder must not lose the report: write it beside the workspace.
-        fallback = Path(state["workdir"]) / "bundle" if state.get("workdir") else Path.cwd() / "npuport-report"
+        workdir = workdir_if_set(state)
+        fallback = workdir / "bundle" if workdir else Path.cwd() / "npuport-report"
         note = f"cannot write the bundle to {out_dir}: {exc.strerror or exc}; wrote it to {fallback}"
         status, reason = "failed", note
         bundle = write_bundle(state, fallback, status, reason)

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from agents.models import Numerics, RunRecord
+from agents.models import Numerics
 from agents.request import request_of
 from agents.sites import port_site
+from agents.state import counters_of, runs_of, workdir_if_set
 from agents.trace import step
 from agents.validation.compare import (
     compare_outputs,
@@ -23,23 +24,23 @@ from agents.validation.perf_evidence import analyse, profile_of, verdict
 
 
 def validator_node(state: dict[str, Any]) -> dict[str, Any]:
-    runs = state.get("runs") or []
-    port = RunRecord(**runs[-1])
-    ref_dict = next((r for r in runs if r["purpose"] == "reference"), None)
+    runs = runs_of(state)
+    port = runs[-1]
+    found = next((r for r in runs if r.purpose == "reference"), None)
     new_runs: list[dict[str, Any]] = []
-    counters = dict(state.get("counters") or {})
-    if ref_dict is None:
+    counters = counters_of(state)
+    if found is None:
         ref, made = reference_run(state)
         new_runs.append(ref.model_dump(mode="json"))
-        counters["reference_runs"] = counters.get("reference_runs", 0) + made
+        counters.reference_runs += made
     else:
-        ref = RunRecord(**ref_dict)
+        ref = found
     if not ref.ok and ref.status == "timeout":
         from agents.runs import scaled_limits
 
         limit = scaled_limits(request_of(state), runs).wall_s  # the limit the reference ran under (the runs before it)
         numerics = Numerics(verdict="not-run", detail=timeout_detail(
-            "the reference run (the original, on the CPU in float32)", limit, {"runs": runs}))
+            "the reference run (the original, on the CPU in float32)", limit, runs))
     elif not ref.ok:
         exc = ref.exception
         # npuport's own note (a full disk: agents/runs.py) is kept past the cut
@@ -56,20 +57,21 @@ def validator_node(state: dict[str, Any]) -> dict[str, Any]:
         numerics = compare_outputs(port, ref, dtype) if compared_outputs(port, ref) else compare_tokens(ref.tokens,
                                                                                                            port.tokens)
         numerics = with_metrics(numerics, port, ref, dtype)
-        if numerics.verdict == "mismatch" and not any(r["id"] == "reference-2" for r in runs):
+        if numerics.verdict == "mismatch" and not any(r.id == "reference-2" for r in runs):
             # Before the port is blamed: does the original agree with itself? (once per port)
             again, made = reference_run(state, "reference-2")
             new_runs.append(again.model_dump(mode="json"))
-            counters["reference_runs"] = counters.get("reference_runs", 0) + made
+            counters.reference_runs += made
             numerics = self_disagreement(ref, again) or numerics
     # Which module kinds the two runs exercised: a kind neither ran makes a match "validated (partial: ...)"
     numerics = numerics.model_copy(update={"coverage": merged_coverage(port, ref if ref.ok else None)})
     # Decode profiles of the same two runs (sandbox/harness/profile.py) -> performance pathologies.
     perf = analyse(profile_of(port.result_path), profile_of(ref.result_path) if ref.ok else None)
     for p in perf["pathologies"]:  # the profiled tree is the workspace's now: map its lines to the user's
-        p["user_where"] = port_site(p.get("where"), state.get("workdir"), request_of(state).model_path)
+        p["user_where"] = port_site(p.get("where"), workdir_if_set(state), request_of(state).model_path)
     perf_note = f"; {verdict('validated', perf, numerics.coverage)}" if numerics.verdict == "match" else ""
-    return {"numerics": numerics.model_dump(mode="json"), "runs": new_runs, "counters": counters, "perf": perf,
+    return {"numerics": numerics.model_dump(mode="json"), "runs": new_runs, "counters": counters.model_dump(),
+            "perf": perf,
             "trace": [step("validator", f"{numerics.verdict}: {numerics.detail}"
                                         + (f" (reference {ref.tokens}, port {port.tokens})"
                                            if numerics.compared == "tokens"

@@ -11,6 +11,9 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from agents.models import Diagnosis, Finding, FixAction, StructuredException
+from agents.request import PortRequest, request_of
+from agents.state import entry_of, target_if_resolved, workdir_if_set
+from sandbox.targets import Target
 
 
 class Policy(Protocol):
@@ -41,8 +44,8 @@ class PolicyContext:
 
     workdir: Path | None = None
     entry: dict[str, Any] = field(default_factory=dict)
-    target: dict[str, Any] = field(default_factory=dict)
-    request: dict[str, Any] = field(default_factory=dict)
+    target: Target | None = None
+    request: PortRequest | None = None
 
     @property
     def model_dir(self) -> Path | None:
@@ -51,6 +54,5 @@ class PolicyContext:
 
 def policy_context(state: dict[str, Any]) -> PolicyContext:
     """The context of a port, from the graph state (nodes pass it to ``get_policy``)."""
-    workdir = state.get("workdir")
-    return PolicyContext(workdir=Path(workdir) if workdir else None, entry=dict(state.get("entry") or {}),
-                         target=dict(state.get("target") or {}), request=dict(state.get("request") or {}))
+    return PolicyContext(workdir=workdir_if_set(state), entry=entry_of(state), target=target_if_resolved(state),
+                         request=request_of(state))

@@ -16,10 +16,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from agents.models import RunRecord
 from agents.projection.config_cost import config_cost
 from agents.projection.cost import ModelCost
 from agents.projection.project import HostCosts
 from agents.projection.structure import structure_cost
+from agents.state import entry_of, environment_of, perf_of, runs_of, workdir_if_set
 from knowledge.errors import first_line
 from knowledge.untrusted import UntrustedValue, read_model_config
 
@@ -78,12 +80,11 @@ def host_costs(perf: Mapping[str, Any] | None, implementation: str | None,
                      source=f"{where}: {syncs:g} host sync(s), {fallbacks:g} CPU fallback(s) per step; {served}{tail}")
 
 
-def _last_op_stats(runs: Any) -> tuple[dict[str, Any] | None, int]:
+def _last_op_stats(runs: list[RunRecord]) -> tuple[dict[str, Any] | None, int]:
     """The op inventory of the last successful port run and how many tokens it generated."""
-    for run in reversed(list(runs or [])):
-        if isinstance(run, dict) and run.get("purpose") == "port" and run.get("ok") and run.get("op_stats"):
-            tokens = run.get("tokens") or []
-            return dict(run["op_stats"]), max((len(r) for r in tokens if isinstance(r, list)), default=0)
+    for run in reversed(runs):
+        if run.purpose == "port" and run.ok and run.op_stats:
+            return dict(run.op_stats), max((len(r) for r in run.tokens or []), default=0)
     return None, 0
 
 
@@ -101,7 +102,7 @@ def from_bundle(bundle: Path) -> ModelSource:
     return ModelSource(name=Path(req.model_path or bundle.name).name, model_dir=model_dir,
                        manifest=manifest, config=_config(model_dir, manifest), python=None,
                        env_known=bool(environment.get("resolution")) and not environment.get("python"),
-                       host=host_costs(report.get("perf"), implementation, *_last_op_stats(report.get("runs"))),
+                       host=host_costs(report.get("perf"), implementation, *_last_op_stats(runs_of(report))),
                        chip=req.chip)
 
 
@@ -116,9 +117,9 @@ def from_folder(folder: Path) -> ModelSource:
 def from_state(state: Mapping[str, Any], model_dir: Path | None = None,
                implementation: str | None = None) -> ModelSource | None:
     """A port's model as the reporter sees it (its workspace's patched tree, or ``model_dir``)."""
-    workdir = state.get("workdir")
-    folder = model_dir or (Path(workdir) / "model" if workdir else None)
-    manifest = dict(state.get("entry") or {})
+    workdir = workdir_if_set(state)
+    folder = model_dir or (workdir / "model" if workdir else None)
+    manifest = entry_of(state)
     if folder is None or not manifest.get("entry"):
         return None
     config = _config(folder, manifest)
@@ -126,13 +127,13 @@ def from_state(state: Mapping[str, Any], model_dir: Path | None = None,
         return None
     from agents.request import request_of
 
-    environment = state.get("environment") or {}
-    python = environment.get("python")
+    environment = environment_of(state)
+    python = environment.python
     req = request_of(state)
     return ModelSource(name=Path(str(req.model_path or folder)).name, model_dir=folder, manifest=manifest,
                        config=config, python=python if python and Path(python).exists() else None,
-                       env_known=bool(environment.get("resolution")) and not python,
-                       host=host_costs(state.get("perf"), implementation, *_last_op_stats(state.get("runs"))),
+                       env_known=bool(environment.resolution) and not python,
+                       host=host_costs(perf_of(state), implementation, *_last_op_stats(runs_of(state))),
                        chip=req.chip)
 
 

@@ -10,8 +10,9 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from agents.models import Citation
+from agents.models import Citation, Diagnosis, RunRecord
 from agents.request import request_of
+from agents.state import diagnoses_of, patches_of, runs_of, target_name_of
 from knowledge.errors import first_line
 from knowledge.home import npuport_home
 from knowledge.settings import settings
@@ -104,55 +105,57 @@ def _journal_learned(state: dict[str, Any]) -> list[str]:
 
     from knowledge.port_memory import append_record, failure_key, record_id
 
-    runs = {r["id"]: r for r in state.get("runs") or []}
-    diagnoses = {d["id"]: d for d in state.get("diagnoses") or []}
+    runs = {r.id: r for r in runs_of(state)}
+    diagnoses = {d.id: d for d in diagnoses_of(state)}
     req = request_of(state)
-    model, target = os.path.basename(req.model_path), (state.get("target") or {}).get("name", "")
-    patches = state.get("patches") or []
+    model, target = os.path.basename(req.model_path), target_name_of(state)
+    patches = patches_of(state)
     # a fix the debugger later undid (revert-and-retry) is not what the port validated with
-    undone = {diagnoses[p["diagnosis_id"]]["params"].get("commit") for p in patches
-              if p.get("codemod") == "revert-npuport-change" and p.get("diagnosis_id") in diagnoses}
+    undone = {diagnoses[p.diagnosis_id].params.get("commit") for p in patches
+              if p.codemod == "revert-npuport-change" and p.diagnosis_id in diagnoses}
     ids = []
     for p in patches:
-        d = diagnoses.get(p.get("diagnosis_id") or "")
-        exc = (runs.get(d["run_id"]) or {}).get("exception") if d else None
-        if not d or not exc or d.get("params", {}).get("by") != "llm" or not d.get("fix") or p.get("commit") in undone:
+        d = diagnoses.get(p.diagnosis_id or "")
+        run = runs.get(d.run_id) if d else None
+        exc = run.exception if run else None
+        if not d or not exc or d.params.get("by") != "llm" or not d.fix or p.commit in undone:
             continue
-        params = {k: v for k, v in d["params"].items() if k not in ("by", "llm_tokens", "rationale", "prompt_id")}
+        params = {k: v for k, v in d.params.items() if k not in ("by", "llm_tokens", "rationale", "prompt_id")}
         sig = _memory_signature(d, runs)
-        rec = {"id": record_id(sig, p["summary"], model, target), "signature": sig,
-               "patch_summary": p["summary"], "model": model, "target": target, "hazard": "", "ops": [],
-               "files": list(p.get("files") or []), "date": date.today().isoformat(),
-               "failure_key": failure_key(exc.get("type", ""), exc.get("message", "")),
-               "failure": f"{exc.get('type', '')}: {first_line(exc.get('message', ''), 300)}",
-               "fix": {"codemod": d["fix"], "params": params, "by": "llm", "file": d.get("file")}}
+        rec: dict[str, Any] = {"id": record_id(sig, p.summary, model, target), "signature": sig,
+               "patch_summary": p.summary, "model": model, "target": target, "hazard": "", "ops": [],
+               "files": list(p.files), "date": date.today().isoformat(),
+               "failure_key": failure_key(exc.type, exc.message),
+               "failure": f"{exc.type}: {first_line(exc.message, 300)}",
+               "fix": {"codemod": d.fix, "params": params, "by": "llm", "file": d.file}}
         append_record(rec)
         ids.append(rec["id"])
     return ids
 
 
-def _memory_signature(d: dict[str, Any], runs: dict[str, dict[str, Any]]) -> str:
+def _memory_signature(d: Diagnosis, runs: dict[str, RunRecord]) -> str:
     """The diagnosis's signature with the failure's first line: searchable text, not only file:line."""
-    exc = (runs.get(d["run_id"]) or {}).get("exception")
+    run = runs.get(d.run_id)
+    exc = run.exception if run else None
     if not exc:
-        return d["signature"]
-    return f"{d['signature']}: {exc.get('type', '')}: {first_line(exc.get('message', ''), 300)}"
+        return d.signature
+    return f"{d.signature}: {exc.type}: {first_line(exc.message, 300)}"
 
 
 def _record_fixes(kb: Any, state: dict[str, Any]) -> list[str]:
-    runs = {r["id"]: r for r in state.get("runs") or []}
-    diagnoses = {d["id"]: d for d in state.get("diagnoses") or []}
+    runs = {r.id: r for r in runs_of(state)}
+    diagnoses = {d.id: d for d in diagnoses_of(state)}
     req = request_of(state)
     ids = []
-    for p in state.get("patches") or []:
-        d = diagnoses.get(p.get("diagnosis_id") or "")
+    for p in patches_of(state):
+        d = diagnoses.get(p.diagnosis_id or "")
         if not d:
             continue
         try:
             # the same id as _journal_learned's record (knowledge.port_memory.record_id), so a learned fix
             # journalled there is only indexed here, not journalled twice
-            ids.append(kb.record_fix(_memory_signature(d, runs), p["summary"], model=os.path.basename(req.model_path),
-                                     target=(state.get("target") or {}).get("name", ""), files=p.get("files")))
+            ids.append(kb.record_fix(_memory_signature(d, runs), p.summary, model=os.path.basename(req.model_path),
+                                     target=target_name_of(state), files=p.files))
         except Exception:  # memory is best effort; the port itself is done
             continue
     return ids

@@ -11,8 +11,23 @@ from pathlib import Path
 from typing import Any
 
 from agents.deploy.serve_report import PENDING, serving_requested
+from agents.models import FailureRecord
 from agents.report.markdown import _md_escape, failure_markdown, render_markdown
 from agents.request import request_of
+from agents.state import (
+    failure_of,
+    goal_of,
+    numerics_of,
+    perf_of,
+    reason_of,
+    recorded,
+    request_fields_of,
+    runs_of,
+    started_at_of,
+    status_of,
+    trace_of,
+    workdir_if_set,
+)
 from agents.validation.coverage import coverage_reason
 from agents.validation.perf_evidence import perf_markdown, shown_where, strict_failure, verdict
 from agents.workspace import Workspace
@@ -21,24 +36,25 @@ from knowledge.bundles import mark_bundle
 
 
 def final_status(state: dict[str, Any]) -> tuple[str, str]:
-    if state.get("status") == "failed":
-        return "failed", state.get("reason") or "failed"
-    numerics = state.get("numerics") or {}
-    if numerics.get("verdict") == "match":
-        if request_of(state).strict_perf and (why := strict_failure(state.get("perf"))):
+    if status_of(state) == "failed":
+        return "failed", reason_of(state) or "failed"
+    numerics = numerics_of(state)
+    perf = perf_of(state)
+    if numerics is not None and numerics.verdict == "match":
+        if request_of(state).strict_perf and (why := strict_failure(perf)):
             return "failed", why
         reason = "the port runs on the target and its greedy tokens match the original"
-        if numerics.get("compared") == "outputs":  # a model without generate (an encoder)
-            dtype = (numerics.get("metrics") or {}).get("dtype") or "float32"
+        if numerics.compared == "outputs":  # a model without generate (an encoder)
+            dtype = numerics.metrics.get("dtype") or "float32"
             reason = (f"the port runs on the target and its forward outputs match the original's within the {dtype} "
                       "tolerance (the model has no generate: it was validated on its outputs, not greedy tokens)")
-        if partial := coverage_reason(numerics.get("coverage")):
+        if partial := coverage_reason(numerics.coverage):
             reason += f"; {partial}"
-        if found := (state.get("perf") or {}).get("pathologies"):
+        if found := perf.get("pathologies"):
             reason += "; decode profile: " + "; ".join(f"{p['title']} at {shown_where(p)}" for p in found)
         return "validated", reason
-    return "failed", state.get("reason") or numerics.get("detail") or \
-        f"validation verdict {numerics.get('verdict', 'not-run')}"
+    return "failed", reason_of(state) or (numerics.detail if numerics else "") or \
+        f"validation verdict {numerics.verdict if numerics else 'not-run'}"
 
 
 TIMED_OUT = "timed out"
@@ -52,14 +68,15 @@ def outcome_label(state: dict[str, Any]) -> str:
     timeout (with the limit and the flag that raises it in the reason), an original that fails the same way by
     itself is the model's own failure, a port that ran but whose reference could not is not validated; "not
     ported" only when the port itself failed."""
-    reason = str(state.get("reason") or "")
-    if (state.get("numerics") or {}).get("verdict") == "model-fails":
+    reason = reason_of(state)
+    numerics = numerics_of(state)
+    verdict_now = numerics.verdict if numerics else None
+    if verdict_now == "model-fails":
         return MODEL_FAILS
-    if "was stopped at its time limit" in reason or "time limit" in str((state.get("numerics") or {}).get("detail")):
+    if "was stopped at its time limit" in reason or (numerics is not None and "time limit" in numerics.detail):
         return TIMED_OUT
-    runs = state.get("runs") or []
-    port_ran = any(r.get("purpose") == "port" and r.get("ok") for r in runs)
-    if port_ran and (state.get("numerics") or {}).get("verdict") in ("not-run", "nondeterministic-reference"):
+    port_ran = any(r.purpose == "port" and r.ok for r in runs_of(state))
+    if port_ran and verdict_now in ("not-run", "nondeterministic-reference"):
         return NOT_VALIDATED
     return NOT_PORTED
 
@@ -146,27 +163,33 @@ def _decode_profile_plot(report: dict[str, Any], out_dir: Path) -> str | None:
     return str(path.relative_to(out_dir)) if path else None
 
 
+def _report_of(state: dict[str, Any], status: str, reason: str) -> dict[str, Any]:
+    """report.json's fields from the state (agents/state.py ``recorded``: the state's records as JSON)."""
+    fields = recorded(state)
+    numerics = numerics_of(state)
+    coverage = numerics.coverage if numerics else {}  # the module kinds the compared runs covered
+    report = {"status": status, "reason": reason, "goal": goal_of(state),
+              "wall_s": time.time() - (started_at_of(state) or time.time()),
+              "verdict": verdict(status, perf_of(state), coverage), "coverage": coverage}
+    for name in ("request", "plan", "target", "entry", "numerics", "tuning", "counters", "perf", "environment"):
+        report[name] = fields[name] or {}
+    for name in ("findings", "patches", "runs", "diagnoses"):
+        report[name] = fields[name] or []
+    report.update(original_digest=fields["original_digest"], workdir=fields["workdir"], failure=fields["failure"],
+                  target=_target_record(state))
+    return report
+
+
 def write_bundle(state: dict[str, Any], out_dir: Path, status: str, reason: str) -> dict[str, Any]:
-    mark_bundle(out_dir, str(state.get("workdir") or ""))  # first: --force may later replace only this
-    report = {
-        "status": status, "reason": reason, "request": state.get("request") or {}, "goal": state.get("goal", ""),
-        "plan": state.get("plan") or {}, "target": _target_record(state), "entry": state.get("entry") or {},
-        "findings": state.get("findings") or [], "patches": state.get("patches") or [], "runs": state.get("runs") or [],
-        "diagnoses": state.get("diagnoses") or [], "numerics": state.get("numerics") or {},
-        "tuning": state.get("tuning") or {}, "counters": state.get("counters") or {},
-        "perf": state.get("perf") or {},
-        "verdict": verdict(status, state.get("perf"), (state.get("numerics") or {}).get("coverage")),
-        "coverage": (state.get("numerics") or {}).get("coverage") or {},
-        "original_digest": state.get("original_digest"), "workdir": state.get("workdir"),
-        "wall_s": time.time() - (state.get("started_at") or time.time()),
-        "failure": state.get("failure"), "environment": state.get("environment") or {},
-    }
+    workdir = workdir_if_set(state)
+    mark_bundle(out_dir, str(workdir or ""))  # first: --force may later replace only this
+    report = _report_of(state, status, reason)
     kinds = {r.get("isolation") or "process" for r in report["runs"]}
     report["isolation"] = "unisolated (process)" if "process" in kinds else ("bwrap" if kinds else "none (no run)")
     report["resolutions"] = finding_resolutions(report["findings"], report["patches"], status)
-    files = _copy_traceback(state.get("failure"), out_dir)
-    if state.get("workdir") and Workspace(Path(state["workdir"])).has_repo():
-        ws = Workspace(Path(state["workdir"]))
+    files = _copy_traceback(failure_of(state), out_dir)
+    if workdir and Workspace(workdir).has_repo():
+        ws = Workspace(workdir)
         (out_dir / "port.patch").write_text(ws.diff_from_original())
         files["patch"] = str(out_dir / "port.patch")
         patched = out_dir / "patched"
@@ -186,17 +209,16 @@ def write_bundle(state: dict[str, Any], out_dir: Path, status: str, reason: str)
     report["projection"] = report_projection(state, out_dir / "patched" if (out_dir / "patched").is_dir() else None,
                                              (report.get("deployment") or {}).get("implementation"),
                                              meta=status == "validated")
-    llm_dir = Path(state["workdir"]) / "llm" if state.get("workdir") else None
-    if llm_dir is not None and llm_dir.is_dir():  # every prompt and response of the LLM agents, scrubbed
+    llm_dir = workdir / "llm" if workdir else None
+    if workdir and llm_dir is not None and llm_dir.is_dir():  # every prompt and response of the LLM agents, scrubbed
         if (out_dir / "llm").exists():
             shutil.rmtree(out_dir / "llm")
         shutil.copytree(llm_dir, out_dir / "llm")
         files["llm"] = str(out_dir / "llm")
-        usage_file = Path(state["workdir"]) / "llm_usage.json"
+        usage_file = workdir / "llm_usage.json"
         usage = json.loads(usage_file.read_text()) if usage_file.is_file() else {}
         # What each agent did with the LLM, or why the rules decided instead (a timeout, a spent budget).
-        notes = [f"{t['agent']}: {t['summary']}"
-                 for t in state.get("trace") or [] if (t.get("detail") or {}).get("llm")]
+        notes = [f"{t['agent']}: {t['summary']}" for t in trace_of(state) if (t.get("detail") or {}).get("llm")]
         report["llm"] = {"exchanges": len(list(llm_dir.glob("*.json"))), "tokens": usage.get("tokens"),
                          "limit": usage.get("limit"), "records": "llm/", "decisions": notes}
     plot = _decode_profile_plot(report, out_dir)
@@ -205,7 +227,7 @@ def write_bundle(state: dict[str, Any], out_dir: Path, status: str, reason: str)
     if status == "validated" and serving_requested(state) and not report.get("deployment"):
         report["deployment"] = {"status": PENDING}  # the deployment phase follows (agents/report/deployment.py)
     (out_dir / "report.json").write_text(json.dumps(report, indent=1, default=str))
-    _write_report_and_trace(out_dir, bundle_markdown(report, out_dir), state.get("trace") or [], files)
+    _write_report_and_trace(out_dir, bundle_markdown(report, out_dir), trace_of(state), files)
     return {"dir": str(out_dir), "files": files}
 
 
@@ -240,9 +262,9 @@ def _write_report_and_trace(out_dir: Path, markdown: str, trace: list[Any], file
                   "trace": str(out_dir / "trace.jsonl")})
 
 
-def _copy_traceback(failure: dict[str, Any] | None, out_dir: Path) -> dict[str, str]:
+def _copy_traceback(failure: FailureRecord | None, out_dir: Path) -> dict[str, str]:
     """A crashed node's traceback file (graph/guard.py), copied into the bundle beside the report."""
-    src = Path(failure["traceback"]) if failure and failure.get("traceback") else None
+    src = Path(failure.traceback) if failure and failure.traceback else None
     if src is None or not src.is_file():
         return {}
     dest = out_dir / "failure-traceback.txt"
@@ -255,30 +277,31 @@ def emergency_report(state: dict[str, Any], failure: dict[str, Any]) -> dict[str
     (no diff, no patched tree: the workspace may be what broke), so the run still ends with a report
     naming the failure. Called by the reporter's guard (graph/guard.py)."""
     reason = f"the {failure['node']} step failed: {failure['error']}: {failure['message']}"
-    crashed = {**state, "failure": failure}
     out_dir = default_out_dir(state)
     try:
         mark_bundle(out_dir)
     except OSError:
-        out_dir = Path(state["workdir"]) / "bundle" if state.get("workdir") else Path.cwd() / "npuport-report"
+        workdir = workdir_if_set(state)
+        out_dir = workdir / "bundle" if workdir else Path.cwd() / "npuport-report"
         mark_bundle(out_dir)
-    report = {
-        "status": "failed", "reason": reason, "request": state.get("request") or {}, "goal": state.get("goal", ""),
-        "target": _target_record(state), "findings": state.get("findings") or [],
-        "patches": state.get("patches") or [], "runs": state.get("runs") or [],
-        "diagnoses": state.get("diagnoses") or [], "numerics": state.get("numerics") or {},
-        "tuning": state.get("tuning") or {}, "counters": state.get("counters") or {},
-        "wall_s": time.time() - (state.get("started_at") or time.time()), "failure": failure,
-    }
+    # the state's records as they are, unread (agents/state.py ``recorded``): one that no longer validates
+    # may be what broke the reporter
+    fields = recorded(state)
+    report = {"status": "failed", "reason": reason, "goal": goal_of(state),
+              "wall_s": time.time() - (started_at_of(state) or time.time()), "failure": failure,
+              **{name: fields[name] or {} for name in ("request", "target", "numerics", "tuning", "counters")},
+              **{name: fields[name] or [] for name in ("findings", "patches", "runs", "diagnoses")},
+              "target": _target_record(state)}
     report["resolutions"] = {}
-    files = _copy_traceback(failure, out_dir)
+    files = _copy_traceback(FailureRecord.model_validate(failure), out_dir)
     (out_dir / "report.json").write_text(json.dumps(report, indent=1, default=str))
     try:
         markdown = render_markdown(report)
     except Exception:  # the state itself may be what broke rendering: say the essentials
-        markdown = "\n".join([f"# npuport report: {Path((report['request']).get('model_path', '?')).name}", "",
+        model = Path(str(request_fields_of(state).get("model_path") or "?")).name
+        markdown = "\n".join([f"# npuport report: {model}", "",
                               f"- **Status:** failed (partial bundle) — {reason}", *failure_markdown(failure), ""])
-    _write_report_and_trace(out_dir, markdown, crashed.get("trace") or [], files)
+    _write_report_and_trace(out_dir, markdown, trace_of(state), files)
     return {"bundle": {"dir": str(out_dir), "files": files, "note": "emergency report: the reporter failed"}}
 
 
@@ -296,7 +319,8 @@ def home_bundle_dir(state: dict[str, Any]) -> Path:
     from knowledge.home import npuport_home
 
     model = Path(request_of(state).model_path or "model").name
-    key = Path(state["workdir"]).name if state.get("workdir") else f"{model}-{int(time.time())}"
+    workdir = workdir_if_set(state)
+    key = workdir.name if workdir else f"{model}-{int(time.time())}"
     return npuport_home() / "jobs" / key / "bundle"
 
 
@@ -310,12 +334,12 @@ def bundle_conflict(out_dir: Path, state: dict[str, Any]) -> str | None:
     if not out_dir.is_dir() or not any(out_dir.iterdir()):
         return None
     owner = bundle_owner(out_dir)
-    if owner == str(state.get("workdir") or "") or (owner == "" and (out_dir / MARKER_NAME).is_file()):
+    if owner == str(workdir_if_set(state) or "") or (owner == "" and (out_dir / MARKER_NAME).is_file()):
         return None  # this port's own bundle (a resume), or a folder marked for npuport with no owner yet
     return f"{out_dir} holds another port's bundle; it is not overwritten without --force"
 
 
 def _target_record(state: dict[str, Any]) -> dict[str, Any]:
     """The resolved target; before the environment agent ran, the name the input gave (Studio's form sends one)."""
-    target = state.get("target")
+    target = recorded(state)["target"]
     return target if isinstance(target, dict) else {"name": str(target)} if target else {}

@@ -31,9 +31,11 @@ def deployment_due(report: dict[str, Any]) -> bool:
 
 def _run_root(source: dict[str, Any], bundle: Path) -> Path:
     """Where the check's sandboxed runs go: the port's workspace while it exists, else under the npuport home."""
-    workdir = source.get("workdir")
-    if workdir and (Path(workdir) / "runs").is_dir():
-        return Path(workdir) / "runs"
+    from agents.state import workdir_if_set
+
+    workdir = workdir_if_set(source)
+    if workdir and (workdir / "runs").is_dir():
+        return workdir / "runs"
     from knowledge.home import npuport_home
 
     return npuport_home() / "deploy-runs" / bundle.resolve().name

@@ -13,6 +13,7 @@ from agents.projection.render import report_section  # "Projected on <chip>" (is
 from agents.report.coverage_section import coverage_markdown
 from agents.request import request_of
 from agents.runs import token_summary
+from agents.state import target_name_of
 from sandbox.targets import CHIP_REGISTRY
 
 MAX_FINDING_ROWS = 15
@@ -153,9 +154,8 @@ def _summary(report: dict[str, Any]) -> list[str]:
         lines.append(f"- **Throughput:** {_md_escape(str(tuning.get('detail') or tuning.get('status')))}")
     if report.get("status") == "validated":
         lines.append(f"- **Deployment:** {_md_escape(_deployment_text(report))}")
-    target = report.get("target") or {}
     counters = report.get("counters") or {}
-    lines += [f"- **Target:** {target.get('name', '?')}, chip {_chip_text(req.chip)}, torch_npu "
+    lines += [f"- **Target:** {target_name_of(report) or '?'}, chip {_chip_text(req.chip)}, torch_npu "
               f"{req.torch_npu}; {counters.get('port_runs', 0)} port + {counters.get('reference_runs', 0)} "
               f"reference run(s) in {report['wall_s']:.0f} s; isolation {_isolation_text(report.get('runs') or [])}",
               f"- **Environment (every run):** {_md_escape(_environment_text(report.get('environment') or {}))}",

@@ -8,13 +8,16 @@ One hazard class, one module: detector, fix (the cast policy per chip), its know
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import libcst as cst
 
 from agents.rules.base import MEDIUM, NUMBERS, Fix, HazardRule
 from agents.rules.context import ModuleContext
 from agents.rules.kit import CodemodResult, Rewriter, run_codemod
+
+if TYPE_CHECKING:
+    from sandbox.targets import Target
 
 _FP16 = {"torch.float16", "torch.half"}
 _DTYPE_KEYWORDS = {"dtype", "torch_dtype"}
@@ -88,14 +91,13 @@ def _cpu_dtypes() -> tuple[tuple[str, ...], str]:
     return dtypes, why
 
 
-def chip_dtypes(target: Mapping[str, Any] | None) -> tuple[tuple[str, ...], str]:
+def chip_dtypes(target: Target | None) -> tuple[tuple[str, ...], str]:
     """The floating dtypes the target computes, and where that fact comes from."""
     from sandbox.targets import get_chip, target_spec_of
 
-    t = dict(target or {})
-    if not target_spec_of(t).npu_like or t.get("device") == "cpu":
+    if target is None or not target_spec_of(target).npu_like:
         return _cpu_dtypes()
-    chip = get_chip((t.get("options") or {}).get("chip"))  # the port's chip; none recorded: the default
+    chip = get_chip(target.options.get("chip"))  # the port's chip; none recorded: the default
     key = chip.key
     dtypes, why = tuple(chip.dtypes), f"chip registry: Ascend {key} ({chip.product}) has kernels for " \
                                       f"{', '.join(chip.dtypes)}"
@@ -106,7 +108,7 @@ def chip_dtypes(target: Mapping[str, Any] | None) -> tuple[tuple[str, ...], str]
     return dtypes, why
 
 
-def cast_policy(target: Mapping[str, Any] | None) -> tuple[str, str]:
+def cast_policy(target: Target | None) -> tuple[str, str]:
     """(dtype, reason): float16 is kept where the target computes float16; else bfloat16 (same range as
     float32, so no overflow where float16 had none), else float32."""
     dtypes, why = chip_dtypes(target)
@@ -124,9 +126,11 @@ def cast_policy(target: Mapping[str, Any] | None) -> tuple[str, str]:
 def port_compute_dtype(state: Mapping[str, Any]) -> str:
     """The dtype the port computes in, for the validator's tolerance: the cast policy's choice where the
     model casts to float16 (an H12 finding), else float32 (the reference's dtype)."""
-    if not any(f.get("hazard") == "H12" for f in state.get("findings") or []):
+    from agents.state import findings_of, target_if_resolved
+
+    if not any(f.hazard == "H12" for f in findings_of(state)):
         return "float32"
-    return cast_policy(state.get("target"))[0]
+    return cast_policy(target_if_resolved(state))[0]
 
 
 class CastPolicy(Rewriter):
@@ -192,7 +196,7 @@ def _is_fp16(node: cst.BaseExpression) -> bool:
     return EMPTY.code_for_node(node).replace(" ", "") in _FP16
 
 
-def fp16_cast_policy(source: str, *, target: Mapping[str, Any] | None = None, dtype: str | None = None,
+def fp16_cast_policy(source: str, *, target: Target | None = None, dtype: str | None = None,
                      **_: Any) -> CodemodResult:
     """Apply the target's cast policy to float16 casts (``dtype`` overrides the policy, for tests)."""
     chosen, why = (dtype, f"cast to {dtype} as asked") if dtype else cast_policy(target)

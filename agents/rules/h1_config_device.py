@@ -18,6 +18,7 @@ from agents.rules.base import BLOCKS, HIGH
 from agents.rules.config_json import rewrite_values, value_findings
 from agents.rules.context import TextFile
 from agents.rules.kit import CodemodResult
+from sandbox.targets import Target
 
 RULE_ID = "cuda-device-in-config"
 _CUDA = re.compile(r"^cuda(:\d+)?$")
@@ -39,11 +40,11 @@ def detect(tf: TextFile) -> list[Finding]:
         "port's device type goes in its place"), BLOCKS, HIGH)
 
 
-def config_device(source: str, *, file: str = "", target: Mapping[str, Any] | None = None,
+def config_device(source: str, *, file: str = "", target: Target | None = None,
                   **_: Any) -> CodemodResult:
     """Each CUDA device value of a config.json -> the target's device type, in place (the rest of the text
     as written)."""
-    device = str((target or {}).get("device") or "").split(":")[0]
+    device = target.device.split(":")[0] if target is not None else ""
     if not device:
         return CodemodResult(source, False, skipped=["line 1: no target device to write"])
     return rewrite_values(source, cuda_values, device, "the port's device; the model's code reads this value")

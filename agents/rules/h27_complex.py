@@ -32,6 +32,7 @@ from agents.rules.context import ModuleContext
 from agents.rules.cst_helpers import aliases, dotted, kwarg
 from agents.rules.kit import CodemodResult, Rewriter, code_of, run_codemod, walk
 from agents.rules.kit_complex import ISLAND_HELPERS, PHASE_HELPERS
+from sandbox.targets import Target
 
 HAZARD = "H27"
 COMPLEX_DTYPES = {"torch.complex64", "torch.complex128", "torch.complex32", "torch.cfloat", "torch.cdouble",
@@ -58,12 +59,12 @@ def _matrix_at(path: str, mtime: float) -> Any:
         return None
 
 
-def op_matrix(target: dict[str, Any] | None = None) -> Any:
+def op_matrix(target: Target | None = None) -> Any:
     """The op matrix of the target's torch_npu (its resolved ``matrix_path``), else the knowledge base's."""
     from knowledge.op_matrix import matrix_path
     from knowledge.settings import settings
 
-    given = ((target or {}).get("options") or {}).get("matrix_path")
+    given = target.options.get("matrix_path") if target is not None else None
     path = Path(given) if given else matrix_path(settings().kb_torch_npu)
     return _matrix_at(str(path), path.stat().st_mtime) if path.is_file() else None
 
@@ -84,7 +85,7 @@ def complex_kernel(matrix: Any, op: str) -> tuple[bool, str]:
     return False, f"{op} has an NPU kernel in the op matrix of torch_npu {ver} but the matrix {listed}"
 
 
-def fft_verdict(fft_names: list[str], target: dict[str, Any] | None = None) -> tuple[bool, str]:
+def fft_verdict(fft_names: list[str], target: Target | None = None) -> tuple[bool, str]:
     """(the function's FFTs run on the NPU, why): every kernel that takes a complex input takes it there."""
     matrix = op_matrix(target)
     reasons = []
@@ -232,12 +233,12 @@ def _fft_call(ctx: ModuleContext, call: cst.Call, q: str) -> None:
 
 # --- fixes -------------------------------------------------------------------------------------
 
-def _target_computes_complex(target: dict[str, Any] | None) -> bool:
+def _target_computes_complex(target: Target | None) -> bool:
     """The port's target is not an Ascend device (the CPU, whose kernels take complex dtypes): nothing to
     rewrite there."""
     from sandbox.targets import target_spec_of
 
-    return bool(target) and not target_spec_of(target).npu_like
+    return target is not None and not target_spec_of(target).npu_like
 
 
 class ComplexToReal(Rewriter):
@@ -313,7 +314,7 @@ def island(fn: cst.FunctionDef, reason: str) -> cst.FunctionDef:
     return fn.with_changes(decorators=[deco, *fn.decorators])
 
 
-def complex_to_real(source: str, *, line: int | None = None, target: dict[str, Any] | None = None,
+def complex_to_real(source: str, *, line: int | None = None, target: Target | None = None,
                     reason: str = "", **_: Any) -> CodemodResult:
     if _target_computes_complex(target):
         return CodemodResult(source, False, skipped=["the target's CPU kernels take complex dtypes: nothing to "
@@ -326,7 +327,7 @@ def complex_to_real(source: str, *, line: int | None = None, target: dict[str, A
 class FftIsland(Rewriter):
     """Functions that call a torch.fft function the NPU lacks (per the op matrix) run as CPU islands."""
 
-    def __init__(self, module: cst.Module, target: dict[str, Any] | None) -> None:
+    def __init__(self, module: cst.Module, target: Target | None) -> None:
         super().__init__()
         self.qual = _qualifier(module)
         self.target = target
@@ -348,7 +349,7 @@ class FftIsland(Rewriter):
         return island(updated, why)
 
 
-def complex_cpu_island(source: str, *, target: dict[str, Any] | None = None, **_: Any) -> CodemodResult:
+def complex_cpu_island(source: str, *, target: Target | None = None, **_: Any) -> CodemodResult:
     if _target_computes_complex(target):
         return CodemodResult(source, False, skipped=["the target's CPU kernels take complex dtypes: no island"])
     return run_codemod(source, lambda m: FftIsland(m, target), [(ISLAND_HELPERS, "def _npuport_cpu_island(")])

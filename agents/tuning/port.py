@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import platform
 import time
-from pathlib import Path
 from typing import Any
 
 from agents import progress
 from agents.models import TrialRecord, Tuning
 from agents.request import PortRequest, request_of
 from agents.runs import run_spec
-from agents.target_state import target_from_dict
+from agents.state import entry_of, numerics_of, runs_of, target_of, workdir_if_set, workdir_of
 from agents.tuning.constraints import constraints_for, prune
 from agents.tuning.measure import (
     HEADLINE_REPEATS,
@@ -44,8 +43,8 @@ def budget_of(req: PortRequest | dict[str, Any]) -> Budget:
 
 def facts_of(state: dict[str, Any]) -> HostFacts:
     req = request_of(state)
-    manifest = state.get("entry") or {}
-    model_dir = Path(state["workdir"]) / "model"
+    manifest = entry_of(state)
+    model_dir = workdir_of(state) / "model"
     from knowledge.untrusted import read_model_config
 
     config = read_model_config(model_dir, manifest)  # the model's file, read outside the sandbox: inside its folder
@@ -55,9 +54,14 @@ def facts_of(state: dict[str, Any]) -> HostFacts:
         # The config names an implementation but the model's own code never reads it: the knob would
         # change nothing in the run, so it is not searched.
         facts.attn_impls = ()
-    ref = (state.get("numerics") or {}).get("reference_tokens") or [[]]
+    ref = _reference_tokens(state) or [[]]
     facts.new_tokens = max(1, len(ref[0]))
-    return HostFacts(target=state["target"]["name"], chip=req.chip, model=facts)
+    return HostFacts(target=target_of(state).name, chip=req.chip, model=facts)
+
+
+def _reference_tokens(state: dict[str, Any]) -> list[list[int]] | None:
+    numerics = numerics_of(state)
+    return numerics.reference_tokens if numerics else None
 
 
 def space_for(facts: HostFacts) -> SearchSpace:
@@ -111,7 +115,7 @@ def llm_proposals(state: dict[str, Any], space: SearchSpace, facts: HostFacts) -
     keys = {space.key(p) for p in feasible}
     start = {d.name: d.start() for d in space.dims}
     values = {d.name: list(d.values) for d in space.dims}
-    proposed, note = propose_trials(Path(state["workdir"]) if state.get("workdir") else None, values, [], req.objective)
+    proposed, note = propose_trials(workdir_if_set(state), values, [], req.objective)
     kept = [p for p in proposed if space.key({**start, **p}) in keys]
     if proposed:
         note += (f"; {len(kept)} inside the constraint space, {len(proposed) - len(kept)} rejected (pruned by "
@@ -164,26 +168,26 @@ def fmt_params(params: dict[str, Any] | None) -> str:
 
 
 def skeleton_tuning(state: dict[str, Any]) -> Tuning:
-    runs = state.get("runs") or []
-    port = next((r for r in reversed(runs) if r["purpose"] == "port" and r["ok"]), None)
-    ref = next((r for r in runs if r["purpose"] == "reference" and r["ok"]), None)
+    runs = runs_of(state)
+    port = next((r for r in reversed(runs) if r.purpose == "port" and r.ok), None)
+    ref = next((r for r in runs if r.purpose == "reference" and r.ok), None)
     tuning = Tuning(status="skipped", detail="tuning not requested; timings recorded from the validation runs")
     if port:
-        tuning.tuned = {"run_s": (port.get("timings") or {}).get("run_s"), "target": port["target"]}
+        tuning.tuned = {"run_s": port.timings.get("run_s"), "target": port.target}
     if ref:
-        tuning.baseline = {"run_s": (ref.get("timings") or {}).get("run_s"), "target": ref["target"]}
+        tuning.baseline = {"run_s": ref.timings.get("run_s"), "target": ref.target}
     return tuning
 
 
 def tune_port(state: dict[str, Any], space: SearchSpace | None = None) -> Tuning:
     req = request_of(state)
-    ws = Workspace(Path(state["workdir"]))
+    ws = Workspace(workdir_of(state))
     original = ws.root / "original"
     ws.original_tree(original)
-    target = target_from_dict(state["target"])
+    target = target_of(state)
     facts = facts_of(state)
     space = space or space_for(facts)
-    ref_tokens = (state.get("numerics") or {}).get("reference_tokens")
+    ref_tokens = _reference_tokens(state)
     # a benchmark runs the model several times over: twice one run's limit
     spec = run_spec(state, target).replace(limits=Limits(wall_s=float(req.run_timeout_s) * 2))
     bench = PortBench(spec=spec, original_dir=original, runs_dir=ws.runs_dir / "tuning", reference_tokens=ref_tokens)

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from agents.models import Numerics, RunRecord
 from agents.runs import record_of, run_spec
+from agents.state import diagnoses_of, patches_of, workdir_of
 from agents.workspace import Workspace
 from sandbox.targets import reference_target
 
@@ -109,12 +111,12 @@ def reference_run(state: dict[str, Any], name: str = "reference") -> tuple[RunRe
         reference_dir,
     )
 
-    ws = Workspace(Path(state["workdir"]))
+    ws = Workspace(workdir_of(state))
     spec = run_spec(state, target=reference_target()).as_reference(reference_dir(ws))
     notes = adjustments(ws)
     rec = record_of(spec.harness(ws.runs_dir / name), name, "reference", "cpu (cuda->cpu redirect)")
     runs = 1
-    replay = environment_replay(state.get("patches") or [], state.get("diagnoses") or [])
+    replay = environment_replay(patches_of(state), diagnoses_of(state))
     # A run stopped at its time limit says nothing about CUDA: no switch-only fix is called for
     if not rec.ok and rec.status != "timeout" and not notes and \
             (notes := adjust_reference(ws, failure_text(rec.exception), replay)):
@@ -123,10 +125,10 @@ def reference_run(state: dict[str, Any], name: str = "reference") -> tuple[RunRe
     return rec.model_copy(update={"reference_adjusted": notes or None}), runs
 
 
-def timeout_detail(what: str, limit_s: float, state: dict[str, Any]) -> str:
-    """A run stopped at its wall limit, said as such: the limit, how long the port's own runs took, and the flag
-    that raises it (never a porting failure, never a CUDA build failure)."""
-    port = [float(r.get("wall_s") or 0) for r in state.get("runs") or [] if r.get("purpose") == "port" and r.get("ok")]
+def timeout_detail(what: str, limit_s: float, runs: Sequence[RunRecord]) -> str:
+    """A run stopped at its wall limit, said as such: the limit, how long the port's own runs took (``runs``: the
+    port's so far), and the flag that raises it (never a porting failure, never a CUDA build failure)."""
+    port = [r.wall_s for r in runs if r.purpose == "port" and r.ok]
     took = f"; the port's own run took {max(port):.0f} s" if port else ""
     return (f"{what} was stopped at its time limit of {limit_s:.0f} s on this host{took}: a timeout, not a porting "
             f"failure; `--run-timeout {int(max(limit_s * 2, 600))}` raises the limit")

@@ -46,16 +46,16 @@ def model_fails_by_itself(state: dict[str, Any], port: RunRecord,
                           user_site: Site) -> tuple[list[dict[str, Any]], Numerics | None]:
     """(the reference run made, if one was: the state's new runs; the verdict when the original fails the same
     way as the port, else None). Once per port: a reference that ran already is used as it is."""
+    from agents.state import runs_of
     from agents.validation.compare import reference_run
 
-    runs = state.get("runs") or []
     made: list[dict[str, Any]] = []
-    ref_dict = next((r for r in runs if r.get("purpose") == "reference"), None)
-    if ref_dict is None:
+    found = next((r for r in runs_of(state) if r.purpose == "reference"), None)
+    if found is None:
         ref, _ = reference_run(state)
         made.append(ref.model_dump(mode="json"))
     else:
-        ref = RunRecord(**ref_dict)
+        ref = found
     where = same_failure(port, ref, user_site)
     if where is None:
         return made, None

@@ -17,6 +17,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from agents.models import Diagnosis, Patch
 from agents.workspace import Workspace
 
 # Codemods that only switch a CUDA-only kernel path off (they never change what the model computes on the
@@ -33,12 +34,12 @@ ENVIRONMENT_FIXES = frozenset({"import-missing-name", "rename-changed-api", "acc
 REPLAY_FILE = "reference-replay.json"  # in the workdir: the environment fixes the reference copy replays
 
 
-def environment_replay(patches: list[dict[str, Any]], diagnoses: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def environment_replay(patches: list[Patch], diagnoses: list[Diagnosis]) -> list[dict[str, Any]]:
     """The port's environment fixes as [{"codemod", "file", "params"}], in patch order (the static plan's have no
     parameters; a diagnosis's carry its own)."""
-    params_of = {d.get("id"): d.get("params") or {} for d in diagnoses}
-    return [{"codemod": p["codemod"], "file": f, "params": dict(params_of.get(p.get("diagnosis_id"), {}))}
-            for p in patches if p.get("codemod") in ENVIRONMENT_FIXES for f in p.get("files") or []]
+    params_of = {d.id: d.params for d in diagnoses}
+    return [{"codemod": p.codemod, "file": f, "params": dict(params_of.get(p.diagnosis_id or "", {}))}
+            for p in patches if p.codemod in ENVIRONMENT_FIXES for f in p.files]
 
 
 def reference_dir(ws: Workspace) -> Path:
@@ -103,11 +104,12 @@ def _switch_fixes(root: Path, codemods: dict[str, Any]) -> list[str]:
     return notes
 
 
-def reference_copy(ws: Workspace, runs: list[dict[str, Any]]) -> Path:
-    """The workspace's reference copy of the original, with the switch-only fixes applied when ``runs`` (a
-    report's or the graph state's) show validation needed them (idempotent: a copy extracted afresh gets them)."""
+def reference_copy(ws: Workspace, adjusted: bool) -> Path:
+    """The workspace's reference copy of the original, with the switch-only fixes applied when validation
+    needed them (``adjusted``: a reference run of the port says ``reference_adjusted``; idempotent: a copy
+    extracted afresh gets them)."""
     original = reference_dir(ws)
-    if any(r.get("reference_adjusted") for r in runs):
+    if adjusted:
         adjust_tree(original, _replay(ws))
     return original
 

@@ -15,10 +15,10 @@ from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Depends, Header, HTTPException, Query, Request
 from fastapi.responses import JSONResponse, StreamingResponse
-from pydantic import BaseModel, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, model_validator
 from sse_starlette.sse import EventSourceResponse
 
-from agents.request import request_of
+from agents.request import request_fields
 from api.auth import Principal, can_see, owner_filter, require
 from api.jobs import STATUSES, TERMINAL, Job, JobManager
 from api.submit import submit_job
@@ -30,18 +30,37 @@ Reader = Annotated[Principal, Depends(require("read"))]
 Writer = Annotated[Principal, Depends(require("write"))]
 
 
+class _RequestBody(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_out_dir(cls, data: Any) -> Any:
+        if isinstance(data, dict) and data.get("out_dir") is not None:
+            raise ValueError("out_dir is chosen by the server (the bundle is served at /v1/ports/{id}/bundle)")
+        return data
+
+
+class RequestFields(create_model("_RequestFields", __base__=_RequestBody,  # type: ignore[misc]
+                                 **request_fields(exclude=("out_dir",), partial=True))):
+    """agents.request.PortRequest's fields, each optional (the goal or PortRequest's default fills one left
+    out); out_dir is chosen by the server."""
+
+
 class PortCreate(BaseModel):
     """A porting job. Give a goal in words, structured request fields, or both (fields win)."""
 
     goal: str = Field(default="", max_length=4000,
                       examples=["port the model in examples/ocr_mini to Ascend 910B on the cpu"])
-    request: dict[str, Any] = Field(
-        default_factory=dict,
-        description="agents.request.PortRequest fields: model_path (under an allowed root), target, chip, "
-                    "torch_npu, objective, strict, policy, tune, max_runs, max_wall_s, run_timeout_s. "
-                    "out_dir is chosen by the server.",
+    request: RequestFields = Field(
+        default_factory=RequestFields, description="agents.request.PortRequest fields: model_path (under an "
+                                                   "allowed root), target, chip, ...",
         examples=[{"model_path": "examples/ocr_mini", "target": "cpu"}])
     require_approval: bool = Field(default=False, description="pause before each patch round until approved")
+
+    def request_values(self) -> dict[str, Any]:
+        """The request fields the client sent."""
+        return self.request.model_dump(exclude_none=True)
 
 
 class JobOut(BaseModel):
@@ -125,11 +144,12 @@ async def create_port(request: Request, principal: Writer, mgr: Manager,
             raise HTTPException(status_code=400, detail=f"malformed JSON body: {exc}") from exc
         body = _parse_body(payload)
         digest_of = body.model_dump()
-    if not body.goal.strip() and not request_of(body.request).model_path and archive is None:
+    fields = body.request_values()
+    if not body.goal.strip() and not fields.get("model_path") and archive is None:
         raise HTTPException(status_code=422, detail="give a goal, request.model_path, or an uploaded archive")
     try:
         job, created = await asyncio.to_thread(
-            submit_job, mgr, owner=principal.name, goal=body.goal, fields=body.request,
+            submit_job, mgr, owner=principal.name, goal=body.goal, fields=fields,
             require_approval=body.require_approval, archive=archive, idem_key=idempotency_key, digest_of=digest_of)
     except SubmitError as exc:
         raise HTTPException(status_code=exc.status_code, detail=str(exc)) from exc

@@ -2,7 +2,7 @@
 
 ```yaml
 name: zoo
-defaults:
+defaults:                # any field of agents/request.py's PortRequest but model_path and out_dir (the batch's)
   target: cpu            # a target of sandbox/targets/registry.py (cpu, ascend-sim, npu, auto)
   chip: 910b
   objective: throughput
@@ -30,19 +30,10 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, model_validator
 
-from agents.request import (
-    MAX_RUN_TIMEOUT_S,
-    MAX_WALL_S,
-    POLICIES,
-    ChipName,
-    PolicyName,
-    TargetName,
-    TorchNpuVersion,
-)
+from agents.request import MAX_WALL_S, PortRequest, fields_of, request_fields
 from knowledge.errors import BatchManifestError, first_line
-from sandbox.targets import DEFAULT_CHIP, DEFAULT_TARGET, DEFAULT_TORCH_NPU
 
 MAX_MEMORY_MB = 1024 * 1024  # a port's memory request (1 TiB): a ceiling, not a default
 
@@ -51,55 +42,60 @@ KEY_PATTERN = r"^\w[\w.-]{0,63}$"
 """A port's key and a batch's name: they name folders under the batch's own (staging, bundles, job files)."""
 
 
-class Budget(BaseModel):
+BUDGET_FIELDS = ("max_runs", "max_wall_s", "run_timeout_s")
+"""The request's budget fields: a manifest nests them under ``budget:``."""
+BATCH_SETS = ("model_path", "out_dir")
+"""The request's fields the batch sets itself: the staged model and the port's bundle folder."""
+
+
+class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    max_runs: int = Field(default=8, ge=1, le=100)
-    max_wall_s: float = Field(default=1800.0, gt=0, le=MAX_WALL_S)
-    run_timeout_s: float = Field(default=300.0, gt=0, le=MAX_RUN_TIMEOUT_S)
 
 
-class PortSettings(BaseModel):
-    """Settings of one port; every field may be left out of a model entry to take the batch default."""
+class Budget(create_model("_Budget", __base__=_Strict, **request_fields(only=BUDGET_FIELDS))):  # type: ignore[misc]
+    """The request's budget fields (``budget:`` in a manifest)."""
 
-    model_config = ConfigDict(extra="forbid")
-    # the names and defaults of agents/request.py's PortRequest (the target, chip and policy registries)
-    target: TargetName = DEFAULT_TARGET
-    chip: ChipName = DEFAULT_CHIP
-    objective: Literal["throughput", "latency", "correctness"] = "throughput"
-    torch_npu: TorchNpuVersion = DEFAULT_TORCH_NPU
-    policy: PolicyName = POLICIES[0]
-    strict: bool = False
-    shrink: bool | dict[str, Any] = False
-    strict_perf: bool = False
-    tune: bool = False
-    tune_trials: int | None = Field(default=None, ge=1, le=200)
+
+class _BatchSettings(_Strict):
+    """What a port of a batch has beyond its request: its budget (the request's, nested) and the batch's
+    own limits."""
+
     budget: Budget = Field(default_factory=Budget)
-    timeout_s: float = Field(default=3600.0, gt=0, le=MAX_WALL_S)
-    num_cpus: float = Field(default=1.0, gt=0, le=256)
-    memory_mb: int = Field(default=2048, ge=64, le=MAX_MEMORY_MB)
-    threads: int = Field(default=1, ge=1, le=256)
+    timeout_s: float = Field(default=3600.0, gt=0, le=MAX_WALL_S, description="the batch kills a port that "
+                                                                              "runs longer")
+    num_cpus: float = Field(default=1.0, gt=0, le=256, description="declared to Ray, so its scheduler packs ports")
+    memory_mb: int = Field(default=2048, ge=64, le=MAX_MEMORY_MB, description="declared to Ray")
+    threads: int = Field(default=1, ge=1, le=256, description="compute threads of the port's runs")
+
+    def request_values(self) -> dict[str, Any]:
+        """The port's PortRequest fields (less model_path and out_dir, the batch's): a ``shrink`` dict is the
+        request's shrink on (its overrides go into the staged copy's config, graph/batch/sources.py)."""
+        values = self.model_dump(include=set(PortRequest.model_fields))
+        values.update(self.budget.model_dump(), shrink=bool(values.get("shrink")))
+        return values
 
 
-class ModelEntry(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+# A manifest's `shrink:` may also be a dict of config overrides (graph/batch/sources.py stages them).
+_SHRINK = (bool | dict[str, Any], Field(False, description="true: the small config of `npuport port --shrink`; "
+                                                           "a dict: also these config overrides"))
+
+class PortSettings(create_model(  # type: ignore[misc]
+        "_PortSettings", __base__=_BatchSettings,
+        **{**request_fields(exclude=(*BATCH_SETS, *BUDGET_FIELDS)), "shrink": _SHRINK})):
+    """Settings of one port: every PortRequest field the batch does not set itself, and the batch's own; a
+    model entry may leave any out to take the batch default."""
+
+
+class _Entry(_Strict):
     path: str
     # a folder name of npuport's (staging, bundle, job files): never "." or "..", never a path
     name: str | None = Field(default=None, pattern=KEY_PATTERN)
-    target: TargetName | None = None
-    chip: ChipName | None = None
-    objective: Literal["throughput", "latency", "correctness"] | None = None
-    torch_npu: TorchNpuVersion | None = None
-    policy: PolicyName | None = None
-    strict: bool | None = None
-    shrink: bool | dict[str, Any] | None = None
-    strict_perf: bool | None = None
-    tune: bool | None = None
-    tune_trials: int | None = Field(default=None, ge=1, le=200)
-    budget: dict[str, Any] | None = None
-    timeout_s: float | None = Field(default=None, gt=0, le=MAX_WALL_S)
-    num_cpus: float | None = Field(default=None, gt=0, le=256)
-    memory_mb: int | None = Field(default=None, ge=64, le=MAX_MEMORY_MB)
-    threads: int | None = Field(default=None, ge=1, le=256)
+    budget: dict[str, Any] | None = None  # merged into the defaults' budget, key by key
+
+
+class ModelEntry(create_model("_ModelEntry", __base__=_Entry,  # type: ignore[misc]
+                              **fields_of(PortSettings, exclude=("budget",), partial=True))):
+    """One model of a manifest: its source, and any settings of its own (the others: the defaults')."""
 
 
 class BatchManifest(BaseModel):
@@ -162,6 +158,7 @@ def _kind(p: Path) -> Literal["folder", "archive"] | None:
 
 
 def _merge(defaults: PortSettings, entry: ModelEntry) -> PortSettings:
+    """A model's settings: its entry's fields over the defaults (its budget key by key)."""
     data = defaults.model_dump()
     for k, v in entry.model_dump(exclude={"path", "name"}, exclude_none=True).items():
         data[k] = {**data["budget"], **v} if k == "budget" else v

@@ -17,7 +17,21 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from agents.models import Diagnosis, Finding, Patch
 from agents.request import PortRequest, request_of
+from agents.state import (
+    bundle_of,
+    counters_of,
+    diagnoses_of,
+    findings_of,
+    numerics_of,
+    patches_of,
+    reason_of,
+    started_at_of,
+    status_of,
+    target_name_of,
+    tuning_of,
+)
 from graph.batch.manifest import PortSpec
 from graph.batch.sources import stage
 from graph.batch.store import BatchStore
@@ -33,34 +47,34 @@ def _limit_threads(n: int) -> None:
 
 def summarize(state: dict[str, Any], spec: PortSpec, wall_s: float, note: str) -> dict[str, Any]:
     """The batch's row for a finished port, from its final state and report.json."""
-    bundle = (state.get("bundle") or {}).get("dir") or ""
+    bundle = bundle_of(state).dir
     report: dict[str, Any] = {}
     if bundle and (Path(bundle) / "report.json").is_file():
         try:
             report = json.loads((Path(bundle) / "report.json").read_text())
         except (OSError, json.JSONDecodeError):
             report = {}
-    counters = state.get("counters") or {}
-    findings = state.get("findings") or []
+    counters = counters_of(state)
+    findings = findings_of(state)
+    patches = patches_of(state)
     resolutions = report.get("resolutions") or {}
     fixed = sum(1 for v in resolutions.values() if str(v).startswith("fixed"))
     if not resolutions:
-        fixed = len({fid for p in state.get("patches") or [] for fid in p.get("finding_ids") or []})
-    tuned = (state.get("tuning") or {}).get("tuned") or {}
-    cited = sorted({c.get("source", "") for item in [*findings, *(state.get("diagnoses") or []),
-                                                     *(state.get("patches") or [])]
-                    for c in item.get("citations") or [] if isinstance(c, dict)}
-                   | {s for d in state.get("diagnoses") or [] for s in d.get("citations") or [] if isinstance(s, str)})
-    status = state.get("status") if state.get("status") in ("validated", "failed") else "failed"
+        fixed = len({fid for p in patches for fid in p.finding_ids})
+    tuned = tuning_of(state).tuned
+    records: list[Finding | Diagnosis | Patch] = [*findings, *diagnoses_of(state), *patches]
+    cited = sorted({c.source for item in records for c in item.citations})
+    status = status_of(state) if status_of(state) in ("validated", "failed") else "failed"
+    numerics = numerics_of(state)
     return {
         "model": spec.key, "source": spec.source,
-        "target": (state.get("target") or {}).get("name") or spec.settings.target,
-        "verdict": status, "validation": (state.get("numerics") or {}).get("verdict", "not-run"),
-        "sandbox_runs": int(counters.get("port_runs", 0)) + int(counters.get("reference_runs", 0)),
-        "port_runs": int(counters.get("port_runs", 0)), "reference_runs": int(counters.get("reference_runs", 0)),
+        "target": target_name_of(state) or spec.settings.target,
+        "verdict": status, "validation": numerics.verdict if numerics else "not-run",
+        "sandbox_runs": counters.port_runs + counters.reference_runs,
+        "port_runs": counters.port_runs, "reference_runs": counters.reference_runs,
         "time_s": round(wall_s, 2), "hazards_found": len(findings), "hazards_fixed": fixed,
         "speedup": tuned.get("speedup"), "bundle": bundle,
-        "reason": "" if status == "validated" else str(state.get("reason") or "unknown reason"),
+        "reason": "" if status == "validated" else reason_of(state) or "unknown reason",
         "model_path": request_of(state).model_path,
         "memory_cited": [c for c in cited if c.startswith("memory:")], "note": note,
         "llm_calls": int((report.get("llm") or {}).get("exchanges") or 0),
@@ -96,13 +110,9 @@ def execute_port(job: dict[str, Any], stop: Callable[[], bool] | None = None) ->
             # a retry's fresh port replaces the failed attempt's bundle (the reporter never overwrites
             # another port's bundle by itself; the batch owns this folder)
             shutil.rmtree(bundle)
-        # a PortRequest, validated like the CLI's and the service's, built the way the CLI builds it: `shrink`
-        # is the request's, so the harness derives the small config (sandbox/harness/shrink.py) for every run
-        request = PortRequest(model_path=str(model), target=s.target, chip=s.chip, objective=s.objective,
-                              torch_npu=s.torch_npu, policy=s.policy, strict=s.strict, tune=s.tune,
-                              shrink=bool(s.shrink), strict_perf=s.strict_perf,
-                              tune_trials=s.tune_trials, max_runs=s.budget.max_runs, max_wall_s=s.budget.max_wall_s,
-                              run_timeout_s=s.budget.run_timeout_s, out_dir=job["bundle_dir"]).model_dump()
+        # a PortRequest, validated like the CLI's and the service's, from every request field of the settings:
+        # `shrink` is the request's, so the port's runs derive the small config (sandbox/harness/shrink.py)
+        request = PortRequest(model_path=str(model), out_dir=job["bundle_dir"], **s.request_values()).model_dump()
         thread = job["thread_id"]
         snap = thread_snapshot(thread) if job["resumed"] else None
         steps_seen = len(snap.trace) if snap else 0
@@ -125,7 +135,7 @@ def execute_port(job: dict[str, Any], stop: Callable[[], bool] | None = None) ->
                 values = run_thread(inputs, thread, on_trace=on_trace, should_stop=stop).values
             if stop is not None and stop():
                 values = {**values, "status": "failed", "reason": "cancelled (the batch was cancelled)"}
-        prior = float((snap.values.get("started_at") if snap else None) or t0)
+        prior = float((started_at_of(snap.values) if snap else None) or t0)
         row = summarize(values, spec, time.time() - min(prior, t0), note)
         return _record(store, job, spec, row["verdict"], row["reason"], row)
     except Exception as exc:  # a bug or a broken host: this port fails with the reason, the batch goes on

@@ -47,15 +47,20 @@ def _module_in(model_dir: Path, module_name: str) -> bool:
 
 
 def load_config(model_dir: Path, manifest: dict[str, Any], *, shrink: bool, overrides: dict[str, Any] | None = None,
-                build: Any = None, configure: Any = None) -> tuple[dict[str, Any], list[str]]:
+                build: Any = None, configure: Any = None,
+                run_config: dict[str, Any] | None = None) -> tuple[dict[str, Any], list[str]]:
     """config.json as a dict; under ``shrink`` a derived small config (sandbox/harness/shrink.py) with the
     manifest's ``shrink:`` overrides on top, and the list of what was shrunk; with ``build`` (config ->
-    model) the one the model's constructor accepts (sandbox/harness/shrink_fit.py), and with ``configure`` (config
-    -> the config object the model is built from) the sizes its config class fills in by default shrunk too.
-    Without ``shrink``, a
-    config too large for this machine's memory is refused with a message naming --shrink."""
+    model) the one the model's constructor accepts (sandbox/harness/shrink_fit.py), and with ``configure``
+    (config -> the config object the model is built from) the sizes its config class fills in by default
+    shrunk too. Without ``shrink``, a config too large for this machine's memory is refused with a message
+    naming --shrink. ``run_config`` (the config a port ran with, its bundle's run_config.json) is used as
+    it is, ``overrides`` on top: the small config is worked out once, by the port's runs, never again."""
     from sandbox.cuda_redirect.cuda_only import kernel_flags_off
     from sandbox.harness.shrink import estimate_params, shrink_config
+
+    if run_config is not None:
+        return {**run_config, **(overrides or {})}, ["the config the port ran with (run_config.json), as it is"]
 
     config: dict[str, Any] = json.loads((model_dir / manifest.get("config", "config.json")).read_text())
     flags = kernel_flags_off(config)  # "flash_attn": true names a kernel neither the CPU nor Ascend has

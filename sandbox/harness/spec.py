@@ -44,6 +44,9 @@ class HarnessSpec:
     threads: int | None = None
     shrink: bool = False
     """Build the derived small config (sandbox/harness/shrink.py) instead of config.json's."""
+    run_config: dict[str, Any] | None = None
+    """The config a port ran with (its bundle's run_config.json), built as it is: verify re-runs the port on it
+    rather than deriving a small config again."""
     dtype: str | None = None
     run_kwargs: dict[str, Any] = field(default_factory=dict)
     config_overrides: dict[str, Any] = field(default_factory=dict)

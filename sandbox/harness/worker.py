@@ -109,7 +109,8 @@ def _build(spec: HarnessSpec, loaded: LoadedClass, result: dict[str, Any], count
     cls, model_dir = loaded.cls, loaded.model_dir
     config, shrunk = load_config(model_dir, spec.manifest, shrink=spec.shrink, overrides=spec.config_overrides,
                                  build=lambda c: loaded.call(lambda: build_model(cls, c, model_dir)),
-                                 configure=lambda c: loaded.call(lambda: config_object(cls, c, model_dir)))
+                                 configure=lambda c: loaded.call(lambda: config_object(cls, c, model_dir)),
+                                 run_config=spec.run_config)
     result["config_changes"] = shrunk
     if spec.shrink:
         result["shrunk"] = shrunk

@@ -162,8 +162,9 @@ class _Side:
         self.seed = int(spec.get("seed", 0))
         # CUDA-only modules the original imports (flash_attn, ...), stubbed as in the reference run
         self.stubbed: list[str] = []
+        # the config the port ran with (the deployment passes it: never a small config derived again)
         self.config, _ = load_config(self.model_dir, self.manifest, shrink=bool(spec.get("shrink")),
-                                     overrides=spec.get("config_overrides"))
+                                     overrides=spec.get("config_overrides"), run_config=spec.get("run_config"))
         self.cls = import_with_stubs(lambda: _load_attr(self.manifest["entry"]["class"], self.model_dir), True,
                                       self.stubbed)
         run_cfg = self.manifest.get("run") or {}

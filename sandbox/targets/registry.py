@@ -3,9 +3,6 @@ report) asks here, and unknown names are refused with the list of known ones."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
-
 from knowledge.errors import TargetError
 from knowledge.settings import DEFAULT_TORCH_NPU
 from sandbox.targets import ascend_sim, auto, cpu, npu
@@ -73,11 +70,10 @@ def serving_chip(chip: str | None) -> str | None:
     return c.key if c.doc_words else None
 
 
-def target_spec_of(target: Mapping[str, Any] | Target | str | None) -> TargetSpec:
-    """The spec of a target as the state, a report or a harness record carries it (a dict with a
-    ``name``, a Target, or the name); an unknown or missing name reads as the reference target's."""
-    name = target if isinstance(target, str) else target.name if isinstance(target, Target) else \
-        (target or {}).get("name")
+def target_spec_of(target: Target | str | None) -> TargetSpec:
+    """The spec of a resolved target (or a target's name); an unknown or missing name reads as the reference
+    target's. The graph state's target is read with agents/state.py ``capabilities_of``."""
+    name = target.name if isinstance(target, Target) else target
     return TARGETS.get(str(name), TARGETS[REFERENCE_TARGET])
 
 
