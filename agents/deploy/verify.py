@@ -24,7 +24,7 @@ from pydantic import BaseModel, Field
 from agents.deploy.token_gate import prefix_len
 from agents.deploy.verify_input import BundleClaims, read_claims
 from agents.runs import RunSpec, token_summary
-from agents.target_state import target_to_dict
+from agents.state import target_dict
 from agents.tuning.measure import TUNE_CONCURRENCY, headline_spec, points_of
 from agents.tuning.port import MAX_RESOLVABLE_SPREAD, UNTUNED_CONFIG
 from agents.workspace import Workspace
@@ -351,7 +351,7 @@ def _deployment_claim(c: _Check, bundle: Path) -> Claim:
     from agents.deploy.serving import exercise
 
     concurrencies = tuple(r.concurrency for r in claimed.throughput.rows) or (1,)
-    now = exercise(c.claims.state(c.ws.root, target_to_dict(c.target), c.python), bundle, c.ws.runs_dir,
+    now = exercise(c.claims.state(c.ws.root, target_dict(c.target), c.python), bundle, c.ws.runs_dir,
                    concurrencies=concurrencies)
     if claimed.status == "no vLLM path":
         same = now.get("status") == "no vLLM path"
