@@ -41,7 +41,9 @@ def test_every_error_has_one_schema(fake_server: str) -> None:  # noqa: F811
     assert_error(httpx.get(f"{fake_server}/v1/models", headers={"Authorization": "Bearer bad"}), 401)
     assert_error(httpx.get(f"{fake_server}/v1/ports/nope", headers=H), 404, "nope")
     assert_error(httpx.get(f"{fake_server}/v1/models/gpt-4", headers=H), 404)
-    assert_error(httpx.post(f"{fake_server}/v1/ports", headers=H, content=b"{not json"), 400)
+    assert_error(httpx.post(f"{fake_server}/v1/ports", headers={**H, "Content-Type": "application/json"},
+                            content=b"{not json"), 400)
+    assert_error(httpx.post(f"{fake_server}/v1/ports", headers=H, content=b"{not json"), 415)  # no JSON declared
     assert_error(httpx.post(f"{fake_server}/v1/ports", headers=H, json={"goal": 3}), 422)
     assert_error(httpx.post(f"{fake_server}/v1/ports", headers={"Authorization": "Bearer ro"}, json={"goal": "x"}), 403)
     assert_error(httpx.post(f"{fake_server}/v1/chat/completions", headers=H, json={"messages": []}), 422)

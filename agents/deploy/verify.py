@@ -137,7 +137,7 @@ def _local_target(claims: BundleClaims) -> tuple[Target | None, str]:
     (the op matrix, the native engine) are this host's, never paths from the report."""
     req = claims.request
     try:
-        spec = target_spec_of({"name": claims.target_name})
+        spec = target_spec_of(claims.target_name)
         if spec.probe is not None and not spec.probe()[0]:  # the hardware is not here
             return None, f"target {spec.name} is not available on this host"
         matrix = None

@@ -99,11 +99,28 @@ def get_job(mgr: JobManager, job_id: str, principal: Principal) -> Job:
     return job
 
 
+def _inlined_schema(model: type[BaseModel]) -> dict[str, Any]:
+    """The model's JSON schema with its nested models inlined: the OpenAPI document of the route has no
+    ``$defs`` of its own to resolve ``#/$defs/...`` against (a client generator would fail on it)."""
+    schema = model.model_json_schema()
+    defs = schema.pop("$defs", {})
+
+    def inline(node: Any) -> Any:
+        if isinstance(node, dict):
+            ref = node.get("$ref", "")
+            if ref.startswith("#/$defs/"):
+                return inline({**defs[ref.removeprefix("#/$defs/")], **{k: v for k, v in node.items() if k != "$ref"}})
+            return {k: inline(v) for k, v in node.items()}
+        return [inline(v) for v in node] if isinstance(node, list) else node
+
+    return inline(schema)
+
+
 _CREATE_DOC = {
     "requestBody": {
         "required": True,
         "content": {
-            "application/json": {"schema": PortCreate.model_json_schema()},
+            "application/json": {"schema": _inlined_schema(PortCreate)},
             "multipart/form-data": {"schema": {
                 "type": "object",
                 "properties": {
