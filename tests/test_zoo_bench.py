@@ -94,3 +94,22 @@ def test_the_verdict_holds_each_target_and_the_held_out_set_to_their_goals() -> 
     assert not zoo.verdict(rows(37, 40, 10, 10), ["cpu"])[1]  # 47/50 = 94 % overall: missed
     assert zoo.verdict(rows(39, 40, 9, 10), ["cpu"])[1]  # 96 % overall, held out 9/10 = 90 %: met
     assert not zoo.verdict(rows(40, 40, 8, 10), ["cpu"])[1]  # held out 80 %: missed, though the whole is 96 %
+
+
+def test_scan_recall_matches_a_listed_class_or_the_class_split_from_it() -> None:
+    spec = importlib.util.spec_from_file_location("scan_recall_bench", ROOT / "bench" / "scan_recall.py")
+    assert spec and spec.loader
+    recall = importlib.util.module_from_spec(spec)
+    sys.modules["scan_recall_bench"] = recall
+    spec.loader.exec_module(recall)
+
+    class F:
+        def __init__(self, hazard: str, file: str, line: int) -> None:
+            self.hazard, self.file, self.line = hazard, file, line
+
+    listed = recall.Hazard("engine.py", 177, "H5", "an FFT on the NPU path")
+    assert recall.found(listed, [F("H27", "engine.py", 179)], 3)  # H27 was split out of H5 after the list
+    assert not recall.found(listed, [F("H27", "engine.py", 179)], 3, successors=False)
+    assert not recall.found(listed, [F("H27", "engine.py", 181)], 3)  # 4 lines away
+    assert not recall.found(listed, [F("H5", "model.py", 177)], 3)  # another file
+    assert not recall.found(recall.Hazard("a.py", 1, "H27", ""), [F("H5", "a.py", 1)], 3)  # never backwards
