@@ -180,7 +180,10 @@ def port_row(release: Release, target: str, port: dict[str, Any]) -> dict[str, A
     ok = port.get("verdict") == "validated"
     quant = (report.get("entry") or {}).get("quantized")
     reason = "" if ok else str(port.get("reason") or "")
-    return {"model": release.name, "set": release.set, "target": target, "status": port.get("verdict"),
+    # the module kinds the compared runs never reached (agents/validation/coverage.py): "validated (partial: ...)"
+    not_covered = [str(k) for k in (report.get("coverage") or {}).get("not_covered") or []]
+    return {"partial": ", ".join(not_covered) if ok else "",
+            "model": release.name, "set": release.set, "target": target, "status": port.get("verdict"),
             "runs": port.get("sandbox_runs", 0), "seconds": port.get("time_s"), "model_line": first_model_line(report),
             "class": "" if ok else failure_class(reason), "env": env_used(report), "reason": reason,
             # a quantized release validates its float path only (agents/reading/quant_path.py): said in the row
@@ -189,7 +192,7 @@ def port_row(release: Release, target: str, port: dict[str, Any]) -> dict[str, A
 
 def unported_row(release: Release, target: str) -> dict[str, Any]:
     """A release whose folder is not the manifest's: a failed row, never ported."""
-    return {"model": release.name, "set": release.set, "target": target, "status": "failed", "runs": 0,
+    return {"partial": "", "model": release.name, "set": release.set, "target": target, "status": "failed", "runs": 0,
             "seconds": None, "model_line": "", "class": "manifest: folder", "env": "-", "reason": release.problem,
             "label": ""}
 
@@ -223,6 +226,8 @@ def print_table(rows: list[dict[str, Any]]) -> None:
               f"{r['model_line'] or '-':34} {r['class'] or 'validated'} [{r['env']}]")
         if r.get("label"):
             print(f"{'':30}   note: {r['label']}")
+        if r.get("partial"):
+            print(f"{'':30}   partial: never ran: {r['partial'][:300]}")
         if r["reason"]:
             print(f"{'':30}   reason: {r['reason'][:300]}")
 
@@ -242,7 +247,8 @@ def verdict(rows: list[dict[str, Any]], targets: list[str]) -> tuple[str, bool]:
                 done = sum(r["status"] == "validated" for r in in_set)
                 per_set.append(f"{group} {done}/{len(in_set)}")
                 met = met and done >= SET_GOALS.get(group, 0.0) * len(in_set)
-        parts.append(f"{ok}/{len(mine)} {t} ({', '.join(per_set)})")
+        partial = sum(bool(r.get("partial")) for r in mine)
+        parts.append(f"{ok}/{len(mine)} {t} ({', '.join(per_set)}; {partial} of them partial)")
     return "zoo: validated " + ", ".join(parts), met
 
 

@@ -90,7 +90,7 @@ def test_the_verdict_holds_each_target_and_the_held_out_set_to_their_goals() -> 
                       for i in range(n_held)]
 
     line, met = zoo.verdict(rows(40, 40, 10, 10), ["cpu"])
-    assert met and line == "zoo: validated 50/50 cpu (zoo 40/40, heldout 10/10)"
+    assert met and line == "zoo: validated 50/50 cpu (zoo 40/40, heldout 10/10; 0 of them partial)"
     assert not zoo.verdict(rows(37, 40, 10, 10), ["cpu"])[1]  # 47/50 = 94 % overall: missed
     assert zoo.verdict(rows(39, 40, 9, 10), ["cpu"])[1]  # 96 % overall, held out 9/10 = 90 %: met
     assert not zoo.verdict(rows(40, 40, 8, 10), ["cpu"])[1]  # held out 80 %: missed, though the whole is 96 %
