@@ -55,7 +55,7 @@ class Release:
 # names is the model's own (its exception type is shown).
 CLASSES: tuple[tuple[str, str], ...] = (
     ("npuport bug", r"internal error|Traceback \(most recent call last\)"),
-    ("timeout", r"timed out"),
+    ("timeout", r"timed out|stopped at its time limit"),
     ("2 dependencies: companion build", r"torchvision::|torchaudio::|operator .* does not exist"),
     ("2 dependencies: env build", r"layered environment|EnvBuildError|could not install|pip exit"),
     ("2 dependencies: missing package", r"No module named|ModuleNotFoundError|is required for|requires the"),
@@ -75,6 +75,9 @@ CLASSES: tuple[tuple[str, str], ...] = (
 
 
 def failure_class(reason: str) -> str:
+    exc = re.search(r"(\w+(?:Error|Exception))\b", reason)
+    if "the model fails by itself" in reason:  # the port's own verdict: the original fails the same way
+        return f"model fails by itself: {exc.group(1) if exc else 'crash'}"
     for name, pattern in CLASSES:
         if re.search(pattern, reason):
             return name

@@ -113,3 +113,11 @@ def test_scan_recall_matches_a_listed_class_or_the_class_split_from_it() -> None
     assert not recall.found(listed, [F("H27", "engine.py", 181)], 3)  # 4 lines away
     assert not recall.found(listed, [F("H5", "model.py", 177)], 3)  # another file
     assert not recall.found(recall.Hazard("a.py", 1, "H27", ""), [F("H5", "a.py", 1)], 3)  # never backwards
+
+
+def test_a_failure_row_names_the_ports_own_verdict_before_matching_words() -> None:
+    zoo = _zoo_bench()
+    said = ("the model fails by itself at modeling_x.py:630: NameError: name '_flash_supports_window_size' is not "
+            "defined (the original, run as written on the CPU under the device redirect, fails there the same way)")
+    assert zoo.failure_class(said) == "model fails by itself: NameError"  # not "rewrite" for the word "flash"
+    assert zoo.failure_class("the port's run was stopped at its time limit of 300 s on this host") == "timeout"
