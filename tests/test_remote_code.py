@@ -560,3 +560,26 @@ def test_pixels_that_come_with_a_grid_are_left_out_and_the_text_runs_alone() -> 
     plain = synthesise_inputs(Plain(), "generate", config, 0)
     assert set(plain) == {"input_ids", "attention_mask", "pixel_values"}
     assert tuple(plain["pixel_values"].shape) == (1, 3, 16, 16)
+
+
+def test_a_preprocessing_method_gets_an_empty_history_and_none_where_its_signature_admits_none(
+        tmp_path: Path) -> None:
+    """A chat-style method whose conversation and options are required but typed Optional (no default) is
+    driven, not given up: its history is empty and another Optional parameter gets None."""
+    from typing import Optional  # noqa: UP035 - the annotation as old remote code writes it
+
+    from sandbox.inputs.inputs_base import PreprocessingFailed
+    from sandbox.inputs.model_inputs import preprocessing_arguments
+
+    def chat(tokenizer: object, query: str, history: Optional[list[tuple[str, str]]],  # noqa: UP045
+             stop_words: list[int] | None, limit: int, system: str = "You are a helpful assistant.") -> None: ...
+
+    chat.__annotations__["limit"] = Optional[int]  # noqa: UP045 - an annotation object, not text
+    args = preprocessing_arguments(chat, object(), {}, 0, tmp_path, 4)
+    assert args["history"] == [] and args["stop_words"] is None and args["limit"] is None and "system" not in args
+    assert args["query"]
+
+    def needs_a_path(tokenizer: object, query: str, audio_file: str) -> None: ...
+
+    with pytest.raises(PreprocessingFailed, match="needs 'audio_file'"):
+        preprocessing_arguments(needs_a_path, object(), {}, 0, tmp_path, 4)

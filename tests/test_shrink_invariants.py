@@ -72,6 +72,19 @@ def _model_class(tmp_path: Path) -> Any:
     return module.Model
 
 
+def test_a_filter_count_equal_to_the_width_follows_it() -> None:
+    """A long-convolution block sized by its filter count (``assert hidden_size % num_filters == 0 and
+    num_filters <= hidden_size``): the count of a convolution's filters is a width, so when it equals the
+    hidden size (or a small multiple) it keeps that ratio; a smaller filter count is no width of the level."""
+    config = {"hidden_size": 4096, "num_filters": 4096, "num_attention_heads": 32, "num_layers": 32,
+              "short_filter_length": 3, "hyena_filter_groups": 1}
+    small, changes = shrink_config(config)
+    assert small["num_filters"] == small["hidden_size"] == 512 and "num_filters: 4096 -> 512" in changes
+    assert (small["short_filter_length"], small["hyena_filter_groups"]) == (3, 1)  # a length, a group count
+    fewer, _ = shrink_config({**config, "num_filters": 256})
+    assert fewer["num_filters"] == 256
+
+
 def test_a_forward_invariant_the_constructor_does_not_hold_backs_the_shrink_off(tmp_path: Path) -> None:
     model_cls = _model_class(tmp_path)
     derived, _ = shrink_config(CONFIG)

@@ -9,9 +9,15 @@ twice)."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
+import sandbox
 from agents.models import Numerics, RunRecord, StructuredException
+
+# npuport's own run code (the harness, the input builders): an error raised there is never the model's, even
+# when the original's run, built by the same code, raises it too
+_OWN_RUN_CODE = Path(sandbox.__file__).resolve().parent
 
 Site = Callable[[str | None], str | None]
 """Maps a file:line of the patched tree to the user's file (agents/sites.py port_site, bound to the port)."""
@@ -22,6 +28,13 @@ def _innermost(exc: StructuredException | None) -> str | None:
     return f"{frame.file}:{frame.line}" if frame else None
 
 
+def _raised_by_npuport(exc: StructuredException) -> bool:
+    """Whether the innermost frame is npuport's own run code (say, inputs it synthesised from a config value)."""
+    if not exc.frames or exc.frames[-1].in_model:
+        return False
+    return Path(exc.frames[-1].file).resolve().is_relative_to(_OWN_RUN_CODE)
+
+
 def _message(exc: StructuredException) -> str:
     return (exc.message or "").strip().splitlines()[0][:200] if exc.message else ""
 
@@ -30,7 +43,7 @@ def same_failure(port: RunRecord, original: RunRecord, user_site: Site) -> str |
     """The user's file:line where both fail, when the original failed as the port did (same error type, and the
     same line of the user's file, or, without a model frame, the same message); else None."""
     a, b = port.exception, original.exception
-    if original.ok or a is None or b is None or a.type != b.type:
+    if original.ok or a is None or b is None or a.type != b.type or _raised_by_npuport(a):
         return None
     # the port's frames are lines of the patched tree, the original's lines of the user's own files
     port_where = user_site(_innermost(a))

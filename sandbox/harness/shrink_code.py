@@ -19,7 +19,7 @@ MIN_HARD_WIDTH = 64  # smaller literals are too common (kernel sizes, counts) to
 
 # A literal is a size only where the code uses it as one: a layer's size argument, or bound to a size-named
 # keyword, parameter or variable (``n_embed = 96``, ``def f(dim=896)``, ``Config(hidden_size=896)``).
-SIZE_NAME = re.compile(r"(^|_)(dim|dims|dimension|size|hidden|embed|embd|width|channels|chans|features|d_model|"
+SIZE_NAME = re.compile(r"(^|_)(dim|dims|dimension|size|hidden|embed|embd|width|channels|chans|filters|features|d_model|"
                        r"units|planes)(_|$)", re.I)
 NOT_A_SIZE = re.compile(r"kernel|stride|pad|window|eps|batch|position|seq|length|token|vocab|worker|seed|image|"
                         r"patch|max|min|cache|chunk|block|bucket|timeout|step", re.I)

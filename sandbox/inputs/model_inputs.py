@@ -23,7 +23,7 @@ import re
 import tempfile
 import textwrap
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 if __package__:  # inside npuport (sandbox.inputs.model_inputs)
     from .generate_capture import _GenerateCalled, call_until_generate, generate_arguments, owner_path  # noqa: F401
@@ -78,6 +78,8 @@ else:  # beside a bundle's run.py, with its sibling modules
 _IMAGE_PARAM = re.compile(r"^(image|img|picture|photo)s?(_file|_path|_files|_paths)?$", re.IGNORECASE)
 _PROMPT_PARAM = re.compile(r"^(prompt|query|question|text|instruction|message)s?$", re.IGNORECASE)
 _OUTPUT_PARAM = re.compile(r"^(output|out|save|result)s?(_path|_dir|_folder)?$", re.IGNORECASE)
+_HISTORY_PARAM = re.compile(r"^(history|histories|messages|conversation)$", re.IGNORECASE)
+_OPTIONAL_TEXT = re.compile(r"^(typing\.)?Optional\[|\|\s*None\b|\bNone\s*\|")  # an annotation kept as text
 _PLACEHOLDER = re.compile(r"<[^<>\s]*image[^<>\s]*>", re.IGNORECASE)
 
 
@@ -404,9 +406,22 @@ def preprocessing_arguments(fn: Any, tokenizer: Any, config: dict[str, Any], see
             args[name] = str(out)
         elif name == "max_new_tokens":
             args[name] = max_new_tokens
+        elif _HISTORY_PARAM.match(name):
+            args[name] = []  # the conversation so far: none (as own_inputs.builder_arguments gives)
+        elif p.default is p.empty and _takes_none(p):
+            args[name] = None  # required but typed Optional: the method itself says it handles None
         elif p.default is p.empty:
             raise PreprocessingFailed(f"{fn.__name__} needs {name!r}, which npuport cannot supply")
     return args
+
+
+def _takes_none(p: inspect.Parameter) -> bool:
+    """Whether a parameter's annotation admits None (``Optional[X]``, ``X | None``, as an object or as text)."""
+    if p.annotation is p.empty:
+        return False
+    if isinstance(p.annotation, str):
+        return bool(_OPTIONAL_TEXT.search(p.annotation))
+    return type(None) in get_args(p.annotation)
 
 
 class Captured:
