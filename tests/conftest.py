@@ -36,6 +36,14 @@ def shared_data() -> Path:
     return d
 
 
+@pytest.fixture(autouse=True)
+def _not_a_service(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each test starts as the CLI's process, not a service's: a test that built the app (or Studio's graph)
+    in-process marked the worker a service (agents/doors.py ``mark_service``, an environment variable), and every
+    later port in that worker was confined to the (unset) model roots."""
+    monkeypatch.delenv("NPUPORT_SERVICE_PROCESS", raising=False)
+
+
 @pytest.fixture()
 def npuport_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """A private npuport home per test, so tests never touch the user's."""
