@@ -103,6 +103,11 @@ class WorkspaceError(HostError, RuntimeError):
     """The workspace (a git copy of the user's model) could not be created or changed."""
 
 
+class UntrustedValue(UserError, ValueError):
+    """A value of an untrusted file (model folder, upload, manifest, bundle) that is not of the allowed kind;
+    the message says which field. Bad input: nothing of it was used."""
+
+
 class GoalError(UserError, ValueError):
     """The goal text or request could not be understood."""
 

@@ -27,12 +27,10 @@ from typing import Annotated, Any
 
 from pydantic import AfterValidator
 
+from knowledge.errors import UntrustedValue
+
 MAX_CONFIG_BYTES = 16 * 1024 * 1024  # a config.json larger than this is not a config
 MAX_REPORT_BYTES = 64 * 1024 * 1024  # a bundle's report.json (it lists every run)
-
-
-class UntrustedValue(ValueError):
-    """A value of an untrusted file that is not of the allowed kind (the message says which field)."""
 
 
 # --- paths --------------------------------------------------------------------------------------------

@@ -174,7 +174,12 @@ def _review_answer(body: dict[str, Any]) -> dict[str, Any]:
 def _reader_state(tmp_path: Path) -> dict[str, Any]:
     model = write_planted_model(tmp_path / "m")
     (model / "fused.py").write_text(FUSED)
-    return {"request": {"model_path": str(model), "policy": "hybrid"}, "workdir": str(tmp_path / "work")}
+    from agents.state import target_dict
+    from sandbox.targets import resolve_target
+
+    # the state after the environment node: the patcher reads the resolved target (ascend-sim's host facts)
+    return {"request": {"model_path": str(model), "policy": "hybrid"}, "workdir": str(tmp_path / "work"),
+            "target": target_dict(resolve_target("ascend-sim"))}
 
 
 @pytest.mark.slow  # starts the stub LLM server

@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from agents.reading.entry import discover_entry
+from api.cli_port import EXIT_NOT_VERIFIED
 from sandbox.harness.shrink import estimate_params, shrink_config
 from tests.conftest import REPO_ROOT
 
@@ -322,19 +323,33 @@ def test_port_remote_code_with_shrink_validates_and_verifies(tmp_path: Path, sim
     assert len(report["numerics"]["port_tokens"][0]) == 8
     assert "language_config.n_routed_experts: 16 -> 4" in (out / "report.md").read_text()
     assert json.loads((out / "run_config.json").read_text())["language_config"]["hidden_size"] == 128
-    v = subprocess.run([*cli, "verify", str(out)], capture_output=True, text=True, timeout=600, env=env, cwd=REPO_ROOT)
-    assert v.returncode == 0, v.stdout + v.stderr
-    assert "DISAGREE" not in v.stdout
+    v = subprocess.run([*cli, "verify", str(out), "--original", str(FIXTURE)], capture_output=True, text=True,
+                       timeout=600, env=env, cwd=REPO_ROOT)
+    # exit 4 ("not verified") only for the one claim a busy host cannot check: a throughput whose runs spread
+    # too far to compare; every other claim was checked and agrees
+    unchecked = [ln for ln in v.stdout.splitlines() if ln.startswith("UNCHECKED")]
+    assert v.returncode == 0 or (v.returncode == EXIT_NOT_VERIFIED and len(unchecked) == 1 and
+                                 unchecked[0].startswith("UNCHECKED throughput") and
+                                 "not comparable on this host" in unchecked[0]), v.stdout + v.stderr
+    assert "DISAGREE" not in v.stdout and "AGREE     tokens match" in v.stdout, v.stdout
     # run.py runs where the bundle's constraints hold: the fixture's era (config.json: 4.46.3) is the env the
     # port ran in, not the host's 5.x, and constraints.txt pins the release it installed
-    from agents.deploy.verify import report_python
-
     assert "transformers==4.46." in (out / "constraints.txt").read_text()
-    python = report_python(report) or sys.executable
+    python = _port_env_python(FIXTURE)
     run = subprocess.run([python, str(out / "run.py"), "--target", "cpu", "--repeats", "1"],
                          capture_output=True, text=True, timeout=300, cwd=out)
     assert run.returncode == 0, run.stderr
     assert str(report["numerics"]["port_tokens"][0]) in run.stdout
+
+
+def _port_env_python(original: Path) -> str:
+    """The interpreter of the env the port ran in, resolved again from the original as verify does (a report's
+    interpreter is never trusted), or this one where the host's env serves."""
+    from agents.environment.layered import ensure_env
+    from agents.environment.resolve import resolve
+
+    python = ensure_env(resolve(original, "cpu", None))
+    return str(python) if python else sys.executable
 
 
 @pytest.mark.slow
@@ -348,9 +363,7 @@ def test_port_through_the_preprocessing_path_and_run_py_builds_the_same_inputs(t
     assert report["numerics"]["verdict"] == "match"
     assert all((run.get("inputs") or {}).get("source") == "preprocess" for run in report["runs"]), report["runs"]
     assert "inputs (preprocess): inputs built by the model's own preprocessing path" in (out / "report.md").read_text()
-    from agents.deploy.verify import report_python
-
-    python = report_python(report) or sys.executable  # the env the port ran in (the host's here)
+    python = _port_env_python(TILED)  # the env the port ran in (the host's here)
     run = subprocess.run([python, str(out / "run.py"), "--target", "cpu", "--repeats", "1"],
                          capture_output=True, text=True, timeout=300, cwd=out)
     assert run.returncode == 0, run.stderr

@@ -29,8 +29,8 @@ from agents.tuning.measure import TUNE_CONCURRENCY, headline_spec, points_of
 from agents.tuning.port import MAX_RESOLVABLE_SPREAD, UNTUNED_CONFIG
 from agents.workspace import Workspace
 from agents.workspace import tree_digest as workspace_digest
-from knowledge.errors import TargetError, WorkspaceError
-from knowledge.untrusted import UntrustedValue, is_inside, one_line
+from knowledge.errors import TargetError, UntrustedValue, WorkspaceError
+from knowledge.untrusted import is_inside, one_line
 from sandbox.isolation.process import Limits
 from sandbox.targets import Target, resolve_target, target_spec_of
 
@@ -42,6 +42,7 @@ MAX_MEASURE_SPREAD = 1.0
 MEASURE_TRIES = 3
 MAX_HOST_DRIFT = 10.0  # a shared host may run 10x slower or faster than at port time (CI beside the zoo bench: 6.5x
 # between the demo's tuner and its verify), never more: every figure 20x too high is no host (verify.host_moved)
+MAX_NOISE_EXPLAINS = 2.0  # runs spread past this still explain at most a 3x error of their median
 SERVED_TOLERANCE = 2.0  # the served figure (a whole vLLM engine on a shared host) agrees within 2x either way
 
 
@@ -282,6 +283,10 @@ def _throughput_claim(c: _Check, ref_tokens: list[list[int]] | None, tolerance: 
               f"spread {float(point.get('spread') or 0):.0%}) vs {claimed:.1f} reported at concurrency {conc}"
               + (f"; the steadiest of {tries} benchmarks, the first spread {first_spread:.0%}" if tries > 1 else ""))
     if noise > MAX_RESOLVABLE_SPREAD:  # the runs move more than any comparison could resolve: neither agree nor not
+        refuted, why = beyond_any_noise(observed, claimed, noise)
+        if refuted:  # ... unless the claim is further off than the noise and any host change together explain
+            return Claim(name="throughput", verdict="disagree", claimed=round(claimed, 2),
+                         observed=round(observed, 2), detail=f"{detail} ({why})")
         return Claim(name="throughput", verdict="unchecked", claimed=round(claimed, 2), observed=round(observed, 2),
                      detail=f"{detail}: not comparable on this host (spread {noise:.0%}); the figure is neither "
                             "confirmed nor refuted")
@@ -312,6 +317,17 @@ def steadiest(point: dict[str, Any] | None, again: Callable[[int], dict[str, Any
         if nxt is not None and _spread(nxt) < _spread(point):
             point = nxt
     return point, n
+
+
+def beyond_any_noise(observed: float, claimed: float, noise: float) -> tuple[bool, str]:
+    """Whether a claim is refuted even by runs too noisy to confirm it: further from ``observed`` than the runs'
+    spread (capped at MAX_NOISE_EXPLAINS) times the most a host may drift (MAX_HOST_DRIFT) explain. A 100x claim is
+    wrong on any host; a 3x one on a host whose runs spread 200% is neither confirmed nor refuted. Pure."""
+    ratio = observed / claimed if claimed else 0.0
+    bound = (1 + min(noise, MAX_NOISE_EXPLAINS)) * MAX_HOST_DRIFT
+    off = max(ratio, 1 / ratio) if ratio > 0 else float("inf")
+    return off > bound, (f"{ratio:.2f}x the report's: beyond the {bound:.0f}x either way that this spread and a "
+                         "changed host could explain")
 
 
 def within(observed: float, claimed: float, tol: float, stated: float) -> tuple[bool, str]:

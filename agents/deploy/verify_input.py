@@ -20,7 +20,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from agents.reading.entry import Manifest
 from agents.request import PortRequest
-from knowledge.untrusted import MAX_REPORT_BYTES, UntrustedValue, dtype_name, one_line, read_json_object
+from knowledge.errors import UntrustedValue
+from knowledge.untrusted import MAX_REPORT_BYTES, dtype_name, one_line, read_json_object
 
 _SCALAR = str | int | float | bool | None
 _KEY = r"^[A-Za-z_][A-Za-z0-9_]{0,63}$"

@@ -14,7 +14,8 @@ from pydantic import BaseModel
 
 from agents.deploy.serve import ModelClass, ServePlan, plan_from_docs
 from agents.tuning.space import DEVICE_MEMORY_GIB, ModelFacts
-from knowledge.untrusted import UntrustedValue, flag_name, one_line, shell_name
+from knowledge.errors import UntrustedValue
+from knowledge.untrusted import flag_name, one_line, shell_name
 from sandbox.targets import CHIP_REGISTRY, DEFAULT_CHIP
 
 DOCS = "vllm-ascend-docs"

@@ -22,8 +22,8 @@ from agents.projection.cost import ModelCost
 from agents.projection.project import HostCosts
 from agents.projection.structure import structure_cost
 from agents.state import entry_of, environment_of, perf_of, runs_of, workdir_if_set
-from knowledge.errors import first_line
-from knowledge.untrusted import UntrustedValue, read_model_config
+from knowledge.errors import UntrustedValue, first_line
+from knowledge.untrusted import read_model_config
 
 MEMO_MAX_FILE = 2 * 2**20
 OWN_CODE_IMPLEMENTATIONS = ("transformers-backend",)

@@ -32,8 +32,8 @@ from agents.reading.entry_source import (
     _split_auto_ref,
 )
 from agents.reading.quant_path import quantized_path
-from knowledge.errors import EntryNotFound, ManifestError
-from knowledge.untrusted import RelPath, UntrustedValue, inside
+from knowledge.errors import EntryNotFound, ManifestError, UntrustedValue
+from knowledge.untrusted import RelPath, inside
 
 DEFAULT_RUN_KWARGS: dict[str, Any] = {"max_new_tokens": 8}
 

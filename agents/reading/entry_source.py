@@ -38,7 +38,8 @@ def _python_files(root: Path) -> list[Path]:
 def _read_config(path: Path, root: Path | None = None) -> dict[str, Any]:
     """The JSON object of a config file; with ``root``, the path must resolve inside it (a link out of the
     model's folder is refused: knowledge/untrusted.py)."""
-    from knowledge.untrusted import MAX_CONFIG_BYTES, UntrustedValue, inside, read_json_object
+    from knowledge.errors import UntrustedValue
+    from knowledge.untrusted import MAX_CONFIG_BYTES, inside, read_json_object
 
     try:
         real = inside(root, path.relative_to(root).as_posix(), path.name) if root is not None else path.resolve()

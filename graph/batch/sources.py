@@ -13,8 +13,8 @@ from typing import Any
 
 import yaml
 
-from knowledge.errors import SourceError
-from knowledge.untrusted import MAX_CONFIG_BYTES, UntrustedValue, inside, is_inside, read_json_object
+from knowledge.errors import SourceError, UntrustedValue
+from knowledge.untrusted import MAX_CONFIG_BYTES, inside, is_inside, read_json_object
 from sandbox.isolation.rundir import write_own
 
 MAX_MEMBERS = 10_000

@@ -23,6 +23,7 @@ import re
 import sys
 import time
 import typing
+from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType, TracebackType
 from typing import Any
@@ -143,18 +144,19 @@ def _absolute(written: str, module: ModuleType) -> str:
     return ".".join([*base, rest] if rest else base)
 
 
-def _model_py(model_dir: Path) -> list[Path]:
-    return sorted(p for p in model_dir.rglob("*.py") if "__pycache__" not in p.parts)[:200]
+def _model_trees(model_dir: Path) -> Iterator[tuple[Path, ast.Module]]:
+    """Each of the model's Python files (the first 200) that parses, with its tree."""
+    for path in sorted(p for p in model_dir.rglob("*.py") if "__pycache__" not in p.parts)[:200]:
+        try:
+            yield path, ast.parse(path.read_text(encoding="utf-8"))
+        except (OSError, SyntaxError, UnicodeDecodeError):
+            continue
 
 
 def _model_bindings(name: str, model_dir: Path) -> list[dict[str, Any]]:
     """A top-level import in another of the model's files that binds the name: how its authors bound it."""
     out = []
-    for path in _model_py(model_dir):
-        try:
-            tree = ast.parse(path.read_text(encoding="utf-8"))
-        except (OSError, SyntaxError, UnicodeDecodeError):
-            continue
+    for _path, tree in _model_trees(model_dir):
         for node in tree.body:
             if isinstance(node, ast.Import | ast.ImportFrom) and not (isinstance(node, ast.ImportFrom) and node.level):
                 for alias in node.names:
@@ -175,11 +177,7 @@ def _import_text(node: ast.Import | ast.ImportFrom, alias: ast.alias) -> str:
 def _model_definitions(name: str, model_dir: Path) -> list[dict[str, Any]]:
     """A model file that defines the name at top level (a function, a class, an assignment)."""
     out = []
-    for path in _model_py(model_dir):
-        try:
-            tree = ast.parse(path.read_text(encoding="utf-8"))
-        except (OSError, SyntaxError, UnicodeDecodeError):
-            continue
+    for path, tree in _model_trees(model_dir):
         for node in tree.body:
             defined = isinstance(node, ast.FunctionDef | ast.ClassDef | ast.AsyncFunctionDef) and node.name == name
             defined = defined or (isinstance(node, ast.Assign) and any(

@@ -49,7 +49,8 @@ def test_the_planner_refuses_a_config_out_of_the_folder(tmp_path: Path, how: str
         model = _climbing_model(tmp_path / "m", "../outside/victim.json" if how == "dotdot" else str(victim))
     with pytest.raises(ManifestError, match="outside|leaves"):
         discover_entry(model)
-    from knowledge.untrusted import UntrustedValue, read_model_config
+    from knowledge.errors import UntrustedValue
+    from knowledge.untrusted import read_model_config
 
     with pytest.raises(UntrustedValue):  # every reader outside the sandbox (bundle, tuning, serving) goes through it
         read_model_config(model, {"config": "../outside/victim.json" if how == "dotdot" else

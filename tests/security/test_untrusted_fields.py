@@ -68,7 +68,7 @@ def _set(d: dict[str, Any], path: tuple[str, ...], value: Any) -> None:
 @pytest.mark.parametrize(("path", "value"), REFUSED_REPORT_FIELDS, ids=lambda v: str(v)[:30])
 def test_every_report_field_verify_reads_is_checked(tmp_path: Path, path: tuple[str, ...], value: Any) -> None:
     from agents.deploy.verify_input import read_claims
-    from knowledge.untrusted import UntrustedValue
+    from knowledge.errors import UntrustedValue
 
     original = write_model(tmp_path / "original")
     report = _report(original)
@@ -129,7 +129,8 @@ def test_every_manifest_field_the_planner_reads_is_checked(tmp_path: Path, field
 def test_config_values_read_outside_the_sandbox_are_typed(tmp_path: Path) -> None:
     from agents.deploy import serve
     from agents.tuning.space import model_facts
-    from knowledge.untrusted import UntrustedValue, read_model_config
+    from knowledge.errors import UntrustedValue
+    from knowledge.untrusted import read_model_config
 
     model = write_model(tmp_path / "m")
     config = {"torch_dtype": INJECT, "hidden_size": "4096; id", "num_attention_heads": True,
