@@ -36,7 +36,7 @@ from typing import Any
 from knowledge.errors import Infeasible
 from sandbox.bench.measure import section_label
 from sandbox.harness import model_build
-from sandbox.harness.feeding import method_at, model_inputs_for, to_device
+from sandbox.harness.feeding import method_at, model_inputs_for, present_run_method, to_device
 from sandbox.harness.loading import bootstrap_target, exception_record, frames, go_offline, load_class
 from sandbox.harness.spec import BenchSpec
 from sandbox.harness.worker import synchronize
@@ -239,9 +239,10 @@ def _model_call(model: Any, manifest: dict[str, Any], model_dir: Path, base_conf
     generates through its language model)."""
     import torch
 
+    manifest, forward_note = present_run_method(model, manifest)  # a class with no generate here runs forward
     run_cfg = manifest.get("run") or {}
-    kwargs = dict(run_cfg.get("kwargs") or {})
-    kwargs.update(spec.run_kwargs)
+    kwargs = dict(run_cfg.get("kwargs") or {}) if forward_note is None else {}
+    kwargs.update(spec.run_kwargs if forward_note is None else {})
     _, source_kwargs, source = model_inputs_for(model, manifest, model_dir, base_config, spec.seed, kwargs)
     method = method_at(model, source.get("method") or run_cfg.get("method", "generate"))
     kwargs = {**source_kwargs, **kwargs}

@@ -24,6 +24,7 @@ from typing import Any
 
 from sandbox.harness.shrink_code import SIZE_LAYERS, _size_name, hard_coded_widths  # noqa: F401  (re-exported)
 from sandbox.harness.shrink_layers import kept_layers, kept_note, remap, shrink_periods
+from sandbox.harness.shrink_stages import shrink_stages, stage_depth_keys
 
 HEADS = 4
 HEAD_DIM = 16
@@ -89,8 +90,8 @@ def width_levels(config: dict[str, Any], prefix: str = "") -> list[str]:
     """Level prefixes whose widths or heads the shrink reduces, deepest first (a vision tower's before
     the top level): the order in which shrink_fit backs them off."""
     out = [lv for k, v in config.items() if isinstance(v, dict) for lv in width_levels(v, f"{prefix}{k}.")]
-    if any(_int(v) and v > 0 and (_HIDDEN_KEYS.match(k) or _HEAD_KEYS.match(k) or _FFN_KEYS.match(k))
-           for k, v in config.items()):
+    if stage_depth_keys(config) or any(_int(v) and v > 0 and (_HIDDEN_KEYS.match(k) or _HEAD_KEYS.match(k)
+                                                               or _FFN_KEYS.match(k)) for k, v in config.items()):
         out.append(prefix)
     return out
 
@@ -117,6 +118,7 @@ def _shrink_level(config: dict[str, Any], prefix: str, changes: list[str],
     level.shrink_layers()
     level.shrink_sizes()
     level.keep_per_head_size()
+    shrink_stages(out, config, prefix, changes, keep_widths=prefix in keep)
     level.shrink_groupings()
     return out
 

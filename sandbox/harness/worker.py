@@ -22,7 +22,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from sandbox.harness.feeding import method_at, model_inputs_for, to_device
+from sandbox.harness.feeding import method_at, model_inputs_for, present_run_method, to_device
 from sandbox.harness.hooks import bracket_steps, capture_hooks, profiler_for
 from sandbox.harness.loading import (
     LoadedClass,
@@ -171,12 +171,16 @@ def _call(spec: HarnessSpec, loaded: LoadedClass, bootstrap: ModuleType | None, 
     """Feed the model its inputs, call the run method with the hooks in place, and record what came out."""
     import torch
 
-    run_cfg = spec.manifest.get("run") or {}
-    kwargs = {**(run_cfg.get("kwargs") or {}), **spec.run_kwargs}
+    manifest, forward_note = present_run_method(model, spec.manifest)
+    run_cfg = manifest.get("run") or {}
+    # decoding controls (greedy, N new tokens) mean nothing to a forward that stands in for a missing generate
+    kwargs = {**(run_cfg.get("kwargs") or {}), **spec.run_kwargs} if forward_note is None else {}
     # before the inputs: a preprocessing path may run a tower itself (its output is in the inputs)
     coverage = coverage_recorder(model, config, loaded.model_dir, spec, result)
-    raw_inputs, source_kwargs, result["inputs"] = model_inputs_for(model, spec.manifest, loaded.model_dir, config,
+    raw_inputs, source_kwargs, result["inputs"] = model_inputs_for(model, manifest, loaded.model_dir, config,
                                                                    spec.seed, kwargs)
+    if forward_note:
+        result["inputs"]["notes"] = [forward_note, *(result["inputs"].get("notes") or [])]
     kwargs = {**source_kwargs, **kwargs}  # npuport's run kwargs (greedy, N new tokens) decide decoding
     inputs = {k: to_device(v, spec.device) for k, v in raw_inputs.items()}
     method = method_at(model, result["inputs"].get("method") or run_cfg.get("method", "generate"))

@@ -44,12 +44,27 @@ def nested(config: dict[str, Any], key: str) -> Any:
     return None
 
 
+def nested_int(config: dict[str, Any], key: str) -> int | None:
+    """The first usable size under ``key`` (this level, then the sub-configs): a positive int, a numeric string
+    ("32000") or the first of a list of them (``image_size: [384, 384]``); a value that is none of those (a config
+    that writes ``"vocab_size": "None"``) is skipped, never passed to int()."""
+    value = config.get(key)
+    if isinstance(value, list | tuple) and value:
+        value = value[0]
+    if isinstance(value, str) and value.strip().isdigit():
+        value = int(value.strip())
+    if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+        return value
+    return next((found for v in config.values() if isinstance(v, dict)
+                 for found in [nested_int(v, key)] if found is not None), None)
+
+
 def test_image(config: dict[str, Any], seed: int, path: Path) -> Path:
     """A deterministic noise RGB image (PNG), square, at most TEST_IMAGE_MAX_SIDE pixels a side."""
     import numpy as np
     from PIL import Image
 
-    side = min(int(nested(config, "image_size") or 64), TEST_IMAGE_MAX_SIDE)
+    side = min(nested_int(config, "image_size") or 64, TEST_IMAGE_MAX_SIDE)
     rng = np.random.default_rng(seed)
     Image.fromarray(rng.integers(0, 256, (side, side, 3), dtype=np.uint8), "RGB").save(path)
     return path
@@ -104,6 +119,15 @@ def with_embedding_rows(model: Any, config: dict[str, Any]) -> dict[str, Any]:
     more: an embedding that appends rows of its own for added tokens (Molmo's image tokens sit past
     config.json's vocab_size, in a second table beside the first) takes those ids, so a stand-in tokenizer
     keeps them. The rows are the first dimension of the embedding module's own 2-D tables, summed."""
+    rows = embedding_rows(model)
+    vocab = nested_int(config, "vocab_size")
+    if rows and (vocab is None or rows > vocab):  # also a config whose vocab_size is no number
+        return {**config, "vocab_size": rows}
+    return config
+
+
+def embedding_rows(model: Any) -> int:
+    """The rows of the model's input embedding (its own 2-D tables, summed), 0 when it has none to read."""
     get = getattr(model, "get_input_embeddings", None)
     try:
         embedding = get() if callable(get) else None
@@ -111,9 +135,5 @@ def with_embedding_rows(model: Any, config: dict[str, Any]) -> dict[str, Any]:
         embedding = None
     params = getattr(embedding, "parameters", None)
     if not callable(params):
-        return config
-    rows = sum(int(p.shape[0]) for p in params(recurse=False) if getattr(p, "dim", lambda: 0)() == 2)
-    vocab = nested(config, "vocab_size")
-    if isinstance(vocab, int) and rows > vocab:
-        return {**config, "vocab_size": rows}
-    return config
+        return 0
+    return sum(int(p.shape[0]) for p in params(recurse=False) if getattr(p, "dim", lambda: 0)() == 2)

@@ -37,9 +37,11 @@ if __package__:  # inside npuport (sandbox.inputs.model_inputs)
         TOKENIZER_FILES,
         PreprocessingFailed,
         cast_floats,
+        embedding_rows,
         has_tensor,
         model_float_dtype,
         nested,
+        nested_int,
         shape_text,
         test_image,
         with_embedding_rows,
@@ -64,9 +66,11 @@ else:  # beside a bundle's run.py, with its sibling modules
         TOKENIZER_FILES,
         PreprocessingFailed,
         cast_floats,
+        embedding_rows,
         has_tensor,
         model_float_dtype,
         nested,
+        nested_int,
         shape_text,
         test_image,
         with_embedding_rows,
@@ -79,6 +83,7 @@ _IMAGE_PARAM = re.compile(r"^(image|img|picture|photo)s?(_file|_path|_files|_pat
 _PROMPT_PARAM = re.compile(r"^(prompt|query|question|text|instruction|message)s?$", re.IGNORECASE)
 _OUTPUT_PARAM = re.compile(r"^(output|out|save|result)s?(_path|_dir|_folder)?$", re.IGNORECASE)
 _HISTORY_PARAM = re.compile(r"^(history|histories|messages|conversation)$", re.IGNORECASE)
+_GENERATION_PARAM = re.compile(r"^(generation_config|gen_config|generation_kwargs|gen_kwargs)$", re.IGNORECASE)
 _OPTIONAL_TEXT = re.compile(r"^(typing\.)?Optional\[|\|\s*None\b|\bNone\s*\|")  # an annotation kept as text
 _PLACEHOLDER = re.compile(r"<[^<>\s]*image[^<>\s]*>", re.IGNORECASE)
 
@@ -330,10 +335,10 @@ def synthesise_inputs(model: Any, method_name: str, config: dict[str, Any], seed
 
     names, var_kw = _signature_names(model, method_name)
     g = torch.Generator().manual_seed(seed)
-    vocab = nested(config, "vocab_size") or 256
+    vocab = nested_int(config, "vocab_size") or embedding_rows(model) or 256
     out: dict[str, Any] = {}
     if "input_ids" in names or var_kw:
-        out["input_ids"] = torch.randint(0, int(vocab), (1, SYNTH_TOKENS), generator=g)
+        out["input_ids"] = torch.randint(0, vocab, (1, SYNTH_TOKENS), generator=g)
         if "attention_mask" in names and not builds_own_mask(model, method_name):
             out["attention_mask"] = torch.ones(1, SYNTH_TOKENS, dtype=torch.long)
     out.update(synthesised_tower_data(names, config, g))
@@ -388,6 +393,8 @@ def preprocessing_arguments(fn: Any, tokenizer: Any, config: dict[str, Any], see
         raise PreprocessingFailed(f"{fn.__name__} takes no tokenizer")
     args: dict[str, Any] = {"tokenizer": tokenizer} if "tokenizer" in params else {}
     image_param = next((n for n in params if _IMAGE_PARAM.match(n)), None)
+    # a required tensor a tower takes (``chat(tokenizer, pixel_values, question, ...)``): data of the config's sizes
+    towers = {n: k for n, k in tower_params(list(params)).items() if params[n].default is params[n].empty}
     for name, p in params.items():
         if name == "tokenizer" or p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
             continue
@@ -408,6 +415,12 @@ def preprocessing_arguments(fn: Any, tokenizer: Any, config: dict[str, Any], see
             args[name] = max_new_tokens
         elif _HISTORY_PARAM.match(name):
             args[name] = []  # the conversation so far: none (as own_inputs.builder_arguments gives)
+        elif name in towers and name != image_param:
+            import torch
+
+            args[name] = synthesised_towers([name], config, torch.Generator().manual_seed(seed))[0][name]
+        elif _GENERATION_PARAM.match(name) and p.default is p.empty:
+            args[name] = {"max_new_tokens": max_new_tokens, "do_sample": False}  # greedy, as every run
         elif p.default is p.empty and _takes_none(p):
             args[name] = None  # required but typed Optional: the method itself says it handles None
         elif p.default is p.empty:

@@ -10,9 +10,9 @@ from pathlib import Path
 from typing import Any
 
 if __package__:
-    from .inputs_base import TOKENIZER_FILES, PreprocessingFailed, nested
+    from .inputs_base import TOKENIZER_FILES, PreprocessingFailed, nested_int
 else:  # beside a bundle's run.py
-    from inputs_base import TOKENIZER_FILES, PreprocessingFailed, nested  # type: ignore[no-redef]
+    from inputs_base import TOKENIZER_FILES, PreprocessingFailed, nested_int  # type: ignore[no-redef]
 
 
 def has_tokenizer_files(model_dir: Path) -> list[str]:
@@ -24,7 +24,7 @@ _TOKENIZERS: dict[tuple[str, int], tuple[Any, str]] = {}  # one per model folder
 
 def load_tokenizer(model_dir: Path, config: dict[str, Any]) -> tuple[Any, str]:
     """The folder's tokenizer through AutoTokenizer when it has tokenizer files, else a stand-in."""
-    key = (str(model_dir), int(nested(config, "vocab_size") or 0))
+    key = (str(model_dir), (nested_int(config, "vocab_size") or 0))
     if key not in _TOKENIZERS:
         _TOKENIZERS[key] = _load_tokenizer(model_dir, config)
     return _TOKENIZERS[key]
@@ -230,7 +230,7 @@ def stand_in_tokenizer(model_dir: Path, config: dict[str, Any]) -> Any:
     BOS prefix, ...)."""
     from transformers import PreTrainedTokenizer
 
-    vocab_size = int(nested(config, "vocab_size") or 256)
+    vocab_size = (nested_int(config, "vocab_size") or 256)
     added, roles = special_tokens(model_dir, config)
     added = {t: i for t, i in added.items() if i < vocab_size}
     for role, default_id in (("bos_token", config.get("bos_token_id")), ("eos_token", config.get("eos_token_id"))):

@@ -26,9 +26,9 @@ from pathlib import Path
 from typing import Any
 
 if __package__:
-    from .inputs_base import nested
+    from .inputs_base import nested, nested_int
 else:  # beside a bundle's run.py
-    from inputs_base import nested  # type: ignore[no-redef]
+    from inputs_base import nested, nested_int  # type: ignore[no-redef]
 
 _PIXEL_WORDS = re.compile(r"pixel|image|img|vision|visual|picture|photo", re.I)
 _WAVE_WORDS = re.compile(r"^input_values$|wave|raw_(audio|speech)", re.I)
@@ -113,7 +113,7 @@ def synthesised_towers(names: set[str] | list[str], config: dict[str, Any], gene
         done.add(kind)
         if kind == "pixels":
             side, key = image_side(config)
-            chans = int(nested(config, "num_channels") or 3)
+            chans = (nested_int(config, "num_channels") or 3)
             out[name] = torch.randn(1, chans, side, side, generator=generator)
             notes.append(f"{name}: synthesised pixels (1, {chans}, {side}, {side}), the image size from {key}")
         elif kind == "audio":

@@ -19,7 +19,7 @@ from typing import Any
 from sandbox.harness.feeding import model_inputs_for
 from sandbox.harness.loading import import_with_stubs
 from sandbox.harness.model_build import _load_attr, build_model, load_config
-from sandbox.inputs.model_inputs import PROCESSOR_PATH, load_tokenizer, nested, seed_parameters
+from sandbox.inputs.model_inputs import PROCESSOR_PATH, load_tokenizer, nested_int, seed_parameters
 from sandbox.isolation.child_main import child_main
 from sandbox.serving.client import load_at, progress
 from sandbox.serving.images import batched_rows as mm_rows
@@ -220,7 +220,7 @@ def _export(side: _Side, model: Any, image: dict[str, Any] | None, out: dict[str
             and not out.get("not_driven"):
         # vLLM's image processor needs a tokenizer: the reference's stand-in, as a tokenizer.json
         tok, _ = load_tokenizer(side.model_dir, side.config)
-        write_stand_in(tok, int(nested(side.config, "vocab_size") or 0), side.model_dir, Path(spec["servable_dir"]),
+        write_stand_in(tok, (nested_int(side.config, "vocab_size") or 0), side.model_dir, Path(spec["servable_dir"]),
                        image["text"])
         out["servable"]["tokenizer"] = True
         out["servable"]["tokenizer_note"] = ("npuport's stand-in tokenizer (the folder has none that loads), written "

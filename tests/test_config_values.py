@@ -1,0 +1,40 @@
+"""Config values that are not numbers (sandbox/inputs/inputs_base.py ``nested_int``): a config.json may write
+``"vocab_size": "None"`` or ``image_size: [384, 384]``; inputs are built from the sizes the model really has, and
+npuport's own code never calls int() on such a value (a held-out speech release failed there, blamed on itself)."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from sandbox.inputs.inputs_base import nested_int
+from sandbox.inputs.model_inputs import synthesise_inputs
+
+
+class _Embedder(nn.Module):
+    def __init__(self, rows: int) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(rows, 8)
+
+    def get_input_embeddings(self) -> nn.Module:
+        return self.embed
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return self.embed(input_ids)
+
+
+def test_nested_int_reads_sizes_and_skips_what_is_not_one() -> None:
+    assert nested_int({"vocab_size": "None", "text_config": {"vocab_size": 51865}}, "vocab_size") == 51865
+    assert nested_int({"vocab_size": "32000"}, "vocab_size") == 32000
+    assert nested_int({"image_size": [384, 384]}, "image_size") == 384
+    assert nested_int({"vocab_size": None, "x": {"vocab_size": True}}, "vocab_size") is None
+    assert nested_int({"vocab_size": -1}, "vocab_size") is None
+
+
+def test_token_ids_come_from_the_embedding_when_the_config_writes_no_vocabulary() -> None:
+    model = _Embedder(rows=50)
+    inputs = synthesise_inputs(model, "forward", {"vocab_size": "None"}, seed=0)
+    ids = inputs["input_ids"]
+    assert int(ids.max()) < 50 and model(ids).shape[-1] == 8  # every id is a row the model has
+    wide = synthesise_inputs(_Embedder(rows=100_000), "forward", {"vocab_size": "None"}, seed=0)["input_ids"]
+    assert int(wide.max()) >= 256  # not the 256 fallback: the embedding's own size
