@@ -30,8 +30,8 @@ CHAT_VLM = textwrap.dedent('''
 
         def chat(self, tokenizer, pixel_values, question, generation_config, history=None):
             self.img_context_token_id = 3  # what generate asserts: only the chat sets it
-            prompt = "<image>" * self.IMG_TOKENS + question
-            ids = torch.tensor([[3] * self.IMG_TOKENS + tokenizer(question).input_ids])
+            image = [3] * self.IMG_TOKENS if history is None else []  # the first turn carries the image
+            ids = torch.tensor([image + tokenizer(question).input_ids])
             return self.generate(pixel_values=pixel_values, input_ids=ids, **generation_config)
 
         def generate(self, pixel_values=None, input_ids=None, max_new_tokens=4, do_sample=False, **kwargs):

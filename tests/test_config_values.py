@@ -4,6 +4,9 @@ npuport's own code never calls int() on such a value (a held-out speech release 
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import torch
 from torch import nn
 
@@ -38,3 +41,21 @@ def test_token_ids_come_from_the_embedding_when_the_config_writes_no_vocabulary(
     assert int(ids.max()) < 50 and model(ids).shape[-1] == 8  # every id is a row the model has
     wide = synthesise_inputs(_Embedder(rows=100_000), "forward", {"vocab_size": "None"}, seed=0)["input_ids"]
     assert int(wide.max()) >= 256  # not the 256 fallback: the embedding's own size
+
+
+def test_the_folders_generation_config_gives_its_token_ids_not_its_decoding(tmp_path: Path) -> None:
+    """An encoder-decoder whose decoder_start_token_id lives only in generation_config.json: generate refused
+    to start ("decoder_start_token_id or bos_token_id has to be defined") on a model built from config.json."""
+    from sandbox.harness.model_build import with_folder_token_ids
+    from tests.test_run_method_present import _Config, _GenLM
+
+    (tmp_path / "generation_config.json").write_text(json.dumps(
+        {"decoder_start_token_id": 7, "eos_token_id": [3, 4], "pad_token_id": True, "num_beams": 3,
+         "do_sample": True, "bos_token_id": "None"}))
+    model = with_folder_token_ids(_GenLM(_Config()), tmp_path)
+    gc = model.generation_config
+    assert (gc.decoder_start_token_id, gc.eos_token_id) == (7, [3, 4])
+    assert gc.pad_token_id is None and gc.bos_token_id is None  # not token ids: left out
+    assert gc.num_beams in (None, 1) and not gc.do_sample  # decoding stays the run's
+    (tmp_path / "generation_config.json").write_text("{not json")
+    assert with_folder_token_ids(_GenLM(_Config()), tmp_path).generation_config.decoder_start_token_id is None

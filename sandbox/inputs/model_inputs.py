@@ -413,8 +413,10 @@ def preprocessing_arguments(fn: Any, tokenizer: Any, config: dict[str, Any], see
             args[name] = str(out)
         elif name == "max_new_tokens":
             args[name] = max_new_tokens
-        elif _HISTORY_PARAM.match(name):
+        elif _HISTORY_PARAM.match(name) and p.default is p.empty:
             args[name] = []  # the conversation so far: none (as own_inputs.builder_arguments gives)
+        elif _HISTORY_PARAM.match(name):
+            continue  # its default: a chat may build its first turn only for history=None (the image tag)
         elif name in towers and name != image_param:
             import torch
 
