@@ -59,3 +59,13 @@ def test_the_folders_generation_config_gives_its_token_ids_not_its_decoding(tmp_
     assert gc.num_beams in (None, 1) and not gc.do_sample  # decoding stays the run's
     (tmp_path / "generation_config.json").write_text("{not json")
     assert with_folder_token_ids(_GenLM(_Config()), tmp_path).generation_config.decoder_start_token_id is None
+
+
+def test_mel_bins_under_a_nemo_style_encoder_name() -> None:
+    """A speech encoder that names its input features ``feat_in`` (NeMo-style configs): the features fed have that
+    many bins, not the default 80 (a Conformer's subsampling then met 80 bins where it was built for 128)."""
+    from sandbox.inputs.tower_inputs import mel_shape
+
+    bins, _, how = mel_shape({"encoder": {"feat_in": 128, "d_model": 1280}, "preprocessor": {"window": "hann"}})
+    assert bins == 128 and "feat_in" in how
+    assert mel_shape({"encoder": {"d_model": 1280}})[0] == 80  # nothing named: the default, and said so

@@ -40,7 +40,8 @@ _NOT_DATA = re.compile(r"size|shape|mask|token|(^|_)ids?$|idx|index|num|count|le
 
 IMAGE_SIZE_KEYS = ("image_size", "img_size", "input_resolution", "image_resolution", "vit_input_resolution",
                    "resolution", "input_size", "crop_size")
-MEL_KEYS = ("num_mel_bins", "n_mels", "num_mels", "n_mel", "mel_bins", "feature_size")
+MEL_KEYS = ("num_mel_bins", "n_mels", "num_mels", "n_mel", "mel_bins", "feature_size",
+            "feat_in", "n_mel_channels", "nfilt")  # the last three: NeMo-style encoders and preprocessors
 RATE_KEYS = ("sampling_rate", "sample_rate", "audio_sample_rate")
 DEFAULT_IMAGE_SIZE = 32
 DEFAULT_RATE = 16000
