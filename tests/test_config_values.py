@@ -46,7 +46,7 @@ def test_token_ids_come_from_the_embedding_when_the_config_writes_no_vocabulary(
 def test_the_folders_generation_config_gives_its_token_ids_not_its_decoding(tmp_path: Path) -> None:
     """An encoder-decoder whose decoder_start_token_id lives only in generation_config.json: generate refused
     to start ("decoder_start_token_id or bos_token_id has to be defined") on a model built from config.json."""
-    from sandbox.harness.model_build import with_folder_token_ids
+    from sandbox.inputs.inputs_base import with_folder_token_ids
     from tests.test_run_method_present import _Config, _GenLM
 
     (tmp_path / "generation_config.json").write_text(json.dumps(

@@ -82,7 +82,10 @@ def build_model(cls, config, model_dir):
     if config_cls is None:
         return cls(config)
     obj = config_cls(**config)
-    return cls._from_config(obj) if hasattr(cls, "_from_config") else cls(obj)
+    if not hasattr(cls, "_from_config"):
+        return cls(obj)
+    # the special token ids of the folder's generation_config.json, as from_pretrained and npuport's harness load
+    return model_inputs.with_folder_token_ids(cls._from_config(obj), model_dir)
 
 
 def to_device(value, device, dtype):
@@ -150,8 +153,12 @@ def main():
     model.eval().to(getattr(torch, args.dtype)).to(device)
     if args.compile != "none":
         model.compile(mode=args.compile)
+    # as npuport's harness: a class with no generate in this transformers release runs forward
+    manifest, forward_note = model_inputs.present_run_method(model, manifest)
+    if forward_note:
+        print(f"run.py: {forward_note}", file=sys.stderr)
     run = manifest.get("run") or {}
-    kwargs = dict(run.get("kwargs") or {})
+    kwargs = dict(run.get("kwargs") or {}) if forward_note is None else {}
     source_kwargs = {}  # generate arguments the model's preprocessing path passed (not decoding controls)
     method_path = [run.get("method", "generate")]  # a submodule's generate when the path called that one
     if manifest.get("inputs"):
@@ -185,6 +192,7 @@ def main():
     method = model
     for part in method_path[0].split("."):
         method = getattr(method, part)
+    kwargs = model_inputs.length_arguments(method, inputs, kwargs)  # a custom generate's own length parameters
     times, out = [], None
     with torch.no_grad():
         method(**inputs, **kwargs)  # warm-up

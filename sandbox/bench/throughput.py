@@ -36,10 +36,11 @@ from typing import Any
 from knowledge.errors import Infeasible
 from sandbox.bench.measure import section_label
 from sandbox.harness import model_build
-from sandbox.harness.feeding import method_at, model_inputs_for, present_run_method, to_device
+from sandbox.harness.feeding import method_at, model_inputs_for, to_device
 from sandbox.harness.loading import bootstrap_target, exception_record, frames, go_offline, load_class
 from sandbox.harness.spec import BenchSpec
 from sandbox.harness.worker import synchronize
+from sandbox.inputs.inputs_base import length_arguments, present_run_method
 from sandbox.inputs.model_inputs import cast_floats, marked_uninitialised, seed_parameters
 from sandbox.isolation import worker_channel
 
@@ -246,6 +247,7 @@ def _model_call(model: Any, manifest: dict[str, Any], model_dir: Path, base_conf
     _, source_kwargs, source = model_inputs_for(model, manifest, model_dir, base_config, spec.seed, kwargs)
     method = method_at(model, source.get("method") or run_cfg.get("method", "generate"))
     kwargs = {**source_kwargs, **kwargs}
+    kwargs = length_arguments(method, {}, kwargs)  # a custom generate's own required length parameters
 
     def inputs_fn(config: dict[str, Any], seed: int) -> dict[str, Any]:
         return model_inputs_for(model, manifest, model_dir, config, seed, kwargs)[0]

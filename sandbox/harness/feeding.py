@@ -31,20 +31,6 @@ def method_at(model: Any, path: str) -> Any:
     return obj
 
 
-def present_run_method(model: Any, manifest: dict[str, Any]) -> tuple[dict[str, Any], str | None]:
-    """The manifest, with ``generate`` run as ``forward`` when the built model has no generate (a PreTrainedModel
-    that never mixed GenerationMixin in: transformers 4.50 took generate off PreTrainedModel, so a class loaded as
-    a causal LM generates only in the releases before), and the note saying so; else the manifest as it is."""
-    run_cfg = manifest.get("run") or {}
-    if run_cfg.get("method", "generate") != "generate" or callable(getattr(model, "generate", None)) \
-            or not callable(getattr(model, "forward", None)):
-        return manifest, None
-    note = (f"{type(model).__name__} has no generate in this transformers release (the class does not derive from "
-            "GenerationMixin; PreTrainedModel stopped providing generate in 4.50): it runs forward, and its named "
-            "outputs are compared")
-    return {**manifest, "run": {**run_cfg, "method": "forward"}}, note
-
-
 def model_inputs_for(model: Any, manifest: dict[str, Any], model_dir: Path, config: dict[str, Any], seed: int,
                      run_kwargs: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
     """(inputs, generate kwargs the inputs' source passed, {source, notes}): the manifest's inputs

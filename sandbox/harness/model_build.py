@@ -13,6 +13,8 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+from sandbox.inputs.inputs_base import with_folder_token_ids
+
 MODEL_PACKAGE = "npuport_model"  # the synthetic package the model folder is imported as
 
 
@@ -153,29 +155,6 @@ def build_model(cls: Any, config: dict[str, Any], model_dir: Path) -> Any:
     if hasattr(cls, "_from_config"):
         return with_folder_token_ids(with_generation_mixin(cls)._from_config(config_obj), model_dir)
     return cls(config_obj)
-
-
-def with_folder_token_ids(model: Any, model_dir: Path) -> Any:
-    """The model with the special token ids of the folder's generation_config.json in its generation config, as
-    from_pretrained loads them (an encoder-decoder's ``decoder_start_token_id`` often lives only there:
-    generate refuses to start without it). Only token ids: the decoding itself stays the run's greedy one."""
-    path = model_dir / "generation_config.json"
-    target = getattr(model, "generation_config", None)
-    if target is None or not path.is_file():
-        return model
-    try:
-        saved = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return model
-    for key, value in (saved.items() if isinstance(saved, dict) else ()):
-        if key.endswith(("_token_id", "_token_ids")) and (_token_id(value) or (
-                isinstance(value, list) and value and all(_token_id(v) for v in value))):
-            setattr(target, key, value)
-    return model
-
-
-def _token_id(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
 def with_generation_mixin(cls: Any) -> Any:

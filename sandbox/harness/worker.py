@@ -22,7 +22,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from sandbox.harness.feeding import method_at, model_inputs_for, present_run_method, to_device
+from sandbox.harness.feeding import method_at, model_inputs_for, to_device
 from sandbox.harness.hooks import bracket_steps, capture_hooks, profiler_for
 from sandbox.harness.loading import (
     LoadedClass,
@@ -33,6 +33,7 @@ from sandbox.harness.loading import (
 )
 from sandbox.harness.model_build import _hub_offline, _load_attr, build_model, config_object, load_config
 from sandbox.harness.spec import HarnessSpec
+from sandbox.inputs.inputs_base import length_arguments, present_run_method
 from sandbox.inputs.model_inputs import (  # one seeding for the harness, the bench and run.py
     marked_uninitialised,
     seed_parameters,
@@ -184,6 +185,7 @@ def _call(spec: HarnessSpec, loaded: LoadedClass, bootstrap: ModuleType | None, 
     kwargs = {**source_kwargs, **kwargs}  # npuport's run kwargs (greedy, N new tokens) decide decoding
     inputs = {k: to_device(v, spec.device) for k, v in raw_inputs.items()}
     method = method_at(model, result["inputs"].get("method") or run_cfg.get("method", "generate"))
+    kwargs = length_arguments(method, inputs, kwargs)  # a custom generate's own required length parameters
     if bootstrap is not None and hasattr(bootstrap, "begin_step"):
         bracket_steps(model, run_cfg.get("step"), bootstrap)
     captured: dict[str, Any] = {}

@@ -5,6 +5,8 @@ beside run.py with the other inputs modules."""
 
 from __future__ import annotations
 
+import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +44,67 @@ def nested(config: dict[str, Any], key: str) -> Any:
             if found is not None:
                 return found
     return None
+
+
+def present_run_method(model: Any, manifest: dict[str, Any]) -> tuple[dict[str, Any], str | None]:
+    """The manifest, with ``generate`` run as ``forward`` when the built model has no generate (a PreTrainedModel
+    that never mixed GenerationMixin in: transformers 4.50 took generate off PreTrainedModel, so a class loaded as
+    a causal LM generates only in the releases before), and the note saying so; else the manifest as it is."""
+    run_cfg = manifest.get("run") or {}
+    if run_cfg.get("method", "generate") != "generate" or callable(getattr(model, "generate", None)) \
+            or not callable(getattr(model, "forward", None)):
+        return manifest, None
+    note = (f"{type(model).__name__} has no generate in this transformers release (the class does not derive from "
+            "GenerationMixin; PreTrainedModel stopped providing generate in 4.50): it runs forward, and its named "
+            "outputs are compared")
+    return {**manifest, "run": {**run_cfg, "method": "forward"}}, note
+
+
+def with_folder_token_ids(model: Any, model_dir: Path) -> Any:
+    """The model with the special token ids of the folder's generation_config.json in its generation config, as
+    from_pretrained loads them (an encoder-decoder's ``decoder_start_token_id`` often lives only there:
+    generate refuses to start without it). Only token ids: the decoding itself stays the run's greedy one."""
+    path = model_dir / "generation_config.json"
+    target = getattr(model, "generation_config", None)
+    if target is None or not path.is_file():
+        return model
+    try:
+        saved = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return model
+    for key, value in (saved.items() if isinstance(saved, dict) else ()):
+        if key.endswith(("_token_id", "_token_ids")) and (_token_id(value) or (
+                isinstance(value, list) and value and all(_token_id(v) for v in value))):
+            setattr(target, key, value)
+    return model
+
+
+def _token_id(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+_LENGTH_PARAM = re.compile(r"^(max|min)_(generation_|gen_|new_|output_)?(length|len|tokens)$")
+
+
+def length_arguments(method: Any, inputs: dict[str, Any], kwargs: dict[str, Any]) -> dict[str, Any]:
+    """``kwargs`` for a custom generate that takes its own required length parameters (``generate(input_ids, ...,
+    min_generation_length, max_generation_length)``): the maximum gets the run's ``max_new_tokens`` (which the
+    method then no longer receives: it passes its own on), the minimum 0; anything else as it was."""
+    import inspect
+
+    try:
+        params = inspect.signature(method).parameters
+    except (TypeError, ValueError):
+        return kwargs
+    wanted = [n for n, p in params.items() if _LENGTH_PARAM.match(n) and p.default is p.empty
+              and n not in inputs and n not in kwargs]
+    if not wanted:
+        return kwargs
+    out = dict(kwargs)
+    longest = int(out.pop("max_new_tokens", None) or SYNTH_TOKENS)
+    for name in wanted:
+        out[name] = longest if name.startswith("max") else 0
+    return out
 
 
 def nested_int(config: dict[str, Any], key: str) -> int | None:

@@ -39,12 +39,15 @@ if __package__:  # inside npuport (sandbox.inputs.model_inputs)
         cast_floats,
         embedding_rows,
         has_tensor,
+        length_arguments,
         model_float_dtype,
         nested,
         nested_int,
+        present_run_method,
         shape_text,
         test_image,
         with_embedding_rows,
+        with_folder_token_ids,
     )
     from .processor_inputs import processor_inputs
     from .stand_in_tokenizer import has_tokenizer_files, load_tokenizer, stand_in_tokenizer  # noqa: F401
@@ -68,12 +71,15 @@ else:  # beside a bundle's run.py, with its sibling modules
         cast_floats,
         embedding_rows,
         has_tensor,
+        length_arguments,
         model_float_dtype,
         nested,
         nested_int,
+        present_run_method,
         shape_text,
         test_image,
         with_embedding_rows,
+        with_folder_token_ids,
     )
     from processor_inputs import processor_inputs  # type: ignore[no-redef]
     from stand_in_tokenizer import has_tokenizer_files, load_tokenizer, stand_in_tokenizer  # type: ignore[no-redef]  # noqa: F401
