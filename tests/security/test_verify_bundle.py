@@ -76,11 +76,10 @@ def _verify(bundle: Path, original: Path | None, tmp_path: Path) -> Any:
     return verify_bundle(bundle, original, workdir=tmp_path / "verify", run_timeout_s=120)
 
 
-def test_a_report_path_is_never_bound(tmp_path: Path) -> None:
+def test_a_report_path_is_never_bound(tmp_path: Path, sim_home: Path) -> None:
     """The report names a credential file of the home as the emulator's op matrix: verify resolves the target on
     this host, so the bundle's code (which opens every path its report named) finds nothing to print."""
-    home = Path(os.environ["NPUPORT_HOME"])
-    home.mkdir(parents=True, exist_ok=True)
+    home = sim_home  # NPUPORT_HOME (set by the fixture: the bench runs these without one of its own)
     secret = home / "registry-auth.json"  # a registry's credential file is JSON, as an op matrix is
     secret.write_text(json.dumps({"auths": {"registry.example": {"auth": SECRET}}}))
     original = _original(tmp_path)
@@ -186,7 +185,7 @@ def test_a_bundle_that_reaches_out_is_not_verified(tmp_path: Path, what: str) ->
     assert _verify(bad_version, original, tmp_path / "v").outcome == "not verified"
 
 
-def test_masks_hold_after_binds(tmp_path: Path) -> None:
+def test_masks_hold_after_binds(tmp_path: Path, npuport_home: Path) -> None:
     """A path a caller binds (once: a report's option) can never lift a mask: binding a folder that holds
     NPUPORT_HOME or a home leaves them masked (the masks come again after the binds), the host's root is
     refused, and the root-only /etc files stay masked after a bind of /etc."""
@@ -196,8 +195,7 @@ def test_masks_hold_after_binds(tmp_path: Path) -> None:
     bwrap = bwrap_available()
     if bwrap is None:
         pytest.skip("bubblewrap is not installed here")
-    home = Path(os.environ["NPUPORT_HOME"]).resolve()
-    home.mkdir(parents=True, exist_ok=True)
+    home = npuport_home.resolve()  # NPUPORT_HOME, set by the fixture
     (home / "masked-secret.txt").write_text(SECRET)
     box = BubblewrapSandbox(bwrap)
     for over in (home.parent, home):
