@@ -150,3 +150,10 @@ def test_a_release_without_generate_ports_and_its_run_py_runs_forward(tmp_path: 
                          capture_output=True, text=True, timeout=300, cwd=out)
     assert run.returncode == 0, run.stderr
     assert "ConvLM has no generate" in run.stderr and "output logits: shape (1, 8, 32)" in run.stdout
+
+
+def test_a_wrapper_whose_preprocessing_path_generates_through_a_submodule_is_left_to_it() -> None:
+    wrapper = nn.Module()  # no generate of its own: its chat calls its language model's
+    wrapper.forward = lambda input_ids: input_ids  # type: ignore[method-assign]
+    manifest = {"run": {"method": "generate", "preprocess": "chat", "kwargs": {"max_new_tokens": 4}}}
+    assert present_run_method(wrapper, manifest) == (manifest, None)

@@ -51,8 +51,9 @@ def present_run_method(model: Any, manifest: dict[str, Any]) -> tuple[dict[str, 
     that never mixed GenerationMixin in: transformers 4.50 took generate off PreTrainedModel, so a class loaded as
     a causal LM generates only in the releases before), and the note saying so; else the manifest as it is."""
     run_cfg = manifest.get("run") or {}
+    # a preprocessing path may generate through a submodule (its language model's generate): left to it
     if run_cfg.get("method", "generate") != "generate" or callable(getattr(model, "generate", None)) \
-            or not callable(getattr(model, "forward", None)):
+            or run_cfg.get("preprocess") or not callable(getattr(model, "forward", None)):
         return manifest, None
     note = (f"{type(model).__name__} has no generate in this transformers release (the class does not derive from "
             "GenerationMixin; PreTrainedModel stopped providing generate in 4.50): it runs forward, and its named "
