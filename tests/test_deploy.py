@@ -245,17 +245,18 @@ def test_tampered_numbers_disagree(bundle: Path, tmp_path: Path) -> None:
     bad = tmp_path / "bad"
     shutil.copytree(bundle, bad)
     report = json.loads((bad / "report.json").read_text())
-    # A claim a hundred times what the port measured: on CI the fixture's own figure, taken while other
-    # tests load the 2 cores, has come out ~7x below verify's later re-measure, so a 10x claim could pass
-    # as a faster host (the 10x case is tested without a benchmark in
-    # test_verify_throughput_follows_a_host_that_changed_speed_but_not_a_wrong_ratio).
-    report["tuning"]["tuned"]["tokens_per_s"] *= 100
+    # A claim a thousand times what the port measured: on CI the fixture's own figure, taken while other
+    # tests load the 2 cores, has come out ~7x below verify's later re-measure, so a 100x claim (14x off the
+    # re-measure) was within what a 143% spread and a changed host explain (at most 40x, beyond_any_noise);
+    # the 10x case is tested without a benchmark in
+    # test_verify_throughput_follows_a_host_that_changed_speed_but_not_a_wrong_ratio.
+    report["tuning"]["tuned"]["tokens_per_s"] *= 1000
     report["numerics"]["port_tokens"][0][0] = (report["numerics"]["port_tokens"][0][0] + 1) % 80
     (bad / "report.json").write_text(json.dumps(report))
     res = verify_bundle(bad, EXAMPLE)
     verdicts = {c.name: c.verdict for c in res.claims}
     assert verdicts["patch applies"] == "agree"
-    assert verdicts["tokens match"] == "disagree" and verdicts["throughput"] == "disagree", res.lines()
+    assert verdicts["tokens match"] == "disagree" and verdicts["throughput"] == "disagree", "\n".join(res.lines())
     assert not res.agree
 
 
