@@ -6,12 +6,10 @@ the chat was skipped ("needs 'pixel_values'") and the synthesised generate faile
 
 from __future__ import annotations
 
-import json
 import textwrap
 from pathlib import Path
 
-from agents.reading.entry import discover_entry
-from tests.test_remote_code import _harness
+from tests.test_remote_code import chat_folder_run
 
 CHAT_VLM = textwrap.dedent('''
     import torch
@@ -52,16 +50,7 @@ CHAT_VLM = textwrap.dedent('''
 
 
 def test_a_chat_that_takes_pixel_values_is_driven_with_pixels_of_the_config_size(tmp_path: Path) -> None:
-    folder = tmp_path / "chatvlm"
-    folder.mkdir()
-    (folder / "modeling_chatvlm.py").write_text(CHAT_VLM)
-    (folder / "config.json").write_text(json.dumps({"vocab_size": 64, "image_size": 8}))
-    (folder / "tokenizer_config.json").write_text(json.dumps({"eos_token": "</s>"}))
-    entry = discover_entry(folder)
-    assert entry.run_preprocess == "chat", entry.assumptions
-    manifest = {**entry.as_manifest_dict(), "run": {"method": "generate", "preprocess": "chat",
-                                                   "kwargs": {"max_new_tokens": 4}}}
-    res = _harness(folder, manifest, tmp_path)
+    _, res = chat_folder_run(tmp_path, "chatvlm", CHAT_VLM)
     assert res["ok"], res["exception"]
     assert res["inputs"]["source"] == "preprocess", res["inputs"]
     notes = " ".join(res["inputs"]["notes"])

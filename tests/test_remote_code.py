@@ -15,6 +15,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -36,6 +37,21 @@ def _harness(model: Path, manifest: dict, tmp_path: Path, **spec: object) -> dic
     subprocess.run([sys.executable, "-I", "-B", "-m", "sandbox.harness.worker", str(spec_path)], cwd=run_dir,
                    capture_output=True, text=True, timeout=240, env={**os.environ, "PYTHONPATH": str(REPO_ROOT)})
     return json.loads((run_dir / "result.json").read_text())
+
+
+def chat_folder_run(tmp_path: Path, name: str, modeling: str) -> tuple[Any, dict]:  # type: ignore[type-arg]
+    """A one-file model folder (config: vocab 64, image 8; a tokenizer_config, no tokenizer) whose entry is
+    discovered and whose discovered chat is run by the harness for 4 new tokens: (the entry, the result)."""
+    folder = tmp_path / name
+    folder.mkdir()
+    (folder / f"modeling_{name}.py").write_text(modeling)
+    (folder / "config.json").write_text(json.dumps({"vocab_size": 64, "image_size": 8}))
+    (folder / "tokenizer_config.json").write_text(json.dumps({"eos_token": "</s>"}))
+    entry = discover_entry(folder)
+    assert entry.run_preprocess == "chat", entry.assumptions
+    manifest = {**entry.as_manifest_dict(), "run": {"method": "generate", "preprocess": "chat",
+                                                   "kwargs": {"max_new_tokens": 4}}}
+    return entry, _harness(folder, manifest, tmp_path)
 
 
 # ----------------------------------------------------------------------------------------------

@@ -19,7 +19,7 @@ from agents.models import RunRecord
 from agents.reading.entry import discover_entry
 from sandbox.targets import Target
 from tests.conftest import REPO_ROOT
-from tests.test_remote_code import _harness
+from tests.test_remote_code import _harness, chat_folder_run
 
 ENCODER = REPO_ROOT / "tests" / "fixtures" / "hf_encoder"
 
@@ -522,19 +522,10 @@ WRAPPER_VLM = textwrap.dedent('''
 
 
 def test_a_chat_that_reads_self_tokenizer_and_generates_through_its_language_model_is_driven(tmp_path: Path) -> None:
-    folder = tmp_path / "composer"
-    folder.mkdir()
-    (folder / "modeling_composer.py").write_text(WRAPPER_VLM)
-    (folder / "config.json").write_text(json.dumps({"vocab_size": 64, "image_size": 8}))
-    (folder / "tokenizer_config.json").write_text(json.dumps({"eos_token": "</s>"}))
-    entry = discover_entry(folder)
     # Before: chat takes no tokenizer argument, so no preprocessing path was found and inputs were synthesised
     # for Composer.forward; the model's own text-and-image path never ran.
-    assert entry.run_preprocess == "chat", entry.assumptions
+    entry, res = chat_folder_run(tmp_path, "composer", WRAPPER_VLM)
     assert any("model.tokenizer set, which it reads" in a for a in entry.assumptions)
-    manifest = {**entry.as_manifest_dict(), "run": {"method": "generate", "preprocess": "chat",
-                                                   "kwargs": {"max_new_tokens": 4}}}
-    res = _harness(folder, manifest, tmp_path)
     assert res["ok"], res["exception"]
     assert res["inputs"]["source"] == "preprocess" and res["inputs"]["method"] == "lm.generate"
     notes = " ".join(res["inputs"]["notes"])
