@@ -112,3 +112,18 @@ def test_the_executor_step_line_names_the_user_s_line_of_a_failure(tmp_path: Pat
     summary = update["trace"][0]["summary"]
     assert "ZeroDivisionError" in summary, summary
     assert summary.endswith(f"at modeling_tiny.py:{failing}"), summary  # the user's line, not failing + 40
+
+
+def test_the_validator_line_shortens_a_long_token_row_as_the_executor_line_does(tmp_path: Path) -> None:
+    """A VLM's greedy row holds its prompt's image tokens (DeepSeek-OCR-2: 294 ids): the validator's step line
+    printed both rows whole, ~3,000 characters on one line; it keeps their ends now (report.json keeps all)."""
+    user, ws = _workspace(tmp_path)
+    row = [0] + [128815] * 280 + [13, 85, 104, 7, 7, 7]
+    runs = [_run(ws, "ref", "reference", "modeling_m.py:9"), _run(ws, "run-1", "port", "modeling_m.py:9")]
+    for r in runs:
+        r["tokens"] = [row]
+    update = validator_node({"request": {"model_path": str(user)}, "workdir": str(ws.root), "findings": [],
+                             "runs": runs})
+    line = update["trace"][0]["summary"]
+    assert update["numerics"]["verdict"] == "match" and update["numerics"]["port_tokens"] == [row]
+    assert line.count("... 275 more ...") == 2 and "(287 ids)" in line and len(line) < 600, line

@@ -7,6 +7,7 @@ from typing import Any
 
 from agents.models import Numerics
 from agents.request import request_of
+from agents.runs import scaled_limits, token_summary
 from agents.sites import port_site
 from agents.state import counters_of, runs_of, workdir_if_set
 from agents.trace import step
@@ -36,8 +37,6 @@ def validator_node(state: dict[str, Any]) -> dict[str, Any]:
     else:
         ref = found
     if not ref.ok and ref.status == "timeout":
-        from agents.runs import scaled_limits
-
         limit = scaled_limits(request_of(state), runs).wall_s  # the limit the reference ran under (the runs before it)
         numerics = Numerics(verdict="not-run", detail=timeout_detail(
             "the reference run (the original, on the CPU in float32)", limit, runs))
@@ -72,7 +71,12 @@ def validator_node(state: dict[str, Any]) -> dict[str, Any]:
     perf_note = f"; {verdict('validated', perf, numerics.coverage)}" if numerics.verdict == "match" else ""
     return {"numerics": numerics.model_dump(mode="json"), "runs": new_runs, "counters": counters.model_dump(),
             "perf": perf,
-            "trace": [step("validator", f"{numerics.verdict}: {numerics.detail}"
-                                        + (f" (reference {ref.tokens}, port {port.tokens})"
-                                           if numerics.compared == "tokens"
-                                           else "") + perf_note)]}
+            "trace": [step("validator", f"{numerics.verdict}: {numerics.detail}" + _tokens_read(numerics, ref, port)
+                           + perf_note)]}
+
+
+def _tokens_read(numerics: Numerics, ref: Any, port: Any) -> str:
+    """The two runs' tokens for the trace line, a long row shortened as the executor's line shortens it."""
+    if numerics.compared != "tokens":
+        return ""
+    return f" (reference {token_summary(ref.tokens)}, port {token_summary(port.tokens)})"
