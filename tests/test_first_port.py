@@ -178,6 +178,28 @@ def test_a_sandboxed_side_s_progress_reaches_the_phase_callback(tmp_path: Path,
     assert len(got) >= 2 and got[1].startswith("deployment: tokens through the server (")  # the running step again
 
 
+def test_a_side_stopped_for_time_is_said_by_the_step_it_was_in_not_by_a_library_warning(tmp_path: Path) -> None:
+    """DeepSeek-OCR-2's reference was reported as "stopped: The attention mask and the pad token id were not
+    set" (the last stderr line, a transformers warning); the step it was in comes first now."""
+    from agents.deploy.sandboxed import last_step, no_result
+
+    progress = tmp_path / "serve_ref.progress"
+    assert last_step(progress) == ""  # no progress file: no step
+    progress.write_text("deployment: Transformers' reference tokens\ndeployment: Transformers' throughput\n")
+    step = last_step(progress)
+    assert step == "deployment: Transformers' throughput"
+    out = no_result("sandbox.serving.reference", "timeout", None, 600.0, step, "The attention mask was not set.")
+    assert out["timed_out"] and out["error"].startswith(
+        "sandbox.serving.reference ran past its time limit (600 s) and was stopped in its step "
+        "\"deployment: Transformers' throughput\"; its last output: The attention mask"), out
+    crashed = no_result("sandbox.serving.reference", "error", 1, 600.0, step, "Traceback ...")
+    assert "timed_out" not in crashed and "ended (error, code 1) without a result: Traceback" in crashed["error"]
+    (tmp_path / "elsewhere").write_text("secret step\n")
+    link = tmp_path / "link.progress"
+    link.symlink_to(tmp_path / "elsewhere")
+    assert last_step(link) == ""  # written by sandboxed code: never read through a link
+
+
 # -- limits that scale, timeouts said as such ----------------------------------------------------------
 
 

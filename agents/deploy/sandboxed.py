@@ -53,15 +53,31 @@ def sandboxed(module: str, python: str, spec: dict[str, Any], run_dir: Path, ro:
         out = {}
     if not out:
         tail = "\n".join(scrub(res.stderr).strip().splitlines()[-12:])
-        if res.status == "timeout":
-            out = {"ok": False, "timed_out": True,
-                   "error": f"{module} ran past its time limit ({wall_s:.0f} s) and was "
-                                                              f"stopped: {tail}"}
-        else:
-            out = {"ok": False,
-                   "error": f"{module} ended ({res.status}, code {res.returncode}) without a result: {tail}"}
+        out = no_result(module, res.status, res.returncode, wall_s, last_step(progress) if watch else "", tail)
     out["isolation"] = res.isolation
     return dict(out)
+
+
+def no_result(module: str, status: str, returncode: int | None, wall_s: float, step: str, tail: str) -> dict[str, Any]:
+    """The failure of a side that returned no result. A timeout names the step it was stopped in first: the
+    stderr tail after it is often a library's warning, which read as the cause (DeepSeek-OCR-2's reference was
+    "stopped: The attention mask and the pad token id were not set")."""
+    if status == "timeout":
+        where = f" in its step \"{step}\"" if step else ""
+        return {"ok": False, "timed_out": True,
+                "error": f"{module} ran past its time limit ({wall_s:.0f} s) and was stopped{where}; its last output: "
+                         f"{tail}"}
+    return {"ok": False, "error": f"{module} ended ({status}, code {returncode}) without a result: {tail}"}
+
+
+def last_step(progress: Path) -> str:
+    """The last step a side wrote to its progress file ("" when none): a bounded regular file, never a link;
+    the sandboxed code writes it, so it is cut to 200 characters and scrubbed as its stderr is."""
+    try:
+        lines = read_bounded(progress, 64 * 1024).decode(errors="replace").strip().splitlines()
+    except (OSError, NpuportError):
+        return ""
+    return scrub(lines[-1][:200]) if lines else ""
 
 
 class _watching:
@@ -89,11 +105,7 @@ class _watching:
         assert self.watch is not None
         last, since, t0 = "", time.monotonic(), time.monotonic()
         while not self.done.wait(1.0):
-            try:
-                lines = read_bounded(self.progress, 64 * 1024).decode(errors="replace").strip().splitlines()
-            except (OSError, NpuportError):
-                lines = []
-            now = lines[-1][:200] if lines else last
+            now = last_step(self.progress) or last
             if now and (now != last or time.monotonic() - since >= HEARTBEAT_S):
                 self.watch(now if now != last else f"{now} ({time.monotonic() - t0:.0f} s)")
                 last, since = now, time.monotonic()
